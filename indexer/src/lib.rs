@@ -1,0 +1,1 @@
+//! kvindex: an exact prefix-cache index for vLLM fleets.

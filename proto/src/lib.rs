@@ -1,0 +1,12 @@
+//! Generated gRPC types for kvindex's own API and the llm-d compatible services.
+//! Each module mirrors one protobuf package; the `.proto` files are the contract.
+
+/// Encoded `FileDescriptorSet` of every service here, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
+
+/// `kvindex.v1`: ScoreTokens and pod registration.
+pub mod kvindex {
+    pub mod v1 {
+        tonic::include_proto!("kvindex.v1");
+    }
+}
