@@ -1,1 +1,43 @@
-fn main(){}
+//! `kvindex`: the thin command-line shell over the kvindex library.
+//!
+//! Subcommands: `decode` (captured frames → normalized events) and `vllm-hash` (vLLM's own
+//! block hashes, for cross-checking an engine's configuration).
+
+mod commands;
+
+use std::io::{self, BufReader};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kvindex", version, about = "Exact prefix-cache index for vLLM fleets")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Decode captured ZeroMQ messages (JSON Lines with `frames_hex`) from stdin.
+    Decode,
+    /// Compute vLLM's own block hashes for `hashes.jsonl`-shaped records from stdin.
+    VllmHash,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let stdin = BufReader::new(io::stdin().lock());
+    let stdout = io::BufWriter::new(io::stdout().lock());
+    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
+        Command::Decode => commands::decode::run(stdin, stdout).map_err(Into::into),
+        Command::VllmHash => commands::vllm_hash::run(stdin, stdout),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvindex: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Bodies of the `kvindex` subcommands; `main.rs` only parses arguments and dispatches.
+
+pub mod decode;
+pub mod vllm_hash;

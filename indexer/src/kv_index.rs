@@ -1,0 +1,194 @@
+//! `KvIndex`: the pure core's entry point, tying pods, tiers, per-pod ingest and the index.
+//!
+//! Writers apply one pod's batches under that pod's lock, so a source's operations apply in its
+//! order while different pods proceed in parallel; readers score without taking any pod lock.
+//! There is no I/O, async or clock here: the service shell decides when to apply, clear or
+//! drop a pod, and this type does it exactly.
+
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use rustc_hash::FxHashMap;
+
+use crate::index::Index;
+use crate::ingest::{namespace_of, ApplyReport, IngestContext, PodIngest};
+use crate::keys::{namespace_root, prompt_keys};
+use crate::pods::{PodId, Pods};
+use crate::score::{score, PodFilter, PodMatch};
+use crate::tiers::{Tiers, MAX_TIERS};
+use crate::wire::EventBatch;
+
+#[derive(Debug, Clone)]
+pub struct KvIndexConfig {
+    /// Canonical block size of our keys; engines must use a multiple of it.
+    pub block_size: usize,
+    /// Index shards (rounded up to a power of two).
+    pub shards: usize,
+    /// Bound on resident (block, pod) entries; past it new residencies are refused (counted as
+    /// `index_full`), which can only under-report.
+    pub max_entries: u64,
+}
+
+impl Default for KvIndexConfig {
+    fn default() -> Self {
+        KvIndexConfig { block_size: 16, shards: 64, max_entries: 50_000_000 }
+    }
+}
+
+/// A scoring question: the prompt's token ids in a model (or LoRA) namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct ScoreQuery<'a> {
+    pub model: &'a str,
+    pub lora_name: Option<&'a str>,
+    pub cache_salt: Option<&'a str>,
+    pub token_ids: &'a [u32],
+    /// Restrict to these pods; `None` = every pod.
+    pub pods: Option<&'a [&'a str]>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoreResult {
+    /// Full canonical blocks in the prompt.
+    pub total_blocks: u32,
+    /// Pods holding at least block 0 (among the filtered pods), sorted by pod id.
+    pub matches: Vec<PodMatch>,
+}
+
+/// What a pod holds, for debugging and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodStats {
+    pub model: String,
+    pub engine_blocks: usize,
+    pub tier_blocks: [u64; MAX_TIERS],
+}
+
+pub struct KvIndex {
+    config: KvIndexConfig,
+    index: Index,
+    pods: Pods,
+    tiers: Tiers,
+    states: RwLock<FxHashMap<PodId, Arc<Mutex<PodIngest>>>>,
+}
+
+impl KvIndex {
+    pub fn new(config: KvIndexConfig) -> Self {
+        assert!(config.block_size > 0, "block_size must be positive");
+        KvIndex {
+            index: Index::new(config.shards, config.max_entries),
+            pods: Pods::new(),
+            tiers: Tiers::new(),
+            states: RwLock::new(FxHashMap::default()),
+            config,
+        }
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.config.block_size
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    pub fn pods(&self) -> &Pods {
+        &self.pods
+    }
+
+    pub fn tiers(&self) -> &Tiers {
+        &self.tiers
+    }
+
+    fn context(&self) -> IngestContext<'_> {
+        IngestContext { index: &self.index, tiers: &self.tiers, block_size: self.config.block_size }
+    }
+
+    /// The ingest state of `pod` serving `model`. A pod that switches models is cleared first:
+    /// its old blocks belong to another namespace and engine.
+    fn state(&self, pod: &str, model: &str) -> Option<Arc<Mutex<PodIngest>>> {
+        let id = self.pods.intern(pod)?;
+        if let Some(state) = self.states.read().get(&id) {
+            if state.lock().model() == model {
+                return Some(state.clone());
+            }
+        }
+        let mut states = self.states.write();
+        if let Some(old) = states.get(&id) {
+            let mut old = old.lock();
+            if old.model() == model {
+                return Some(states[&id].clone());
+            }
+            old.clear(&self.index);
+        }
+        let state = Arc::new(Mutex::new(PodIngest::new(id, Arc::from(model))));
+        states.insert(id, state.clone());
+        Some(state)
+    }
+
+    /// Applies one decoded batch from `pod` (already resolved for DP rank) serving `model`.
+    pub fn apply(&self, pod: &str, model: &str, batch: &EventBatch<'_>) -> ApplyReport {
+        let Some(state) = self.state(pod, model) else {
+            return ApplyReport::default();
+        };
+        let mut state = state.lock();
+        state.apply_batch(&self.context(), batch)
+    }
+
+    /// Drops everything `pod` holds; its ingest state starts empty. Returns entries removed.
+    pub fn clear_pod(&self, pod: &str) -> u64 {
+        let Some(id) = self.pods.get(pod) else { return 0 };
+        let state = self.states.read().get(&id).cloned();
+        state.map_or(0, |s| s.lock().clear(&self.index))
+    }
+
+    /// Clears `pod` and forgets its state. Returns whether it was known.
+    pub fn remove_pod(&self, pod: &str) -> bool {
+        let Some(id) = self.pods.get(pod) else { return false };
+        let state = self.states.write().remove(&id);
+        match state {
+            Some(s) => {
+                s.lock().clear(&self.index);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn pod_stats(&self, pod: &str) -> Option<PodStats> {
+        let id = self.pods.get(pod)?;
+        let state = self.states.read().get(&id).cloned()?;
+        let state = state.lock();
+        Some(PodStats { model: state.model().to_string(), engine_blocks: state.engine_blocks(), tier_blocks: state.tier_blocks() })
+    }
+
+    /// Pods with ingest state, by name.
+    pub fn pod_names(&self) -> Vec<String> {
+        let ids: Vec<PodId> = self.states.read().keys().copied().collect();
+        let mut names: Vec<String> = ids.into_iter().filter_map(|id| self.pods.name(id)).map(|n| n.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// Scores a prompt. Hashing, lookups and the walk; no allocation per block beyond the keys.
+    pub fn score(&self, q: &ScoreQuery<'_>) -> ScoreResult {
+        let bs = self.config.block_size;
+        let total_blocks = (q.token_ids.len() / bs) as u32;
+        let namespace = namespace_of(q.model, q.lora_name, None);
+        let keys = prompt_keys(namespace_root(&namespace, 0), q.token_ids, bs, q.cache_salt);
+        let filter_ids: Option<Vec<PodId>> = q.pods.map(|names| {
+            let mut ids: Vec<PodId> = names.iter().filter_map(|n| self.pods.get(n)).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        });
+        let filter = match &filter_ids {
+            None => PodFilter::All,
+            Some(ids) => PodFilter::Only(ids),
+        };
+        let matches = if matches!(filter, PodFilter::Only(ids) if ids.is_empty()) {
+            Vec::new()
+        } else {
+            score(&self.index, &keys, filter, &self.tiers.weights())
+        };
+        ScoreResult { total_blocks, matches }
+    }
+}

@@ -1,0 +1,704 @@
+//! vLLM KV-event wire decoding: ZeroMQ frames and msgpack payloads into typed batches.
+//!
+//! One decoder covers every vLLM release from 0.9 on by following the format's rules rather
+//! than per-version tables: the batch is an array of 2 or more elements, each event is either
+//! an array whose first element is the tag (up to 0.23) or a map with a `"type"` key (0.24+),
+//! fields are read by position or by name, missing trailing positions and keys are `None`,
+//! extra positions are ignored and extra keys are kept aside. Hashes may be any msgpack int
+//! (including negative `builtin` hashes) or `bin`. Payloads are borrowed, not copied, so the
+//! ingest path allocates only for the token-id and hash lists.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// Sequence number vLLM sends (as 8 bytes `ff…ff`) to mark the end of a replay.
+pub const END_OF_REPLAY_SEQ: u64 = u64::MAX;
+
+/// Nesting allowed inside a payload; vLLM's deepest value (extra keys) is 4 levels down.
+const MAX_DEPTH: usize = 32;
+
+/// Upper bound on preallocation from a declared length, so a lying header costs nothing.
+const MAX_PREALLOC: usize = 4096;
+
+/// Why a message could not be decoded. `reason()` is the stable label used in metrics.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WireError {
+    #[error("expected {expected} frames, got {got}")]
+    FrameCount { expected: &'static str, got: usize },
+    #[error("sequence frame must be 8 bytes, got {0}")]
+    SeqLength(usize),
+    #[error("replay reply must start with an empty delimiter frame")]
+    MissingDelimiter,
+    #[error("payload is empty")]
+    EmptyPayload,
+    #[error("payload is truncated")]
+    Truncated,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("payload nests deeper than {MAX_DEPTH} levels")]
+    TooDeep,
+}
+
+impl WireError {
+    /// Short, fixed label for metrics (`kvindex_decode_errors_total{reason}`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WireError::FrameCount { .. } => "frame_count",
+            WireError::SeqLength(_) => "seq_length",
+            WireError::MissingDelimiter => "replay_delimiter",
+            WireError::EmptyPayload => "empty_payload",
+            WireError::Truncated => "truncated",
+            WireError::Invalid(_) => "invalid",
+            WireError::TooDeep => "too_deep",
+        }
+    }
+}
+
+impl From<rmp_serde::decode::Error> for WireError {
+    fn from(err: rmp_serde::decode::Error) -> Self {
+        use rmp_serde::decode::Error as E;
+        match err {
+            E::InvalidMarkerRead(e) | E::InvalidDataRead(e)
+                if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                WireError::Truncated
+            }
+            E::DepthLimitExceeded => WireError::TooDeep,
+            E::TypeMismatch(marker) => WireError::Invalid(format!("unexpected msgpack {marker:?}")),
+            other => WireError::Invalid(other.to_string()),
+        }
+    }
+}
+
+/// A live PUB message or a replay reply: `[topic, seq, payload]`, payload not yet decoded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RawMessage<'a> {
+    /// `None` in replay replies of vLLM ≤0.25, which carry no topic frame.
+    pub topic: Option<&'a [u8]>,
+    pub seq: u64,
+    pub payload: &'a [u8],
+}
+
+/// What a replay DEALER receives: a buffered message, or the end marker.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ReplayReply<'a> {
+    Message(RawMessage<'a>),
+    End { topic: Option<&'a [u8]> },
+}
+
+fn read_seq(frame: &[u8]) -> Result<u64, WireError> {
+    let bytes: [u8; 8] = frame.try_into().map_err(|_| WireError::SeqLength(frame.len()))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// Splits a live SUB message `[topic, seq, payload]`.
+pub fn parse_live<'a>(frames: &[&'a [u8]]) -> Result<RawMessage<'a>, WireError> {
+    let [topic, seq, payload] = frames else {
+        return Err(WireError::FrameCount { expected: "3", got: frames.len() });
+    };
+    Ok(RawMessage { topic: Some(topic), seq: read_seq(seq)?, payload })
+}
+
+/// Splits a reply seen by a DEALER: `[empty, seq, payload]` (vLLM ≤0.25) or
+/// `[empty, topic, seq, payload]` (0.26+); seq `ff…ff` with an empty payload ends the replay.
+pub fn parse_replay<'a>(frames: &[&'a [u8]]) -> Result<ReplayReply<'a>, WireError> {
+    let (topic, seq, payload) = match frames {
+        [delim, seq, payload] if delim.is_empty() => (None, *seq, *payload),
+        [delim, topic, seq, payload] if delim.is_empty() => (Some(*topic), *seq, *payload),
+        [_, _, _] | [_, _, _, _] => return Err(WireError::MissingDelimiter),
+        _ => return Err(WireError::FrameCount { expected: "3 or 4", got: frames.len() }),
+    };
+    let seq = read_seq(seq)?;
+    if seq == END_OF_REPLAY_SEQ && payload.is_empty() {
+        return Ok(ReplayReply::End { topic });
+    }
+    Ok(ReplayReply::Message(RawMessage { topic, seq, payload }))
+}
+
+/// One `KVEventBatch`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventBatch<'a> {
+    pub ts: f64,
+    pub events: Vec<Event<'a>>,
+    /// `None` for vLLM 0.9.0, whose batches have no rank element.
+    pub data_parallel_rank: Option<i64>,
+}
+
+impl EventBatch<'_> {
+    /// Events whose tag this decoder does not know (skipped, counted by the caller).
+    pub fn unknown_events(&self) -> usize {
+        self.events.iter().filter(|e| matches!(e, Event::Unknown { .. })).count()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event<'a> {
+    BlockStored(BlockStored<'a>),
+    BlockRemoved(BlockRemoved<'a>),
+    AllBlocksCleared { other: Vec<(&'a str, Value<'a>)> },
+    /// An event with a tag we do not know. It is skipped; the rest of the batch applies.
+    Unknown { tag: &'a str },
+}
+
+/// A block hash as the engine published it. The variant is kept so the decoded form can be
+/// printed exactly; `key()` gives the u64 the index uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineHash<'a> {
+    /// A non-negative msgpack int (every release's default, the digest's low 64 bits).
+    Uint(u64),
+    /// A negative msgpack int (vLLM 0.9.x `builtin` hashes).
+    Int(i64),
+    /// A msgpack `bin` (raw digests with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
+    Bytes(&'a [u8]),
+}
+
+impl EngineHash<'_> {
+    /// The u64 identity of the block inside its source: the int's two's-complement bits, or
+    /// the last 8 bytes of a digest read big-endian (left-padded when shorter), which equals
+    /// vLLM's own int conversion of the same digest.
+    pub fn key(&self) -> u64 {
+        match *self {
+            EngineHash::Uint(v) => v,
+            EngineHash::Int(v) => v as u64,
+            EngineHash::Bytes(b) => {
+                let tail = &b[b.len().saturating_sub(8)..];
+                tail.iter().fold(0u64, |acc, &byte| (acc << 8) | u64::from(byte))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BlockStored<'a> {
+    pub block_hashes: Vec<EngineHash<'a>>,
+    pub parent_block_hash: Option<EngineHash<'a>>,
+    /// `None` only when the wire had `nil`.
+    pub token_ids: Option<Vec<u32>>,
+    pub block_size: Option<i64>,
+    pub lora_id: Option<i64>,
+    pub medium: Option<&'a str>,
+    pub lora_name: Option<&'a str>,
+    /// One entry per block: `Value::Nil` or an array of extra keys.
+    pub extra_keys: Option<Vec<Value<'a>>>,
+    pub group_idx: Option<i64>,
+    pub kv_cache_spec_kind: Option<&'a str>,
+    pub kv_cache_spec_sliding_window: Option<i64>,
+    pub locality: Option<&'a str>,
+    pub ownership: Option<&'a str>,
+    pub session_id: Option<&'a str>,
+    pub lookahead_token_ids: Option<Vec<Vec<u32>>>,
+    /// Map keys this decoder does not know, kept for diagnostics and `kvindex decode`.
+    pub other: Vec<(&'a str, Value<'a>)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BlockRemoved<'a> {
+    pub block_hashes: Vec<EngineHash<'a>>,
+    pub medium: Option<&'a str>,
+    pub group_idx: Option<i64>,
+    pub locality: Option<&'a str>,
+    pub ownership: Option<&'a str>,
+    pub other: Vec<(&'a str, Value<'a>)>,
+}
+
+/// Any msgpack value, borrowed: the shape of `extra_keys` entries and unknown fields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<'a> {
+    Nil,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(&'a str),
+    Bin(&'a [u8]),
+    Array(Vec<Value<'a>>),
+    Map(Vec<(Value<'a>, Value<'a>)>),
+}
+
+/// Decodes a `KVEventBatch` payload.
+pub fn decode_batch(payload: &[u8]) -> Result<EventBatch<'_>, WireError> {
+    if payload.is_empty() {
+        return Err(WireError::EmptyPayload);
+    }
+    let mut de = rmp_serde::Deserializer::from_read_ref(payload);
+    de.set_max_depth(MAX_DEPTH);
+    Ok(de.deserialize_any(BatchVisitor)?)
+}
+
+// ---- serde visitors -------------------------------------------------------------------------
+// Hand-written so that one pass accepts both event encodings, any int width, and borrows
+// strings and byte strings from the payload.
+
+struct BatchVisitor;
+
+impl<'de> Visitor<'de> for BatchVisitor {
+    type Value = EventBatch<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an event batch array [ts, events, data_parallel_rank]")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let ts: Number = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::custom("batch array is empty"))?;
+        let events = seq
+            .next_element::<EventList>()?
+            .ok_or_else(|| de::Error::custom("batch array has no events element"))?
+            .0;
+        let data_parallel_rank = seq.next_element::<Option<i64>>()?.flatten();
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(EventBatch { ts: ts.0, events, data_parallel_rank })
+    }
+}
+
+/// A float or int, as f64.
+struct Number(f64);
+
+impl<'de> de::Deserialize<'de> for Number {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Number;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Number, E> {
+                Ok(Number(v))
+            }
+            fn visit_f32<E>(self, v: f32) -> Result<Number, E> {
+                Ok(Number(f64::from(v)))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Number, E> {
+                Ok(Number(v as f64))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Number, E> {
+                Ok(Number(v as f64))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+struct EventList<'de>(Vec<Event<'de>>);
+
+impl<'de> de::Deserialize<'de> for EventList<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EventList<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of events")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut events = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC));
+                while let Some(event) = seq.next_element::<Event<'de>>()? {
+                    events.push(event);
+                }
+                Ok(EventList(events))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Field order of the array form, per event type. Later releases append; we name every field
+/// any release declared so a future array-form producer still decodes by position.
+const STORED_FIELDS: [&str; 15] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
+];
+const REMOVED_FIELDS: [&str; 5] = ["block_hashes", "medium", "group_idx", "locality", "ownership"];
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Stored,
+    Removed,
+    Cleared,
+}
+
+fn kind_of(tag: &str) -> Option<Kind> {
+    match tag {
+        "BlockStored" => Some(Kind::Stored),
+        "BlockRemoved" => Some(Kind::Removed),
+        "AllBlocksCleared" => Some(Kind::Cleared),
+        _ => None,
+    }
+}
+
+/// Fields gathered from either encoding before the event type is known (a map may, in
+/// principle, carry `"type"` after other keys).
+#[derive(Default)]
+struct Fields<'de> {
+    stored: BlockStored<'de>,
+}
+
+impl<'de> Fields<'de> {
+    /// Reads one named field. Unknown names are kept in `other`.
+    fn read<E: de::Error>(
+        &mut self,
+        name: &'de str,
+        next: impl FnOnce(FieldSlot<'_, 'de>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let s = &mut self.stored;
+        let slot = match name {
+            "block_hashes" => FieldSlot::Hashes(&mut s.block_hashes),
+            "parent_block_hash" => FieldSlot::OptHash(&mut s.parent_block_hash),
+            "token_ids" => FieldSlot::Tokens(&mut s.token_ids),
+            "block_size" => FieldSlot::Int(&mut s.block_size),
+            "lora_id" => FieldSlot::Int(&mut s.lora_id),
+            "medium" => FieldSlot::Str(&mut s.medium),
+            "lora_name" => FieldSlot::Str(&mut s.lora_name),
+            "extra_keys" => FieldSlot::Extra(&mut s.extra_keys),
+            "group_idx" => FieldSlot::Int(&mut s.group_idx),
+            "kv_cache_spec_kind" => FieldSlot::Str(&mut s.kv_cache_spec_kind),
+            "kv_cache_spec_sliding_window" => FieldSlot::Int(&mut s.kv_cache_spec_sliding_window),
+            "locality" => FieldSlot::Str(&mut s.locality),
+            "ownership" => FieldSlot::Str(&mut s.ownership),
+            "session_id" => FieldSlot::Str(&mut s.session_id),
+            "lookahead_token_ids" => FieldSlot::TokenLists(&mut s.lookahead_token_ids),
+            _ => FieldSlot::Other(name, &mut s.other),
+        };
+        next(slot)
+    }
+
+    fn finish(self, kind: Kind) -> Event<'de> {
+        let s = self.stored;
+        match kind {
+            Kind::Stored => Event::BlockStored(s),
+            Kind::Removed => {
+                // Keys only BlockStored declares would be unknown for a removal: keep them visible.
+                Event::BlockRemoved(BlockRemoved {
+                    block_hashes: s.block_hashes,
+                    medium: s.medium,
+                    group_idx: s.group_idx,
+                    locality: s.locality,
+                    ownership: s.ownership,
+                    other: s.other,
+                })
+            }
+            Kind::Cleared => Event::AllBlocksCleared { other: s.other },
+        }
+    }
+}
+
+/// Where one decoded field goes; decides the type it must have.
+enum FieldSlot<'s, 'de> {
+    Hashes(&'s mut Vec<EngineHash<'de>>),
+    OptHash(&'s mut Option<EngineHash<'de>>),
+    Tokens(&'s mut Option<Vec<u32>>),
+    TokenLists(&'s mut Option<Vec<Vec<u32>>>),
+    Int(&'s mut Option<i64>),
+    Str(&'s mut Option<&'de str>),
+    Extra(&'s mut Option<Vec<Value<'de>>>),
+    Other(&'de str, &'s mut Vec<(&'de str, Value<'de>)>),
+}
+
+impl<'de> DeserializeSeed<'de> for FieldSlot<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        match self {
+            FieldSlot::Hashes(out) => {
+                *out = Option::<HashList>::deserialize(d)?.map(|h| h.0).unwrap_or_default()
+            }
+            FieldSlot::OptHash(out) => *out = Option::<EngineHashDe>::deserialize(d)?.map(|h| h.0),
+            FieldSlot::Tokens(out) => *out = Option::<TokenList>::deserialize(d)?.map(|t| t.0),
+            FieldSlot::TokenLists(out) => {
+                *out = Option::<Vec<TokenList>>::deserialize(d)?
+                    .map(|lists| lists.into_iter().map(|t| t.0).collect())
+            }
+            FieldSlot::Int(out) => *out = Option::<i64>::deserialize(d)?,
+            FieldSlot::Str(out) => *out = Option::<&'de str>::deserialize(d)?,
+            FieldSlot::Extra(out) => {
+                *out = match Value::deserialize(d)? {
+                    Value::Nil => None,
+                    Value::Array(items) => Some(items),
+                    _ => return Err(de::Error::custom("extra_keys must be an array or nil")),
+                }
+            }
+            FieldSlot::Other(name, out) => out.push((name, Value::deserialize(d)?)),
+        }
+        Ok(())
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Event<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(EventVisitor)
+    }
+}
+
+struct EventVisitor;
+
+impl<'de> Visitor<'de> for EventVisitor {
+    type Value = Event<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an event: [tag, fields...] or {\"type\": tag, ...}")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let tag: &'de str = seq
+            .next_element()?
+            .ok_or_else(|| de::Error::custom("event array is empty"))?;
+        let Some(kind) = kind_of(tag) else {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            return Ok(Event::Unknown { tag });
+        };
+        let names: &[&'static str] = match kind {
+            Kind::Stored => &STORED_FIELDS,
+            Kind::Removed => &REMOVED_FIELDS,
+            Kind::Cleared => &[],
+        };
+        let mut fields = Fields::default();
+        for &name in names {
+            let mut present = true;
+            fields.read(name, |slot| {
+                present = seq.next_element_seed(slot)?.is_some();
+                Ok::<(), A::Error>(())
+            })?;
+            if !present {
+                break;
+            }
+        }
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(fields.finish(kind))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = Fields::default();
+        let mut tag: Option<&'de str> = None;
+        while let Some(key) = map.next_key::<&'de str>()? {
+            if key == "type" {
+                tag = Some(map.next_value()?);
+            } else {
+                fields.read(key, |slot| map.next_value_seed(slot))?;
+            }
+        }
+        let tag = tag.ok_or_else(|| de::Error::custom("event map has no \"type\" key"))?;
+        Ok(match kind_of(tag) {
+            Some(kind) => fields.finish(kind),
+            None => Event::Unknown { tag },
+        })
+    }
+}
+
+struct HashList<'de>(Vec<EngineHash<'de>>);
+
+impl<'de> de::Deserialize<'de> for HashList<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = HashList<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of block hashes")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC));
+                while let Some(h) = seq.next_element::<EngineHashDe>()? {
+                    out.push(h.0);
+                }
+                Ok(HashList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+struct EngineHashDe<'de>(EngineHash<'de>);
+
+impl<'de> de::Deserialize<'de> for EngineHashDe<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EngineHashDe<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a block hash (int or bin)")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(EngineHashDe(EngineHash::Uint(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(EngineHashDe(if v >= 0 { EngineHash::Uint(v as u64) } else { EngineHash::Int(v) }))
+            }
+            fn visit_borrowed_bytes<E>(self, v: &'de [u8]) -> Result<Self::Value, E> {
+                Ok(EngineHashDe(EngineHash::Bytes(v)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+struct TokenList(Vec<u32>);
+
+impl<'de> de::Deserialize<'de> for TokenList {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TokenList;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of token ids (u32)")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC * 4));
+                while let Some(t) = seq.next_element::<u32>()? {
+                    out.push(t);
+                }
+                Ok(TokenList(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Value<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Value<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any msgpack value")
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(Value::Nil)
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(Value::Nil)
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(Value::Bool(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Value::Int(i128::from(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(Value::Int(i128::from(v)))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(Value::Float(v))
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Value::Str(v))
+            }
+            fn visit_borrowed_bytes<E>(self, v: &'de [u8]) -> Result<Self::Value, E> {
+                Ok(Value::Bin(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC));
+                while let Some(v) = seq.next_element()? {
+                    out.push(v);
+                }
+                Ok(Value::Array(out))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0).min(MAX_PREALLOC));
+                while let Some(entry) = map.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(Value::Map(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        hex::decode(s).expect("test hex")
+    }
+
+    // The worked examples of the wire-format notes (vllm-kv-events.md, "Captured frames").
+    const B0_023: &str = "93cb41d954fc40200000919cab426c6f636b53746f72656492cf1e0b2e028ef071cbcfefad121d154ab2d6c098010203040506070804c0a3475055c092c0c000c0c000";
+    const B2_033: &str = "93cb41d954fc40a000009284a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391cfdaed446d95c926b2a66d656469756da3475055a967726f75705f6964780084a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657392cf1e0b2e028ef071cbcfefad121d154ab2d6a66d656469756da3475055a967726f75705f6964780000";
+    const B0_090: &str = "92cb41d954fc402000009196ab426c6f636b53746f72656492cf1111111111111111cf2222222222222222c098010203040506070804c0";
+
+    #[test]
+    fn array_form_store_decodes_every_field() {
+        let payload = hex(B0_023);
+        let batch = decode_batch(&payload).unwrap();
+        assert_eq!(batch.ts, 1700000000.5);
+        assert_eq!(batch.data_parallel_rank, Some(0));
+        let [Event::BlockStored(s)] = batch.events.as_slice() else { panic!("{batch:?}") };
+        assert_eq!(s.block_hashes, [EngineHash::Uint(0x1e0b2e028ef071cb), EngineHash::Uint(0xefad121d154ab2d6)]);
+        assert_eq!(s.token_ids.as_deref(), Some(&[1, 2, 3, 4, 5, 6, 7, 8][..]));
+        assert_eq!(s.block_size, Some(4));
+        assert_eq!(s.medium, Some("GPU"));
+        assert_eq!(s.extra_keys, Some(vec![Value::Nil, Value::Nil]));
+        assert_eq!(s.group_idx, Some(0));
+    }
+
+    #[test]
+    fn map_form_removals_decode_by_name() {
+        let payload = hex(B2_033);
+        let batch = decode_batch(&payload).unwrap();
+        assert_eq!(batch.events.len(), 2);
+        let Event::BlockRemoved(r) = &batch.events[1] else { panic!() };
+        assert_eq!(r.block_hashes.len(), 2);
+        assert_eq!(r.medium, Some("GPU"));
+        assert_eq!(r.group_idx, Some(0));
+    }
+
+    #[test]
+    fn two_element_batch_has_no_rank() {
+        let payload = hex(B0_090);
+        let batch = decode_batch(&payload).unwrap();
+        assert_eq!(batch.data_parallel_rank, None);
+        let Event::BlockStored(s) = &batch.events[0] else { panic!() };
+        assert_eq!(s.lora_id, None);
+        assert_eq!(s.medium, None);
+    }
+
+    #[test]
+    fn bin_hash_key_is_last_eight_bytes_big_endian() {
+        let digest = hex("c9d58ba695280d69b243e1e0df813136ca9196b286fb1a021e0b2e028ef071cb");
+        assert_eq!(EngineHash::Bytes(&digest).key(), 0x1e0b2e028ef071cb);
+        assert_eq!(EngineHash::Bytes(&[0x01, 0x02]).key(), 0x0102);
+        assert_eq!(EngineHash::Int(-1).key(), u64::MAX);
+    }
+
+    #[test]
+    fn unknown_tag_is_skipped_and_the_rest_applies() {
+        // [ts, [["BlockMoved", 1, 2], ["AllBlocksCleared"]], 0]
+        let payload = hex("93cb41d954fc4020000092 93aa426c6f636b4d6f7665640102 91b0416c6c426c6f636b73436c656172656400".replace(' ', "").as_str());
+        let batch = decode_batch(&payload).unwrap();
+        assert_eq!(batch.unknown_events(), 1);
+        assert!(matches!(batch.events[1], Event::AllBlocksCleared { .. }));
+    }
+
+    #[test]
+    fn truncated_payload_is_a_typed_error() {
+        let payload = hex(B0_023);
+        for cut in 0..payload.len() {
+            let err = decode_batch(&payload[..cut]).unwrap_err();
+            assert!(matches!(err, WireError::Truncated | WireError::EmptyPayload), "cut {cut}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn replay_layouts_and_end_markers() {
+        let seq = 7u64.to_be_bytes();
+        let end = u64::MAX.to_be_bytes();
+        let old = parse_replay(&[b"", &seq, b"\x90"]).unwrap();
+        assert_eq!(old, ReplayReply::Message(RawMessage { topic: None, seq: 7, payload: b"\x90" }));
+        let new = parse_replay(&[b"", b"kv@a@m", &seq, b"\x90"]).unwrap();
+        assert!(matches!(new, ReplayReply::Message(RawMessage { topic: Some(b"kv@a@m"), .. })));
+        assert_eq!(parse_replay(&[b"", &end, b""]).unwrap(), ReplayReply::End { topic: None });
+        assert_eq!(parse_replay(&[b"", b"", &end, b""]).unwrap(), ReplayReply::End { topic: Some(b"") });
+        assert_eq!(parse_replay(&[b"x", &seq, b""]).unwrap_err(), WireError::MissingDelimiter);
+        assert_eq!(parse_live(&[b"t", b"123", b""]).unwrap_err(), WireError::SeqLength(3));
+    }
+}
