@@ -1,0 +1,8 @@
+# Shared settings for the scripts: where builds and the Python test venv live.
+# Sourced, not run. Both live outside the checkout when possible so repeated runs (and CI on
+# the same machine) reuse them; every script still works from an empty cache.
+: "${CARGO_TARGET_DIR:=/var/tmp/kvindex-target}"
+: "${KVINDEX_VENV:=/var/tmp/kvindex-venv}"
+: "${KVINDEX_VECTORS:=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/vectors}"
+export CARGO_TARGET_DIR KVINDEX_VENV KVINDEX_VECTORS
+export KVINDEX_PYTHON="$KVINDEX_VENV/bin/python"
