@@ -1,0 +1,274 @@
+//! Applying vLLM's own captured streams to the index gives exactly the prefixes the engine
+//! holds: checked after every message against a reference built independently from the
+//! events' token prefixes (no hashing, no shared code with the index).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+
+use kvindex::wire::{self, Event};
+use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
+use serde_json::Value;
+
+use common::{frame_files, frames_of, read_records};
+
+const BLOCK: usize = 16;
+
+/// What the engine holds, as plain token prefixes: engine hash → the canonical prefixes that
+/// block covers, and whether they are reachable by a plain query in the model's namespace.
+#[derive(Default)]
+struct Reference {
+    blocks: HashMap<u64, RefBlock>,
+}
+
+struct RefBlock {
+    /// Token prefix (from the start of the sequence) ending at each canonical block.
+    prefixes: Vec<Vec<u32>>,
+    /// Namespace tag: None = plain model text; Some(..) = LoRA, salt, mm, lookahead, group≠0.
+    special: Option<String>,
+    tiers: HashSet<String>,
+}
+
+impl Reference {
+    fn apply(&mut self, event: &Event<'_>) {
+        match event {
+            Event::BlockStored(s) => {
+                let tier = s.medium.unwrap_or("GPU").to_ascii_uppercase();
+                let tokens = s.token_ids.clone().unwrap_or_default();
+                if tokens.is_empty() {
+                    for h in &s.block_hashes {
+                        if let Some(b) = self.blocks.get_mut(&h.key()) {
+                            b.tiers.insert(tier.clone());
+                        }
+                    }
+                    return;
+                }
+                let bs = s.block_size.unwrap_or(0) as usize;
+                let (mut prefix, mut special) = match &s.parent_block_hash {
+                    None => (Vec::new(), None),
+                    Some(p) => match self.blocks.get(&p.key()) {
+                        Some(b) => (b.prefixes.last().cloned().unwrap_or_default(), b.special.clone()),
+                        None => return, // unknown parent: the index must skip it too
+                    },
+                };
+                if let Some(name) = s.lora_name.or(s.lora_id.map(|_| "lora-id")) {
+                    special.get_or_insert_with(|| format!("lora:{name}"));
+                }
+                if s.group_idx.unwrap_or(0) != 0 {
+                    special.get_or_insert_with(|| "group".into());
+                }
+                for (i, h) in s.block_hashes.iter().enumerate() {
+                    let extra = s.extra_keys.as_ref().and_then(|e| e.get(i)).filter(|e| !matches!(e, wire::Value::Nil));
+                    let lora_only = matches!(extra, Some(wire::Value::Array(items))
+                        if items.len() == 1 && matches!(items[0], wire::Value::Str(n) if Some(n) == s.lora_name));
+                    if extra.is_some() && !lora_only {
+                        special = Some(format!("extra:{extra:?}"));
+                    }
+                    if s.lookahead_token_ids.is_some() {
+                        special = Some("lookahead".into());
+                    }
+                    let chunk = &tokens[i * bs..(i + 1) * bs];
+                    let mut prefixes = Vec::new();
+                    for sub in chunk.chunks(BLOCK) {
+                        prefix.extend_from_slice(sub);
+                        prefixes.push(prefix.clone());
+                    }
+                    let tiers = HashSet::from([tier.clone()]);
+                    self.blocks.insert(h.key(), RefBlock { prefixes, special: special.clone(), tiers });
+                }
+            }
+            Event::BlockRemoved(r) => {
+                let tier = r.medium.unwrap_or("GPU").to_ascii_uppercase();
+                for h in &r.block_hashes {
+                    if let Some(b) = self.blocks.get_mut(&h.key()) {
+                        b.tiers.remove(&tier);
+                        if b.tiers.is_empty() {
+                            self.blocks.remove(&h.key());
+                        }
+                    }
+                }
+            }
+            Event::AllBlocksCleared { .. } => self.blocks.clear(),
+            Event::Unknown { .. } => {}
+        }
+    }
+
+    /// Plain prefixes held (any tier), for exact-match checks.
+    fn plain_prefixes(&self) -> HashSet<Vec<u32>> {
+        self.blocks.values().filter(|b| b.special.is_none()).flat_map(|b| b.prefixes.iter().cloned()).collect()
+    }
+
+    /// Expected matched blocks for a plain query.
+    fn expected(&self, held: &HashSet<Vec<u32>>, query: &[u32]) -> u32 {
+        let mut n = 0;
+        while (n + 1) * BLOCK <= query.len() && held.contains(&query[..(n + 1) * BLOCK]) {
+            n += 1;
+        }
+        n as u32
+    }
+}
+
+fn score(index: &KvIndex, pod: &str, tokens: &[u32], lora: Option<&str>, salt: Option<&str>) -> u32 {
+    let pods = [pod];
+    let q = ScoreQuery { model: "Qwen/Qwen3-0.6B", lora_name: lora, cache_salt: salt, token_ids: tokens, pods: Some(&pods) };
+    index.score(&q).matches.first().map_or(0, |m| m.matched_blocks)
+}
+
+#[test]
+fn live_streams_index_exactly_what_the_engine_holds() {
+    for path in frame_files() {
+        let records = read_records(&path);
+        let mut by_scenario: HashMap<String, Vec<&Value>> = HashMap::new();
+        for r in records.iter().filter(|r| r["kind"] == "live") {
+            by_scenario.entry(r["scenario"].as_str().unwrap().to_string()).or_default().push(r);
+        }
+        for (scenario, live) in by_scenario {
+            let index = KvIndex::new(KvIndexConfig { block_size: BLOCK, ..Default::default() });
+            let mut reference = Reference::default();
+            let mut all_prompts: Vec<Vec<u32>> = Vec::new();
+            for record in live {
+                let frames = frames_of(record);
+                let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+                let msg = wire::parse_live(&frames).unwrap();
+                let batch = wire::decode_batch(msg.payload).unwrap();
+                let pod = kvindex::topic::dp_pod_id("10.0.0.7:8000", batch.data_parallel_rank);
+                index.apply(&pod, "Qwen/Qwen3-0.6B", &batch);
+                for e in &batch.events {
+                    reference.apply(e);
+                    if let Event::BlockStored(s) = e {
+                        if let Some(t) = &s.token_ids {
+                            all_prompts.push(t.clone());
+                        }
+                    }
+                }
+                // Every plain prefix the reference holds must score exactly; anything else
+                // (e.g. the prompts of LoRA, salted or multimodal stores, queried as plain
+                // text) must never score more than the reference allows.
+                let held = reference.plain_prefixes();
+                let mut queries: Vec<Vec<u32>> = held.iter().cloned().collect();
+                queries.extend(all_prompts.iter().cloned());
+                for q in &queries {
+                    let want = reference.expected(&held, q);
+                    let got = score(&index, &pod, q, None, None);
+                    assert_eq!(got, want, "{} {scenario} seq {}: query of {} tokens", path.display(), msg.seq, q.len());
+                }
+            }
+        }
+    }
+}
+
+/// Finds the first live BlockStored in `version`'s main scenario matching `pred`.
+fn first_store(version: &str, pred: impl Fn(&wire::BlockStored<'_>) -> bool) -> Option<(Vec<u32>, u64)> {
+    let path = common::vectors_dir().join(format!("frames-{version}.jsonl"));
+    for record in read_records(&path).iter().filter(|r| r["kind"] == "live" && r["scenario"] == "main") {
+        let frames = frames_of(record);
+        let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let msg = wire::parse_live(&frames).unwrap();
+        let batch = wire::decode_batch(msg.payload).unwrap();
+        for e in &batch.events {
+            if let Event::BlockStored(s) = e {
+                if pred(s) {
+                    return Some((s.token_ids.clone().unwrap_or_default(), msg.seq));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Applies `version`'s main live stream up to and including `last_seq`.
+fn index_through(version: &str, last_seq: u64) -> KvIndex {
+    let index = KvIndex::new(KvIndexConfig { block_size: BLOCK, ..Default::default() });
+    let path = common::vectors_dir().join(format!("frames-{version}.jsonl"));
+    for record in read_records(&path).iter().filter(|r| r["kind"] == "live" && r["scenario"] == "main") {
+        let frames = frames_of(record);
+        let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let msg = wire::parse_live(&frames).unwrap();
+        if msg.seq > last_seq {
+            break;
+        }
+        index.apply("10.0.0.7:8000", "Qwen/Qwen3-0.6B", &wire::decode_batch(msg.payload).unwrap());
+    }
+    index
+}
+
+#[test]
+fn lora_salt_and_multimodal_blocks_match_only_their_own_queries() {
+    for version in ["0.17.0", "0.23.0", "0.33.0"] {
+        let (lora_tokens, seq) = first_store(version, |s| s.lora_name.is_some()).expect("a LoRA store");
+        let index = index_through(version, seq);
+        assert_eq!(score(&index, "10.0.0.7:8000", &lora_tokens, Some("sql-lora"), None), 3, "{version} LoRA");
+        assert_eq!(score(&index, "10.0.0.7:8000", &lora_tokens, None, None), 0, "{version} LoRA as base model");
+
+        let salted = |s: &wire::BlockStored<'_>| {
+            matches!(s.extra_keys.as_deref(), Some([wire::Value::Array(items), ..]) if items == &[wire::Value::Str("tenant-a-salt")])
+        };
+        let (salt_tokens, seq) = first_store(version, salted).expect("a salted store");
+        let index = index_through(version, seq);
+        assert_eq!(score(&index, "10.0.0.7:8000", &salt_tokens, None, Some("tenant-a-salt")), 2, "{version} salt");
+        assert_eq!(score(&index, "10.0.0.7:8000", &salt_tokens, None, None), 0, "{version} salted block, no salt");
+        assert_eq!(score(&index, "10.0.0.7:8000", &salt_tokens, None, Some("other")), 0, "{version} wrong salt");
+
+        let mm = |s: &wire::BlockStored<'_>| {
+            s.lora_name.is_none()
+                && s.extra_keys.as_ref().is_some_and(|e| e.len() == 4 && e.iter().all(|x| !matches!(x, wire::Value::Nil)))
+        };
+        let (mm_tokens, seq) = first_store(version, mm).expect("a multimodal store");
+        let index = index_through(version, seq);
+        assert_eq!(score(&index, "10.0.0.7:8000", &mm_tokens, None, None), 0, "{version} multimodal as text");
+    }
+}
+
+#[test]
+fn cpu_tier_reannouncement_and_large_engine_blocks() {
+    let path = common::vectors_dir().join("frames-0.33.0.jsonl");
+    let index = KvIndex::new(KvIndexConfig { block_size: BLOCK, ..Default::default() });
+    let mut cpu_seen = false;
+    let mut bs64_tokens = None;
+    for record in read_records(&path).iter().filter(|r| r["kind"] == "live" && r["scenario"] == "main") {
+        let frames = frames_of(record);
+        let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let batch = wire::decode_batch(wire::parse_live(&frames).unwrap().payload).unwrap();
+        let report = index.apply("10.0.0.7:8000", "Qwen/Qwen3-0.6B", &batch);
+        for e in &batch.events {
+            match e {
+                Event::BlockStored(s) if s.medium == Some("CPU") => {
+                    cpu_seen = true;
+                    assert_eq!(report.skipped, [0; 7], "CPU re-announcement of known blocks resolves");
+                    let stats = index.pod_stats("10.0.0.7:8000").unwrap();
+                    let cpu = index.tiers().lookup("cpu").unwrap();
+                    assert!(stats.tier_blocks[cpu.0 as usize] >= 1, "CPU tier counted: {stats:?}");
+                }
+                Event::BlockStored(s) if s.block_size == Some(64) => bs64_tokens = s.token_ids.clone(),
+                _ => {}
+            }
+        }
+        if let Some(tokens) = bs64_tokens.take() {
+            assert_eq!(score(&index, "10.0.0.7:8000", &tokens, None, None), 8, "2 engine blocks of 64 = 8 canonical blocks");
+        }
+    }
+    assert!(cpu_seen);
+}
+
+#[test]
+fn data_parallel_rank_is_its_own_pod() {
+    let path = common::vectors_dir().join("frames-0.33.0.jsonl");
+    let index = KvIndex::new(KvIndexConfig { block_size: BLOCK, ..Default::default() });
+    let record = read_records(&path)
+        .into_iter()
+        .find(|r| r["kind"] == "live" && r["scenario"] == "dp-rank-1")
+        .expect("dp-rank-1 record");
+    let frames = frames_of(&record);
+    let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+    let msg = wire::parse_live(&frames).unwrap();
+    let topic = kvindex::topic::parse_topic(std::str::from_utf8(msg.topic.unwrap()).unwrap());
+    let batch = wire::decode_batch(msg.payload).unwrap();
+    assert_eq!(batch.data_parallel_rank, Some(1));
+    // The rank-1 publisher's topic already names port 8001; llm-d derives the pod from the
+    // rank-0 endpoint, so both conventions must land on the same pod id.
+    assert_eq!(topic.id, "10.0.0.7:8001");
+    assert_eq!(kvindex::topic::dp_pod_id("10.0.0.7:8000", batch.data_parallel_rank), "10.0.0.7:8001");
+    index.apply("10.0.0.7:8001", topic.model, &batch);
+    assert!(index.pod_stats("10.0.0.7:8001").is_some());
+    assert!(index.pod_stats("10.0.0.7:8000").is_none());
+}
