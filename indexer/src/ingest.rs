@@ -15,7 +15,8 @@ use crate::index::Index;
 use crate::keys::{block_key, namespace_root, Extras, PrefixKey};
 use crate::pods::PodId;
 use crate::tiers::{TierId, Tiers, MAX_TIERS};
-use crate::wire::{BlockRemoved, BlockStored, Event, EventBatch};
+use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
+use crate::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value};
 
 /// KV-cache groups a pod may use (hybrid models have a handful).
 pub const MAX_GROUPS: usize = 64;
@@ -76,6 +77,8 @@ pub struct ApplyReport {
     /// Removals of blocks this pod is not known to hold (stored before we subscribed, say).
     pub removed_unknown: u64,
     pub skipped: [u64; SkipReason::ALL.len()],
+    /// Sampled recomputation of the engine's own block hashes (see [`HashCheck`]).
+    pub hash_check: Verification,
 }
 
 impl ApplyReport {
@@ -98,7 +101,21 @@ impl ApplyReport {
         for (a, b) in self.skipped.iter_mut().zip(other.skipped) {
             *a += b;
         }
+        self.hash_check.merge(&other.hash_check);
     }
+}
+
+/// Sampled cross-check of the engine's block hashes against vLLM's own recipe.
+///
+/// Matching never depends on it (keys come from token ids), but a source whose recomputed
+/// hashes all mismatch is misconfigured: wrong block size, seed or algorithm, the usual cause
+/// of "scores are always 0" in deployments that key on engine hashes, and a sign that the
+/// engine is not the release operators think it is.
+#[derive(Debug, Clone)]
+pub struct HashCheck {
+    pub hasher: BlockHasher,
+    /// Check one in this many stores of a pod (1 = every store, 0 = never).
+    pub every: u32,
 }
 
 /// The shared pieces every pod's ingest needs.
@@ -107,6 +124,7 @@ pub struct IngestContext<'a> {
     pub tiers: &'a Tiers,
     /// Canonical block size of our keys.
     pub block_size: usize,
+    pub hash_check: Option<&'a HashCheck>,
 }
 
 /// Engine hash → prefix keys, for one KV-cache group.
@@ -144,11 +162,22 @@ pub struct PodIngest {
     tier_blocks: [u64; MAX_TIERS],
     extras: Extras,
     keys_scratch: Vec<PrefixKey>,
+    stores_seen: u64,
+    hash_check: Verification,
 }
 
 impl PodIngest {
     pub fn new(pod: PodId, model: Arc<str>) -> Self {
-        PodIngest { pod, model, groups: Vec::new(), tier_blocks: [0; MAX_TIERS], extras: Extras::new(), keys_scratch: Vec::new() }
+        PodIngest {
+            pod,
+            model,
+            groups: Vec::new(),
+            tier_blocks: [0; MAX_TIERS],
+            extras: Extras::new(),
+            keys_scratch: Vec::new(),
+            stores_seen: 0,
+            hash_check: Verification::default(),
+        }
     }
 
     pub fn pod(&self) -> PodId {
@@ -162,6 +191,11 @@ impl PodIngest {
     /// Canonical blocks this pod holds, per tier id.
     pub fn tier_blocks(&self) -> [u64; MAX_TIERS] {
         self.tier_blocks
+    }
+
+    /// Totals of the sampled hash cross-check for this pod.
+    pub fn hash_check(&self) -> Verification {
+        self.hash_check
     }
 
     /// Engine blocks this pod is known to hold, over all groups.
@@ -227,6 +261,7 @@ impl PodIngest {
         if Some(tokens.len()) != ev.block_hashes.len().checked_mul(engine_bs) {
             return report.skip(SkipReason::TokenCountMismatch, blocks);
         }
+        self.maybe_check_hashes(ctx, ev, tokens, engine_bs, report);
         let mut parent = match &ev.parent_block_hash {
             None => namespace_root(&namespace_of(&self.model, ev.lora_name, ev.lora_id), group as u32),
             Some(h) => match self.group(ev.group_idx).and_then(|m| m.last.get(&h.key()).copied()) {
@@ -257,6 +292,27 @@ impl PodIngest {
         }
         self.extras = extras;
         self.keys_scratch = keys;
+    }
+
+    fn maybe_check_hashes(&mut self, ctx: &IngestContext<'_>, ev: &BlockStored<'_>, tokens: &[u32], engine_bs: usize, report: &mut ApplyReport) {
+        let Some(check) = ctx.hash_check else { return };
+        self.stores_seen += 1;
+        if check.every == 0 || (self.stores_seen - 1) % u64::from(check.every) != 0 {
+            return;
+        }
+        let hashes: Vec<PublishedHash<'_>> = ev.block_hashes.iter().map(published).collect();
+        let parent = ev.parent_block_hash.as_ref().map_or(ParentRef::Root, |p| ParentRef::Published(published(p)));
+        let carries_extra: Vec<bool> = (0..ev.block_hashes.len())
+            .map(|i| {
+                ev.lora_id.is_some()
+                    || ev.lora_name.is_some()
+                    || ev.lookahead_token_ids.is_some()
+                    || ev.extra_keys.as_ref().and_then(|e| e.get(i)).is_some_and(|e| !matches!(e, Value::Nil))
+            })
+            .collect();
+        let v = check.hasher.verify_chain(parent, tokens, engine_bs, &hashes, &carries_extra);
+        self.hash_check.merge(&v);
+        report.hash_check.merge(&v);
     }
 
     /// Stores one engine block's canonical keys, replacing a different earlier mapping.
@@ -374,6 +430,14 @@ impl PodIngest {
         self.groups.clear();
         self.tier_blocks = [0; MAX_TIERS];
         entries
+    }
+}
+
+fn published<'a>(h: &EngineHash<'a>) -> PublishedHash<'a> {
+    match *h {
+        EngineHash::Uint(v) => PublishedHash::Int(v),
+        EngineHash::Int(v) => PublishedHash::Int(v as u64),
+        EngineHash::Bytes(b) => PublishedHash::Bytes(b),
     }
 }
 

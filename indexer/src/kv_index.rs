@@ -11,7 +11,8 @@ use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use crate::index::Index;
-use crate::ingest::{namespace_of, ApplyReport, IngestContext, PodIngest};
+use crate::ingest::{namespace_of, ApplyReport, HashCheck, IngestContext, PodIngest};
+use crate::vllm_hash::Verification;
 use crate::keys::{namespace_root, prompt_keys};
 use crate::pods::{PodId, Pods};
 use crate::score::{score, PodFilter, PodMatch};
@@ -27,11 +28,13 @@ pub struct KvIndexConfig {
     /// Bound on resident (block, pod) entries; past it new residencies are refused (counted as
     /// `index_full`), which can only under-report.
     pub max_entries: u64,
+    /// Sampled recomputation of vLLM's own block hashes, to detect misconfigured engines.
+    pub hash_check: Option<HashCheck>,
 }
 
 impl Default for KvIndexConfig {
     fn default() -> Self {
-        KvIndexConfig { block_size: 16, shards: 64, max_entries: 50_000_000 }
+        KvIndexConfig { block_size: 16, shards: 64, max_entries: 50_000_000, hash_check: None }
     }
 }
 
@@ -60,6 +63,8 @@ pub struct PodStats {
     pub model: String,
     pub engine_blocks: usize,
     pub tier_blocks: [u64; MAX_TIERS],
+    /// Totals of the sampled vLLM hash cross-check.
+    pub hash_check: Verification,
 }
 
 pub struct KvIndex {
@@ -99,7 +104,12 @@ impl KvIndex {
     }
 
     fn context(&self) -> IngestContext<'_> {
-        IngestContext { index: &self.index, tiers: &self.tiers, block_size: self.config.block_size }
+        IngestContext {
+            index: &self.index,
+            tiers: &self.tiers,
+            block_size: self.config.block_size,
+            hash_check: self.config.hash_check.as_ref(),
+        }
     }
 
     /// The ingest state of `pod` serving `model`. A pod that switches models is cleared first:
@@ -157,7 +167,12 @@ impl KvIndex {
         let id = self.pods.get(pod)?;
         let state = self.states.read().get(&id).cloned()?;
         let state = state.lock();
-        Some(PodStats { model: state.model().to_string(), engine_blocks: state.engine_blocks(), tier_blocks: state.tier_blocks() })
+        Some(PodStats {
+            model: state.model().to_string(),
+            engine_blocks: state.engine_blocks(),
+            tier_blocks: state.tier_blocks(),
+            hash_check: state.hash_check(),
+        })
     }
 
     /// Pods with ingest state, by name.

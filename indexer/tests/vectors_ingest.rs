@@ -272,3 +272,55 @@ fn data_parallel_rank_is_its_own_pod() {
     assert!(index.pod_stats("10.0.0.7:8001").is_some());
     assert!(index.pod_stats("10.0.0.7:8000").is_none());
 }
+
+fn hash_checked(version: &str, algo: &str, seed: Option<&str>, block_size: usize) -> kvindex::vllm_hash::Verification {
+    use kvindex::vllm_hash::{BlockHasher, VllmHashConfig};
+    let hasher = BlockHasher::new(&VllmHashConfig {
+        version: version.parse().unwrap(),
+        algo: algo.parse().unwrap(),
+        pythonhashseed: seed.map(str::to_string),
+    })
+    .unwrap();
+    let config = KvIndexConfig { block_size, hash_check: Some(kvindex::HashCheck { hasher, every: 1 }), ..Default::default() };
+    let index = KvIndex::new(config);
+    let mut total = kvindex::vllm_hash::Verification::default();
+    let path = common::vectors_dir().join(format!("frames-{version}.jsonl"));
+    for record in read_records(&path).iter().filter(|r| r["kind"] == "live") {
+        let frames = frames_of(record);
+        let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
+        let msg = wire::parse_live(&frames).unwrap();
+        let batch = wire::decode_batch(msg.payload).unwrap();
+        let pod = format!("{}#{}", record["scenario"], batch.data_parallel_rank.unwrap_or(0));
+        total.merge(&index.apply(&pod, "Qwen/Qwen3-0.6B", &batch).hash_check);
+    }
+    total
+}
+
+#[test]
+fn hash_check_confirms_a_right_configuration_and_flags_a_wrong_one() {
+    for (version, algo) in [("0.10.1", "sha256_cbor_64bit"), ("0.17.0", "sha256_cbor"), ("0.23.0", "sha256_cbor"), ("0.33.0", "sha256_cbor")] {
+        let right = hash_checked(version, algo, Some("0"), 16);
+        assert!(right.checked >= 10, "{version}: {right:?}");
+        if version == "0.10.1" {
+            // Before 0.17 events carry no extra keys, so salted and multimodal blocks cannot be
+            // recomputed from the event: a few mismatches among many matches, by design.
+            assert!(right.mismatched * 10 <= right.checked, "{version}: {right:?}");
+        } else {
+            assert_eq!(right.mismatched, 0, "{version}: {right:?}");
+        }
+        let wrong_seed = hash_checked(version, algo, Some("1"), 16);
+        // Every chain rooted at NONE_HASH mismatches. A chain continuing from a published full
+        // internal hash (raw-bytes digests, or sha256_cbor_64bit's u64) does not involve the
+        // seed and still verifies.
+        assert!(wrong_seed.mismatched >= 5, "{version} wrong seed: {wrong_seed:?}");
+        assert!(wrong_seed.mismatched > right.mismatched, "{version} wrong seed: {wrong_seed:?}");
+        if version != "0.10.1" {
+            // There every block after a published parent verifies on its own u64, so only the
+            // first block of each root chain can tell the seed apart.
+            assert!(wrong_seed.mismatched > wrong_seed.matched, "{version} wrong seed: {wrong_seed:?}");
+        }
+    }
+    let wrong_algo = hash_checked("0.33.0", "sha256", Some("0"), 16);
+    assert_eq!(wrong_algo.matched, 0, "{wrong_algo:?}");
+    assert!(wrong_algo.mismatched > 0);
+}
