@@ -1,25 +1,35 @@
-//! The sharded residency index: prefix key → the pods (and tiers) holding that block.
+//! The residency index: prefix key → the pods (and tiers) holding that block.
 //!
-//! Shards are independent `RwLock`ed hash maps, chosen by key bits the maps themselves do not
-//! use for bucketing, so a writer holds one shard for one key at a time and readers never wait
-//! long. Holders are stored inline for the common one- and two-pod cases (16 bytes) and spill
-//! to a sorted vector beyond. Keys are already uniform XXH3 values, so the maps hash with the
-//! identity function.
+//! Layout, chosen for memory (about 30 bytes per resident (block, pod) entry):
+//! - Each block is a 16-byte *slot* (its key and two inline holders) in a per-shard arena.
+//!   Keys are found through a table of 4-byte slot numbers. Shards are `RwLock`ed and chosen
+//!   by key bits, so a reader takes one shard's read lock per key and never waits long.
+//! - Holders are 4 bytes each (pod id and tier bits). One or two sit inline; more spill to a
+//!   side arena.
+//! - The engine's block hash of a slot (scoped by the pod's model and KV-cache group) is
+//!   recorded once per *block*, not per pod: fleets normally share one hash configuration, so
+//!   pods holding the same block share the entry. A pod whose engine hashed the block
+//!   differently keeps its own exception (see `ingest`).
 //!
-//! The index knows nothing about engines or events; `ingest` turns events into these calls.
+//! Writers (event application) serialize on one mutex that owns the engine table; readers
+//! (scoring) never touch it. The index knows nothing about events; `ingest` drives it.
 
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::RwLock;
-use smallvec::SmallVec;
+use hashbrown::HashTable;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::keys::PrefixKey;
 use crate::pods::PodId;
 
 /// One pod's residency of one block: pod id in the high 24 bits, tier bits in the low 8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(transparent)]
 pub struct Holder(u32);
+
+/// Holder values no pod can produce (pod ids stay below `pods::MAX_PODS`).
+const EMPTY: Holder = Holder(u32::MAX);
+const SPILLED: Holder = Holder(u32::MAX - 1);
 
 impl Holder {
     pub fn new(pod: PodId, tiers: u8) -> Self {
@@ -33,85 +43,150 @@ impl Holder {
     }
 }
 
-/// The pods holding one block, sorted by pod id.
-#[derive(Debug, Clone)]
-enum Holders {
-    One(Holder),
-    Two([Holder; 2]),
-    Many(Box<Vec<Holder>>),
+/// A block slot's global number: shard in the high bits, position in the shard below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotId(pub u32);
+
+/// A block: its key and holders. `[EMPTY, _]` marks a free slot; `[SPILLED, i]` points to
+/// `spill[i]` (more than two holders, sorted by pod).
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: PrefixKey,
+    holders: [Holder; 2],
 }
 
-impl Holders {
-    fn as_slice(&self) -> &[Holder] {
-        match self {
-            Holders::One(h) => std::slice::from_ref(h),
-            Holders::Two(pair) => pair,
-            Holders::Many(v) => v,
+#[derive(Default)]
+struct KeyShard {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    by_key: HashTable<u32>,
+    spill: Vec<Vec<Holder>>,
+    spill_free: Vec<u32>,
+}
+
+/// Prefix keys are XXH3 outputs, already uniform; the table hashes them as they are.
+#[inline]
+fn key_hash(key: PrefixKey) -> u64 {
+    key
+}
+
+impl KeyShard {
+    fn find(&self, key: PrefixKey) -> Option<u32> {
+        let slots = &self.slots;
+        self.by_key.find(key_hash(key), |&i| slots[i as usize].key == key).copied()
+    }
+
+    fn holders(&self, local: u32) -> &[Holder] {
+        let slot = &self.slots[local as usize];
+        match slot.holders {
+            [EMPTY, _] => &[],
+            [SPILLED, Holder(i)] => &self.spill[i as usize],
+            [_, EMPTY] => &slot.holders[..1],
+            _ => &slot.holders[..],
         }
     }
 
-    fn to_small(&self) -> SmallVec<[Holder; 4]> {
-        match self {
-            Holders::One(h) => SmallVec::from_slice(&[*h]),
-            Holders::Two(pair) => SmallVec::from_slice(pair),
-            Holders::Many(v) => SmallVec::from_slice(v),
-        }
-    }
-
-    fn from_sorted(mut v: SmallVec<[Holder; 4]>) -> Option<Holders> {
-        match v.len() {
-            0 => None,
-            1 => Some(Holders::One(v[0])),
-            2 => Some(Holders::Two([v[0], v[1]])),
-            _ => {
-                v.shrink_to_fit();
-                Some(Holders::Many(Box::new(v.into_vec())))
+    fn set_holders(&mut self, local: u32, holders: &[Holder]) {
+        let old = self.slots[local as usize].holders;
+        if let [SPILLED, Holder(i)] = old {
+            if holders.len() > 2 {
+                let v = &mut self.spill[i as usize];
+                v.clear();
+                v.extend_from_slice(holders);
+                return;
             }
+            self.spill[i as usize] = Vec::new();
+            self.spill_free.push(i);
         }
+        self.slots[local as usize].holders = match holders {
+            [] => [EMPTY, EMPTY],
+            [a] => [*a, EMPTY],
+            [a, b] => [*a, *b],
+            many => {
+                let i = match self.spill_free.pop() {
+                    Some(i) => {
+                        self.spill[i as usize] = many.to_vec();
+                        i
+                    }
+                    None => {
+                        self.spill.push(many.to_vec());
+                        (self.spill.len() - 1) as u32
+                    }
+                };
+                [SPILLED, Holder(i)]
+            }
+        };
+    }
+
+    fn bytes(&self) -> u64 {
+        let spilled: usize = self.spill.iter().map(|v| v.capacity() * 4 + 24).sum();
+        (self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.free.capacity() * 4
+            + self.by_key.capacity() * 5
+            + spilled
+            + self.spill_free.capacity() * 4) as u64
     }
 }
 
-/// Hashes a u64 key to itself: prefix keys are XXH3 outputs, already uniform.
+/// Writer-side state: the engine hash recorded for each slot and the table over it.
 #[derive(Default)]
-struct IdentityHasher(u64);
+pub struct EngineTable {
+    /// Per shard, per local slot: the scoped engine hash recorded for the slot (0 = none).
+    slot_engine: Vec<Vec<u64>>,
+    by_engine: HashTable<u32>,
+}
 
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
+impl EngineTable {
+    fn engine(&self, shard_bits: u32, slot: SlotId) -> u64 {
+        let (shard, local) = split(shard_bits, slot);
+        self.slot_engine[shard].get(local as usize).copied().unwrap_or(0)
     }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
+
+    fn bytes(&self) -> u64 {
+        let engines: usize = self.slot_engine.iter().map(|v| v.capacity() * 8).sum();
+        (engines + self.by_engine.capacity() * 5) as u64
     }
 }
 
-type KeyMap<V> = std::collections::HashMap<PrefixKey, V, BuildHasherDefault<IdentityHasher>>;
-
-#[derive(Default)]
-struct Shard {
-    map: KeyMap<Holders>,
+fn split(shard_bits: u32, slot: SlotId) -> (usize, u32) {
+    if shard_bits == 0 {
+        (0, slot.0)
+    } else {
+        ((slot.0 >> (32 - shard_bits)) as usize, slot.0 & (u32::MAX >> shard_bits))
+    }
 }
 
-/// Sharded key → holders map with a bound on resident entries.
+/// Sharded key → holders index with a bound on resident (block, pod) entries.
 pub struct Index {
-    shards: Box<[RwLock<Shard>]>,
-    shard_shift: u32,
+    shards: Box<[RwLock<KeyShard>]>,
+    shard_bits: u32,
+    writer: Mutex<EngineTable>,
     entries: AtomicU64,
     keys: AtomicU64,
     max_entries: u64,
 }
 
+/// What [`Writer::insert`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inserted {
+    pub slot: SlotId,
+    /// Tiers the pod held the block in before (0 = a new residency).
+    pub prev_tiers: u8,
+    /// Whether the slot's recorded engine hash is the one given (else the caller keeps its
+    /// own mapping for it).
+    pub engine_recorded: bool,
+}
+
 impl Index {
-    /// `shards` is rounded up to a power of two; `max_entries` bounds (key, pod) residencies.
+    /// `shards` is rounded up to a power of two (at most 256); `max_entries` bounds (block, pod)
+    /// residencies.
     pub fn new(shards: usize, max_entries: u64) -> Self {
-        let shards = shards.clamp(1, 1 << 16).next_power_of_two();
+        let shards = shards.clamp(1, 256).next_power_of_two();
+        let shard_bits = shards.trailing_zeros();
         Index {
-            shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
-            shard_shift: 64 - shards.trailing_zeros(),
+            shards: (0..shards).map(|_| RwLock::new(KeyShard::default())).collect(),
+            shard_bits,
+            writer: Mutex::new(EngineTable { slot_engine: vec![Vec::new(); shards], by_engine: HashTable::new() }),
             entries: AtomicU64::new(0),
             keys: AtomicU64::new(0),
             max_entries,
@@ -119,19 +194,30 @@ impl Index {
     }
 
     #[inline]
-    fn shard(&self, key: PrefixKey) -> &RwLock<Shard> {
-        // The map buckets by the low bits and tags with the top 7; shard by the bits below
+    fn shard_of(&self, key: PrefixKey) -> usize {
+        // The table buckets by the low bits and tags with the top 7; shard by the bits below
         // the tag so neither is constant within a shard.
-        let idx = if self.shard_shift == 64 { 0 } else { ((key << 7) >> self.shard_shift) as usize };
-        &self.shards[idx]
+        if self.shard_bits == 0 {
+            0
+        } else {
+            ((key << 7) >> (64 - self.shard_bits)) as usize
+        }
     }
 
-    /// Resident (key, pod) entries.
+    fn slot_id(&self, shard: usize, local: u32) -> SlotId {
+        SlotId(if self.shard_bits == 0 { local } else { ((shard as u32) << (32 - self.shard_bits)) | local })
+    }
+
+    fn max_local(&self) -> u32 {
+        u32::MAX >> self.shard_bits
+    }
+
+    /// Resident (block, pod) entries.
     pub fn entries(&self) -> u64 {
         self.entries.load(Ordering::Relaxed)
     }
 
-    /// Distinct keys with at least one holder.
+    /// Distinct blocks with at least one holder.
     pub fn keys(&self) -> u64 {
         self.keys.load(Ordering::Relaxed)
     }
@@ -140,37 +226,30 @@ impl Index {
         self.max_entries
     }
 
-    /// Records that `pod` holds `key` in `tier_bit`. Returns the tiers the pod held the block
-    /// in before (0 = a new residency), or `None` when the entry bound refused a new residency.
-    pub fn insert(&self, key: PrefixKey, pod: PodId, tier_bit: u8) -> Option<u8> {
-        let mut shard = self.shard(key).write();
-        if let Some(holders) = shard.map.get_mut(&key) {
-            let mut v = holders.to_small();
-            match v.binary_search_by_key(&pod, |h| h.pod()) {
-                Ok(i) => {
-                    let prev = v[i].tiers();
-                    if prev & tier_bit == 0 {
-                        v[i] = Holder::new(pod, prev | tier_bit);
-                        *holders = Holders::from_sorted(v)?;
-                    }
-                    return Some(prev);
-                }
-                Err(i) => {
-                    if !self.reserve_entry() {
-                        return None;
-                    }
-                    v.insert(i, Holder::new(pod, tier_bit));
-                    *holders = Holders::from_sorted(v)?;
-                    return Some(0);
-                }
-            }
+    /// Calls `f` with the holders of `key` (sorted by pod), under the shard's read lock.
+    #[inline]
+    pub fn with_holders<R>(&self, key: PrefixKey, f: impl FnOnce(&[Holder]) -> R) -> R {
+        let shard = self.shards[self.shard_of(key)].read();
+        match shard.find(key) {
+            Some(local) => f(shard.holders(local)),
+            None => f(&[]),
         }
-        if !self.reserve_entry() {
-            return None;
-        }
-        shard.map.insert(key, Holders::One(Holder::new(pod, tier_bit)));
-        self.keys.fetch_add(1, Ordering::Relaxed);
-        Some(0)
+    }
+
+    /// The tiers `pod` holds `key` in (0 = not held).
+    pub fn tiers_of(&self, key: PrefixKey, pod: PodId) -> u8 {
+        self.with_holders(key, |hs| hs.binary_search_by_key(&pod, |h| h.pod()).map(|i| hs[i].tiers()).unwrap_or(0))
+    }
+
+    /// Exclusive write access. Writers serialize here; readers are unaffected.
+    pub fn writer(&self) -> Writer<'_> {
+        Writer { index: self, engines: self.writer.lock() }
+    }
+
+    /// Heap bytes held by the index's tables (slots, key and engine tables, spilled holders).
+    pub fn approx_bytes(&self) -> u64 {
+        let shards: u64 = self.shards.iter().map(|s| s.read().bytes()).sum();
+        shards + self.writer.lock().bytes()
     }
 
     fn reserve_entry(&self) -> bool {
@@ -181,67 +260,163 @@ impl Index {
         }
         true
     }
+}
 
-    /// Removes the tiers in `tier_mask` of `pod`'s residency of `key`. Returns the tiers the
-    /// pod held the block in before and after (both 0 when it never held it).
-    pub fn remove(&self, key: PrefixKey, pod: PodId, tier_mask: u8) -> (u8, u8) {
-        let mut shard = self.shard(key).write();
-        let Some(holders) = shard.map.get_mut(&key) else { return (0, 0) };
-        let mut v = holders.to_small();
-        let Ok(i) = v.binary_search_by_key(&pod, |h| h.pod()) else { return (0, 0) };
-        let prev = v[i].tiers();
+/// Write access to the index: holds the writer mutex.
+pub struct Writer<'a> {
+    index: &'a Index,
+    engines: MutexGuard<'a, EngineTable>,
+}
+
+impl Writer<'_> {
+    /// The slot recorded for scoped engine hash `engine`, if any.
+    pub fn slot_of_engine(&self, engine: u64) -> Option<SlotId> {
+        if engine == 0 {
+            return None;
+        }
+        let bits = self.index.shard_bits;
+        let table = &*self.engines;
+        table.by_engine.find(engine, |&s| table.engine(bits, SlotId(s)) == engine).map(|&s| SlotId(s))
+    }
+
+    /// The key of a live slot.
+    pub fn key_of(&self, slot: SlotId) -> Option<PrefixKey> {
+        let (shard, local) = split(self.index.shard_bits, slot);
+        let shard = self.index.shards[shard].read();
+        let s = shard.slots.get(local as usize)?;
+        (s.holders[0] != EMPTY).then_some(s.key)
+    }
+
+    /// Records that `pod` holds `key` in `tier_bit`, creating the block's slot if needed and
+    /// recording `engine` (a scoped engine hash, 0 = none) for a new slot. `None` when the entry
+    /// bound refuses a new residency.
+    pub fn insert(&mut self, key: PrefixKey, engine: u64, pod: PodId, tier_bit: u8) -> Option<Inserted> {
+        let index = self.index;
+        let shard_idx = index.shard_of(key);
+        let mut shard = index.shards[shard_idx].write();
+        let KeyShard { slots, by_key, free, .. } = &mut *shard;
+        let (local, created) = match by_key.entry(key_hash(key), |&i| slots[i as usize].key == key, |&i| key_hash(slots[i as usize].key)) {
+            hashbrown::hash_table::Entry::Occupied(e) => (*e.get(), false),
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                if !index.reserve_entry() {
+                    return None;
+                }
+                let local = match free.pop() {
+                    Some(local) => {
+                        slots[local as usize] = Slot { key, holders: [EMPTY, EMPTY] };
+                        local
+                    }
+                    None => {
+                        if slots.len() as u64 > u64::from(index.max_local()) {
+                            index.entries.fetch_sub(1, Ordering::Relaxed);
+                            return None;
+                        }
+                        slots.push(Slot { key, holders: [EMPTY, EMPTY] });
+                        (slots.len() - 1) as u32
+                    }
+                };
+                v.insert(local);
+                index.keys.fetch_add(1, Ordering::Relaxed);
+                (local, true)
+            }
+        };
+        let slot = index.slot_id(shard_idx, local);
+        let mut holders: smallvec::SmallVec<[Holder; 4]> = shard.holders(local).into();
+        let prev_tiers = match holders.binary_search_by_key(&pod, |h| h.pod()) {
+            Ok(i) => {
+                let prev = holders[i].tiers();
+                if prev & tier_bit == 0 {
+                    holders[i] = Holder::new(pod, prev | tier_bit);
+                    shard.set_holders(local, &holders);
+                }
+                prev
+            }
+            Err(i) => {
+                if !created && !index.reserve_entry() {
+                    return None;
+                }
+                holders.insert(i, Holder::new(pod, tier_bit));
+                shard.set_holders(local, &holders);
+                0
+            }
+        };
+        drop(shard);
+        let engine_recorded = if created { self.record_engine(shard_idx, local, slot, engine) } else {
+            engine != 0 && self.engines.engine(index.shard_bits, slot) == engine
+        };
+        Some(Inserted { slot, prev_tiers, engine_recorded })
+    }
+
+    fn record_engine(&mut self, shard: usize, local: u32, slot: SlotId, engine: u64) -> bool {
+        let bits = self.index.shard_bits;
+        let EngineTable { slot_engine, by_engine } = &mut *self.engines;
+        let column = &mut slot_engine[shard];
+        if column.len() <= local as usize {
+            column.resize(local as usize + 1, 0);
+        }
+        column[local as usize] = 0;
+        if engine == 0 {
+            return false;
+        }
+        let engine_of = |s: u32| {
+            let (sh, l) = split(bits, SlotId(s));
+            slot_engine[sh].get(l as usize).copied().unwrap_or(0)
+        };
+        match by_engine.entry(engine, |&s| engine_of(s) == engine, |&s| engine_of(s)) {
+            hashbrown::hash_table::Entry::Occupied(_) => return false,
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(slot.0);
+            }
+        }
+        slot_engine[shard][local as usize] = engine;
+        true
+    }
+
+    /// Removes the tiers in `tier_mask` of `pod`'s residency of `slot`, freeing the slot when
+    /// no pod holds it any more. Returns the pod's tiers before and after.
+    pub fn remove(&mut self, slot: SlotId, pod: PodId, tier_mask: u8) -> (u8, u8) {
+        let index = self.index;
+        let (shard_idx, local) = split(index.shard_bits, slot);
+        let mut shard = index.shards[shard_idx].write();
+        if shard.slots.get(local as usize).is_none_or(|s| s.holders[0] == EMPTY) {
+            return (0, 0);
+        }
+        let mut holders: smallvec::SmallVec<[Holder; 4]> = shard.holders(local).into();
+        let Ok(i) = holders.binary_search_by_key(&pod, |h| h.pod()) else { return (0, 0) };
+        let prev = holders[i].tiers();
         let left = prev & !tier_mask;
         if left == prev {
             return (prev, left);
         }
         if left != 0 {
-            v[i] = Holder::new(pod, left);
+            holders[i] = Holder::new(pod, left);
         } else {
-            v.remove(i);
-            self.entries.fetch_sub(1, Ordering::Relaxed);
+            holders.remove(i);
+            index.entries.fetch_sub(1, Ordering::Relaxed);
         }
-        match Holders::from_sorted(v) {
-            Some(h) => *holders = h,
-            None => {
-                shard.map.remove(&key);
-                self.keys.fetch_sub(1, Ordering::Relaxed);
+        shard.set_holders(local, &holders);
+        if holders.is_empty() {
+            let key = shard.slots[local as usize].key;
+            if let Ok(entry) = shard.by_key.find_entry(key_hash(key), |&l| l == local) {
+                entry.remove();
             }
+            shard.free.push(local);
+            index.keys.fetch_sub(1, Ordering::Relaxed);
+            drop(shard);
+            self.forget_engine(shard_idx, local, slot);
         }
         (prev, left)
     }
 
-    /// Calls `f` with the holders of `key` (sorted by pod), under the shard's read lock.
-    #[inline]
-    pub fn with_holders<R>(&self, key: PrefixKey, f: impl FnOnce(&[Holder]) -> R) -> R {
-        let shard = self.shard(key).read();
-        f(shard.map.get(&key).map_or(&[], Holders::as_slice))
-    }
-
-    /// The tiers `pod` holds `key` in (0 = not held).
-    pub fn tiers_of(&self, key: PrefixKey, pod: PodId) -> u8 {
-        self.with_holders(key, |hs| {
-            hs.binary_search_by_key(&pod, |h| h.pod()).map(|i| hs[i].tiers()).unwrap_or(0)
-        })
-    }
-
-    /// Approximate heap bytes held by the shards' tables and spilled holder lists.
-    pub fn approx_bytes(&self) -> u64 {
-        let per_slot = (std::mem::size_of::<(PrefixKey, Holders)>() + 1) as u64;
-        self.shards
-            .iter()
-            .map(|s| {
-                let s = s.read();
-                let spilled: u64 = s
-                    .map
-                    .values()
-                    .map(|h| match h {
-                        Holders::Many(v) => (v.capacity() * 4 + 24) as u64,
-                        _ => 0,
-                    })
-                    .sum();
-                s.map.capacity() as u64 * per_slot + spilled
-            })
-            .sum()
+    fn forget_engine(&mut self, shard: usize, local: u32, slot: SlotId) {
+        let table = &mut *self.engines;
+        let Some(engine) = table.slot_engine[shard].get_mut(local as usize) else { return };
+        let e = std::mem::take(engine);
+        if e != 0 {
+            if let Ok(entry) = table.by_engine.find_entry(e, |&s| s == slot.0) {
+                entry.remove();
+            }
+        }
     }
 }
 
@@ -252,59 +427,114 @@ mod tests {
     const GPU: u8 = 1;
     const CPU: u8 = 2;
 
+    fn pods_of(idx: &Index, key: u64) -> Vec<u32> {
+        idx.with_holders(key, |h| h.iter().map(|h| h.pod().0).collect())
+    }
+
     #[test]
     fn holders_stay_sorted_through_spill_and_shrink() {
         let idx = Index::new(4, u64::MAX);
+        let mut w = idx.writer();
+        let mut slot = None;
         for p in [5, 1, 9, 3, 7] {
-            assert_eq!(idx.insert(42, PodId(p), GPU), Some(0));
+            let ins = w.insert(42, 0, PodId(p), GPU).unwrap();
+            assert_eq!(ins.prev_tiers, 0);
+            assert_eq!(*slot.get_or_insert(ins.slot), ins.slot, "one slot per key");
         }
-        let pods: Vec<u32> = idx.with_holders(42, |h| h.iter().map(|h| h.pod().0).collect());
-        assert_eq!(pods, [1, 3, 5, 7, 9]);
+        drop(w);
+        assert_eq!(pods_of(&idx, 42), [1, 3, 5, 7, 9]);
+        let slot = slot.unwrap();
+        let mut w = idx.writer();
         for p in [1, 9, 5] {
-            assert_eq!(idx.remove(42, PodId(p), GPU), (GPU, 0));
+            assert_eq!(w.remove(slot, PodId(p), GPU), (GPU, 0));
         }
-        let pods: Vec<u32> = idx.with_holders(42, |h| h.iter().map(|h| h.pod().0).collect());
-        assert_eq!(pods, [3, 7]);
+        drop(w);
+        assert_eq!(pods_of(&idx, 42), [3, 7]);
         assert_eq!(idx.entries(), 2);
-        idx.remove(42, PodId(3), GPU);
-        idx.remove(42, PodId(7), GPU);
+        let mut w = idx.writer();
+        w.remove(slot, PodId(3), GPU);
+        w.remove(slot, PodId(7), GPU);
+        assert_eq!(w.key_of(slot), None, "freed");
+        drop(w);
         assert_eq!((idx.entries(), idx.keys()), (0, 0));
+        assert!(pods_of(&idx, 42).is_empty());
     }
 
     #[test]
     fn tiers_are_bits_of_one_residency() {
         let idx = Index::new(1, u64::MAX);
-        assert_eq!(idx.insert(1, PodId(0), GPU), Some(0));
-        assert_eq!(idx.insert(1, PodId(0), CPU), Some(GPU));
-        assert_eq!(idx.insert(1, PodId(0), CPU), Some(GPU | CPU));
+        let mut w = idx.writer();
+        let s = w.insert(1, 0, PodId(0), GPU).unwrap().slot;
+        assert_eq!(w.insert(1, 0, PodId(0), CPU).unwrap().prev_tiers, GPU);
+        assert_eq!(w.insert(1, 0, PodId(0), CPU).unwrap().prev_tiers, GPU | CPU);
+        drop(w);
         assert_eq!(idx.entries(), 1);
         assert_eq!(idx.tiers_of(1, PodId(0)), GPU | CPU);
-        assert_eq!(idx.remove(1, PodId(0), CPU), (GPU | CPU, GPU));
-        assert_eq!(idx.remove(1, PodId(0), GPU), (GPU, 0));
+        let mut w = idx.writer();
+        assert_eq!(w.remove(s, PodId(0), CPU), (GPU | CPU, GPU));
+        assert_eq!(w.remove(s, PodId(0), GPU), (GPU, 0));
+        assert_eq!(w.remove(s, PodId(0), GPU), (0, 0), "removing twice is harmless");
+        drop(w);
         assert_eq!(idx.tiers_of(1, PodId(0)), 0);
-        assert_eq!(idx.remove(1, PodId(0), GPU), (0, 0), "removing twice is harmless");
     }
 
     #[test]
     fn entry_bound_refuses_new_residencies_only() {
         let idx = Index::new(2, 2);
-        assert_eq!(idx.insert(1, PodId(0), GPU), Some(0));
-        assert_eq!(idx.insert(2, PodId(0), GPU), Some(0));
-        assert_eq!(idx.insert(3, PodId(0), GPU), None);
-        assert_eq!(idx.insert(1, PodId(1), GPU), None);
-        assert_eq!(idx.insert(1, PodId(0), CPU), Some(GPU), "a new tier is not a new entry");
+        let mut w = idx.writer();
+        assert!(w.insert(1, 0, PodId(0), GPU).is_some());
+        assert!(w.insert(2, 0, PodId(0), GPU).is_some());
+        assert!(w.insert(3, 0, PodId(0), GPU).is_none());
+        assert!(w.insert(1, 0, PodId(1), GPU).is_none());
+        assert_eq!(w.insert(1, 0, PodId(0), CPU).unwrap().prev_tiers, GPU, "a new tier is not a new entry");
+        drop(w);
         assert_eq!(idx.entries(), 2);
+        assert_eq!(idx.keys(), 2);
         assert_eq!(idx.tiers_of(3, PodId(0)), 0);
+    }
+
+    #[test]
+    fn engine_hash_is_recorded_once_per_block_and_freed_with_it() {
+        let idx = Index::new(4, u64::MAX);
+        let mut w = idx.writer();
+        let a = w.insert(100, 0xe1, PodId(0), GPU).unwrap();
+        assert!(a.engine_recorded);
+        let b = w.insert(100, 0xe1, PodId(1), GPU).unwrap();
+        assert!(b.engine_recorded, "same engine hash from another pod shares the entry");
+        let c = w.insert(100, 0xe2, PodId(2), GPU).unwrap();
+        assert!(!c.engine_recorded, "a different engine hash is the caller's exception");
+        assert_eq!(w.slot_of_engine(0xe1), Some(a.slot));
+        assert_eq!(w.slot_of_engine(0xe2), None);
+        let d = w.insert(200, 0xe1, PodId(3), GPU).unwrap();
+        assert!(!d.engine_recorded, "an engine hash already naming another block is not moved");
+        for p in 0..3 {
+            w.remove(a.slot, PodId(p), GPU);
+        }
+        assert_eq!(w.slot_of_engine(0xe1), None, "freed with its slot");
+        let e = w.insert(300, 0xe1, PodId(0), GPU).unwrap();
+        assert!(e.engine_recorded);
+        assert_eq!(w.key_of(e.slot), Some(300));
     }
 
     #[test]
     fn keys_spread_over_shards() {
         let idx = Index::new(16, u64::MAX);
-        let mut seen = std::collections::HashSet::new();
-        for k in 0..1000u64 {
-            let key = xxhash_rust::xxh3::xxh3_64(&k.to_le_bytes());
-            seen.insert(idx.shard(key) as *const _ as usize);
-        }
-        assert_eq!(seen.len(), 16);
+        let shards: std::collections::HashSet<usize> =
+            (0..1000u64).map(|k| idx.shard_of(xxhash_rust::xxh3::xxh3_64(&k.to_le_bytes()))).collect();
+        assert_eq!(shards.len(), 16);
+    }
+
+    #[test]
+    fn freed_slots_are_reused() {
+        let idx = Index::new(1, u64::MAX);
+        let mut w = idx.writer();
+        let s = w.insert(1, 0, PodId(0), GPU).unwrap().slot;
+        w.remove(s, PodId(0), GPU);
+        let t = w.insert(2, 0, PodId(0), GPU).unwrap().slot;
+        assert_eq!(s, t);
+        assert_eq!(w.key_of(t), Some(2));
+        drop(w);
+        assert!(pods_of(&idx, 1).is_empty());
+        assert_eq!(pods_of(&idx, 2), [0]);
     }
 }

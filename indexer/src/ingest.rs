@@ -1,17 +1,19 @@
 //! Applying one pod's decoded events to the index.
 //!
-//! Each pod keeps a map from the engine's block hash (per KV-cache group) to our prefix keys.
-//! It resolves `parent_block_hash` and `BlockRemoved`, and it doubles as the pod's reverse
+//! Each pod resolves the engine's block hashes (per KV-cache group) to the index's block slots,
+//! for `parent_block_hash` and `BlockRemoved`, and keeps the set of slots it holds as its reverse
 //! index: clearing a pod walks only that pod's blocks. Nothing is guessed: a store whose
 //! parent is unknown, whose sizes disagree, or whose tier cannot be named is skipped and
 //! counted, which can only under-report.
 
 use std::sync::Arc;
 
+use roaring::RoaringBitmap;
 use rustc_hash::FxHashMap;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::extra_keys::encode_block_extras;
-use crate::index::Index;
+use crate::index::{SlotId, Writer};
 use crate::keys::{block_key, namespace_root, Extras, PrefixKey};
 use crate::pods::PodId;
 use crate::tiers::{TierId, Tiers, MAX_TIERS};
@@ -120,44 +122,30 @@ pub struct HashCheck {
 
 /// The shared pieces every pod's ingest needs.
 pub struct IngestContext<'a> {
-    pub index: &'a Index,
     pub tiers: &'a Tiers,
     /// Canonical block size of our keys.
     pub block_size: usize,
     pub hash_check: Option<&'a HashCheck>,
 }
 
-/// Engine hash → prefix keys, for one KV-cache group.
-#[derive(Default)]
-struct EngineMap {
-    /// Engine block → key of its (last) canonical block.
-    last: FxHashMap<u64, PrefixKey>,
-    /// Engine blocks spanning several canonical blocks: every key but the last.
-    leading: FxHashMap<u64, Box<[PrefixKey]>>,
-}
-
-impl EngineMap {
-    fn keys(&self, engine: u64) -> Option<impl Iterator<Item = PrefixKey> + '_> {
-        let last = *self.last.get(&engine)?;
-        let leading = self.leading.get(&engine).map(|k| &k[..]).unwrap_or(&[]);
-        Some(leading.iter().copied().chain(std::iter::once(last)))
-    }
-
-    fn forget(&mut self, engine: u64) {
-        self.last.remove(&engine);
-        self.leading.remove(&engine);
-    }
-
-    fn len(&self) -> usize {
-        self.last.len()
-    }
-}
-
-/// One pod's view of its engine: the engine-hash maps and per-tier block counts.
+/// One pod's view of its engine: which blocks it holds, how its engine hashes resolve, and
+/// per-tier block counts.
+///
+/// Engine hashes are scoped by the pod's model and KV-cache group (`scope`) before they reach
+/// the index's shared engine table, so two models that happen to hash the same tokens alike
+/// never resolve to each other's blocks.
 pub struct PodIngest {
     pod: PodId,
     model: Arc<str>,
-    groups: Vec<EngineMap>,
+    /// Every slot this pod holds in at least one tier: the reverse index for clears.
+    slots: RoaringBitmap,
+    /// Scoped engine hashes whose slot recorded another engine hash (a pod hashing differently
+    /// from the first holder, or a LoRA path the key does not see).
+    exceptions: FxHashMap<u64, SlotId>,
+    /// Engine blocks spanning several canonical blocks: every slot but the last.
+    leading: FxHashMap<u64, Box<[SlotId]>>,
+    /// Scope seed per KV-cache group.
+    scopes: Vec<u64>,
     /// Canonical blocks resident per tier (for `/debug/sources`).
     tier_blocks: [u64; MAX_TIERS],
     extras: Extras,
@@ -171,7 +159,10 @@ impl PodIngest {
         PodIngest {
             pod,
             model,
-            groups: Vec::new(),
+            slots: RoaringBitmap::new(),
+            exceptions: FxHashMap::default(),
+            leading: FxHashMap::default(),
+            scopes: Vec::new(),
             tier_blocks: [0; MAX_TIERS],
             extras: Extras::new(),
             keys_scratch: Vec::new(),
@@ -198,58 +189,69 @@ impl PodIngest {
         self.hash_check
     }
 
-    /// Engine blocks this pod is known to hold, over all groups.
-    pub fn engine_blocks(&self) -> usize {
-        self.groups.iter().map(EngineMap::len).sum()
+    /// Canonical blocks this pod holds in any tier.
+    pub fn blocks(&self) -> u64 {
+        self.slots.len()
     }
 
     /// Applies a batch's events in order.
-    pub fn apply_batch(&mut self, ctx: &IngestContext<'_>, batch: &EventBatch<'_>) -> ApplyReport {
+    pub fn apply_batch(&mut self, ctx: &IngestContext<'_>, w: &mut Writer<'_>, batch: &EventBatch<'_>) -> ApplyReport {
         let mut report = ApplyReport::default();
         for event in &batch.events {
-            self.apply_event(ctx, event, &mut report);
+            self.apply_event(ctx, w, event, &mut report);
         }
         report
     }
 
-    pub fn apply_event(&mut self, ctx: &IngestContext<'_>, event: &Event<'_>, report: &mut ApplyReport) {
+    pub fn apply_event(&mut self, ctx: &IngestContext<'_>, w: &mut Writer<'_>, event: &Event<'_>, report: &mut ApplyReport) {
         match event {
             Event::BlockStored(s) => {
                 report.stored_events += 1;
-                self.apply_stored(ctx, s, report);
+                self.apply_stored(ctx, w, s, report);
             }
             Event::BlockRemoved(r) => {
                 report.removed_events += 1;
-                self.apply_removed(ctx, r, report);
+                self.apply_removed(ctx, w, r, report);
             }
             Event::AllBlocksCleared { .. } => {
                 report.cleared_events += 1;
-                self.clear(ctx.index);
+                self.clear(w);
             }
             Event::Unknown { .. } => report.unknown_events += 1,
         }
     }
 
-    fn group(&mut self, group_idx: Option<i64>) -> Option<&mut EngineMap> {
+    /// The scoped engine hash of `engine` in KV-cache group `group_idx`; `None` when the group
+    /// is out of range.
+    fn scoped(&mut self, group_idx: Option<i64>, engine: u64) -> Option<u64> {
         let g = usize::try_from(group_idx.unwrap_or(0)).ok().filter(|g| *g < MAX_GROUPS)?;
-        if self.groups.len() <= g {
-            self.groups.resize_with(g + 1, EngineMap::default);
+        while self.scopes.len() <= g {
+            let group = self.scopes.len() as u32;
+            self.scopes.push(namespace_root(&self.model, group) ^ SCOPE_SALT);
         }
-        Some(&mut self.groups[g])
+        // Never 0: the index reserves it for "no engine hash".
+        Some(xxh3_64_with_seed(&engine.to_le_bytes(), self.scopes[g]).max(1))
     }
 
-    fn apply_stored(&mut self, ctx: &IngestContext<'_>, ev: &BlockStored<'_>, report: &mut ApplyReport) {
+    /// The slot this pod holds for a scoped engine hash.
+    fn resolve(&self, w: &Writer<'_>, scoped: u64) -> Option<SlotId> {
+        if let Some(&slot) = self.exceptions.get(&scoped) {
+            return Some(slot);
+        }
+        w.slot_of_engine(scoped).filter(|s| self.slots.contains(s.0))
+    }
+
+    fn apply_stored(&mut self, ctx: &IngestContext<'_>, w: &mut Writer<'_>, ev: &BlockStored<'_>, report: &mut ApplyReport) {
         let blocks = ev.block_hashes.len() as u64;
         let Some(tier) = ctx.tiers.intern(ev.medium) else {
             return report.skip(SkipReason::TooManyTiers, blocks);
         };
-        let group = ev.group_idx.unwrap_or(0);
-        if self.group(ev.group_idx).is_none() {
+        if self.scoped(ev.group_idx, 0).is_none() {
             return report.skip(SkipReason::GroupOutOfRange, blocks);
         }
         let tokens = ev.token_ids.as_deref().unwrap_or(&[]);
         if tokens.is_empty() {
-            return self.apply_reannounce(ctx, ev, tier, report);
+            return self.apply_reannounce(w, ev, tier, report);
         }
         let engine_bs = match usize::try_from(ev.block_size.unwrap_or(0)) {
             Ok(bs) if bs > 0 => bs,
@@ -262,12 +264,16 @@ impl PodIngest {
             return report.skip(SkipReason::TokenCountMismatch, blocks);
         }
         self.maybe_check_hashes(ctx, ev, tokens, engine_bs, report);
+        let group = ev.group_idx.unwrap_or(0);
         let mut parent = match &ev.parent_block_hash {
             None => namespace_root(&namespace_of(&self.model, ev.lora_name, ev.lora_id), group as u32),
-            Some(h) => match self.group(ev.group_idx).and_then(|m| m.last.get(&h.key()).copied()) {
-                Some(key) => key,
-                None => return report.skip(SkipReason::ParentUnknown, blocks),
-            },
+            Some(h) => {
+                let scoped = self.scoped(ev.group_idx, h.key()).expect("group checked above");
+                match self.resolve(w, scoped).and_then(|s| w.key_of(s)) {
+                    Some(key) => key,
+                    None => return report.skip(SkipReason::ParentUnknown, blocks),
+                }
+            }
         };
         let mut extras = std::mem::take(&mut self.extras);
         let mut keys = std::mem::take(&mut self.keys_scratch);
@@ -288,7 +294,12 @@ impl PodIngest {
                 parent = block_key(parent, sub, if j == 0 { extras.as_bytes() } else { &[] });
                 keys.push(parent);
             }
-            self.record(ctx, group, hash.key(), &keys, tier, report);
+            let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");
+            if self.record(w, scoped, &keys, tier) {
+                report.stored_blocks += 1;
+            } else {
+                report.skip(SkipReason::IndexFull, 1);
+            }
         }
         self.extras = extras;
         self.keys_scratch = keys;
@@ -315,51 +326,105 @@ impl PodIngest {
         report.hash_check.merge(&v);
     }
 
-    /// Stores one engine block's canonical keys, replacing a different earlier mapping.
-    fn record(&mut self, ctx: &IngestContext<'_>, group: i64, engine: u64, keys: &[PrefixKey], tier: TierId, report: &mut ApplyReport) {
-        let Some(&last) = keys.last() else { return };
-        let map = self.group(Some(group)).expect("group checked by caller");
-        let same = map.last.get(&engine) == Some(&last)
-            && map.leading.get(&engine).map(|k| &k[..]).unwrap_or(&[]) == &keys[..keys.len() - 1];
-        if !same && map.last.contains_key(&engine) {
-            // The engine reused a hash for different content: drop the old claim first.
-            self.forget_block(ctx.index, group, engine, 0xff);
-        }
-        let map = self.group(Some(group)).expect("group checked by caller");
-        map.last.insert(engine, last);
-        if keys.len() > 1 {
-            map.leading.insert(engine, keys[..keys.len() - 1].into());
-        }
-        let mut full = false;
-        for &key in keys {
-            match ctx.index.insert(key, self.pod, tier.bit()) {
-                Some(prev) if prev & tier.bit() == 0 => self.tier_blocks[tier.0 as usize] += 1,
-                Some(_) => {}
-                None => full = true,
+    /// Records one engine block (its canonical keys, in order) for this pod. A different
+    /// block this pod held under the same engine hash is dropped first. Returns false when the
+    /// index's entry bound refused a block (then the engine hash is left unresolvable).
+    fn record(&mut self, w: &mut Writer<'_>, scoped: u64, keys: &[PrefixKey], tier: TierId) -> bool {
+        let Some((&last, leading_keys)) = keys.split_last() else { return true };
+        let mut leading = Vec::with_capacity(leading_keys.len());
+        for &key in leading_keys {
+            match self.hold(w, key, 0, tier) {
+                Some(slot) => leading.push(slot),
+                None => {
+                    self.release(w, &leading, tier.bit());
+                    return false;
+                }
             }
         }
-        if full {
-            report.skip(SkipReason::IndexFull, 1);
-        } else {
-            report.stored_blocks += 1;
+        let Some(ins) = w.insert(last, scoped, self.pod, tier.bit()) else {
+            self.release(w, &leading, tier.bit());
+            return false;
+        };
+        // The common case (a new block, or one the fleet already knows under this engine hash)
+        // needs no more lookups. Otherwise this pod may hold an older, different block under
+        // the same engine hash (the engine reused it): drop that claim.
+        if !ins.engine_recorded || self.exceptions.contains_key(&scoped) || self.leading.contains_key(&scoped) {
+            let prior = self.exceptions.get(&scoped).copied().or_else(|| {
+                w.slot_of_engine(scoped).filter(|s| *s != ins.slot && self.slots.contains(s.0))
+            });
+            let prior_leading = self.leading.get(&scoped).map(|l| l.to_vec()).unwrap_or_default();
+            if prior.is_some_and(|p| p != ins.slot) || prior_leading != leading {
+                if let Some(old) = prior.filter(|p| *p != ins.slot) {
+                    self.drop_tiers(w, old, 0xff);
+                }
+                let stale: Vec<SlotId> = prior_leading.into_iter().filter(|s| !leading.contains(s)).collect();
+                self.release(w, &stale, 0xff);
+                self.leading.remove(&scoped);
+            }
+            if ins.engine_recorded {
+                self.exceptions.remove(&scoped);
+            } else {
+                self.exceptions.insert(scoped, ins.slot);
+            }
+        }
+        self.note_held(ins.slot, ins.prev_tiers, tier);
+        if !leading.is_empty() {
+            self.leading.insert(scoped, leading.into_boxed_slice());
+        }
+        true
+    }
+
+    /// Holds one canonical block without an engine hash of its own.
+    fn hold(&mut self, w: &mut Writer<'_>, key: PrefixKey, engine: u64, tier: TierId) -> Option<SlotId> {
+        let ins = w.insert(key, engine, self.pod, tier.bit())?;
+        self.note_held(ins.slot, ins.prev_tiers, tier);
+        Some(ins.slot)
+    }
+
+    fn note_held(&mut self, slot: SlotId, prev_tiers: u8, tier: TierId) {
+        if prev_tiers & tier.bit() == 0 {
+            self.tier_blocks[tier.0 as usize] += 1;
+        }
+        if prev_tiers == 0 {
+            self.slots.insert(slot.0);
         }
     }
 
+    /// Undoes `hold` for blocks of an engine block that could not be recorded whole.
+    fn release(&mut self, w: &mut Writer<'_>, slots: &[SlotId], tier_mask: u8) {
+        for &slot in slots {
+            self.drop_tiers(w, slot, tier_mask);
+        }
+    }
+
+    /// Removes tiers of one slot; returns the tiers left.
+    fn drop_tiers(&mut self, w: &mut Writer<'_>, slot: SlotId, tier_mask: u8) -> u8 {
+        let (prev, left) = w.remove(slot, self.pod, tier_mask);
+        let gone = prev & !left;
+        for (i, count) in self.tier_blocks.iter_mut().enumerate() {
+            if gone & (1 << i) != 0 {
+                *count = count.saturating_sub(1);
+            }
+        }
+        if prev != 0 && left == 0 {
+            self.slots.remove(slot.0);
+        }
+        left
+    }
+
     /// A store without tokens re-announces known blocks in another tier (vLLM's CPU offload).
-    fn apply_reannounce(&mut self, ctx: &IngestContext<'_>, ev: &BlockStored<'_>, tier: TierId, report: &mut ApplyReport) {
-        let pod = self.pod;
-        let Some(map) = self.group(ev.group_idx) else { return };
-        let mut added = 0u64;
+    fn apply_reannounce(&mut self, w: &mut Writer<'_>, ev: &BlockStored<'_>, tier: TierId, report: &mut ApplyReport) {
         for hash in &ev.block_hashes {
-            let Some(keys) = map.keys(hash.key()) else {
+            let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked by caller");
+            let Some(last) = self.resolve(w, scoped) else {
                 report.skip(SkipReason::UnknownBlock, 1);
                 continue;
             };
+            let leading: Vec<SlotId> = self.leading.get(&scoped).map(|s| s.to_vec()).unwrap_or_default();
             let mut full = false;
-            for key in keys {
-                match ctx.index.insert(key, pod, tier.bit()) {
-                    Some(prev) if prev & tier.bit() == 0 => added += 1,
-                    Some(_) => {}
+            for slot in leading.into_iter().chain(std::iter::once(last)) {
+                match w.key_of(slot).and_then(|key| w.insert(key, 0, self.pod, tier.bit())) {
+                    Some(ins) => self.note_held(ins.slot, ins.prev_tiers, tier),
                     None => full = true,
                 }
             }
@@ -369,20 +434,19 @@ impl PodIngest {
                 report.stored_blocks += 1;
             }
         }
-        self.tier_blocks[tier.0 as usize] += added;
     }
 
-    fn apply_removed(&mut self, ctx: &IngestContext<'_>, ev: &BlockRemoved<'_>, report: &mut ApplyReport) {
+    fn apply_removed(&mut self, ctx: &IngestContext<'_>, w: &mut Writer<'_>, ev: &BlockRemoved<'_>, report: &mut ApplyReport) {
         let blocks = ev.block_hashes.len() as u64;
         let Some(tier) = ctx.tiers.intern(ev.medium) else {
             return report.skip(SkipReason::TooManyTiers, blocks);
         };
-        let group = ev.group_idx.unwrap_or(0);
-        if self.group(ev.group_idx).is_none() {
+        if self.scoped(ev.group_idx, 0).is_none() {
             return report.skip(SkipReason::GroupOutOfRange, blocks);
         }
         for hash in &ev.block_hashes {
-            if self.forget_block(ctx.index, group, hash.key(), tier.bit()) {
+            let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");
+            if self.forget_block(w, scoped, tier.bit()) {
                 report.removed_blocks += 1;
             } else {
                 report.removed_unknown += 1;
@@ -390,48 +454,40 @@ impl PodIngest {
         }
     }
 
-    /// Removes `tier_mask` of one engine block; forgets the block once no tier holds it.
+    /// Removes `tier_mask` of one engine block; forgets its engine hash once no tier holds it.
     /// Returns whether the block was known.
-    fn forget_block(&mut self, index: &Index, group: i64, engine: u64, tier_mask: u8) -> bool {
-        let pod = self.pod;
-        let Some(map) = self.group(Some(group)) else { return false };
-        let Some(keys) = map.keys(engine) else { return false };
-        let mut removed = [0u64; MAX_TIERS];
-        let mut still_held = false;
-        for key in keys {
-            let (prev, left) = index.remove(key, pod, tier_mask);
-            count_removed_tiers(&mut removed, prev & !left);
-            still_held |= left != 0;
+    fn forget_block(&mut self, w: &mut Writer<'_>, scoped: u64, tier_mask: u8) -> bool {
+        let Some(last) = self.resolve(w, scoped) else { return false };
+        let leading: Vec<SlotId> = self.leading.get(&scoped).map(|s| s.to_vec()).unwrap_or_default();
+        for slot in leading {
+            self.drop_tiers(w, slot, tier_mask);
         }
-        if !still_held {
-            map.forget(engine);
-        }
-        for (count, r) in self.tier_blocks.iter_mut().zip(removed) {
-            *count = count.saturating_sub(r);
+        if self.drop_tiers(w, last, tier_mask) == 0 {
+            self.exceptions.remove(&scoped);
+            self.leading.remove(&scoped);
         }
         true
     }
 
     /// Drops everything this pod holds: `AllBlocksCleared`, a restart, an unrecoverable gap,
-    /// or unregistration. Costs O(this pod's blocks).
-    pub fn clear(&mut self, index: &Index) -> u64 {
-        let pod = self.pod;
+    /// or unregistration. Costs O(this pod's blocks). Returns the entries removed.
+    pub fn clear(&mut self, w: &mut Writer<'_>) -> u64 {
         let mut entries = 0;
-        for map in &mut self.groups {
-            for (engine, &last) in &map.last {
-                let leading = map.leading.get(engine).map(|k| &k[..]).unwrap_or(&[]);
-                for &key in leading.iter().chain(std::iter::once(&last)) {
-                    if index.remove(key, pod, 0xff).0 != 0 {
-                        entries += 1;
-                    }
-                }
+        for slot in &self.slots {
+            if w.remove(SlotId(slot), self.pod, 0xff).0 != 0 {
+                entries += 1;
             }
         }
-        self.groups.clear();
+        self.slots.clear();
+        self.exceptions = FxHashMap::default();
+        self.leading = FxHashMap::default();
         self.tier_blocks = [0; MAX_TIERS];
         entries
     }
 }
+
+/// Separates engine-hash scopes from key namespaces derived from the same model name.
+const SCOPE_SALT: u64 = 0x656e_6769_6e65_5f68; // "engine_h"
 
 fn published<'a>(h: &EngineHash<'a>) -> PublishedHash<'a> {
     match *h {
@@ -441,13 +497,6 @@ fn published<'a>(h: &EngineHash<'a>) -> PublishedHash<'a> {
     }
 }
 
-fn count_removed_tiers(removed: &mut [u64; MAX_TIERS], mask: u8) {
-    for (i, r) in removed.iter_mut().enumerate() {
-        if mask & (1 << i) != 0 {
-            *r += 1;
-        }
-    }
-}
 
 /// The key namespace of a block: its LoRA name, else the model. A LoRA known only by its
 /// integer id (vLLM before 0.14) gets a namespace no query can name, so it never matches the

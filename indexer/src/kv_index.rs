@@ -61,7 +61,8 @@ pub struct ScoreResult {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodStats {
     pub model: String,
-    pub engine_blocks: usize,
+    /// Canonical blocks held in any tier.
+    pub blocks: u64,
     pub tier_blocks: [u64; MAX_TIERS],
     /// Totals of the sampled vLLM hash cross-check.
     pub hash_check: Verification,
@@ -105,7 +106,6 @@ impl KvIndex {
 
     fn context(&self) -> IngestContext<'_> {
         IngestContext {
-            index: &self.index,
             tiers: &self.tiers,
             block_size: self.config.block_size,
             hash_check: self.config.hash_check.as_ref(),
@@ -127,7 +127,7 @@ impl KvIndex {
             if old.model() == model {
                 return Some(states[&id].clone());
             }
-            old.clear(&self.index);
+            old.clear(&mut self.index.writer());
         }
         let state = Arc::new(Mutex::new(PodIngest::new(id, Arc::from(model))));
         states.insert(id, state.clone());
@@ -140,14 +140,14 @@ impl KvIndex {
             return ApplyReport::default();
         };
         let mut state = state.lock();
-        state.apply_batch(&self.context(), batch)
+        state.apply_batch(&self.context(), &mut self.index.writer(), batch)
     }
 
     /// Drops everything `pod` holds; its ingest state starts empty. Returns entries removed.
     pub fn clear_pod(&self, pod: &str) -> u64 {
         let Some(id) = self.pods.get(pod) else { return 0 };
         let state = self.states.read().get(&id).cloned();
-        state.map_or(0, |s| s.lock().clear(&self.index))
+        state.map_or(0, |s| s.lock().clear(&mut self.index.writer()))
     }
 
     /// Clears `pod` and forgets its state. Returns whether it was known.
@@ -156,7 +156,7 @@ impl KvIndex {
         let state = self.states.write().remove(&id);
         match state {
             Some(s) => {
-                s.lock().clear(&self.index);
+                s.lock().clear(&mut self.index.writer());
                 true
             }
             None => false,
@@ -169,7 +169,7 @@ impl KvIndex {
         let state = state.lock();
         Some(PodStats {
             model: state.model().to_string(),
-            engine_blocks: state.engine_blocks(),
+            blocks: state.blocks(),
             tier_blocks: state.tier_blocks(),
             hash_check: state.hash_check(),
         })

@@ -12,9 +12,11 @@ pub mod keys;
 pub mod kv_index;
 pub mod pods;
 pub mod score;
+pub mod source;
 pub mod tiers;
 pub mod topic;
 pub mod vllm_hash;
 pub mod wire;
 
+pub use ingest::{ApplyReport, HashCheck, SkipReason};
 pub use kv_index::{KvIndex, KvIndexConfig, PodStats, ScoreQuery, ScoreResult};

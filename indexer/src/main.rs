@@ -1,9 +1,10 @@
 //! `kvindex`: the thin command-line shell over the kvindex library.
 //!
-//! Subcommands: `decode` (captured frames → normalized events) and `vllm-hash` (vLLM's own
-//! block hashes, for cross-checking an engine's configuration).
+//! Subcommands: `serve` (the indexer service), `decode` (captured frames → normalized events)
+//! and `vllm-hash` (vLLM's own block hashes, for cross-checking an engine's configuration).
 
 mod commands;
+mod service;
 
 use std::io::{self, BufReader};
 use std::process::ExitCode;
@@ -19,6 +20,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the indexer service: subscribe to engines, keep the index exact, serve ScoreTokens.
+    Serve(service::config::ServeArgs),
     /// Decode captured ZeroMQ messages (JSON Lines with `frames_hex`) from stdin.
     Decode,
     /// Compute vLLM's own block hashes for `hashes.jsonl`-shaped records from stdin.
@@ -27,11 +30,21 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Serve(args) = cli.command {
+        return match commands::serve::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("kvindex serve: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let stdin = BufReader::new(io::stdin().lock());
     let stdout = io::BufWriter::new(io::stdout().lock());
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
         Command::Decode => commands::decode::run(stdin, stdout).map_err(Into::into),
         Command::VllmHash => commands::vllm_hash::run(stdin, stdout),
+        Command::Serve(_) => unreachable!("handled above"),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -12,8 +12,8 @@ use rustc_hash::FxHashMap;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodId(pub u32);
 
-/// The largest pod count a holder can address.
-pub const MAX_PODS: u32 = 1 << 24;
+/// The largest pod count a holder can address (24 bits, less two values the index reserves).
+pub const MAX_PODS: u32 = (1 << 24) - 2;
 
 #[derive(Debug, Default)]
 pub struct Pods {

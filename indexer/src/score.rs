@@ -105,11 +105,11 @@ mod tests {
         let idx = Index::new(4, u64::MAX);
         // pod 0 holds 10, 11, 12; pod 1 holds 10 and 12 (a hole at 11); pod 2 holds only 11.
         for k in [10, 11, 12] {
-            idx.insert(k, PodId(0), GPU);
+            idx.writer().insert(k, 0, PodId(0), GPU);
         }
-        idx.insert(10, PodId(1), GPU);
-        idx.insert(12, PodId(1), GPU);
-        idx.insert(11, PodId(2), GPU);
+        idx.writer().insert(10, 0, PodId(1), GPU);
+        idx.writer().insert(12, 0, PodId(1), GPU);
+        idx.writer().insert(11, 0, PodId(2), GPU);
         let got = score(&idx, &[10, 11, 12, 13], PodFilter::All, &weights());
         let summary: Vec<(u32, u32)> = got.iter().map(|m| (m.pod.0, m.matched_blocks)).collect();
         assert_eq!(summary, [(0, 3), (1, 1)]);
@@ -118,10 +118,10 @@ mod tests {
     #[test]
     fn tier_weights_and_counts() {
         let idx = Index::new(4, u64::MAX);
-        idx.insert(1, PodId(0), GPU);
-        idx.insert(2, PodId(0), CPU);
-        idx.insert(3, PodId(0), GPU);
-        idx.insert(3, PodId(0), CPU);
+        idx.writer().insert(1, 0, PodId(0), GPU);
+        idx.writer().insert(2, 0, PodId(0), CPU);
+        idx.writer().insert(3, 0, PodId(0), GPU);
+        idx.writer().insert(3, 0, PodId(0), CPU);
         let m = &score(&idx, &[1, 2, 3], PodFilter::All, &weights())[0];
         assert_eq!(m.matched_blocks, 3);
         assert!((m.weighted_score - 2.8).abs() < 1e-9);
@@ -132,7 +132,7 @@ mod tests {
     fn filter_limits_pods() {
         let idx = Index::new(4, u64::MAX);
         for p in 0..4 {
-            idx.insert(7, PodId(p), GPU);
+            idx.writer().insert(7, 0, PodId(p), GPU);
         }
         let only = [PodId(1), PodId(3)];
         let got = score(&idx, &[7], PodFilter::Only(&only), &weights());

@@ -38,7 +38,10 @@ pub enum VllmHashError {
     #[error("unknown prefix-caching hash algorithm {0:?}")]
     UnknownAlgo(String),
     #[error("vLLM {version} has no `{algo}` prefix-caching hash algorithm")]
-    AlgoNotInVersion { version: VllmVersion, algo: HashAlgo },
+    AlgoNotInVersion {
+        version: VllmVersion,
+        algo: HashAlgo,
+    },
     #[error(
         "`builtin` is Python's per-process hash(); it differs between processes even with \
          PYTHONHASHSEED fixed, so it cannot be reproduced"
@@ -48,7 +51,10 @@ pub enum VllmHashError {
         "vLLM {version} with `{algo}` and PYTHONHASHSEED unset starts every chain from a random \
          NONE_HASH; set PYTHONHASHSEED on the engine to make its hashes reproducible"
     )]
-    RandomNoneHash { version: VllmVersion, algo: HashAlgo },
+    RandomNoneHash {
+        version: VllmVersion,
+        algo: HashAlgo,
+    },
     #[error("extra key is not a supported Python value: {0}")]
     InvalidExtraKey(String),
 }
@@ -64,7 +70,11 @@ pub struct VllmVersion {
 
 impl VllmVersion {
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        VllmVersion { major, minor, patch }
+        VllmVersion {
+            major,
+            minor,
+            patch,
+        }
     }
 
     /// Parses `0.10.1`, `v0.33.0`, `0.11.0rc1`, `0.9.2+cu128`, `0.10.2.dev12+gabc`, `0.13`.
@@ -86,7 +96,9 @@ impl VllmVersion {
                     _ => return Err(invalid()),
                 }
             }
-            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+            let digits = rest
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len());
             *slot = rest[..digits].parse().map_err(|_| invalid())?;
             rest = &rest[digits..];
         }
@@ -252,17 +264,24 @@ impl PyValue {
                     )));
                 }
             }
-            Value::String(text) => match text.strip_prefix("bytes:") {
-                Some(hex_digits) => PyValue::Bytes(hex::decode(hex_digits).map_err(|err| {
-                    VllmHashError::InvalidExtraKey(format!("{text:?}: {err}"))
-                })?),
-                None => PyValue::Str(text.clone()),
-            },
-            Value::Array(items) => {
-                PyValue::Tuple(items.iter().map(PyValue::from_json).collect::<Result<_, _>>()?)
+            Value::String(text) => {
+                match text.strip_prefix("bytes:") {
+                    Some(hex_digits) => PyValue::Bytes(hex::decode(hex_digits).map_err(|err| {
+                        VllmHashError::InvalidExtraKey(format!("{text:?}: {err}"))
+                    })?),
+                    None => PyValue::Str(text.clone()),
+                }
             }
+            Value::Array(items) => PyValue::Tuple(
+                items
+                    .iter()
+                    .map(PyValue::from_json)
+                    .collect::<Result<_, _>>()?,
+            ),
             Value::Bool(_) | Value::Object(_) => {
-                return Err(VllmHashError::InvalidExtraKey(format!("unsupported JSON {value}")))
+                return Err(VllmHashError::InvalidExtraKey(format!(
+                    "unsupported JSON {value}"
+                )))
             }
         })
     }
@@ -371,7 +390,9 @@ fn be_bytes_to_decimal(be: &[u8; 32]) -> String {
         }
         chunks.push(remainder as u64);
     }
-    let Some((most_significant, rest)) = chunks.split_last() else { return "0".to_string() };
+    let Some((most_significant, rest)) = chunks.split_last() else {
+        return "0".to_string();
+    };
     let mut text = most_significant.to_string();
     for chunk in rest.iter().rev() {
         text.push_str(&format!("{chunk:019}"));
@@ -422,7 +443,10 @@ impl NoneHashRule {
         } else if version < BYTES_DIGESTS {
             NoneHashRule::AlgoIntOfSeed { seed }
         } else {
-            NoneHashRule::AlgoDigestOfSeed { seed, defaulted: false }
+            NoneHashRule::AlgoDigestOfSeed {
+                seed,
+                defaulted: false,
+            }
         })
     }
 
@@ -480,12 +504,29 @@ pub struct Verification {
 }
 
 impl Verification {
+    /// Adds another event's counts (saturating: a long-lived aggregate must never panic).
     pub fn merge(&mut self, other: &Verification) {
-        self.checked += other.checked;
-        self.matched += other.matched;
-        self.mismatched += other.mismatched;
-        self.unverifiable += other.unverifiable;
+        self.checked = self.checked.saturating_add(other.checked);
+        self.matched = self.matched.saturating_add(other.matched);
+        self.mismatched = self.mismatched.saturating_add(other.mismatched);
+        self.unverifiable = self.unverifiable.saturating_add(other.unverifiable);
         self.first_mismatch = self.first_mismatch.or(other.first_mismatch);
+    }
+
+    fn record(&mut self, block_index: usize, outcome: Option<bool>) {
+        match outcome {
+            Some(matched) => {
+                self.checked = self.checked.saturating_add(1);
+                if matched {
+                    self.matched = self.matched.saturating_add(1);
+                } else {
+                    self.mismatched = self.mismatched.saturating_add(1);
+                    self.first_mismatch
+                        .get_or_insert(u32::try_from(block_index).unwrap_or(u32::MAX));
+                }
+            }
+            None => self.unverifiable = self.unverifiable.saturating_add(1),
+        }
     }
 }
 
@@ -503,8 +544,11 @@ pub struct BlockHasher {
 
 impl BlockHasher {
     pub fn new(config: &VllmHashConfig) -> Result<Self, VllmHashError> {
-        let rule =
-            NoneHashRule::resolve(config.version, config.algo, config.pythonhashseed.as_deref())?;
+        let rule = NoneHashRule::resolve(
+            config.version,
+            config.algo,
+            config.pythonhashseed.as_deref(),
+        )?;
         let form = match config.algo {
             HashAlgo::Sha256Cbor64bit => InternalForm::LowU64,
             _ if config.version < boundary::BYTES_DIGESTS => InternalForm::Int256,
@@ -590,7 +634,9 @@ impl BlockHasher {
         // `None` and an absent key are the same Python object.
         let extra_keys = extra_keys.filter(|value| **value != PyValue::None);
         match self.serialization {
-            Serialization::CanonicalCbor => cbor::write_block_input(out, parent, tokens, extra_keys),
+            Serialization::CanonicalCbor => {
+                cbor::write_block_input(out, parent, tokens, extra_keys)
+            }
             Serialization::Pickle5 => pickle::write_block_input(out, parent, tokens, extra_keys),
         }
     }
@@ -663,8 +709,10 @@ impl BlockHasher {
         hashes
     }
 
+    /// Initial serialization buffer size: enough for typical blocks, capped so an absurd
+    /// `block_size` from an event cannot request a huge (or overflowing) allocation up front.
     fn input_capacity(&self, tokens: usize) -> usize {
-        64 + tokens * 6
+        64 + tokens.min(4096) * 6
     }
 
     /// The internal hash an event value stands for, when it is the full internal hash
@@ -739,7 +787,7 @@ impl BlockHasher {
             ParentRef::Root => Some(self.none_hash),
             ParentRef::Published(value) => self.internal_from_published(&value),
         };
-        let mut scratch = Vec::with_capacity(self.input_capacity(block_size.min(4096)));
+        let mut scratch = Vec::with_capacity(self.input_capacity(block_size));
         for (index, published_hash) in published.iter().enumerate() {
             let has_extra = carries_extra_keys.get(index).copied().unwrap_or(false);
             let mut next_parent = self.internal_from_published(published_hash);
@@ -763,18 +811,7 @@ impl BlockHasher {
                 }
                 _ => None,
             };
-            match outcome {
-                Some(true) => {
-                    verification.checked += 1;
-                    verification.matched += 1;
-                }
-                Some(false) => {
-                    verification.checked += 1;
-                    verification.mismatched += 1;
-                    verification.first_mismatch.get_or_insert(index as u32);
-                }
-                None => verification.unverifiable += 1,
-            }
+            verification.record(index, outcome);
             chain_parent = next_parent;
         }
         verification

@@ -53,7 +53,11 @@ fn config_of(record: &Json) -> VllmHashConfig {
     VllmHashConfig {
         version: VllmVersion::parse(record["version"].as_str().expect("version"))
             .expect("version parses"),
-        algo: record["algo"].as_str().expect("algo").parse().expect("known algo"),
+        algo: record["algo"]
+            .as_str()
+            .expect("algo")
+            .parse()
+            .expect("known algo"),
         pythonhashseed: record["pythonhashseed"].as_str().map(str::to_string),
     }
 }
@@ -81,7 +85,10 @@ fn extra_keys(value: &Json) -> Vec<Option<PyValue>> {
 }
 
 fn label(record: &Json) -> String {
-    format!("{} {} {} {}", record["version"], record["algo"], record["case"], record["pythonhashseed"])
+    format!(
+        "{} {} {} {}",
+        record["version"], record["algo"], record["case"], record["pythonhashseed"]
+    )
 }
 
 #[test]
@@ -104,7 +111,10 @@ fn every_hash_record_reproduces() {
         };
         let mut check = |field: &str, actual: Json| {
             if record.get(field) != Some(&actual) {
-                failures.push(format!("{name}: {field}: expected {:?}, got {actual}", record.get(field)));
+                failures.push(format!(
+                    "{name}: {field}: expected {:?}, got {actual}",
+                    record.get(field)
+                ));
             }
         };
         let block_size = record["block_size"].as_u64().expect("block_size") as usize;
@@ -115,10 +125,16 @@ fn every_hash_record_reproduces() {
 
         check("none_hash_hex", Json::from(hasher.none_hash().to_hex()));
         check("none_hash_seed", Json::from(hasher.none_hash_rule().seed()));
-        check("none_hash_algo", Json::from(hasher.none_hash_algo().as_str()));
+        check(
+            "none_hash_algo",
+            Json::from(hasher.none_hash_algo().as_str()),
+        );
         let mut seed_input = Vec::new();
         hasher.write_none_hash_seed_input(&mut seed_input);
-        check("serialized_none_hash_seed_hex", Json::from(hex::encode(seed_input)));
+        check(
+            "serialized_none_hash_seed_hex",
+            Json::from(hex::encode(seed_input)),
+        );
         check(
             "block_digests_hex",
             Json::Array(chain.iter().map(|hash| Json::from(hash.to_hex())).collect()),
@@ -136,20 +152,38 @@ fn every_hash_record_reproduces() {
             ),
         );
         let mut block0 = Vec::new();
-        hasher.write_block_input(&mut block0, None, &tokens[..block_size], extras.first().and_then(Option::as_ref));
-        check("serialized_input_hex_block0", Json::from(hex::encode(block0)));
+        hasher.write_block_input(
+            &mut block0,
+            None,
+            &tokens[..block_size],
+            extras.first().and_then(Option::as_ref),
+        );
+        check(
+            "serialized_input_hex_block0",
+            Json::from(hex::encode(block0)),
+        );
         if record["internal_type"] == "int" {
             check("none_hash_int", Json::from(hasher.none_hash().to_decimal()));
             check(
                 "block_hashes_int",
-                Json::Array(chain.iter().map(|hash| Json::from(hash.to_decimal())).collect()),
+                Json::Array(
+                    chain
+                        .iter()
+                        .map(|hash| Json::from(hash.to_decimal()))
+                        .collect(),
+                ),
             );
         } else {
             check("internal_type", Json::from("bytes"));
         }
     }
     assert!(compared_blocks > 0, "no blocks compared");
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// The vectors' internal-hash notation: `bytes:<hex>` digests, `0x%016x` u64 ints.
@@ -189,10 +223,14 @@ fn every_sha256_cbor_chain_in_frames_reproduces_and_verifies() {
     assert!(!files.is_empty(), "no frames-*.jsonl files");
     for file in files {
         for (line, record) in read_jsonl(&file).iter().enumerate() {
-            let Some(provenance) = record["hash_provenance"].as_array() else { continue };
+            let Some(provenance) = record["hash_provenance"].as_array() else {
+                continue;
+            };
             let events = record["expect"]["events"].as_array().expect("events");
             for (index, entry) in provenance.iter().enumerate() {
-                let Some(algo) = entry.get("algo").and_then(Json::as_str) else { continue };
+                let Some(algo) = entry.get("algo").and_then(Json::as_str) else {
+                    continue;
+                };
                 if !algo.starts_with("sha256_cbor") {
                     continue;
                 }
@@ -235,18 +273,25 @@ fn every_sha256_cbor_chain_in_frames_reproduces_and_verifies() {
                     .iter()
                     .map(|hash| hash.as_str().expect("hash string"))
                     .collect();
-                let slots: Vec<Option<usize>> =
-                    hash_texts.iter().map(|text| published_of(text, &mut storage)).collect();
+                let slots: Vec<Option<usize>> = hash_texts
+                    .iter()
+                    .map(|text| published_of(text, &mut storage))
+                    .collect();
                 let to_published = |text: &str, slot: Option<usize>| match slot {
                     Some(slot) => PublishedHash::Bytes(&storage[slot]),
                     None => PublishedHash::Int(
                         u64::from_str_radix(text.trim_start_matches("0x"), 16).expect("hex u64"),
                     ),
                 };
-                let published: Vec<PublishedHash<'_>> =
-                    hash_texts.iter().zip(&slots).map(|(text, slot)| to_published(text, *slot)).collect();
+                let published: Vec<PublishedHash<'_>> = hash_texts
+                    .iter()
+                    .zip(&slots)
+                    .map(|(text, slot)| to_published(text, *slot))
+                    .collect();
                 let parent_text = event["parent_block_hash"].as_str();
-                let parent_bytes = parent_text.and_then(|text| text.strip_prefix("bytes:")).map(|h| hex::decode(h).expect("hex"));
+                let parent_bytes = parent_text
+                    .and_then(|text| text.strip_prefix("bytes:"))
+                    .map(|h| hex::decode(h).expect("hex"));
                 let parent_ref = match (parent_text, &parent_bytes) {
                     (None, _) => ParentRef::Root,
                     (Some(_), Some(bytes)) => ParentRef::Published(PublishedHash::Bytes(bytes)),
@@ -269,9 +314,18 @@ fn every_sha256_cbor_chain_in_frames_reproduces_and_verifies() {
             }
         }
     }
-    assert!(tally.chains >= 20, "only {} provenance chains found", tally.chains);
+    assert!(
+        tally.chains >= 20,
+        "only {} provenance chains found",
+        tally.chains
+    );
     assert!(tally.blocks > 0 && tally.verified_blocks > 0);
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// Every computed field of a command output line equals the input record's field.
@@ -282,25 +336,44 @@ fn compare_command_output(output: &str) {
     let mut failures = Vec::new();
     for (record, line) in records.iter().zip(&lines) {
         let out: Json = serde_json::from_str(line).expect("output is JSON");
-        let Some(fields) = out.as_object() else { panic!("output line is not an object: {line}") };
+        let Some(fields) = out.as_object() else {
+            panic!("output line is not an object: {line}")
+        };
         if record["algo"] == "builtin" {
-            assert!(fields.contains_key("error"), "builtin must report an error: {line}");
+            assert!(
+                fields.contains_key("error"),
+                "builtin must report an error: {line}"
+            );
             continue;
         }
         if let Some(error) = fields.get("error") {
             failures.push(format!("{}: error {error}", label(record)));
             continue;
         }
-        for required in ["none_hash_hex", "block_digests_hex", "event_u64", "serialized_input_hex_block0"] {
+        for required in [
+            "none_hash_hex",
+            "block_digests_hex",
+            "event_u64",
+            "serialized_input_hex_block0",
+        ] {
             assert!(fields.contains_key(required), "{required} missing: {line}");
         }
         for (field, value) in fields {
             if record.get(field) != Some(value) {
-                failures.push(format!("{}: {field}: expected {:?}, got {value}", label(record), record.get(field)));
+                failures.push(format!(
+                    "{}: {field}: expected {:?}, got {value}",
+                    label(record),
+                    record.get(field)
+                ));
             }
         }
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -326,21 +399,29 @@ fn command_reports_bad_lines_and_goes_on() {
         r#"{"version": "0.33.0", "algo": "sha256_cbor", "pythonhashseed": null, "block_size": 4, "token_ids": [1, 2, 3, 4, 5]}"#,
         "\n",
     );
+    let mut input = input.as_bytes().to_vec();
+    input.extend_from_slice(b"\xff\xfe not utf-8\n");
     let mut output = Vec::new();
-    vllm_hash_command::run(input.as_bytes(), &mut output).expect("command runs");
+    vllm_hash_command::run(input.as_slice(), &mut output).expect("command runs");
     let lines: Vec<Json> = String::from_utf8(output)
         .expect("utf-8")
         .lines()
         .map(|line| serde_json::from_str(line).expect("json line"))
         .collect();
-    assert_eq!(lines.len(), 6);
-    for errored in &lines[..5] {
+    assert_eq!(lines.len(), 7);
+    for errored in lines[..5].iter().chain(&lines[6..]) {
         assert!(errored.get("error").is_some(), "{errored}");
     }
-    assert_eq!(lines[2]["case"], "x", "a builtin record is echoed with its error");
+    assert_eq!(
+        lines[2]["case"], "x",
+        "a builtin record is echoed with its error"
+    );
     // Unset seed on 0.33 sha256_cbor uses the default seed; the partial second block gets no hash.
     assert_eq!(lines[5]["none_hash_seed"], "vllm-none-hash");
-    assert_eq!(lines[5]["block_digests_hex"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        lines[5]["block_digests_hex"].as_array().map(Vec::len),
+        Some(1)
+    );
 }
 
 #[test]
@@ -356,7 +437,10 @@ fn binary_subcommand_reproduces_every_record() {
     let mut stdin = child.stdin.take().expect("stdin piped");
     let writer = std::thread::spawn(move || stdin.write_all(&input));
     let result = child.wait_with_output().expect("kvindex finishes");
-    writer.join().expect("writer thread").expect("stdin written");
+    writer
+        .join()
+        .expect("writer thread")
+        .expect("stdin written");
     assert!(
         result.status.success(),
         "kvindex vllm-hash failed: {}",

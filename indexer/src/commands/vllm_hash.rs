@@ -17,26 +17,43 @@ use kvindex::vllm_hash::{
     BlockHasher, HashAlgo, InternalHash, PyValue, VllmHashConfig, VllmVersion,
 };
 
-pub fn run(input: impl BufRead, mut output: impl Write) -> Result<(), Box<dyn std::error::Error>> {
-    for (index, line) in input.lines().enumerate() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
+pub fn run(
+    mut input: impl BufRead,
+    mut output: impl Write,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // Lines are read as bytes so that one non-UTF-8 line is reported, not fatal.
+    let mut raw_line = Vec::new();
+    let mut line_number = 0usize;
+    loop {
+        raw_line.clear();
+        if input.read_until(b'\n', &mut raw_line)? == 0 {
+            break;
         }
-        let result = match serde_json::from_str::<Json>(&line) {
-            Ok(Json::Object(record)) => compute_record(&record).unwrap_or_else(|error| {
-                let mut echoed = record.clone();
-                echoed.insert("error".into(), Json::String(error));
-                Json::Object(echoed)
-            }),
-            Ok(_) => json!({"error": "record is not a JSON object", "line": index + 1}),
-            Err(error) => json!({"error": format!("invalid JSON: {error}"), "line": index + 1}),
+        line_number += 1;
+        let result = match std::str::from_utf8(&raw_line) {
+            Ok(line) if line.trim().is_empty() => continue,
+            Ok(line) => process_line(line, line_number),
+            Err(error) => {
+                json!({"error": format!("line is not UTF-8: {error}"), "line": line_number})
+            }
         };
         serde_json::to_writer(&mut output, &result)?;
         output.write_all(b"\n")?;
     }
     output.flush()?;
     Ok(())
+}
+
+fn process_line(line: &str, line_number: usize) -> Json {
+    match serde_json::from_str::<Json>(line) {
+        Ok(Json::Object(record)) => compute_record(&record).unwrap_or_else(|error| {
+            let mut echoed = record.clone();
+            echoed.insert("error".into(), Json::String(error));
+            Json::Object(echoed)
+        }),
+        Ok(_) => json!({"error": "record is not a JSON object", "line": line_number}),
+        Err(error) => json!({"error": format!("invalid JSON: {error}"), "line": line_number}),
+    }
 }
 
 fn required_str<'a>(record: &'a Map<String, Json>, field: &str) -> Result<&'a str, String> {
@@ -48,8 +65,11 @@ fn required_str<'a>(record: &'a Map<String, Json>, field: &str) -> Result<&'a st
 
 /// One record's chain, in the vectors' field names.
 fn compute_record(record: &Map<String, Json>) -> Result<Json, String> {
-    let version = VllmVersion::parse(required_str(record, "version")?).map_err(|e| e.to_string())?;
-    let algo: HashAlgo = required_str(record, "algo")?.parse().map_err(|e: kvindex::vllm_hash::VllmHashError| e.to_string())?;
+    let version =
+        VllmVersion::parse(required_str(record, "version")?).map_err(|e| e.to_string())?;
+    let algo = required_str(record, "algo")?
+        .parse::<HashAlgo>()
+        .map_err(|e| e.to_string())?;
     let pythonhashseed = match record.get("pythonhashseed") {
         None | Some(Json::Null) => None,
         Some(Json::String(seed)) => Some(seed.clone()),
@@ -82,7 +102,11 @@ fn compute_record(record: &Map<String, Json>) -> Result<Json, String> {
         Some(_) => return Err("`extra_keys_per_block` must be an array or null".into()),
     };
 
-    let config = VllmHashConfig { version, algo, pythonhashseed: pythonhashseed.clone() };
+    let config = VllmHashConfig {
+        version,
+        algo,
+        pythonhashseed: pythonhashseed.clone(),
+    };
     let hasher = BlockHasher::new(&config).map_err(|e| e.to_string())?;
     let chain = hasher.hash_chain(None, &token_ids, block_size, &extra_keys_per_block);
 
@@ -105,10 +129,22 @@ fn compute_record(record: &Map<String, Json>) -> Result<Json, String> {
     out.insert("algo".into(), json!(algo.as_str()));
     out.insert("pythonhashseed".into(), json!(pythonhashseed));
     out.insert("block_size".into(), json!(block_size));
-    out.insert("internal_type".into(), json!(if is_int { "int" } else { "bytes" }));
-    out.insert("none_hash_seed".into(), json!(hasher.none_hash_rule().seed()));
-    out.insert("none_hash_algo".into(), json!(hasher.none_hash_algo().as_str()));
-    out.insert("serialized_none_hash_seed_hex".into(), json!(hex::encode(seed_input)));
+    out.insert(
+        "internal_type".into(),
+        json!(if is_int { "int" } else { "bytes" }),
+    );
+    out.insert(
+        "none_hash_seed".into(),
+        json!(hasher.none_hash_rule().seed()),
+    );
+    out.insert(
+        "none_hash_algo".into(),
+        json!(hasher.none_hash_algo().as_str()),
+    );
+    out.insert(
+        "serialized_none_hash_seed_hex".into(),
+        json!(hex::encode(seed_input)),
+    );
     out.insert("none_hash_hex".into(), json!(hasher.none_hash().to_hex()));
     out.insert(
         "block_digests_hex".into(),
@@ -126,9 +162,15 @@ fn compute_record(record: &Map<String, Json>) -> Result<Json, String> {
                 .collect(),
         ),
     );
-    out.insert("serialized_input_hex_block0".into(), json!(serialized_block0));
+    out.insert(
+        "serialized_input_hex_block0".into(),
+        json!(serialized_block0),
+    );
     if is_int {
-        out.insert("none_hash_int".into(), json!(hasher.none_hash().to_decimal()));
+        out.insert(
+            "none_hash_int".into(),
+            json!(hasher.none_hash().to_decimal()),
+        );
         out.insert(
             "block_hashes_int".into(),
             Json::Array(chain.iter().map(|hash| json!(hash.to_decimal())).collect()),

@@ -72,7 +72,13 @@ impl<'out, 'val> Pickler<'out, 'val> {
     fn start(out: &'out mut Vec<u8>) -> Self {
         // PROTO goes out before framing is switched on, exactly as `dump()` does.
         out.extend_from_slice(&[PROTO, PROTOCOL_VERSION]);
-        Pickler { out, framing: true, frame_start: None, memo_len: 0, memoized: SmallVec::new() }
+        Pickler {
+            out,
+            framing: true,
+            frame_start: None,
+            memo_len: 0,
+            memoized: SmallVec::new(),
+        }
     }
 
     fn finish(mut self) {
@@ -90,7 +96,9 @@ impl<'out, 'val> Pickler<'out, 'val> {
     }
 
     fn commit_frame(&mut self) {
-        let Some(start) = self.frame_start.take() else { return };
+        let Some(start) = self.frame_start.take() else {
+            return;
+        };
         let frame_len = self.out.len() - start - FRAME_HEADER_SIZE;
         if frame_len >= FRAME_SIZE_MIN {
             self.out[start] = FRAME;
@@ -133,8 +141,10 @@ impl<'out, 'val> Pickler<'out, 'val> {
 
     /// Emits a memo reference when this payload was already pickled; true if it did.
     fn save_memo_ref(&mut self, kind: MemoKind, payload: &[u8]) -> bool {
-        let Some(&(_, _, index)) =
-            self.memoized.iter().find(|(k, p, _)| *k == kind && *p == payload)
+        let Some(&(_, _, index)) = self
+            .memoized
+            .iter()
+            .find(|(k, p, _)| *k == kind && *p == payload)
         else {
             return false;
         };
@@ -375,7 +385,10 @@ mod tests {
     #[test]
     fn frames_shorter_than_four_bytes_have_no_header() {
         assert_eq!(pickled(&PyValue::Int(7)), "80054b072e");
-        assert_eq!(pickled(&PyValue::Int(256)), "80059504000000000000004d00012e");
+        assert_eq!(
+            pickled(&PyValue::Int(256)),
+            "80059504000000000000004d00012e"
+        );
     }
 
     #[test]
@@ -397,8 +410,14 @@ mod tests {
         assert_eq!(body(&PyValue::Int(-2_147_483_649)), "8a05ffffff7fff");
         assert_eq!(body(&PyValue::Int(-(1 << 32))), "8a0500000000ff");
         assert_eq!(body(&PyValue::Int(-(1 << 39))), "8a050000000080");
-        assert_eq!(body(&PyValue::Int(i128::from(u64::MAX))), "8a09ffffffffffffffff00");
-        assert_eq!(body(&PyValue::Int(i128::from(i64::MIN))), "8a080000000000000080");
+        assert_eq!(
+            body(&PyValue::Int(i128::from(u64::MAX))),
+            "8a09ffffffffffffffff00"
+        );
+        assert_eq!(
+            body(&PyValue::Int(i128::from(i64::MIN))),
+            "8a080000000000000080"
+        );
     }
 
     #[test]

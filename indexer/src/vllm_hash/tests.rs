@@ -61,7 +61,11 @@ fn seed0_table_for_every_digest_algo_and_version_range() {
     for version in ["0.13.0", "0.19.1", "0.33.0"] {
         for (algo, none_hash, block0, block1, event0, event1) in SEED0_TABLE {
             let hasher = hasher(version, algo, Some("0"));
-            assert_eq!(digest_hex(hasher.none_hash()), none_hash, "{version} {algo}");
+            assert_eq!(
+                digest_hex(hasher.none_hash()),
+                none_hash,
+                "{version} {algo}"
+            );
             let chain = hasher.hash_chain(None, &tokens(1..=32), 16, &[]);
             assert_eq!(chain.len(), 2);
             assert_eq!(digest_hex(&chain[0]), block0, "{version} {algo}");
@@ -163,13 +167,34 @@ fn algos_are_gated_by_version_range() {
         pythonhashseed: Some("0".into()),
     };
     let err = |version, algo| BlockHasher::new(&config(version, algo)).err();
-    assert_eq!(err("0.9.2", HashAlgo::Builtin), Some(VllmHashError::BuiltinNotReproducible));
-    assert!(matches!(err("0.9.2", HashAlgo::Sha256Cbor64bit), Some(VllmHashError::AlgoNotInVersion { .. })));
-    assert!(matches!(err("0.10.2", HashAlgo::Sha256Cbor64bit), Some(VllmHashError::AlgoNotInVersion { .. })));
-    assert!(matches!(err("0.10.1", HashAlgo::Sha256Cbor), Some(VllmHashError::AlgoNotInVersion { .. })));
-    assert!(matches!(err("0.12.0", HashAlgo::Xxhash), Some(VllmHashError::AlgoNotInVersion { .. })));
-    assert!(matches!(err("0.11.0", HashAlgo::Builtin), Some(VllmHashError::AlgoNotInVersion { .. })));
-    assert!(matches!(err("0.8.5", HashAlgo::Sha256), Some(VllmHashError::VersionTooOld(_))));
+    assert_eq!(
+        err("0.9.2", HashAlgo::Builtin),
+        Some(VllmHashError::BuiltinNotReproducible)
+    );
+    assert!(matches!(
+        err("0.9.2", HashAlgo::Sha256Cbor64bit),
+        Some(VllmHashError::AlgoNotInVersion { .. })
+    ));
+    assert!(matches!(
+        err("0.10.2", HashAlgo::Sha256Cbor64bit),
+        Some(VllmHashError::AlgoNotInVersion { .. })
+    ));
+    assert!(matches!(
+        err("0.10.1", HashAlgo::Sha256Cbor),
+        Some(VllmHashError::AlgoNotInVersion { .. })
+    ));
+    assert!(matches!(
+        err("0.12.0", HashAlgo::Xxhash),
+        Some(VllmHashError::AlgoNotInVersion { .. })
+    ));
+    assert!(matches!(
+        err("0.11.0", HashAlgo::Builtin),
+        Some(VllmHashError::AlgoNotInVersion { .. })
+    ));
+    assert!(matches!(
+        err("0.8.5", HashAlgo::Sha256),
+        Some(VllmHashError::VersionTooOld(_))
+    ));
     assert_eq!(err("0.10.0", HashAlgo::Sha256Cbor64bit), None);
     assert_eq!(err("0.13.0", HashAlgo::XxhashCbor), None);
 }
@@ -185,7 +210,13 @@ fn sha256_cbor_64bit_chain_is_over_u64_ints() {
         "831bf8b55adff2e61c3e900102030405060708090a0b0c0d0e0f10f6"
     );
     let chain = hasher.hash_chain(None, &tokens(1..=32), 16, &[]);
-    assert_eq!(chain, vec![InternalHash::U64(0x548461b2ca3c5e4b), InternalHash::U64(0x309b569846d27d0c)]);
+    assert_eq!(
+        chain,
+        vec![
+            InternalHash::U64(0x548461b2ca3c5e4b),
+            InternalHash::U64(0x309b569846d27d0c)
+        ]
+    );
     assert_eq!(chain[1].published_u64(), Some(0x309b569846d27d0c));
 }
 
@@ -194,7 +225,10 @@ fn sha256_before_0_10_2_is_a_256_bit_int_that_cannot_be_published() {
     let hasher = hasher("0.10.0", HashAlgo::Sha256, Some("0"));
     let chain = hasher.hash_chain(None, &tokens(1..=16), 16, &[]);
     let hex = digest_hex(&chain[0]);
-    assert!(hex.starts_with("535771b9") && hex.ends_with("c4dae0bc"), "{hex}");
+    assert!(
+        hex.starts_with("535771b9") && hex.ends_with("c4dae0bc"),
+        "{hex}"
+    );
     assert_eq!(chain[0].published_u64(), None);
     assert!(!hasher.can_publish());
     // 0.9.x uses the same pickle-sha256 NONE_HASH int.
@@ -208,7 +242,10 @@ fn sha256_before_0_10_2_is_a_256_bit_int_that_cannot_be_published() {
 #[test]
 fn extra_key_examples() {
     let hasher = hasher("0.30.0", HashAlgo::Sha256Cbor, Some("0"));
-    let old_style = PyValue::Tuple(vec![PyValue::Str("my-lora".into()), PyValue::Str("salt-1".into())]);
+    let old_style = PyValue::Tuple(vec![
+        PyValue::Str("my-lora".into()),
+        PyValue::Str("salt-1".into()),
+    ]);
     let mut input = Vec::new();
     hasher.write_block_input(&mut input, None, &tokens(1..=16), Some(&old_style));
     // `…10 82 67"my-lora" 66"salt-1"`
@@ -224,7 +261,10 @@ fn extra_key_examples() {
             PyValue::Str("my-lora".into()),
             PyValue::Str("/adapters/my-lora".into()),
         ]),
-        PyValue::Tuple(vec![PyValue::Str("cache_salt".into()), PyValue::Str("salt-1".into())]),
+        PyValue::Tuple(vec![
+            PyValue::Str("cache_salt".into()),
+            PyValue::Str("salt-1".into()),
+        ]),
     ]);
     let hasher = self::hasher("0.31.0", HashAlgo::Sha256Cbor, Some("0"));
     let mut input = Vec::new();
@@ -291,7 +331,10 @@ fn py_value_from_json_follows_vector_conventions() {
             PyValue::Int(-27),
             PyValue::Str("mm".into()),
             PyValue::Bytes(vec![0, 0xff]),
-            PyValue::Tuple(vec![PyValue::Str("a".into()), PyValue::Int(i128::from(u64::MAX))]),
+            PyValue::Tuple(vec![
+                PyValue::Str("a".into()),
+                PyValue::Int(i128::from(u64::MAX))
+            ]),
         ]))
     );
     for bad in ["1.5", "true", "{}", "\"bytes:zz\""] {
@@ -303,11 +346,17 @@ fn py_value_from_json_follows_vector_conventions() {
 // ---- verify_chain ----------------------------------------------------------------------------
 
 fn published_u64s(chain: &[InternalHash]) -> Vec<u64> {
-    chain.iter().map(|hash| hash.published_u64().expect("publishable")).collect()
+    chain
+        .iter()
+        .map(|hash| hash.published_u64().expect("publishable"))
+        .collect()
 }
 
 fn as_published(values: &[u64]) -> Vec<PublishedHash<'static>> {
-    values.iter().map(|&value| PublishedHash::Int(value)).collect()
+    values
+        .iter()
+        .map(|&value| PublishedHash::Int(value))
+        .collect()
 }
 
 #[test]
@@ -319,7 +368,13 @@ fn correct_chain_verifies() {
     let result = engine.verify_chain(ParentRef::Root, &token_ids, 16, &published, &[]);
     assert_eq!(
         result,
-        Verification { checked: 4, matched: 4, mismatched: 0, unverifiable: 0, first_mismatch: None }
+        Verification {
+            checked: 4,
+            matched: 4,
+            mismatched: 0,
+            unverifiable: 0,
+            first_mismatch: None
+        }
     );
 }
 
@@ -327,7 +382,12 @@ fn correct_chain_verifies() {
 fn wrong_seed_algo_or_block_size_mismatch() {
     let engine = hasher("0.33.0", HashAlgo::Sha256Cbor, Some("0"));
     let token_ids = tokens(1..=64);
-    let published = as_published(&published_u64s(&engine.hash_chain(None, &token_ids, 16, &[])));
+    let published = as_published(&published_u64s(&engine.hash_chain(
+        None,
+        &token_ids,
+        16,
+        &[],
+    )));
 
     let wrong_seed = hasher("0.33.0", HashAlgo::Sha256Cbor, Some("1"));
     let result = wrong_seed.verify_chain(ParentRef::Root, &token_ids, 16, &published, &[]);
@@ -362,11 +422,19 @@ fn truncated_parent_is_unverifiable_but_full_parent_verifies() {
     let result = engine.verify_chain(truncated, continuation, 16, &published, &[]);
     assert_eq!(
         result,
-        Verification { checked: 0, matched: 0, mismatched: 0, unverifiable: 2, first_mismatch: None }
+        Verification {
+            checked: 0,
+            matched: 0,
+            mismatched: 0,
+            unverifiable: 2,
+            first_mismatch: None
+        }
     );
 
     // Raw-bytes mode carries full digests: the same continuation is verifiable.
-    let InternalHash::Digest(parent) = chain[0] else { panic!("0.23 digests are bytes") };
+    let InternalHash::Digest(parent) = chain[0] else {
+        panic!("0.23 digests are bytes")
+    };
     let raw: Vec<DigestBytes> = chain[1..]
         .iter()
         .map(|hash| match hash {
@@ -374,8 +442,10 @@ fn truncated_parent_is_unverifiable_but_full_parent_verifies() {
             other => panic!("unexpected {other:?}"),
         })
         .collect();
-    let published: Vec<PublishedHash<'_>> =
-        raw.iter().map(|digest| PublishedHash::Bytes(digest.as_bytes())).collect();
+    let published: Vec<PublishedHash<'_>> = raw
+        .iter()
+        .map(|digest| PublishedHash::Bytes(digest.as_bytes()))
+        .collect();
     let result = engine.verify_chain(
         ParentRef::Published(PublishedHash::Bytes(parent.as_bytes())),
         continuation,
@@ -417,7 +487,10 @@ fn blocks_with_extra_keys_are_unverifiable_and_the_chain_resumes_only_from_full_
     let chain = sixty_four.hash_chain(None, &token_ids, 16, &[Some(lora), None, None]);
     let published = as_published(&published_u64s(&chain));
     let result = sixty_four.verify_chain(ParentRef::Root, &token_ids, 16, &published, &[true]);
-    assert_eq!((result.checked, result.matched, result.unverifiable), (2, 2, 1));
+    assert_eq!(
+        (result.checked, result.matched, result.unverifiable),
+        (2, 2, 1)
+    );
 }
 
 #[test]
@@ -429,9 +502,123 @@ fn unpublishable_and_degenerate_inputs_never_panic() {
     let engine = hasher("0.33.0", HashAlgo::Sha256Cbor, Some("0"));
     let result = engine.verify_chain(ParentRef::Root, &[], 0, &as_published(&[7]), &[]);
     assert_eq!(result.unverifiable, 1);
-    let result = engine.verify_chain(ParentRef::Root, &[1, 2, 3], usize::MAX, &as_published(&[7, 8]), &[]);
+    let result = engine.verify_chain(
+        ParentRef::Root,
+        &[1, 2, 3],
+        usize::MAX,
+        &as_published(&[7, 8]),
+        &[],
+    );
     assert_eq!(result.mismatched, 1);
     let short = [PublishedHash::Bytes(&[1, 2, 3])];
     let result = engine.verify_chain(ParentRef::Root, &tokens(1..=16), 16, &short, &[]);
     assert_eq!(result.mismatched, 1);
+}
+
+// ---- properties ------------------------------------------------------------------------------
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    const DIGEST_ALGOS: [HashAlgo; 4] = [
+        HashAlgo::Sha256,
+        HashAlgo::Sha256Cbor,
+        HashAlgo::Xxhash,
+        HashAlgo::XxhashCbor,
+    ];
+
+    proptest! {
+        /// Whatever the tokens and block size, an engine's own chain verifies against itself,
+        /// in u64 mode and in raw-bytes mode.
+        #[test]
+        fn own_chain_always_verifies(
+            token_ids in proptest::collection::vec(any::<u32>(), 0..120),
+            block_size in 1usize..20,
+            algo_index in 0usize..4,
+        ) {
+            let engine = hasher("0.33.0", DIGEST_ALGOS[algo_index], Some("7"));
+            let chain = engine.hash_chain(None, &token_ids, block_size, &[]);
+            let covered = &token_ids[..chain.len() * block_size];
+            let as_u64 = as_published(&published_u64s(&chain));
+            let result = engine.verify_chain(ParentRef::Root, covered, block_size, &as_u64, &[]);
+            prop_assert_eq!((result.matched as usize, result.mismatched), (chain.len(), 0));
+
+            let digests: Vec<DigestBytes> = chain
+                .iter()
+                .filter_map(|hash| match hash {
+                    InternalHash::Digest(digest) => Some(*digest),
+                    _ => None,
+                })
+                .collect();
+            let raw: Vec<PublishedHash<'_>> =
+                digests.iter().map(|digest| PublishedHash::Bytes(digest.as_bytes())).collect();
+            let result = engine.verify_chain(ParentRef::Root, covered, block_size, &raw, &[]);
+            prop_assert_eq!((result.matched as usize, result.mismatched), (chain.len(), 0));
+        }
+
+        /// Arbitrary event contents never panic and every block is accounted for once.
+        #[test]
+        fn arbitrary_events_never_panic(
+            token_ids in proptest::collection::vec(any::<u32>(), 0..64),
+            block_size in 0usize..40,
+            values in proptest::collection::vec(any::<u64>(), 0..8),
+            raw in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4),
+            parent in proptest::option::of(any::<u64>()),
+            carries in proptest::collection::vec(any::<bool>(), 0..8),
+        ) {
+            let mut published: Vec<PublishedHash<'_>> =
+                values.iter().map(|&value| PublishedHash::Int(value)).collect();
+            published.extend(raw.iter().map(|bytes| PublishedHash::Bytes(bytes)));
+            let parent = match parent {
+                None => ParentRef::Root,
+                Some(value) => ParentRef::Published(PublishedHash::Int(value)),
+            };
+            for engine in [
+                hasher("0.33.0", HashAlgo::Sha256Cbor, None),
+                hasher("0.10.1", HashAlgo::Sha256Cbor64bit, Some("0")),
+                hasher("0.10.1", HashAlgo::Sha256, Some("0")),
+            ] {
+                let result = engine.verify_chain(parent, &token_ids, block_size, &published, &carries);
+                prop_assert_eq!(result.checked, result.matched + result.mismatched);
+                prop_assert_eq!((result.checked + result.unverifiable) as usize, published.len());
+            }
+        }
+
+        /// Pickled ints decode back to the same value (LONG1 two's complement, BININT widths).
+        #[test]
+        fn pickled_ints_round_trip(value in any::<i128>()) {
+            let engine = hasher("0.33.0", HashAlgo::Sha256, Some("0"));
+            let mut out = Vec::new();
+            engine.write_block_input(&mut out, None, &[], Some(&PyValue::Int(value)));
+            // PROTO(2) FRAME(9) SHORT_BINBYTES(2+32) MEMOIZE EMPTY_TUPLE, then the int.
+            let int_start = 2 + 9 + 34 + 1 + 1;
+            let decoded: i128 = match out[int_start] {
+                b'K' => i128::from(out[int_start + 1]),
+                b'M' => i128::from(u16::from_le_bytes([out[int_start + 1], out[int_start + 2]])),
+                b'J' => {
+                    let mut le = [0u8; 4];
+                    le.copy_from_slice(&out[int_start + 1..int_start + 5]);
+                    i128::from(i32::from_le_bytes(le))
+                }
+                0x8a => {
+                    let len = usize::from(out[int_start + 1]);
+                    let data = &out[int_start + 2..int_start + 2 + len];
+                    prop_assert!(len <= 16);
+                    let fill = if data[len - 1] & 0x80 != 0 { 0xff } else { 0 };
+                    let mut le = [fill; 16];
+                    le[..len].copy_from_slice(data);
+                    // Minimal: dropping the top byte would change the value.
+                    if len > 1 {
+                        let top = data[len - 1];
+                        let next_sign = data[len - 2] & 0x80 != 0;
+                        prop_assert!(!((top == 0 && !next_sign) || (top == 0xff && next_sign)));
+                    }
+                    i128::from_le_bytes(le)
+                }
+                other => return Err(TestCaseError::fail(format!("unexpected opcode {other:#x}"))),
+            };
+            prop_assert_eq!(decoded, value);
+        }
+    }
 }

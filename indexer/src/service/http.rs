@@ -1,0 +1,149 @@
+//! HTTP admin: `/metrics`, `/healthz`, `/readyz`, `/debug/sources`, and pod registration
+//! (`POST /pods`, `DELETE /pods/{pod}`).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Deserialize;
+use serde_json::json;
+
+use kvindex::tiers::TierId;
+
+use super::config::PodConfig;
+use super::metrics as m;
+use super::{registry, Shared};
+
+#[derive(Clone)]
+struct AppState {
+    shared: Arc<Shared>,
+    prometheus: PrometheusHandle,
+}
+
+pub fn router(shared: Arc<Shared>, prometheus: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/debug/sources", get(debug_sources))
+        .route("/pods", post(register))
+        .route("/pods/{pod}", delete(unregister))
+        .fallback(|| async {
+            metrics::counter!(m::HTTP_INVALID, "reason" => "not_found").increment(1);
+            (StatusCode::NOT_FOUND, Json(json!({"error": "no such endpoint"})))
+        })
+        .with_state(AppState { shared, prometheus })
+}
+
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    ([("content-type", "text/plain; version=0.0.4")], s.prometheus.render())
+}
+
+async fn readyz(State(s): State<AppState>) -> Response {
+    let pending = s.shared.initial_syncs.load(std::sync::atomic::Ordering::Acquire);
+    if s.shared.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {pending} initial replays outstanding\n")).into_response()
+    }
+}
+
+async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
+    let shared = &s.shared;
+    let index = &shared.index;
+    let streams: Vec<serde_json::Value> = shared
+        .debug
+        .read()
+        .values()
+        .map(|d| {
+            let mut v = serde_json::to_value(d).unwrap_or_default();
+            if let (Some(obj), Some(stats)) = (v.as_object_mut(), index.pod_stats(&d.pod)) {
+                let tiers: serde_json::Map<String, serde_json::Value> = stats
+                    .tier_blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(i, n)| (index.tiers().name(TierId(i as u8)), json!(n)))
+                    .collect();
+                obj.insert("blocks_by_tier".into(), serde_json::Value::Object(tiers));
+                obj.insert("blocks".into(), json!(stats.blocks));
+                obj.insert("hash_check_mismatches".into(), json!(stats.hash_check.mismatched));
+                obj.insert("hash_check_checked".into(), json!(stats.hash_check.checked));
+            }
+            v
+        })
+        .collect();
+    let reg = shared.registry.read();
+    Json(json!({
+        "ready": shared.ready(),
+        "mode": {
+            "central_bind": shared.config.zmq_bind,
+            "topic_filter": shared.config.topic_filter,
+        },
+        "topic_map": reg.topic_mappings(),
+        "topic_map_note": "topic ids not listed map to the pod id of the same name",
+        "registered_pods": reg.pods(),
+        "sources": streams,
+        "index": {
+            "entries": index.index().entries(),
+            "keys": index.index().keys(),
+            "approx_bytes": index.index().approx_bytes(),
+            "block_size": index.block_size(),
+        },
+        "queue": {
+            "depth": shared.queue_depth.load(std::sync::atomic::Ordering::Relaxed),
+            "dropped": shared.queue_dropped.load(std::sync::atomic::Ordering::Relaxed),
+            "capacity_per_worker": shared.config.queue_capacity,
+            "workers": shared.queues.len(),
+        },
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterBody {
+    pod: String,
+    model: String,
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default)]
+    replay_endpoint: Option<String>,
+    #[serde(default)]
+    topic_id: Option<String>,
+    #[serde(default)]
+    dp_size: Option<u32>,
+}
+
+fn bad_request(reason: &'static str, message: String) -> Response {
+    metrics::counter!(m::HTTP_INVALID, "reason" => reason).increment(1);
+    (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
+}
+
+async fn register(State(s): State<AppState>, body: Result<Json<RegisterBody>, JsonRejection>) -> Response {
+    let b = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return bad_request("body", e.body_text()),
+    };
+    let cfg = PodConfig {
+        id: b.pod,
+        model: b.model,
+        endpoint: b.endpoint.filter(|e| !e.is_empty()),
+        replay_endpoint: b.replay_endpoint.filter(|e| !e.is_empty()),
+        topic_id: b.topic_id.filter(|e| !e.is_empty()),
+        dp_size: b.dp_size.unwrap_or(1),
+    };
+    match registry::register(&s.shared, cfg, "http", false).await {
+        Ok(()) => (StatusCode::OK, Json(json!({"registered": true}))).into_response(),
+        Err(e) => bad_request("config", e.to_string()),
+    }
+}
+
+async fn unregister(State(s): State<AppState>, Path(pod): Path<String>) -> Response {
+    let existed = registry::unregister(&s.shared, &pod, "http").await;
+    (StatusCode::OK, Json(json!({"existed": existed}))).into_response()
+}

@@ -1,0 +1,81 @@
+//! Metric names (every one is documented in docs/METRICS.md) and the Prometheus recorder.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const EVENTS: &str = "kvindex_events_total";
+pub const BLOCKS: &str = "kvindex_blocks_total";
+pub const SKIPPED: &str = "kvindex_skipped_blocks_total";
+pub const MESSAGES: &str = "kvindex_messages_received_total";
+pub const DECODE_ERRORS: &str = "kvindex_decode_errors_total";
+pub const GAPS: &str = "kvindex_gaps_total";
+pub const DUPLICATES: &str = "kvindex_duplicates_total";
+pub const REPLAYS: &str = "kvindex_replays_total";
+pub const CLEARS: &str = "kvindex_clears_total";
+pub const TRANSITIONS: &str = "kvindex_source_transitions_total";
+pub const SOURCES: &str = "kvindex_sources";
+pub const INDEX_ENTRIES: &str = "kvindex_index_entries";
+pub const INDEX_KEYS: &str = "kvindex_index_keys";
+pub const INDEX_BYTES: &str = "kvindex_index_bytes";
+pub const QUEUE_DEPTH: &str = "kvindex_queue_depth";
+pub const QUEUE_CAPACITY: &str = "kvindex_queue_capacity";
+pub const QUEUE_DROPPED: &str = "kvindex_queue_dropped_total";
+pub const EVENT_TO_VISIBLE: &str = "kvindex_event_to_visible_seconds";
+pub const RECEIVE_TO_VISIBLE: &str = "kvindex_receive_to_visible_seconds";
+pub const SCORE_REQUESTS: &str = "kvindex_score_requests_total";
+pub const SCORE_LATENCY: &str = "kvindex_score_latency_seconds";
+pub const ZMQ_ERRORS: &str = "kvindex_zmq_errors_total";
+pub const RECONNECTIONS: &str = "kvindex_subscriber_reconnections_total";
+pub const REGISTRATIONS: &str = "kvindex_registrations_total";
+pub const CONFIG_ERRORS: &str = "kvindex_config_errors_total";
+pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
+pub const READY: &str = "kvindex_ready";
+pub const PODS: &str = "kvindex_pods";
+pub const HASH_MISMATCHES: &str = "kvindex_hash_check_mismatches_total";
+
+/// Installs the global recorder. Latency histograms of ScoreTokens get Prometheus buckets;
+/// the ingest latencies are exported as summaries (quantiles over a sliding window).
+pub fn install() -> Result<PrometheusHandle, String> {
+    let score_buckets = [
+        0.000_025, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(SCORE_LATENCY.to_string()), &score_buckets)
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| e.to_string())?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(EVENTS, "KV events applied, by type and source pod");
+    describe_counter!(BLOCKS, "Engine blocks stored / removed by applied events");
+    describe_counter!(SKIPPED, "Blocks not applied (under-report only), by reason");
+    describe_counter!(MESSAGES, "ZeroMQ messages received, by socket kind");
+    describe_counter!(DECODE_ERRORS, "Frames or payloads that could not be decoded, by reason");
+    describe_counter!(GAPS, "Sequence gaps seen, by source pod");
+    describe_counter!(DUPLICATES, "Messages dropped because their seq was already applied");
+    describe_counter!(REPLAYS, "Replays, by outcome");
+    describe_counter!(CLEARS, "Pod clears, by reason");
+    describe_counter!(TRANSITIONS, "Source state transitions");
+    describe_gauge!(SOURCES, "Sources (per DP rank) by state");
+    describe_gauge!(INDEX_ENTRIES, "Resident (block, pod) entries");
+    describe_gauge!(INDEX_KEYS, "Distinct prefix keys");
+    describe_gauge!(INDEX_BYTES, Unit::Bytes, "Approximate index memory");
+    describe_gauge!(QUEUE_DEPTH, "Messages waiting for the apply workers");
+    describe_gauge!(QUEUE_CAPACITY, "Capacity of the apply queues");
+    describe_counter!(QUEUE_DROPPED, "Live messages dropped because the apply queue was full");
+    describe_histogram!(EVENT_TO_VISIBLE, Unit::Seconds, "Batch ts (publisher clock) to applied");
+    describe_histogram!(RECEIVE_TO_VISIBLE, Unit::Seconds, "Socket receive to applied");
+    describe_counter!(SCORE_REQUESTS, "ScoreTokens requests, by outcome");
+    describe_histogram!(SCORE_LATENCY, Unit::Seconds, "ScoreTokens handling time");
+    describe_counter!(ZMQ_ERRORS, "ZeroMQ errors, by operation");
+    describe_counter!(RECONNECTIONS, "Per-pod subscriber reconnections");
+    describe_counter!(REGISTRATIONS, "Pod registrations and unregistrations, by origin");
+    describe_counter!(CONFIG_ERRORS, "Rejected configuration (pods file, registration)");
+    describe_counter!(HTTP_INVALID, "Rejected HTTP admin requests");
+    describe_gauge!(READY, "1 once the initial replays are done");
+    describe_gauge!(PODS, "Pods with index state");
+    describe_counter!(HASH_MISMATCHES, "Engine block hashes that differ from vLLM's recipe (sampled cross-check)");
+}

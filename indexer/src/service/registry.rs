@@ -1,0 +1,276 @@
+//! Known pods (config file, watched pods file, registration API), the topic-id → pod-id map,
+//! and replay endpoints. Registration starts per-pod dialers; unregistration stops them and
+//! clears the pod.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+use super::config::{offset_endpoint, parse_pods_file, validate_pod, ConfigError, PodConfig};
+use super::metrics as m;
+use super::{Shared, StreamKey, Work};
+
+pub struct RegisteredPod {
+    pub cfg: PodConfig,
+    pub origin: &'static str,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    pods: BTreeMap<String, RegisteredPod>,
+    /// `[[topic_map]]` / `--topic-map`.
+    static_topics: HashMap<String, String>,
+    /// `[[replay]]` / `--replay`.
+    static_replay: HashMap<String, String>,
+    /// Effective topic id → pod id (static entries, then pods' `topic_id`).
+    topics: HashMap<String, String>,
+}
+
+/// One line of the topic mapping, for `/debug/sources`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopicMapping {
+    pub topic_id: String,
+    pub pod: String,
+    pub from: &'static str,
+}
+
+/// A registered pod, for `/debug/sources`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodView {
+    pub pod: String,
+    pub model: String,
+    pub endpoint: Option<String>,
+    pub replay_endpoint: Option<String>,
+    pub topic_id: Option<String>,
+    pub dp_size: u32,
+    pub origin: &'static str,
+}
+
+impl Registry {
+    pub fn new(topic_map: &[(String, String)], replay: &[(String, String)]) -> Self {
+        let mut r = Registry {
+            static_topics: topic_map.iter().cloned().collect(),
+            static_replay: replay.iter().cloned().collect(),
+            ..Default::default()
+        };
+        r.rebuild();
+        r
+    }
+
+    fn rebuild(&mut self) {
+        let mut topics = self.static_topics.clone();
+        for (id, p) in &self.pods {
+            if let Some(t) = &p.cfg.topic_id {
+                topics.entry(t.clone()).or_insert_with(|| id.clone());
+            }
+        }
+        self.topics = topics;
+    }
+
+    /// The pod id a topic id stands for (identity unless mapped).
+    pub fn pod_for_topic<'a>(&'a self, topic_id: &'a str) -> &'a str {
+        self.topics.get(topic_id).map_or(topic_id, String::as_str)
+    }
+
+    /// The replay endpoint of rank `rank` of pod `base`: an entry for the DP pod id itself,
+    /// else the base pod's endpoint offset by the rank (vLLM's port rule).
+    pub fn replay_endpoint(&self, base: &str, rank: u32) -> Option<String> {
+        if rank > 0 {
+            let dp = kvindex::topic::dp_pod_id(base, Some(i64::from(rank)));
+            if let Some(e) = self.static_replay.get(&dp) {
+                return Some(e.clone());
+            }
+            if let Some(e) = self.pods.get(&dp).and_then(|p| p.cfg.replay_endpoint.clone()) {
+                return Some(e);
+            }
+        }
+        let e = self.pods.get(base).and_then(|p| p.cfg.replay_endpoint.clone()).or_else(|| self.static_replay.get(base).cloned())?;
+        Some(offset_endpoint(&e, rank))
+    }
+
+    pub fn topic_mappings(&self) -> Vec<TopicMapping> {
+        let mut v: Vec<TopicMapping> = self
+            .topics
+            .iter()
+            .map(|(t, p)| TopicMapping {
+                topic_id: t.clone(),
+                pod: p.clone(),
+                from: if self.static_topics.contains_key(t) { "topic_map" } else { "pod.topic_id" },
+            })
+            .collect();
+        v.sort_by(|a, b| a.topic_id.cmp(&b.topic_id));
+        v
+    }
+
+    pub fn pods(&self) -> Vec<PodView> {
+        self.pods
+            .iter()
+            .map(|(id, p)| PodView {
+                pod: id.clone(),
+                model: p.cfg.model.clone(),
+                endpoint: p.cfg.endpoint.clone(),
+                replay_endpoint: p.cfg.replay_endpoint.clone(),
+                topic_id: p.cfg.topic_id.clone(),
+                dp_size: p.cfg.dp_size,
+                origin: p.origin,
+            })
+            .collect()
+    }
+
+    fn ids_with_origin(&self, origin: &str) -> Vec<String> {
+        self.pods.iter().filter(|(_, p)| p.origin == origin).map(|(id, _)| id.clone()).collect()
+    }
+}
+
+/// Adds or replaces a pod. A changed endpoint or model restarts its dialer and clears it.
+pub async fn register(shared: &Arc<Shared>, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
+    let cfg = match validate_pod("pod", cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            metrics::counter!(m::CONFIG_ERRORS, "source" => origin).increment(1);
+            return Err(e);
+        }
+    };
+    let old = {
+        let mut reg = shared.registry.write();
+        if let Some(existing) = reg.pods.get_mut(&cfg.id) {
+            let same_source = existing.cfg.endpoint == cfg.endpoint
+                && existing.cfg.model == cfg.model
+                && existing.cfg.dp_size == cfg.dp_size;
+            if same_source {
+                existing.cfg = cfg.clone();
+                existing.origin = origin;
+                reg.rebuild();
+                metrics::counter!(m::REGISTRATIONS, "op" => "update", "origin" => origin).increment(1);
+                tracing::info!(pod = %cfg.id, origin, "pod registration updated");
+                return Ok(());
+            }
+        }
+        reg.pods.remove(&cfg.id)
+    };
+    if let Some(old) = old {
+        if let Some(stop) = old.stop {
+            let _ = stop.send(true);
+        }
+        remove_everywhere(shared, &cfg.id).await;
+    }
+    let stop = cfg.endpoint.as_ref().map(|_| tokio::sync::watch::channel(false));
+    {
+        let mut reg = shared.registry.write();
+        reg.pods.insert(cfg.id.clone(), RegisteredPod { cfg: cfg.clone(), origin, stop: stop.as_ref().map(|(tx, _)| tx.clone()) });
+        reg.rebuild();
+    }
+    metrics::counter!(m::REGISTRATIONS, "op" => "register", "origin" => origin).increment(1);
+    tracing::info!(pod = %cfg.id, model = %cfg.model, endpoint = ?cfg.endpoint, replay = ?cfg.replay_endpoint, topic_id = ?cfg.topic_id, origin, "pod registered");
+    if let (Some(endpoint), Some((_, rx))) = (&cfg.endpoint, stop) {
+        let id: Arc<str> = Arc::from(cfg.id.as_str());
+        let model: Arc<str> = Arc::from(cfg.model.as_str());
+        for rank in 0..cfg.dp_size {
+            let ep: Arc<str> = Arc::from(offset_endpoint(endpoint, rank).as_str());
+            if cfg.replay_endpoint.is_some() {
+                let stream = StreamKey { base: id.clone(), rank };
+                if startup {
+                    shared.initial_syncs.fetch_add(1, Ordering::AcqRel);
+                }
+                let worker = shared.worker_for(id.as_bytes());
+                shared
+                    .send_work(worker, Work::InitialSync { stream, model: model.clone(), endpoint: ep.clone(), startup })
+                    .await;
+            }
+            tokio::spawn(super::zmq::dial_pod(shared.clone(), id.clone(), model.clone(), ep, rx.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Removes a pod: stops its dialer, drops its streams and everything it holds.
+pub async fn unregister(shared: &Arc<Shared>, pod: &str, origin: &'static str) -> bool {
+    let old = {
+        let mut reg = shared.registry.write();
+        let old = reg.pods.remove(pod);
+        reg.rebuild();
+        old
+    };
+    let registered = old.is_some();
+    if let Some(stop) = old.and_then(|o| o.stop) {
+        let _ = stop.send(true);
+    }
+    let held = remove_everywhere(shared, pod).await;
+    metrics::counter!(m::REGISTRATIONS, "op" => "unregister", "origin" => origin).increment(1);
+    tracing::info!(pod, origin, registered, held, "pod unregistered and cleared");
+    registered || held
+}
+
+async fn remove_everywhere(shared: &Arc<Shared>, pod: &str) -> bool {
+    let mut any = false;
+    for worker in 0..shared.queues.len() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        shared.send_work(worker, Work::RemovePod { pod: pod.to_string(), done: tx }).await;
+        any |= rx.await.unwrap_or(false);
+    }
+    any
+}
+
+/// Registers the configured pods at start-up.
+pub async fn register_static(shared: &Arc<Shared>) {
+    for p in shared.config.pods.clone() {
+        if let Err(e) = register(shared, p, "config", true).await {
+            tracing::error!(error = %e, "configured pod rejected");
+        }
+    }
+}
+
+/// Polls the pods file's mtime and applies its content on change: new and changed pods are
+/// registered, pods that disappeared are unregistered. A bad file is counted and ignored
+/// (the previous content stays in force).
+pub async fn watch_pods_file(shared: Arc<Shared>, path: PathBuf, startup_done: tokio::sync::oneshot::Sender<()>) {
+    let mut last: Option<(SystemTime, u64)> = None;
+    let mut startup_done = Some(startup_done);
+    let period = Duration::from_millis(shared.config.pods_file_poll_ms);
+    loop {
+        let stamp = std::fs::metadata(&path).ok().map(|md| (md.modified().unwrap_or(SystemTime::UNIX_EPOCH), md.len()));
+        if stamp != last {
+            last = stamp;
+            match std::fs::read_to_string(&path) {
+                Ok(text) => match parse_pods_file(&text) {
+                    Ok(pods) => apply_pods_file(&shared, pods, startup_done.is_some()).await,
+                    Err(e) => {
+                        metrics::counter!(m::CONFIG_ERRORS, "source" => "pods_file").increment(1);
+                        tracing::error!(path = %path.display(), error = %e, "pods file rejected; previous content kept");
+                    }
+                },
+                Err(e) => {
+                    metrics::counter!(m::CONFIG_ERRORS, "source" => "pods_file").increment(1);
+                    tracing::warn!(path = %path.display(), error = %e, "pods file unreadable");
+                }
+            }
+        }
+        if let Some(tx) = startup_done.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
+async fn apply_pods_file(shared: &Arc<Shared>, pods: Vec<PodConfig>, startup: bool) {
+    let wanted: HashMap<String, PodConfig> = pods.into_iter().map(|p| (p.id.clone(), p)).collect();
+    let current = shared.registry.read().ids_with_origin("pods_file");
+    for id in current {
+        if !wanted.contains_key(&id) {
+            unregister(shared, &id, "pods_file").await;
+        }
+    }
+    for (_, p) in wanted {
+        let unchanged = shared.registry.read().pods.get(&p.id).is_some_and(|r| r.cfg == p && r.origin == "pods_file");
+        if !unchanged {
+            if let Err(e) = register(shared, p, "pods_file", startup).await {
+                tracing::error!(error = %e, "pods file entry rejected");
+            }
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! Apply workers: each owns a set of streams (sharded by topic or pod), decodes their
+//! messages, runs them through the per-stream [`Sequencer`] and carries out its steps on the
+//! index. One stream is only ever touched by its worker, so a pod's batches apply in seq order.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use metrics::{counter, gauge, histogram, Counter};
+
+use kvindex::ingest::SkipReason;
+use kvindex::source::{Item, Reason, ReplayOutcome, Sequencer, SequencerConfig, SourceState, Step};
+use kvindex::topic::{dp_pod_id, parse_topic};
+use kvindex::wire::{self, EventBatch};
+
+use super::metrics as m;
+use super::{Origin, ReplayItem, Shared, StreamDebug, StreamKey, Work};
+
+const TICK: Duration = Duration::from_millis(100);
+
+struct Stream {
+    seq: Sequencer<Bytes>,
+    /// DP-resolved pod id.
+    pod: Arc<str>,
+    model: Arc<str>,
+    mode: &'static str,
+    topic: Option<String>,
+    endpoint: Option<Arc<str>>,
+    /// The initial replay counts for readiness until it is done.
+    startup_sync: Option<u64>,
+    events: [Counter; 4],
+    gaps: Counter,
+}
+
+impl Stream {
+    fn new(shared: &Shared, key: &StreamKey, model: Arc<str>, mode: &'static str) -> Self {
+        let pod: Arc<str> = Arc::from(dp_pod_id(&key.base, (key.rank > 0).then_some(i64::from(key.rank))).as_str());
+        let c = &shared.config;
+        let seq = Sequencer::new(SequencerConfig {
+            replay: false,
+            stale_after_ms: c.stale_after_ms,
+            replay_timeout_ms: c.replay_timeout_ms,
+            replay_cooldown_ms: c.replay_cooldown_ms,
+            max_pending: c.max_pending,
+        });
+        let ev = |t: &'static str| counter!(m::EVENTS, "type" => t, "source" => pod.to_string());
+        shared.count_state(SourceState::Connecting, 1);
+        shared.pod_states.write().insert(pod.to_string(), SourceState::Connecting);
+        tracing::info!(pod = %pod, model = %model, mode, "new source");
+        Stream {
+            seq,
+            events: [ev("BlockStored"), ev("BlockRemoved"), ev("AllBlocksCleared"), ev("unknown")],
+            gaps: counter!(m::GAPS, "source" => pod.to_string()),
+            pod,
+            model,
+            mode,
+            topic: None,
+            endpoint: None,
+            startup_sync: None,
+        }
+    }
+}
+
+pub struct Worker {
+    shared: Arc<Shared>,
+    index: usize,
+    streams: HashMap<StreamKey, Stream>,
+    deferred: VecDeque<Work>,
+    steps: Vec<Step<Bytes>>,
+    blocks_stored: Counter,
+    blocks_removed: Counter,
+    skipped: Vec<Counter>,
+    live_msgs: Counter,
+    replay_msgs: Counter,
+    duplicates: Counter,
+}
+
+impl Worker {
+    pub fn new(shared: Arc<Shared>, index: usize) -> Self {
+        Worker {
+            shared,
+            index,
+            streams: HashMap::new(),
+            deferred: VecDeque::new(),
+            steps: Vec::new(),
+            blocks_stored: counter!(m::BLOCKS, "op" => "stored"),
+            blocks_removed: counter!(m::BLOCKS, "op" => "removed"),
+            skipped: SkipReason::ALL.iter().map(|r| counter!(m::SKIPPED, "reason" => r.label())).collect(),
+            live_msgs: counter!(m::MESSAGES, "socket" => "SUB"),
+            replay_msgs: counter!(m::MESSAGES, "socket" => "DEALER"),
+            duplicates: counter!(m::DUPLICATES),
+        }
+    }
+
+    pub fn run(mut self, rx: Receiver<Work>) {
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            while let Some(w) = self.deferred.pop_front() {
+                self.handle(w);
+            }
+            let timeout = next_tick.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(timeout) {
+                Ok(w) => {
+                    self.shared.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    self.handle(w);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+            if Instant::now() >= next_tick {
+                self.tick();
+                next_tick = Instant::now() + TICK;
+            }
+        }
+    }
+
+    fn handle(&mut self, work: Work) {
+        match work {
+            Work::Live { origin, frames, at } => self.live(origin, frames, at),
+            Work::Replay { stream, id, item } => self.replay(stream, id, item),
+            Work::InitialSync { stream, model, endpoint, startup } => {
+                let now = self.shared.now_ms();
+                let replay = self.shared.registry.read().replay_endpoint(&stream.base, stream.rank).is_some();
+                let mut steps = std::mem::take(&mut self.steps);
+                let st = self.stream(&stream, &model, "per-pod");
+                st.endpoint = Some(endpoint);
+                st.seq.set_replay(replay);
+                st.seq.start_initial_sync(now, &mut steps);
+                if startup {
+                    st.startup_sync = steps.iter().find_map(|s| match s {
+                        Step::RequestReplay { id, .. } => Some(*id),
+                        _ => None,
+                    });
+                    if st.startup_sync.is_none() {
+                        self.shared.initial_syncs.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+                self.execute(&stream, &mut steps, None);
+                self.steps = steps;
+            }
+            Work::RemovePod { pod, done } => {
+                let keys: Vec<StreamKey> =
+                    self.streams.iter().filter(|(k, s)| &*k.base == pod.as_str() || &*s.pod == pod.as_str()).map(|(k, _)| k.clone()).collect();
+                let mut any = !keys.is_empty();
+                for k in keys {
+                    if let Some(st) = self.streams.remove(&k) {
+                        if st.startup_sync.is_some() {
+                            self.shared.initial_syncs.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        self.shared.count_state(st.seq.state(), -1);
+                        self.shared.pod_states.write().remove(&*st.pod);
+                        self.shared.debug.write().remove(&k);
+                        any |= self.shared.index.remove_pod(&st.pod);
+                    }
+                }
+                any |= self.shared.index.remove_pod(&pod);
+                let _ = done.send(any);
+            }
+        }
+    }
+
+    fn stream(&mut self, key: &StreamKey, model: &Arc<str>, mode: &'static str) -> &mut Stream {
+        let shared = &self.shared;
+        let st = self.streams.entry(key.clone()).or_insert_with(|| Stream::new(shared, key, model.clone(), mode));
+        if st.model != *model {
+            tracing::info!(pod = %st.pod, old = %st.model, new = %model, "source switched model");
+            st.model = model.clone();
+        }
+        st
+    }
+
+    fn live(&mut self, origin: Origin, frames: Vec<Bytes>, at: Instant) {
+        self.live_msgs.increment(1);
+        let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+        let raw = match wire::parse_live(&refs) {
+            Ok(raw) => raw,
+            Err(e) => return decode_error(e.reason(), "live frames"),
+        };
+        let filter = self.shared.config.topic_filter.as_bytes();
+        let topic = raw.topic.unwrap_or_default();
+        if !topic.starts_with(filter) {
+            // The publisher filters for us; this is the local safety net.
+            return decode_error("topic_filtered", "topic does not match the filter");
+        }
+        let (base, model, mode, endpoint): (Arc<str>, Arc<str>, &'static str, Option<Arc<str>>) = match &origin {
+            Origin::Central => {
+                let Ok(topic) = std::str::from_utf8(topic) else {
+                    return decode_error("topic_utf8", "topic is not UTF-8");
+                };
+                let t = parse_topic(topic);
+                if t.id.is_empty() {
+                    return decode_error("topic_empty", "topic names no pod");
+                }
+                let reg = self.shared.registry.read();
+                (Arc::from(reg.pod_for_topic(t.id)), Arc::from(t.model), "central", None)
+            }
+            Origin::Pod { id, model, endpoint } => (id.clone(), model.clone(), "per-pod", Some(endpoint.clone())),
+        };
+        let payload = frames[2].clone();
+        let seq_no = raw.seq;
+        let decoded = wire::decode_batch(&payload);
+        let ranks: Vec<u32> = match &decoded {
+            Ok(batch) => vec![batch.data_parallel_rank.unwrap_or(0).clamp(0, i64::from(u16::MAX)) as u32],
+            Err(e) => {
+                decode_error(e.reason(), "live payload");
+                // The rank is unknown: every stream of this source takes the loss.
+                let mut ranks: Vec<u32> = self.streams.keys().filter(|k| k.base == base).map(|k| k.rank).collect();
+                if ranks.is_empty() {
+                    ranks.push(0);
+                }
+                ranks
+            }
+        };
+        let topic_str = (mode == "central").then(|| String::from_utf8_lossy(topic).into_owned());
+        for rank in ranks {
+            let key = StreamKey { base: base.clone(), rank };
+            let replay = self.shared.registry.read().replay_endpoint(&base, rank).is_some();
+            let now = self.shared.now_ms();
+            let mut steps = std::mem::take(&mut self.steps);
+            let st = self.stream(&key, &model, mode);
+            st.seq.set_replay(replay);
+            if st.topic.is_none() {
+                st.topic = topic_str.clone();
+            }
+            if st.endpoint.is_none() {
+                st.endpoint = endpoint.clone();
+            }
+            let item = if decoded.is_ok() { Item::Batch(payload.clone()) } else { Item::Malformed };
+            st.seq.on_live(seq_no, item, now, &mut steps);
+            let current = decoded.as_ref().ok().map(|b| (&payload, b, at));
+            self.execute(&key, &mut steps, current);
+            self.steps = steps;
+        }
+    }
+
+    fn replay(&mut self, key: StreamKey, id: u64, item: ReplayItem) {
+        let now = self.shared.now_ms();
+        let Some(st) = self.streams.get_mut(&key) else { return };
+        let mut steps = std::mem::take(&mut self.steps);
+        let mut decoded_payload = None;
+        match item {
+            ReplayItem::Message { seq, payload } => {
+                self.replay_msgs.increment(1);
+                let item = match wire::decode_batch(&payload) {
+                    Ok(_) => Item::Batch(payload.clone()),
+                    Err(e) => {
+                        decode_error(e.reason(), "replay payload");
+                        Item::Malformed
+                    }
+                };
+                st.seq.on_replay_message(id, seq, item, now, &mut steps);
+                decoded_payload = Some(payload);
+            }
+            ReplayItem::End => st.seq.on_replay_end(id, now, &mut steps),
+            ReplayItem::Failed { timeout } => st.seq.on_replay_failed(id, timeout, now, &mut steps),
+        }
+        let _ = decoded_payload;
+        self.execute(&key, &mut steps, None);
+        self.steps = steps;
+    }
+
+    /// Carries out the sequencer's steps for one stream, in order.
+    fn execute(&mut self, key: &StreamKey, steps: &mut Vec<Step<Bytes>>, current: Option<(&Bytes, &EventBatch<'_>, Instant)>) {
+        let shared = self.shared.clone();
+        for step in steps.drain(..) {
+            let Some(st) = self.streams.get_mut(key) else { return };
+            match step {
+                Step::Apply { seq: _, batch } => {
+                    let report = match current {
+                        // The batch this call decoded: do not decode it again.
+                        Some((bytes, decoded, at)) if bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len() => {
+                            let r = shared.index.apply(&st.pod, &st.model, decoded);
+                            histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
+                            record_event_to_visible(decoded.ts);
+                            r
+                        }
+                        _ => match wire::decode_batch(&batch) {
+                            Ok(decoded) => shared.index.apply(&st.pod, &st.model, &decoded),
+                            Err(_) => continue, // decoded fine before; cannot happen
+                        },
+                    };
+                    st.events[0].increment(report.stored_events);
+                    st.events[1].increment(report.removed_events);
+                    st.events[2].increment(report.cleared_events);
+                    st.events[3].increment(report.unknown_events);
+                    self.blocks_stored.increment(report.stored_blocks);
+                    self.blocks_removed.increment(report.removed_blocks);
+                    if report.hash_check.mismatched > 0 {
+                        counter!(m::HASH_MISMATCHES, "source" => st.pod.to_string()).increment(u64::from(report.hash_check.mismatched));
+                    }
+                    for (c, n) in self.skipped.iter().zip(report.skipped) {
+                        if n > 0 {
+                            c.increment(n);
+                        }
+                    }
+                }
+                Step::Clear { reason } => {
+                    let removed = shared.index.clear_pod(&st.pod);
+                    counter!(m::CLEARS, "reason" => reason.label()).increment(1);
+                    tracing::warn!(pod = %st.pod, reason = reason.label(), entries_removed = removed, "pod cleared");
+                }
+                Step::RequestReplay { id, from } => {
+                    let endpoint = shared.registry.read().replay_endpoint(&key.base, key.rank);
+                    match endpoint {
+                        Some(ep) => {
+                            tracing::info!(pod = %st.pod, from, endpoint = %ep, "replay requested");
+                            shared.runtime.spawn(super::replay::run(shared.clone(), self.index, key.clone(), id, from, ep));
+                        }
+                        None => self.deferred.push_back(Work::Replay {
+                            stream: key.clone(),
+                            id,
+                            item: ReplayItem::Failed { timeout: false },
+                        }),
+                    }
+                }
+                Step::ReplayDone { id, outcome } => {
+                    counter!(m::REPLAYS, "outcome" => outcome.label()).increment(1);
+                    let level_ok = outcome == ReplayOutcome::Filled;
+                    if level_ok {
+                        tracing::info!(pod = %st.pod, id, outcome = outcome.label(), "replay done");
+                    } else {
+                        tracing::warn!(pod = %st.pod, id, outcome = outcome.label(), "replay failed");
+                    }
+                    if st.startup_sync == Some(id) {
+                        st.startup_sync = None;
+                        shared.initial_syncs.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+                Step::Gap { expected, got } => {
+                    st.gaps.increment(1);
+                    tracing::warn!(pod = %st.pod, expected, got, "sequence gap");
+                }
+                Step::Duplicate { .. } => self.duplicates.increment(1),
+                Step::Transition { from, to, reason } => {
+                    transition(&shared, &st.pod, from, to, reason);
+                }
+            }
+        }
+    }
+
+    fn tick(&mut self) {
+        let now = self.shared.now_ms();
+        let keys: Vec<StreamKey> = self.streams.keys().cloned().collect();
+        for key in &keys {
+            let mut steps = std::mem::take(&mut self.steps);
+            if let Some(st) = self.streams.get_mut(key) {
+                st.seq.on_tick(now, &mut steps);
+            }
+            self.execute(key, &mut steps, None);
+            self.steps = steps;
+        }
+        // Refresh what /debug/sources shows.
+        let reg = self.shared.registry.read();
+        let mut snapshot = Vec::with_capacity(self.streams.len());
+        for (key, st) in &self.streams {
+            let s = st.seq.stats();
+            snapshot.push((
+                key.clone(),
+                StreamDebug {
+                    pod: st.pod.to_string(),
+                    base_pod: key.base.to_string(),
+                    dp_rank: key.rank,
+                    mode: st.mode,
+                    topic: st.topic.clone(),
+                    topic_id: st.topic.as_deref().map(|t| parse_topic(t).id.to_string()),
+                    model: st.model.to_string(),
+                    endpoint: st.endpoint.as_deref().map(str::to_string),
+                    replay_endpoint: reg.replay_endpoint(&key.base, key.rank),
+                    state: st.seq.state().label(),
+                    last_seq: st.seq.last_seq(),
+                    last_live_seq: st.seq.last_live_seq(),
+                    last_event_age_ms: st.seq.last_data_at().map(|at| now.saturating_sub(at)),
+                    gaps: s.gaps,
+                    duplicates: s.duplicates,
+                    restarts: s.restarts,
+                    malformed: s.malformed,
+                    clears: s.clears,
+                    replays_started: s.replays_started,
+                    replays_filled: s.replays_filled,
+                    replays_failed: s.replays_failed,
+                    replay_in_flight: st.seq.replay_in_flight().map(|(_, from)| from),
+                    pending: st.seq.pending(),
+                },
+            ));
+        }
+        drop(reg);
+        let mut debug = self.shared.debug.write();
+        for (k, v) in snapshot {
+            debug.insert(k, v);
+        }
+        drop(debug);
+        if self.index == 0 {
+            let idx = self.shared.index.index();
+            gauge!(m::INDEX_ENTRIES).set(idx.entries() as f64);
+            gauge!(m::INDEX_KEYS).set(idx.keys() as f64);
+            gauge!(m::INDEX_BYTES).set(idx.approx_bytes() as f64);
+            gauge!(m::QUEUE_DEPTH).set(self.shared.queue_depth.load(Ordering::Relaxed).max(0) as f64);
+            gauge!(m::READY).set(if self.shared.ready() { 1.0 } else { 0.0 });
+            gauge!(m::PODS).set(self.shared.pod_states.read().len() as f64);
+        }
+    }
+}
+
+fn transition(shared: &Shared, pod: &str, from: SourceState, to: SourceState, reason: Reason) {
+    shared.count_state(from, -1);
+    shared.count_state(to, 1);
+    shared.pod_states.write().insert(pod.to_string(), to);
+    counter!(m::TRANSITIONS, "from" => from.label(), "to" => to.label(), "reason" => reason.label()).increment(1);
+    match to {
+        SourceState::Degraded | SourceState::Stale => {
+            tracing::warn!(pod, from = from.label(), to = to.label(), reason = reason.label(), "source state")
+        }
+        _ => tracing::info!(pod, from = from.label(), to = to.label(), reason = reason.label(), "source state"),
+    }
+}
+
+fn decode_error(reason: &'static str, what: &'static str) {
+    counter!(m::DECODE_ERRORS, "reason" => reason).increment(1);
+    tracing::debug!(reason, what, "message not decoded");
+}
+
+fn record_event_to_visible(ts: f64) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    let lat = now - ts;
+    // Captured or replayed batches carry old timestamps; only live, plausible ones count.
+    if (0.0..60.0).contains(&lat) {
+        histogram!(m::EVENT_TO_VISIBLE).record(lat);
+    }
+}

@@ -1,0 +1,391 @@
+"""Independent peers for kvindex's service tests, driven over stdin/stdout (one JSON per line).
+
+Nothing here uses kvindex's own code: publishers are pyzmq sockets that send vLLM's frames
+(`[topic, seq_be8, payload]`) with payloads captured from vLLM or encoded with msgspec using
+vLLM's own struct shapes (0.33.0 map form); the replay socket is a ROUTER that answers a DEALER
+as vLLM's publisher does (both reply layouts); queries go through a grpcio client generated at
+start-up from proto/kvindex/v1/indexer.proto. Each publisher also keeps the reference of what
+its engine holds, so `check` can assert that the indexer never credits a block the publisher
+does not hold.
+
+Publishers use XPUB (wire-identical to PUB for the subscriber) only to learn when the
+subscription has arrived, so tests never sleep-and-hope.
+"""
+
+import collections
+import hashlib
+import importlib
+import json
+import os
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+import msgspec
+import zmq
+from grpc_tools import protoc
+
+# ---- vLLM 0.33.0 event structs (vllm/distributed/kv_events.py), map-form events -------------
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list
+    data_parallel_rank: int | None = None
+
+
+class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[int | bytes]
+    medium: str | None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+ENCODER = msgspec.msgpack.Encoder()
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+CTX = zmq.Context.instance()
+
+
+def chain_hash(parent, tokens):
+    h = hashlib.blake2b(digest_size=8)
+    h.update(b"root" if parent is None else parent.to_bytes(8, "big"))
+    h.update(struct.pack(f"<{len(tokens)}I", *tokens))
+    return int.from_bytes(h.digest(), "big")
+
+
+class Publisher:
+    """One engine: a PUB-compatible socket, an optional replay ROUTER, and the reference of
+    which blocks its engine holds."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.pod = cfg["pod"]
+        self.topic = cfg.get("topic", "").encode()
+        self.block_size = cfg.get("block_size", 16)
+        self.dp_rank = cfg.get("dp_rank", 0)
+        self.buffer_steps = cfg.get("buffer_steps", 10000)
+        self.replay_topic_frame = cfg.get("replay_topic_frame", True)
+        self.lock = threading.Lock()
+        self.chains = {}  # name -> tokens (what `check` queries)
+        self.pub_ep = None
+        self.replay_ep = None
+        self.open()
+
+    def open(self):
+        self.seq = 0
+        self.held = {}  # hash -> (parent, tokens)
+        self.buffer = collections.deque(maxlen=self.buffer_steps)
+        self.sock = CTX.socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 1_000_000)
+        if "connect" in self.cfg:
+            self.sock.connect(self.cfg["connect"])
+            self.pub_ep = self.cfg["connect"]
+        else:
+            self.sock.bind(self.pub_ep or self.cfg["bind"])
+            self.pub_ep = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.router = None
+        self.stop = threading.Event()
+        if self.cfg.get("replay"):
+            self.router = CTX.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.router.bind(self.replay_ep or self.cfg["replay"])
+            self.replay_ep = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self.thread = threading.Thread(target=self.serve_replay, daemon=True)
+            self.thread.start()
+        self.subscribed = False
+
+    def close(self):
+        self.stop.set()
+        if self.router is not None:
+            self.thread.join()
+            self.router.close(0)
+        self.sock.close(0)
+
+    def serve_replay(self):
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        while not self.stop.is_set():
+            if not poller.poll(20):
+                continue
+            frames = self.router.recv_multipart()
+            if len(frames) != 3:
+                continue  # vLLM: "Invalid replay request"
+            ident, _, start = frames
+            start = int.from_bytes(start, "big")
+            with self.lock:
+                items = [(s, p) for s, p in self.buffer if s >= start]
+            for s, p in items:
+                if self.replay_topic_frame:
+                    self.router.send_multipart([ident, b"", self.topic, s.to_bytes(8, "big"), p])
+                else:
+                    self.router.send_multipart([ident, b"", s.to_bytes(8, "big"), p])
+            if self.replay_topic_frame:
+                self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
+            else:
+                self.router.send_multipart([ident, b"", END_SEQ, b""])
+
+    def wait_sub(self, timeout):
+        deadline = time.time() + timeout
+        while not self.subscribed and time.time() < deadline:
+            if self.sock.poll(50):
+                msg = self.sock.recv()
+                if msg[:1] == b"\x01":
+                    self.subscribed = True
+        return self.subscribed
+
+    def send(self, payload, drop=False, seq=None, topic=None):
+        with self.lock:
+            s = self.seq if seq is None else seq
+            self.seq = s + 1
+            self.buffer.append((s, payload))
+        if not drop:
+            self.sock.send_multipart([self.topic if topic is None else topic, s.to_bytes(8, "big"), payload])
+        return s
+
+    def batch(self, events):
+        return ENCODER.encode(KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.dp_rank))
+
+    def store(self, chain, tokens, start, n, drop=False, medium="GPU"):
+        bs = self.block_size
+        self.chains[chain] = tokens
+        parent = None
+        hashes = []
+        for i in range(start + n):
+            h = chain_hash(parent, tokens[i * bs:(i + 1) * bs])
+            if i >= start:
+                hashes.append(h)
+                self.held[h] = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+            else:
+                first_parent = h
+            parent = h
+        ev = BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=first_parent if start > 0 else None,
+            token_ids=tokens[start * bs:(start + n) * bs],
+            block_size=bs,
+            lora_id=None,
+            medium=medium,
+            lora_name=None,
+            extra_keys=[None] * n,
+            group_idx=0,
+        )
+        return self.send(self.batch([ev]), drop=drop)
+
+    def remove(self, tokens, blocks, drop=False):
+        bs = self.block_size
+        parent = None
+        hashes = []
+        for i in range(max(blocks) + 1):
+            h = chain_hash(parent, tokens[i * bs:(i + 1) * bs])
+            if i in blocks:
+                hashes.append(h)
+                self.held.pop(h, None)
+            parent = h
+        evs = [BlockRemoved(block_hashes=[h], medium="GPU", group_idx=0) for h in hashes]
+        return self.send(self.batch(evs), drop=drop)
+
+    def clear(self, drop=False):
+        self.held.clear()
+        return self.send(self.batch([AllBlocksCleared()]), drop=drop)
+
+    def held_prefix(self, tokens):
+        bs = self.block_size
+        parent = None
+        n = 0
+        for i in range(len(tokens) // bs):
+            h = chain_hash(parent, tokens[i * bs:(i + 1) * bs])
+            if h not in self.held:
+                break
+            n += 1
+            parent = h
+        return n
+
+
+class Peer:
+    def __init__(self, proto):
+        out = tempfile.mkdtemp(prefix="kvindex-stubs-")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(proto)))
+        rel = os.path.relpath(proto, root)
+        rc = protoc.main(["grpc_tools.protoc", f"-I{root}", f"--python_out={out}", f"--grpc_python_out={out}", rel])
+        if rc != 0:
+            raise RuntimeError(f"grpc_tools.protoc failed on {proto}")
+        sys.path.insert(0, out)
+        self.pb = importlib.import_module("kvindex.v1.indexer_pb2")
+        self.pb_grpc = importlib.import_module("kvindex.v1.indexer_pb2_grpc")
+        self.pubs = {}
+        self.stub = None
+
+    # --- gRPC -----------------------------------------------------------------------------
+    def op_grpc(self, addr):
+        self.channel = grpc.insecure_channel(addr)
+        self.stub = self.pb_grpc.IndexerStub(self.channel)
+        grpc.channel_ready_future(self.channel).result(timeout=10)
+        return {}
+
+    def op_score(self, model, tokens, pods=(), lora_name="", cache_salt=""):
+        req = self.pb.ScoreTokensRequest(model=model, token_ids=tokens, pods=list(pods), lora_name=lora_name, cache_salt=cache_salt)
+        try:
+            r = self.stub.ScoreTokens(req, timeout=10)
+        except grpc.RpcError as e:
+            return {"ok": False, "code": e.code().name, "details": e.details()}
+        return {
+            "total_blocks": r.total_blocks,
+            "block_size": r.block_size,
+            "scores": [
+                {
+                    "pod": s.pod,
+                    "matched_blocks": s.matched_blocks,
+                    "weighted_score": s.weighted_score,
+                    "matched_by_tier": dict(s.matched_by_tier),
+                    "state": self.pb.SourceState.Name(s.state),
+                }
+                for s in r.scores
+            ],
+        }
+
+    def op_register(self, **kw):
+        try:
+            self.stub.RegisterPod(self.pb.RegisterPodRequest(**kw), timeout=10)
+        except grpc.RpcError as e:
+            return {"ok": False, "code": e.code().name, "details": e.details()}
+        return {}
+
+    def op_unregister(self, pod):
+        r = self.stub.UnregisterPod(self.pb.UnregisterPodRequest(pod=pod), timeout=10)
+        return {"existed": r.existed}
+
+    # --- publishers ------------------------------------------------------------------------
+    def op_pub_start(self, name, **cfg):
+        p = Publisher(cfg)
+        self.pubs[name] = p
+        return {"endpoint": p.pub_ep, "replay_endpoint": p.replay_ep}
+
+    def op_wait_sub(self, names, timeout=20):
+        return {"subscribed": all(self.pubs[n].wait_sub(timeout) for n in names)}
+
+    def op_store(self, name, chain, tokens, start=0, n=None, drop=False, medium="GPU"):
+        p = self.pubs[name]
+        n = len(tokens) // p.block_size - start if n is None else n
+        return {"seq": p.store(chain, tokens, start, n, drop, medium)}
+
+    def op_remove(self, name, tokens, blocks, drop=False):
+        return {"seq": self.pubs[name].remove(tokens, set(blocks), drop)}
+
+    def op_clear(self, name, drop=False):
+        return {"seq": self.pubs[name].clear(drop)}
+
+    def op_malformed(self, name):
+        return {"seq": self.pubs[name].send(b"\xc1not msgpack at all")}
+
+    def op_bad_frames(self, name):
+        p = self.pubs[name]
+        p.sock.send_multipart([p.topic, b"\x00\x01"])  # 2 frames
+        p.sock.send_multipart([p.topic, b"\x00\x01", b"\x90"])  # seq frame of 2 bytes
+        return {}
+
+    def op_raw(self, name, frames_hex, drop=False):
+        p = self.pubs[name]
+        topic, seq, payload = (bytes.fromhex(f) for f in frames_hex)
+        return {"seq": p.send(payload, drop=drop, seq=int.from_bytes(seq, "big"), topic=topic)}
+
+    def op_restart(self, name):
+        p = self.pubs[name]
+        p.close()
+        p.open()
+        return {"endpoint": p.pub_ep, "replay_endpoint": p.replay_ep}
+
+    def op_stop(self, name):
+        self.pubs.pop(name).close()
+        return {}
+
+    def op_held(self, name, tokens):
+        return {"held": self.pubs[name].held_prefix(tokens)}
+
+    def op_burst(self, names, chains, blocks, model):
+        """Every named publisher sends `chains` stores of `blocks` blocks from its own thread."""
+        def run(p, k0):
+            bs = p.block_size
+            for k in range(chains):
+                tokens = [(k0 * 7919 + k * 104729 + j) % 150000 for j in range(blocks * bs)]
+                p.store(f"burst-{k}", tokens, 0, blocks)
+        threads = [threading.Thread(target=run, args=(self.pubs[n], i)) for i, n in enumerate(names)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return {"sent": chains * len(names)}
+
+    def op_check(self, names, model):
+        """The property: no pod is credited with a block its publisher does not hold; and an
+        EXACT pod is credited with exactly what it holds."""
+        violations, mismatches, states = [], [], {}
+        for n in names:
+            p = self.pubs[n]
+            for chain, tokens in p.chains.items():
+                r = self.op_score(model, tokens, pods=[p.pod])
+                if r.get("ok") is False:
+                    return r
+                s = r["scores"][0]
+                held = p.held_prefix(tokens)
+                states[p.pod] = s["state"]
+                if s["matched_blocks"] > held:
+                    violations.append({"pod": p.pod, "chain": chain, "matched": s["matched_blocks"], "held": held})
+                if s["state"] == "EXACT" and s["matched_blocks"] != held:
+                    mismatches.append({"pod": p.pod, "chain": chain, "matched": s["matched_blocks"], "held": held})
+        return {"violations": violations, "mismatches": mismatches, "states": states}
+
+
+def main():
+    peer = Peer(sys.argv[1])
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        try:
+            out = getattr(peer, "op_" + op)(**cmd)
+            out.setdefault("ok", True)
+        except Exception as e:  # reported to the test, which fails with the message
+            out = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

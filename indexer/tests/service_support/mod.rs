@@ -1,0 +1,296 @@
+//! Shared harness of the service tests: starts the real `kvindex serve` on loopback (ports 0,
+//! read back from its `KVINDEX_LISTENING` line) and the independent Python peers
+//! (`tests/python/kvpeer.py`: pyzmq publishers, msgspec encoder, grpcio client).
+//!
+//! Python comes from `KVINDEX_PYTHON` (set by `source scripts/env.sh`; `bash scripts/setup.sh`
+//! installs it). Without it a test is skipped with a message, except under `CI`, where it fails.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub fn workspace() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+pub fn vectors_dir() -> PathBuf {
+    std::env::var_os("KVINDEX_VECTORS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors")))
+}
+
+/// The Python interpreter with pyzmq, msgspec and grpcio, or `None` (skip) outside CI.
+pub fn python() -> Option<PathBuf> {
+    let in_ci = std::env::var_os("CI").is_some();
+    let py = std::env::var_os("KVINDEX_PYTHON").map(PathBuf::from);
+    let usable = py.as_ref().is_some_and(|p| {
+        Command::new(p)
+            .args(["-c", "import zmq, msgspec, grpc, grpc_tools"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if usable {
+        return py;
+    }
+    let msg = format!(
+        "KVINDEX_PYTHON ({py:?}) is not a Python with pyzmq, msgspec and grpcio: run `bash scripts/setup.sh` and `source scripts/env.sh`"
+    );
+    if in_ci {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+/// Polls `f` every 20 ms until it returns `Some`, for at most `secs` seconds.
+pub fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {secs}s waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn line_reader(r: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The Python peer process.
+pub struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+}
+
+impl Peer {
+    pub fn start(python: &PathBuf) -> Peer {
+        let script = workspace().join("indexer/tests/python/kvpeer.py");
+        let proto = workspace().join("proto/kvindex/v1/indexer.proto");
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(proto)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start python peer");
+        let stdin = child.stdin.take().unwrap();
+        let lines = line_reader(child.stdout.take().unwrap());
+        let mut peer = Peer { child, stdin, lines };
+        let ready = peer.read(60);
+        assert_eq!(ready["ready"], true, "peer did not start: {ready}");
+        peer
+    }
+
+    fn read(&mut self, secs: u64) -> Value {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(secs))
+            .unwrap_or_else(|_| panic!("python peer did not answer within {secs}s"));
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad peer line {line:?}: {e}"))
+    }
+
+    /// Sends a command; returns the reply whether or not it succeeded.
+    pub fn try_cmd(&mut self, cmd: Value) -> Value {
+        writeln!(self.stdin, "{cmd}").expect("write to peer");
+        self.stdin.flush().unwrap();
+        self.read(120)
+    }
+
+    /// Sends a command that must succeed.
+    pub fn cmd(&mut self, cmd: Value) -> Value {
+        let r = self.try_cmd(cmd.clone());
+        assert_eq!(r["ok"], true, "peer command {cmd} failed: {r}");
+        r
+    }
+
+    pub fn score(&mut self, model: &str, tokens: &[u32], pods: &[&str]) -> Value {
+        self.cmd(json!({"op": "score", "model": model, "tokens": tokens, "pods": pods}))
+    }
+
+    /// The matched blocks and state of `pod` for `tokens` (filtered query).
+    pub fn score_pod(&mut self, model: &str, tokens: &[u32], pod: &str) -> (u64, String) {
+        let r = self.score(model, tokens, &[pod]);
+        let s = &r["scores"][0];
+        (s["matched_blocks"].as_u64().unwrap(), s["state"].as_str().unwrap().to_string())
+    }
+
+    /// Runs the no-false-positive check for these publishers; panics on any violation.
+    pub fn check(&mut self, names: &[&str], model: &str) -> Value {
+        let r = self.cmd(json!({"op": "check", "names": names, "model": model}));
+        assert_eq!(r["violations"], json!([]), "a pod was credited with a block its publisher does not hold: {r}");
+        r
+    }
+
+    /// Waits until every named publisher's pod is in `state` and credited exactly.
+    pub fn wait_exact(&mut self, names: &[&str], model: &str, state: &str, secs: u64) -> Value {
+        wait_until(&format!("{names:?} {state} and exact"), secs, || {
+            let r = self.check(names, model);
+            let states_ok = r["states"].as_object().is_some_and(|m| !m.is_empty() && m.values().all(|s| s == state));
+            (states_ok && r["mismatches"] == json!([])).then_some(r)
+        })
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running `kvindex serve`.
+pub struct Server {
+    child: Child,
+    pub grpc: String,
+    pub http: String,
+    pub zmq: Option<String>,
+}
+
+impl Server {
+    pub fn start(args: &[&str]) -> Server {
+        Self::try_start(args).unwrap_or_else(|e| panic!("kvindex serve did not start: {e}"))
+    }
+
+    pub fn try_start(args: &[&str]) -> Result<Server, String> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+            .arg("serve")
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn kvindex");
+        let lines = line_reader(child.stdout.take().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("exited with {status}"));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err("no KVINDEX_LISTENING line within 30s".into());
+            }
+            let Ok(line) = lines.recv_timeout(Duration::from_millis(50)) else { continue };
+            if let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") {
+                let mut grpc = String::new();
+                let mut http = String::new();
+                let mut zmq = None;
+                for kv in rest.split_whitespace() {
+                    match kv.split_once('=') {
+                        Some(("grpc", v)) => grpc = v.to_string(),
+                        Some(("http", v)) => http = v.to_string(),
+                        Some(("zmq", v)) if v != "-" => zmq = Some(v.to_string()),
+                        _ => {}
+                    }
+                }
+                return Ok(Server { child, grpc, http, zmq });
+            }
+        }
+    }
+
+    /// The central SUB endpoint, as a dialable address.
+    pub fn zmq(&self) -> String {
+        self.zmq.clone().expect("central mode")
+    }
+
+    /// A plain HTTP/1.1 request (no client crate needed): (status, body).
+    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut s = TcpStream::connect(&self.http).expect("connect http");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let body = body.unwrap_or("");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            self.http,
+            body.len()
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).expect("read http");
+        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+        let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+        (status, body)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String) {
+        self.http("GET", path, None)
+    }
+
+    pub fn sources(&self) -> Value {
+        let (status, body) = self.get("/debug/sources");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// The debug entry of the stream whose (DP-resolved) pod id is `pod`.
+    pub fn source(&self, pod: &str) -> Option<Value> {
+        self.sources()["sources"].as_array()?.iter().find(|s| s["pod"] == pod).cloned()
+    }
+
+    /// Sum of every sample of `name` whose label set contains all of `labels` (`k="v"`).
+    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        let (_, body) = self.get("/metrics");
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter(|l| labels.iter().all(|kv| l.contains(kv)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || tail.len() < n {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = tail[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Distinct token ids for test chain `k` (of `blocks` blocks of 16).
+pub fn chain(k: u32, blocks: usize) -> Vec<u32> {
+    (0..blocks as u32 * 16).map(|j| 1 + k * 10_000 + j).collect()
+}
+
+/// A free loopback TCP port (bound and released; for an engine that must start later).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
