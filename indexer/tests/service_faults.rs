@@ -41,12 +41,12 @@ fn service_dropped_frame_is_recovered_by_replay() {
     for k in 0..3 {
         peer.cmd(json!({"op": "store", "name": "a", "chain": format!("c{k}"), "tokens": chain(k, 8)}));
     }
-    peer.wait_exact(&["a"], MODEL, "EXACT", 20);
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     // Seq 3 is published but lost on the way; seq 4 reveals the gap.
     peer.cmd(json!({"op": "store", "name": "a", "chain": "lost", "tokens": chain(10, 4), "drop": true}));
     peer.cmd(json!({"op": "remove", "name": "a", "tokens": chain(0, 8), "blocks": [6, 7], "drop": true}));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "after", "tokens": chain(11, 4)}));
-    peer.wait_exact(&["a"], MODEL, "EXACT", 20);
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     assert_eq!(peer.score_pod(MODEL, &chain(10, 4), "pod-a").0, 4, "the dropped store came back through replay");
     assert_eq!(peer.score_pod(MODEL, &chain(0, 8), "pod-a").0, 6, "the dropped removal came back through replay");
     let s = server.source("pod-a").unwrap();
@@ -60,14 +60,14 @@ fn service_drop_outside_replay_buffer_degrades_without_false_positive() {
     let Some((server, mut peer)) = central(&[], &[("a", "pod-a")], true, 2) else { return };
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c0", "tokens": chain(0, 8)}));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c1", "tokens": chain(1, 8)}));
-    peer.wait_exact(&["a"], MODEL, "EXACT", 20);
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     // Lost: a removal (the index would over-report if it were guessed) and more, beyond the
     // 2-batch replay buffer.
     peer.cmd(json!({"op": "remove", "name": "a", "tokens": chain(0, 8), "blocks": [2], "drop": true}));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c2", "tokens": chain(2, 4), "drop": true}));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c3", "tokens": chain(3, 4), "drop": true}));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c4", "tokens": chain(4, 4)}));
-    wait_until("DEGRADED", 20, || (server.source("pod-a")?["state"] == "DEGRADED").then_some(()));
+    peer.settle(&server, &["a"]);
     let r = peer.check(&["a"], MODEL);
     assert_eq!(r["states"]["pod-a"], "DEGRADED", "{r}");
     // Blocks stored before the loss are dropped; stores replayed or seen after it are known.
@@ -75,7 +75,8 @@ fn service_drop_outside_replay_buffer_degrades_without_false_positive() {
     assert_eq!(peer.score_pod(MODEL, &chain(4, 4), "pod-a").0, 4);
     // New stores keep being applied while DEGRADED.
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c5", "tokens": chain(5, 4)}));
-    wait_until("new store applied", 20, || (peer.score_pod(MODEL, &chain(5, 4), "pod-a").0 == 4).then_some(()));
+    peer.settle(&server, &["a"]);
+    assert_eq!(peer.score_pod(MODEL, &chain(5, 4), "pod-a").0, 4);
     peer.check(&["a"], MODEL);
     assert!(server.metric("kvindex_replays_total", &["outcome=\"not_covered\""]) >= 1.0);
     assert!(server.metric("kvindex_clears_total", &["reason=\"replay_not_covered\""]) >= 1.0);
@@ -85,13 +86,14 @@ fn service_drop_outside_replay_buffer_degrades_without_false_positive() {
 fn service_drop_without_replay_endpoint_degrades() {
     let Some((server, mut peer)) = central(&[], &[("a", "pod-a")], false, 10) else { return };
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c0", "tokens": chain(0, 4)}));
-    peer.wait_exact(&["a"], MODEL, "EXACT", 20);
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     peer.cmd(json!({"op": "clear", "name": "a", "drop": true}));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c1", "tokens": chain(1, 4)}));
-    wait_until("DEGRADED", 20, || (server.source("pod-a")?["state"] == "DEGRADED").then_some(()));
+    peer.settle(&server, &["a"]);
+    assert_eq!(server.source("pod-a").unwrap()["state"], "DEGRADED");
     peer.check(&["a"], MODEL);
     assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pod-a").0, 0, "a lost AllBlocksCleared must not leave blocks credited");
-    assert!(server.metric("kvindex_replays_total", &["outcome=\"unavailable\""]) >= 1.0);
+    assert!(server.metric("kvindex_clears_total", &["reason=\"replay_unavailable\""]) >= 1.0);
 }
 
 #[test]
@@ -100,7 +102,7 @@ fn service_publisher_restart_clears_and_recovers() {
     for k in 0..4 {
         peer.cmd(json!({"op": "store", "name": "a", "chain": format!("old{k}"), "tokens": chain(k, 4)}));
     }
-    peer.wait_exact(&["a"], MODEL, "EXACT", 20);
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     // New process: seq restarts at 0, holds nothing, never sends AllBlocksCleared.
     let p = peer.cmd(json!({"op": "restart", "name": "a"}));
     peer.cmd(json!({"op": "register", "pod": "pod-a", "model": MODEL, "replay_endpoint": p["replay_endpoint"]}));
@@ -108,7 +110,7 @@ fn service_publisher_restart_clears_and_recovers() {
     peer.cmd(json!({"op": "store", "name": "a", "chain": "new0", "tokens": chain(20, 4)}));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "new1", "tokens": chain(21, 4)}));
     wait_until("restart seen", 20, || (server.source("pod-a")?["restarts"] == 1).then_some(()));
-    let r = peer.wait_exact(&["a"], MODEL, "EXACT", 20);
+    let r = peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     assert_eq!(r["violations"], json!([]));
     for k in 0..4 {
         assert_eq!(peer.score_pod(MODEL, &chain(k, 4), "pod-a").0, 0, "blocks of the old process must be gone");
@@ -122,7 +124,7 @@ fn service_malformed_frames_are_counted_and_ignored() {
     let Some((server, mut peer)) = central(&[], &[("a", "pod-a"), ("b", "pod-b")], true, 10_000) else { return };
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c0", "tokens": chain(0, 4)}));
     peer.cmd(json!({"op": "store", "name": "b", "chain": "b0", "tokens": chain(5, 4)}));
-    peer.wait_exact(&["a", "b"], MODEL, "EXACT", 20);
+    peer.wait_exact(&server, &["a", "b"], MODEL, "EXACT", 20);
     // Bad framing (no usable seq): counted, nothing changes.
     peer.cmd(json!({"op": "bad_frames", "name": "a"}));
     wait_until("frame errors counted", 20, || {
@@ -130,16 +132,18 @@ fn service_malformed_frames_are_counted_and_ignored() {
             && server.metric("kvindex_decode_errors_total", &["reason=\"seq_length\""]) >= 1.0)
             .then_some(())
     });
-    peer.wait_exact(&["a"], MODEL, "EXACT", 5);
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 5);
     // A payload that cannot be decoded consumes a seq: its content is lost, so the pod is
     // cleared and DEGRADED (replay would return the same bytes); other pods are untouched.
     peer.cmd(json!({"op": "malformed", "name": "a"}));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c1", "tokens": chain(1, 4)}));
-    wait_until("DEGRADED after malformed payload", 20, || (server.source("pod-a")?["state"] == "DEGRADED").then_some(()));
+    peer.settle(&server, &["a"]);
+    assert_eq!(server.source("pod-a").unwrap()["state"], "DEGRADED");
     assert!(server.metric("kvindex_decode_errors_total", &["reason=\"invalid\""]) >= 1.0);
     peer.check(&["a", "b"], MODEL);
-    wait_until("store after the bad payload applied", 20, || (peer.score_pod(MODEL, &chain(1, 4), "pod-a").0 == 4).then_some(()));
-    peer.wait_exact(&["b"], MODEL, "EXACT", 5);
+    peer.settle(&server, &["a"]);
+    assert_eq!(peer.score_pod(MODEL, &chain(1, 4), "pod-a").0, 4, "stores after the bad payload still apply");
+    peer.wait_exact(&server, &["b"], MODEL, "EXACT", 5);
     // The server is alive and answers.
     assert_eq!(server.get("/healthz").0, 200);
 }
@@ -151,7 +155,7 @@ fn service_engine_connecting_late_central() {
     peer.cmd(json!({"op": "pub_start", "name": "late", "pod": "late:8000", "connect": server.zmq(), "topic": format!("kv@late:8000@{MODEL}")}));
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["late"]}))["subscribed"], true);
     peer.cmd(json!({"op": "store", "name": "late", "chain": "c0", "tokens": chain(0, 6)}));
-    peer.wait_exact(&["late"], MODEL, "EXACT", 20);
+    peer.wait_exact(&server, &["late"], MODEL, "EXACT", 20);
 }
 
 #[test]
@@ -170,7 +174,7 @@ fn service_engine_connecting_late_per_pod() {
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["late"]}))["subscribed"], true);
     peer.cmd(json!({"op": "store", "name": "late", "chain": "c0", "tokens": chain(0, 6)}));
     peer.cmd(json!({"op": "store", "name": "late", "chain": "c1", "tokens": chain(1, 6)}));
-    peer.wait_exact(&["late"], MODEL, "EXACT", 30);
+    peer.wait_exact(&server, &["late"], MODEL, "EXACT", 30);
     let s = server.source("late:8000").unwrap();
     assert_eq!(s["mode"], "per-pod");
 }
@@ -184,13 +188,12 @@ fn service_64_publishers_concurrently() {
     let names: Vec<&str> = pubs.iter().map(|p| p.0).collect();
     let r = peer.cmd(json!({"op": "burst", "names": names, "chains": 40, "blocks": 8, "model": MODEL}));
     assert_eq!(r["sent"], 64 * 40);
-    wait_until("every publisher's last batch applied", 15, || {
+    wait_until("every publisher's last batch applied", 60, || {
         let src = server.sources();
         let s = src["sources"].as_array()?;
         let done = s.iter().filter(|x| x["last_seq"] == 39).count();
-        eprintln!("sources {} done {done} states {:?}", s.len(), s.iter().filter(|x| x["last_seq"] != 39).map(|x| (x["last_seq"].clone(), x["state"].clone(), x["last_live_seq"].clone(), x["pending"].clone())).take(5).collect::<Vec<_>>());
         (s.len() == 64 && done == 64).then_some(())
     });
-    peer.wait_exact(&names, MODEL, "EXACT", 30);
+    peer.wait_exact(&server, &names, MODEL, "EXACT", 30);
     assert_eq!(server.metric("kvindex_blocks_total", &["op=\"stored\""]), (64 * 40 * 8) as f64);
 }

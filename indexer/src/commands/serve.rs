@@ -20,11 +20,22 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
     let config = Config::load(&args)?;
     let prometheus = m::install()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("kvindex-io").build()?;
-    runtime.block_on(serve(config, prometheus))
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("kvindex-rpc").build()?;
+    // The `zeromq` crate's sockets (replay DEALERs) live on their own single-threaded runtime:
+    // its fair queue loses wake-ups when polled from several threads.
+    let zmq_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let zmq_handle = zmq_runtime.handle().clone();
+    std::thread::Builder::new()
+        .name("kvindex-zmq".into())
+        .spawn(move || zmq_runtime.block_on(std::future::pending::<()>()))?;
+    runtime.block_on(serve(config, prometheus, zmq_handle))
 }
 
-async fn serve(config: Config, prometheus: metrics_exporter_prometheus::PrometheusHandle) -> Result<(), Box<dyn std::error::Error>> {
+async fn serve(
+    config: Config,
+    prometheus: metrics_exporter_prometheus::PrometheusHandle,
+    zmq_runtime: tokio::runtime::Handle,
+) -> Result<(), Box<dyn std::error::Error>> {
     let index = KvIndex::new(KvIndexConfig {
         block_size: config.block_size,
         shards: config.shards,
@@ -59,7 +70,7 @@ async fn serve(config: Config, prometheus: metrics_exporter_prometheus::Promethe
         queue_depth: AtomicI64::new(0),
         queue_dropped: AtomicU64::new(0),
         replay_permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_replays)),
-        runtime: tokio::runtime::Handle::current(),
+        zmq_runtime,
         initial_syncs: AtomicUsize::new(0),
         listening: AtomicBool::new(false),
         state_counts: Default::default(),

@@ -66,7 +66,6 @@ pub struct FileConfig {
     replay_cooldown_ms: Option<i64>,
     max_concurrent_replays: Option<i64>,
     max_pending: Option<i64>,
-    reconnect_idle_ms: Option<i64>,
     max_tokens: Option<i64>,
     max_message_bytes: Option<i64>,
     pods_file: Option<PathBuf>,
@@ -141,8 +140,6 @@ pub struct ServeArgs {
     pub max_concurrent_replays: Option<i64>,
     #[arg(long, env = "KVINDEX_MAX_PENDING")]
     pub max_pending: Option<i64>,
-    #[arg(long, env = "KVINDEX_RECONNECT_IDLE_MS")]
-    pub reconnect_idle_ms: Option<i64>,
     /// Largest ScoreTokens prompt, in tokens.
     #[arg(long, env = "KVINDEX_MAX_TOKENS")]
     pub max_tokens: Option<i64>,
@@ -177,7 +174,6 @@ pub struct Config {
     pub replay_cooldown_ms: u64,
     pub max_concurrent_replays: usize,
     pub max_pending: usize,
-    pub reconnect_idle_ms: u64,
     pub max_tokens: usize,
     pub max_message_bytes: usize,
     pub pods_file: Option<PathBuf>,
@@ -379,8 +375,6 @@ impl Config {
                 4096,
             )? as usize,
             max_pending: i("max_pending", a.max_pending, f.max_pending, 100_000, 1, 1 << 24)? as usize,
-            reconnect_idle_ms: i("reconnect_idle_ms", a.reconnect_idle_ms, f.reconnect_idle_ms, 30_000, 100, i64::MAX)?
-                as u64,
             max_tokens: i("max_tokens", a.max_tokens, f.max_tokens, 262_144, 1, 1 << 28)? as usize,
             max_message_bytes: i("max_message_bytes", a.max_message_bytes, f.max_message_bytes, 4 << 20, 1024, 1 << 30)?
                 as usize,

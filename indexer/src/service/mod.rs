@@ -17,6 +17,7 @@ pub mod registry;
 pub mod replay;
 pub mod worker;
 pub mod zmq;
+pub mod zmtp;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -110,7 +111,8 @@ pub struct Shared {
     pub queue_depth: AtomicI64,
     pub queue_dropped: AtomicU64,
     pub replay_permits: Arc<tokio::sync::Semaphore>,
-    pub runtime: tokio::runtime::Handle,
+    /// The single-threaded runtime the `zeromq` crate's replay DEALERs run on (see `service::replay`).
+    pub zmq_runtime: tokio::runtime::Handle,
     pub initial_syncs: AtomicUsize,
     pub listening: AtomicBool,
     pub state_counts: [AtomicI64; 5],

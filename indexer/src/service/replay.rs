@@ -1,6 +1,8 @@
 //! The replay client: a DEALER that asks an engine's ROUTER for every buffered batch from a
 //! seq, and hands the replies to the stream's worker. Bounded by a timeout and by a limit on
-//! concurrent replays; the cooldown after a failure is the sequencer's.
+//! concurrent replays; the cooldown after a failure is the sequencer's. Runs on
+//! `Shared::zmq_runtime` (the `zeromq` crate's fair queue loses wake-ups on a multi-threaded
+//! runtime); a panic inside the crate (`todo!()` on unexpected peer input) is a failed replay.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -307,7 +307,7 @@ impl Worker {
                     match endpoint {
                         Some(ep) => {
                             tracing::info!(pod = %st.pod, from, endpoint = %ep, "replay requested");
-                            shared.runtime.spawn(super::replay::run(shared.clone(), self.index, key.clone(), id, from, ep));
+                            shared.zmq_runtime.spawn(super::replay::run(shared.clone(), self.index, key.clone(), id, from, ep));
                         }
                         None => self.deferred.push_back(Work::Replay {
                             stream: key.clone(),

@@ -117,14 +117,28 @@ class Publisher:
             self.sock.connect(self.cfg["connect"])
             self.pub_ep = self.cfg["connect"]
         else:
-            self.sock.bind(self.pub_ep or self.cfg["bind"])
+            for attempt in range(100):
+                try:
+                    self.sock.bind(self.pub_ep or self.cfg["bind"])
+                    break
+                except zmq.ZMQError:
+                    if attempt == 99:
+                        raise
+                    time.sleep(0.05)
             self.pub_ep = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.router = None
         self.stop = threading.Event()
         if self.cfg.get("replay"):
             self.router = CTX.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
-            self.router.bind(self.replay_ep or self.cfg["replay"])
+            for attempt in range(100):  # a just-closed port can take a moment to free
+                try:
+                    self.router.bind(self.replay_ep or self.cfg["replay"])
+                    break
+                except zmq.ZMQError:
+                    if attempt == 99:
+                        raise
+                    time.sleep(0.05)
             self.replay_ep = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
             self.thread = threading.Thread(target=self.serve_replay, daemon=True)
             self.thread.start()
@@ -279,6 +293,23 @@ class Peer:
             ],
         }
 
+    def op_health(self):
+        """grpc.health.v1 Check with an empty service name, over a raw method (no extra package)."""
+        call = self.channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        resp = call(b"", timeout=10)
+        return {"serving": resp == b"\x08\x01"}
+
+    def op_reflect(self):
+        """grpc.reflection.v1 list_services, over a raw streaming method."""
+        call = self.channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        replies = list(call(iter([b"\x3a\x00"]), timeout=10))
+        return {"raw": b"".join(replies).decode("latin-1")}
+
+    def op_score_raw(self, model, n_tokens, pods=()):
+        return self.op_score(model, list(range(n_tokens)), pods)
+
     def op_register(self, **kw):
         try:
             self.stub.RegisterPod(self.pb.RegisterPodRequest(**kw), timeout=10)
@@ -333,6 +364,9 @@ class Peer:
     def op_stop(self, name):
         self.pubs.pop(name).close()
         return {}
+
+    def op_info(self, names):
+        return {"pubs": {n: {"pod": self.pubs[n].pod, "last_seq": self.pubs[n].seq - 1} for n in names}}
 
     def op_held(self, name, tokens):
         return {"held": self.pubs[name].held_prefix(tokens)}

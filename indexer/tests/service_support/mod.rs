@@ -138,14 +138,33 @@ impl Peer {
     }
 
     /// Runs the no-false-positive check for these publishers; panics on any violation.
+    /// Call it once the indexer has caught up ([`Peer::settle`]): a loss is only visible to
+    /// the indexer when a later message arrives.
     pub fn check(&mut self, names: &[&str], model: &str) -> Value {
         let r = self.cmd(json!({"op": "check", "names": names, "model": model}));
         assert_eq!(r["violations"], json!([]), "a pod was credited with a block its publisher does not hold: {r}");
         r
     }
 
-    /// Waits until every named publisher's pod is in `state` and credited exactly.
-    pub fn wait_exact(&mut self, names: &[&str], model: &str, state: &str, secs: u64) -> Value {
+    /// Waits until the indexer has applied (or accounted for) every publisher's last seq.
+    pub fn settle(&mut self, server: &Server, names: &[&str]) {
+        let info = self.cmd(json!({"op": "info", "names": names}));
+        wait_until(&format!("indexer caught up with {names:?}"), 30, || {
+            for n in names {
+                let p = &info["pubs"][n];
+                let s = server.source(p["pod"].as_str().unwrap())?;
+                if s["last_seq"] != p["last_seq"] || s["state"] == "REPLAYING" {
+                    return None;
+                }
+            }
+            Some(())
+        });
+    }
+
+    /// Waits until every named publisher's pod is caught up, in `state` and credited exactly;
+    /// checks that nothing is over-credited.
+    pub fn wait_exact(&mut self, server: &Server, names: &[&str], model: &str, state: &str, secs: u64) -> Value {
+        self.settle(server, names);
         wait_until(&format!("{names:?} {state} and exact"), secs, || {
             let r = self.check(names, model);
             let states_ok = r["states"].as_object().is_some_and(|m| !m.is_empty() && m.values().all(|s| s == state));
