@@ -207,3 +207,78 @@ impl KvIndex {
         ScoreResult { total_blocks, matches }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{BlockStored, EngineHash, Event};
+
+    fn store(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> EventBatch<'static> {
+        EventBatch {
+            ts: 0.0,
+            events: vec![Event::BlockStored(BlockStored {
+                block_hashes: hashes.iter().map(|&h| EngineHash::Uint(h)).collect(),
+                parent_block_hash: parent.map(EngineHash::Uint),
+                token_ids: Some(tokens),
+                block_size: Some(2),
+                ..Default::default()
+            })],
+            data_parallel_rank: Some(0),
+        }
+    }
+
+    fn matched(index: &KvIndex, pod: &str, model: &str, tokens: &[u32]) -> u32 {
+        let pods = [pod];
+        let q = ScoreQuery { model, lora_name: None, cache_salt: None, token_ids: tokens, pods: Some(&pods) };
+        index.score(&q).matches.first().map_or(0, |m| m.matched_blocks)
+    }
+
+    #[test]
+    fn memory_bound_drops_only_new_residencies_and_counts_them() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, max_entries: 3, ..Default::default() });
+        let report = index.apply("a", "m", &store(&[1, 2, 3, 4, 5], None, (0..10).collect()));
+        assert_eq!(report.stored_blocks, 3);
+        assert_eq!(report.skipped(crate::SkipReason::IndexFull), 2);
+        assert_eq!(matched(&index, "a", "m", &(0..10).collect::<Vec<_>>()), 3, "under-reports, never over");
+        // A child of a refused block cannot resolve its parent: skipped, not guessed.
+        let child = index.apply("a", "m", &store(&[6], Some(5), vec![10, 11]));
+        assert_eq!(child.skipped(crate::SkipReason::ParentUnknown), 1);
+        assert_eq!(index.index().entries(), 3);
+    }
+
+    #[test]
+    fn a_pod_that_switches_models_starts_empty() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        index.apply("a", "m1", &store(&[1], None, vec![1, 2]));
+        assert_eq!(matched(&index, "a", "m1", &[1, 2]), 1);
+        index.apply("a", "m2", &store(&[9], None, vec![5, 6]));
+        assert_eq!(matched(&index, "a", "m1", &[1, 2]), 0);
+        assert_eq!(matched(&index, "a", "m2", &[5, 6]), 1);
+        assert_eq!(index.index().entries(), 1);
+    }
+
+    #[test]
+    fn clear_and_remove_pod_leave_nothing_behind() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        index.apply("a", "m", &store(&[1, 2], None, vec![1, 2, 3, 4]));
+        index.apply("b", "m", &store(&[1, 2], None, vec![1, 2, 3, 4]));
+        assert_eq!(index.clear_pod("a"), 2);
+        assert_eq!(matched(&index, "a", "m", &[1, 2, 3, 4]), 0);
+        assert_eq!(matched(&index, "b", "m", &[1, 2, 3, 4]), 2);
+        assert!(index.remove_pod("b"));
+        assert!(!index.remove_pod("b"));
+        assert_eq!((index.index().entries(), index.index().keys()), (0, 0));
+        assert_eq!(index.pod_names(), vec!["a".to_string()]);
+    }
+
+    #[test]
+    fn filter_naming_unknown_pods_matches_nothing() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        index.apply("a", "m", &store(&[1], None, vec![1, 2]));
+        let pods = ["nope"];
+        let q = ScoreQuery { model: "m", lora_name: None, cache_salt: None, token_ids: &[1, 2, 3], pods: Some(&pods) };
+        let r = index.score(&q);
+        assert_eq!(r.total_blocks, 1);
+        assert!(r.matches.is_empty());
+    }
+}

@@ -12,13 +12,30 @@ use kvindex::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
 use proptest::prelude::*;
 
+/// Canonical block size of the index.
 const BS: usize = 4;
 const PODS: usize = 5;
 const MODEL: &str = "m";
 
+thread_local! {
+    /// Engine blocks span this many canonical blocks (1 = the usual case; 2 exercises engines
+    /// whose block size is a multiple of the canonical one).
+    static RATIO: std::cell::Cell<usize> = const { std::cell::Cell::new(1) };
+}
+
+fn engine_bs() -> usize {
+    BS * RATIO.with(|r| r.get())
+}
+
 /// A block's content is one of a few token patterns, so chains share prefixes across pods.
 fn block_tokens(content: u8) -> Vec<u32> {
-    (0..BS as u32).map(|i| u32::from(content) * 1000 + i).collect()
+    (0..engine_bs() as u32).map(|i| u32::from(content) * 1000 + i).collect()
+}
+
+/// The canonical prefixes an engine block ending at `prefix` covers.
+fn canonical_prefixes(prefix: &[u32]) -> Vec<Vec<u32>> {
+    let end = prefix.len();
+    (1..=engine_bs() / BS).map(|j| prefix[..end - engine_bs() + j * BS].to_vec()).collect()
 }
 
 /// vLLM-like engine hash: a function of the pod's seed and the whole token prefix.
@@ -63,8 +80,19 @@ impl Model {
         Model { pods: vec![BTreeMap::new(); PODS] }
     }
 
+    /// Prefixes ending at an engine-block boundary (what the engine can name by hash).
     fn known(&self, pod: usize) -> Vec<Vec<u32>> {
-        self.pods[pod].keys().cloned().collect()
+        self.pods[pod].keys().filter(|k| k.len() % engine_bs() == 0).cloned().collect()
+    }
+
+    fn set_tier(&mut self, pod: usize, engine_prefix: &[u32], cpu: bool, on: bool) {
+        for p in canonical_prefixes(engine_prefix) {
+            let e = self.pods[pod].entry(p.clone()).or_insert((false, false));
+            if cpu { e.1 = on } else { e.0 = on }
+            if !e.0 && !e.1 {
+                self.pods[pod].remove(&p);
+            }
+        }
     }
 
     /// Matched blocks and weighted score per pod for `query`.
@@ -118,8 +146,7 @@ fn to_event(model: &mut Model, op: &Op) -> Option<(usize, OwnedEvent)> {
                 tokens.extend(block_tokens(c));
                 hashes.push(engine_hash(*pod, &prefix));
                 if resolvable {
-                    let e = model.pods[*pod].entry(prefix.clone()).or_insert((false, false));
-                    if *cpu { e.1 = true } else { e.0 = true }
+                    model.set_tier(*pod, &prefix, *cpu, true);
                 }
             }
             let medium = if *cpu { "CPU" } else { "GPU" };
@@ -128,13 +155,9 @@ fn to_event(model: &mut Model, op: &Op) -> Option<(usize, OwnedEvent)> {
         Op::Remove { pod, which, cpu } => {
             let known = model.known(*pod);
             let hash = if *which < known.len() {
-                let p = &known[*which];
-                let e = model.pods[*pod].get_mut(p).expect("known");
-                if *cpu { e.1 = false } else { e.0 = false }
-                if !e.0 && !e.1 {
-                    model.pods[*pod].remove(p);
-                }
-                engine_hash(*pod, p)
+                let p = known[*which].clone();
+                model.set_tier(*pod, &p, *cpu, false);
+                engine_hash(*pod, &p)
             } else {
                 0x1234_5678 // unknown to both sides
             };
@@ -143,7 +166,7 @@ fn to_event(model: &mut Model, op: &Op) -> Option<(usize, OwnedEvent)> {
         Op::Offload { pod, which } => {
             let known = model.known(*pod);
             let p = known.get(*which % known.len().max(1))?.clone();
-            model.pods[*pod].get_mut(&p).expect("known").1 = true;
+            model.set_tier(*pod, &p, true, true);
             Some((*pod, OwnedEvent::Stored { hashes: vec![engine_hash(*pod, &p)], parent: None, tokens: vec![], medium: "CPU" }))
         }
         Op::Clear { pod } => {
@@ -166,7 +189,7 @@ fn apply(index: &KvIndex, pod: usize, ev: &OwnedEvent) {
             block_hashes: hashes.iter().map(|&h| EngineHash::Uint(h)).collect(),
             parent_block_hash: parent.map(EngineHash::Uint),
             token_ids: Some(tokens.clone()),
-            block_size: Some(if tokens.is_empty() { 0 } else { BS as i64 }),
+            block_size: Some(if tokens.is_empty() { 0 } else { engine_bs() as i64 }),
             medium: Some(medium),
             ..Default::default()
         }),
@@ -197,9 +220,9 @@ fn index_score(index: &KvIndex, query: &[u32]) -> BTreeMap<String, (u32, f64, u3
 /// Queries worth asking: every held prefix (plus a trailing partial block), and a few misses.
 fn queries(model: &Model) -> Vec<Vec<u32>> {
     let mut qs: Vec<Vec<u32>> = model.pods.iter().flat_map(|p| p.keys().cloned()).collect();
-    let extended: Vec<Vec<u32>> = qs.iter().map(|q| [q.as_slice(), &block_tokens(1), &[7, 7]].concat()).collect();
+    let extended: Vec<Vec<u32>> = qs.iter().map(|q| [q.as_slice(), &block_tokens(1)[..BS], &[7, 7]].concat()).collect();
     qs.extend(extended);
-    qs.push(block_tokens(3));
+    qs.push(block_tokens(3)[..BS].to_vec());
     qs.push(vec![]);
     qs
 }
@@ -237,6 +260,24 @@ proptest! {
         }
         prop_assert_eq!(index.index().entries(), 0);
         prop_assert_eq!(index.index().keys(), 0);
+    }
+
+    #[test]
+    fn engine_blocks_spanning_several_canonical_blocks(ops in prop::collection::vec(op_strategy(), 1..50)) {
+        RATIO.with(|r| r.set(2));
+        let index = KvIndex::new(KvIndexConfig { block_size: BS, shards: 8, ..Default::default() });
+        let mut model = Model::new();
+        for op in &ops {
+            if let Some((pod, ev)) = to_event(&mut model, op) {
+                apply(&index, pod, &ev);
+            }
+            assert_same(&index, &model)?;
+        }
+        for pod in 0..PODS {
+            apply(&index, pod, &OwnedEvent::Cleared);
+        }
+        prop_assert_eq!(index.index().entries(), 0);
+        RATIO.with(|r| r.set(1));
     }
 
     #[test]
