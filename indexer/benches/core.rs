@@ -8,7 +8,9 @@ mod workload;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvindex::wire::{decode_batch, Event};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
-use workload::{encode_batch, engine_hash, fill, pod_name, query_tokens, removed_event, stored_event, Conversation, MODEL};
+use workload::{
+    encode_batch, engine_hash, fill, pod_name, query_tokens, removed_event, stored_event, Conversation, MODEL,
+};
 
 /// One engine step's worth of traffic per pod: a 64-block request stored in 16-block events,
 /// then evicted one hash per `BlockRemoved` (as vLLM's block pool does), all as msgpack.
@@ -56,7 +58,11 @@ fn planted(index: &KvIndex, len: usize, holders: &[usize]) -> Conversation {
     for &p in holders {
         for start in (0..len).step_by(64) {
             let ev = stored_event(&blocks, start, (start + 64).min(len), index.block_size(), &mut tokens);
-            let batch = kvindex::wire::EventBatch { ts: 0.0, events: vec![Event::BlockStored(ev)], data_parallel_rank: Some(0) };
+            let batch = kvindex::wire::EventBatch {
+                ts: 0.0,
+                events: vec![Event::BlockStored(ev)],
+                data_parallel_rank: Some(0),
+            };
             index.apply(&pod_name(p), MODEL, &batch);
         }
     }

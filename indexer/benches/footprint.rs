@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use kvindex::wire::{decode_batch, Event, EventBatch};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
-use workload::{encode_batch, engine_hash, fill, pod_name, query_tokens, removed_event, stored_event, Conversation, MODEL};
+use workload::{
+    encode_batch, engine_hash, fill, pod_name, query_tokens, removed_event, stored_event, Conversation, MODEL,
+};
 
 /// Counts bytes allocated (for a score call's allocation) and bytes live (for the index's
 /// heap footprint, which RSS overstates with the workload generator's freed garbage).
@@ -59,7 +61,11 @@ fn planted(index: &KvIndex, len: usize, holders: &[usize]) -> Conversation {
     for &p in holders {
         for start in (0..len).step_by(64) {
             let ev = stored_event(&blocks, start, (start + 64).min(len), index.block_size(), &mut tokens);
-            index.apply(&pod_name(p), MODEL, &EventBatch { ts: 0.0, events: vec![Event::BlockStored(ev)], data_parallel_rank: Some(0) });
+            index.apply(
+                &pod_name(p),
+                MODEL,
+                &EventBatch { ts: 0.0, events: vec![Event::BlockStored(ev)], data_parallel_rank: Some(0) },
+            );
         }
     }
     Conversation { blocks, prefix_len: 0 }
@@ -92,7 +98,8 @@ fn apply_rate() -> f64 {
         let blocks: Vec<u64> = (0..64u64).map(|i| ((p as u64 + 1) << 32) | i).collect();
         let stores: Vec<Event<'_>> =
             (0..4).map(|c| Event::BlockStored(stored_event(&blocks, c * 16, c * 16 + 16, 16, &mut tokens))).collect();
-        let removes: Vec<Event<'_>> = (0..64).rev().map(|i| Event::BlockRemoved(removed_event(engine_hash(&blocks, i)))).collect();
+        let removes: Vec<Event<'_>> =
+            (0..64).rev().map(|i| Event::BlockRemoved(removed_event(engine_hash(&blocks, i)))).collect();
         for events in [stores, removes] {
             let mut buf = Vec::new();
             encode_batch(1.7e9, &events, &mut buf);

@@ -295,7 +295,11 @@ impl Writer<'_> {
         let shard_idx = index.shard_of(key);
         let mut shard = index.shards[shard_idx].write();
         let KeyShard { slots, by_key, free, .. } = &mut *shard;
-        let (local, created) = match by_key.entry(key_hash(key), |&i| slots[i as usize].key == key, |&i| key_hash(slots[i as usize].key)) {
+        let (local, created) = match by_key.entry(
+            key_hash(key),
+            |&i| slots[i as usize].key == key,
+            |&i| key_hash(slots[i as usize].key),
+        ) {
             hashbrown::hash_table::Entry::Occupied(e) => (*e.get(), false),
             hashbrown::hash_table::Entry::Vacant(v) => {
                 if !index.reserve_entry() {
@@ -341,7 +345,9 @@ impl Writer<'_> {
             }
         };
         drop(shard);
-        let engine_recorded = if created { self.record_engine(shard_idx, local, slot, engine) } else {
+        let engine_recorded = if created {
+            self.record_engine(shard_idx, local, slot, engine)
+        } else {
             engine != 0 && self.engines.engine(index.shard_bits, slot) == engine
         };
         Some(Inserted { slot, prev_tiers, engine_recorded })

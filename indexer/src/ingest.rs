@@ -203,7 +203,13 @@ impl PodIngest {
         report
     }
 
-    pub fn apply_event(&mut self, ctx: &IngestContext<'_>, w: &mut Writer<'_>, event: &Event<'_>, report: &mut ApplyReport) {
+    pub fn apply_event(
+        &mut self,
+        ctx: &IngestContext<'_>,
+        w: &mut Writer<'_>,
+        event: &Event<'_>,
+        report: &mut ApplyReport,
+    ) {
         match event {
             Event::BlockStored(s) => {
                 report.stored_events += 1;
@@ -241,7 +247,13 @@ impl PodIngest {
         w.slot_of_engine(scoped).filter(|s| self.slots.contains(s.0))
     }
 
-    fn apply_stored(&mut self, ctx: &IngestContext<'_>, w: &mut Writer<'_>, ev: &BlockStored<'_>, report: &mut ApplyReport) {
+    fn apply_stored(
+        &mut self,
+        ctx: &IngestContext<'_>,
+        w: &mut Writer<'_>,
+        ev: &BlockStored<'_>,
+        report: &mut ApplyReport,
+    ) {
         let blocks = ev.block_hashes.len() as u64;
         let Some(tier) = ctx.tiers.intern(ev.medium) else {
             return report.skip(SkipReason::TooManyTiers, blocks);
@@ -305,10 +317,17 @@ impl PodIngest {
         self.keys_scratch = keys;
     }
 
-    fn maybe_check_hashes(&mut self, ctx: &IngestContext<'_>, ev: &BlockStored<'_>, tokens: &[u32], engine_bs: usize, report: &mut ApplyReport) {
+    fn maybe_check_hashes(
+        &mut self,
+        ctx: &IngestContext<'_>,
+        ev: &BlockStored<'_>,
+        tokens: &[u32],
+        engine_bs: usize,
+        report: &mut ApplyReport,
+    ) {
         let Some(check) = ctx.hash_check else { return };
         self.stores_seen += 1;
-        if check.every == 0 || (self.stores_seen - 1) % u64::from(check.every) != 0 {
+        if check.every == 0 || !(self.stores_seen - 1).is_multiple_of(u64::from(check.every)) {
             return;
         }
         let hashes: Vec<PublishedHash<'_>> = ev.block_hashes.iter().map(published).collect();
@@ -349,9 +368,11 @@ impl PodIngest {
         // needs no more lookups. Otherwise this pod may hold an older, different block under
         // the same engine hash (the engine reused it): drop that claim.
         if !ins.engine_recorded || self.exceptions.contains_key(&scoped) || self.leading.contains_key(&scoped) {
-            let prior = self.exceptions.get(&scoped).copied().or_else(|| {
-                w.slot_of_engine(scoped).filter(|s| *s != ins.slot && self.slots.contains(s.0))
-            });
+            let prior = self
+                .exceptions
+                .get(&scoped)
+                .copied()
+                .or_else(|| w.slot_of_engine(scoped).filter(|s| *s != ins.slot && self.slots.contains(s.0)));
             let prior_leading = self.leading.get(&scoped).map(|l| l.to_vec()).unwrap_or_default();
             if prior.is_some_and(|p| p != ins.slot) || prior_leading != leading {
                 if let Some(old) = prior.filter(|p| *p != ins.slot) {
@@ -436,7 +457,13 @@ impl PodIngest {
         }
     }
 
-    fn apply_removed(&mut self, ctx: &IngestContext<'_>, w: &mut Writer<'_>, ev: &BlockRemoved<'_>, report: &mut ApplyReport) {
+    fn apply_removed(
+        &mut self,
+        ctx: &IngestContext<'_>,
+        w: &mut Writer<'_>,
+        ev: &BlockRemoved<'_>,
+        report: &mut ApplyReport,
+    ) {
         let blocks = ev.block_hashes.len() as u64;
         let Some(tier) = ctx.tiers.intern(ev.medium) else {
             return report.skip(SkipReason::TooManyTiers, blocks);
@@ -496,7 +523,6 @@ fn published<'a>(h: &EngineHash<'a>) -> PublishedHash<'a> {
         EngineHash::Bytes(b) => PublishedHash::Bytes(b),
     }
 }
-
 
 /// The key namespace of a block: its LoRA name, else the model. A LoRA known only by its
 /// integer id (vLLM before 0.14) gets a namespace no query can name, so it never matches the

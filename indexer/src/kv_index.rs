@@ -12,11 +12,11 @@ use rustc_hash::FxHashMap;
 
 use crate::index::Index;
 use crate::ingest::{namespace_of, ApplyReport, HashCheck, IngestContext, PodIngest};
-use crate::vllm_hash::Verification;
 use crate::keys::{namespace_root, prompt_keys};
 use crate::pods::{PodId, Pods};
 use crate::score::{score, PodFilter, PodMatch};
 use crate::tiers::{Tiers, MAX_TIERS};
+use crate::vllm_hash::Verification;
 use crate::wire::EventBatch;
 
 #[derive(Debug, Clone)]
@@ -178,7 +178,8 @@ impl KvIndex {
     /// Pods with ingest state, by name.
     pub fn pod_names(&self) -> Vec<String> {
         let ids: Vec<PodId> = self.states.read().keys().copied().collect();
-        let mut names: Vec<String> = ids.into_iter().filter_map(|id| self.pods.name(id)).map(|n| n.to_string()).collect();
+        let mut names: Vec<String> =
+            ids.into_iter().filter_map(|id| self.pods.name(id)).map(|n| n.to_string()).collect();
         names.sort();
         names
     }

@@ -43,7 +43,11 @@ impl Tiers {
     pub fn new() -> Self {
         let mut weights = [1.0; MAX_TIERS];
         weights[TierId::CPU.0 as usize] = 0.8;
-        Tiers { names: RwLock::new(vec!["GPU".into(), "CPU".into()]), weights: RwLock::new(weights), len: AtomicU8::new(2) }
+        Tiers {
+            names: RwLock::new(vec!["GPU".into(), "CPU".into()]),
+            weights: RwLock::new(weights),
+            len: AtomicU8::new(2),
+        }
     }
 
     /// The id of `medium`, registering it on first sight. `None` when all slots are taken.

@@ -47,7 +47,10 @@ mod tests {
 
     #[test]
     fn llm_d_topics() {
-        assert_eq!(parse_topic("kv@10.0.0.7:8000@Qwen/Qwen3-0.6B"), Topic { id: "10.0.0.7:8000", model: "Qwen/Qwen3-0.6B" });
+        assert_eq!(
+            parse_topic("kv@10.0.0.7:8000@Qwen/Qwen3-0.6B"),
+            Topic { id: "10.0.0.7:8000", model: "Qwen/Qwen3-0.6B" }
+        );
         assert_eq!(parse_topic("kv@10.0.0.7@m"), Topic { id: "10.0.0.7", model: "m" });
         assert_eq!(parse_topic("kv@a@b@c"), Topic { id: "kv@a@b@c", model: "" });
         assert_eq!(parse_topic(""), Topic { id: "", model: "" });

@@ -60,9 +60,7 @@ impl From<rmp_serde::decode::Error> for WireError {
     fn from(err: rmp_serde::decode::Error) -> Self {
         use rmp_serde::decode::Error as E;
         match err {
-            E::InvalidMarkerRead(e) | E::InvalidDataRead(e)
-                if e.kind() == std::io::ErrorKind::UnexpectedEof =>
-            {
+            E::InvalidMarkerRead(e) | E::InvalidDataRead(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 WireError::Truncated
             }
             E::DepthLimitExceeded => WireError::TooDeep,
@@ -105,8 +103,8 @@ pub fn parse_live<'a>(frames: &[&'a [u8]]) -> Result<RawMessage<'a>, WireError> 
 /// `[empty, topic, seq, payload]` (0.26+); seq `ff…ff` with an empty payload ends the replay.
 pub fn parse_replay<'a>(frames: &[&'a [u8]]) -> Result<ReplayReply<'a>, WireError> {
     let (topic, seq, payload) = match frames {
-        [delim, seq, payload] if delim.is_empty() => (None, *seq, *payload),
-        [delim, topic, seq, payload] if delim.is_empty() => (Some(*topic), *seq, *payload),
+        [[], seq, payload] => (None, *seq, *payload),
+        [[], topic, seq, payload] => (Some(*topic), *seq, *payload),
         [_, _, _] | [_, _, _, _] => return Err(WireError::MissingDelimiter),
         _ => return Err(WireError::FrameCount { expected: "3 or 4", got: frames.len() }),
     };
@@ -137,9 +135,13 @@ impl EventBatch<'_> {
 pub enum Event<'a> {
     BlockStored(BlockStored<'a>),
     BlockRemoved(BlockRemoved<'a>),
-    AllBlocksCleared { other: Vec<(&'a str, Value<'a>)> },
+    AllBlocksCleared {
+        other: Vec<(&'a str, Value<'a>)>,
+    },
     /// An event with a tag we do not know. It is skipped; the rest of the batch applies.
-    Unknown { tag: &'a str },
+    Unknown {
+        tag: &'a str,
+    },
 }
 
 /// A block hash as the engine published it. The variant is kept so the decoded form can be
@@ -238,13 +240,9 @@ impl<'de> Visitor<'de> for BatchVisitor {
         f.write_str("an event batch array [ts, events, data_parallel_rank]")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let ts: Number = seq
-            .next_element()?
-            .ok_or_else(|| de::Error::custom("batch array is empty"))?;
-        let events = seq
-            .next_element::<EventList>()?
-            .ok_or_else(|| de::Error::custom("batch array has no events element"))?
-            .0;
+        let ts: Number = seq.next_element()?.ok_or_else(|| de::Error::custom("batch array is empty"))?;
+        let events =
+            seq.next_element::<EventList>()?.ok_or_else(|| de::Error::custom("batch array has no events element"))?.0;
         let data_parallel_rank = seq.next_element::<Option<i64>>()?.flatten();
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(EventBatch { ts: ts.0, events, data_parallel_rank })
@@ -410,14 +408,11 @@ impl<'de> DeserializeSeed<'de> for FieldSlot<'_, 'de> {
     type Value = ();
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         match self {
-            FieldSlot::Hashes(out) => {
-                *out = Option::<HashList>::deserialize(d)?.map(|h| h.0).unwrap_or_default()
-            }
+            FieldSlot::Hashes(out) => *out = Option::<HashList>::deserialize(d)?.map(|h| h.0).unwrap_or_default(),
             FieldSlot::OptHash(out) => *out = Option::<EngineHashDe>::deserialize(d)?.map(|h| h.0),
             FieldSlot::Tokens(out) => *out = Option::<TokenList>::deserialize(d)?.map(|t| t.0),
             FieldSlot::TokenLists(out) => {
-                *out = Option::<Vec<TokenList>>::deserialize(d)?
-                    .map(|lists| lists.into_iter().map(|t| t.0).collect())
+                *out = Option::<Vec<TokenList>>::deserialize(d)?.map(|lists| lists.into_iter().map(|t| t.0).collect())
             }
             FieldSlot::Int(out) => *out = Option::<i64>::deserialize(d)?,
             FieldSlot::Str(out) => *out = Option::<&'de str>::deserialize(d)?,
@@ -449,9 +444,7 @@ impl<'de> Visitor<'de> for EventVisitor {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let tag: &'de str = seq
-            .next_element()?
-            .ok_or_else(|| de::Error::custom("event array is empty"))?;
+        let tag: &'de str = seq.next_element()?.ok_or_else(|| de::Error::custom("event array is empty"))?;
         let Some(kind) = kind_of(tag) else {
             while seq.next_element::<IgnoredAny>()?.is_some() {}
             return Ok(Event::Unknown { tag });
@@ -673,7 +666,9 @@ mod tests {
     #[test]
     fn unknown_tag_is_skipped_and_the_rest_applies() {
         // [ts, [["BlockMoved", 1, 2], ["AllBlocksCleared"]], 0]
-        let payload = hex("93cb41d954fc4020000092 93aa426c6f636b4d6f7665640102 91b0416c6c426c6f636b73436c656172656400".replace(' ', "").as_str());
+        let payload = hex("93cb41d954fc4020000092 93aa426c6f636b4d6f7665640102 91b0416c6c426c6f636b73436c656172656400"
+            .replace(' ', "")
+            .as_str());
         let batch = decode_batch(&payload).unwrap();
         assert_eq!(batch.unknown_events(), 1);
         assert!(matches!(batch.events[1], Event::AllBlocksCleared { .. }));

@@ -50,12 +50,26 @@ fn engine_hash(pod: usize, prefix: &[u32]) -> u64 {
 enum Op {
     /// Store `contents` after the pod's `parent`-th known chain (None = from the root,
     /// Some(usize::MAX) = an unknown parent).
-    Store { pod: usize, parent: Option<usize>, contents: Vec<u8>, cpu: bool },
+    Store {
+        pod: usize,
+        parent: Option<usize>,
+        contents: Vec<u8>,
+        cpu: bool,
+    },
     /// Remove the `which`-th known block (or an unknown hash) from a tier.
-    Remove { pod: usize, which: usize, cpu: bool },
+    Remove {
+        pod: usize,
+        which: usize,
+        cpu: bool,
+    },
     /// Re-announce a known block in the CPU tier without tokens (vLLM's offload connector).
-    Offload { pod: usize, which: usize },
-    Clear { pod: usize },
+    Offload {
+        pod: usize,
+        which: usize,
+    },
+    Clear {
+        pod: usize,
+    },
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -88,7 +102,11 @@ impl Model {
     fn set_tier(&mut self, pod: usize, engine_prefix: &[u32], cpu: bool, on: bool) {
         for p in canonical_prefixes(engine_prefix) {
             let e = self.pods[pod].entry(p.clone()).or_insert((false, false));
-            if cpu { e.1 = on } else { e.0 = on }
+            if cpu {
+                e.1 = on
+            } else {
+                e.0 = on
+            }
             if !e.0 && !e.1 {
                 self.pods[pod].remove(&p);
             }
@@ -167,7 +185,10 @@ fn to_event(model: &mut Model, op: &Op) -> Option<(usize, OwnedEvent)> {
             let known = model.known(*pod);
             let p = known.get(*which % known.len().max(1))?.clone();
             model.set_tier(*pod, &p, true, true);
-            Some((*pod, OwnedEvent::Stored { hashes: vec![engine_hash(*pod, &p)], parent: None, tokens: vec![], medium: "CPU" }))
+            Some((
+                *pod,
+                OwnedEvent::Stored { hashes: vec![engine_hash(*pod, &p)], parent: None, tokens: vec![], medium: "CPU" },
+            ))
         }
         Op::Clear { pod } => {
             model.pods[*pod].clear();

@@ -112,7 +112,8 @@ fn hand_made_corpus() {
 
     // Skips: an empty batch and unknown tags decode; only the valid events apply.
     assert_eq!(feed(&index, &hex::decode(format!("93{ts}9000")).unwrap()), Ok(0));
-    let unknown_then_clear = format!("93{ts}92 93aa426c6f636b4d6f7665640102 81a474797065a54f74686572 00").replace(' ', "");
+    let unknown_then_clear =
+        format!("93{ts}92 93aa426c6f636b4d6f7665640102 81a474797065a54f74686572 00").replace(' ', "");
     let batch_bytes = hex::decode(&unknown_then_clear).unwrap();
     let batch = wire::decode_batch(&batch_bytes).unwrap();
     assert_eq!(batch.unknown_events(), 2);

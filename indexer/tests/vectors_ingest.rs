@@ -110,7 +110,13 @@ impl Reference {
 
 fn score(index: &KvIndex, pod: &str, tokens: &[u32], lora: Option<&str>, salt: Option<&str>) -> u32 {
     let pods = [pod];
-    let q = ScoreQuery { model: "Qwen/Qwen3-0.6B", lora_name: lora, cache_salt: salt, token_ids: tokens, pods: Some(&pods) };
+    let q = ScoreQuery {
+        model: "Qwen/Qwen3-0.6B",
+        lora_name: lora,
+        cache_salt: salt,
+        token_ids: tokens,
+        pods: Some(&pods),
+    };
     index.score(&q).matches.first().map_or(0, |m| m.matched_blocks)
 }
 
@@ -200,9 +206,7 @@ fn lora_salt_and_multimodal_blocks_match_only_their_own_queries() {
         assert_eq!(score(&index, "10.0.0.7:8000", &lora_tokens, Some("sql-lora"), None), 3, "{version} LoRA");
         assert_eq!(score(&index, "10.0.0.7:8000", &lora_tokens, None, None), 0, "{version} LoRA as base model");
 
-        let salted = |s: &wire::BlockStored<'_>| {
-            matches!(s.extra_keys.as_deref(), Some([wire::Value::Array(items), ..]) if items == &[wire::Value::Str("tenant-a-salt")])
-        };
+        let salted = |s: &wire::BlockStored<'_>| matches!(s.extra_keys.as_deref(), Some([wire::Value::Array(items), ..]) if items == &[wire::Value::Str("tenant-a-salt")]);
         let (salt_tokens, seq) = first_store(version, salted).expect("a salted store");
         let index = index_through(version, seq);
         assert_eq!(score(&index, "10.0.0.7:8000", &salt_tokens, None, Some("tenant-a-salt")), 2, "{version} salt");
@@ -211,7 +215,9 @@ fn lora_salt_and_multimodal_blocks_match_only_their_own_queries() {
 
         let mm = |s: &wire::BlockStored<'_>| {
             s.lora_name.is_none()
-                && s.extra_keys.as_ref().is_some_and(|e| e.len() == 4 && e.iter().all(|x| !matches!(x, wire::Value::Nil)))
+                && s.extra_keys
+                    .as_ref()
+                    .is_some_and(|e| e.len() == 4 && e.iter().all(|x| !matches!(x, wire::Value::Nil)))
         };
         let (mm_tokens, seq) = first_store(version, mm).expect("a multimodal store");
         let index = index_through(version, seq);
@@ -244,7 +250,11 @@ fn cpu_tier_reannouncement_and_large_engine_blocks() {
             }
         }
         if let Some(tokens) = bs64_tokens.take() {
-            assert_eq!(score(&index, "10.0.0.7:8000", &tokens, None, None), 8, "2 engine blocks of 64 = 8 canonical blocks");
+            assert_eq!(
+                score(&index, "10.0.0.7:8000", &tokens, None, None),
+                8,
+                "2 engine blocks of 64 = 8 canonical blocks"
+            );
         }
     }
     assert!(cpu_seen);
@@ -281,7 +291,8 @@ fn hash_checked(version: &str, algo: &str, seed: Option<&str>, block_size: usize
         pythonhashseed: seed.map(str::to_string),
     })
     .unwrap();
-    let config = KvIndexConfig { block_size, hash_check: Some(kvindex::HashCheck { hasher, every: 1 }), ..Default::default() };
+    let config =
+        KvIndexConfig { block_size, hash_check: Some(kvindex::HashCheck { hasher, every: 1 }), ..Default::default() };
     let index = KvIndex::new(config);
     let mut total = kvindex::vllm_hash::Verification::default();
     let path = common::vectors_dir().join(format!("frames-{version}.jsonl"));
@@ -298,7 +309,12 @@ fn hash_checked(version: &str, algo: &str, seed: Option<&str>, block_size: usize
 
 #[test]
 fn hash_check_confirms_a_right_configuration_and_flags_a_wrong_one() {
-    for (version, algo) in [("0.10.1", "sha256_cbor_64bit"), ("0.17.0", "sha256_cbor"), ("0.23.0", "sha256_cbor"), ("0.33.0", "sha256_cbor")] {
+    for (version, algo) in [
+        ("0.10.1", "sha256_cbor_64bit"),
+        ("0.17.0", "sha256_cbor"),
+        ("0.23.0", "sha256_cbor"),
+        ("0.33.0", "sha256_cbor"),
+    ] {
         let right = hash_checked(version, algo, Some("0"), 16);
         assert!(right.checked >= 10, "{version}: {right:?}");
         if version == "0.10.1" {

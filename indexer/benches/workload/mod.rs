@@ -53,9 +53,7 @@ pub struct Fleet {
 pub fn fill(index: &KvIndex, pods: usize, target_entries: u64, suffix: (u64, u64), seed: u64) -> Fleet {
     let bs = index.block_size();
     let mut rng = SplitMix(seed);
-    let prefixes: Vec<Vec<u64>> = (0..200u64)
-        .map(|p| (0..rng.range(8, 64)).map(|i| (p << 40) | i).collect())
-        .collect();
+    let prefixes: Vec<Vec<u64>> = (0..200u64).map(|p| (0..rng.range(8, 64)).map(|i| (p << 40) | i).collect()).collect();
     // Zipf(1.0) over prefixes by inverse CDF on harmonic weights.
     let weights: Vec<f64> = (1..=prefixes.len()).map(|r| 1.0 / r as f64).collect();
     let total: f64 = weights.iter().sum();
@@ -74,7 +72,7 @@ pub fn fill(index: &KvIndex, pods: usize, target_entries: u64, suffix: (u64, u64
         let mut blocks = prefixes[p].clone();
         blocks.extend((0..suffix_len as u64).map(|i| (1 << 63) | (conv_id << 24) | i));
         conv_id += 1;
-        let copies = if rng.next() % 10 == 0 { rng.range(2, 4) as usize } else { 1 };
+        let copies = if rng.next().is_multiple_of(10) { rng.range(2, 4) as usize } else { 1 };
         let mut holders = Vec::new();
         while holders.len() < copies.min(pods) {
             let pod = (rng.next() % pods as u64) as usize;
@@ -104,7 +102,10 @@ pub fn fill(index: &KvIndex, pods: usize, target_entries: u64, suffix: (u64, u64
 
 /// Engine hash of block `i` of a chain: a function of the content prefix, as in vLLM.
 pub fn engine_hash(blocks: &[u64], i: usize) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(&blocks[i].to_le_bytes(), if i == 0 { 7 } else { engine_hash_fast(blocks[i - 1]) })
+    xxhash_rust::xxh3::xxh3_64_with_seed(
+        &blocks[i].to_le_bytes(),
+        if i == 0 { 7 } else { engine_hash_fast(blocks[i - 1]) },
+    )
 }
 
 fn engine_hash_fast(id: u64) -> u64 {
@@ -133,7 +134,12 @@ fn apply_store(index: &KvIndex, pod: &str, blocks: &[u64], from: usize, to: usiz
 }
 
 pub fn removed_event<'a>(hash: u64) -> BlockRemoved<'a> {
-    BlockRemoved { block_hashes: vec![EngineHash::Uint(hash)], medium: Some("GPU"), group_idx: Some(0), ..Default::default() }
+    BlockRemoved {
+        block_hashes: vec![EngineHash::Uint(hash)],
+        medium: Some("GPU"),
+        group_idx: Some(0),
+        ..Default::default()
+    }
 }
 
 /// The prompt's token ids for a conversation's first `held` blocks plus `fresh` unseen blocks.

@@ -37,7 +37,9 @@ fn decode_record(line: &str) -> Result<Json, RecordError> {
         .and_then(Json::as_array)
         .ok_or(("json", "record has no frames_hex array".to_string()))?
         .iter()
-        .map(|f| f.as_str().and_then(|s| hex::decode(s).ok()).ok_or(("json", "frames_hex entry is not hex".to_string())))
+        .map(|f| {
+            f.as_str().and_then(|s| hex::decode(s).ok()).ok_or(("json", "frames_hex entry is not hex".to_string()))
+        })
         .collect::<Result<_, _>>()?;
     let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
     if is_replay(&record, &frames) {

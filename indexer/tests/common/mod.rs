@@ -42,9 +42,9 @@ pub fn read_records(path: &std::path::Path) -> Vec<Value> {
 /// Drops `null`-valued keys recursively, so that null and absent compare equal.
 pub fn without_nulls(v: &Value) -> Value {
     match v {
-        Value::Object(m) => Value::Object(
-            m.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), without_nulls(v))).collect(),
-        ),
+        Value::Object(m) => {
+            Value::Object(m.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), without_nulls(v))).collect())
+        }
         Value::Array(items) => Value::Array(items.iter().map(without_nulls).collect()),
         other => other.clone(),
     }
