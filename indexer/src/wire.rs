@@ -141,6 +141,8 @@ pub enum Event<'a> {
     /// An event with a tag we do not know. It is skipped; the rest of the batch applies.
     Unknown {
         tag: &'a str,
+        /// Its fields, when it came as a map (named); array-form fields have no names.
+        other: Vec<(&'a str, Value<'a>)>,
     },
 }
 
@@ -447,7 +449,7 @@ impl<'de> Visitor<'de> for EventVisitor {
         let tag: &'de str = seq.next_element()?.ok_or_else(|| de::Error::custom("event array is empty"))?;
         let Some(kind) = kind_of(tag) else {
             while seq.next_element::<IgnoredAny>()?.is_some() {}
-            return Ok(Event::Unknown { tag });
+            return Ok(Event::Unknown { tag, other: Vec::new() });
         };
         let names: &[&'static str] = match kind {
             Kind::Stored => &STORED_FIELDS,
@@ -472,6 +474,22 @@ impl<'de> Visitor<'de> for EventVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = Fields::default();
         let mut tag: Option<&'de str> = None;
+        // msgspec writes the tag first; knowing it before the fields lets an unknown event be
+        // read generically, so a field type we do not expect there cannot fail the batch.
+        if let Some(key) = map.next_key::<&'de str>()? {
+            if key == "type" {
+                let t: &'de str = map.next_value()?;
+                if kind_of(t).is_none() {
+                    while let Some((k, v)) = map.next_entry::<&'de str, Value<'de>>()? {
+                        fields.stored.other.push((k, v));
+                    }
+                    return Ok(Event::Unknown { tag: t, other: fields.stored.other });
+                }
+                tag = Some(t);
+            } else {
+                fields.read(key, |slot| map.next_value_seed(slot))?;
+            }
+        }
         while let Some(key) = map.next_key::<&'de str>()? {
             if key == "type" {
                 tag = Some(map.next_value()?);
@@ -482,7 +500,7 @@ impl<'de> Visitor<'de> for EventVisitor {
         let tag = tag.ok_or_else(|| de::Error::custom("event map has no \"type\" key"))?;
         Ok(match kind_of(tag) {
             Some(kind) => fields.finish(kind),
-            None => Event::Unknown { tag },
+            None => Event::Unknown { tag, other: fields.stored.other },
         })
     }
 }

@@ -85,12 +85,12 @@ fn message_json(msg: &RawMessage<'_>) -> Result<Map<String, Json>, RecordError> 
     out.insert("topic".into(), json!(msg.topic.map(topic_str)));
     out.insert("ts".into(), json!(batch.ts));
     out.insert("dp_rank".into(), json!(batch.data_parallel_rank));
-    let events: Vec<Json> = batch.events.iter().filter_map(event_json).collect();
+    let events: Vec<Json> = batch.events.iter().map(event_json).collect();
     out.insert("events".into(), Json::Array(events));
     Ok(out)
 }
 
-fn event_json(event: &Event<'_>) -> Option<Json> {
+fn event_json(event: &Event<'_>) -> Json {
     let mut m = Map::new();
     match event {
         Event::BlockStored(s) => stored_json(s, &mut m),
@@ -99,9 +99,13 @@ fn event_json(event: &Event<'_>) -> Option<Json> {
             m.insert("type".into(), json!("AllBlocksCleared"));
             extend_other(&mut m, other);
         }
-        Event::Unknown { .. } => return None,
+        Event::Unknown { tag, other } => {
+            // A release newer than this decoder: show what it sent, under its own tag.
+            m.insert("type".into(), json!(tag));
+            extend_other(&mut m, other);
+        }
     }
-    Some(Json::Object(m))
+    Json::Object(m)
 }
 
 fn stored_json(s: &BlockStored<'_>, m: &mut Map<String, Json>) {
