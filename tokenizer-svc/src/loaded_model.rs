@@ -1,0 +1,172 @@
+//! One model ready to serve: its tokenizer adjusted the way `transformers` adjusts it on load
+//! (named special tokens added, BOS/EOS post-processor from `tokenizer_config.json`) and its
+//! chat templates compiled once.
+use std::path::Path;
+
+use tokenizers::processors::template::TemplateProcessing;
+use tokenizers::{AddedToken, Tokenizer};
+
+use crate::chat_render::render_chat;
+use crate::chat_request::ChatRequest;
+use crate::error::{Result, TokenizerError};
+use crate::model_files::{ModelDir, NamedTemplate, TokenizerConfig};
+use crate::template_env::ChatTemplate;
+
+/// Token ids of a text and, per token, its `(start, end)` character offsets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizedText {
+    pub ids: Vec<u32>,
+    pub offsets: Vec<(u32, u32)>,
+}
+
+/// A loaded model. Cheap to share behind an `Arc`; all methods take `&self`.
+pub struct LoadedModel {
+    name: String,
+    tokenizer: Tokenizer,
+    config: TokenizerConfig,
+    templates: Vec<(NamedTemplate, ChatTemplate)>,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl LoadedModel {
+    /// Loads `dir` as model `name`. Template syntax errors surface here, naming the template.
+    pub fn load(name: &str, dir: &Path) -> Result<Self> {
+        let files = ModelDir { dir: dir.to_path_buf() };
+        let tokenizer_path = files.tokenizer_json();
+        if !tokenizer_path.exists() {
+            return Err(TokenizerError::ModelFiles {
+                model: name.into(),
+                path: tokenizer_path,
+                reason: "file not found".into(),
+            });
+        }
+        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?;
+        let config = files.read_config(name)?;
+        apply_transformers_adjustments(name, &mut tokenizer, &config)?;
+        let templates = config
+            .chat_templates
+            .iter()
+            .map(|t| Ok((t.clone(), ChatTemplate::compile(&format!("{name}/{}", t.name), &t.source)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self { name: name.into(), tokenizer, config, templates })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The underlying HF tokenizer, for callers that need more than ids.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn config(&self) -> &TokenizerConfig {
+        &self.config
+    }
+
+    /// Encodes `text`; `add_special_tokens` applies the BOS/EOS rules of the config.
+    pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<TokenizedText> {
+        let encoding = self
+            .tokenizer
+            .encode_char_offsets(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode { model: self.name.clone(), reason: e.to_string() })?;
+        let offsets = encoding.get_offsets().iter().map(|&(s, e)| (s as u32, e as u32)).collect();
+        Ok(TokenizedText { ids: encoding.get_ids().to_vec(), offsets })
+    }
+
+    /// Renders the chat to text exactly as `apply_chat_template(..., tokenize=False)`.
+    pub fn render_chat_text(&self, request: &ChatRequest) -> Result<String> {
+        if let Some(source) = &request.chat_template {
+            let template = ChatTemplate::compile(&format!("{}/request", self.name), source)?;
+            return render_chat(&template, source, &self.config.special_tokens, request);
+        }
+        let chosen = self
+            .config
+            .select_template(request.tools.is_some())
+            .ok_or_else(|| TokenizerError::NoChatTemplate(self.name.clone()))?;
+        let (named, template) = self
+            .templates
+            .iter()
+            .find(|(t, _)| t.name == chosen.name)
+            .expect("every configured template is compiled at load");
+        render_chat(template, &named.source, &self.config.special_tokens, request)
+    }
+
+    /// Renders and tokenizes like `apply_chat_template(..., tokenize=True)` and vLLM's chat
+    /// endpoint: the template carries the special tokens, so none are added on top.
+    pub fn render_chat(&self, request: &ChatRequest) -> Result<Vec<u32>> {
+        let text = self.render_chat_text(request)?;
+        Ok(self.tokenize(&text, false)?.ids)
+    }
+
+    /// Tokenizes a completion prompt as vLLM's completions endpoint does (special tokens added).
+    pub fn render_completion(&self, prompt: &str) -> Result<Vec<u32>> {
+        Ok(self.tokenize(prompt, true)?.ids)
+    }
+}
+
+/// What `TokenizersBackend.__init__` does after reading tokenizer.json: missing named special
+/// tokens are added as special tokens, and an explicit `add_bos_token`/`add_eos_token` (or a
+/// missing post-processor) rebuilds the post-processor as `[bos] $A [eos]`.
+fn apply_transformers_adjustments(name: &str, tokenizer: &mut Tokenizer, config: &TokenizerConfig) -> Result<()> {
+    let missing: Vec<AddedToken> = config
+        .special_tokens
+        .iter()
+        .filter(|(_, token)| tokenizer.token_to_id(token).is_none())
+        .map(|(_, token)| AddedToken::from(token.clone(), true).normalized(false))
+        .collect();
+    if !missing.is_empty() {
+        tokenizer
+            .add_special_tokens(missing)
+            .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?;
+    }
+
+    let explicit = config.add_bos_token.is_some() || config.add_eos_token.is_some();
+    if !explicit && tokenizer.get_post_processor().is_some() {
+        return Ok(());
+    }
+    let bos = config.special_token("bos_token").filter(|_| config.add_bos_token.unwrap_or(false));
+    let eos = config.special_token("eos_token").filter(|_| config.add_eos_token.unwrap_or(false));
+    let mut single = String::new();
+    let mut pair = String::new();
+    let mut specials: Vec<(String, u32)> = Vec::new();
+    for token in [bos, eos].into_iter().flatten() {
+        {
+            let id = tokenizer.token_to_id(token).ok_or_else(|| TokenizerError::InvalidTokenizer {
+                model: name.into(),
+                reason: "a configured BOS/EOS token is not in the vocabulary".into(),
+            })?;
+            specials.push((token.to_string(), id));
+        }
+    }
+    if let Some(bos) = bos {
+        single.push_str(&format!("{bos}:0 "));
+    }
+    single.push_str("$A:0");
+    if let Some(eos) = eos {
+        single.push_str(&format!(" {eos}:0"));
+    }
+    pair.push_str(&single);
+    if let Some(bos) = bos {
+        pair.push_str(&format!(" {bos}:1"));
+    }
+    pair.push_str(" $B:1");
+    if let Some(eos) = eos {
+        pair.push_str(&format!(" {eos}:1"));
+    }
+    let processor = TemplateProcessing::builder()
+        .try_single(single.as_str())
+        .and_then(|b| b.try_pair(pair.as_str()))
+        .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?
+        .special_tokens(specials)
+        .build()
+        .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?;
+    tokenizer.with_post_processor(Some(processor));
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! Reads a model directory the way `transformers` does (tokenizer.json, tokenizer_config.json,
+//! chat_template.jinja), so that special tokens, BOS handling and the chat template are exactly
+//! those vLLM would use for the same directory.
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+
+use crate::error::{Result, TokenizerError};
+
+/// The named special tokens HF exposes to chat templates (`special_tokens_map`).
+pub const SPECIAL_TOKEN_ATTRIBUTES: [&str; 7] =
+    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
+
+/// What `tokenizer_config.json` (plus `chat_template.jinja`) says about a model.
+#[derive(Debug, Clone, Default)]
+pub struct TokenizerConfig {
+    /// `(attribute, token)` for each named special token that is set, in HF's attribute order.
+    pub special_tokens: Vec<(String, String)>,
+    /// `add_bos_token` / `add_eos_token` when the config states them explicitly.
+    pub add_bos_token: Option<bool>,
+    pub add_eos_token: Option<bool>,
+    /// Named chat templates; a single template is named `default`.
+    pub chat_templates: Vec<NamedTemplate>,
+}
+
+/// One chat template and the name HF selects it by (`default`, `tool_use`, ...).
+#[derive(Debug, Clone)]
+pub struct NamedTemplate {
+    pub name: String,
+    pub source: String,
+}
+
+impl TokenizerConfig {
+    /// The value of a named special token such as `bos_token`.
+    pub fn special_token(&self, attribute: &str) -> Option<&str> {
+        self.special_tokens.iter().find(|(a, _)| a == attribute).map(|(_, t)| t.as_str())
+    }
+
+    /// HF's template choice: `tool_use` when tools are given and it exists, else `default`.
+    pub fn select_template(&self, with_tools: bool) -> Option<&NamedTemplate> {
+        if self.chat_templates.len() == 1 {
+            return self.chat_templates.first();
+        }
+        let by_name = |n: &str| self.chat_templates.iter().find(|t| t.name == n);
+        if with_tools {
+            if let Some(t) = by_name("tool_use") {
+                return Some(t);
+            }
+        }
+        by_name("default")
+    }
+}
+
+/// Paths of the files one model is made of.
+#[derive(Debug, Clone)]
+pub struct ModelDir {
+    pub dir: PathBuf,
+}
+
+impl ModelDir {
+    pub fn tokenizer_json(&self) -> PathBuf {
+        self.dir.join("tokenizer.json")
+    }
+
+    /// Parses `tokenizer_config.json` (optional) and `chat_template.jinja` (optional, wins over
+    /// the config's `chat_template`, as in transformers).
+    pub fn read_config(&self, model: &str) -> Result<TokenizerConfig> {
+        let config_path = self.dir.join("tokenizer_config.json");
+        let json: Json = if config_path.exists() {
+            let text = read_text(model, &config_path)?;
+            serde_json::from_str(&text).map_err(|e| TokenizerError::ModelFiles {
+                model: model.to_string(),
+                path: config_path.clone(),
+                reason: format!("invalid JSON: {e}"),
+            })?
+        } else {
+            Json::Object(Default::default())
+        };
+        let mut config = TokenizerConfig {
+            add_bos_token: json.get("add_bos_token").and_then(Json::as_bool),
+            add_eos_token: json.get("add_eos_token").and_then(Json::as_bool),
+            ..Default::default()
+        };
+        for attribute in SPECIAL_TOKEN_ATTRIBUTES {
+            if let Some(token) = json.get(attribute).and_then(token_content) {
+                config.special_tokens.push((attribute.to_string(), token));
+            }
+        }
+        let jinja_path = self.dir.join("chat_template.jinja");
+        if jinja_path.exists() {
+            let source = read_text(model, &jinja_path)?;
+            config.chat_templates.push(NamedTemplate { name: "default".into(), source });
+        } else {
+            match json.get("chat_template") {
+                Some(Json::String(source)) => {
+                    config.chat_templates.push(NamedTemplate { name: "default".into(), source: source.clone() })
+                }
+                Some(Json::Array(list)) => {
+                    for entry in list {
+                        if let (Some(name), Some(source)) =
+                            (entry.get("name").and_then(Json::as_str), entry.get("template").and_then(Json::as_str))
+                        {
+                            config.chat_templates.push(NamedTemplate { name: name.into(), source: source.into() });
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// A special token is either a plain string or a serialized `AddedToken` with `content`.
+fn token_content(value: &Json) -> Option<String> {
+    match value {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(map) => map.get("content").and_then(Json::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+fn read_text(model: &str, path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| TokenizerError::ModelFiles {
+        model: model.to_string(),
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}

@@ -1,0 +1,214 @@
+//! A minijinja environment that behaves like the Jinja2 sandbox `transformers` renders chat
+//! templates in (trim/lstrip blocks, loop controls, `raise_exception`, HF's `tojson`,
+//! `strftime_now`, Python string methods and Python value printing), and compiled templates on it.
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind};
+
+use crate::error::{Result, TokenizerError};
+use crate::python_json::{dumps, DumpOptions};
+use crate::python_repr::python_formatter;
+
+/// A chat template compiled once and rendered many times.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    name: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate").field("name", &self.name).finish()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `name` appears in every error (e.g. `Qwen3-8B/default`).
+    pub fn compile(name: &str, source: &str) -> Result<Self> {
+        let mut env = hf_environment();
+        let source = rewrite_generation_tags(source);
+        env.add_template_owned(name.to_string(), source).map_err(|e| template_error(name, &e))?;
+        Ok(Self { env, name: name.to_string() })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Renders with `context` as the template's globals.
+    pub fn render(&self, context: Value) -> Result<String> {
+        let template = self.env.get_template(&self.name).map_err(|e| template_error(&self.name, &e))?;
+        template.render(context).map_err(|e| template_error(&self.name, &e))
+    }
+}
+
+/// The environment HF's `_compile_jinja_template` builds, in minijinja.
+fn hf_environment() -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_keep_trailing_newline(false);
+    env.set_auto_escape_callback(|_| AutoEscape::None);
+    env.set_formatter(python_formatter);
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_filter("tojson", tojson);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    env
+}
+
+/// Maps a minijinja error to ours, keeping the template name and the failing line.
+fn template_error(name: &str, err: &Error) -> TokenizerError {
+    let mut reason = match err.detail() {
+        Some(detail) => format!("{}: {}", err.kind(), detail),
+        None => err.kind().to_string(),
+    };
+    let mut source = std::error::Error::source(err);
+    while let Some(inner) = source {
+        reason.push_str(&format!(" (caused by: {inner})"));
+        source = inner.source();
+    }
+    TokenizerError::Template { template: name.to_string(), line: err.line(), reason }
+}
+
+/// HF's `{% generation %}` tag only marks assistant spans for `return_assistant_tokens_mask`;
+/// for rendering it is a plain block, so it becomes an always-true `if` with the same
+/// whitespace-control markers.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(start) = rest.find("{%") {
+        out.push_str(&rest[..start]);
+        let tag = &rest[start..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (lead, body) = split_marker_front(inner);
+        let (body, trail) = split_marker_back(body);
+        match body.trim() {
+            "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            _ => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn split_marker_front(s: &str) -> (&str, &str) {
+    match s.chars().next() {
+        Some('-') | Some('+') => (&s[..1], &s[1..]),
+        _ => ("", s),
+    }
+}
+
+fn split_marker_back(s: &str) -> (&str, &str) {
+    match s.chars().last() {
+        Some('-') | Some('+') => (&s[..s.len() - 1], &s[s.len() - 1..]),
+        _ => (s, ""),
+    }
+}
+
+/// `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let mut opts = DumpOptions {
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ..Default::default()
+    };
+    if let Some(indent) = kwargs.get::<Option<Value>>("indent")? {
+        opts.indent = match indent.kind() {
+            ValueKind::None | ValueKind::Undefined => None,
+            ValueKind::Number => Some(" ".repeat(indent.as_i64().unwrap_or(0).max(0) as usize)),
+            ValueKind::String => Some(indent.as_str().unwrap_or_default().to_string()),
+            _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")),
+        };
+    }
+    if let Some(seps) = kwargs.get::<Option<Value>>("separators")? {
+        if !seps.is_none() {
+            let parts: Vec<Value> = seps.try_iter()?.collect();
+            match parts.as_slice() {
+                [item, key] => {
+                    opts.separators = Some((item.to_string(), key.to_string()));
+                }
+                _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")),
+            }
+        }
+    }
+    kwargs.assert_all_used()?;
+    Ok(Value::from_safe_string(dumps(&value, &opts)?))
+}
+
+/// Templates call this to reject unsupported conversations; it becomes our template error.
+fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `datetime.now().strftime(format)`; an unsupported format is an error, not a panic.
+fn strftime_now(format: String) -> Result<String, Error> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|i| matches!(i, Item::Error)) {
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("strftime_now: unsupported format {format:?}")));
+    }
+    let mut out = String::new();
+    use std::fmt::Write;
+    write!(out, "{}", chrono::Local::now().format_with_items(items.into_iter()))
+        .map_err(|_| Error::new(ErrorKind::InvalidOperation, "strftime_now: formatting failed"))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(src: &str, ctx: serde_json::Value) -> Result<String> {
+        ChatTemplate::compile("t", src)?.render(Value::from_serialize(ctx))
+    }
+
+    #[test]
+    fn trims_blocks_like_hf() {
+        let out = render("{% for m in messages %}\n  {% if true %}\n[{{ m }}]\n  {% endif %}\n{% endfor %}", serde_json::json!({"messages": ["a", "b"]})).unwrap();
+        assert_eq!(out, "[a]\n[b]\n");
+    }
+
+    #[test]
+    fn python_values_and_methods() {
+        let out = render("{{ x }} {{ n }} {{ ' hi '.strip() }} {{ d.items() | list | length }} {{ s.split(',')[1] }}",
+            serde_json::json!({"x": true, "n": null, "d": {"a": 1}, "s": "a,b"})).unwrap();
+        assert_eq!(out, "True None hi 1 b");
+    }
+
+    #[test]
+    fn tojson_matches_hf() {
+        let out = render("{{ t | tojson }}|{{ t | tojson(indent=2) }}", serde_json::json!({"t": {"a": "<é>"}})).unwrap();
+        assert_eq!(out, "{\"a\": \"<é>\"}|{\n  \"a\": \"<é>\"\n}");
+    }
+
+    #[test]
+    fn loop_controls_and_generation_tag() {
+        let out = render("{% for i in [1,2,3] %}{% if i == 2 %}{% continue %}{% endif %}{% generation %}{{ i }}{% endgeneration %}{% endfor %}", serde_json::json!({})).unwrap();
+        assert_eq!(out, "13");
+    }
+
+    #[test]
+    fn raise_exception_names_template_and_line() {
+        let err = render("ok\n{{ raise_exception('Roles must alternate') }}", serde_json::json!({})).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("\"t\" line 2") && msg.contains("Roles must alternate"), "{msg}");
+    }
+
+    #[test]
+    fn syntax_error_is_an_error_not_a_panic() {
+        let err = ChatTemplate::compile("broken", "{% if %}").unwrap_err();
+        assert!(matches!(err, TokenizerError::Template { ref template, line: Some(1), .. } if template == "broken"), "{err}");
+    }
+
+    #[test]
+    fn strftime_now_rejects_bad_format() {
+        assert!(render("{{ strftime_now('%Y') }}", serde_json::json!({})).unwrap().len() == 4);
+        assert!(render("{{ strftime_now('%Q%') }}", serde_json::json!({})).is_err());
+    }
+}
