@@ -3,7 +3,6 @@
 //! chat templates compiled once.
 use std::path::Path;
 
-use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, Tokenizer};
 
 use crate::chat_render::render_chat;
@@ -70,7 +69,7 @@ impl LoadedModel {
         &self.config
     }
 
-    /// Encodes `text`; `add_special_tokens` applies the BOS/EOS rules of the config.
+    /// Encodes `text`; `add_special_tokens` applies tokenizer.json's post-processor (BOS/EOS).
     pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<TokenizedText> {
         let encoding = self
             .tokenizer
@@ -111,9 +110,10 @@ impl LoadedModel {
     }
 }
 
-/// What `TokenizersBackend.__init__` does after reading tokenizer.json: missing named special
-/// tokens are added as special tokens, and an explicit `add_bos_token`/`add_eos_token` (or a
-/// missing post-processor) rebuilds the post-processor as `[bos] $A [eos]`.
+/// What `TokenizersBackend.__init__` (transformers v5) does after reading tokenizer.json: named
+/// special tokens missing from the vocabulary are added as special tokens. BOS/EOS insertion is
+/// left to tokenizer.json's post-processor: with a tokenizer.json present, transformers v5 drops
+/// `add_bos_token`/`add_eos_token` from the config, and so do we.
 fn apply_transformers_adjustments(name: &str, tokenizer: &mut Tokenizer, config: &TokenizerConfig) -> Result<()> {
     let missing: Vec<AddedToken> = config
         .special_tokens
@@ -126,47 +126,5 @@ fn apply_transformers_adjustments(name: &str, tokenizer: &mut Tokenizer, config:
             .add_special_tokens(missing)
             .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?;
     }
-
-    let explicit = config.add_bos_token.is_some() || config.add_eos_token.is_some();
-    if !explicit && tokenizer.get_post_processor().is_some() {
-        return Ok(());
-    }
-    let bos = config.special_token("bos_token").filter(|_| config.add_bos_token.unwrap_or(false));
-    let eos = config.special_token("eos_token").filter(|_| config.add_eos_token.unwrap_or(false));
-    let mut single = String::new();
-    let mut pair = String::new();
-    let mut specials: Vec<(String, u32)> = Vec::new();
-    for token in [bos, eos].into_iter().flatten() {
-        {
-            let id = tokenizer.token_to_id(token).ok_or_else(|| TokenizerError::InvalidTokenizer {
-                model: name.into(),
-                reason: "a configured BOS/EOS token is not in the vocabulary".into(),
-            })?;
-            specials.push((token.to_string(), id));
-        }
-    }
-    if let Some(bos) = bos {
-        single.push_str(&format!("{bos}:0 "));
-    }
-    single.push_str("$A:0");
-    if let Some(eos) = eos {
-        single.push_str(&format!(" {eos}:0"));
-    }
-    pair.push_str(&single);
-    if let Some(bos) = bos {
-        pair.push_str(&format!(" {bos}:1"));
-    }
-    pair.push_str(" $B:1");
-    if let Some(eos) = eos {
-        pair.push_str(&format!(" {eos}:1"));
-    }
-    let processor = TemplateProcessing::builder()
-        .try_single(single.as_str())
-        .and_then(|b| b.try_pair(pair.as_str()))
-        .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?
-        .special_tokens(specials)
-        .build()
-        .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?;
-    tokenizer.with_post_processor(Some(processor));
     Ok(())
 }

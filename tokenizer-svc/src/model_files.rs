@@ -1,5 +1,5 @@
 //! Reads a model directory the way `transformers` does (tokenizer.json, tokenizer_config.json,
-//! chat_template.jinja), so that special tokens, BOS handling and the chat template are exactly
+//! chat_template.jinja), so that special tokens and the chat template are exactly
 //! those vLLM would use for the same directory.
 use std::path::{Path, PathBuf};
 
@@ -16,9 +16,6 @@ pub const SPECIAL_TOKEN_ATTRIBUTES: [&str; 7] =
 pub struct TokenizerConfig {
     /// `(attribute, token)` for each named special token that is set, in HF's attribute order.
     pub special_tokens: Vec<(String, String)>,
-    /// `add_bos_token` / `add_eos_token` when the config states them explicitly.
-    pub add_bos_token: Option<bool>,
-    pub add_eos_token: Option<bool>,
     /// Named chat templates; a single template is named `default`.
     pub chat_templates: Vec<NamedTemplate>,
 }
@@ -76,11 +73,7 @@ impl ModelDir {
         } else {
             Json::Object(Default::default())
         };
-        let mut config = TokenizerConfig {
-            add_bos_token: json.get("add_bos_token").and_then(Json::as_bool),
-            add_eos_token: json.get("add_eos_token").and_then(Json::as_bool),
-            ..Default::default()
-        };
+        let mut config = TokenizerConfig::default();
         for attribute in SPECIAL_TOKEN_ATTRIBUTES {
             if let Some(token) = json.get(attribute).and_then(token_content) {
                 config.special_tokens.push((attribute.to_string(), token));

@@ -6,7 +6,7 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind};
 
 use crate::error::{Result, TokenizerError};
 use crate::python_json::{dumps, DumpOptions};
-use crate::python_repr::python_formatter;
+use crate::python_repr::{python_formatter, python_str};
 
 /// A chat template compiled once and rendered many times.
 pub struct ChatTemplate {
@@ -51,6 +51,14 @@ fn hf_environment() -> Environment<'static> {
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_filter("tojson", tojson);
+    env.add_filter("trim", trim);
+    env.add_filter("escape", escape);
+    env.add_filter("e", escape);
+    env.add_filter("string", |v: &Value| python_str(v));
+    env.add_filter("join", join);
+    env.add_filter("length", length);
+    env.add_filter("count", length);
+    env.add_test("iterable", is_iterable);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env
@@ -138,7 +146,65 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         }
     }
     kwargs.assert_all_used()?;
-    Ok(Value::from_safe_string(dumps(&value, &opts)?))
+    // A plain string, as HF's `json.dumps` returns: a later `| e` must still escape it.
+    Ok(Value::from(dumps(&value, &opts)?))
+}
+
+/// Jinja2's `trim` stringifies with Python's `str()` first (`[{'type': 'text'}]`), then strips.
+fn trim(value: &Value, chars: Option<String>) -> String {
+    let text = python_str(value);
+    match chars {
+        Some(chars) => text.trim_matches(|c| chars.contains(c)).to_string(),
+        None => text.trim().to_string(),
+    }
+}
+
+/// markupsafe's escaping (`&#34;`, `&#39;`), which differs from minijinja's HTML entities.
+fn escape(value: &Value) -> Value {
+    if value.is_safe() {
+        return value.clone();
+    }
+    let text = python_str(value);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&#34;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    Value::from_safe_string(out)
+}
+
+/// Jinja2's `join` uses Python's `str()` on every item (`True`, not `true`).
+fn join(value: &Value, separator: Option<String>) -> Result<String, Error> {
+    if value.is_undefined() || value.is_none() {
+        return Ok(String::new());
+    }
+    if let Some(s) = value.as_str() {
+        let sep = separator.unwrap_or_default();
+        return Ok(s.chars().map(String::from).collect::<Vec<_>>().join(&sep));
+    }
+    let items: Vec<String> = value.try_iter()?.map(|v| python_str(&v)).collect();
+    Ok(items.join(&separator.unwrap_or_default()))
+}
+
+/// Python's `len()`: an undefined value has length 0 in Jinja2; `None` has no length.
+fn length(value: &Value) -> Result<usize, Error> {
+    if value.is_undefined() {
+        return Ok(0);
+    }
+    value.len().ok_or_else(|| {
+        Error::new(ErrorKind::InvalidOperation, format!("object of type {} has no len()", value.kind()))
+    })
+}
+
+/// Python's `iter()` succeeds for strings, lists, dicts (and Jinja2's Undefined), not for `None`.
+fn is_iterable(value: &Value) -> bool {
+    matches!(value.kind(), ValueKind::Seq | ValueKind::Map | ValueKind::Iterable | ValueKind::String | ValueKind::Undefined)
 }
 
 /// Templates call this to reject unsupported conversations; it becomes our template error.
