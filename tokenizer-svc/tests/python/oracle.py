@@ -66,7 +66,9 @@ def run_ids(fixtures, out):
                                      ensure_ascii=False) + "\n")
 
 
-SWEEP_CASES = ("system_user", "multi_turn_no_gen", "tools_available", "content_parts")
+SWEEP_CASES = ("user_only", "system_user", "multi_turn_gen", "multi_turn_no_gen", "unicode_emoji", "empty_content",
+               "tools_available", "tool_call_round_trip", "content_parts", "thinking_disabled",
+               "reasoning_history", "continue_final", "documents")
 
 
 def run_sweep(fixtures, out):
