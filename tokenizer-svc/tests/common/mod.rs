@@ -2,6 +2,8 @@
 //! Missing assets fail the test under CI (`CI` set) and skip it with a note elsewhere.
 #![allow(dead_code)]
 
+pub mod trained;
+
 use std::path::{Path, PathBuf};
 
 pub fn repo_root() -> PathBuf {
