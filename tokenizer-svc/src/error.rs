@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong between a request and its token ids.
 ///
-/// Messages never contain prompt text or token ids: only model names, paths and template
-/// positions, so they are safe to log and to return to clients.
+/// `Display` is for the caller (it is returned in `error_message`): a template's own
+/// `raise_exception` text is included and may quote the conversation. Logs must use
+/// [`TokenizerError::log_summary`], which never carries request content.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// The model name is not configured.
@@ -49,6 +50,20 @@ impl TokenizerError {
         }
     }
 
+    /// A description safe to log: the kind, model or template name and line, never the
+    /// template's message (which may quote the prompt) or request-derived text.
+    pub fn log_summary(&self) -> String {
+        match self {
+            Self::UnknownModel(model) | Self::NoChatTemplate(model) => format!("{} model={model:?}", self.kind()),
+            Self::ModelFiles { model, path, .. } => format!("{} model={model:?} path={}", self.kind(), path.display()),
+            Self::InvalidTokenizer { model, .. } | Self::Encode { model, .. } => format!("{} model={model:?}", self.kind()),
+            Self::Template { template, line, .. } => {
+                format!("{} template={template:?} line={}", self.kind(), line.map(|l| l.to_string()).unwrap_or("?".into()))
+            }
+            Self::InvalidRequest(_) | Self::Config(_) => self.kind().to_string(),
+        }
+    }
+
     /// Whether the caller is at fault (as opposed to the server's model files).
     pub fn is_client_error(&self) -> bool {
         matches!(
@@ -60,3 +75,19 @@ impl TokenizerError {
 
 /// Library result alias.
 pub type Result<T, E = TokenizerError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_summary_drops_template_messages_that_may_quote_the_prompt() {
+        let err = TokenizerError::Template {
+            template: "m/default".into(),
+            line: Some(7),
+            reason: "unknown system risk: my secret prompt".into(),
+        };
+        assert!(err.to_string().contains("my secret prompt"), "the caller gets the full message");
+        assert_eq!(err.log_summary(), "template_error template=\"m/default\" line=7");
+    }
+}

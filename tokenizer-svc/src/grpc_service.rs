@@ -50,8 +50,8 @@ impl TokenizationGrpc {
         metrics::histogram!("kvindex_tokenizer_request_duration_seconds", "method" => method)
             .record(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
-            // The error text carries model names and template positions only, never the prompt.
-            tracing::warn!(method, model, error = %e, "request failed");
+            // Only the log-safe summary: a template's own message may quote the prompt.
+            tracing::warn!(method, model, error = %e.log_summary(), "request failed");
         }
         Ok(result)
     }
