@@ -2,6 +2,9 @@
 //! (named special tokens added, BOS/EOS post-processor from `tokenizer_config.json`) and its
 //! chat templates compiled once.
 use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use tokenizers::{AddedToken, Tokenizer};
 
@@ -24,7 +27,12 @@ pub struct LoadedModel {
     tokenizer: Tokenizer,
     config: TokenizerConfig,
     templates: Vec<(NamedTemplate, ChatTemplate)>,
+    /// Templates sent with requests (llm-d may send one on every call), compiled once each.
+    request_templates: Mutex<Vec<(String, Arc<ChatTemplate>)>>,
 }
+
+/// How many distinct request-supplied templates stay compiled per model.
+const REQUEST_TEMPLATE_CACHE: usize = 8;
 
 impl std::fmt::Debug for LoadedModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,7 +61,7 @@ impl LoadedModel {
             .iter()
             .map(|t| Ok((t.clone(), ChatTemplate::compile(&format!("{name}/{}", t.name), &t.source)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { name: name.into(), tokenizer, config, templates })
+        Ok(Self { name: name.into(), tokenizer, config, templates, request_templates: Mutex::new(Vec::new()) })
     }
 
     pub fn name(&self) -> &str {
@@ -82,7 +90,7 @@ impl LoadedModel {
     /// Renders the chat to text exactly as `apply_chat_template(..., tokenize=False)`.
     pub fn render_chat_text(&self, request: &ChatRequest) -> Result<String> {
         if let Some(source) = &request.chat_template {
-            let template = ChatTemplate::compile(&format!("{}/request", self.name), source)?;
+            let template = self.request_template(source)?;
             return render_chat(&template, source, &self.config.special_tokens, request);
         }
         let chosen = self
@@ -95,6 +103,19 @@ impl LoadedModel {
             .find(|(t, _)| t.name == chosen.name)
             .expect("every configured template is compiled at load");
         render_chat(template, &named.source, &self.config.special_tokens, request)
+    }
+
+    fn request_template(&self, source: &str) -> Result<Arc<ChatTemplate>> {
+        if let Some((_, t)) = self.request_templates.lock().iter().find(|(s, _)| s == source) {
+            return Ok(t.clone());
+        }
+        let compiled = Arc::new(ChatTemplate::compile(&format!("{}/request", self.name), source)?);
+        let mut cache = self.request_templates.lock();
+        if cache.len() >= REQUEST_TEMPLATE_CACHE {
+            cache.remove(0);
+        }
+        cache.push((source.to_string(), compiled.clone()));
+        Ok(compiled)
     }
 
     /// Renders and tokenizes like `apply_chat_template(..., tokenize=True)` and vLLM's chat
