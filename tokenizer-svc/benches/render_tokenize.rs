@@ -86,7 +86,11 @@ fn main() {
         v.sort();
     }
 
-    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    // One worker per core by default; BENCH_WORKERS overrides (e.g. 1 to see scaling).
+    let workers = std::env::var("BENCH_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let window = Duration::from_secs(10);

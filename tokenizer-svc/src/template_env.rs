@@ -24,7 +24,7 @@ impl ChatTemplate {
     /// Compiles `source`; `name` appears in every error (e.g. `Qwen3-8B/default`).
     pub fn compile(name: &str, source: &str) -> Result<Self> {
         let mut env = hf_environment();
-        let source = rewrite_generation_tags(source);
+        let source = rewrite_jinja2_quirks(source);
         env.add_template_owned(name.to_string(), source).map_err(|e| template_error(name, &e))?;
         Ok(Self { env, name: name.to_string() })
     }
@@ -78,10 +78,13 @@ fn template_error(name: &str, err: &Error) -> TokenizerError {
     TokenizerError::Template { template: name.to_string(), line: err.line(), reason }
 }
 
-/// HF's `{% generation %}` tag only marks assistant spans for `return_assistant_tokens_mask`;
-/// for rendering it is a plain block, so it becomes an always-true `if` with the same
-/// whitespace-control markers.
-fn rewrite_generation_tags(source: &str) -> String {
+/// Source rewrites for the two places where Jinja2's *syntax* handling differs from minijinja:
+/// * HF's `{% generation %}` tag only marks assistant spans for `return_assistant_tokens_mask`;
+///   for rendering it is a plain block, so it becomes an always-true `if` with the same
+///   whitespace-control markers.
+/// * Jinja2 does not apply `trim_blocks` to the newline right after `{% raw %}`; minijinja does,
+///   so that newline is doubled. Raw block bodies are copied verbatim.
+fn rewrite_jinja2_quirks(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
@@ -94,15 +97,38 @@ fn rewrite_generation_tags(source: &str) -> String {
         let inner = &tag[2..end];
         let (lead, body) = split_marker_front(inner);
         let (body, trail) = split_marker_back(body);
+        rest = &tag[end + 2..];
         match body.trim() {
             "generation" => out.push_str(&format!("{{%{lead} if true {trail}%}}")),
             "endgeneration" => out.push_str(&format!("{{%{lead} endif {trail}%}}")),
+            "raw" => {
+                out.push_str(&tag[..end + 2]);
+                if trail != "-" && rest.starts_with('\n') {
+                    out.push('\n');
+                }
+                let body_len = find_endraw(rest).unwrap_or(rest.len());
+                out.push_str(&rest[..body_len]);
+                rest = &rest[body_len..];
+            }
             _ => out.push_str(&tag[..end + 2]),
         }
-        rest = &tag[end + 2..];
     }
     out.push_str(rest);
     out
+}
+
+/// Byte offset of the `{%` opening the `endraw` tag in `s`, if any.
+fn find_endraw(s: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(pos) = s[from..].find("{%") {
+        let at = from + pos;
+        let after = s[at + 2..].trim_start_matches(['-', '+']).trim_start();
+        if after.starts_with("endraw") {
+            return Some(at);
+        }
+        from = at + 2;
+    }
+    None
 }
 
 fn split_marker_front(s: &str) -> (&str, &str) {
@@ -257,6 +283,20 @@ mod tests {
     fn loop_controls_and_generation_tag() {
         let out = render("{% for i in [1,2,3] %}{% if i == 2 %}{% continue %}{% endif %}{% generation %}{{ i }}{% endgeneration %}{% endfor %}", serde_json::json!({})).unwrap();
         assert_eq!(out, "13");
+    }
+
+    #[test]
+    fn raw_blocks_keep_jinja2_whitespace() {
+        // Expected values are what Jinja2 3.1.6 renders with trim_blocks + lstrip_blocks.
+        let cases = [
+            ("{% raw %}\nX{% endraw %}\nY", "\nXY"),
+            ("a\n  {% raw %}\nX\n  {% endraw %}\nY", "a\n\nX\nY"),
+            ("{% raw -%}\n  X{%- endraw %}\nY", "XY"),
+            ("{% raw %}{% generation %}{% endraw %}", "{% generation %}"),
+        ];
+        for (src, expected) in cases {
+            assert_eq!(render(src, serde_json::json!({})).unwrap(), expected, "{src:?}");
+        }
     }
 
     #[test]
