@@ -1,6 +1,6 @@
-//! One model ready to serve: its tokenizer adjusted the way `transformers` adjusts it on load
-//! (named special tokens added, BOS/EOS post-processor from `tokenizer_config.json`) and its
-//! chat templates compiled once.
+//! One model ready to serve: its tokenizer adjusted the way `transformers` v5 adjusts it on load
+//! (named special tokens from `tokenizer_config.json` added; BOS/EOS left to tokenizer.json's
+//! post-processor) and its chat templates compiled once.
 use std::path::Path;
 use std::sync::Arc;
 

