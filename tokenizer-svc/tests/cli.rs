@@ -9,6 +9,17 @@ use std::time::Duration;
 
 use common::trained;
 
+/// Kills the server if the test fails before it exits on its own.
+struct Running(std::process::Child);
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn run_to_exit(args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kvindex-tokenizer")).args(args).output().expect("run binary");
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -33,7 +44,7 @@ fn serves_models_dir_and_model_flags_then_stops_on_sigterm() {
     trained::chatml_model(&models, "alpha");
     let extra = trained::raising_model(&root, "beta");
     let uds = root.join("tok.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex-tokenizer"))
+    let mut child = Running(Command::new(env!("CARGO_BIN_EXE_kvindex-tokenizer"))
         .args(["serve", "--grpc-addr", "127.0.0.1:0", "--preload", "alpha,beta", "--models-dir"])
         .arg(&models)
         .arg("--model")
@@ -43,8 +54,8 @@ fn serves_models_dir_and_model_flags_then_stops_on_sigterm() {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("start");
-    let stdout = child.stdout.take().unwrap();
+        .expect("start"));
+    let stdout = child.0.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -56,13 +67,16 @@ fn serves_models_dir_and_model_flags_then_stops_on_sigterm() {
     assert!(line.ends_with(&format!("uds={}", uds.display())), "{line}");
     assert!(uds.exists());
 
-    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
     assert!(status.success());
-    let (done_tx, done_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done_tx.send(child.wait());
-    });
-    let exit = done_rx.recv_timeout(Duration::from_secs(30)).expect("exits within 30 s after SIGTERM").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(std::time::Instant::now() < deadline, "still running 30 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(exit.success(), "{exit:?}");
     assert!(!uds.exists(), "socket removed on shutdown");
 }
