@@ -12,6 +12,8 @@ use crate::template_env::ChatTemplate;
 const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 /// Names a message's reasoning is passed under; the first is the one templates read.
 const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+/// Template variables that come from the request's own fields, never from kwargs.
+const RESERVED_CONTEXT: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
 
 /// Renders `request` with `template`; `special_tokens` are the model's named special tokens.
 pub fn render_chat(
@@ -27,6 +29,12 @@ pub fn render_chat(
         return Err(TokenizerError::InvalidRequest(
             "continue_final_message and add_generation_prompt are mutually exclusive".into(),
         ));
+    }
+    if let Some(key) = request.template_kwargs.keys().find(|k| RESERVED_CONTEXT.contains(&k.as_str())) {
+        // HF raises a TypeError (duplicate keyword); silently picking one would hide a bug.
+        return Err(TokenizerError::InvalidRequest(format!(
+            "chat_template_kwargs may not set {key:?}; use the request field instead"
+        )));
     }
     let mut messages = request.messages.iter().map(normalize_message).collect::<Result<Vec<_>>>()?;
     let final_text = if request.continue_final_message {

@@ -34,10 +34,8 @@ impl TokenizerConfig {
     }
 
     /// HF's template choice: `tool_use` when tools are given and it exists, else `default`.
+    /// (Named templates without a `default` have nothing to fall back on, as in HF.)
     pub fn select_template(&self, with_tools: bool) -> Option<&NamedTemplate> {
-        if self.chat_templates.len() == 1 {
-            return self.chat_templates.first();
-        }
         let by_name = |n: &str| self.chat_templates.iter().find(|t| t.name == n);
         if with_tools {
             if let Some(t) = by_name("tool_use") {
@@ -79,11 +77,26 @@ impl ModelDir {
                 config.special_tokens.push((attribute.to_string(), token));
             }
         }
+        // Template files replace the config's templates entirely, as in transformers v5:
+        // `chat_template.jinja` is `default`, `additional_chat_templates/<name>.jinja` is `<name>`.
         let jinja_path = self.dir.join("chat_template.jinja");
         if jinja_path.exists() {
             let source = read_text(model, &jinja_path)?;
             config.chat_templates.push(NamedTemplate { name: "default".into(), source });
-        } else {
+        }
+        let extra_dir = self.dir.join("additional_chat_templates");
+        if let Ok(entries) = std::fs::read_dir(&extra_dir) {
+            let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+            files.sort();
+            for path in files {
+                let name = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".jinja"));
+                if let Some(name) = name {
+                    let source = read_text(model, &path)?;
+                    config.chat_templates.push(NamedTemplate { name: name.to_string(), source });
+                }
+            }
+        }
+        if config.chat_templates.is_empty() {
             match json.get("chat_template") {
                 Some(Json::String(source)) => {
                     config.chat_templates.push(NamedTemplate { name: "default".into(), source: source.clone() })

@@ -62,6 +62,25 @@ fn continue_final_message_cuts_after_the_partial_answer() {
 }
 
 #[test]
+fn template_files_replace_config_templates_and_named_selection_follows_hf() {
+    let root = common::scratch_dir("lib-files");
+    let dir = trained::multi_template_model(&root, "m");
+    // additional_chat_templates/ replaces the config's list; with no `default`, plain chats fail.
+    std::fs::create_dir_all(dir.join("additional_chat_templates")).unwrap();
+    std::fs::write(dir.join("additional_chat_templates/tool_use.jinja"), "TOOLS {{ tools | length }}").unwrap();
+    let registry = registry_with(&[("m", dir.clone())], 4);
+    let mut request = chat(json!([{"role": "user", "content": "hi"}]));
+    assert!(matches!(registry.render_chat_text("m", &request), Err(TokenizerError::NoChatTemplate(_))));
+    request.tools = Some(vec![json!({"name": "f"})]);
+    assert_eq!(registry.render_chat_text("m", &request).unwrap(), "TOOLS 1");
+    // chat_template.jinja becomes `default`.
+    std::fs::write(dir.join("chat_template.jinja"), "DEFAULT").unwrap();
+    let registry = registry_with(&[("m", dir)], 4);
+    request.tools = None;
+    assert_eq!(registry.render_chat_text("m", &request).unwrap(), "DEFAULT");
+}
+
+#[test]
 fn tool_use_template_is_selected_when_tools_are_given() {
     let root = common::scratch_dir("lib-multi");
     let registry = registry_with(&[("m", trained::multi_template_model(&root, "m"))], 4);
@@ -97,6 +116,9 @@ fn bad_inputs_are_typed_errors_not_panics() {
     assert!(matches!(registry.tokenize("nope", "x", true), Err(TokenizerError::UnknownModel(_))));
     assert!(matches!(registry.render_chat("m", &ChatRequest::default()), Err(TokenizerError::InvalidRequest(_))));
     assert!(matches!(registry.render_chat("m", &chat(json!(["not an object"]))), Err(TokenizerError::InvalidRequest(_))));
+    let mut clash = chat(json!([{"role": "user", "content": "x"}]));
+    clash.template_kwargs.insert("messages".into(), json!([]));
+    assert!(matches!(registry.render_chat("m", &clash), Err(TokenizerError::InvalidRequest(_))));
     let mut broken = chat(json!([{"role": "user", "content": "x"}]));
     broken.chat_template = Some("{% for %}".into());
     assert!(matches!(registry.render_chat("m", &broken), Err(TokenizerError::Template { line: Some(1), .. })));
