@@ -14,7 +14,11 @@ pub enum TokenizerError {
     UnknownModel(String),
     /// A model directory lacks a file the model needs, or a file cannot be read.
     #[error("model {model:?}: cannot read {path}: {reason}")]
-    ModelFiles { model: String, path: PathBuf, reason: String },
+    ModelFiles {
+        model: String,
+        path: PathBuf,
+        reason: String,
+    },
     /// `tokenizer.json` could not be parsed or built.
     #[error("model {model:?}: invalid tokenizer: {reason}")]
     InvalidTokenizer { model: String, reason: String },
@@ -23,7 +27,11 @@ pub enum TokenizerError {
     NoChatTemplate(String),
     /// The template does not compile or fails while rendering (including `raise_exception`).
     #[error("chat template {template:?}{}: {reason}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
-    Template { template: String, line: Option<usize>, reason: String },
+    Template {
+        template: String,
+        line: Option<usize>,
+        reason: String,
+    },
     /// The request itself is malformed (bad JSON kwargs, empty conversation, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -54,11 +62,21 @@ impl TokenizerError {
     /// template's message (which may quote the prompt) or request-derived text.
     pub fn log_summary(&self) -> String {
         match self {
-            Self::UnknownModel(model) | Self::NoChatTemplate(model) => format!("{} model={model:?}", self.kind()),
-            Self::ModelFiles { model, path, .. } => format!("{} model={model:?} path={}", self.kind(), path.display()),
-            Self::InvalidTokenizer { model, .. } | Self::Encode { model, .. } => format!("{} model={model:?}", self.kind()),
+            Self::UnknownModel(model) | Self::NoChatTemplate(model) => {
+                format!("{} model={model:?}", self.kind())
+            }
+            Self::ModelFiles { model, path, .. } => {
+                format!("{} model={model:?} path={}", self.kind(), path.display())
+            }
+            Self::InvalidTokenizer { model, .. } | Self::Encode { model, .. } => {
+                format!("{} model={model:?}", self.kind())
+            }
             Self::Template { template, line, .. } => {
-                format!("{} template={template:?} line={}", self.kind(), line.map(|l| l.to_string()).unwrap_or("?".into()))
+                format!(
+                    "{} template={template:?} line={}",
+                    self.kind(),
+                    line.map(|l| l.to_string()).unwrap_or("?".into())
+                )
             }
             Self::InvalidRequest(_) | Self::Config(_) => self.kind().to_string(),
         }
@@ -68,7 +86,10 @@ impl TokenizerError {
     pub fn is_client_error(&self) -> bool {
         matches!(
             self,
-            Self::UnknownModel(_) | Self::NoChatTemplate(_) | Self::Template { .. } | Self::InvalidRequest(_)
+            Self::UnknownModel(_)
+                | Self::NoChatTemplate(_)
+                | Self::Template { .. }
+                | Self::InvalidRequest(_)
         )
     }
 }
@@ -87,7 +108,13 @@ mod tests {
             line: Some(7),
             reason: "unknown system risk: my secret prompt".into(),
         };
-        assert!(err.to_string().contains("my secret prompt"), "the caller gets the full message");
-        assert_eq!(err.log_summary(), "template_error template=\"m/default\" line=7");
+        assert!(
+            err.to_string().contains("my secret prompt"),
+            "the caller gets the full message"
+        );
+        assert_eq!(
+            err.log_summary(),
+            "template_error template=\"m/default\" line=7"
+        );
     }
 }

@@ -18,7 +18,10 @@ pub struct RegistryConfig {
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        Self { models: BTreeMap::new(), max_loaded_models: DEFAULT_MAX_LOADED_MODELS }
+        Self {
+            models: BTreeMap::new(),
+            max_loaded_models: DEFAULT_MAX_LOADED_MODELS,
+        }
     }
 }
 
@@ -28,7 +31,9 @@ impl RegistryConfig {
         let (name, dir) = spec
             .split_once('=')
             .filter(|(n, d)| !n.is_empty() && !d.is_empty())
-            .ok_or_else(|| TokenizerError::Config(format!("--model expects <name>=<dir>, got {spec:?}")))?;
+            .ok_or_else(|| {
+                TokenizerError::Config(format!("--model expects <name>=<dir>, got {spec:?}"))
+            })?;
         self.add_model(name, dir)
     }
 
@@ -41,8 +46,14 @@ impl RegistryConfig {
                 dir.display()
             )));
         }
-        if self.models.insert(name.to_string(), dir.to_path_buf()).is_some() {
-            return Err(TokenizerError::Config(format!("model {name:?} is configured twice")));
+        if self
+            .models
+            .insert(name.to_string(), dir.to_path_buf())
+            .is_some()
+        {
+            return Err(TokenizerError::Config(format!(
+                "model {name:?} is configured twice"
+            )));
         }
         Ok(())
     }

@@ -22,11 +22,17 @@ struct Server {
 async fn start(name: &str) -> Server {
     let root = common::scratch_dir(name);
     let mut config = RegistryConfig::default();
-    config.add_model("chatml", trained::chatml_model(&root, "chatml")).unwrap();
-    config.add_model("strict", trained::raising_model(&root, "strict")).unwrap();
+    config
+        .add_model("chatml", trained::chatml_model(&root, "chatml"))
+        .unwrap();
+    config
+        .add_model("strict", trained::raising_model(&root, "strict"))
+        .unwrap();
     let registry = Arc::new(TokenizerRegistry::new(config));
     let uds = root.join("tokenizer.sock");
-    let listeners = BoundListeners::bind("127.0.0.1:0".parse().unwrap(), Some(uds.clone())).await.unwrap();
+    let listeners = BoundListeners::bind("127.0.0.1:0".parse().unwrap(), Some(uds.clone()))
+        .await
+        .unwrap();
     let tcp = listeners.tcp_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn({
@@ -39,11 +45,19 @@ async fn start(name: &str) -> Server {
             .expect("server runs");
         }
     });
-    Server { tcp, uds, registry, stop: Some(stop), task }
+    Server {
+        tcp,
+        uds,
+        registry,
+        stop: Some(stop),
+        task,
+    }
 }
 
 async fn tcp_client(server: &Server) -> TokenizationServiceClient<Channel> {
-    TokenizationServiceClient::connect(format!("http://{}", server.tcp)).await.unwrap()
+    TokenizationServiceClient::connect(format!("http://{}", server.tcp))
+        .await
+        .unwrap()
 }
 
 async fn uds_channel(path: std::path::PathBuf) -> Channel {
@@ -51,14 +65,22 @@ async fn uds_channel(path: std::path::PathBuf) -> Channel {
         .unwrap()
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
         }))
         .await
         .unwrap()
 }
 
 fn user(text: &str) -> pb::ChatMessage {
-    pb::ChatMessage { role: "user".into(), content: Some(text.into()), content_parts: vec![] }
+    pb::ChatMessage {
+        role: "user".into(),
+        content: Some(text.into()),
+        content_parts: vec![],
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,44 +88,90 @@ async fn every_method_works_over_tcp_and_unix_socket() {
     let mut server = start("grpc-ok").await;
     let mut client = tcp_client(&server).await;
 
-    let init = client.initialize_tokenizer(pb::InitializeTokenizerRequest { model_name: "chatml".into(), ..Default::default() }).await.unwrap().into_inner();
+    let init = client
+        .initialize_tokenizer(pb::InitializeTokenizerRequest {
+            model_name: "chatml".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(init.success, "{}", init.error_message);
     assert_eq!(server.registry.loaded_model_names(), vec!["chatml"]);
 
     let text = "Hello world! café";
     let tok = client
-        .tokenize(pb::TokenizeRequest { input: text.into(), model_name: "chatml".into(), add_special_tokens: true })
+        .tokenize(pb::TokenizeRequest {
+            input: text.into(),
+            model_name: "chatml".into(),
+            add_special_tokens: true,
+        })
         .await
         .unwrap()
         .into_inner();
     assert!(tok.success);
     let expected = server.registry.tokenize("chatml", text, true).unwrap();
     assert_eq!(tok.input_ids, expected.ids);
-    assert_eq!(tok.offset_pairs, expected.offsets.iter().flat_map(|&(s, e)| [s, e]).collect::<Vec<_>>());
+    assert_eq!(
+        tok.offset_pairs,
+        expected
+            .offsets
+            .iter()
+            .flat_map(|&(s, e)| [s, e])
+            .collect::<Vec<_>>()
+    );
 
-    let completion = client.render_completion(pb::RenderCompletionRequest { model_name: "chatml".into(), prompt: text.into() }).await.unwrap().into_inner();
+    let completion = client
+        .render_completion(pb::RenderCompletionRequest {
+            model_name: "chatml".into(),
+            prompt: text.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(completion.success && !completion.request_id.is_empty());
     assert_eq!(completion.token_ids, expected.ids);
 
     let chat_req = pb::RenderChatCompletionRequest {
         model_name: "chatml".into(),
         messages: vec![
-            pb::ChatMessage { role: "system".into(), content: None, content_parts: vec![pb::ContentPart { r#type: "text".into(), text: Some("Be brief.".into()), image_url: None }] },
+            pb::ChatMessage {
+                role: "system".into(),
+                content: None,
+                content_parts: vec![pb::ContentPart {
+                    r#type: "text".into(),
+                    text: Some("Be brief.".into()),
+                    image_url: None,
+                }],
+            },
             user("Hi"),
         ],
         add_generation_prompt: true,
         chat_template_kwargs: Some(r#"{"enable_thinking": false}"#.into()),
         ..Default::default()
     };
-    let chat = client.render_chat_completion(chat_req.clone()).await.unwrap().into_inner();
+    let chat = client
+        .render_chat_completion(chat_req.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert!(chat.success, "{}", chat.error_message);
     let rendered = "<|im_start|>system\n[{'type': 'text', 'text': 'Be brief.'}]<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
-    assert_eq!(chat.token_ids, server.registry.tokenize("chatml", rendered, false).unwrap().ids);
+    assert_eq!(
+        chat.token_ids,
+        server
+            .registry
+            .tokenize("chatml", rendered, false)
+            .unwrap()
+            .ids
+    );
 
     let old = client
         .render_chat_template(pb::ChatTemplateRequest {
             model_name: "chatml".into(),
-            conversation_turns: vec![pb::ConversationTurn { messages: vec![user("Hi")] }],
+            conversation_turns: vec![pb::ConversationTurn {
+                messages: vec![user("Hi")],
+            }],
             add_generation_prompt: true,
             ..Default::default()
         })
@@ -111,15 +179,25 @@ async fn every_method_works_over_tcp_and_unix_socket() {
         .unwrap()
         .into_inner();
     assert!(old.success);
-    assert_eq!(old.rendered_prompt, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        old.rendered_prompt,
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
 
     // Same answers over the Unix socket.
     let mut unix = TokenizationServiceClient::new(uds_channel(server.uds.clone()).await);
-    let over_uds = unix.render_chat_completion(chat_req).await.unwrap().into_inner();
+    let over_uds = unix
+        .render_chat_completion(chat_req)
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(over_uds.token_ids, chat.token_ids);
 
     server.stop.take().unwrap().send(()).unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), &mut server.task).await.expect("server stops").unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), &mut server.task)
+        .await
+        .expect("server stops")
+        .unwrap();
     assert!(!server.uds.exists(), "socket file removed on shutdown");
 }
 
@@ -128,10 +206,29 @@ async fn failures_follow_llm_d_success_false_contract() {
     let server = start("grpc-errors").await;
     let mut client = tcp_client(&server).await;
 
-    let unknown = client.tokenize(pb::TokenizeRequest { input: "x".into(), model_name: "missing".into(), add_special_tokens: false }).await.unwrap().into_inner();
-    assert!(!unknown.success && unknown.error_message.contains("unknown model \"missing\""), "{}", unknown.error_message);
+    let unknown = client
+        .tokenize(pb::TokenizeRequest {
+            input: "x".into(),
+            model_name: "missing".into(),
+            add_special_tokens: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !unknown.success && unknown.error_message.contains("unknown model \"missing\""),
+        "{}",
+        unknown.error_message
+    );
 
-    let init = client.initialize_tokenizer(pb::InitializeTokenizerRequest { model_name: "missing".into(), ..Default::default() }).await.unwrap().into_inner();
+    let init = client
+        .initialize_tokenizer(pb::InitializeTokenizerRequest {
+            model_name: "missing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!init.success);
 
     let bad_kwargs = client
@@ -144,20 +241,36 @@ async fn failures_follow_llm_d_success_false_contract() {
         .await
         .unwrap()
         .into_inner();
-    assert!(!bad_kwargs.success && bad_kwargs.error_message.contains("chat_template_kwargs"), "{}", bad_kwargs.error_message);
+    assert!(
+        !bad_kwargs.success && bad_kwargs.error_message.contains("chat_template_kwargs"),
+        "{}",
+        bad_kwargs.error_message
+    );
 
     let raised = client
         .render_chat_completion(pb::RenderChatCompletionRequest {
             model_name: "strict".into(),
-            messages: vec![pb::ChatMessage { role: "system".into(), content: Some("secret prompt".into()), content_parts: vec![] }],
+            messages: vec![pb::ChatMessage {
+                role: "system".into(),
+                content: Some("secret prompt".into()),
+                content_parts: vec![],
+            }],
             ..Default::default()
         })
         .await
         .unwrap()
         .into_inner();
     assert!(!raised.success);
-    assert!(raised.error_message.contains("\"strict/default\" line 3") && raised.error_message.contains("System role not supported"), "{}", raised.error_message);
-    assert!(!raised.error_message.contains("secret prompt"), "errors never echo the prompt");
+    assert!(
+        raised.error_message.contains("\"strict/default\" line 3")
+            && raised.error_message.contains("System role not supported"),
+        "{}",
+        raised.error_message
+    );
+    assert!(
+        !raised.error_message.contains("secret prompt"),
+        "errors never echo the prompt"
+    );
 
     let bad_template = client
         .render_chat_completion(pb::RenderChatCompletionRequest {
@@ -169,7 +282,11 @@ async fn failures_follow_llm_d_success_false_contract() {
         .await
         .unwrap()
         .into_inner();
-    assert!(!bad_template.success && bad_template.error_message.contains("chatml/request"), "{}", bad_template.error_message);
+    assert!(
+        !bad_template.success && bad_template.error_message.contains("chatml/request"),
+        "{}",
+        bad_template.error_message
+    );
 
     let bad_tool = client
         .render_chat_completion(pb::RenderChatCompletionRequest {
@@ -177,16 +294,31 @@ async fn failures_follow_llm_d_success_false_contract() {
             messages: vec![user("Hi")],
             tools: vec![pb::ChatCompletionTool {
                 r#type: "function".into(),
-                function: Some(pb::FunctionDefinition { name: "f".into(), parameters_json: Some("[oops".into()), ..Default::default() }),
+                function: Some(pb::FunctionDefinition {
+                    name: "f".into(),
+                    parameters_json: Some("[oops".into()),
+                    ..Default::default()
+                }),
             }],
             ..Default::default()
         })
         .await
         .unwrap()
         .into_inner();
-    assert!(!bad_tool.success && bad_tool.error_message.contains("parameters_json"), "{}", bad_tool.error_message);
+    assert!(
+        !bad_tool.success && bad_tool.error_message.contains("parameters_json"),
+        "{}",
+        bad_tool.error_message
+    );
 
-    let empty = client.render_chat_completion(pb::RenderChatCompletionRequest { model_name: "chatml".into(), ..Default::default() }).await.unwrap().into_inner();
+    let empty = client
+        .render_chat_completion(pb::RenderChatCompletionRequest {
+            model_name: "chatml".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!empty.success);
 }
 
@@ -200,20 +332,43 @@ async fn health_and_reflection_are_served() {
     use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let server = start("grpc-health").await;
-    let channel = Endpoint::try_from(format!("http://{}", server.tcp)).unwrap().connect().await.unwrap();
+    let channel = Endpoint::try_from(format!("http://{}", server.tcp))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut health = HealthClient::new(channel.clone());
     for service in ["", "tokenization.TokenizationService"] {
-        let status = health.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner().status;
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
         assert_eq!(status, 1, "SERVING for {service:?}");
     }
 
     let mut reflection = ServerReflectionClient::new(channel);
-    let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-    let mut stream = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await.unwrap().into_inner();
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
     let response = stream.message().await.unwrap().expect("one response");
-    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else { panic!("unexpected reflection response") };
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection response")
+    };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
     for expected in ["tokenization.TokenizationService", "grpc.health.v1.Health"] {
-        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing from {names:?}"
+        );
     }
 }

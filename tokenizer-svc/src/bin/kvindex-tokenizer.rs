@@ -8,7 +8,11 @@ use kvindex_tokenizer::server::{serve, BoundListeners};
 use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 
 #[derive(Parser, Debug)]
-#[command(name = "kvindex-tokenizer", version, about = "Exact HF tokenization and chat templates for kvindex (llm-d TokenizationService)")]
+#[command(
+    name = "kvindex-tokenizer",
+    version,
+    about = "Exact HF tokenization and chat templates for kvindex (llm-d TokenizationService)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -54,7 +58,10 @@ fn main() -> std::process::ExitCode {
         .init();
     let cli = Cli::parse();
     let Command::Serve(args) = cli.command;
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kvindex-tokenizer: cannot start runtime: {e}");
@@ -71,7 +78,10 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut config = RegistryConfig { max_loaded_models: args.max_loaded_models, ..Default::default() };
+    let mut config = RegistryConfig {
+        max_loaded_models: args.max_loaded_models,
+        ..Default::default()
+    };
     for spec in &args.models {
         config.add_model_spec(spec)?;
     }
@@ -82,7 +92,9 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
         return Err("no models configured: pass --model <name>=<dir> or --models-dir <dir>".into());
     }
     if let Some(addr) = args.http_addr {
-        metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()?;
     }
     tracing::info!(models = config.models.len(), "models configured");
     let registry = Arc::new(TokenizerRegistry::new(config));
@@ -96,7 +108,10 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
     // One machine-readable line on stdout so supervisors and tests learn the bound address.
     println!(
         "kvindex-tokenizer listening grpc={tcp}{}",
-        args.uds.as_ref().map(|p| format!(" uds={}", p.display())).unwrap_or_default()
+        args.uds
+            .as_ref()
+            .map(|p| format!(" uds={}", p.display()))
+            .unwrap_or_default()
     );
     tracing::info!(%tcp, uds = ?args.uds, "serving tokenization.TokenizationService");
     serve(registry, listeners, shutdown_signal()).await
@@ -106,13 +121,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},

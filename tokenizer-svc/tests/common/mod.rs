@@ -7,7 +7,10 @@ pub mod trained;
 use std::path::{Path, PathBuf};
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crate lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crate lives in the workspace")
+        .to_path_buf()
 }
 
 fn missing(what: &str, hint: &str) -> Option<PathBuf> {
@@ -26,7 +29,10 @@ pub fn fixtures() -> Option<PathBuf> {
     if dir.join("models/deepseek/tokenizer.json").is_file() {
         Some(dir)
     } else {
-        missing("fixtures", "run tokenizer-svc/tests/fixtures/fetch.sh and set KVINDEX_FIXTURES")
+        missing(
+            "fixtures",
+            "run tokenizer-svc/tests/fixtures/fetch.sh and set KVINDEX_FIXTURES",
+        )
     }
 }
 
@@ -38,7 +44,10 @@ pub fn python() -> Option<PathBuf> {
     if python.is_file() {
         Some(python)
     } else {
-        missing("Python oracle venv", "see tokenizer-svc/CI.md and set KVINDEX_PYTHON")
+        missing(
+            "Python oracle venv",
+            "see tokenizer-svc/CI.md and set KVINDEX_PYTHON",
+        )
     }
 }
 
