@@ -103,6 +103,7 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
         let name = name.clone();
         tokio::task::spawn_blocking(move || registry.initialize(&name)).await??;
     }
+    let shutdown = shutdown_signal()?;
     let listeners = BoundListeners::bind(args.grpc_addr, args.uds.clone()).await?;
     let tcp = listeners.tcp_addr()?;
     // One machine-readable line on stdout so supervisors and tests learn the bound address.
@@ -114,27 +115,21 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
             .unwrap_or_default()
     );
     tracing::info!(%tcp, uds = ?args.uds, "serving tokenization.TokenizationService");
-    serve(registry, listeners, shutdown_signal()).await
+    serve(registry, listeners, shutdown).await
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+/// Registers SIGTERM/SIGINT handlers now (before the address is announced, so a supervisor's
+/// immediate SIGTERM is a graceful stop, not the default kill) and returns the future that
+/// resolves on the first of them.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
         tokio::select! {
-            _ = ctrl_c => {},
             _ = term.recv() => {},
+            _ = interrupt.recv() => {},
         }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutting down");
+        tracing::info!("shutting down");
+    })
 }
