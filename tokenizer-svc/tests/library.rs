@@ -257,3 +257,29 @@ fn the_model_cache_is_bounded_and_reloads_evicted_models() {
     assert_eq!(registry.tokenize("a", "Hello", false).unwrap(), first);
     assert_eq!(registry.loaded_model_names(), vec!["a"]);
 }
+
+#[test]
+fn concurrent_first_use_loads_once_and_agrees() {
+    let root = common::scratch_dir("lib-concurrent");
+    let registry = std::sync::Arc::new(registry_with(
+        &[("m", trained::chatml_model(&root, "m"))],
+        2,
+    ));
+    let expected = {
+        let mut config = RegistryConfig::default();
+        config.add_model("m", root.join("m")).unwrap();
+        TokenizerRegistry::new(config)
+            .tokenize("m", "Hello world! café", true)
+            .unwrap()
+    };
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let registry = registry.clone();
+            std::thread::spawn(move || registry.tokenize("m", "Hello world! café", true).unwrap())
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), expected);
+    }
+    assert_eq!(registry.loaded_model_names(), vec!["m"]);
+}
