@@ -10,3 +10,15 @@ pub mod kvindex {
         tonic::include_proto!("kvindex.v1");
     }
 }
+
+/// `tokenization`: llm-d's tokenizer sidecar contract (`TokenizationService`).
+pub mod tokenization {
+    tonic::include_proto!("tokenization");
+}
+
+/// `indexer.v1`: llm-d's prompt-based scoring contract (`IndexerService/GetPodScores`).
+pub mod indexer {
+    pub mod v1 {
+        tonic::include_proto!("indexer.v1");
+    }
+}

@@ -1,0 +1,171 @@
+//! Turns a `ChatRequest` into the exact prompt text `transformers.apply_chat_template` renders:
+//! message normalisation, reasoning-field aliases, special tokens and kwargs in the context,
+//! and HF's `continue_final_message` trimming.
+use minijinja::value::Value;
+use serde_json::{Map, Value as Json};
+
+use crate::chat_request::ChatRequest;
+use crate::error::{Result, TokenizerError};
+use crate::template_env::ChatTemplate;
+
+/// HF marks the end of the message to continue with this tag, then cuts the prompt there.
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+/// Names a message's reasoning is passed under; the first is the one templates read.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+/// Template variables that come from the request's own fields, never from kwargs.
+const RESERVED_CONTEXT: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
+/// Renders `request` with `template`; `special_tokens` are the model's named special tokens.
+pub fn render_chat(
+    template: &ChatTemplate,
+    template_source: &str,
+    special_tokens: &[(String, String)],
+    request: &ChatRequest,
+) -> Result<String> {
+    if request.messages.is_empty() {
+        return Err(TokenizerError::InvalidRequest(
+            "the conversation has no messages".into(),
+        ));
+    }
+    if request.continue_final_message && request.add_generation_prompt {
+        return Err(TokenizerError::InvalidRequest(
+            "continue_final_message and add_generation_prompt are mutually exclusive".into(),
+        ));
+    }
+    if let Some(key) = request
+        .template_kwargs
+        .keys()
+        .find(|k| RESERVED_CONTEXT.contains(&k.as_str()))
+    {
+        // HF raises a TypeError (duplicate keyword); silently picking one would hide a bug.
+        return Err(TokenizerError::InvalidRequest(format!(
+            "chat_template_kwargs may not set {key:?}; use the request field instead"
+        )));
+    }
+    let mut messages = request
+        .messages
+        .iter()
+        .map(normalize_message)
+        .collect::<Result<Vec<_>>>()?;
+    let final_text = if request.continue_final_message {
+        Some(mark_final_message(&mut messages, template_source)?)
+    } else {
+        None
+    };
+
+    let mut context = Map::new();
+    for (name, token) in special_tokens {
+        context.insert(name.clone(), Json::String(token.clone()));
+    }
+    for (key, value) in &request.template_kwargs {
+        context.insert(key.clone(), value.clone());
+    }
+    context.insert("messages".into(), Json::Array(messages));
+    context.insert(
+        "tools".into(),
+        request.tools.clone().map(Json::Array).unwrap_or(Json::Null),
+    );
+    context.insert(
+        "documents".into(),
+        request
+            .documents
+            .clone()
+            .map(Json::Array)
+            .unwrap_or(Json::Null),
+    );
+    context.insert(
+        "add_generation_prompt".into(),
+        Json::Bool(request.add_generation_prompt),
+    );
+
+    let rendered = template.render(Value::from_serialize(&context))?;
+    match final_text {
+        Some(final_text) => cut_at_continue_tag(rendered, &final_text),
+        None => Ok(rendered),
+    }
+}
+
+/// Drops `null`-valued keys and fills the reasoning aliases, as HF's normalisation does.
+fn normalize_message(message: &Json) -> Result<Json> {
+    let Json::Object(map) = message else {
+        return Err(TokenizerError::InvalidRequest(
+            "every message must be a JSON object".into(),
+        ));
+    };
+    let map: Map<String, Json> = map
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let reasoning = REASONING_FIELDS.iter().find_map(|f| map.get(*f).cloned());
+    Ok(Json::Object(match reasoning {
+        Some(reasoning) => {
+            // {"thinking": r, **message, "reasoning_content": r}: key order matters to templates.
+            let mut aliased = Map::new();
+            aliased.insert("thinking".into(), reasoning.clone());
+            for (k, v) in map {
+                aliased.insert(k, v);
+            }
+            aliased.insert("reasoning_content".into(), reasoning);
+            aliased
+        }
+        None => map,
+    }))
+}
+
+/// Appends the continue tag to the final message's text and returns that text.
+fn mark_final_message(messages: &mut [Json], template_source: &str) -> Result<String> {
+    let last = messages
+        .last_mut()
+        .and_then(Json::as_object_mut)
+        .expect("messages checked non-empty");
+    let Some(content) = last.get_mut("content") else {
+        return Err(TokenizerError::InvalidRequest(
+            "continue_final_message is set but the final message has no content to continue".into(),
+        ));
+    };
+    if !template_source.contains("content") {
+        return Err(TokenizerError::InvalidRequest(
+            "continue_final_message is set but the chat template never reads `content`".into(),
+        ));
+    }
+    match content {
+        Json::String(text) => {
+            let original = text.clone();
+            text.push_str(CONTINUE_TAG);
+            Ok(original)
+        }
+        Json::Array(parts) => {
+            for part in parts.iter_mut().rev() {
+                if let Some(Json::String(text)) = part.get_mut("text") {
+                    let original = text.clone();
+                    text.push_str(CONTINUE_TAG);
+                    return Ok(original);
+                }
+            }
+            Err(TokenizerError::InvalidRequest(
+                "continue_final_message is set but the final message has no text part".into(),
+            ))
+        }
+        _ => Err(TokenizerError::InvalidRequest(
+            "continue_final_message: unsupported content type".into(),
+        )),
+    }
+}
+
+fn cut_at_continue_tag(rendered: String, final_text: &str) -> Result<String> {
+    let tag = CONTINUE_TAG.trim();
+    let tag_loc = match rendered.rfind(tag) {
+        Some(loc) if rendered.contains(final_text.trim()) => loc,
+        _ => {
+            return Err(TokenizerError::InvalidRequest(
+                "continue_final_message is set but the template dropped the final message".into(),
+            ))
+        }
+    };
+    if rendered[tag_loc..].starts_with(CONTINUE_TAG) {
+        Ok(rendered[..tag_loc].to_string())
+    } else {
+        Ok(rendered[..tag_loc].trim_end().to_string())
+    }
+}

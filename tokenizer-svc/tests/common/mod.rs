@@ -1,0 +1,80 @@
+//! Locating the real assets (PyPI fixtures, the Python oracle venv) shared by integration tests.
+//! Missing assets fail the test under CI (`CI` set) and skip it with a note elsewhere.
+#![allow(dead_code)]
+
+pub mod trained;
+
+use std::path::{Path, PathBuf};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crate lives in the workspace")
+        .to_path_buf()
+}
+
+fn missing(what: &str, hint: &str) -> Option<PathBuf> {
+    if std::env::var_os("CI").is_some() {
+        panic!("{what} is required in CI but missing: {hint}");
+    }
+    eprintln!("SKIPPED: {what} not found ({hint})");
+    None
+}
+
+/// `$KVINDEX_FIXTURES`, else `<repo>/target/fixtures`, holding `models/deepseek/tokenizer.json`.
+pub fn fixtures() -> Option<PathBuf> {
+    let dir = std::env::var_os("KVINDEX_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target").join("fixtures"));
+    if dir.join("models/deepseek/tokenizer.json").is_file() {
+        Some(dir)
+    } else {
+        missing(
+            "fixtures",
+            "run tokenizer-svc/tests/fixtures/fetch.sh and set KVINDEX_FIXTURES",
+        )
+    }
+}
+
+/// `$KVINDEX_PYTHON`, else `<repo>/.venv/bin/python`: a Python with transformers and grpcio.
+pub fn python() -> Option<PathBuf> {
+    let python = std::env::var_os("KVINDEX_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python"));
+    if python.is_file() {
+        Some(python)
+    } else {
+        missing(
+            "Python oracle venv",
+            "see tokenizer-svc/CI.md and set KVINDEX_PYTHON",
+        )
+    }
+}
+
+/// A fresh directory for one test's scratch files.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvtok-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+pub fn python_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python")
+}
+
+/// Runs a Python driver and panics with its stderr if it fails.
+pub fn run_python(python: &Path, args: &[&str]) {
+    let output = std::process::Command::new(python)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    assert!(
+        output.status.success(),
+        "{} {:?} failed:\n{}\n{}",
+        python.display(),
+        args,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1,0 +1,374 @@
+//! llm-d's TokenizationService end to end over real gRPC on loopback TCP and a Unix socket,
+//! with a tonic client: every method, the `success=false` error contract, health and reflection.
+mod common;
+
+use std::sync::Arc;
+
+use common::trained;
+use kvindex_proto::tokenization as pb;
+use kvindex_proto::tokenization::tokenization_service_client::TokenizationServiceClient;
+use kvindex_tokenizer::server::{serve, BoundListeners};
+use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
+use tonic::transport::{Channel, Endpoint};
+
+struct Server {
+    tcp: std::net::SocketAddr,
+    uds: std::path::PathBuf,
+    registry: Arc<TokenizerRegistry>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start(name: &str) -> Server {
+    let root = common::scratch_dir(name);
+    let mut config = RegistryConfig::default();
+    config
+        .add_model("chatml", trained::chatml_model(&root, "chatml"))
+        .unwrap();
+    config
+        .add_model("strict", trained::raising_model(&root, "strict"))
+        .unwrap();
+    let registry = Arc::new(TokenizerRegistry::new(config));
+    let uds = root.join("tokenizer.sock");
+    let listeners = BoundListeners::bind("127.0.0.1:0".parse().unwrap(), Some(uds.clone()))
+        .await
+        .unwrap();
+    let tcp = listeners.tcp_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn({
+        let registry = registry.clone();
+        async move {
+            serve(registry, listeners, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("server runs");
+        }
+    });
+    Server {
+        tcp,
+        uds,
+        registry,
+        stop: Some(stop),
+        task,
+    }
+}
+
+async fn tcp_client(server: &Server) -> TokenizationServiceClient<Channel> {
+    TokenizationServiceClient::connect(format!("http://{}", server.tcp))
+        .await
+        .unwrap()
+}
+
+async fn uds_channel(path: std::path::PathBuf) -> Channel {
+    Endpoint::try_from("http://uds.invalid")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+fn user(text: &str) -> pb::ChatMessage {
+    pb::ChatMessage {
+        role: "user".into(),
+        content: Some(text.into()),
+        content_parts: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_method_works_over_tcp_and_unix_socket() {
+    let mut server = start("grpc-ok").await;
+    let mut client = tcp_client(&server).await;
+
+    let init = client
+        .initialize_tokenizer(pb::InitializeTokenizerRequest {
+            model_name: "chatml".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(init.success, "{}", init.error_message);
+    assert_eq!(server.registry.loaded_model_names(), vec!["chatml"]);
+
+    let text = "Hello world! café";
+    let tok = client
+        .tokenize(pb::TokenizeRequest {
+            input: text.into(),
+            model_name: "chatml".into(),
+            add_special_tokens: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(tok.success);
+    let expected = server.registry.tokenize("chatml", text, true).unwrap();
+    assert_eq!(tok.input_ids, expected.ids);
+    assert_eq!(
+        tok.offset_pairs,
+        expected
+            .offsets
+            .iter()
+            .flat_map(|&(s, e)| [s, e])
+            .collect::<Vec<_>>()
+    );
+
+    let completion = client
+        .render_completion(pb::RenderCompletionRequest {
+            model_name: "chatml".into(),
+            prompt: text.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(completion.success && !completion.request_id.is_empty());
+    assert_eq!(completion.token_ids, expected.ids);
+
+    let chat_req = pb::RenderChatCompletionRequest {
+        model_name: "chatml".into(),
+        messages: vec![
+            pb::ChatMessage {
+                role: "system".into(),
+                content: None,
+                content_parts: vec![pb::ContentPart {
+                    r#type: "text".into(),
+                    text: Some("Be brief.".into()),
+                    image_url: None,
+                }],
+            },
+            user("Hi"),
+        ],
+        add_generation_prompt: true,
+        chat_template_kwargs: Some(r#"{"enable_thinking": false}"#.into()),
+        ..Default::default()
+    };
+    let chat = client
+        .render_chat_completion(chat_req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(chat.success, "{}", chat.error_message);
+    let rendered = "<|im_start|>system\n[{'type': 'text', 'text': 'Be brief.'}]<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(
+        chat.token_ids,
+        server
+            .registry
+            .tokenize("chatml", rendered, false)
+            .unwrap()
+            .ids
+    );
+
+    let old = client
+        .render_chat_template(pb::ChatTemplateRequest {
+            model_name: "chatml".into(),
+            conversation_turns: vec![pb::ConversationTurn {
+                messages: vec![user("Hi")],
+            }],
+            add_generation_prompt: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(old.success);
+    assert_eq!(
+        old.rendered_prompt,
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+
+    // Same answers over the Unix socket.
+    let mut unix = TokenizationServiceClient::new(uds_channel(server.uds.clone()).await);
+    let over_uds = unix
+        .render_chat_completion(chat_req)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(over_uds.token_ids, chat.token_ids);
+
+    server.stop.take().unwrap().send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), &mut server.task)
+        .await
+        .expect("server stops")
+        .unwrap();
+    assert!(!server.uds.exists(), "socket file removed on shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_follow_llm_d_success_false_contract() {
+    let server = start("grpc-errors").await;
+    let mut client = tcp_client(&server).await;
+
+    let unknown = client
+        .tokenize(pb::TokenizeRequest {
+            input: "x".into(),
+            model_name: "missing".into(),
+            add_special_tokens: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !unknown.success && unknown.error_message.contains("unknown model \"missing\""),
+        "{}",
+        unknown.error_message
+    );
+
+    let init = client
+        .initialize_tokenizer(pb::InitializeTokenizerRequest {
+            model_name: "missing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!init.success);
+
+    let bad_kwargs = client
+        .render_chat_completion(pb::RenderChatCompletionRequest {
+            model_name: "chatml".into(),
+            messages: vec![user("Hi")],
+            chat_template_kwargs: Some("{not json".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !bad_kwargs.success && bad_kwargs.error_message.contains("chat_template_kwargs"),
+        "{}",
+        bad_kwargs.error_message
+    );
+
+    let raised = client
+        .render_chat_completion(pb::RenderChatCompletionRequest {
+            model_name: "strict".into(),
+            messages: vec![pb::ChatMessage {
+                role: "system".into(),
+                content: Some("secret prompt".into()),
+                content_parts: vec![],
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!raised.success);
+    assert!(
+        raised.error_message.contains("\"strict/default\" line 3")
+            && raised.error_message.contains("System role not supported"),
+        "{}",
+        raised.error_message
+    );
+    assert!(
+        !raised.error_message.contains("secret prompt"),
+        "errors never echo the prompt"
+    );
+
+    let bad_template = client
+        .render_chat_completion(pb::RenderChatCompletionRequest {
+            model_name: "chatml".into(),
+            messages: vec![user("Hi")],
+            chat_template: "{% for %}".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !bad_template.success && bad_template.error_message.contains("chatml/request"),
+        "{}",
+        bad_template.error_message
+    );
+
+    let bad_tool = client
+        .render_chat_completion(pb::RenderChatCompletionRequest {
+            model_name: "chatml".into(),
+            messages: vec![user("Hi")],
+            tools: vec![pb::ChatCompletionTool {
+                r#type: "function".into(),
+                function: Some(pb::FunctionDefinition {
+                    name: "f".into(),
+                    parameters_json: Some("[oops".into()),
+                    ..Default::default()
+                }),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !bad_tool.success && bad_tool.error_message.contains("parameters_json"),
+        "{}",
+        bad_tool.error_message
+    );
+
+    let empty = client
+        .render_chat_completion(pb::RenderChatCompletionRequest {
+            model_name: "chatml".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!empty.success);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_are_served() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+
+    let server = start("grpc-health").await;
+    let channel = Endpoint::try_from(format!("http://{}", server.tcp))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    for service in ["", "tokenization.TokenizationService"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, 1, "SERVING for {service:?}");
+    }
+
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = stream.message().await.unwrap().expect("one response");
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected reflection response")
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for expected in ["tokenization.TokenizationService", "grpc.health.v1.Health"] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+}
