@@ -67,6 +67,7 @@ impl Pod {
             started: Instant::now(),
             time_scale: if time_scale.is_finite() && time_scale > 0.0 { time_scale } else { 1.0 },
             streams: HashMap::new(),
+            label: info.pod_id.clone(),
             flush_events: false,
         };
         tokio::spawn(runner.run(receiver));
@@ -112,6 +113,8 @@ struct Runner {
     started: Instant,
     time_scale: f64,
     streams: HashMap<RequestId, mpsc::UnboundedSender<RequestEvent>>,
+    /// The pod id, for logs.
+    label: String,
     /// A reset queued `AllBlocksCleared`: run a step even when idle so it goes out.
     flush_events: bool,
 }
@@ -135,14 +138,10 @@ impl Runner {
             PodCommand::ResetPrefixCache { reply } => {
                 let reset = self.engine.reset_prefix_cache();
                 self.flush_events |= reset;
-                tracing::info!(pod = %self.publisher_topic(), reset, "reset_prefix_cache");
+                tracing::info!(pod = %self.label, reset, "reset_prefix_cache");
                 let _ = reply.send(reset);
             }
         }
-    }
-
-    fn publisher_topic(&self) -> String {
-        self.publisher.bound_endpoint.clone().unwrap_or_default()
     }
 
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<PodCommand>) {
@@ -156,6 +155,7 @@ impl Runner {
             while let Ok(command) = commands.try_recv() {
                 self.handle(command);
             }
+            self.publish_stats();
             let step_start = Instant::now();
             let now = self.sim_time(step_start);
             let outcome = self.engine.step(now);
@@ -168,7 +168,7 @@ impl Runner {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             self.publish_stats();
-            self.publisher.publish(outcome.events);
+            self.publisher.publish(outcome.events).await;
             for update in outcome.updates {
                 self.deliver(update);
             }

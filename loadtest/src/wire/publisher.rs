@@ -61,7 +61,8 @@ pub struct PublisherStats {
 }
 
 enum Command {
-    Publish(Vec<KvEvent>),
+    /// The ack fires once the batch is numbered (and sent, dropped or held).
+    Publish(Vec<KvEvent>, oneshot::Sender<()>),
     Drop(u64),
     Pause,
     Resume,
@@ -111,10 +112,16 @@ impl Publisher {
         Ok(Publisher { commands, stats, bound_endpoint, bound_replay_endpoint })
     }
 
-    /// Hands over one step's events (ignored when empty: vLLM publishes only non-empty batches).
-    pub fn publish(&self, events: Vec<KvEvent>) {
-        if !events.is_empty() {
-            let _ = self.commands.send(Command::Publish(events));
+    /// Hands over one step's events and waits until they are numbered and on the socket (or
+    /// dropped or held by a fault). Empty steps publish nothing, as in vLLM. Waiting keeps a
+    /// useful order for clients: a step's events are out before its tokens are delivered.
+    pub async fn publish(&self, events: Vec<KvEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let (ack, done) = oneshot::channel();
+        if self.commands.send(Command::Publish(events, ack)).is_ok() {
+            let _ = done.await;
         }
     }
 
@@ -214,10 +221,14 @@ impl PublisherTask {
             };
             let Some(command) = command else { break };
             match command {
-                Command::Publish(events) if self.paused => {
+                Command::Publish(events, ack) if self.paused => {
                     self.held.push_back(events);
+                    let _ = ack.send(());
                 }
-                Command::Publish(events) => self.send(events).await,
+                Command::Publish(events, ack) => {
+                    self.send(events).await;
+                    let _ = ack.send(());
+                }
                 Command::Drop(batches) => self.drop_pending = self.drop_pending.saturating_add(batches),
                 Command::Pause => self.paused = true,
                 Command::Resume => {
