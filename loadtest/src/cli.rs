@@ -98,7 +98,9 @@ impl Cli {
         if self.kv_blocks < 2 {
             return Err("--kv-blocks must be at least 2 (block 0 is reserved)".into());
         }
-        if !(self.prefill_tokens_per_s > 0.0) || !(self.decode_ms_per_token >= 0.0) || !(self.time_scale > 0.0) {
+        let positive = |value: f64| value.is_finite() && value > 0.0;
+        let non_negative = |value: f64| value.is_finite() && value >= 0.0;
+        if !positive(self.prefill_tokens_per_s) || !non_negative(self.decode_ms_per_token) || !positive(self.time_scale) {
             return Err("--prefill-tokens-per-s and --time-scale must be positive, --decode-ms-per-token non-negative".into());
         }
         let zmq = match (&self.zmq_connect, self.zmq_bind_base_port) {

@@ -343,3 +343,46 @@ async fn openai_api_streaming_metrics_and_errors() {
     assert_eq!(wrong_method.status, 405);
     assert_eq!(wrong_method.json()["object"], "error");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_dial_a_central_sub_with_zmq_connect() {
+    // A central SUB binds (as `kvindex serve` does) and every pod's PUB dials it.
+    let mut central = SubSocket::new();
+    central.subscribe("kv@").await.unwrap();
+    let endpoint = central.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex-sim"))
+        .args(["--pods", "2", "--model", MODEL, "--kv-blocks", "64", "--http-base-port", "0", "--zmq-connect", &endpoint])
+        .args(["--time-scale", "100"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn kvindex-sim");
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let mut sim = Sim { child, pods: Vec::new() };
+    while sim.pods.len() < 2 {
+        sim.pods.push(serde_json::from_str(&received.recv_timeout(DEADLINE).expect("pod line")).unwrap());
+    }
+    assert!(sim.pods.iter().all(|p| p["pub"].is_null()), "dialing pods bind nothing");
+    let mut topics_seen = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + DEADLINE;
+    let mut salt = 0u32;
+    while topics_seen.len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "saw only {topics_seen:?}");
+        for pod in 0..2 {
+            salt += 1;
+            complete(&sim.http(pod), &(0..20).map(|i| 70_000 + salt * 100 + i).collect::<Vec<u32>>(), 1).await;
+        }
+        while let Some(message) = recv_live(&mut central, Duration::from_millis(100)).await {
+            decode_batch(&message.payload).expect("decodes");
+            topics_seen.insert(String::from_utf8(message.topic).unwrap());
+        }
+    }
+    let expected: std::collections::BTreeSet<String> = sim.pods.iter().map(|p| p["topic"].as_str().unwrap().to_string()).collect();
+    assert_eq!(topics_seen, expected);
+}
