@@ -2,12 +2,16 @@
 //!
 //! [`engine`] is the pure pod model (prefix cache, scheduler, timing, events); [`wire`] turns
 //! its events into vLLM's exact ZeroMQ messages and serves replay; [`http`] is the
-//! OpenAI-compatible API of one pod; [`pod`] runs an engine on the wall clock; [`cli`] is the
-//! `kvindex-sim` command line.
+//! OpenAI-compatible API of one pod; [`pod`] runs an engine on the wall clock; [`fleet`] starts
+//! N pods; [`cli`] is the `kvindex-sim` command line. [`workload`], [`policy`] and [`driver`]
+//! compare routing policies on the same seeded request sequence, in process.
 
 pub mod cli;
+pub mod driver;
 pub mod engine;
 pub mod fleet;
 pub mod http;
 pub mod pod;
+pub mod policy;
 pub mod wire;
+pub mod workload;

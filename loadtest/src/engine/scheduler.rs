@@ -173,6 +173,13 @@ impl Engine {
         hashes.iter().take_while(|hash| self.pool.lookup(hash).is_some()).count() * bs
     }
 
+    /// Leading blocks of a prompt's chain (from [`BlockHasher::hash_chain`], limited by the
+    /// caller to the `prompt_len − 1` rule) cached here now. Lets an oracle hash a prompt once
+    /// for every pod.
+    pub fn cached_prefix_blocks(&self, hashes: &[kvindex::vllm_hash::InternalHash]) -> usize {
+        hashes.iter().take_while(|hash| self.pool.lookup(hash).is_some()).count()
+    }
+
     /// One engine step at simulated time `now`: schedule, "compute", sample, free.
     pub fn step(&mut self, now: f64) -> StepOutcome {
         self.steps += 1;

@@ -1,0 +1,82 @@
+//! `kvindex-policies`: the reference scenario (or a scaled-down copy) played under every
+//! routing policy in process, printing hit rate, TTFT percentiles and KV usage per policy.
+
+use clap::Parser;
+use kvindex_loadtest::driver::{run, PolicyReport};
+use kvindex_loadtest::engine::EngineConfig;
+use kvindex_loadtest::policy::approximate_prefix::ApproximatePrefix;
+use kvindex_loadtest::policy::least_loaded::LeastLoaded;
+use kvindex_loadtest::policy::oracle::Oracle;
+use kvindex_loadtest::policy::precise::Precise;
+use kvindex_loadtest::policy::round_robin::RoundRobin;
+use kvindex_loadtest::policy::Policy;
+use kvindex_loadtest::workload::MultiTurnConfig;
+
+#[derive(Debug, Parser)]
+#[command(name = "kvindex-policies", about = "Compare routing policies on the simulated reference scenario")]
+struct Args {
+    #[arg(long, default_value_t = 4)]
+    pods: usize,
+    /// KV capacity per pod, tokens.
+    #[arg(long, default_value_t = 160_000)]
+    kv_tokens: usize,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, default_value_t = 64)]
+    conversations: usize,
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    /// Divide every token count (contexts, KV capacity, prefill rate) by this.
+    #[arg(long, default_value_t = 1)]
+    scale_down: usize,
+    #[arg(long, default_value_t = 16_000.0)]
+    prefill_tokens_per_s: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Print JSON lines instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    if args.pods == 0 || args.block_size == 0 || args.scale_down == 0 {
+        eprintln!("kvindex-policies: --pods, --block-size and --scale-down must be at least 1");
+        return std::process::ExitCode::from(2);
+    }
+    let scale = args.scale_down;
+    let workload = MultiTurnConfig { conversations: args.conversations, turns: args.turns, seed: args.seed, ..MultiTurnConfig::reference() }
+        .scaled_down(scale);
+    let conversations = workload.generate();
+    let blocks = args.kv_tokens / scale / args.block_size + 1;
+    let engine = EngineConfig {
+        block_size: args.block_size,
+        num_gpu_blocks: blocks,
+        prefill_tokens_per_s: args.prefill_tokens_per_s / scale as f64,
+        ..EngineConfig::default()
+    };
+    let chunks_per_pod = blocks * args.block_size / 64;
+    let mut policies: Vec<Box<dyn Policy>> = vec![
+        Box::new(RoundRobin::default()),
+        Box::new(LeastLoaded::default()),
+        Box::new(ApproximatePrefix::new(args.pods, 64, chunks_per_pod)),
+        Box::new(Precise::new(args.pods, args.block_size, "sim-model")),
+        Box::new(Oracle::default()),
+    ];
+    let reports: Vec<PolicyReport> = policies.iter_mut().map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations)).collect();
+    if args.json {
+        for report in &reports {
+            println!("{}", serde_json::to_string(report).unwrap_or_default());
+        }
+    } else {
+        println!("{:<20} {:>8} {:>9} {:>9} {:>9} {:>9}  kv usage per pod", "policy", "requests", "hit rate", "ttft p50", "ttft p90", "ttft p99");
+        for r in &reports {
+            let usage: Vec<String> = r.kv_usage_per_pod.iter().map(|u| format!("{:.2}", u)).collect();
+            println!(
+                "{:<20} {:>8} {:>9.3} {:>8.3}s {:>8.3}s {:>8.3}s  [{}]",
+                r.policy, r.requests, r.hit_rate, r.ttft_p50_s, r.ttft_p90_s, r.ttft_p99_s, usage.join(" ")
+            );
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,9 @@
+//! Seeded, reproducible workloads for the simulated fleet. A workload is data (prompts'
+//! token ids, output lengths, think times); the driver ([`crate::driver`]) plays it against
+//! pods and feeds generated outputs back into multi-turn conversations.
+
+pub mod multi_turn;
+pub mod rng;
+
+pub use multi_turn::{Conversation, MultiTurnConfig};
+pub use rng::Rng;
