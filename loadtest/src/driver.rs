@@ -83,16 +83,19 @@ struct Open {
     outputs: Vec<u32>,
 }
 
-/// Runs `conversations` on `pods` engines built from `engine`, routed by `policy`.
-pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversations: &[Conversation]) -> PolicyReport {
+/// Runs `conversations` on `pods` engines built from `engine`, routed by `policy`. Fails only
+/// when the engine's hash configuration is not reproducible.
+pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversations: &[Conversation]) -> Result<PolicyReport, String> {
     let mut fleet: Vec<PodState> = (0..pods.max(1))
-        .map(|_| PodState {
-            engine: Engine::new(engine.clone()).expect("the engine's hash configuration is valid"),
-            in_flight: None,
-            usage_area: 0.0,
-            usage_since: 0.0,
+        .map(|_| {
+            Ok(PodState {
+                engine: Engine::new(engine.clone()).map_err(|e| format!("hash configuration: {e}"))?,
+                in_flight: None,
+                usage_area: 0.0,
+                usage_since: 0.0,
+            })
         })
-        .collect();
+        .collect::<Result<_, String>>()?;
     let mut queue = BinaryHeap::new();
     let mut order = 0u64;
     let mut push = |queue: &mut BinaryHeap<Scheduled>, at: f64, what: Happening| {
@@ -174,7 +177,8 @@ pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversa
             if now > 0.0 { state.usage_area / now } else { 0.0 }
         })
         .collect();
-    report(policy.name(), &summaries, kv_usage_per_pod, requests_per_pod, fleet.iter().map(|p| p.engine.stats().preemptions).sum(), now)
+    let preemptions = fleet.iter().map(|p| p.engine.stats().preemptions).sum();
+    Ok(report(policy.name(), &summaries, kv_usage_per_pod, requests_per_pod, preemptions, now))
 }
 
 fn choose(policy: &mut dyn Policy, prompt: &[u32], fleet: &[PodState]) -> usize {

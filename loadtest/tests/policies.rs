@@ -20,11 +20,11 @@ fn reports() -> Vec<PolicyReport> {
     let blocks = 160_000 / SCALE / BLOCK + 1;
     let engine = EngineConfig { block_size: BLOCK, num_gpu_blocks: blocks, prefill_tokens_per_s: 16_000.0 / SCALE as f64, ..EngineConfig::default() };
     vec![
-        run(&mut RoundRobin::default(), &engine, PODS, &conversations),
-        run(&mut LeastLoaded::default(), &engine, PODS, &conversations),
-        run(&mut ApproximatePrefix::new(PODS, 64 / SCALE, blocks * BLOCK / (64 / SCALE)), &engine, PODS, &conversations),
-        run(&mut Precise::new(PODS, BLOCK, "sim-model"), &engine, PODS, &conversations),
-        run(&mut Oracle::default(), &engine, PODS, &conversations),
+        run(&mut RoundRobin::default(), &engine, PODS, &conversations).unwrap(),
+        run(&mut LeastLoaded::default(), &engine, PODS, &conversations).unwrap(),
+        run(&mut ApproximatePrefix::new(PODS, 64 / SCALE, blocks * BLOCK / (64 / SCALE)), &engine, PODS, &conversations).unwrap(),
+        run(&mut Precise::new(PODS, BLOCK, "sim-model"), &engine, PODS, &conversations).unwrap(),
+        run(&mut Oracle::default(), &engine, PODS, &conversations).unwrap(),
     ]
 }
 
@@ -48,7 +48,7 @@ fn precise_routing_beats_round_robin_and_tracks_the_oracle() {
 fn runs_are_reproducible() {
     let conversations = MultiTurnConfig::reference().scaled_down(16).generate();
     let engine = EngineConfig { block_size: BLOCK, num_gpu_blocks: 600, ..EngineConfig::default() };
-    let a = run(&mut Precise::new(PODS, BLOCK, "m"), &engine, PODS, &conversations);
-    let b = run(&mut Precise::new(PODS, BLOCK, "m"), &engine, PODS, &conversations);
+    let a = run(&mut Precise::new(PODS, BLOCK, "m"), &engine, PODS, &conversations).unwrap();
+    let b = run(&mut Precise::new(PODS, BLOCK, "m"), &engine, PODS, &conversations).unwrap();
     assert_eq!((a.hit_rate, a.ttft_p99_s, a.requests_per_pod.clone()), (b.hit_rate, b.ttft_p99_s, b.requests_per_pod.clone()));
 }

@@ -63,7 +63,13 @@ fn main() -> std::process::ExitCode {
         Box::new(Precise::new(args.pods, args.block_size, "sim-model")),
         Box::new(Oracle::default()),
     ];
-    let reports: Vec<PolicyReport> = policies.iter_mut().map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations)).collect();
+    let reports: Vec<PolicyReport> = match policies.iter_mut().map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations)).collect() {
+        Ok(reports) => reports,
+        Err(error) => {
+            eprintln!("kvindex-policies: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     if args.json {
         for report in &reports {
             println!("{}", serde_json::to_string(report).unwrap_or_default());

@@ -10,20 +10,17 @@ pub fn encode(text: &str) -> Vec<u32> {
     text.bytes().map(u32::from).collect()
 }
 
-/// Token ids above 255 (sent as ids, not text) have no byte; they decode as U+FFFD.
+/// Bytes are decoded as UTF-8 (invalid sequences as U+FFFD). Token ids above 255 (sent as
+/// ids, not text) have no byte and decode as U+FFFD.
 pub fn decode(tokens: &[u32]) -> String {
-    let bytes: Vec<u8> = tokens.iter().map(|&t| u8::try_from(t).unwrap_or(b'?')).collect();
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    if tokens.iter().any(|&t| t > 255) {
-        let mut out = String::new();
-        for &token in tokens {
-            match u8::try_from(token) {
-                Ok(byte) if byte.is_ascii() => out.push(char::from(byte)),
-                _ => out.push('\u{fffd}'),
-            }
-        }
-        return out;
+    let mut text = String::new();
+    // Runs of byte tokens between ids above 255; each boundary becomes one U+FFFD.
+    for run in tokens.split(|&token| token > 255) {
+        let bytes: Vec<u8> = run.iter().map(|&token| token as u8).collect();
+        text.push_str(&String::from_utf8_lossy(&bytes));
+        text.push('\u{fffd}');
     }
+    text.pop(); // n boundaries give n + 1 runs: drop the marker after the last one
     text
 }
 

@@ -7,6 +7,7 @@
 //! as vLLM logs "Invalid replay request" and ignores it.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
@@ -53,6 +54,9 @@ pub fn replay_replies(buffer: &ReplayBuffer, topic: &[u8], version: WireVersion,
 }
 
 /// Binds the ROUTER and serves it until the process ends. Returns the bound endpoint.
+///
+/// The `zeromq` crate panics (`todo!`) on some unexpected peer commands; the serving task is
+/// therefore supervised and the ROUTER re-bound on the same endpoint if it dies.
 pub async fn serve_replay(
     endpoint: &str,
     buffer: Arc<Mutex<ReplayBuffer>>,
@@ -63,42 +67,68 @@ pub async fn serve_replay(
     let bound = socket.bind(endpoint).await?.to_string();
     let label = bound.clone();
     tokio::spawn(async move {
+        let mut socket = Some(socket);
         loop {
-            let message = match socket.recv().await {
-                Ok(message) => message,
-                Err(error) => {
-                    tracing::warn!(endpoint = %label, %error, "replay recv failed");
-                    continue;
+            let current = match socket.take() {
+                Some(current) => current,
+                None => {
+                    let mut fresh = RouterSocket::new();
+                    match fresh.bind(&label).await {
+                        Ok(_) => fresh,
+                        Err(error) => {
+                            tracing::warn!(endpoint = %label, %error, "replay ROUTER re-bind failed; retrying");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            continue;
+                        }
+                    }
                 }
             };
-            let frames = message.into_vec();
-            let [identity, delimiter, start] = frames.as_slice() else {
-                tracing::warn!(endpoint = %label, frames = frames.len(), "invalid replay request ignored");
-                continue;
-            };
-            if !delimiter.is_empty() {
-                tracing::warn!(endpoint = %label, "invalid replay request (no empty delimiter) ignored");
-                continue;
+            let served = tokio::spawn(serve(current, label.clone(), buffer.clone(), topic.clone(), version));
+            if let Err(error) = served.await {
+                tracing::warn!(endpoint = %label, %error, "replay ROUTER task died; re-binding");
             }
-            let start = parse_start_seq(start);
-            let replies = match buffer.lock() {
-                Ok(buffer) => replay_replies(&buffer, &topic, version, start),
-                Err(_) => continue,
-            };
-            tracing::debug!(endpoint = %label, start, replies = replies.len(), "replaying");
-            for reply in replies {
-                let mut frames = Vec::with_capacity(reply.len() + 1);
-                frames.push(identity.clone());
-                frames.extend(reply);
-                let Ok(message) = ZmqMessage::try_from(frames) else { continue };
-                if let Err(error) = socket.send(message).await {
-                    tracing::warn!(endpoint = %label, %error, "replay send failed");
-                    break;
-                }
-            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
     Ok(bound)
+}
+
+async fn serve(mut socket: RouterSocket, label: String, buffer: Arc<Mutex<ReplayBuffer>>, topic: Bytes, version: WireVersion) {
+    loop {
+        let message = match socket.recv().await {
+            Ok(message) => message,
+            Err(error) => {
+                tracing::warn!(endpoint = %label, %error, "replay recv failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let frames = message.into_vec();
+        let [identity, delimiter, start] = frames.as_slice() else {
+            tracing::warn!(endpoint = %label, frames = frames.len(), "invalid replay request ignored");
+            continue;
+        };
+        if !delimiter.is_empty() {
+            tracing::warn!(endpoint = %label, "invalid replay request (no empty delimiter) ignored");
+            continue;
+        }
+        let start = parse_start_seq(start);
+        let replies = match buffer.lock() {
+            Ok(buffer) => replay_replies(&buffer, &topic, version, start),
+            Err(_) => continue,
+        };
+        tracing::debug!(endpoint = %label, start, replies = replies.len(), "replaying");
+        for reply in replies {
+            let mut frames = Vec::with_capacity(reply.len() + 1);
+            frames.push(identity.clone());
+            frames.extend(reply);
+            let Ok(message) = ZmqMessage::try_from(frames) else { continue };
+            if let Err(error) = socket.send(message).await {
+                tracing::warn!(endpoint = %label, %error, "replay send failed");
+                break;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
