@@ -52,3 +52,24 @@ fn runs_are_reproducible() {
     let b = run(&mut Precise::new(PODS, BLOCK, "m"), &engine, PODS, &conversations).unwrap();
     assert_eq!((a.hit_rate, a.ttft_p99_s, a.requests_per_pod.clone()), (b.hit_rate, b.ttft_p99_s, b.requests_per_pod.clone()));
 }
+
+#[test]
+fn approximate_replicas_lose_hits_that_precise_replicas_keep() {
+    use kvindex_loadtest::policy::replicated::Replicated;
+    use kvindex_loadtest::policy::Policy;
+    let conversations = MultiTurnConfig::reference().scaled_down(SCALE).generate();
+    let blocks = 160_000 / SCALE / BLOCK + 1;
+    let engine = EngineConfig { block_size: BLOCK, num_gpu_blocks: blocks, prefill_tokens_per_s: 16_000.0 / SCALE as f64, ..EngineConfig::default() };
+    let chunk = 64 / SCALE;
+    let approximate = |count: usize| {
+        let replicas: Vec<Box<dyn Policy>> = (0..count).map(|_| Box::new(ApproximatePrefix::new(PODS, chunk, blocks * BLOCK / chunk)) as Box<dyn Policy>).collect();
+        run(&mut Replicated::new(format!("approximate ×{count}"), replicas), &engine, PODS, &conversations).unwrap()
+    };
+    // Every precise replica reads the pods' events, as replicas sharing one indexer do.
+    let precise_replicas: Vec<Box<dyn Policy>> = (0..4).map(|_| Box::new(Precise::new(PODS, BLOCK, "m")) as Box<dyn Policy>).collect();
+    let precise = run(&mut Replicated::new("precise ×4", precise_replicas), &engine, PODS, &conversations).unwrap();
+    let (one, four) = (approximate(1), approximate(4));
+    eprintln!("approximate ×1 {:.3}, ×4 {:.3}, precise ×4 {:.3}", one.hit_rate, four.hit_rate, precise.hit_rate);
+    assert!(four.hit_rate + 0.15 < one.hit_rate, "each approximate replica only knows its own placements");
+    assert!(precise.hit_rate > one.hit_rate - 0.02, "precise replicas share what the pods publish");
+}

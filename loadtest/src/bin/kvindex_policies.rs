@@ -8,6 +8,7 @@ use kvindex_loadtest::policy::approximate_prefix::ApproximatePrefix;
 use kvindex_loadtest::policy::least_loaded::LeastLoaded;
 use kvindex_loadtest::policy::oracle::Oracle;
 use kvindex_loadtest::policy::precise::Precise;
+use kvindex_loadtest::policy::replicated::Replicated;
 use kvindex_loadtest::policy::round_robin::RoundRobin;
 use kvindex_loadtest::policy::Policy;
 use kvindex_loadtest::workload::MultiTurnConfig;
@@ -33,6 +34,10 @@ struct Args {
     prefill_tokens_per_s: f64,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Also run approximate prefix affinity with this many independent placement replicas
+    /// (comma-separated, e.g. 2,4,8); each replica keeps only its own history.
+    #[arg(long, value_delimiter = ',')]
+    replicas: Vec<usize>,
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
@@ -63,6 +68,11 @@ fn main() -> std::process::ExitCode {
         Box::new(Precise::new(args.pods, args.block_size, "sim-model")),
         Box::new(Oracle::default()),
     ];
+    for &count in args.replicas.iter().filter(|&&count| count > 1) {
+        let replicas: Vec<Box<dyn Policy>> =
+            (0..count).map(|_| Box::new(ApproximatePrefix::new(args.pods, 64, chunks_per_pod)) as Box<dyn Policy>).collect();
+        policies.push(Box::new(Replicated::new(format!("approximate ×{count}"), replicas)));
+    }
     let reports: Vec<PolicyReport> = match policies.iter_mut().map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations)).collect() {
         Ok(reports) => reports,
         Err(error) => {

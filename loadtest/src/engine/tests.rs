@@ -162,3 +162,20 @@ fn impossible_requests_are_rejected() {
     assert_eq!(engine.submit(NewRequest { prompt: vec![1], max_tokens: 0 }, 0.0), Err(RejectReason::NoOutput));
     assert!(matches!(engine.submit(NewRequest { prompt: vec![1; 16], max_tokens: 1 }, 0.0), Err(RejectReason::TooLong { .. })));
 }
+
+#[test]
+fn hash_seed_is_configurable() {
+    // shared/reference/vllm-kv-events.md §5: tokens 1..=16, block 16, sha256_cbor.
+    let first_block = |seed: Option<&str>| {
+        let mut engine = Engine::new(EngineConfig { block_size: 16, hash_seed: seed.map(str::to_string), ..config(8) }).unwrap();
+        engine.submit(NewRequest { prompt: (1..=17).collect(), max_tokens: 1 }, 0.0).unwrap();
+        match run(&mut engine, 0.0).0.remove(0) {
+            KvEvent::BlockStored { block_hashes, .. } => block_hashes[0],
+            other => panic!("expected a store, got {other:?}"),
+        }
+    };
+    assert_eq!(first_block(Some("0")), 0x2ceabcfae6d332ea);
+    // PYTHONHASHSEED unset on vLLM ≥ 0.29: seeded with "vllm-none-hash".
+    assert_eq!(first_block(None), 0x7b0bf7bf7fd01682);
+    assert_ne!(first_block(Some("1")), first_block(Some("0")));
+}

@@ -66,7 +66,7 @@ impl ApproximatePrefix {
 }
 
 impl Policy for ApproximatePrefix {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "approximate-prefix"
     }
 

@@ -8,7 +8,7 @@ pub struct LeastLoaded {
 }
 
 impl Policy for LeastLoaded {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "least-loaded"
     }
 

@@ -14,6 +14,7 @@ pub mod approximate_prefix;
 pub mod least_loaded;
 pub mod oracle;
 pub mod precise;
+pub mod replicated;
 pub mod round_robin;
 
 use crate::engine::{Engine, EngineStats};
@@ -30,7 +31,7 @@ impl FleetView<'_> {
 }
 
 pub trait Policy {
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
     /// The pod for this prompt.
     fn choose(&mut self, prompt: &[u32], fleet: &FleetView<'_>) -> usize;
     /// Whether [`Policy::observe`] should be called (decoding events costs time).

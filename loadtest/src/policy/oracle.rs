@@ -9,7 +9,7 @@ pub struct Oracle {
 }
 
 impl Policy for Oracle {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "oracle"
     }
 

@@ -28,7 +28,7 @@ impl Precise {
 }
 
 impl Policy for Precise {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "precise"
     }
 

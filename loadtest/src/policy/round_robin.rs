@@ -9,7 +9,7 @@ pub struct RoundRobin {
 }
 
 impl Policy for RoundRobin {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "round-robin"
     }
 
