@@ -47,7 +47,7 @@ struct DropBody {
 pub async fn drop_batches(State(pod): State<Pod>, body: Bytes) -> Response {
     match parse_json::<DropBody>(&body) {
         Ok(body) => {
-            pod.publisher.drop_next(body.batches);
+            pod.publisher.drop_next(body.batches).await;
             Json(json!({"dropping": body.batches})).into_response()
         }
         Err(error) => error.into_response(),
@@ -55,12 +55,12 @@ pub async fn drop_batches(State(pod): State<Pod>, body: Bytes) -> Response {
 }
 
 pub async fn pause(State(pod): State<Pod>) -> impl IntoResponse {
-    pod.publisher.pause();
+    pod.publisher.pause().await;
     Json(json!({"paused": true}))
 }
 
 pub async fn resume(State(pod): State<Pod>) -> impl IntoResponse {
-    pod.publisher.resume();
+    pod.publisher.resume().await;
     Json(json!({"paused": false}))
 }
 

@@ -63,9 +63,9 @@ pub struct PublisherStats {
 enum Command {
     /// The ack fires once the batch is numbered (and sent, dropped or held).
     Publish(Vec<KvEvent>, oneshot::Sender<()>),
-    Drop(u64),
-    Pause,
-    Resume,
+    Drop(u64, oneshot::Sender<()>),
+    Pause(oneshot::Sender<()>),
+    Resume(oneshot::Sender<()>),
     Restart(oneshot::Sender<Result<(), String>>),
 }
 
@@ -125,16 +125,25 @@ impl Publisher {
         }
     }
 
-    pub fn drop_next(&self, batches: u64) {
-        let _ = self.commands.send(Command::Drop(batches));
+    /// Each knob returns once the publisher applied it.
+    pub async fn drop_next(&self, batches: u64) {
+        self.command(|ack| Command::Drop(batches, ack)).await
     }
 
-    pub fn pause(&self) {
-        let _ = self.commands.send(Command::Pause);
+    pub async fn pause(&self) {
+        self.command(Command::Pause).await
     }
 
-    pub fn resume(&self) {
-        let _ = self.commands.send(Command::Resume);
+    /// Returns once every held batch went out.
+    pub async fn resume(&self) {
+        self.command(Command::Resume).await
+    }
+
+    async fn command(&self, make: impl FnOnce(oneshot::Sender<()>) -> Command) {
+        let (ack, done) = oneshot::channel();
+        if self.commands.send(make(ack)).is_ok() {
+            let _ = done.await;
+        }
     }
 
     pub async fn restart(&self) -> Result<(), String> {
@@ -145,6 +154,25 @@ impl Publisher {
 
     pub fn stats(&self) -> PublisherStats {
         self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+}
+
+/// Who waits for a command to take effect.
+enum Ack {
+    Done(oneshot::Sender<()>),
+    Restarted(oneshot::Sender<Result<(), String>>, Result<(), String>),
+}
+
+impl Ack {
+    fn fire(self) {
+        match self {
+            Ack::Done(sender) => {
+                let _ = sender.send(());
+            }
+            Ack::Restarted(sender, result) => {
+                let _ = sender.send(result);
+            }
+        }
     }
 }
 
@@ -220,29 +248,38 @@ impl PublisherTask {
                 PubSocketState::Ready(_) => commands.recv().await,
             };
             let Some(command) = command else { break };
-            match command {
+            let ack = match command {
                 Command::Publish(events, ack) if self.paused => {
                     self.held.push_back(events);
-                    let _ = ack.send(());
+                    Ack::Done(ack)
                 }
                 Command::Publish(events, ack) => {
                     self.send(events).await;
-                    let _ = ack.send(());
+                    Ack::Done(ack)
                 }
-                Command::Drop(batches) => self.drop_pending = self.drop_pending.saturating_add(batches),
-                Command::Pause => self.paused = true,
-                Command::Resume => {
+                Command::Drop(batches, ack) => {
+                    self.drop_pending = self.drop_pending.saturating_add(batches);
+                    Ack::Done(ack)
+                }
+                Command::Pause(ack) => {
+                    self.paused = true;
+                    Ack::Done(ack)
+                }
+                Command::Resume(ack) => {
                     self.paused = false;
                     while let Some(events) = self.held.pop_front() {
                         self.send(events).await;
                     }
+                    Ack::Done(ack)
                 }
                 Command::Restart(reply) => {
                     let result = self.restart().await;
-                    let _ = reply.send(result);
+                    Ack::Restarted(reply, result)
                 }
-            }
+            };
+            // Stats first: whoever waits on the ack must see the command's effect.
             self.update_stats();
+            ack.fire();
         }
     }
 
