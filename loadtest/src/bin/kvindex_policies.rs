@@ -1,5 +1,6 @@
-//! `kvindex-policies`: the reference scenario (or a scaled-down copy) played under every
-//! routing policy in process, printing hit rate, TTFT percentiles and KV usage per policy.
+//! `kvindex-policies`: a seeded workload (the reference scenario or llm-d's many-tenants
+//! benchmark, optionally scaled down) played under every routing policy in process, printing
+//! hit rate, TTFT percentiles and KV usage per policy.
 
 use clap::Parser;
 use kvindex_loadtest::driver::{run, PolicyReport};
@@ -11,11 +12,26 @@ use kvindex_loadtest::policy::precise::Precise;
 use kvindex_loadtest::policy::replicated::Replicated;
 use kvindex_loadtest::policy::round_robin::RoundRobin;
 use kvindex_loadtest::policy::Policy;
-use kvindex_loadtest::workload::MultiTurnConfig;
+use kvindex_loadtest::workload::{MultiTurnConfig, TenantsConfig};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    /// 64 conversations × 6 turns growing to ~8k tokens (anchors.md's worked example).
+    Reference,
+    /// llm-d's benchmark: 150 tenants × 6k-token system prompts, 1.2k-token questions.
+    Tenants,
+}
 
 #[derive(Debug, Parser)]
 #[command(name = "kvindex-policies", about = "Compare routing policies on the simulated reference scenario")]
 struct Args {
+    #[arg(long, value_enum, default_value_t = Workload::Reference)]
+    workload: Workload,
+    /// Tenants workload: requests and mean arrival rate per second.
+    #[arg(long, default_value_t = 1500)]
+    requests: usize,
+    #[arg(long, default_value_t = 5.0)]
+    rate: f64,
     #[arg(long, default_value_t = 4)]
     pods: usize,
     /// KV capacity per pod, tokens.
@@ -50,9 +66,14 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     let scale = args.scale_down;
-    let workload = MultiTurnConfig { conversations: args.conversations, turns: args.turns, seed: args.seed, ..MultiTurnConfig::reference() }
-        .scaled_down(scale);
-    let conversations = workload.generate();
+    let conversations = match args.workload {
+        Workload::Reference => MultiTurnConfig { conversations: args.conversations, turns: args.turns, seed: args.seed, ..MultiTurnConfig::reference() }
+            .scaled_down(scale)
+            .generate(),
+        Workload::Tenants => TenantsConfig { requests: args.requests, rate_per_s: args.rate, seed: args.seed, ..TenantsConfig::llm_d_benchmark() }
+            .scaled_down(scale)
+            .generate(),
+    };
     let blocks = args.kv_tokens / scale / args.block_size + 1;
     let engine = EngineConfig {
         block_size: args.block_size,
