@@ -34,7 +34,6 @@ pub(super) struct Request {
     pub num_cached_blocks: usize,
     /// Prompt tokens served from the cache at first scheduling (`cached_tokens`).
     pub cached_tokens: Option<usize>,
-    pub scheduled_at: Option<f64>,
     pub first_token_at: Option<f64>,
     pub preemptions: u32,
     pub output_seed: u64,
@@ -53,7 +52,6 @@ impl Request {
             hashes: Vec::new(),
             num_cached_blocks: 0,
             cached_tokens: None,
-            scheduled_at: None,
             first_token_at: None,
             preemptions: 0,
             output_seed,

@@ -92,9 +92,13 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(config: EngineConfig) -> Result<Self, VllmHashError> {
+    pub fn new(mut config: EngineConfig) -> Result<Self, VllmHashError> {
+        // Degenerate sizes would stall or divide by zero; the smallest meaningful values instead.
+        config.block_size = config.block_size.max(1);
+        config.max_num_seqs = config.max_num_seqs.max(1);
+        config.max_num_batched_tokens = config.max_num_batched_tokens.max(1);
         let hasher = BlockHasher::new(&config.hash_config())?;
-        let pool = BlockPool::new(config.num_gpu_blocks, config.block_size.max(1));
+        let pool = BlockPool::new(config.num_gpu_blocks, config.block_size);
         Ok(Engine {
             config,
             hasher,
@@ -183,7 +187,7 @@ impl Engine {
     /// One engine step at simulated time `now`: schedule, "compute", sample, free.
     pub fn step(&mut self, now: f64) -> StepOutcome {
         self.steps += 1;
-        let mut budget = self.config.max_num_batched_tokens.max(1);
+        let mut budget = self.config.max_num_batched_tokens;
         let mut prefill_tokens = 0usize;
         let mut decodes = 0usize;
         // (request id, tokens computed this step), in scheduling order.
@@ -221,7 +225,7 @@ impl Engine {
         }
 
         // Then waiting requests, first come first served, unless this step had to preempt.
-        while !preempted_any && budget > 0 && self.running.len() < self.config.max_num_seqs.max(1) {
+        while !preempted_any && budget > 0 && self.running.len() < self.config.max_num_seqs {
             let Some(request) = self.waiting.front() else { break };
             let hits = self.longest_cache_hit(request);
             let hit_tokens = hits.len() * self.config.block_size;
@@ -233,7 +237,6 @@ impl Engine {
             }
             if request.cached_tokens.is_none() {
                 request.cached_tokens = Some(hit_tokens);
-                request.scheduled_at = Some(now);
                 self.prefix_cache_queries += request.prompt_len as u64;
                 self.prefix_cache_hits += hit_tokens as u64;
                 updates.push(RequestUpdate::Scheduled { id: request.id, cached_tokens: hit_tokens });
