@@ -160,6 +160,8 @@ impl Runner {
             let now = self.sim_time(step_start);
             let outcome = self.engine.step(now);
             self.flush_events = false;
+            // Load as of this step (its admissions running) while it computes.
+            self.publish_stats();
             if outcome.duration > 0.0 {
                 let wall = Duration::from_secs_f64(outcome.duration / self.time_scale);
                 tokio::time::sleep_until((step_start + wall).into()).await;
@@ -167,7 +169,6 @@ impl Runner {
                 // Nothing could run (cannot happen with validated requests); avoid spinning.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            self.publish_stats();
             self.publisher.publish(outcome.events).await;
             for update in outcome.updates {
                 self.deliver(update);
