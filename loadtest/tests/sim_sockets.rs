@@ -41,10 +41,17 @@ impl Sim {
 }
 
 fn spawn_sim(pods: usize, extra: &[&str]) -> Sim {
+    // Defaults for the tests, unless `extra` sets them.
+    let mut defaults = vec![];
+    for (flag, value) in [("--kv-blocks", "64"), ("--time-scale", "100"), ("--decode-ms-per-token", "1")] {
+        if !extra.contains(&flag) {
+            defaults.extend([flag, value]);
+        }
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex-sim"))
-        .args(["--pods", &pods.to_string(), "--model", MODEL, "--block-size", &BLOCK.to_string(), "--kv-blocks", "64"])
+        .args(["--pods", &pods.to_string(), "--model", MODEL, "--block-size", &BLOCK.to_string()])
         .args(["--http-base-port", "0", "--zmq-bind-base-port", "0", "--replay-base-port", "0"])
-        .args(["--time-scale", "100", "--decode-ms-per-token", "1"])
+        .args(defaults)
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -306,6 +313,18 @@ async fn openai_api_streaming_metrics_and_errors() {
     assert_eq!(chunks[5]["usage"]["completion_tokens"], 5);
     assert!(chunks[5]["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0);
 
+    // Chat streaming: a role chunk, content deltas, [DONE].
+    let chat_stream = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true});
+    let response = post_json(&addr, "/v1/chat/completions", &chat_stream).await;
+    let data: Vec<&str> = response.body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.len(), 4, "{data:?}");
+    let first: Value = serde_json::from_str(data[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let last: Value = serde_json::from_str(data[2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert_eq!(data[3], "[DONE]");
+
     // Chat, rendered with role tags.
     let chat = json!({"model": MODEL, "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 3});
     let reply = post_json(&addr, "/v1/chat/completions", &chat).await.json();
@@ -382,4 +401,25 @@ async fn pods_dial_a_central_sub_with_zmq_connect() {
     }
     let expected: std::collections::BTreeSet<String> = sim.pods.iter().map(|p| p["topic"].as_str().unwrap().to_string()).collect();
     assert_eq!(topics_seen, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wall_clock_ttft_follows_the_timing_model() {
+    // 16 000 uncached prompt tokens at 16 000 tokens/s is 1 simulated second; at time scale 4
+    // the answer (one token) takes ~0.25 s of wall time.
+    let sim = spawn_sim(1, &["--kv-blocks", "2000", "--time-scale", "4"]);
+    let addr = sim.http(0);
+    let prompt: Vec<u32> = (0..16_000).map(|i| 100_000 + i).collect();
+    let started = std::time::Instant::now();
+    let response = complete(&addr, &prompt, 1).await;
+    let uncached = started.elapsed().as_secs_f64();
+    assert_eq!(response["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // The step sleeps until its simulated end; the upper bound leaves room for a busy machine.
+    assert!((0.245..2.0).contains(&uncached), "uncached: {uncached:.3} s of wall time");
+    // The same prompt again: 15 984 tokens cached, 16 computed: almost immediate.
+    let started = std::time::Instant::now();
+    let response = complete(&addr, &prompt, 1).await;
+    let cached = started.elapsed().as_secs_f64();
+    assert_eq!(response["usage"]["prompt_tokens_details"]["cached_tokens"], 15_984);
+    assert!(cached < 0.5 * uncached, "cached: {cached:.3} s vs uncached {uncached:.3} s of wall time");
 }
