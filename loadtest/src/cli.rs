@@ -72,6 +72,9 @@ pub struct Cli {
     /// Replay window in batches (vLLM's buffer_steps).
     #[arg(long, default_value_t = 10_000)]
     pub buffer_steps: usize,
+    /// Engines per pod (vLLM's --data-parallel-size): rank r of pod i binds base + i·d + r.
+    #[arg(long, default_value_t = 1)]
+    pub data_parallel_size: usize,
     /// Seed of the generated tokens.
     #[arg(long, default_value_t = 0x5eed)]
     pub output_seed: u64,
@@ -131,6 +134,7 @@ impl Cli {
             wire: self.wire,
             buffer_steps: self.buffer_steps,
             time_scale: self.time_scale,
+            data_parallel_size: self.data_parallel_size.max(1),
         })
     }
 }

@@ -77,7 +77,7 @@ async fn sources(kvindex_http: &str) -> Vec<Value> {
 async fn caught_up(kvindex_http: &str, sim_http: &str, pod_id: &str) {
     wait_for("kvindex to apply the pod's batches", DEADLINE, || async move {
         let stats = http(sim_http, "GET", "/admin/stats", None).await.json();
-        let next = stats["publisher"]["next_seq"].as_u64()?;
+        let next = stats["ranks"][0]["publisher"]["next_seq"].as_u64()?;
         if next == 0 {
             return Some(());
         }

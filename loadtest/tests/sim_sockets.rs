@@ -96,8 +96,9 @@ async fn complete(addr: &str, prompt: &[u32], max_tokens: usize) -> Value {
     response.json()
 }
 
+/// Rank 0's publisher counters.
 async fn publisher_stats(addr: &str) -> Value {
-    http(addr, "GET", "/admin/stats", None).await.json()["publisher"].clone()
+    http(addr, "GET", "/admin/stats", None).await.json()["ranks"][0]["publisher"].clone()
 }
 
 /// Subscribes and sends throw-away requests until the first message arrives (a PUB drops
@@ -422,4 +423,44 @@ async fn wall_clock_ttft_follows_the_timing_model() {
     let cached = started.elapsed().as_secs_f64();
     assert_eq!(response["usage"]["prompt_tokens_details"]["cached_tokens"], 15_984);
     assert!(cached < 0.5 * uncached, "cached: {cached:.3} s vs uncached {uncached:.3} s of wall time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_parallel_ranks_publish_on_their_own_endpoints() {
+    let sim = spawn_sim(1, &["--data-parallel-size", "2"]);
+    let addr = sim.http(0);
+    let topic = sim.pods[0]["topic"].as_str().unwrap().to_string();
+    let ranks = sim.pods[0]["ranks"].as_array().unwrap().clone();
+    assert_eq!(ranks.len(), 2);
+    let mut subs = Vec::new();
+    for rank in &ranks {
+        let mut sub = SubSocket::new();
+        sub.subscribe("kv@").await.unwrap();
+        sub.connect(rank["pub"].as_str().unwrap()).await.unwrap();
+        subs.push(sub);
+    }
+    // Requests alternate between idle ranks; wait until each rank's SUB saw a batch.
+    let mut seen = [None::<Message>, None];
+    let deadline = std::time::Instant::now() + DEADLINE;
+    for salt in 0u32.. {
+        assert!(std::time::Instant::now() < deadline, "not every rank published: {:?}", seen.iter().map(Option::is_some).collect::<Vec<_>>());
+        complete(&addr, &(0..20).map(|i| 80_000 + salt * 100 + i).collect::<Vec<u32>>(), 1).await;
+        for (rank, sub) in subs.iter_mut().enumerate() {
+            if seen[rank].is_none() {
+                seen[rank] = recv_live(sub, Duration::from_millis(50)).await;
+            }
+        }
+        if seen.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    for (rank, message) in seen.iter().enumerate() {
+        let message = message.as_ref().unwrap();
+        assert_eq!(message.topic, topic.as_bytes(), "every rank publishes under the pod's topic");
+        assert_eq!(decode_batch(&message.payload).unwrap().data_parallel_rank, Some(rank as i64));
+    }
+    let metrics = http(&addr, "GET", "/metrics", None).await.body;
+    assert!(metrics.contains("vllm:num_requests_waiting{engine=\"1\""), "{metrics}");
+    let stats = http(&addr, "GET", "/admin/stats", None).await.json();
+    assert_eq!(stats["ranks"][1]["rank"], 1);
 }

@@ -6,6 +6,7 @@ mod support;
 
 use kvindex::wire::{decode_batch, Event};
 use kvindex_loadtest::engine::{Engine, EngineConfig, KvEvent, NewRequest};
+use kvindex_loadtest::fleet::offset_endpoint_port;
 use kvindex_loadtest::wire::{encode_batch, WireVersion};
 use serde_json::Value;
 use support::{hash_u64, hex, read_jsonl};
@@ -148,4 +149,20 @@ fn kvindex_decodes_what_the_simulator_publishes() {
             }
         }
     }
+}
+
+#[test]
+fn data_parallel_endpoints_follow_vllm_0_33() {
+    let mut checked = 0;
+    for record in read_jsonl("endpoints.jsonl").iter().filter(|r| r["version"] == "0.33.0") {
+        let endpoint = record["endpoint"].as_str().unwrap();
+        let rank = record["data_parallel_rank"].as_u64().unwrap() as u32;
+        let ours = offset_endpoint_port(endpoint, rank);
+        match record["result"].as_str() {
+            Some(expected) => assert_eq!(ours.as_deref(), Ok(expected), "{endpoint} rank {rank}"),
+            None => assert!(ours.is_err(), "{endpoint} rank {rank}: vLLM refuses it"),
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "{checked} endpoint cases");
 }

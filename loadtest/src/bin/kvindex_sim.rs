@@ -32,8 +32,10 @@ async fn main() -> std::process::ExitCode {
             "http": running.http_addr.to_string(),
             "pod_id": running.pod.info.pod_id,
             "topic": running.pod.info.topic,
-            "pub": running.pub_endpoint,
-            "replay": running.replay_endpoint,
+            // Rank 0's endpoints; every rank's in "ranks" (data parallelism).
+            "pub": running.ranks.first().and_then(|r| r.pub_endpoint.clone()),
+            "replay": running.ranks.first().and_then(|r| r.replay_endpoint.clone()),
+            "ranks": running.ranks,
         });
         println!("{line}");
     }

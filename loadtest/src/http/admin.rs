@@ -43,11 +43,15 @@ struct DropBody {
     batches: u64,
 }
 
+// Fault knobs apply to every data-parallel rank's publisher of the pod.
+
 /// `POST /admin/faults/drop {"batches": n}`: the next n batches are numbered but not sent.
 pub async fn drop_batches(State(pod): State<Pod>, body: Bytes) -> Response {
     match parse_json::<DropBody>(&body) {
         Ok(body) => {
-            pod.publisher.drop_next(body.batches).await;
+            for rank in pod.ranks() {
+                rank.publisher.drop_next(body.batches).await;
+            }
             Json(json!({"dropping": body.batches})).into_response()
         }
         Err(error) => error.into_response(),
@@ -55,38 +59,49 @@ pub async fn drop_batches(State(pod): State<Pod>, body: Bytes) -> Response {
 }
 
 pub async fn pause(State(pod): State<Pod>) -> impl IntoResponse {
-    pod.publisher.pause().await;
+    for rank in pod.ranks() {
+        rank.publisher.pause().await;
+    }
     Json(json!({"paused": true}))
 }
 
 pub async fn resume(State(pod): State<Pod>) -> impl IntoResponse {
-    pod.publisher.resume().await;
+    for rank in pod.ranks() {
+        rank.publisher.resume().await;
+    }
     Json(json!({"paused": false}))
 }
 
 pub async fn restart_publisher(State(pod): State<Pod>) -> Response {
-    match pod.publisher.restart().await {
-        Ok(()) => Json(json!({"restarted": true})).into_response(),
-        Err(error) => ApiError::unavailable(error).into_response(),
+    for rank in pod.ranks() {
+        if let Err(error) = rank.publisher.restart().await {
+            return ApiError::unavailable(error).into_response();
+        }
     }
+    Json(json!({"restarted": true})).into_response()
 }
 
-/// Engine and publisher counters plus the pod's identity, for scripts and tests.
+/// Engine and publisher counters per data-parallel rank plus the pod's identity.
 pub async fn stats(State(pod): State<Pod>) -> impl IntoResponse {
-    let engine = pod.stats();
-    Json(json!({
-        "pod_id": pod.info.pod_id,
-        "topic": pod.info.topic,
-        "model": pod.info.model,
-        "engine": {
-            "num_running": engine.num_running,
-            "num_waiting": engine.num_waiting,
-            "kv_cache_usage": engine.kv_usage,
-            "prefix_cache_queries": engine.prefix_cache_queries,
-            "prefix_cache_hits": engine.prefix_cache_hits,
-            "preemptions": engine.preemptions,
-            "steps": engine.steps,
-        },
-        "publisher": pod.publisher.stats(),
-    }))
+    let ranks: Vec<_> = pod
+        .ranks()
+        .iter()
+        .map(|rank| {
+            let engine = rank.stats();
+            json!({
+                "rank": rank.rank,
+                "engine": {
+                    "num_running": engine.num_running,
+                    "num_waiting": engine.num_waiting,
+                    "kv_cache_usage": engine.kv_usage,
+                    "prefix_cache_queries": engine.prefix_cache_queries,
+                    "prefix_cache_hits": engine.prefix_cache_hits,
+                    "preemptions": engine.preemptions,
+                    "steps": engine.steps,
+                },
+                "publisher": rank.publisher.stats(),
+            })
+        })
+        .collect();
+    Json(json!({"pod_id": pod.info.pod_id, "topic": pod.info.topic, "model": pod.info.model, "ranks": ranks}))
 }

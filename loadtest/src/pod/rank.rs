@@ -1,5 +1,6 @@
-//! One simulated pod on the wall clock: the pure [`Engine`] stepped by a task, its events
-//! handed to the [`Publisher`], its request updates streamed back to HTTP handlers.
+//! One engine (a data-parallel rank of a pod) on the wall clock: the pure [`Engine`] stepped
+//! by a task, its events handed to its [`Publisher`], its request updates streamed back to
+//! HTTP handlers.
 //!
 //! Simulated time is wall time since the pod started, multiplied by `time_scale` (1 = real
 //! time; 10 = ten simulated seconds per wall second). A step of simulated duration `d` keeps
@@ -12,16 +13,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{Engine, EngineStats, NewRequest, RejectReason, RequestId, RequestSummary, RequestUpdate};
+use super::{RequestEvent, SubmitError};
+use crate::engine::{Engine, EngineStats, NewRequest, RejectReason, RequestId, RequestUpdate};
 use crate::wire::Publisher;
-
-/// What a request's HTTP handler receives, in order: `Scheduled`, then tokens, then `Finished`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RequestEvent {
-    Scheduled { cached_tokens: usize },
-    Token(u32),
-    Finished(RequestSummary),
-}
 
 enum PodCommand {
     Submit {
@@ -34,30 +28,19 @@ enum PodCommand {
     },
 }
 
-/// Identity and knobs of a pod, fixed at start.
-#[derive(Debug, Clone)]
-pub struct PodInfo {
-    pub model: String,
-    /// `127.0.0.1:<http port>`: the pod id inside the topic.
-    pub pod_id: String,
-    pub topic: String,
-    pub block_size: usize,
-    pub num_gpu_blocks: usize,
-    pub max_model_len: usize,
-}
-
-/// The handle HTTP handlers use. Cheap to clone.
+/// The handle to one running engine. Cheap to clone.
 #[derive(Clone)]
-pub struct Pod {
+pub struct Rank {
     commands: mpsc::UnboundedSender<PodCommand>,
     stats: Arc<Mutex<EngineStats>>,
-    pub info: Arc<PodInfo>,
+    /// The data-parallel rank (0 without data parallelism).
+    pub rank: u32,
     pub publisher: Publisher,
 }
 
-impl Pod {
-    /// Starts the engine task.
-    pub fn start(engine: Engine, info: PodInfo, publisher: Publisher, time_scale: f64) -> Pod {
+impl Rank {
+    /// Starts the engine task. `label` names it in logs.
+    pub fn start(engine: Engine, rank: u32, label: String, publisher: Publisher, time_scale: f64) -> Rank {
         let stats = Arc::new(Mutex::new(engine.stats()));
         let (commands, receiver) = mpsc::unbounded_channel();
         let runner = Runner {
@@ -67,11 +50,11 @@ impl Pod {
             started: Instant::now(),
             time_scale: if time_scale.is_finite() && time_scale > 0.0 { time_scale } else { 1.0 },
             streams: HashMap::new(),
-            label: info.pod_id.clone(),
+            label,
             flush_events: false,
         };
         tokio::spawn(runner.run(receiver));
-        Pod { commands, stats, info: Arc::new(info), publisher }
+        Rank { commands, stats, rank, publisher }
     }
 
     /// Queues a request; the receiver yields its events until `Finished`.
@@ -98,14 +81,6 @@ impl Pod {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitError {
-    #[error("{0}")]
-    Rejected(RejectReason),
-    #[error("the engine has stopped")]
-    Stopped,
-}
-
 struct Runner {
     engine: Engine,
     publisher: Publisher,
@@ -113,7 +88,7 @@ struct Runner {
     started: Instant,
     time_scale: f64,
     streams: HashMap<RequestId, mpsc::UnboundedSender<RequestEvent>>,
-    /// The pod id, for logs.
+    /// The pod id and rank, for logs.
     label: String,
     /// A reset queued `AllBlocksCleared`: run a step even when idle so it goes out.
     flush_events: bool,
