@@ -2,8 +2,10 @@
 //! `[topic, seq u64 BE, payload]` on a PUB socket that binds or dials, and applies the fault
 //! knobs (drop, pause, restart).
 //!
-//! Like vLLM's publisher thread it runs beside the engine: the engine hands a batch over and
-//! never waits for the socket. Faults model what a subscriber sees from a real engine:
+//! Like vLLM's publisher thread it runs beside the engine. The engine waits only until its batch
+//! is numbered and queued on the socket (the PUB never blocks: a subscriber whose queue is full
+//! loses the message), so a step's events are out before its tokens reach clients. Faults
+//! model what a subscriber sees from a real engine:
 //! * **drop N**: the next N batches are numbered and buffered but not sent, as when PUB's
 //!   high-water mark drops them; a subscriber sees a seq gap that replay can fill;
 //! * **pause**: batches are held (numbered when sent), as when the publisher thread stalls;
@@ -61,7 +63,7 @@ pub struct PublisherStats {
 }
 
 enum Command {
-    /// The ack fires once the batch is numbered (and sent, dropped or held).
+    /// The ack fires once the batch is sent, dropped or held.
     Publish(Vec<KvEvent>, oneshot::Sender<()>),
     Drop(u64, oneshot::Sender<()>),
     Pause(oneshot::Sender<()>),
@@ -112,9 +114,8 @@ impl Publisher {
         Ok(Publisher { commands, stats, bound_endpoint, bound_replay_endpoint })
     }
 
-    /// Hands over one step's events and waits until they are numbered and on the socket (or
-    /// dropped or held by a fault). Empty steps publish nothing, as in vLLM. Waiting keeps a
-    /// useful order for clients: a step's events are out before its tokens are delivered.
+    /// Hands over one step's events and waits until they are on the socket (or dropped or held
+    /// by a fault). Empty steps publish nothing, as in vLLM.
     pub async fn publish(&self, events: Vec<KvEvent>) {
         if events.is_empty() {
             return;
