@@ -123,7 +123,7 @@ fn message_text(content: &Option<Value>) -> Result<String, ApiError> {
 }
 
 pub async fn completions(State(pod): State<Pod>, body: Bytes) -> Response {
-    let result = async {
+    let result = (|| {
         let body: CompletionBody = parse_json(&body)?;
         check_model(&pod, body.model.as_deref())?;
         let prompt = prompt_tokens(body.prompt.as_ref().ok_or_else(|| ApiError::bad_request("prompt is required"))?)?;
@@ -135,8 +135,7 @@ pub async fn completions(State(pod): State<Pod>, body: Bytes) -> Response {
             include_usage: body.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
             return_token_ids: body.return_token_ids.unwrap_or(false),
         })
-    }
-    .await;
+    })();
     match result {
         Ok(job) => run(pod, job).await,
         Err(error) => error.into_response(),
