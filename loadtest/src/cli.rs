@@ -12,7 +12,11 @@ use crate::fleet::{FleetConfig, ZmqMode};
 use crate::wire::WireVersion;
 
 #[derive(Debug, Parser)]
-#[command(name = "kvindex-sim", version, about = "A simulated vLLM fleet speaking vLLM's KV-event wire format and OpenAI API")]
+#[command(
+    name = "kvindex-sim",
+    version,
+    about = "A simulated vLLM fleet speaking vLLM's KV-event wire format and OpenAI API"
+)]
 #[command(group(ArgGroup::new("zmq").required(true).args(["zmq_connect", "zmq_bind_base_port"])))]
 pub struct Cli {
     /// Number of simulated pods (vLLM engines).
@@ -81,7 +85,8 @@ pub struct Cli {
 }
 
 fn parse_wire(text: &str) -> Result<WireVersion, String> {
-    WireVersion::parse(text).ok_or_else(|| format!("unsupported wire version {text:?} (expected 0.33 or 0.23)"))
+    WireVersion::parse(text)
+        .ok_or_else(|| format!("unsupported wire version {text:?} (expected 0.33 or 0.23)"))
 }
 
 impl Cli {
@@ -103,7 +108,10 @@ impl Cli {
         }
         let positive = |value: f64| value.is_finite() && value > 0.0;
         let non_negative = |value: f64| value.is_finite() && value >= 0.0;
-        if !positive(self.prefill_tokens_per_s) || !non_negative(self.decode_ms_per_token) || !positive(self.time_scale) {
+        if !positive(self.prefill_tokens_per_s)
+            || !non_negative(self.decode_ms_per_token)
+            || !positive(self.time_scale)
+        {
             return Err("--prefill-tokens-per-s and --time-scale must be positive, --decode-ms-per-token non-negative".into());
         }
         let zmq = match (&self.zmq_connect, self.zmq_bind_base_port) {
@@ -111,7 +119,11 @@ impl Cli {
             (None, Some(port)) => ZmqMode::BindBasePort(port),
             _ => return Err("give exactly one of --zmq-connect and --zmq-bind-base-port".into()),
         };
-        let hash_seed = if self.hash_seed == "unset" { None } else { Some(self.hash_seed.clone()) };
+        let hash_seed = if self.hash_seed == "unset" {
+            None
+        } else {
+            Some(self.hash_seed.clone())
+        };
         Ok(FleetConfig {
             pods: self.pods,
             model: self.model.clone(),
@@ -146,18 +158,53 @@ mod tests {
     #[test]
     fn the_contract_parses() {
         let cli = Cli::try_parse_from([
-            "kvindex-sim", "--pods", "4", "--model", "m", "--block-size", "16", "--kv-blocks", "10000",
-            "--http-base-port", "8000", "--zmq-bind-base-port", "5557", "--replay-base-port", "5600",
-            "--wire", "0.23", "--hash-seed", "42",
+            "kvindex-sim",
+            "--pods",
+            "4",
+            "--model",
+            "m",
+            "--block-size",
+            "16",
+            "--kv-blocks",
+            "10000",
+            "--http-base-port",
+            "8000",
+            "--zmq-bind-base-port",
+            "5557",
+            "--replay-base-port",
+            "5600",
+            "--wire",
+            "0.23",
+            "--hash-seed",
+            "42",
         ])
         .unwrap();
         let config = cli.fleet_config().unwrap();
         assert_eq!(config.zmq, ZmqMode::BindBasePort(5557));
         assert_eq!(config.wire, WireVersion::V0_23);
         assert_eq!(config.engine.hash_seed.as_deref(), Some("42"));
-        assert!(Cli::try_parse_from(["kvindex-sim", "--pods", "1", "--model", "m", "--http-base-port", "1"]).is_err());
         assert!(Cli::try_parse_from([
-            "kvindex-sim", "--pods", "1", "--model", "m", "--http-base-port", "1", "--zmq-connect", "tcp://x:1", "--zmq-bind-base-port", "2"
+            "kvindex-sim",
+            "--pods",
+            "1",
+            "--model",
+            "m",
+            "--http-base-port",
+            "1"
+        ])
+        .is_err());
+        assert!(Cli::try_parse_from([
+            "kvindex-sim",
+            "--pods",
+            "1",
+            "--model",
+            "m",
+            "--http-base-port",
+            "1",
+            "--zmq-connect",
+            "tcp://x:1",
+            "--zmq-bind-base-port",
+            "2"
         ])
         .is_err());
     }

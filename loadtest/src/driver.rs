@@ -12,7 +12,9 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::engine::{Engine, EngineConfig, NewRequest, RequestId, RequestSummary, RequestUpdate, StepOutcome};
+use crate::engine::{
+    Engine, EngineConfig, NewRequest, RequestId, RequestSummary, RequestUpdate, StepOutcome,
+};
 use crate::policy::{FleetView, Policy};
 use crate::wire::{encode_batch, WireVersion};
 use crate::workload::Conversation;
@@ -38,7 +40,10 @@ impl Eq for Scheduled {}
 impl Ord for Scheduled {
     fn cmp(&self, other: &Self) -> Ordering {
         // BinaryHeap is a max-heap: invert to pop the earliest first.
-        other.at.total_cmp(&self.at).then_with(|| other.order.cmp(&self.order))
+        other
+            .at
+            .total_cmp(&self.at)
+            .then_with(|| other.order.cmp(&self.order))
     }
 }
 
@@ -85,11 +90,17 @@ struct Open {
 
 /// Runs `conversations` on `pods` engines built from `engine`, routed by `policy`. Fails only
 /// when the engine's hash configuration is not reproducible.
-pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversations: &[Conversation]) -> Result<PolicyReport, String> {
+pub fn run(
+    policy: &mut dyn Policy,
+    engine: &EngineConfig,
+    pods: usize,
+    conversations: &[Conversation],
+) -> Result<PolicyReport, String> {
     let mut fleet: Vec<PodState> = (0..pods.max(1))
         .map(|_| {
             Ok(PodState {
-                engine: Engine::new(engine.clone()).map_err(|e| format!("hash configuration: {e}"))?,
+                engine: Engine::new(engine.clone())
+                    .map_err(|e| format!("hash configuration: {e}"))?,
                 in_flight: None,
                 usage_area: 0.0,
                 usage_since: 0.0,
@@ -104,7 +115,14 @@ pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversa
     };
     for (index, conversation) in conversations.iter().enumerate() {
         if !conversation.turns.is_empty() {
-            push(&mut queue, conversation.start_at, Happening::Arrival { conversation: index, turn: 0 });
+            push(
+                &mut queue,
+                conversation.start_at,
+                Happening::Arrival {
+                    conversation: index,
+                    turn: 0,
+                },
+            );
         }
     }
     let mut histories: Vec<Vec<u32>> = conversations.iter().map(|c| c.opening.clone()).collect();
@@ -123,9 +141,23 @@ pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversa
                 requests_per_pod[pod] += 1;
                 let max_tokens = conversations[conversation].turns[turn].max_tokens;
                 let state = &mut fleet[pod];
-                match state.engine.submit(NewRequest { prompt: prompt.clone(), max_tokens }, now) {
+                match state.engine.submit(
+                    NewRequest {
+                        prompt: prompt.clone(),
+                        max_tokens,
+                    },
+                    now,
+                ) {
                     Ok(id) => {
-                        open.insert((pod, id), Open { conversation, turn, prompt, outputs: Vec::new() });
+                        open.insert(
+                            (pod, id),
+                            Open {
+                                conversation,
+                                turn,
+                                prompt,
+                                outputs: Vec::new(),
+                            },
+                        );
                     }
                     Err(_) => continue, // larger than a pod: skipped, never counted
                 }
@@ -134,7 +166,9 @@ pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversa
                 }
             }
             Happening::StepEnd { pod } => {
-                let Some(outcome) = fleet[pod].in_flight.take() else { continue };
+                let Some(outcome) = fleet[pod].in_flight.take() else {
+                    continue;
+                };
                 if policy.wants_events() && !outcome.events.is_empty() {
                     let payload = encode_batch(WireVersion::V0_33, now, &outcome.events, 0);
                     if let Ok(batch) = kvindex::wire::decode_batch(&payload) {
@@ -150,14 +184,25 @@ pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversa
                         }
                         RequestUpdate::Finished { id, summary } => {
                             summaries.push(summary);
-                            let Some(done) = open.remove(&(pod, id)) else { continue };
+                            let Some(done) = open.remove(&(pod, id)) else {
+                                continue;
+                            };
                             let mut history = done.prompt;
                             history.extend(done.outputs);
                             histories[done.conversation] = history;
                             let next_turn = done.turn + 1;
-                            if let Some(turn) = conversations[done.conversation].turns.get(next_turn) {
+                            if let Some(turn) =
+                                conversations[done.conversation].turns.get(next_turn)
+                            {
                                 let at = now + turn.think_time_s;
-                                push(&mut queue, at, Happening::Arrival { conversation: done.conversation, turn: next_turn });
+                                push(
+                                    &mut queue,
+                                    at,
+                                    Happening::Arrival {
+                                        conversation: done.conversation,
+                                        turn: next_turn,
+                                    },
+                                );
                             }
                         }
                         RequestUpdate::Scheduled { .. } => {}
@@ -174,11 +219,22 @@ pub fn run(policy: &mut dyn Policy, engine: &EngineConfig, pods: usize, conversa
         .iter_mut()
         .map(|state| {
             account_usage(state, now);
-            if now > 0.0 { state.usage_area / now } else { 0.0 }
+            if now > 0.0 {
+                state.usage_area / now
+            } else {
+                0.0
+            }
         })
         .collect();
     let preemptions = fleet.iter().map(|p| p.engine.stats().preemptions).sum();
-    Ok(report(policy.name(), &summaries, kv_usage_per_pod, requests_per_pod, preemptions, now))
+    Ok(report(
+        policy.name(),
+        &summaries,
+        kv_usage_per_pod,
+        requests_per_pod,
+        preemptions,
+        now,
+    ))
 }
 
 fn choose(policy: &mut dyn Policy, prompt: &[u32], fleet: &[PodState]) -> usize {
@@ -203,7 +259,8 @@ fn start_step(
     account_usage(state, now);
     let outcome = state.engine.step(now);
     let end = now + outcome.duration;
-    let idle_step = outcome.scheduled == 0 && outcome.events.is_empty() && outcome.updates.is_empty();
+    let idle_step =
+        outcome.scheduled == 0 && outcome.events.is_empty() && outcome.updates.is_empty();
     state.in_flight = Some(outcome);
     if !idle_step {
         push(queue, end, Happening::StepEnd { pod });
@@ -220,7 +277,14 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
-fn report(name: &str, summaries: &[RequestSummary], kv_usage_per_pod: Vec<f64>, requests_per_pod: Vec<usize>, preemptions: u64, makespan: f64) -> PolicyReport {
+fn report(
+    name: &str,
+    summaries: &[RequestSummary],
+    kv_usage_per_pod: Vec<f64>,
+    requests_per_pod: Vec<usize>,
+    preemptions: u64,
+    makespan: f64,
+) -> PolicyReport {
     let prompt: usize = summaries.iter().map(|s| s.prompt_tokens).sum();
     let cached: usize = summaries.iter().map(|s| s.cached_tokens).sum();
     let mut ttfts: Vec<f64> = summaries.iter().map(RequestSummary::ttft).collect();
@@ -228,7 +292,11 @@ fn report(name: &str, summaries: &[RequestSummary], kv_usage_per_pod: Vec<f64>, 
     PolicyReport {
         policy: name.to_string(),
         requests: summaries.len(),
-        hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+        hit_rate: if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        },
         ttft_p50_s: percentile(&ttfts, 50.0),
         ttft_p90_s: percentile(&ttfts, 90.0),
         ttft_p99_s: percentile(&ttfts, 99.0),

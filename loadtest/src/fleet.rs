@@ -68,7 +68,9 @@ pub fn offset_endpoint_port(endpoint: &str, rank: u32) -> Result<String, String>
     if !endpoint.starts_with("tcp://") {
         return Err(format!("invalid endpoint {endpoint:?} for data-parallel rank {rank}: must contain 'inproc' or 'tcp'"));
     }
-    let Some((head, port)) = endpoint.rsplit_once(':') else { return Ok(endpoint.to_string()) };
+    let Some((head, port)) = endpoint.rsplit_once(':') else {
+        return Ok(endpoint.to_string());
+    };
     match port.parse::<u32>() {
         Ok(0) => Ok(endpoint.to_string()),
         Ok(port) if port + rank <= u32::from(u16::MAX) => Ok(format!("{head}:{}", port + rank)),
@@ -81,7 +83,8 @@ fn port(base: u16, index: usize) -> Result<u16, String> {
     if base == 0 {
         return Ok(0);
     }
-    u16::try_from(usize::from(base) + index).map_err(|_| format!("port {base} + {index} is out of range"))
+    u16::try_from(usize::from(base) + index)
+        .map_err(|_| format!("port {base} + {index} is out of range"))
 }
 
 /// The llm-d topic convention: `kv@<pod id>@<model>`.
@@ -113,8 +116,12 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
         for rank in 0..ranks_per_pod as u32 {
             let slot = index * ranks_per_pod + rank as usize;
             let endpoint = match &config.zmq {
-                ZmqMode::Connect(endpoint) => PubEndpoint::Connect(offset_endpoint_port(endpoint, rank)?),
-                ZmqMode::BindBasePort(base) => PubEndpoint::Bind(format!("tcp://{}:{}", config.host, port(*base, slot)?)),
+                ZmqMode::Connect(endpoint) => {
+                    PubEndpoint::Connect(offset_endpoint_port(endpoint, rank)?)
+                }
+                ZmqMode::BindBasePort(base) => {
+                    PubEndpoint::Bind(format!("tcp://{}:{}", config.host, port(*base, slot)?))
+                }
             };
             let replay_endpoint = match config.replay_base_port {
                 Some(base) => Some(format!("tcp://{}:{}", config.host, port(base, slot)?)),
@@ -134,8 +141,15 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
                 pub_endpoint: publisher.bound_endpoint.clone(),
                 replay_endpoint: publisher.bound_replay_endpoint.clone(),
             });
-            let engine = Engine::new(config.engine.clone()).map_err(|e| format!("hash configuration: {e}"))?;
-            ranks.push(Rank::start(engine, rank, format!("{pod_id}/dp{rank}"), publisher, config.time_scale));
+            let engine = Engine::new(config.engine.clone())
+                .map_err(|e| format!("hash configuration: {e}"))?;
+            ranks.push(Rank::start(
+                engine,
+                rank,
+                format!("{pod_id}/dp{rank}"),
+                publisher,
+                config.time_scale,
+            ));
         }
         let pod = Pod::new(info, ranks);
         let app = crate::http::router(pod.clone());
@@ -144,7 +158,11 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
                 tracing::error!(%error, "HTTP server stopped");
             }
         });
-        running.push(RunningPod { pod, http_addr, ranks: endpoints });
+        running.push(RunningPod {
+            pod,
+            http_addr,
+            ranks: endpoints,
+        });
     }
     Ok(running)
 }

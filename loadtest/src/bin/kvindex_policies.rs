@@ -23,7 +23,10 @@ enum Workload {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "kvindex-policies", about = "Compare routing policies on the simulated reference scenario")]
+#[command(
+    name = "kvindex-policies",
+    about = "Compare routing policies on the simulated reference scenario"
+)]
 struct Args {
     #[arg(long, value_enum, default_value_t = Workload::Reference)]
     workload: Workload,
@@ -67,12 +70,22 @@ fn main() -> std::process::ExitCode {
     }
     let scale = args.scale_down;
     let conversations = match args.workload {
-        Workload::Reference => MultiTurnConfig { conversations: args.conversations, turns: args.turns, seed: args.seed, ..MultiTurnConfig::reference() }
-            .scaled_down(scale)
-            .generate(),
-        Workload::Tenants => TenantsConfig { requests: args.requests, rate_per_s: args.rate, seed: args.seed, ..TenantsConfig::llm_d_benchmark() }
-            .scaled_down(scale)
-            .generate(),
+        Workload::Reference => MultiTurnConfig {
+            conversations: args.conversations,
+            turns: args.turns,
+            seed: args.seed,
+            ..MultiTurnConfig::reference()
+        }
+        .scaled_down(scale)
+        .generate(),
+        Workload::Tenants => TenantsConfig {
+            requests: args.requests,
+            rate_per_s: args.rate,
+            seed: args.seed,
+            ..TenantsConfig::llm_d_benchmark()
+        }
+        .scaled_down(scale)
+        .generate(),
     };
     let blocks = args.kv_tokens / scale / args.block_size + 1;
     let engine = EngineConfig {
@@ -90,11 +103,21 @@ fn main() -> std::process::ExitCode {
         Box::new(Oracle::default()),
     ];
     for &count in args.replicas.iter().filter(|&&count| count > 1) {
-        let replicas: Vec<Box<dyn Policy>> =
-            (0..count).map(|_| Box::new(ApproximatePrefix::new(args.pods, 64, chunks_per_pod)) as Box<dyn Policy>).collect();
-        policies.push(Box::new(Replicated::new(format!("approximate ×{count}"), replicas)));
+        let replicas: Vec<Box<dyn Policy>> = (0..count)
+            .map(|_| {
+                Box::new(ApproximatePrefix::new(args.pods, 64, chunks_per_pod)) as Box<dyn Policy>
+            })
+            .collect();
+        policies.push(Box::new(Replicated::new(
+            format!("approximate ×{count}"),
+            replicas,
+        )));
     }
-    let reports: Vec<PolicyReport> = match policies.iter_mut().map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations)).collect() {
+    let reports: Vec<PolicyReport> = match policies
+        .iter_mut()
+        .map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations))
+        .collect()
+    {
         Ok(reports) => reports,
         Err(error) => {
             eprintln!("kvindex-policies: {error}");
@@ -106,12 +129,25 @@ fn main() -> std::process::ExitCode {
             println!("{}", serde_json::to_string(report).unwrap_or_default());
         }
     } else {
-        println!("{:<20} {:>8} {:>9} {:>9} {:>9} {:>9}  kv usage per pod", "policy", "requests", "hit rate", "ttft p50", "ttft p90", "ttft p99");
+        println!(
+            "{:<20} {:>8} {:>9} {:>9} {:>9} {:>9}  kv usage per pod",
+            "policy", "requests", "hit rate", "ttft p50", "ttft p90", "ttft p99"
+        );
         for r in &reports {
-            let usage: Vec<String> = r.kv_usage_per_pod.iter().map(|u| format!("{:.2}", u)).collect();
+            let usage: Vec<String> = r
+                .kv_usage_per_pod
+                .iter()
+                .map(|u| format!("{:.2}", u))
+                .collect();
             println!(
                 "{:<20} {:>8} {:>9.3} {:>8.3}s {:>8.3}s {:>8.3}s  [{}]",
-                r.policy, r.requests, r.hit_rate, r.ttft_p50_s, r.ttft_p90_s, r.ttft_p99_s, usage.join(" ")
+                r.policy,
+                r.requests,
+                r.hit_rate,
+                r.ttft_p50_s,
+                r.ttft_p90_s,
+                r.ttft_p99_s,
+                usage.join(" ")
             );
         }
     }

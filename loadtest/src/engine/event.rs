@@ -14,6 +14,8 @@ pub enum KvEvent {
         block_size: u32,
     },
     /// vLLM's block pool removes one hash per event; the encoder accepts lists anyway.
-    BlockRemoved { block_hashes: Vec<u64> },
+    BlockRemoved {
+        block_hashes: Vec<u64>,
+    },
     AllBlocksCleared,
 }

@@ -76,7 +76,9 @@ struct Job {
 
 fn check_model(pod: &Pod, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        Some(name) if name != pod.info.model => Err(ApiError::not_found(format!("The model `{name}` does not exist."))),
+        Some(name) if name != pod.info.model => Err(ApiError::not_found(format!(
+            "The model `{name}` does not exist."
+        ))),
         _ => Ok(()),
     }
 }
@@ -99,8 +101,12 @@ fn prompt_tokens(prompt: &Value) -> Result<Vec<u32>, ApiError> {
             .collect::<Option<Vec<u32>>>()
             .ok_or_else(|| ApiError::bad_request("prompt token ids must be integers in [0, 2^32)")),
         Value::Array(items) if items.len() == 1 => prompt_tokens(&items[0]),
-        Value::Array(_) => Err(ApiError::bad_request("batched prompts are not supported; send one prompt per request")),
-        _ => Err(ApiError::bad_request("prompt must be a string or an array of token ids")),
+        Value::Array(_) => Err(ApiError::bad_request(
+            "batched prompts are not supported; send one prompt per request",
+        )),
+        _ => Err(ApiError::bad_request(
+            "prompt must be a string or an array of token ids",
+        )),
     }
 }
 
@@ -111,14 +117,23 @@ fn message_text(content: &Option<Value>) -> Result<String, ApiError> {
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for part in parts {
-                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                match (
+                    part.get("type").and_then(Value::as_str),
+                    part.get("text").and_then(Value::as_str),
+                ) {
                     (Some("text"), Some(part_text)) => text.push_str(part_text),
-                    _ => return Err(ApiError::bad_request("only text content parts are supported")),
+                    _ => {
+                        return Err(ApiError::bad_request(
+                            "only text content parts are supported",
+                        ))
+                    }
                 }
             }
             Ok(text)
         }
-        Some(_) => Err(ApiError::bad_request("message content must be a string or an array of text parts")),
+        Some(_) => Err(ApiError::bad_request(
+            "message content must be a string or an array of text parts",
+        )),
     }
 }
 
@@ -126,13 +141,20 @@ pub async fn completions(State(pod): State<Pod>, body: Bytes) -> Response {
     let result = (|| {
         let body: CompletionBody = parse_json(&body)?;
         check_model(&pod, body.model.as_deref())?;
-        let prompt = prompt_tokens(body.prompt.as_ref().ok_or_else(|| ApiError::bad_request("prompt is required"))?)?;
+        let prompt = prompt_tokens(
+            body.prompt
+                .as_ref()
+                .ok_or_else(|| ApiError::bad_request("prompt is required"))?,
+        )?;
         Ok::<_, ApiError>(Job {
             kind: Kind::Completion,
             prompt,
             max_tokens: max_tokens(body.max_tokens)?,
             stream: body.stream.unwrap_or(false),
-            include_usage: body.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            include_usage: body
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
             return_token_ids: body.return_token_ids.unwrap_or(false),
         })
     })();
@@ -159,7 +181,10 @@ pub async fn chat_completions(State(pod): State<Pod>, body: Bytes) -> Response {
             prompt: tokenizer::encode(&tokenizer::render_chat(&messages)),
             max_tokens: max_tokens(body.max_completion_tokens.or(body.max_tokens))?,
             stream: body.stream.unwrap_or(false),
-            include_usage: body.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            include_usage: body
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
             return_token_ids: body.return_token_ids.unwrap_or(false),
         })
     })();
@@ -179,19 +204,45 @@ fn usage(summary: &RequestSummary) -> Value {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 async fn run(pod: Pod, job: Job) -> Response {
-    let prompt_for_reply = if job.return_token_ids { Some(job.prompt.clone()) } else { None };
-    let events = match pod.submit(NewRequest { prompt: job.prompt, max_tokens: job.max_tokens }).await {
-        Ok(events) => events,
-        Err(SubmitError::Rejected(reason)) => return ApiError::bad_request(reason.to_string()).into_response(),
-        Err(SubmitError::Stopped) => return ApiError::unavailable("the engine has stopped").into_response(),
+    let prompt_for_reply = if job.return_token_ids {
+        Some(job.prompt.clone())
+    } else {
+        None
     };
-    let prefix = if job.kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
+    let events = match pod
+        .submit(NewRequest {
+            prompt: job.prompt,
+            max_tokens: job.max_tokens,
+        })
+        .await
+    {
+        Ok(events) => events,
+        Err(SubmitError::Rejected(reason)) => {
+            return ApiError::bad_request(reason.to_string()).into_response()
+        }
+        Err(SubmitError::Stopped) => {
+            return ApiError::unavailable("the engine has stopped").into_response()
+        }
+    };
+    let prefix = if job.kind == Kind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    };
     let id = format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
-    let reply = Reply { kind: job.kind, id, created: unix_now(), model: pod.info.model.clone() };
+    let reply = Reply {
+        kind: job.kind,
+        id,
+        created: unix_now(),
+        model: pod.info.model.clone(),
+    };
     if job.stream {
         stream(reply, events, job.include_usage).into_response()
     } else {
@@ -217,9 +268,15 @@ impl Reply {
 
     fn choice(&self, text: &str, finish_reason: Option<&str>, chunk: bool) -> Value {
         match (self.kind, chunk) {
-            (Kind::Completion, _) => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}),
-            (Kind::Chat, false) => json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason}),
-            (Kind::Chat, true) => json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": finish_reason}),
+            (Kind::Completion, _) => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})
+            }
+            (Kind::Chat, false) => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
+            }
+            (Kind::Chat, true) => {
+                json!({"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": finish_reason})
+            }
         }
     }
 
@@ -228,7 +285,11 @@ impl Reply {
     }
 }
 
-async fn collect(reply: Reply, mut events: mpsc::UnboundedReceiver<RequestEvent>, prompt: Option<Vec<u32>>) -> Response {
+async fn collect(
+    reply: Reply,
+    mut events: mpsc::UnboundedReceiver<RequestEvent>,
+    prompt: Option<Vec<u32>>,
+) -> Response {
     let mut tokens = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
@@ -249,7 +310,11 @@ async fn collect(reply: Reply, mut events: mpsc::UnboundedReceiver<RequestEvent>
     ApiError::unavailable("the engine stopped before the request finished").into_response()
 }
 
-fn stream(reply: Reply, mut events: mpsc::UnboundedReceiver<RequestEvent>, include_usage: bool) -> impl IntoResponse {
+fn stream(
+    reply: Reply,
+    mut events: mpsc::UnboundedReceiver<RequestEvent>,
+    include_usage: bool,
+) -> impl IntoResponse {
     let (sender, receiver) = mpsc::channel::<Result<Event, Infallible>>(64);
     tokio::spawn(async move {
         let send = |value: Value| Ok(Event::default().data(value.to_string()));
@@ -265,15 +330,24 @@ fn stream(reply: Reply, mut events: mpsc::UnboundedReceiver<RequestEvent>, inclu
                     // Hold one token back so the last one carries the finish reason.
                     if let Some(previous) = pending.replace(token) {
                         let choice = reply.choice(&tokenizer::decode(&[previous]), None, true);
-                        if sender.send(send(reply.envelope(json!([choice]), true))).await.is_err() {
+                        if sender
+                            .send(send(reply.envelope(json!([choice]), true)))
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                     }
                 }
                 RequestEvent::Finished(summary) => {
-                    let text = pending.take().map(|t| tokenizer::decode(&[t])).unwrap_or_default();
+                    let text = pending
+                        .take()
+                        .map(|t| tokenizer::decode(&[t]))
+                        .unwrap_or_default();
                     let choice = reply.choice(&text, Some("length"), true);
-                    let _ = sender.send(send(reply.envelope(json!([choice]), true))).await;
+                    let _ = sender
+                        .send(send(reply.envelope(json!([choice]), true)))
+                        .await;
                     if include_usage {
                         let mut last = reply.envelope(json!([]), true);
                         last["usage"] = usage(&summary);

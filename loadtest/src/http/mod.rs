@@ -29,7 +29,10 @@ pub fn router(pod: Pod) -> Router {
         .route("/admin/faults/drop", post(admin::drop_batches))
         .route("/admin/faults/pause", post(admin::pause))
         .route("/admin/faults/resume", post(admin::resume))
-        .route("/admin/faults/restart-publisher", post(admin::restart_publisher))
+        .route(
+            "/admin/faults/restart-publisher",
+            post(admin::restart_publisher),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -41,5 +44,8 @@ async fn not_found() -> impl IntoResponse {
 }
 
 async fn method_not_allowed() -> impl IntoResponse {
-    error::ApiError { status: axum::http::StatusCode::METHOD_NOT_ALLOWED, message: "method not allowed on this endpoint".into() }
+    error::ApiError {
+        status: axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        message: "method not allowed on this endpoint".into(),
+    }
 }

@@ -56,7 +56,11 @@ pub struct Pod {
 impl Pod {
     /// A pod over its started ranks (at least one).
     pub fn new(info: PodInfo, ranks: Vec<Rank>) -> Pod {
-        Pod { ranks: ranks.into(), next_tie: Arc::new(AtomicUsize::new(0)), info: Arc::new(info) }
+        Pod {
+            ranks: ranks.into(),
+            next_tie: Arc::new(AtomicUsize::new(0)),
+            info: Arc::new(info),
+        }
     }
 
     pub fn ranks(&self) -> &[Rank] {
@@ -76,8 +80,14 @@ impl Pod {
 
     /// Queues a request on the least loaded rank; the receiver yields its events until
     /// `Finished`.
-    pub async fn submit(&self, request: NewRequest) -> Result<mpsc::UnboundedReceiver<RequestEvent>, SubmitError> {
-        self.pick_rank().ok_or(SubmitError::Stopped)?.submit(request).await
+    pub async fn submit(
+        &self,
+        request: NewRequest,
+    ) -> Result<mpsc::UnboundedReceiver<RequestEvent>, SubmitError> {
+        self.pick_rank()
+            .ok_or(SubmitError::Stopped)?
+            .submit(request)
+            .await
     }
 
     /// Resets every rank's prefix cache; `false` when any rank refused (requests running).

@@ -42,7 +42,9 @@ impl ApproximatePrefix {
         prompt
             .chunks_exact(self.chunk_tokens)
             .map(|chunk| {
-                parent = chunk.iter().fold(splitmix64(parent), |h, &t| splitmix64(h ^ u64::from(t)));
+                parent = chunk
+                    .iter()
+                    .fold(splitmix64(parent), |h, &t| splitmix64(h ^ u64::from(t)));
                 parent
             })
             .collect()
@@ -50,7 +52,9 @@ impl ApproximatePrefix {
 
     fn remember(&mut self, pod: usize, hashes: &[u64]) {
         let capacity = self.capacity_chunks;
-        let Some(memory) = self.memories.get_mut(pod) else { return };
+        let Some(memory) = self.memories.get_mut(pod) else {
+            return;
+        };
         for &hash in hashes {
             self.tick += 1;
             if let Some(old) = memory.last_used.insert(hash, self.tick) {
@@ -58,7 +62,9 @@ impl ApproximatePrefix {
             }
             memory.by_age.insert(self.tick, hash);
             while memory.last_used.len() > capacity {
-                let Some((_, oldest)) = memory.by_age.pop_first() else { break };
+                let Some((_, oldest)) = memory.by_age.pop_first() else {
+                    break;
+                };
                 memory.last_used.remove(&oldest);
             }
         }
@@ -76,8 +82,15 @@ impl Policy for ApproximatePrefix {
             .memories
             .iter()
             .map(|memory| {
-                let matched = hashes.iter().take_while(|h| memory.last_used.contains_key(h)).count();
-                if hashes.is_empty() { 0.0 } else { matched as f64 / hashes.len() as f64 }
+                let matched = hashes
+                    .iter()
+                    .take_while(|h| memory.last_used.contains_key(h))
+                    .count();
+                if hashes.is_empty() {
+                    0.0
+                } else {
+                    matched as f64 / hashes.len() as f64
+                }
             })
             .collect();
         self.rotate = self.rotate.wrapping_add(1);

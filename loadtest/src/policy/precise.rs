@@ -18,7 +18,10 @@ pub struct Precise {
 impl Precise {
     pub fn new(pods: usize, block_size: usize, model: &str) -> Self {
         Precise {
-            index: KvIndex::new(KvIndexConfig { block_size, ..KvIndexConfig::default() }),
+            index: KvIndex::new(KvIndexConfig {
+                block_size,
+                ..KvIndexConfig::default()
+            }),
             pod_names: (0..pods).map(|p| format!("pod-{p}")).collect(),
             model: model.to_string(),
             block_size,
@@ -43,12 +46,21 @@ impl Policy for Precise {
     }
 
     fn choose(&mut self, prompt: &[u32], fleet: &FleetView<'_>) -> usize {
-        let result = self.index.score(&ScoreQuery { model: &self.model, lora_name: None, cache_salt: None, token_ids: prompt, pods: None });
+        let result = self.index.score(&ScoreQuery {
+            model: &self.model,
+            lora_name: None,
+            cache_salt: None,
+            token_ids: prompt,
+            pods: None,
+        });
         let mut fractions = vec![0.0; fleet.pods.len()];
         for found in &result.matches {
-            let Some(name) = self.index.pods().name(found.pod) else { continue };
+            let Some(name) = self.index.pods().name(found.pod) else {
+                continue;
+            };
             if let Some(pod) = self.pod_names.iter().position(|n| **n == *name) {
-                fractions[pod] = (found.matched_blocks as usize * self.block_size) as f64 / prompt.len().max(1) as f64;
+                fractions[pod] = (found.matched_blocks as usize * self.block_size) as f64
+                    / prompt.len().max(1) as f64;
             }
         }
         self.rotate = self.rotate.wrapping_add(1);

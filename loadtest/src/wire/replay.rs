@@ -28,7 +28,12 @@ pub fn parse_start_seq(frame: &[u8]) -> u64 {
 }
 
 /// The frames (after the identity) answering a request from `start`.
-pub fn replay_replies(buffer: &ReplayBuffer, topic: &[u8], version: WireVersion, start: u64) -> Vec<Vec<Bytes>> {
+pub fn replay_replies(
+    buffer: &ReplayBuffer,
+    topic: &[u8],
+    version: WireVersion,
+    start: u64,
+) -> Vec<Vec<Bytes>> {
     let with_topic = version.replay_has_topic();
     let mut replies: Vec<Vec<Bytes>> = buffer
         .since(start)
@@ -83,7 +88,13 @@ pub async fn serve_replay(
                     }
                 }
             };
-            let served = tokio::spawn(serve(current, label.clone(), buffer.clone(), topic.clone(), version));
+            let served = tokio::spawn(serve(
+                current,
+                label.clone(),
+                buffer.clone(),
+                topic.clone(),
+                version,
+            ));
             if let Err(error) = served.await {
                 tracing::warn!(endpoint = %label, %error, "replay ROUTER task died; re-binding");
             }
@@ -93,7 +104,13 @@ pub async fn serve_replay(
     Ok(bound)
 }
 
-async fn serve(mut socket: RouterSocket, label: String, buffer: Arc<Mutex<ReplayBuffer>>, topic: Bytes, version: WireVersion) {
+async fn serve(
+    mut socket: RouterSocket,
+    label: String,
+    buffer: Arc<Mutex<ReplayBuffer>>,
+    topic: Bytes,
+    version: WireVersion,
+) {
     loop {
         let message = match socket.recv().await {
             Ok(message) => message,
@@ -122,7 +139,9 @@ async fn serve(mut socket: RouterSocket, label: String, buffer: Arc<Mutex<Replay
             let mut frames = Vec::with_capacity(reply.len() + 1);
             frames.push(identity.clone());
             frames.extend(reply);
-            let Ok(message) = ZmqMessage::try_from(frames) else { continue };
+            let Ok(message) = ZmqMessage::try_from(frames) else {
+                continue;
+            };
             if let Err(error) = socket.send(message).await {
                 tracing::warn!(endpoint = %label, %error, "replay send failed");
                 break;
@@ -148,10 +167,33 @@ mod tests {
         let mut buffer = ReplayBuffer::new(4);
         buffer.push(2, Bytes::from_static(b"p2"));
         let new = replay_replies(&buffer, b"kv@t", WireVersion::V0_33, 0);
-        assert_eq!(new[0], vec![Bytes::new(), Bytes::from_static(b"kv@t"), Bytes::copy_from_slice(&2u64.to_be_bytes()), Bytes::from_static(b"p2")]);
-        assert_eq!(new[1], vec![Bytes::new(), Bytes::new(), Bytes::copy_from_slice(&[0xff; 8]), Bytes::new()]);
+        assert_eq!(
+            new[0],
+            vec![
+                Bytes::new(),
+                Bytes::from_static(b"kv@t"),
+                Bytes::copy_from_slice(&2u64.to_be_bytes()),
+                Bytes::from_static(b"p2")
+            ]
+        );
+        assert_eq!(
+            new[1],
+            vec![
+                Bytes::new(),
+                Bytes::new(),
+                Bytes::copy_from_slice(&[0xff; 8]),
+                Bytes::new()
+            ]
+        );
         let old = replay_replies(&buffer, b"kv@t", WireVersion::V0_23, 0);
         assert_eq!(old[0].len(), 3);
-        assert_eq!(old[1], vec![Bytes::new(), Bytes::copy_from_slice(&[0xff; 8]), Bytes::new()]);
+        assert_eq!(
+            old[1],
+            vec![
+                Bytes::new(),
+                Bytes::copy_from_slice(&[0xff; 8]),
+                Bytes::new()
+            ]
+        );
     }
 }

@@ -51,7 +51,10 @@ impl MultiTurnConfig {
             system_tokens: self.system_tokens / d,
             document_tokens: self.document_tokens / d,
             user_tokens: (self.user_tokens.0 / d, self.user_tokens.1 / d),
-            output_tokens: ((self.output_tokens.0 / d).max(1), (self.output_tokens.1 / d).max(1)),
+            output_tokens: (
+                (self.output_tokens.0 / d).max(1),
+                (self.output_tokens.1 / d).max(1),
+            ),
             ..self.clone()
         }
     }
@@ -74,7 +77,11 @@ impl MultiTurnConfig {
                         think_time_s: rng.uniform(self.think_time_s.0, self.think_time_s.1),
                     })
                     .collect();
-                Conversation { opening, turns, start_at: rng.uniform(0.0, self.start_window_s) }
+                Conversation {
+                    opening,
+                    turns,
+                    start_at: rng.uniform(0.0, self.start_window_s),
+                }
             })
             .collect()
     }
@@ -108,7 +115,12 @@ mod tests {
         assert_eq!(a[3].turns[2].user, b[3].turns[2].user);
         assert_eq!(a[0].opening[..1000], a[1].opening[..1000]);
         assert_ne!(a[0].opening[1000..], a[1].opening[1000..]);
-        let final_context: usize = a[0].opening.len() + a[0].turns.iter().map(|t| t.user.len() + t.max_tokens).sum::<usize>();
+        let final_context: usize = a[0].opening.len()
+            + a[0]
+                .turns
+                .iter()
+                .map(|t| t.user.len() + t.max_tokens)
+                .sum::<usize>();
         assert!((7000..10_000).contains(&final_context), "{final_context}");
     }
 }

@@ -23,12 +23,17 @@ pub fn read_jsonl(name: &str) -> Vec<Value> {
         .unwrap_or_else(|e| panic!("{}: {e} (set KVINDEX_VECTORS)", path.display()))
         .lines()
         .filter(|line| !line.trim().is_empty())
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
         .collect()
 }
 
 pub fn hex(text: &str) -> Vec<u8> {
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex")).collect()
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+        .collect()
 }
 
 /// `"0x…"` → u64.
@@ -60,9 +65,19 @@ pub async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> H
     stream.read_to_end(&mut raw).await.expect("read");
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").expect("HTTP response head");
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status");
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(rest) } else { rest.to_string() };
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
     HttpResponse { status, body }
 }
 
