@@ -20,6 +20,10 @@ enum Workload {
     Reference,
     /// llm-d's benchmark: 150 tenants × 6k-token system prompts, 1.2k-token questions.
     Tenants,
+    /// 16 agents × 30 tool-loop steps growing to ~17k tokens.
+    Agentic,
+    /// The reference shape with 256 conversations: the working set overflows the fleet.
+    Overflow,
 }
 
 #[derive(Debug, Parser)]
@@ -42,10 +46,11 @@ struct Args {
     kv_tokens: usize,
     #[arg(long, default_value_t = 16)]
     block_size: usize,
-    #[arg(long, default_value_t = 64)]
-    conversations: usize,
-    #[arg(long, default_value_t = 6)]
-    turns: usize,
+    /// Multi-turn workloads: override the preset's conversation and turn counts.
+    #[arg(long)]
+    conversations: Option<usize>,
+    #[arg(long)]
+    turns: Option<usize>,
     /// Divide every token count (contexts, KV capacity, prefill rate) by this.
     #[arg(long, default_value_t = 1)]
     scale_down: usize,
@@ -69,15 +74,20 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     let scale = args.scale_down;
-    let conversations = match args.workload {
-        Workload::Reference => MultiTurnConfig {
-            conversations: args.conversations,
-            turns: args.turns,
+    let multi_turn = |preset: MultiTurnConfig| {
+        MultiTurnConfig {
+            conversations: args.conversations.unwrap_or(preset.conversations),
+            turns: args.turns.unwrap_or(preset.turns),
             seed: args.seed,
-            ..MultiTurnConfig::reference()
+            ..preset
         }
         .scaled_down(scale)
-        .generate(),
+        .generate()
+    };
+    let conversations = match args.workload {
+        Workload::Reference => multi_turn(MultiTurnConfig::reference()),
+        Workload::Agentic => multi_turn(MultiTurnConfig::agentic()),
+        Workload::Overflow => multi_turn(MultiTurnConfig::overflow()),
         Workload::Tenants => TenantsConfig {
             requests: args.requests,
             rate_per_s: args.rate,

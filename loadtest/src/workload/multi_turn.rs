@@ -44,6 +44,32 @@ impl MultiTurnConfig {
         }
     }
 
+    /// An agentic long-context trace: 16 agents, each a tool loop of 30 short steps (tool
+    /// output in, a short action out) over a 2k-token opening, growing to ~17k tokens.
+    pub fn agentic() -> Self {
+        MultiTurnConfig {
+            conversations: 16,
+            turns: 30,
+            system_tokens: 1500,
+            document_tokens: 500,
+            user_tokens: (200, 600),
+            output_tokens: (50, 150),
+            think_time_s: (0.2, 1.0),
+            start_window_s: 5.0,
+            seed: 42,
+        }
+    }
+
+    /// The reference shape with 4× the conversations: a working set (~2M tokens) far above
+    /// the reference fleet's 640k tokens of KV, so every policy evicts.
+    pub fn overflow() -> Self {
+        MultiTurnConfig {
+            conversations: 256,
+            start_window_s: 40.0,
+            ..MultiTurnConfig::reference()
+        }
+    }
+
     /// The same shape with every token count divided by `divisor` (CI-sized runs).
     pub fn scaled_down(&self, divisor: usize) -> Self {
         let d = divisor.max(1);
@@ -122,5 +148,29 @@ mod tests {
                 .map(|t| t.user.len() + t.max_tokens)
                 .sum::<usize>();
         assert!((7000..10_000).contains(&final_context), "{final_context}");
+    }
+
+    #[test]
+    fn presets_have_their_documented_shape() {
+        let context = |c: &Conversation| {
+            c.opening.len()
+                + c.turns
+                    .iter()
+                    .map(|t| t.user.len() + t.max_tokens)
+                    .sum::<usize>()
+        };
+        let agents = MultiTurnConfig::agentic().generate();
+        assert_eq!((agents.len(), agents[0].turns.len()), (16, 30));
+        assert!(
+            (13_000..21_000).contains(&context(&agents[0])),
+            "{}",
+            context(&agents[0])
+        );
+        let overflow = MultiTurnConfig::overflow().generate();
+        let working_set: usize = overflow.iter().map(context).sum();
+        assert!(
+            working_set > 3 * 640_000,
+            "{working_set} tokens against 640k of fleet KV"
+        );
     }
 }
