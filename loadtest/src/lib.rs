@@ -1,0 +1,18 @@
+//! kvindex-loadtest: a simulated vLLM fleet for testing and benchmarking kvindex.
+//!
+//! [`engine`] is the pure pod model (prefix cache, scheduler, timing, events); [`wire`] turns
+//! its events into vLLM's exact ZeroMQ messages and serves replay; [`http`] is the
+//! OpenAI-compatible API of one pod; [`pod`] runs a pod's engines (one per data-parallel rank)
+//! on the wall clock; [`fleet`] starts
+//! N pods; [`cli`] is the `kvindex-sim` command line. [`workload`], [`policy`] and [`driver`]
+//! compare routing policies on the same seeded request sequence, in process.
+
+pub mod cli;
+pub mod driver;
+pub mod engine;
+pub mod fleet;
+pub mod http;
+pub mod pod;
+pub mod policy;
+pub mod wire;
+pub mod workload;
