@@ -3,6 +3,7 @@
 # the same machine) reuse them; every script still works from an empty cache.
 : "${CARGO_TARGET_DIR:=/var/tmp/kvindex-target}"
 : "${KVINDEX_VENV:=/var/tmp/kvindex-venv}"
+: "${KVINDEX_FIXTURES:=/var/tmp/kvindex-fixtures}"
 : "${KVINDEX_VECTORS:=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/vectors}"
-export CARGO_TARGET_DIR KVINDEX_VENV KVINDEX_VECTORS
+export CARGO_TARGET_DIR KVINDEX_VENV KVINDEX_VECTORS KVINDEX_FIXTURES
 export KVINDEX_PYTHON="$KVINDEX_VENV/bin/python"
