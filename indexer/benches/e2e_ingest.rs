@@ -1,1 +1,474 @@
-fn main() {}
+//! End-to-end benchmark of `kvindex serve` (harness = false):
+//!
+//! 1. Ingest over TCP loopback from 64 concurrent publishers (our own load generator: the
+//!    `zeromq` crate's PUB + rmp-serde map-form batches shaped like vLLM 0.33's), paced at a
+//!    ladder of target rates. Reports applied block ops/s, loss (sent − applied, gaps, queue
+//!    drops) and event-to-visible p50/p99 (the server's histogram of batch `ts` → applied, same
+//!    clock).
+//! 2. ScoreTokens over gRPC for an 8k-token prompt (512 blocks, held by 4 pods) at a target
+//!    request rate (open loop) while the 64 publishers ingest at a target block-op rate.
+//!    Reports client-side p50/p99.
+//!
+//! Run: `cargo bench -p kvindex --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
+//! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::Serialize;
+use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+
+use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
+use kvindex_proto::kvindex::v1::ScoreTokensRequest;
+
+const PUBLISHERS: usize = 64;
+const BLOCK: usize = 16;
+/// Blocks per BlockStored batch; a conversation is CHUNKS stores, then one batch removing it.
+const STORE_BLOCKS: usize = 16;
+const CHUNKS: usize = 8;
+const MODEL: &str = "bench-model";
+
+#[derive(Serialize)]
+struct Stored<'a> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    block_hashes: Vec<u64>,
+    parent_block_hash: Option<u64>,
+    token_ids: &'a [u32],
+    block_size: u32,
+    lora_id: Option<i64>,
+    medium: &'static str,
+    lora_name: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Removed {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    block_hashes: [u64; 1],
+    medium: &'static str,
+}
+
+fn now_ts() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+struct Server {
+    child: Child,
+    grpc: String,
+    http: String,
+    zmq: String,
+}
+
+impl Server {
+    #[allow(clippy::zombie_processes)] // a bench that fails to start its server just exits
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0"])
+            .args(["--block-size", "16"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn kvindex serve");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "kvindex serve exited");
+            if let Some(rest) = line.trim().strip_prefix("KVINDEX_LISTENING ") {
+                let kv: std::collections::HashMap<&str, &str> = rest.split_whitespace().filter_map(|x| x.split_once('=')).collect();
+                return Server { grpc: kv["grpc"].into(), http: kv["http"].into(), zmq: kv["zmq"].into(), child };
+            }
+        }
+    }
+
+    fn get(&self, path: &str) -> String {
+        let mut s = TcpStream::connect(&self.http).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut r = String::new();
+        s.read_to_string(&mut r).unwrap();
+        r.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+    }
+
+    fn metric(&self, name: &str, labels: &str) -> f64 {
+        self.get("/metrics")
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+            + 0.0 // an empty f64 sum is -0.0
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One publisher: conversations of CHUNKS chained stores, then their removal; paced so that
+/// all publishers together aim at `rate` block ops/s. Returns block ops sent.
+async fn publish(id: usize, endpoint: String, rate: f64, until: Instant, sent: Arc<AtomicU64>, seqs: Arc<AtomicU64>) {
+    publish_with(id, endpoint, rate, until, sent, seqs, true, Arc::new(AtomicBool::new(false))).await
+}
+
+/// `remove = false`: conversations are never evicted (fills the index); `stop` ends early.
+#[allow(clippy::too_many_arguments)]
+async fn publish_with(
+    id: usize,
+    endpoint: String,
+    rate: f64,
+    until: Instant,
+    sent: Arc<AtomicU64>,
+    seqs: Arc<AtomicU64>,
+    remove: bool,
+    stop: Arc<AtomicBool>,
+) {
+    let mut sock = PubSocket::new();
+    sock.connect(&endpoint).await.expect("connect");
+    tokio::time::sleep(Duration::from_millis(1000)).await; // subscription handshake
+    let topic = Bytes::from(format!("kv@10.9.{}.{}:8000@{MODEL}", id / 256, id % 256));
+    let ops_per_conv = (CHUNKS * STORE_BLOCKS * 2) as f64;
+    let batches_per_conv = (CHUNKS + 1) as f64;
+    let per_pub_batches = rate / PUBLISHERS as f64 / ops_per_conv * batches_per_conv;
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_pub_batches));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut seq: u64 = 0;
+    let mut conv: u64 = 0;
+    let mut tokens = vec![0u32; STORE_BLOCKS * BLOCK];
+    'outer: loop {
+        conv += 1;
+        let mut hashes: Vec<u64> = Vec::with_capacity(CHUNKS * STORE_BLOCKS);
+        for chunk in 0..CHUNKS + 1 {
+            tick.tick().await;
+            if Instant::now() >= until || stop.load(Ordering::Relaxed) {
+                break 'outer;
+            }
+            if chunk == CHUNKS && !remove {
+                continue;
+            }
+            let payload = if chunk < CHUNKS {
+                for (j, t) in tokens.iter_mut().enumerate() {
+                    *t = ((id as u64 * 1_000_003 + conv * 7919 + (chunk * STORE_BLOCKS * BLOCK + j) as u64) % 151_000) as u32;
+                }
+                let first = hashes.len();
+                let parent = hashes.last().copied();
+                for b in 0..STORE_BLOCKS {
+                    hashes.push(((id as u64) << 48) ^ (conv << 16) ^ (first + b) as u64 ^ 0x9e37_79b9_7f4a_7c15);
+                }
+                let ev = Stored {
+                    ty: "BlockStored",
+                    block_hashes: hashes[first..].to_vec(),
+                    parent_block_hash: parent,
+                    token_ids: &tokens,
+                    block_size: BLOCK as u32,
+                    lora_id: None,
+                    medium: "GPU",
+                    lora_name: None,
+                };
+                rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap()
+            } else {
+                let evs: Vec<Removed> = hashes.iter().map(|h| Removed { ty: "BlockRemoved", block_hashes: [*h], medium: "GPU" }).collect();
+                rmp_serde::to_vec_named(&(now_ts(), evs, 0i64)).unwrap()
+            };
+            let msg: ZmqMessage = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)].try_into().unwrap();
+            sock.send(msg).await.expect("send");
+            seq += 1;
+            sent.fetch_add(STORE_BLOCKS as u64 * if chunk < CHUNKS { 1 } else { CHUNKS as u64 }, Ordering::Relaxed);
+        }
+    }
+    seqs.fetch_add(seq, Ordering::Relaxed);
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+struct IngestResult {
+    target: f64,
+    applied_per_s: f64,
+    sent: u64,
+    applied: u64,
+    gaps: f64,
+    dropped: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+async fn ingest_phase(rate: f64, secs: f64) -> IngestResult {
+    let server = Server::start(&["--queue-capacity", "65536"]);
+    let sent = Arc::new(AtomicU64::new(0));
+    let seqs = Arc::new(AtomicU64::new(0));
+    let start = Instant::now() + Duration::from_millis(1200);
+    let until = start + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for id in 0..PUBLISHERS {
+        tasks.push(tokio::spawn(publish(id, server.zmq.clone(), rate, until, sent.clone(), seqs.clone())));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let sent = sent.load(Ordering::Relaxed);
+    // Drain: wait until the server has applied everything it will apply.
+    let mut applied = 0.0;
+    let mut last_change = Instant::now();
+    while last_change.elapsed() < Duration::from_millis(500) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let a = server.metric("kvindex_blocks_total", "");
+        if a != applied {
+            applied = a;
+            last_change = Instant::now();
+        }
+        if applied as u64 >= sent {
+            break;
+        }
+    }
+    let wall = Instant::now().duration_since(start).as_secs_f64().max(secs);
+    IngestResult {
+        target: rate,
+        applied_per_s: applied / secs.min(wall),
+        sent,
+        applied: applied as u64,
+        gaps: server.metric("kvindex_gaps_total", ""),
+        dropped: server.metric("kvindex_queue_dropped_total", ""),
+        p50_ms: server_quantile(&server, "kvindex_event_to_visible_seconds", 0.5),
+        p99_ms: server_quantile(&server, "kvindex_event_to_visible_seconds", 0.99),
+    }
+}
+
+/// A quantile of a server histogram (upper bound of the bucket holding it), in ms.
+fn server_quantile(server: &Server, name: &str, q: f64) -> f64 {
+    let body = server.get("/metrics");
+    let prefix = format!("{name}_bucket{{");
+    let mut buckets: Vec<(f64, f64)> = body
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    buckets.iter().find(|b| b.1 >= q * total).map_or(f64::NAN, |b| b.0 * 1e3)
+}
+
+struct ScoreResult {
+    p50: f64,
+    p99: f64,
+    achieved: f64,
+    ok: usize,
+    errors: u64,
+    server_p50: f64,
+    server_p99: f64,
+}
+
+async fn score_phase(rps: f64, ingest_rate: f64, secs: f64) -> ScoreResult {
+    let server = Server::start(&[]);
+    // 4 pods hold the 8k-token prompt (512 blocks).
+    let prompt: Vec<u32> = (0..8192u32).map(|i| (i * 31 + 7) % 151_000).collect();
+    let mut holders = Vec::new();
+    for _ in 0..4 {
+        let mut sock = PubSocket::new();
+        sock.connect(&server.zmq).await.unwrap();
+        holders.push(sock);
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for (p, sock) in holders.iter_mut().enumerate() {
+        // Each holder pod stores the whole prompt as one 512-block BlockStored.
+        let hashes: Vec<u64> = (0..512u64).map(|b| 0xabc0_0000 + ((p as u64) << 32) + b).collect();
+        let ev = Stored {
+            ty: "BlockStored",
+            block_hashes: hashes,
+            parent_block_hash: None,
+            token_ids: &prompt,
+            block_size: BLOCK as u32,
+            lora_id: None,
+            medium: "GPU",
+            lora_name: None,
+        };
+        let payload = rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap();
+        let topic = Bytes::from(format!("kv@holder-{p}:8000@{MODEL}"));
+        let msg: ZmqMessage = vec![topic, Bytes::copy_from_slice(&0u64.to_be_bytes()), Bytes::from(payload)].try_into().unwrap();
+        sock.send(msg).await.unwrap();
+    }
+    let mut client = IndexerClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let req = ScoreTokensRequest { model: MODEL.into(), token_ids: prompt.clone(), ..Default::default() };
+    loop {
+        let r = client.score_tokens(req.clone()).await.unwrap().into_inner();
+        if r.scores.len() == 4 && r.scores.iter().all(|s| s.matched_blocks == 512) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Ingest in the background, queries open loop at `rps`.
+    let sent = Arc::new(AtomicU64::new(0));
+    let seqs = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_millis(1200) + Duration::from_secs_f64(secs);
+    let mut pubs = Vec::new();
+    if ingest_rate > 0.0 {
+        for id in 0..PUBLISHERS {
+            pubs.push(tokio::spawn(publish(id, server.zmq.clone(), ingest_rate, until, sent.clone(), seqs.clone())));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let channels: Vec<IndexerClient<tonic::transport::Channel>> = {
+        let mut v = Vec::new();
+        for _ in 0..8 {
+            v.push(IndexerClient::connect(format!("http://{}", server.grpc)).await.unwrap());
+        }
+        v
+    };
+    // Warm-up (connections, allocator), not measured.
+    for c in &channels {
+        let mut c = c.clone();
+        for _ in 0..20 {
+            c.score_tokens(req.clone()).await.unwrap();
+        }
+    }
+    let lat = Arc::new(parking_lot::Mutex::new(Vec::<f64>::new()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rps));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let q_start = Instant::now();
+    let mut inflight = Vec::new();
+    let mut n = 0usize;
+    while q_start.elapsed().as_secs_f64() < secs {
+        tick.tick().await;
+        let mut c = channels[n % channels.len()].clone();
+        n += 1;
+        let req = req.clone();
+        let lat = lat.clone();
+        let errors = errors.clone();
+        inflight.push(tokio::spawn(async move {
+            let t = Instant::now();
+            match c.score_tokens(req).await {
+                Ok(r) if r.get_ref().scores.len() >= 4 => lat.lock().push(t.elapsed().as_secs_f64() * 1e3),
+                _ => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let achieved = n as f64 / q_start.elapsed().as_secs_f64();
+    for t in inflight {
+        let _ = t.await;
+    }
+    for p in pubs {
+        let _ = p.await;
+    }
+    let mut v = lat.lock().clone();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    ScoreResult {
+        p50: quantile(&v, 0.5),
+        p99: quantile(&v, 0.99),
+        achieved,
+        ok: v.len(),
+        errors: errors.load(Ordering::Relaxed),
+        server_p50: server_quantile(&server, "kvindex_score_latency_seconds", 0.5),
+        server_p99: server_quantile(&server, "kvindex_score_latency_seconds", 0.99),
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Fills the index to `entries` resident (block, pod) entries over the wire; returns
+/// (entries, RSS before, RSS after, the core's approx_bytes, seconds).
+async fn rss_phase(entries: u64) -> (u64, u64, u64, f64, f64) {
+    let server = Server::start(&["--max-entries", "100000000"]);
+    let pid = server.child.id();
+    let before = rss_kib(pid);
+    let sent = Arc::new(AtomicU64::new(0));
+    let seqs = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let until = Instant::now() + Duration::from_secs(600);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for id in 0..PUBLISHERS {
+        tasks.push(tokio::spawn(publish_with(id, server.zmq.clone(), 1_000_000.0, until, sent.clone(), seqs.clone(), false, stop.clone())));
+    }
+    let mut n = 0.0;
+    while (n as u64) < entries {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        n = server.metric("kvindex_index_entries", "");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let secs = start.elapsed().as_secs_f64();
+    let n = server.metric("kvindex_index_entries", "") as u64;
+    (n, before, rss_kib(pid), server.metric("kvindex_index_bytes", ""), secs)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing to parse.
+    let rates: Vec<f64> = std::env::var("E2E_RATES")
+        .unwrap_or_else(|_| "250000,500000,1000000,2000000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let secs: f64 = std::env::var("E2E_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(4.0);
+    let score_rps: Vec<f64> = std::env::var("E2E_SCORE_RPS")
+        .unwrap_or_else(|_| "1000,5000".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let score_ingest: f64 = std::env::var("E2E_SCORE_INGEST").ok().and_then(|s| s.parse().ok()).unwrap_or(500_000.0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    println!("e2e_ingest: {PUBLISHERS} publishers, {STORE_BLOCKS}-block stores, conversations of {CHUNKS} stores then removal, {secs}s per phase");
+    println!("| target block ops/s | applied block ops/s | sent | applied | loss | gaps | queue drops | event→visible p50 ≤ | p99 ≤ |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for rate in rates {
+        let r = rt.block_on(ingest_phase(rate, secs));
+        let loss = r.sent.saturating_sub(r.applied);
+        println!(
+            "| {:.0} | {:.0} | {} | {} | {} | {} | {} | {:.2} ms | {:.2} ms |",
+            r.target, r.applied_per_s, r.sent, r.applied, loss, r.gaps, r.dropped, r.p50_ms, r.p99_ms
+        );
+    }
+    let rss_entries: u64 = std::env::var("E2E_RSS_ENTRIES").ok().and_then(|s| s.parse().ok()).unwrap_or(10_000_000);
+    if rss_entries > 0 {
+        let (n, before, after, approx, secs) = rt.block_on(rss_phase(rss_entries));
+        println!();
+        println!(
+            "Index filled over the wire to {n} resident entries in {secs:.1} s: server RSS {:.0} MiB (before {:.0} MiB, delta {:.1} B/entry); core approx_bytes {:.0} MiB ({:.1} B/entry)",
+            after as f64 / 1024.0,
+            before as f64 / 1024.0,
+            (after.saturating_sub(before)) as f64 * 1024.0 / n as f64,
+            approx / 1048576.0,
+            approx / n as f64
+        );
+    }
+    println!();
+    println!("ScoreTokens, 8k-token prompt (512 blocks, 4 holder pods), open loop, 8 HTTP/2 connections:");
+    println!("| target req/s | sent req/s | ingest target block ops/s | ok | errors | client p50 | client p99 | server p50 ≤ | server p99 ≤ |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &rps in &score_rps {
+        for ingest in [0.0, score_ingest] {
+            let r = rt.block_on(score_phase(rps, ingest, secs));
+            println!(
+                "| {rps:.0} | {:.0} | {ingest:.0} | {} | {} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |",
+                r.achieved, r.ok, r.errors, r.p50, r.p99, r.server_p50, r.server_p99
+            );
+        }
+    }
+}

@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the indexer service: subscribe to engines, keep the index exact, serve ScoreTokens.
-    Serve(service::config::ServeArgs),
+    Serve(Box<service::config::ServeArgs>),
     /// Decode captured ZeroMQ messages (JSON Lines with `frames_hex`) from stdin.
     Decode,
     /// Compute vLLM's own block hashes for `hashes.jsonl`-shaped records from stdin.
@@ -31,7 +31,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Serve(args) = cli.command {
-        return match commands::serve::run(args) {
+        return match commands::serve::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("kvindex serve: {e}");

@@ -10,7 +10,7 @@
 //! CONNECTING ──seq 0──▶ EXACT ──gap──▶ REPLAYING ──filled──▶ EXACT
 //!      │                  │                 └──not covered / failed / timeout──▶ DEGRADED (pod cleared)
 //!      └──seq > 0──▶ replay from 0 (or DEGRADED without replay)
-//!                         ├──seq goes back (restart)──▶ clear, replay from 0 ──▶ EXACT | DEGRADED
+//!                         ├──seq goes back (restart), or a new connection──▶ clear, replay from 0 ──▶ EXACT | DEGRADED
 //!                         └──silent > stale_after──▶ STALE (back on data)
 //! DEGRADED keeps applying new batches (scores only under-report) and becomes EXACT again only
 //! after a full resync: a replay from seq 0 whose first reply is seq 0 (after a restart).
@@ -78,6 +78,9 @@ pub enum Reason {
     PendingOverflow,
     /// The seq went backwards: the publisher restarted.
     Restart,
+    /// The publisher's connection was replaced: it may have restarted with its seq already
+    /// past ours, so its history is re-read from seq 0 instead of trusted.
+    Reconnect,
     /// A payload could not be decoded; its seq is lost.
     Malformed,
     /// Silent for longer than `stale_after`.
@@ -99,6 +102,7 @@ impl Reason {
             Reason::ReplayCooldown => "replay_cooldown",
             Reason::PendingOverflow => "pending_overflow",
             Reason::Restart => "restart",
+            Reason::Reconnect => "reconnect",
             Reason::Malformed => "malformed",
             Reason::Silent => "silent",
             Reason::Data => "data",
@@ -237,6 +241,8 @@ pub struct Sequencer<P> {
     replay_ids: u64,
     cooldown_until: Millis,
     pending: VecDeque<(u64, Item<P>)>,
+    /// The live connection changed since the last live message.
+    reconnected: bool,
     stats: SequencerStats,
 }
 
@@ -253,6 +259,7 @@ impl<P> Sequencer<P> {
             replay_ids: 0,
             cooldown_until: 0,
             pending: VecDeque::new(),
+            reconnected: false,
             stats: SequencerStats::default(),
         }
     }
@@ -384,8 +391,14 @@ impl<P> Sequencer<P> {
             self.set_state(to, Reason::Data, out);
         }
         if self.last_live.is_some_and(|last| seq <= last) {
-            self.restart(now, out);
+            self.restart(Reason::Restart, out);
+        } else if std::mem::take(&mut self.reconnected) && self.last_live.is_some() {
+            // A new connection whose seq moved forward: the same process after a network
+            // blip, or a new process that already published past our cursor. Seq numbers
+            // cannot tell them apart, so nothing is trusted: clear and resync from seq 0.
+            self.restart(Reason::Reconnect, out);
         }
+        self.reconnected = false;
         self.last_live = Some(seq);
         if self.replay.is_some() {
             if self.pending.len() >= self.config.max_pending {
@@ -445,18 +458,23 @@ impl<P> Sequencer<P> {
         }
     }
 
-    /// The publisher restarted: its new process holds nothing we know.
-    fn restart(&mut self, now: Millis, out: &mut Vec<Step<P>>) {
+    /// The live socket's connection to the publisher was replaced (the shell sees the TCP
+    /// connection change). The next live message then resyncs from seq 0 (see `on_live`).
+    pub fn on_reconnect(&mut self) {
+        self.reconnected = true;
+    }
+
+    /// The publisher restarted (or may have): its new process holds nothing we know.
+    fn restart(&mut self, reason: Reason, out: &mut Vec<Step<P>>) {
         self.stats.restarts += 1;
         if self.replay.is_some() {
             self.end_replay(ReplayOutcome::Abandoned, out);
         }
         self.pending.clear();
-        self.clear(Reason::Restart, out);
+        self.clear(reason, out);
         self.degraded = false;
         self.next = None;
-        self.set_state(SourceState::Connecting, Reason::Restart, out);
-        let _ = now;
+        self.set_state(SourceState::Connecting, reason, out);
     }
 
     fn end_replay(&mut self, outcome: ReplayOutcome, out: &mut Vec<Step<P>>) -> Option<ActiveReplay> {
@@ -498,7 +516,7 @@ impl<P> Sequencer<P> {
     }
 
     /// A message from the replay socket, for replay `id`.
-    pub fn on_replay_message(&mut self, id: u64, seq: u64, item: Item<P>, now: Millis, out: &mut Vec<Step<P>>) {
+    pub fn on_replay_message(&mut self, id: u64, seq: u64, item: Item<P>, _now: Millis, out: &mut Vec<Step<P>>) {
         let Some(replay) = self.replay.as_mut().filter(|r| r.id == id) else { return };
         let first = replay.first_seen.is_none();
         replay.first_seen.get_or_insert(seq);
@@ -508,7 +526,6 @@ impl<P> Sequencer<P> {
             self.lose(Reason::ReplayNotCovered, out);
             self.next = Some(seq);
         }
-        let _ = now;
         match self.next {
             Some(next) if seq < next => {
                 self.stats.duplicates += 1;
@@ -840,6 +857,43 @@ mod tests {
     }
 
     #[test]
+    fn reconnect_with_seq_ahead_resyncs_from_zero() {
+        let mut s = exact_from_zero(true);
+        live(&mut s, 3, 1);
+        // New connection; the (possibly new) publisher is already at seq 9.
+        s.on_reconnect();
+        let out = live(&mut s, 9, 2);
+        assert_eq!(actions(&out), ["clear reconnect", "replay 0"]);
+        let id = replay_id(&out);
+        let mut out = Vec::new();
+        for seq in 0..10 {
+            s.on_replay_message(id, seq, b("R"), 3, &mut out);
+        }
+        s.on_replay_end(id, 3, &mut out);
+        assert_eq!(s.state(), Exact);
+        assert_eq!(s.last_seq(), Some(9));
+        // Only the first message after a reconnect is affected.
+        assert_eq!(actions(&live(&mut s, 10, 4)), ["apply 10 L"]);
+    }
+
+    #[test]
+    fn reconnect_without_replay_degrades() {
+        let mut s = exact_from_zero(false);
+        s.on_reconnect();
+        let out = live(&mut s, 3, 1);
+        assert_eq!(actions(&out), ["clear reconnect", "clear replay_unavailable", "apply 3 L"]);
+        assert_eq!(s.state(), Degraded);
+    }
+
+    #[test]
+    fn reconnect_before_any_data_is_nothing() {
+        let mut s = Seq::new(cfg(false));
+        s.on_reconnect();
+        assert_eq!(actions(&live(&mut s, 0, 1)), ["apply 0 L"]);
+        assert_eq!(s.state(), Exact);
+    }
+
+    #[test]
     fn restart_during_replay_abandons_it() {
         let mut s = exact_from_zero(true);
         let id = replay_id(&live(&mut s, 6, 1));
@@ -1003,18 +1057,20 @@ mod tests {
                 let mut out = Vec::new();
                 match rand(20) {
                     0 => {
+                        // A restart is a new process on a new connection.
                         proc_id += 1;
                         published.clear();
                         restarted = true;
+                        s.on_reconnect();
                     }
+                    19 => s.on_reconnect(), // a network blip: same process, new connection
                     1 => s.on_tick(now + 10_000, &mut out),
                     _ => {
                         let seq = published.len() as u64;
                         let malformed = rand(15) == 0;
                         published.push((seq, malformed));
-                        // Known limit: a restart is seen only if the new process's first
-                        // message we receive has a seq at or below the last one seen.
-                        if rand(5) != 0 || std::mem::take(&mut restarted) {
+                        if rand(5) != 0 {
+                            restarted = false;
                             let item = if malformed { Item::Malformed } else { Item::Batch((proc_id, seq)) };
                             s.on_live(seq, item, now, &mut out);
                         }

@@ -197,3 +197,62 @@ fn service_64_publishers_concurrently() {
     peer.wait_exact(&server, &names, MODEL, "EXACT", 30);
     assert_eq!(server.metric("kvindex_blocks_total", &["op=\"stored\""]), (64 * 40 * 8) as f64);
 }
+
+#[test]
+fn service_queue_overflow_is_recovered_by_replay() {
+    // A 4-message queue: bursts overflow it; dropped messages are counted and the gaps replayed.
+    let names: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
+    let pods: Vec<String> = (0..8).map(|i| format!("10.0.2.{i}:8000")).collect();
+    let pubs: Vec<(&str, &str)> = names.iter().map(String::as_str).zip(pods.iter().map(String::as_str)).collect();
+    let Some((server, mut peer)) = central(&["--queue-capacity", "4", "--replay-cooldown-ms", "0"], &pubs, true, 10_000) else { return };
+    let names: Vec<&str> = pubs.iter().map(|p| p.0).collect();
+    peer.cmd(json!({"op": "burst", "names": names, "chains": 50, "blocks": 8, "model": MODEL}));
+    // The last message of a burst may itself be dropped, and nothing after it would reveal the
+    // gap: once the queue has drained, send one more store per publisher until it is applied.
+    wait_until("queue drained", 60, || (server.sources()["queue"]["depth"] == 0).then_some(()));
+    for n in &names {
+        let mut tries = 0;
+        loop {
+            peer.cmd(json!({"op": "store", "name": n, "chain": "tail", "tokens": chain(99, 2)}));
+            tries += 1;
+            if peer.try_settle(&server, &[n], 5) {
+                break;
+            }
+            assert!(tries < 10, "{n}: tail stores keep getting lost");
+        }
+    }
+    peer.wait_exact(&server, &names, MODEL, "EXACT", 60);
+    let dropped = server.metric("kvindex_queue_dropped_total", &[]);
+    if dropped > 0.0 {
+        assert!(server.metric("kvindex_replays_total", &["outcome=\"filled\""]) >= 1.0);
+    }
+    eprintln!("queue drops recovered by replay: {dropped}");
+}
+
+#[test]
+fn service_restart_already_past_the_old_seq_is_resynced() {
+    // The new process publishes more batches before our subscription reaches it than the old
+    // one ever did: its first seq we see is *above* the old cursor. Only the new connection
+    // tells; the pod must be cleared and resynced from seq 0, never continued.
+    let Some((server, mut peer)) = central(&[], &[("a", "pod-a")], true, 10_000) else { return };
+    for k in 0..3 {
+        peer.cmd(json!({"op": "store", "name": "a", "chain": format!("old{k}"), "tokens": chain(k, 4)}));
+    }
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
+    let p = peer.cmd(json!({"op": "restart", "name": "a", "connect_later": true}));
+    peer.cmd(json!({"op": "register", "pod": "pod-a", "model": MODEL, "replay_endpoint": p["replay_endpoint"]}));
+    // Published before the new connection exists: lost on the wire, kept in the replay buffer.
+    for k in 0..6 {
+        peer.cmd(json!({"op": "store", "name": "a", "chain": format!("new{k}"), "tokens": chain(30 + k, 4)}));
+    }
+    peer.cmd(json!({"op": "connect", "name": "a"}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "store", "name": "a", "chain": "last", "tokens": chain(40, 4)}));
+    let r = peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
+    assert_eq!(r["violations"], json!([]));
+    for k in 0..3 {
+        assert_eq!(peer.score_pod(MODEL, &chain(k, 4), "pod-a").0, 0, "blocks of the old process must be gone");
+    }
+    assert_eq!(peer.score_pod(MODEL, &chain(30, 4), "pod-a").0, 4, "resynced from seq 0");
+    assert!(server.metric("kvindex_clears_total", &["reason=\"reconnect\""]) >= 1.0);
+}

@@ -386,6 +386,9 @@ impl Config {
             topic_map,
             replay,
         };
+        if config.topic_filter.len() > 254 {
+            return Err(err("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
+        }
         if config.zmq_bind.is_none() && config.pods.iter().all(|p| p.endpoint.is_none()) && config.pods_file.is_none() {
             tracing::warn!("no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API");
         }
@@ -425,6 +428,15 @@ mod tests {
         assert_eq!(c.block_size, 64);
         assert_eq!(c.zmq_bind.as_deref(), Some("tcp://0.0.0.0:5557"));
         assert_eq!(c.tier_weights["CPU"], 0.25);
+    }
+
+    #[test]
+    fn example_config_is_valid() {
+        let f: FileConfig = toml::from_str(include_str!("../../../docs/kvindex.example.toml")).unwrap();
+        let c = Config::merge(&ServeArgs::default(), f).unwrap();
+        assert_eq!(c.zmq_bind.as_deref(), Some("tcp://0.0.0.0:5557"));
+        assert_eq!(c.pods.len(), 1);
+        assert_eq!(c.replay[0].endpoint, "tcp://10.0.0.7:5558");
     }
 
     #[test]

@@ -32,14 +32,20 @@ pub const READY: &str = "kvindex_ready";
 pub const PODS: &str = "kvindex_pods";
 pub const HASH_MISMATCHES: &str = "kvindex_hash_check_mismatches_total";
 
-/// Installs the global recorder. Latency histograms of ScoreTokens get Prometheus buckets;
-/// the ingest latencies are exported as summaries (quantiles over a sliding window).
+/// Installs the global recorder. Every latency is a Prometheus histogram with explicit buckets.
 pub fn install() -> Result<PrometheusHandle, String> {
     let score_buckets = [
         0.000_025, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
     ];
+    // Ingest latencies: log-spaced from 50 µs to ~13 s (×1.25 per bucket), so quantiles over a
+    // whole run can be read off the buckets.
+    let ingest_buckets: Vec<f64> = (0..57).map(|i| 50e-6 * 1.25f64.powi(i)).collect();
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(SCORE_LATENCY.to_string()), &score_buckets)
+        .map_err(|e| e.to_string())?
+        .set_buckets_for_metric(Matcher::Full(EVENT_TO_VISIBLE.to_string()), &ingest_buckets)
+        .map_err(|e| e.to_string())?
+        .set_buckets_for_metric(Matcher::Full(RECEIVE_TO_VISIBLE.to_string()), &ingest_buckets)
         .map_err(|e| e.to_string())?
         .install_recorder()
         .map_err(|e| e.to_string())?;

@@ -62,7 +62,9 @@ pub enum ReplayItem {
 
 /// Work for an apply worker.
 pub enum Work {
-    Live { origin: Origin, frames: Vec<Bytes>, at: Instant },
+    /// A live message; `conn` identifies the TCP connection it came on (a new one for the same
+    /// stream means the publisher reconnected, possibly as a new process).
+    Live { origin: Origin, conn: u64, frames: Vec<Bytes>, at: Instant },
     Replay { stream: StreamKey, id: u64, item: ReplayItem },
     /// Start a replay from 0 before any live message (per-pod sources with a replay socket).
     InitialSync { stream: StreamKey, model: Arc<str>, endpoint: Arc<str>, startup: bool },

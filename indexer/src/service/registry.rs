@@ -29,6 +29,8 @@ pub struct Registry {
     static_replay: HashMap<String, String>,
     /// Effective topic id → pod id (static entries, then pods' `topic_id`).
     topics: HashMap<String, String>,
+    /// Bumped on every change, so workers can cache what they derive from the registry.
+    generation: u64,
 }
 
 /// One line of the topic mapping, for `/debug/sources`.
@@ -70,6 +72,11 @@ impl Registry {
             }
         }
         self.topics = topics;
+        self.generation += 1;
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The pod id a topic id stands for (identity unless mapped).
@@ -145,7 +152,7 @@ pub async fn register(shared: &Arc<Shared>, cfg: PodConfig, origin: &'static str
             if same_source {
                 existing.cfg = cfg.clone();
                 existing.origin = origin;
-                reg.rebuild();
+                reg.rebuild(); // also bumps the generation: the replay endpoint may have changed
                 metrics::counter!(m::REGISTRATIONS, "op" => "update", "origin" => origin).increment(1);
                 tracing::info!(pod = %cfg.id, origin, "pod registration updated");
                 return Ok(());

@@ -31,6 +31,10 @@ struct Stream {
     endpoint: Option<Arc<str>>,
     /// The initial replay counts for readiness until it is done.
     startup_sync: Option<u64>,
+    /// Registry generation `seq`'s replay flag was derived from.
+    registry_generation: u64,
+    /// The live connection the last message came on (0: none yet).
+    conn: u64,
     events: [Counter; 4],
     gaps: Counter,
 }
@@ -60,14 +64,21 @@ impl Stream {
             topic: None,
             endpoint: None,
             startup_sync: None,
+            registry_generation: u64::MAX,
+            conn: 0,
         }
     }
 }
+
+/// Topics seen by a worker, resolved once per registry generation: (generation, pod, model).
+type TopicCache = HashMap<Vec<u8>, (u64, Arc<str>, Arc<str>)>;
+const TOPIC_CACHE_MAX: usize = 100_000;
 
 pub struct Worker {
     shared: Arc<Shared>,
     index: usize,
     streams: HashMap<StreamKey, Stream>,
+    topics: TopicCache,
     deferred: VecDeque<Work>,
     steps: Vec<Step<Bytes>>,
     blocks_stored: Counter,
@@ -84,6 +95,7 @@ impl Worker {
             shared,
             index,
             streams: HashMap::new(),
+            topics: HashMap::new(),
             deferred: VecDeque::new(),
             steps: Vec::new(),
             blocks_stored: counter!(m::BLOCKS, "op" => "stored"),
@@ -119,7 +131,7 @@ impl Worker {
 
     fn handle(&mut self, work: Work) {
         match work {
-            Work::Live { origin, frames, at } => self.live(origin, frames, at),
+            Work::Live { origin, conn, frames, at } => self.live(origin, conn, frames, at),
             Work::Replay { stream, id, item } => self.replay(stream, id, item),
             Work::InitialSync { stream, model, endpoint, startup } => {
                 let now = self.shared.now_ms();
@@ -172,7 +184,7 @@ impl Worker {
         st
     }
 
-    fn live(&mut self, origin: Origin, frames: Vec<Bytes>, at: Instant) {
+    fn live(&mut self, origin: Origin, conn: u64, frames: Vec<Bytes>, at: Instant) {
         self.live_msgs.increment(1);
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let raw = match wire::parse_live(&refs) {
@@ -185,18 +197,27 @@ impl Worker {
             // The publisher filters for us; this is the local safety net.
             return decode_error("topic_filtered", "topic does not match the filter");
         }
+        let generation = self.shared.registry.read().generation();
         let (base, model, mode, endpoint): (Arc<str>, Arc<str>, &'static str, Option<Arc<str>>) = match &origin {
-            Origin::Central => {
-                let Ok(topic) = std::str::from_utf8(topic) else {
-                    return decode_error("topic_utf8", "topic is not UTF-8");
-                };
-                let t = parse_topic(topic);
-                if t.id.is_empty() {
-                    return decode_error("topic_empty", "topic names no pod");
+            Origin::Central => match self.topics.get(topic) {
+                Some((g, base, model)) if *g == generation => (base.clone(), model.clone(), "central", None),
+                _ => {
+                    let Ok(text) = std::str::from_utf8(topic) else {
+                        return decode_error("topic_utf8", "topic is not UTF-8");
+                    };
+                    let t = parse_topic(text);
+                    if t.id.is_empty() {
+                        return decode_error("topic_empty", "topic names no pod");
+                    }
+                    let base: Arc<str> = Arc::from(self.shared.registry.read().pod_for_topic(t.id));
+                    let model: Arc<str> = Arc::from(t.model);
+                    if self.topics.len() >= TOPIC_CACHE_MAX {
+                        self.topics.clear();
+                    }
+                    self.topics.insert(topic.to_vec(), (generation, base.clone(), model.clone()));
+                    (base, model, "central", None)
                 }
-                let reg = self.shared.registry.read();
-                (Arc::from(reg.pod_for_topic(t.id)), Arc::from(t.model), "central", None)
-            }
+            },
             Origin::Pod { id, model, endpoint } => (id.clone(), model.clone(), "per-pod", Some(endpoint.clone())),
         };
         let payload = frames[2].clone();
@@ -214,16 +235,26 @@ impl Worker {
                 ranks
             }
         };
-        let topic_str = (mode == "central").then(|| String::from_utf8_lossy(topic).into_owned());
         for rank in ranks {
             let key = StreamKey { base: base.clone(), rank };
-            let replay = self.shared.registry.read().replay_endpoint(&base, rank).is_some();
             let now = self.shared.now_ms();
             let mut steps = std::mem::take(&mut self.steps);
+            let shared = self.shared.clone();
             let st = self.stream(&key, &model, mode);
-            st.seq.set_replay(replay);
-            if st.topic.is_none() {
-                st.topic = topic_str.clone();
+            if st.conn != conn {
+                if st.conn != 0 {
+                    tracing::info!(pod = %st.pod, "publisher reconnected: resync from seq 0");
+                    st.seq.on_reconnect();
+                }
+                st.conn = conn;
+            }
+            if st.registry_generation != generation {
+                // A registration changed: is there a replay endpoint for this stream now?
+                st.seq.set_replay(shared.registry.read().replay_endpoint(&base, rank).is_some());
+                st.registry_generation = generation;
+            }
+            if st.topic.is_none() && mode == "central" {
+                st.topic = Some(String::from_utf8_lossy(topic).into_owned());
             }
             if st.endpoint.is_none() {
                 st.endpoint = endpoint.clone();
@@ -240,7 +271,6 @@ impl Worker {
         let now = self.shared.now_ms();
         let Some(st) = self.streams.get_mut(&key) else { return };
         let mut steps = std::mem::take(&mut self.steps);
-        let mut decoded_payload = None;
         match item {
             ReplayItem::Message { seq, payload } => {
                 self.replay_msgs.increment(1);
@@ -252,12 +282,10 @@ impl Worker {
                     }
                 };
                 st.seq.on_replay_message(id, seq, item, now, &mut steps);
-                decoded_payload = Some(payload);
             }
             ReplayItem::End => st.seq.on_replay_end(id, now, &mut steps),
             ReplayItem::Failed { timeout } => st.seq.on_replay_failed(id, timeout, now, &mut steps),
         }
-        let _ = decoded_payload;
         self.execute(&key, &mut steps, None);
         self.steps = steps;
     }
@@ -318,8 +346,7 @@ impl Worker {
                 }
                 Step::ReplayDone { id, outcome } => {
                     counter!(m::REPLAYS, "outcome" => outcome.label()).increment(1);
-                    let level_ok = outcome == ReplayOutcome::Filled;
-                    if level_ok {
+                    if outcome == ReplayOutcome::Filled {
                         tracing::info!(pod = %st.pod, id, outcome = outcome.label(), "replay done");
                     } else {
                         tracing::warn!(pod = %st.pod, id, outcome = outcome.label(), "replay failed");

@@ -6,10 +6,12 @@
 //!
 //! Notes on endpoints: only `tcp://` is supported; `tcp://*:p` is rewritten to `0.0.0.0` by the
 //! config. A dialled engine that is not up yet is retried (with backoff) until it is; a dropped
-//! connection is re-dialled and counted in `kvindex_subscriber_reconnections_total` (a
-//! restarted engine is then recognised by its seq going backwards). Topic filtering is done by
+//! connection is re-dialled and counted in `kvindex_subscriber_reconnections_total`. Every
+//! message carries its connection id: a stream whose messages come on a new connection is
+//! resynced from seq 0 (a restarted engine may already be past our cursor). Topic filtering is done by
 //! the publisher from our subscription; the worker re-checks the prefix.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +23,13 @@ use super::zmtp::{tcp_addr, SubSession};
 use super::{Origin, Shared, Work};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Ids of live connections (never 0), so workers can tell a publisher's new connection.
+static CONNECTIONS: AtomicU64 = AtomicU64::new(1);
+
+fn next_conn() -> u64 {
+    CONNECTIONS.fetch_add(1, Ordering::Relaxed)
+}
 
 fn zmq_error(op: &'static str, endpoint: &str, error: &dyn std::fmt::Display) {
     metrics::counter!(m::ZMQ_ERRORS, "operation" => op).increment(1);
@@ -58,11 +67,12 @@ async fn central_peer(shared: Arc<Shared>, stream: TcpStream, peer: String) {
         Err(e) => return zmq_error("handshake", &peer, &e),
     };
     tracing::info!(peer = %peer, "publisher connected to the central SUB");
+    let conn = next_conn();
     loop {
         match session.recv().await {
             Ok(frames) => {
                 let worker = shared.worker_for(frames.first().map_or(&[][..], |f| f.as_ref()));
-                shared.offer_live(worker, Work::Live { origin: Origin::Central, frames, at: Instant::now() });
+                shared.offer_live(worker, Work::Live { origin: Origin::Central, conn, frames, at: Instant::now() });
             }
             Err(e) => {
                 if e.kind() != std::io::ErrorKind::UnexpectedEof {
@@ -116,10 +126,11 @@ pub async fn dial_pod(shared: Arc<Shared>, id: Arc<str>, model: Arc<str>, endpoi
         }
         connected_before = true;
         tracing::info!(pod = %id, endpoint = %endpoint, "connected to engine PUB");
+        let conn = next_conn();
         loop {
             tokio::select! {
                 r = session.recv() => match r {
-                    Ok(frames) => shared.offer_live(worker, Work::Live { origin: origin.clone(), frames, at: Instant::now() }),
+                    Ok(frames) => shared.offer_live(worker, Work::Live { origin: origin.clone(), conn, frames, at: Instant::now() }),
                     Err(e) => {
                         if e.kind() != std::io::ErrorKind::UnexpectedEof {
                             zmq_error("recv", &endpoint, &e);

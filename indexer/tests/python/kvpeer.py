@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -105,7 +106,7 @@ class Publisher:
         self.replay_ep = None
         self.open()
 
-    def open(self):
+    def open(self, connect=True):
         self.seq = 0
         self.held = {}  # hash -> (parent, tokens)
         self.buffer = collections.deque(maxlen=self.buffer_steps)
@@ -114,8 +115,9 @@ class Publisher:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 1_000_000)
         if "connect" in self.cfg:
-            self.sock.connect(self.cfg["connect"])
             self.pub_ep = self.cfg["connect"]
+            if connect:
+                self.sock.connect(self.cfg["connect"])
         else:
             for attempt in range(100):
                 try:
@@ -262,6 +264,8 @@ class Peer:
         sys.path.insert(0, out)
         self.pb = importlib.import_module("kvindex.v1.indexer_pb2")
         self.pb_grpc = importlib.import_module("kvindex.v1.indexer_pb2_grpc")
+        sys.path.remove(out)
+        shutil.rmtree(out, ignore_errors=True)  # both modules are loaded; nothing stays behind
         self.pubs = {}
         self.stub = None
 
@@ -355,11 +359,18 @@ class Peer:
         topic, seq, payload = (bytes.fromhex(f) for f in frames_hex)
         return {"seq": p.send(payload, drop=drop, seq=int.from_bytes(seq, "big"), topic=topic)}
 
-    def op_restart(self, name):
+    def op_restart(self, name, connect_later=False):
+        """A new process: seq from 0, nothing held, empty replay buffer. With `connect_later`,
+        it publishes unconnected (messages lost on the wire) until `connect`."""
         p = self.pubs[name]
         p.close()
-        p.open()
+        p.open(connect=not connect_later)
         return {"endpoint": p.pub_ep, "replay_endpoint": p.replay_ep}
+
+    def op_connect(self, name):
+        p = self.pubs[name]
+        p.sock.connect(p.cfg["connect"])
+        return {}
 
     def op_stop(self, name):
         self.pubs.pop(name).close()

@@ -148,17 +148,28 @@ impl Peer {
 
     /// Waits until the indexer has applied (or accounted for) every publisher's last seq.
     pub fn settle(&mut self, server: &Server, names: &[&str]) {
+        assert!(self.try_settle(server, names, 30), "timed out after 30s waiting for the indexer to catch up with {names:?}");
+    }
+
+    /// [`Peer::settle`] that reports a timeout instead of failing.
+    pub fn try_settle(&mut self, server: &Server, names: &[&str], secs: u64) -> bool {
         let info = self.cmd(json!({"op": "info", "names": names}));
-        wait_until(&format!("indexer caught up with {names:?}"), 30, || {
-            for n in names {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let caught_up = names.iter().all(|n| {
                 let p = &info["pubs"][n];
-                let s = server.source(p["pod"].as_str().unwrap())?;
-                if s["last_seq"] != p["last_seq"] || s["state"] == "REPLAYING" {
-                    return None;
-                }
+                server
+                    .source(p["pod"].as_str().unwrap())
+                    .is_some_and(|s| s["last_seq"] == p["last_seq"] && s["state"] != "REPLAYING")
+            });
+            if caught_up {
+                return true;
             }
-            Some(())
-        });
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits until every named publisher's pod is caught up, in `state` and credited exactly;
