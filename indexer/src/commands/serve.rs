@@ -36,19 +36,20 @@ async fn serve(
     prometheus: metrics_exporter_prometheus::PrometheusHandle,
     zmq_runtime: tokio::runtime::Handle,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    let hash_check = match &config.hash_check {
+        Some(c) => Some(kvindex::HashCheck { hasher: kvindex::vllm_hash::BlockHasher::new(&c.hasher)?, every: c.every }),
+        None => None,
+    };
     let index = KvIndex::new(KvIndexConfig {
         block_size: config.block_size,
         shards: config.shards,
         max_entries: config.max_entries,
-        ..KvIndexConfig::default()
+        hash_check,
     });
     for (medium, w) in &config.tier_weights {
         if index.tiers().set_weight(medium, *w).is_none() {
             return Err(format!("config error: tier_weights.{medium}: too many tiers").into());
         }
-    }
-    if !config.hash_seed.is_empty() {
-        tracing::warn!("hash_seed is accepted but has no effect yet: the core's prefix-key recipe has no seed parameter");
     }
     let mut senders = Vec::new();
     let mut receivers = Vec::new();

@@ -55,6 +55,13 @@ pub struct FileConfig {
     http_addr: Option<String>,
     block_size: Option<i64>,
     hash_seed: Option<String>,
+    vllm_version: Option<String>,
+    hash_algo: Option<String>,
+    hash_check_every: Option<i64>,
+    tokenizer_models_dir: Option<String>,
+    tokenizer_endpoint: Option<String>,
+    #[serde(default)]
+    tokenizer_models: Vec<String>,
     zmq_bind: Option<String>,
     topic_filter: Option<String>,
     shards: Option<i64>,
@@ -103,9 +110,29 @@ pub struct ServeArgs {
     /// Canonical block size of the index (engines must use a multiple of it).
     #[arg(long, env = "KVINDEX_BLOCK_SIZE")]
     pub block_size: Option<i64>,
-    /// Seed string of the prefix-key recipe.
+    /// The engines' PYTHONHASHSEED (`unset` = not set), for the sampled cross-check of vLLM's
+    /// own block hashes. Setting it turns the check on; matching never depends on it.
     #[arg(long, env = "KVINDEX_HASH_SEED")]
     pub hash_seed: Option<String>,
+    /// vLLM release of the engines, for the hash cross-check's rules (default 0.33.0).
+    #[arg(long, env = "KVINDEX_VLLM_VERSION")]
+    pub vllm_version: Option<String>,
+    /// The engines' `--prefix-caching-hash-algo` (default sha256_cbor).
+    #[arg(long, env = "KVINDEX_HASH_ALGO")]
+    pub hash_algo: Option<String>,
+    /// Cross-check one in this many stores per pod (default 16; 0 = off).
+    #[arg(long, env = "KVINDEX_HASH_CHECK_EVERY")]
+    pub hash_check_every: Option<i64>,
+    /// In-process tokenizer for llm-d's GetPodScores: `<model>=<dir>` (repeatable).
+    #[arg(long = "tokenizer-model", value_name = "MODEL=DIR")]
+    pub tokenizer_models: Vec<String>,
+    /// In-process tokenizers: every subdirectory holding a tokenizer.json is a model.
+    #[arg(long, env = "KVINDEX_TOKENIZER_MODELS_DIR")]
+    pub tokenizer_models_dir: Option<String>,
+    /// Remote tokenizer for GetPodScores (`http://host:port` of kvindex-tokenizer or llm-d's
+    /// sidecar), used when no in-process tokenizer is configured.
+    #[arg(long, env = "KVINDEX_TOKENIZER_ENDPOINT")]
+    pub tokenizer_endpoint: Option<String>,
     /// Central mode: bind a SUB socket here (e.g. tcp://*:5557) that engines dial.
     #[arg(long, env = "KVINDEX_ZMQ_BIND")]
     pub zmq_bind: Option<String>,
@@ -162,7 +189,11 @@ pub struct Config {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub block_size: usize,
-    pub hash_seed: String,
+    /// The sampled vLLM hash cross-check, when `hash_seed` is set.
+    pub hash_check: Option<HashCheckConfig>,
+    pub tokenizer_models: Vec<String>,
+    pub tokenizer_models_dir: Option<String>,
+    pub tokenizer_endpoint: Option<String>,
     pub zmq_bind: Option<String>,
     pub topic_filter: String,
     pub shards: usize,
@@ -182,6 +213,13 @@ pub struct Config {
     pub pods: Vec<PodConfig>,
     pub topic_map: Vec<TopicMapEntry>,
     pub replay: Vec<ReplayEntry>,
+}
+
+/// What the engines run, for recomputing their block hashes.
+#[derive(Debug, Clone)]
+pub struct HashCheckConfig {
+    pub hasher: kvindex::vllm_hash::VllmHashConfig,
+    pub every: u32,
 }
 
 /// A configuration error naming the key at fault.
@@ -351,11 +389,40 @@ impl Config {
                 return Err(err(&format!("tier_weights.{medium}"), "must be a finite number >= 0"));
             }
         }
+        let hash_seed = s(&a.hash_seed, f.hash_seed, "");
+        let vllm_version = s(&a.vllm_version, f.vllm_version, "0.33.0");
+        let hash_algo = s(&a.hash_algo, f.hash_algo, "sha256_cbor");
+        let every = i("hash_check_every", a.hash_check_every, f.hash_check_every, 16, 0, i64::from(u32::MAX))? as u32;
+        let hash_check = if hash_seed.is_empty() || every == 0 {
+            None
+        } else {
+            let hasher = kvindex::vllm_hash::VllmHashConfig {
+                version: vllm_version.parse().map_err(|e| err("vllm_version", format!("{e}")))?,
+                algo: hash_algo.parse().map_err(|e| err("hash_algo", format!("{e}")))?,
+                pythonhashseed: (hash_seed != "unset").then(|| hash_seed.clone()),
+            };
+            kvindex::vllm_hash::BlockHasher::new(&hasher).map_err(|e| err("hash_seed", format!("{e}")))?;
+            Some(HashCheckConfig { hasher, every })
+        };
+        let mut tokenizer_models = f.tokenizer_models;
+        tokenizer_models.extend(a.tokenizer_models.iter().cloned());
+        for v in &tokenizer_models {
+            parse_pair("tokenizer_models", v)?;
+        }
+        let tokenizer_endpoint = a.tokenizer_endpoint.clone().or(f.tokenizer_endpoint).filter(|e| !e.is_empty());
+        if let Some(e) = &tokenizer_endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return Err(err("tokenizer_endpoint", format!("must be http://host:port, got {e:?}")));
+            }
+        }
         let config = Config {
             grpc_addr,
             http_addr,
             block_size: i("block_size", a.block_size, f.block_size, 16, 1, 1 << 16)? as usize,
-            hash_seed: s(&a.hash_seed, f.hash_seed, ""),
+            hash_check,
+            tokenizer_models,
+            tokenizer_models_dir: a.tokenizer_models_dir.clone().or(f.tokenizer_models_dir).filter(|d| !d.is_empty()),
+            tokenizer_endpoint,
             zmq_bind,
             topic_filter: s(&a.topic_filter, f.topic_filter, "kv@"),
             shards: i("shards", a.shards, f.shards, 64, 1, 1 << 16)? as usize,
@@ -405,6 +472,22 @@ pub fn parse_pods_file(text: &str) -> Result<Vec<PodConfig>, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hash_seed_turns_the_vllm_hash_check_on() {
+        let off = Config::merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+        assert!(off.hash_check.is_none());
+        let a = ServeArgs { hash_seed: Some("0".into()), ..Default::default() };
+        let on = Config::merge(&a, FileConfig::default()).unwrap().hash_check.unwrap();
+        assert_eq!(on.every, 16);
+        assert_eq!(on.hasher.pythonhashseed.as_deref(), Some("0"));
+        let a = ServeArgs { hash_seed: Some("0".into()), hash_algo: Some("md5".into()), ..Default::default() };
+        assert_eq!(Config::merge(&a, FileConfig::default()).unwrap_err().key, "hash_algo");
+        let a = ServeArgs { hash_seed: Some("unset".into()), vllm_version: Some("0.20.0".into()), ..Default::default() };
+        assert_eq!(Config::merge(&a, FileConfig::default()).unwrap_err().key, "hash_seed", "random NONE_HASH before 0.29");
+        let a = ServeArgs { tokenizer_endpoint: Some("unix:/x".into()), ..Default::default() };
+        assert_eq!(Config::merge(&a, FileConfig::default()).unwrap_err().key, "tokenizer_endpoint");
+    }
 
     #[test]
     fn errors_name_the_key() {

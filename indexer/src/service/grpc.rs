@@ -1,5 +1,6 @@
-//! gRPC: `kvindex.v1.Indexer` (ScoreTokens, RegisterPod, UnregisterPod), `grpc.health.v1` and
-//! server reflection (so `grpcurl` works without the proto file).
+//! gRPC: `kvindex.v1.Indexer` (ScoreTokens, RegisterPod, UnregisterPod), llm-d's
+//! `indexer.v1.IndexerService` (see `llmd`), `grpc.health.v1` and server reflection (so
+//! `grpcurl` works without the proto file).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -163,8 +164,12 @@ impl Indexer for IndexerService {
 pub async fn serve(shared: Arc<Shared>, listener: tokio::net::TcpListener) -> Result<(), String> {
     let (health, health_service) = tonic_health::server::health_reporter();
     let max = shared.config.max_message_bytes;
-    let svc = IndexerServer::new(IndexerService::new(shared)).max_decoding_message_size(max);
+    let tokenizer = super::llmd::PromptTokenizer::from_config(&shared.config)?;
+    let scorer = Arc::new(IndexerService::new(shared));
+    let svc = IndexerServer::from_arc(scorer.clone()).max_decoding_message_size(max);
+    let llmd = super::llmd::LlmdScores::new(scorer, tokenizer).into_server().max_decoding_message_size(max);
     health.set_serving::<IndexerServer<IndexerService>>().await;
+    health.set_serving::<kvindex_proto::indexer::v1::indexer_service_server::IndexerServiceServer<super::llmd::LlmdScores>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvindex_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -174,6 +179,7 @@ pub async fn serve(shared: Arc<Shared>, listener: tokio::net::TcpListener) -> Re
         .add_service(health_service)
         .add_service(reflection)
         .add_service(svc)
+        .add_service(llmd)
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
         .await
         .map_err(|e| e.to_string())

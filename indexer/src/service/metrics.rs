@@ -31,6 +31,9 @@ pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
 pub const READY: &str = "kvindex_ready";
 pub const PODS: &str = "kvindex_pods";
 pub const HASH_MISMATCHES: &str = "kvindex_hash_check_mismatches_total";
+pub const HASH_CHECKED: &str = "kvindex_hash_check_blocks_total";
+pub const GET_POD_SCORES_REQUESTS: &str = "kvindex_get_pod_scores_requests_total";
+pub const GET_POD_SCORES_SECONDS: &str = "kvindex_get_pod_scores_seconds";
 
 /// Installs the global recorder. Every latency is a Prometheus histogram with explicit buckets.
 pub fn install() -> Result<PrometheusHandle, String> {
@@ -84,4 +87,7 @@ fn describe() {
     describe_gauge!(READY, "1 once the initial replays are done");
     describe_gauge!(PODS, "Pods with index state");
     describe_counter!(HASH_MISMATCHES, "Engine block hashes that differ from vLLM's recipe (sampled cross-check)");
+    describe_counter!(HASH_CHECKED, "Engine block hashes recomputed by the sampled cross-check");
+    describe_counter!(GET_POD_SCORES_REQUESTS, "llm-d GetPodScores requests, by outcome");
+    describe_histogram!(GET_POD_SCORES_SECONDS, Unit::Seconds, "llm-d GetPodScores latency, tokenization included");
 }

@@ -12,6 +12,7 @@
 pub mod config;
 pub mod grpc;
 pub mod http;
+pub mod llmd;
 pub mod metrics;
 pub mod registry;
 pub mod replay;

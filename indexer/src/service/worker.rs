@@ -316,6 +316,9 @@ impl Worker {
                     st.events[3].increment(report.unknown_events);
                     self.blocks_stored.increment(report.stored_blocks);
                     self.blocks_removed.increment(report.removed_blocks);
+                    if report.hash_check.checked > 0 {
+                        counter!(m::HASH_CHECKED, "source" => st.pod.to_string()).increment(u64::from(report.hash_check.checked));
+                    }
                     if report.hash_check.mismatched > 0 {
                         counter!(m::HASH_MISMATCHES, "source" => st.pod.to_string()).increment(u64::from(report.hash_check.mismatched));
                     }

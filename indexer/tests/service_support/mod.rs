@@ -148,7 +148,10 @@ impl Peer {
 
     /// Waits until the indexer has applied (or accounted for) every publisher's last seq.
     pub fn settle(&mut self, server: &Server, names: &[&str]) {
-        assert!(self.try_settle(server, names, 30), "timed out after 30s waiting for the indexer to catch up with {names:?}");
+        assert!(
+            self.try_settle(server, names, 30),
+            "timed out after 30s waiting for the indexer to catch up with {names:?}"
+        );
     }
 
     /// [`Peer::settle`] that reports a timeout instead of failing.
@@ -263,7 +266,11 @@ impl Server {
         s.read_to_string(&mut resp).expect("read http");
         let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
         let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
         (status, body)
     }
 
