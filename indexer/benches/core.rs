@@ -6,33 +6,9 @@
 mod workload;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvindex::wire::{decode_batch, Event};
+use kvindex::wire::decode_batch;
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
-use workload::{
-    encode_batch, engine_hash, fill, pod_name, query_tokens, removed_event, stored_event, Conversation, MODEL,
-};
-
-/// One engine step's worth of traffic per pod: a 64-block request stored in 16-block events,
-/// then evicted one hash per `BlockRemoved` (as vLLM's block pool does), all as msgpack.
-fn apply_payloads(bs: usize, pods: usize) -> (Vec<(String, Vec<u8>)>, u64) {
-    let mut out = Vec::new();
-    let mut tokens = Vec::new();
-    let mut ops = 0;
-    for p in 0..pods {
-        let blocks: Vec<u64> = (0..64u64).map(|i| ((p as u64 + 1) << 32) | i).collect();
-        let stores: Vec<Event<'_>> =
-            (0..4).map(|c| Event::BlockStored(stored_event(&blocks, c * 16, c * 16 + 16, bs, &mut tokens))).collect();
-        let removes: Vec<Event<'_>> =
-            (0..64).rev().map(|i| Event::BlockRemoved(removed_event(engine_hash(&blocks, i)))).collect();
-        for events in [stores, removes] {
-            let mut buf = Vec::new();
-            encode_batch(1.7e9, &events, &mut buf);
-            out.push((pod_name(1000 + p), buf));
-        }
-        ops += 128;
-    }
-    (out, ops)
-}
+use workload::{apply_payloads, fill, planted, query_tokens, MODEL};
 
 fn bench_apply(c: &mut Criterion) {
     let index = KvIndex::new(KvIndexConfig { block_size: 16, ..Default::default() });
@@ -50,23 +26,6 @@ fn bench_apply(c: &mut Criterion) {
         })
     });
     g.finish();
-}
-
-fn planted(index: &KvIndex, len: usize, holders: &[usize]) -> Conversation {
-    let blocks: Vec<u64> = (0..len as u64).map(|i| (0x7777u64 << 40) | i).collect();
-    let mut tokens = Vec::new();
-    for &p in holders {
-        for start in (0..len).step_by(64) {
-            let ev = stored_event(&blocks, start, (start + 64).min(len), index.block_size(), &mut tokens);
-            let batch = kvindex::wire::EventBatch {
-                ts: 0.0,
-                events: vec![Event::BlockStored(ev)],
-                data_parallel_rank: Some(0),
-            };
-            index.apply(&pod_name(p), MODEL, &batch);
-        }
-    }
-    Conversation { blocks, prefix_len: 0 }
 }
 
 fn bench_score(c: &mut Criterion) {

@@ -11,11 +11,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use kvindex::wire::{decode_batch, Event, EventBatch};
+use kvindex::wire::decode_batch;
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
-use workload::{
-    encode_batch, engine_hash, fill, pod_name, query_tokens, removed_event, stored_event, Conversation, MODEL,
-};
+use workload::{apply_payloads, fill, planted, query_tokens, MODEL};
 
 /// Counts bytes allocated (for a score call's allocation) and bytes live (for the index's
 /// heap footprint, which RSS overstates with the workload generator's freed garbage).
@@ -55,22 +53,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-fn planted(index: &KvIndex, len: usize, holders: &[usize]) -> Conversation {
-    let blocks: Vec<u64> = (0..len as u64).map(|i| (0x7777u64 << 40) | i).collect();
-    let mut tokens = Vec::new();
-    for &p in holders {
-        for start in (0..len).step_by(64) {
-            let ev = stored_event(&blocks, start, (start + 64).min(len), index.block_size(), &mut tokens);
-            index.apply(
-                &pod_name(p),
-                MODEL,
-                &EventBatch { ts: 0.0, events: vec![Event::BlockStored(ev)], data_parallel_rank: Some(0) },
-            );
-        }
-    }
-    Conversation { blocks, prefix_len: 0 }
-}
-
 fn score_latency(index: &KvIndex, prompt: &[u32], runs: usize) -> (f64, f64, u64) {
     let q = ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: prompt, pods: None };
     for _ in 0..runs / 10 {
@@ -92,20 +74,7 @@ fn score_latency(index: &KvIndex, prompt: &[u32], runs: usize) -> (f64, f64, u64
 fn apply_rate() -> f64 {
     let index = KvIndex::new(KvIndexConfig { block_size: 16, ..Default::default() });
     fill(&index, 64, 2_000_000, (16, 256), 7);
-    let mut payloads = Vec::new();
-    let mut tokens = Vec::new();
-    for p in 0..64usize {
-        let blocks: Vec<u64> = (0..64u64).map(|i| ((p as u64 + 1) << 32) | i).collect();
-        let stores: Vec<Event<'_>> =
-            (0..4).map(|c| Event::BlockStored(stored_event(&blocks, c * 16, c * 16 + 16, 16, &mut tokens))).collect();
-        let removes: Vec<Event<'_>> =
-            (0..64).rev().map(|i| Event::BlockRemoved(removed_event(engine_hash(&blocks, i)))).collect();
-        for events in [stores, removes] {
-            let mut buf = Vec::new();
-            encode_batch(1.7e9, &events, &mut buf);
-            payloads.push((pod_name(1000 + p), buf));
-        }
-    }
+    let (payloads, _) = apply_payloads(16, 64);
     let mut rates = Vec::new();
     for _ in 0..7 {
         let t = Instant::now();

@@ -239,6 +239,27 @@ impl PodIngest {
         Some(xxh3_64_with_seed(&engine.to_le_bytes(), self.scopes[g]).max(1))
     }
 
+    /// The tier of an event's `medium`, after checking its tier and group can be recorded;
+    /// `None` (with the event's blocks counted as skipped) when they cannot.
+    fn event_tier(
+        &mut self,
+        ctx: &IngestContext<'_>,
+        medium: Option<&str>,
+        group_idx: Option<i64>,
+        blocks: u64,
+        report: &mut ApplyReport,
+    ) -> Option<TierId> {
+        let Some(tier) = ctx.tiers.intern(medium) else {
+            report.skip(SkipReason::TooManyTiers, blocks);
+            return None;
+        };
+        if self.scoped(group_idx, 0).is_none() {
+            report.skip(SkipReason::GroupOutOfRange, blocks);
+            return None;
+        }
+        Some(tier)
+    }
+
     /// The slot this pod holds for a scoped engine hash.
     fn resolve(&self, w: &Writer<'_>, scoped: u64) -> Option<SlotId> {
         if let Some(&slot) = self.exceptions.get(&scoped) {
@@ -255,12 +276,7 @@ impl PodIngest {
         report: &mut ApplyReport,
     ) {
         let blocks = ev.block_hashes.len() as u64;
-        let Some(tier) = ctx.tiers.intern(ev.medium) else {
-            return report.skip(SkipReason::TooManyTiers, blocks);
-        };
-        if self.scoped(ev.group_idx, 0).is_none() {
-            return report.skip(SkipReason::GroupOutOfRange, blocks);
-        }
+        let Some(tier) = self.event_tier(ctx, ev.medium, ev.group_idx, blocks, report) else { return };
         let tokens = ev.token_ids.as_deref().unwrap_or(&[]);
         if tokens.is_empty() {
             return self.apply_reannounce(w, ev, tier, report);
@@ -465,12 +481,7 @@ impl PodIngest {
         report: &mut ApplyReport,
     ) {
         let blocks = ev.block_hashes.len() as u64;
-        let Some(tier) = ctx.tiers.intern(ev.medium) else {
-            return report.skip(SkipReason::TooManyTiers, blocks);
-        };
-        if self.scoped(ev.group_idx, 0).is_none() {
-            return report.skip(SkipReason::GroupOutOfRange, blocks);
-        }
+        let Some(tier) = self.event_tier(ctx, ev.medium, ev.group_idx, blocks, report) else { return };
         for hash in &ev.block_hashes {
             let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");
             if self.forget_block(w, scoped, tier.bit()) {
