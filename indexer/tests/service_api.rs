@@ -43,7 +43,10 @@ fn service_score_contract_and_limits() {
     let r = peer.score(MODEL, &chain(0, 6), &["10.0.0.2:8000", "nope:1"]);
     assert_eq!(r["scores"][0]["matched_blocks"], 3);
     assert_eq!(r["scores"][0]["state"], "EXACT");
-    assert_eq!(r["scores"][1], json!({"pod": "nope:1", "matched_blocks": 0, "weighted_score": 0.0, "matched_by_tier": {}, "state": "SOURCE_STATE_UNSPECIFIED"}));
+    assert_eq!(
+        r["scores"][1],
+        json!({"pod": "nope:1", "matched_blocks": 0, "weighted_score": 0.0, "matched_by_tier": {}, "state": "SOURCE_STATE_UNSPECIFIED"})
+    );
     // Unknown model: an empty answer, not an error.
     let r = peer.score("other-model", &chain(0, 6), &[]);
     assert_eq!(r["scores"], json!([]));
@@ -68,7 +71,8 @@ fn service_registration_grpc_and_http_unregister_clears() {
     let mut peer = Peer::start(&py);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
     let a = peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pa:1", "bind": "tcp://127.0.0.1:0", "replay": "tcp://127.0.0.1:0", "topic": "kv@x@m"}));
-    let b = peer.cmd(json!({"op": "pub_start", "name": "b", "pod": "pb:1", "bind": "tcp://127.0.0.1:0", "topic": "kv@y@m"}));
+    let b = peer
+        .cmd(json!({"op": "pub_start", "name": "b", "pod": "pb:1", "bind": "tcp://127.0.0.1:0", "topic": "kv@y@m"}));
     peer.cmd(json!({"op": "register", "pod": "pa:1", "model": MODEL, "endpoint": a["endpoint"], "replay_endpoint": a["replay_endpoint"]}));
     let body = json!({"pod": "pb:1", "model": MODEL, "endpoint": b["endpoint"]}).to_string();
     let (status, resp) = server.http("POST", "/pods", Some(&body));
@@ -84,7 +88,8 @@ fn service_registration_grpc_and_http_unregister_clears() {
     assert_eq!(r["code"], "INVALID_ARGUMENT", "{r}");
     let (status, resp) = server.http("POST", "/pods", Some("{\"pod\": 1}"));
     assert_eq!(status, 400, "{resp}");
-    let (status, resp) = server.http("POST", "/pods", Some(&json!({"pod": "x", "model": "m", "endpoint": "udp://1"}).to_string()));
+    let (status, resp) =
+        server.http("POST", "/pods", Some(&json!({"pod": "x", "model": "m", "endpoint": "udp://1"}).to_string()));
     assert_eq!(status, 400, "{resp}");
     assert!(resp.contains("endpoint"), "{resp}");
     assert!(server.metric("kvindex_http_invalid_requests_total", &[]) >= 2.0);
@@ -111,10 +116,15 @@ fn service_ready_after_initial_replay_and_pods_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("pods.toml");
     let entry = |id: &str, v: &Value| {
-        format!("[[pods]]\nid = \"{id}\"\nmodel = \"{MODEL}\"\nendpoint = \"{}\"\nreplay_endpoint = \"{}\"\n", v["endpoint"].as_str().unwrap(), v["replay_endpoint"].as_str().unwrap())
+        format!(
+            "[[pods]]\nid = \"{id}\"\nmodel = \"{MODEL}\"\nendpoint = \"{}\"\nreplay_endpoint = \"{}\"\n",
+            v["endpoint"].as_str().unwrap(),
+            v["replay_endpoint"].as_str().unwrap()
+        )
     };
     std::fs::write(&file, entry("pa:1", &a)).unwrap();
-    let server = Server::start(&["--block-size", "16", "--pods-file", file.to_str().unwrap(), "--pods-file-poll-ms", "50"]);
+    let server =
+        Server::start(&["--block-size", "16", "--pods-file", file.to_str().unwrap(), "--pods-file-poll-ms", "50"]);
     // Ready only once the initial replay is done; then EXACT without any live message.
     wait_until("ready", 20, || (server.get("/readyz").0 == 200).then_some(()));
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
@@ -131,7 +141,9 @@ fn service_ready_after_initial_replay_and_pods_file() {
     std::fs::write(&file, format!("{}{}", entry("pa:1", &a), entry("pb:1", &b))).unwrap();
     wait_until("pod b from the pods file", 20, || (peer.score_pod(MODEL, &chain(7, 4), "pb:1").0 == 4).then_some(()));
     std::fs::write(&file, "[[pods]]\nid = 3\n").unwrap();
-    wait_until("bad pods file counted", 20, || (server.metric("kvindex_config_errors_total", &["source=\"pods_file\""]) >= 1.0).then_some(()));
+    wait_until("bad pods file counted", 20, || {
+        (server.metric("kvindex_config_errors_total", &["source=\"pods_file\""]) >= 1.0).then_some(())
+    });
     assert_eq!(peer.score_pod(MODEL, &chain(7, 4), "pb:1").0, 4, "a bad file keeps the previous pods");
     std::fs::write(&file, entry("pb:1", &b)).unwrap();
     wait_until("pod a removed", 20, || (peer.score_pod(MODEL, &chain(2, 4), "pa:1").0 == 0).then_some(()));
@@ -142,7 +154,14 @@ fn service_ready_after_initial_replay_and_pods_file() {
 fn service_topic_map_and_stale() {
     let Some(py) = python() else { return };
     let server = Server::start(&[
-        "--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--topic-map", "10.1.1.1=pod-from-map:8000", "--stale-after-ms", "400",
+        "--zmq-bind",
+        "tcp://127.0.0.1:0",
+        "--block-size",
+        "16",
+        "--topic-map",
+        "10.1.1.1=pod-from-map:8000",
+        "--stale-after-ms",
+        "400",
     ]);
     let mut peer = Peer::start(&py);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
@@ -156,7 +175,9 @@ fn service_topic_map_and_stale() {
     assert_eq!(s["topic_id"], "10.1.1.1");
     assert_eq!(s["blocks_by_tier"], json!({"GPU": 4}));
     // Silent past stale_after: flagged STALE; back to EXACT on data.
-    wait_until("STALE", 20, || (peer.score_pod(MODEL, &chain(0, 4), "pod-from-map:8000") == (4, "STALE".to_string())).then_some(()));
+    wait_until("STALE", 20, || {
+        (peer.score_pod(MODEL, &chain(0, 4), "pod-from-map:8000") == (4, "STALE".to_string())).then_some(())
+    });
     peer.cmd(json!({"op": "store", "name": "a", "chain": "d", "tokens": chain(1, 4)}));
     peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     assert!(server.metric("kvindex_source_transitions_total", &["to=\"STALE\"", "reason=\"silent\""]) >= 1.0);
@@ -165,7 +186,8 @@ fn service_topic_map_and_stale() {
 #[test]
 fn service_config_errors_name_the_key() {
     let run = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_kvindex")).arg("serve").args(args).stdin(Stdio::null()).output().unwrap();
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_kvindex")).arg("serve").args(args).stdin(Stdio::null()).output().unwrap();
         assert!(!out.status.success(), "{args:?} should fail");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
@@ -201,5 +223,27 @@ fn service_dp_ranks_are_their_own_pods() {
     assert_eq!(peer.score_pod(MODEL, &chain(1, 4), "10.0.0.9:8000").0, 0);
     assert_eq!(peer.score_pod(MODEL, &chain(1, 4), "10.0.0.9:8001").0, 4);
     let s = server.source("10.0.0.9:8001").unwrap();
-    assert_eq!((s["dp_rank"].clone(), s["base_pod"].clone(), s["last_seq"].clone()), (json!(1), json!("10.0.0.9:8000"), json!(1)));
+    assert_eq!(
+        (s["dp_rank"].clone(), s["base_pod"].clone(), s["last_seq"].clone()),
+        (json!(1), json!("10.0.0.9:8000"), json!(1))
+    );
+}
+
+#[test]
+fn service_dp_naming_topic_keeps_a_per_rank_topic_id() {
+    let Some(py) = python() else { return };
+    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--dp-naming", "topic"]);
+    let mut peer = Peer::start(&py);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    // Engines started one per rank, each with its own topic (as in the vLLM captures' DP run).
+    for (name, rank, pod) in [("r0", 0, "10.0.0.9:8000"), ("r1", 1, "10.0.0.9:8001")] {
+        peer.cmd(json!({"op": "pub_start", "name": name, "pod": pod, "connect": server.zmq(), "topic": format!("kv@{pod}@m"), "dp_rank": rank}));
+    }
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["r0", "r1"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "store", "name": "r1", "chain": "b", "tokens": chain(1, 4)}));
+    peer.cmd(json!({"op": "store", "name": "r0", "chain": "a", "tokens": chain(0, 4)}));
+    peer.wait_exact(&server, &["r0", "r1"], MODEL, "EXACT", 20);
+    assert_eq!(peer.score_pod(MODEL, &chain(1, 4), "10.0.0.9:8001").0, 4, "not 10.0.0.9:8002");
+    assert!(server.source("10.0.0.9:8002").is_none());
+    assert!(Server::try_start(&["--dp-naming", "sideways"]).is_err(), "a bad value is a config error");
 }

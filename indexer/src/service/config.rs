@@ -62,6 +62,7 @@ pub struct FileConfig {
     tokenizer_endpoint: Option<String>,
     #[serde(default)]
     tokenizer_models: Vec<String>,
+    dp_naming: Option<String>,
     zmq_bind: Option<String>,
     topic_filter: Option<String>,
     shards: Option<i64>,
@@ -145,6 +146,11 @@ pub struct ServeArgs {
     /// Topic id → pod id: `<topic-id>=<pod-id>` (repeatable; default identity).
     #[arg(long = "topic-map", value_name = "TOPIC_ID=POD")]
     pub topic_map: Vec<String>,
+    /// How a central-mode DP rank's pod is named: `port-offset` (llm-d: `<addr>:<port+rank>`
+    /// from the topic's id, for engines whose ranks share one topic) or `topic` (the topic's id
+    /// already names the rank's pod).
+    #[arg(long, env = "KVINDEX_DP_NAMING")]
+    pub dp_naming: Option<String>,
     /// SUB subscription prefix.
     #[arg(long, env = "KVINDEX_TOPIC_FILTER")]
     pub topic_filter: Option<String>,
@@ -194,6 +200,8 @@ pub struct Config {
     pub tokenizer_models: Vec<String>,
     pub tokenizer_models_dir: Option<String>,
     pub tokenizer_endpoint: Option<String>,
+    /// Central mode: the topic id already names each DP rank's pod (`dp_naming = "topic"`).
+    pub dp_naming_topic: bool,
     pub zmq_bind: Option<String>,
     pub topic_filter: String,
     pub shards: usize,
@@ -415,7 +423,13 @@ impl Config {
                 return Err(err("tokenizer_endpoint", format!("must be http://host:port, got {e:?}")));
             }
         }
+        let dp_naming_topic = match s(&a.dp_naming, f.dp_naming, "port-offset").as_str() {
+            "port-offset" => false,
+            "topic" => true,
+            other => return Err(err("dp_naming", format!("must be \"port-offset\" or \"topic\", got {other:?}"))),
+        };
         let config = Config {
+            dp_naming_topic,
             grpc_addr,
             http_addr,
             block_size: i("block_size", a.block_size, f.block_size, 16, 1, 1 << 16)? as usize,

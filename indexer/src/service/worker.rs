@@ -41,8 +41,12 @@ struct Stream {
 
 impl Stream {
     fn new(shared: &Shared, key: &StreamKey, model: Arc<str>, mode: &'static str) -> Self {
-        let pod: Arc<str> = Arc::from(dp_pod_id(&key.base, (key.rank > 0).then_some(i64::from(key.rank))).as_str());
         let c = &shared.config;
+        // A central-mode topic may already name the rank's own pod (engines whose topic is
+        // templated per rank); `dp_naming = "topic"` then keeps it as is.
+        let offset = !(mode == "central" && c.dp_naming_topic);
+        let rank = (offset && key.rank > 0).then_some(i64::from(key.rank));
+        let pod: Arc<str> = Arc::from(dp_pod_id(&key.base, rank).as_str());
         let seq = Sequencer::new(SequencerConfig {
             replay: false,
             stale_after_ms: c.stale_after_ms,
