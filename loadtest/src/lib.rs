@@ -6,7 +6,8 @@
 //! on the wall clock; [`fleet`] starts
 //! N pods; [`cli`] is the `kvindex-sim` command line. [`workload`], [`policy`] and [`driver`]
 //! compare routing policies on the same seeded request sequence, in process;
-//! [`kvindex_service`] runs a real `kvindex serve` for the policy that routes through it.
+//! [`kvindex_service`] runs a real `kvindex serve` for the policy that routes through it;
+//! [`plot`] draws the comparison as a PNG.
 
 pub mod cli;
 pub mod driver;
@@ -14,6 +15,7 @@ pub mod engine;
 pub mod fleet;
 pub mod http;
 pub mod kvindex_service;
+pub mod plot;
 pub mod pod;
 pub mod policy;
 pub mod wire;

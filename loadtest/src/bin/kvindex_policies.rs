@@ -70,6 +70,9 @@ struct Args {
     /// `kvindex serve` (events over ZeroMQ, scores over gRPC), which must match `precise`.
     #[arg(long)]
     kvindex: Option<PathBuf>,
+    /// Also draw hit rate and TTFT p50/p99 per policy into this PNG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
@@ -185,6 +188,17 @@ fn main() -> std::process::ExitCode {
                 r.ttft_p99_s,
                 usage.join(" ")
             );
+        }
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{:?} workload, {} pods, 1/{} scale, seed {}",
+            args.workload, args.pods, args.scale_down, args.seed
+        )
+        .to_lowercase();
+        if let Err(error) = kvindex_loadtest::plot::write_png(path, &title, &reports) {
+            eprintln!("kvindex-policies: --plot: {error}");
+            return std::process::ExitCode::FAILURE;
         }
     }
     std::process::ExitCode::SUCCESS
