@@ -97,7 +97,7 @@ fn trace(workers: usize, entries: u64, seed: u64) -> Trace {
         let mut blocks = prefixes[prefix].clone();
         blocks.extend((0..suffix_len).map(|i| (1 << 63) | (next_conversation << 24) | i));
         next_conversation += 1;
-        let copies = if rng.next() % 10 == 0 {
+        let copies = if rng.next().is_multiple_of(10) {
             rng.range(2, 4) as usize
         } else {
             1
