@@ -57,6 +57,9 @@ pub fn write_png(path: &Path, title: &str, reports: &[PolicyReport]) -> Result<(
     root.fill(&WHITE).map_err(error)?;
     let root = root.titled(title, (FONT, 24)).map_err(error)?;
     let (left, right) = root.split_horizontally(WIDTH / 2);
+    // A segmented range `0..n` has n + 1 segments (the last one past the end): `0..count - 1`
+    // gives exactly one per policy. A single policy keeps `0..1` (an empty row above it).
+    let rows = 0..(count - 1).max(1);
     // Policies top to bottom in the order given: the first one gets the highest segment.
     let row = |index: usize| count - 1 - index;
     let label = |value: &SegmentValue<usize>| match value {
@@ -71,7 +74,7 @@ pub fn write_png(path: &Path, title: &str, reports: &[PolicyReport]) -> Result<(
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(190)
-        .build_cartesian_2d(0.0..1.0f64, (0..count).into_segmented())
+        .build_cartesian_2d(0.0..1.0f64, rows.clone().into_segmented())
         .map_err(error)?;
     hit_chart
         .configure_mesh()
@@ -120,13 +123,14 @@ pub fn write_png(path: &Path, title: &str, reports: &[PolicyReport]) -> Result<(
         .map(|r| r.ttft_p99_s.max(r.ttft_p50_s))
         .filter(|t| t.is_finite())
         .fold(0.0f64, f64::max);
-    let x_max = if slowest > 0.0 { slowest * 1.2 } else { 1.0 };
+    // Headroom on the right for the legend.
+    let x_max = if slowest > 0.0 { slowest * 1.4 } else { 1.0 };
     let mut ttft_chart = ChartBuilder::on(&right)
         .caption("TTFT p50 / p99 (simulated seconds)", (FONT, 18))
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(190)
-        .build_cartesian_2d(0.0..x_max, (0..count).into_segmented())
+        .build_cartesian_2d(0.0..x_max, rows.clone().into_segmented())
         .map_err(error)?;
     ttft_chart
         .configure_mesh()
@@ -169,7 +173,7 @@ pub fn write_png(path: &Path, title: &str, reports: &[PolicyReport]) -> Result<(
     }
     ttft_chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .label_font((FONT, 14))

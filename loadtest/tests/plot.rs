@@ -66,6 +66,14 @@ fn nothing_to_plot_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn one_policy_and_zero_latencies_still_plot() {
+    let path = temp_png("one");
+    kvindex_loadtest::plot::write_png(&path, "t", &[report("only", 0.0, 0.0, 0.0)]).expect("plot");
+    decode(&path);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
 fn the_cli_writes_the_plot_and_reports_a_bad_path() {
     let path = temp_png("cli");
     let run = |plot: &std::path::Path| {
