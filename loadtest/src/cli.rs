@@ -9,6 +9,7 @@ use clap::{ArgGroup, Parser};
 
 use crate::engine::EngineConfig;
 use crate::fleet::{FleetConfig, ZmqMode};
+use crate::http::tokenizer::PromptTokenizer;
 use crate::wire::WireVersion;
 
 #[derive(Debug, Parser)]
@@ -49,7 +50,8 @@ pub struct Cli {
     /// The engines' PYTHONHASHSEED for block hashes; "unset" = vLLM ≥0.29's default seed.
     #[arg(long, default_value = "0")]
     pub hash_seed: String,
-    /// Directory with a tokenizer.json. Not supported yet: text is tokenized per byte.
+    /// Directory with a tokenizer.json (and tokenizer_config.json for chats): text prompts and
+    /// chats tokenize as vLLM does for that model. Without it, one token per UTF-8 byte.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Host the pods listen on; it is also the pod id's host in the topic.
@@ -92,11 +94,6 @@ fn parse_wire(text: &str) -> Result<WireVersion, String> {
 impl Cli {
     /// Checks what clap cannot and builds the fleet's configuration.
     pub fn fleet_config(&self) -> Result<FleetConfig, String> {
-        if self.tokenizer.is_some() {
-            return Err("--tokenizer is not supported yet (the `tokenizers` crate is not in the workspace); \
-                        send token ids, or text, which is tokenized one token per byte"
-                .into());
-        }
         if self.pods == 0 {
             return Err("--pods must be at least 1".into());
         }
@@ -112,7 +109,9 @@ impl Cli {
             || !non_negative(self.decode_ms_per_token)
             || !positive(self.time_scale)
         {
-            return Err("--prefill-tokens-per-s and --time-scale must be positive, --decode-ms-per-token non-negative".into());
+            return Err(
+                "--prefill-tokens-per-s and --time-scale must be positive, --decode-ms-per-token non-negative".into()
+            );
         }
         let zmq = match (&self.zmq_connect, self.zmq_bind_base_port) {
             (Some(endpoint), None) => ZmqMode::Connect(endpoint.clone()),
@@ -123,6 +122,11 @@ impl Cli {
             None
         } else {
             Some(self.hash_seed.clone())
+        };
+        // Last: loading a real vocabulary takes a while, so the cheap checks fail first.
+        let tokenizer = match &self.tokenizer {
+            Some(dir) => PromptTokenizer::load(&self.model, dir)?,
+            None => PromptTokenizer::Bytes,
         };
         Ok(FleetConfig {
             pods: self.pods,
@@ -147,6 +151,7 @@ impl Cli {
             buffer_steps: self.buffer_steps,
             time_scale: self.time_scale,
             data_parallel_size: self.data_parallel_size.max(1),
+            tokenizer,
         })
     }
 }

@@ -138,6 +138,9 @@ pub fn run(
                 let mut prompt = histories[conversation].clone();
                 prompt.extend(&conversations[conversation].turns[turn].user);
                 let pod = choose(policy, &prompt, &fleet);
+                if let Some(failure) = policy.failure() {
+                    return Err(format!("{}: {failure}", policy.name()));
+                }
                 requests_per_pod[pod] += 1;
                 let max_tokens = conversations[conversation].turns[turn].max_tokens;
                 let state = &mut fleet[pod];
@@ -169,6 +172,9 @@ pub fn run(
                 let Some(outcome) = fleet[pod].in_flight.take() else {
                     continue;
                 };
+                if policy.wants_step_events() {
+                    policy.publish_step(pod, &outcome.events);
+                }
                 if policy.wants_events() && !outcome.events.is_empty() {
                     let payload = encode_batch(WireVersion::V0_33, now, &outcome.events, 0);
                     if let Ok(batch) = kvindex::wire::decode_batch(&payload) {

@@ -38,6 +38,8 @@ pub struct FleetConfig {
     pub time_scale: f64,
     /// Engines per pod (vLLM's `--data-parallel-size`).
     pub data_parallel_size: usize,
+    /// How the pods tokenize text and chats (shared; loaded once).
+    pub tokenizer: crate::http::tokenizer::PromptTokenizer,
 }
 
 /// One rank's bound endpoints (`pub` is `None` when dialing).
@@ -66,7 +68,9 @@ pub fn offset_endpoint_port(endpoint: &str, rank: u32) -> Result<String, String>
         return Ok(format!("{endpoint}_dp{rank}"));
     }
     if !endpoint.starts_with("tcp://") {
-        return Err(format!("invalid endpoint {endpoint:?} for data-parallel rank {rank}: must contain 'inproc' or 'tcp'"));
+        return Err(format!(
+            "invalid endpoint {endpoint:?} for data-parallel rank {rank}: must contain 'inproc' or 'tcp'"
+        ));
     }
     let Some((head, port)) = endpoint.rsplit_once(':') else {
         return Ok(endpoint.to_string());
@@ -110,6 +114,7 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
             block_size: config.engine.block_size,
             num_gpu_blocks: config.engine.num_gpu_blocks,
             max_model_len: config.engine.effective_max_model_len(),
+            tokenizer: config.tokenizer.clone(),
         };
         let mut ranks = Vec::with_capacity(ranks_per_pod);
         let mut endpoints = Vec::with_capacity(ranks_per_pod);

@@ -5,13 +5,17 @@
 //! OpenAI-compatible API of one pod; [`pod`] runs a pod's engines (one per data-parallel rank)
 //! on the wall clock; [`fleet`] starts
 //! N pods; [`cli`] is the `kvindex-sim` command line. [`workload`], [`policy`] and [`driver`]
-//! compare routing policies on the same seeded request sequence, in process.
+//! compare routing policies on the same seeded request sequence, in process;
+//! [`kvindex_service`] runs a real `kvindex serve` for the policy that routes through it;
+//! [`plot`] draws the comparison as a PNG.
 
 pub mod cli;
 pub mod driver;
 pub mod engine;
 pub mod fleet;
 pub mod http;
+pub mod kvindex_service;
+pub mod plot;
 pub mod pod;
 pub mod policy;
 pub mod wire;

@@ -1,6 +1,9 @@
 //! `kvindex-policies`: a seeded workload (the reference scenario or llm-d's many-tenants
 //! benchmark, optionally scaled down) played under every routing policy in process, printing
-//! hit rate, TTFT percentiles and KV usage per policy.
+//! hit rate, TTFT percentiles and KV usage per policy. With `--kvindex <binary>` the precise
+//! policy also runs through a real `kvindex serve` (ZeroMQ events, gRPC `ScoreTokens`).
+
+use std::path::PathBuf;
 
 use clap::Parser;
 use kvindex_loadtest::driver::{run, PolicyReport};
@@ -9,6 +12,7 @@ use kvindex_loadtest::policy::approximate_prefix::ApproximatePrefix;
 use kvindex_loadtest::policy::least_loaded::LeastLoaded;
 use kvindex_loadtest::policy::oracle::Oracle;
 use kvindex_loadtest::policy::precise::Precise;
+use kvindex_loadtest::policy::precise_grpc::PreciseGrpc;
 use kvindex_loadtest::policy::replicated::Replicated;
 use kvindex_loadtest::policy::round_robin::RoundRobin;
 use kvindex_loadtest::policy::Policy;
@@ -62,9 +66,24 @@ struct Args {
     /// (comma-separated, e.g. 2,4,8); each replica keeps only its own history.
     #[arg(long, value_delimiter = ',')]
     replicas: Vec<usize>,
+    /// Path to the `kvindex` binary: adds `precise-grpc`, the precise policy through a real
+    /// `kvindex serve` (events over ZeroMQ, scores over gRPC), which must match `precise`.
+    #[arg(long)]
+    kvindex: Option<PathBuf>,
+    /// Also draw hit rate and TTFT p50/p99 per policy into this PNG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Print JSON lines instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+fn policy_after_precise(policies: &mut Vec<Box<dyn Policy>>, policy: Box<dyn Policy>) {
+    let at = policies
+        .iter()
+        .position(|p| p.name() == "precise")
+        .map_or(policies.len(), |index| index + 1);
+    policies.insert(at, policy);
 }
 
 fn main() -> std::process::ExitCode {
@@ -112,6 +131,16 @@ fn main() -> std::process::ExitCode {
         Box::new(Precise::new(args.pods, args.block_size, "sim-model")),
         Box::new(Oracle::default()),
     ];
+    if let Some(binary) = &args.kvindex {
+        match PreciseGrpc::start(binary, args.pods, args.block_size, "sim-model") {
+            // Right after the in-process precise policy, which it must match.
+            Ok(policy) => policy_after_precise(&mut policies, Box::new(policy)),
+            Err(error) => {
+                eprintln!("kvindex-policies: --kvindex: {error}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
     for &count in args.replicas.iter().filter(|&&count| count > 1) {
         let replicas: Vec<Box<dyn Policy>> = (0..count)
             .map(|_| {
@@ -159,6 +188,17 @@ fn main() -> std::process::ExitCode {
                 r.ttft_p99_s,
                 usage.join(" ")
             );
+        }
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{:?} workload, {} pods, 1/{} scale, seed {}",
+            args.workload, args.pods, args.scale_down, args.seed
+        )
+        .to_lowercase();
+        if let Err(error) = kvindex_loadtest::plot::write_png(path, &title, &reports) {
+            eprintln!("kvindex-policies: --plot: {error}");
+            return std::process::ExitCode::FAILURE;
         }
     }
     std::process::ExitCode::SUCCESS

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::{parse_json, ApiError};
-use super::tokenizer;
+use super::tokenizer::PromptTokenizer;
 use crate::engine::{NewRequest, RequestSummary};
 use crate::pod::{Pod, RequestEvent, SubmitError};
 
@@ -65,9 +65,17 @@ enum Kind {
     Chat,
 }
 
+/// A prompt as the request gave it; tokenized in [`run`], off the async workers when the
+/// tokenizer is a real vocabulary.
+enum PromptSource {
+    Ids(Vec<u32>),
+    Text(String),
+    Chat(Vec<(String, String)>),
+}
+
 struct Job {
     kind: Kind,
-    prompt: Vec<u32>,
+    prompt: PromptSource,
     max_tokens: usize,
     stream: bool,
     include_usage: bool,
@@ -92,15 +100,16 @@ fn max_tokens(value: Option<u64>) -> Result<usize, ApiError> {
 }
 
 /// A prompt as text, as token ids, or as a one-element batch of either.
-fn prompt_tokens(prompt: &Value) -> Result<Vec<u32>, ApiError> {
+fn prompt_source(prompt: &Value) -> Result<PromptSource, ApiError> {
     match prompt {
-        Value::String(text) => Ok(tokenizer::encode(text)),
+        Value::String(text) => Ok(PromptSource::Text(text.clone())),
         Value::Array(items) if items.iter().all(Value::is_number) => items
             .iter()
             .map(|item| item.as_u64().and_then(|id| u32::try_from(id).ok()))
             .collect::<Option<Vec<u32>>>()
+            .map(PromptSource::Ids)
             .ok_or_else(|| ApiError::bad_request("prompt token ids must be integers in [0, 2^32)")),
-        Value::Array(items) if items.len() == 1 => prompt_tokens(&items[0]),
+        Value::Array(items) if items.len() == 1 => prompt_source(&items[0]),
         Value::Array(_) => Err(ApiError::bad_request(
             "batched prompts are not supported; send one prompt per request",
         )),
@@ -141,7 +150,7 @@ pub async fn completions(State(pod): State<Pod>, body: Bytes) -> Response {
     let result = (|| {
         let body: CompletionBody = parse_json(&body)?;
         check_model(&pod, body.model.as_deref())?;
-        let prompt = prompt_tokens(
+        let prompt = prompt_source(
             body.prompt
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("prompt is required"))?,
@@ -178,7 +187,7 @@ pub async fn chat_completions(State(pod): State<Pod>, body: Bytes) -> Response {
             .collect::<Result<Vec<_>, ApiError>>()?;
         Ok(Job {
             kind: Kind::Chat,
-            prompt: tokenizer::encode(&tokenizer::render_chat(&messages)),
+            prompt: PromptSource::Chat(messages),
             max_tokens: max_tokens(body.max_completion_tokens.or(body.max_tokens))?,
             stream: body.stream.unwrap_or(false),
             include_usage: body
@@ -210,15 +219,38 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// The prompt's token ids. A tokenizer error (e.g. a chat template raising on the messages)
+/// is the client's.
+async fn tokenize(tokenizer: &PromptTokenizer, source: PromptSource) -> Result<Vec<u32>, ApiError> {
+    let tokenize_now = move |tokenizer: &PromptTokenizer| match source {
+        PromptSource::Ids(ids) => Ok(ids),
+        PromptSource::Text(text) => tokenizer.completion(&text),
+        PromptSource::Chat(messages) => tokenizer.chat(&messages),
+    };
+    let result = if tokenizer.is_expensive() {
+        let tokenizer = tokenizer.clone();
+        tokio::task::spawn_blocking(move || tokenize_now(&tokenizer))
+            .await
+            .map_err(|_| ApiError::unavailable("the tokenizer task failed"))?
+    } else {
+        tokenize_now(tokenizer)
+    };
+    result.map_err(ApiError::bad_request)
+}
+
 async fn run(pod: Pod, job: Job) -> Response {
+    let prompt = match tokenize(&pod.info.tokenizer, job.prompt).await {
+        Ok(prompt) => prompt,
+        Err(error) => return error.into_response(),
+    };
     let prompt_for_reply = if job.return_token_ids {
-        Some(job.prompt.clone())
+        Some(prompt.clone())
     } else {
         None
     };
     let events = match pod
         .submit(NewRequest {
-            prompt: job.prompt,
+            prompt,
             max_tokens: job.max_tokens,
         })
         .await
@@ -242,6 +274,7 @@ async fn run(pod: Pod, job: Job) -> Response {
         id,
         created: unix_now(),
         model: pod.info.model.clone(),
+        tokenizer: pod.info.tokenizer.clone(),
     };
     if job.stream {
         stream(reply, events, job.include_usage).into_response()
@@ -255,6 +288,7 @@ struct Reply {
     id: String,
     created: u64,
     model: String,
+    tokenizer: PromptTokenizer,
 }
 
 impl Reply {
@@ -296,7 +330,8 @@ async fn collect(
             RequestEvent::Scheduled { .. } => {}
             RequestEvent::Token(token) => tokens.push(token),
             RequestEvent::Finished(summary) => {
-                let mut choice = reply.choice(&tokenizer::decode(&tokens), Some("length"), false);
+                let mut choice =
+                    reply.choice(&reply.tokenizer.decode(&tokens), Some("length"), false);
                 if let Some(prompt) = &prompt {
                     choice["token_ids"] = json!(tokens);
                     choice["prompt_token_ids"] = json!(prompt);
@@ -329,7 +364,7 @@ fn stream(
                 RequestEvent::Token(token) => {
                     // Hold one token back so the last one carries the finish reason.
                     if let Some(previous) = pending.replace(token) {
-                        let choice = reply.choice(&tokenizer::decode(&[previous]), None, true);
+                        let choice = reply.choice(&reply.tokenizer.decode(&[previous]), None, true);
                         if sender
                             .send(send(reply.envelope(json!([choice]), true)))
                             .await
@@ -342,7 +377,7 @@ fn stream(
                 RequestEvent::Finished(summary) => {
                     let text = pending
                         .take()
-                        .map(|t| tokenizer::decode(&[t]))
+                        .map(|t| reply.tokenizer.decode(&[t]))
                         .unwrap_or_default();
                     let choice = reply.choice(&text, Some("length"), true);
                     let _ = sender

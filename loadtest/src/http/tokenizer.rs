@@ -1,10 +1,104 @@
-//! The simulator's tokenizer: one token per UTF-8 byte (id = byte value).
+//! The simulator's tokenizers: how text prompts and chats become token ids, and generated ids
+//! become text.
 //!
-//! Trivial, deterministic and exactly reversible, so text prompts and generated text
-//! round-trip: a client that sends a conversation back as text gets the same token ids, and
-//! therefore the same block hashes, as the pod generated. Real vocabularies (`--tokenizer`
-//! with a `tokenizer.json`) are not supported yet; clients that need real token ids send them
-//! as `prompt: [ids]`.
+//! By default one token per UTF-8 byte (id = byte value): trivial, deterministic and exactly
+//! reversible, so text prompts and generated text round-trip: a client that sends a
+//! conversation back as text gets the same token ids, and therefore the same block hashes, as
+//! the pod generated. With `--tokenizer <dir>` the pod tokenizes as vLLM does, through the
+//! tokenizer-svc library: completions with the tokenizer's special tokens (BOS per its
+//! post-processor), chats through the model's own chat template.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
+use serde_json::Value;
+
+/// How a pod turns text into token ids. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub enum PromptTokenizer {
+    /// One token per byte, the `<|role|>` chat rendering below.
+    #[default]
+    Bytes,
+    /// A real vocabulary and chat template, loaded once at start.
+    Model {
+        registry: Arc<TokenizerRegistry>,
+        /// The registry's name for the model (the served model name).
+        model: String,
+    },
+}
+
+impl PromptTokenizer {
+    /// Loads `dir` (a `tokenizer.json`, and `tokenizer_config.json` for the chat template)
+    /// now, so a bad directory fails the start rather than the first request.
+    pub fn load(model: &str, dir: &Path) -> Result<PromptTokenizer, String> {
+        let mut config = RegistryConfig::default();
+        config
+            .add_model(model, dir)
+            .map_err(|e| format!("--tokenizer {}: {e}", dir.display()))?;
+        let registry = TokenizerRegistry::new(config);
+        registry
+            .initialize(model)
+            .map_err(|e| format!("--tokenizer {}: {e}", dir.display()))?;
+        Ok(PromptTokenizer::Model {
+            registry: Arc::new(registry),
+            model: model.to_string(),
+        })
+    }
+
+    /// A completion prompt's ids, as vLLM's `/v1/completions` computes them.
+    pub fn completion(&self, text: &str) -> Result<Vec<u32>, String> {
+        match self {
+            PromptTokenizer::Bytes => Ok(encode(text)),
+            PromptTokenizer::Model { registry, model } => registry
+                .render_completion(model, text)
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// A chat's prompt ids, with the generation prompt, as vLLM's `/v1/chat/completions`
+    /// renders them. `messages` are `(role, text)` pairs, content parts already joined.
+    pub fn chat(&self, messages: &[(String, String)]) -> Result<Vec<u32>, String> {
+        match self {
+            PromptTokenizer::Bytes => Ok(encode(&render_chat(messages))),
+            PromptTokenizer::Model { registry, model } => {
+                let mut request = ChatRequest::from_messages(
+                    messages
+                        .iter()
+                        .map(
+                            |(role, content)| serde_json::json!({"role": role, "content": content}),
+                        )
+                        .collect::<Vec<Value>>(),
+                );
+                // vLLM's chat endpoint default; without it the template stops before the
+                // assistant's turn and the prompt differs from the engine's.
+                request.add_generation_prompt = true;
+                registry
+                    .render_chat(model, &request)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Text of generated ids. With a real vocabulary the ids are whatever the engine's output
+    /// alphabet says, so the text need not re-tokenize to the same ids.
+    pub fn decode(&self, tokens: &[u32]) -> String {
+        match self {
+            PromptTokenizer::Bytes => decode(tokens),
+            PromptTokenizer::Model { registry, model } => registry
+                .model(model)
+                .ok()
+                .and_then(|loaded| loaded.tokenizer().decode(tokens, false).ok())
+                .unwrap_or_else(|| "\u{fffd}".repeat(tokens.len())),
+        }
+    }
+
+    /// True when tokenizing may take long enough (a real vocabulary) to belong off the
+    /// async workers.
+    pub fn is_expensive(&self) -> bool {
+        matches!(self, PromptTokenizer::Model { .. })
+    }
+}
 
 pub fn encode(text: &str) -> Vec<u32> {
     text.bytes().map(u32::from).collect()

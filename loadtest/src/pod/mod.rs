@@ -43,6 +43,8 @@ pub struct PodInfo {
     pub block_size: usize,
     pub num_gpu_blocks: usize,
     pub max_model_len: usize,
+    /// Text to token ids for the OpenAI API (the byte tokenizer unless `--tokenizer`).
+    pub tokenizer: crate::http::tokenizer::PromptTokenizer,
 }
 
 /// The handle HTTP handlers use. Cheap to clone.

@@ -4,6 +4,7 @@
 //! * [`round_robin`] and [`least_loaded`]: nothing;
 //! * [`approximate_prefix`]: where it sent each prefix before (GIE's `prefix` plugin);
 //! * [`precise`]: a `kvindex::KvIndex` fed with the pods' published KV events;
+//! * [`precise_grpc`]: the same through the real service (`kvindex serve`, ZeroMQ, gRPC);
 //! * [`oracle`]: every pod's actual cache.
 //!
 //! Cache-aware policies combine their prefix signal with load the way llm-d's default
@@ -14,10 +15,11 @@ pub mod approximate_prefix;
 pub mod least_loaded;
 pub mod oracle;
 pub mod precise;
+pub mod precise_grpc;
 pub mod replicated;
 pub mod round_robin;
 
-use crate::engine::{Engine, EngineStats};
+use crate::engine::{Engine, EngineStats, KvEvent};
 
 /// What a policy may look at for every pod when choosing.
 pub struct FleetView<'a> {
@@ -40,6 +42,18 @@ pub trait Policy {
     }
     /// A batch a pod published, as a subscriber receives it.
     fn observe(&mut self, _pod: usize, _batch: &kvindex::wire::EventBatch<'_>) {}
+    /// Whether [`Policy::publish_step`] should get each step's events before any encoding
+    /// (a policy that sends them over a real transport itself).
+    fn wants_step_events(&self) -> bool {
+        false
+    }
+    /// A pod's step events, as its engine produced them, at the step's end.
+    fn publish_step(&mut self, _pod: usize, _events: &[KvEvent]) {}
+    /// Why the policy's results cannot be trusted (e.g. the service it routes through
+    /// failed); the driver stops and reports it instead of a hit rate.
+    fn failure(&self) -> Option<String> {
+        None
+    }
 }
 
 /// llm-d's default weights for the prefix, KV-utilisation and queue scorers.

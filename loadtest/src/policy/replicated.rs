@@ -45,4 +45,18 @@ impl Policy for Replicated {
             replica.observe(pod, batch);
         }
     }
+
+    fn wants_step_events(&self) -> bool {
+        self.replicas.iter().any(|r| r.wants_step_events())
+    }
+
+    fn publish_step(&mut self, pod: usize, events: &[crate::engine::KvEvent]) {
+        for replica in self.replicas.iter_mut().filter(|r| r.wants_step_events()) {
+            replica.publish_step(pod, events);
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.replicas.iter().find_map(|r| r.failure())
+    }
 }
