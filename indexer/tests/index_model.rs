@@ -262,43 +262,38 @@ fn assert_same(index: &KvIndex, model: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Applies `ops` one by one, comparing with the reference after each, then checks that clearing
+/// every pod leaves nothing behind (invariant 5: clear is total).
+fn check_sequential(ops: &[Op]) -> Result<(), TestCaseError> {
+    let index = KvIndex::new(KvIndexConfig { block_size: BS, shards: 8, ..Default::default() });
+    let mut model = Model::new();
+    for op in ops {
+        if let Some((pod, ev)) = to_event(&mut model, op) {
+            apply(&index, pod, &ev);
+        }
+        assert_same(&index, &model)?;
+    }
+    for pod in 0..PODS {
+        apply(&index, pod, &OwnedEvent::Cleared);
+    }
+    prop_assert_eq!(index.index().entries(), 0);
+    prop_assert_eq!(index.index().keys(), 0);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn sequential_ops_match_the_reference(ops in prop::collection::vec(op_strategy(), 1..60)) {
-        let index = KvIndex::new(KvIndexConfig { block_size: BS, shards: 8, ..Default::default() });
-        let mut model = Model::new();
-        for op in &ops {
-            if let Some((pod, ev)) = to_event(&mut model, op) {
-                apply(&index, pod, &ev);
-            }
-            assert_same(&index, &model)?;
-        }
-        // Invariant 5: clear is total.
-        for pod in 0..PODS {
-            apply(&index, pod, &OwnedEvent::Cleared);
-        }
-        prop_assert_eq!(index.index().entries(), 0);
-        prop_assert_eq!(index.index().keys(), 0);
+        RATIO.with(|r| r.set(1));
+        check_sequential(&ops)?;
     }
 
     #[test]
     fn engine_blocks_spanning_several_canonical_blocks(ops in prop::collection::vec(op_strategy(), 1..50)) {
         RATIO.with(|r| r.set(2));
-        let index = KvIndex::new(KvIndexConfig { block_size: BS, shards: 8, ..Default::default() });
-        let mut model = Model::new();
-        for op in &ops {
-            if let Some((pod, ev)) = to_event(&mut model, op) {
-                apply(&index, pod, &ev);
-            }
-            assert_same(&index, &model)?;
-        }
-        for pod in 0..PODS {
-            apply(&index, pod, &OwnedEvent::Cleared);
-        }
-        prop_assert_eq!(index.index().entries(), 0);
-        RATIO.with(|r| r.set(1));
+        check_sequential(&ops)?;
     }
 
     #[test]
