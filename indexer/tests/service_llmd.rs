@@ -103,3 +103,74 @@ fn service_llmd_without_a_tokenizer_says_how_to_configure_one() {
         assert!(err.message().contains("--tokenizer-model"), "{}", err.message());
     });
 }
+
+/// `kvindex-tokenizer`, built beside `kvindex` by a workspace build (`scripts/test.sh`).
+fn tokenizer_binary() -> Option<PathBuf> {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_kvindex")).with_file_name("kvindex-tokenizer");
+    if path.exists() {
+        return Some(path);
+    }
+    let msg = format!("{} is not built: run the workspace tests (`bash scripts/test.sh`)", path.display());
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+/// Kills the tokenizer service when the test ends, however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn service_llmd_get_pod_scores_through_a_remote_tokenizer_service() {
+    let Some(py) = python() else { return };
+    let Some(dir) = deepseek_dir() else { return };
+    let Some(tokenizer) = tokenizer_binary() else { return };
+    let port = free_port();
+    let spec = format!("deepseek={}", dir.display());
+    let _tok = Child(
+        std::process::Command::new(tokenizer)
+            .args(["serve", "--grpc-addr", &format!("127.0.0.1:{port}"), "--model", &spec])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn kvindex-tokenizer"),
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let server =
+        Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--tokenizer-endpoint", &endpoint]);
+    let mut config = RegistryConfig::default();
+    config.add_model_spec(&spec).unwrap();
+    let tokens = TokenizerRegistry::new(config).render_completion("deepseek", PROMPT).unwrap();
+    let mut peer = Peer::start(&py);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "10.0.0.1:8000", "connect": server.zmq(), "topic": "kv@10.0.0.1:8000@deepseek"}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "store", "name": "a", "chain": "p", "tokens": &tokens[..48]}));
+    peer.wait_exact(&server, &["a"], "deepseek", "EXACT", 20);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut client = IndexerServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+        // The tokenizer service may still be loading: wait for its first answer, with a deadline.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let got = loop {
+            match scores(&mut client, "deepseek", &[]).await {
+                Ok(s) => break s,
+                Err(e) if std::time::Instant::now() < deadline && e.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("GetPodScores through the remote tokenizer: {e:?}"),
+            }
+        };
+        assert_eq!(got, [("10.0.0.1:8000".to_string(), 3.0)]);
+        let err = scores(&mut client, "no-such-model", &[]).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    });
+}
