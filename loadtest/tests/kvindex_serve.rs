@@ -11,26 +11,17 @@ mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
 use serde_json::{json, Value};
-use support::{http, post_json, wait_for};
+use support::{http, post_json, wait_for, Process};
 
 const MODEL: &str = "sim/model";
 const BLOCK: usize = 16;
 const DEADLINE: Duration = Duration::from_secs(30);
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn kvindex_binary() -> Option<PathBuf> {
     let candidate = match std::env::var_os("KVINDEX_BIN") {

@@ -12,24 +12,15 @@ mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
 use serde_json::{json, Value};
-use support::post_json;
+use support::{post_json, Process};
 
 const MODEL: &str = "deepseek-sim";
 const DEADLINE: Duration = Duration::from_secs(60);
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn deepseek_dir() -> Option<PathBuf> {
     let dir = std::env::var_os("KVINDEX_FIXTURES")

@@ -31,15 +31,35 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
+/// How the reply is delivered: the fields both endpoints share.
+#[derive(Debug, Deserialize)]
+struct ReplyOptions {
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    /// vLLM's extension: return the prompt's and the completion's token ids.
+    return_token_ids: Option<bool>,
+}
+
+impl ReplyOptions {
+    fn job(self, kind: Kind, prompt: PromptSource, max_tokens: usize) -> Job {
+        Job {
+            kind,
+            prompt,
+            max_tokens,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            return_token_ids: self.return_token_ids.unwrap_or(false),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct CompletionBody {
     model: Option<String>,
     prompt: Option<Value>,
     max_tokens: Option<u64>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    /// vLLM's extension: return the prompt's and the completion's token ids.
-    return_token_ids: Option<bool>,
+    #[serde(flatten)]
+    reply: ReplyOptions,
 }
 
 #[derive(Debug, Deserialize)]
@@ -54,9 +74,8 @@ struct ChatBody {
     messages: Vec<ChatMessage>,
     max_tokens: Option<u64>,
     max_completion_tokens: Option<u64>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    return_token_ids: Option<bool>,
+    #[serde(flatten)]
+    reply: ReplyOptions,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,17 +174,7 @@ pub async fn completions(State(pod): State<Pod>, body: Bytes) -> Response {
                 .as_ref()
                 .ok_or_else(|| ApiError::bad_request("prompt is required"))?,
         )?;
-        Ok::<_, ApiError>(Job {
-            kind: Kind::Completion,
-            prompt,
-            max_tokens: max_tokens(body.max_tokens)?,
-            stream: body.stream.unwrap_or(false),
-            include_usage: body
-                .stream_options
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
-            return_token_ids: body.return_token_ids.unwrap_or(false),
-        })
+        Ok::<_, ApiError>(body.reply.job(Kind::Completion, prompt, max_tokens(body.max_tokens)?))
     })();
     match result {
         Ok(job) => run(pod, job).await,
@@ -185,17 +194,8 @@ pub async fn chat_completions(State(pod): State<Pod>, body: Bytes) -> Response {
             .iter()
             .map(|m| Ok((m.role.clone(), message_text(&m.content)?)))
             .collect::<Result<Vec<_>, ApiError>>()?;
-        Ok(Job {
-            kind: Kind::Chat,
-            prompt: PromptSource::Chat(messages),
-            max_tokens: max_tokens(body.max_completion_tokens.or(body.max_tokens))?,
-            stream: body.stream.unwrap_or(false),
-            include_usage: body
-                .stream_options
-                .and_then(|o| o.include_usage)
-                .unwrap_or(false),
-            return_token_ids: body.return_token_ids.unwrap_or(false),
-        })
+        let max = max_tokens(body.max_completion_tokens.or(body.max_tokens))?;
+        Ok(body.reply.job(Kind::Chat, PromptSource::Chat(messages), max))
     })();
     match result {
         Ok(job) => run(pod, job).await,

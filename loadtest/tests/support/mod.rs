@@ -9,6 +9,16 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// A child process killed (and reaped) when the test ends, however it ends.
+pub struct Process(pub std::process::Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `../shared/vectors` beside the checkout, or `$KVINDEX_VECTORS`.
 pub fn vectors_dir() -> PathBuf {
     match std::env::var_os("KVINDEX_VECTORS") {
