@@ -4,7 +4,7 @@
 //! conversations.
 //!
 //! Needs the `kvindex` binary of the same target directory (built by any workspace build, or
-//! `cargo build -p kvindex --bin kvindex`), or `$KVINDEX_BIN`. Without it the test is skipped
+//! `cargo build -p kvindex-server --bin kvindex`), or `$KVINDEX_BIN`. Without it the test is skipped
 //! with a message, except under `CI`, where it fails.
 
 mod support;
@@ -36,7 +36,7 @@ fn kvindex_binary() -> Option<PathBuf> {
     if candidate.is_file() {
         return Some(candidate);
     }
-    let message = format!("no kvindex binary at {} (build it with `cargo build -p kvindex --bin kvindex` or set KVINDEX_BIN)", candidate.display());
+    let message = format!("no kvindex binary at {} (build it with `cargo build -p kvindex-server --bin kvindex` or set KVINDEX_BIN)", candidate.display());
     assert!(std::env::var_os("CI").is_none(), "{message}");
     eprintln!("SKIPPED: {message}");
     None

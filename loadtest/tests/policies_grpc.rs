@@ -4,7 +4,7 @@
 //! gRPC `ScoreTokens`) gives the same hit rate and the same placements, far above round-robin.
 //!
 //! Needs the `kvindex` binary: `$KVINDEX_BIN`, else `$CARGO_TARGET_DIR/debug/kvindex`, else the
-//! one beside this test's target directory (`cargo build -p kvindex --bin kvindex`). Without
+//! one beside this test's target directory (`cargo build -p kvindex-server --bin kvindex`). Without
 //! it the test is skipped with a message, except under `CI`, where it fails.
 
 use std::path::PathBuf;
@@ -33,7 +33,7 @@ fn kvindex_binary() -> Option<PathBuf> {
         return Some(found.clone());
     }
     let message = format!(
-        "no kvindex binary among {:?} (build it with `cargo build -p kvindex --bin kvindex` or set KVINDEX_BIN)",
+        "no kvindex binary among {:?} (build it with `cargo build -p kvindex-server --bin kvindex` or set KVINDEX_BIN)",
         candidates.iter().flatten().collect::<Vec<_>>()
     );
     assert!(std::env::var_os("CI").is_none(), "{message}");

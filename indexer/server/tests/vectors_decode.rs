@@ -1,12 +1,12 @@
 //! Every message vLLM's own publisher produced (../shared/vectors) decodes to its `expect`,
 //! through the real `kvindex decode` binary.
 
-mod common;
+mod support;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::{frame_files, read_records, without_nulls};
+use support::{frame_files, read_records, without_nulls};
 
 #[test]
 fn every_captured_frame_decodes_to_its_expectation() {

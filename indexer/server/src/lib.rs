@@ -16,6 +16,7 @@ pub mod llmd;
 pub mod metrics;
 pub mod registry;
 pub mod replay;
+pub mod serve;
 pub mod worker;
 pub mod zmq;
 pub mod zmtp;

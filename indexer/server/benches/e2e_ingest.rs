@@ -9,7 +9,7 @@
 //!    request rate (open loop) while the 64 publishers ingest at a target block-op rate.
 //!    Reports client-side p50/p99.
 //!
-//! Run: `cargo bench -p kvindex --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
+//! Run: `cargo bench -p kvindex-server --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
 //! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`).
 
 use std::io::{BufRead, BufReader, Read, Write};

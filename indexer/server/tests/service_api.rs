@@ -2,12 +2,12 @@
 //! HTTP), the watched pods file, topic mapping, readiness after the initial replay, STALE,
 //! health and reflection, and configuration errors.
 
-mod service_support;
+mod support;
 
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
-use service_support::*;
+use support::*;
 
 const MODEL: &str = "m";
 

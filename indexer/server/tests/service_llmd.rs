@@ -3,7 +3,7 @@
 //! tokenizer-svc fixtures) and scores it against blocks published by independent pyzmq/msgspec
 //! engines.
 
-mod service_support;
+mod support;
 
 use std::path::PathBuf;
 
@@ -11,7 +11,7 @@ use kvindex_proto::indexer::v1::indexer_service_client::IndexerServiceClient;
 use kvindex_proto::indexer::v1::GetPodScoresRequest;
 use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 use serde_json::json;
-use service_support::*;
+use support::*;
 
 /// The DeepSeek tokenizer directory laid out by `tokenizer-svc/tests/fixtures/fetch.sh`.
 fn deepseek_dir() -> Option<PathBuf> {

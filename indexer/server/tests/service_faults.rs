@@ -3,10 +3,10 @@
 //! property is checked: no pod is credited with a block its publisher does not hold, and an
 //! EXACT pod is credited with exactly what it holds.
 
-mod service_support;
+mod support;
 
 use serde_json::json;
-use service_support::*;
+use support::*;
 
 const MODEL: &str = "m";
 

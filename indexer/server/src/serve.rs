@@ -1,5 +1,5 @@
 //! `kvindex serve`: the indexer service. Wires config, the index, apply workers, ZeroMQ
-//! sources, gRPC and HTTP admin together; the pieces live in `crate::service`.
+//! sources, gRPC and HTTP admin together; the pieces live in this crate.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -10,10 +10,10 @@ use parking_lot::RwLock;
 
 use kvindex::{KvIndex, KvIndexConfig};
 
-use crate::service::config::{Config, ServeArgs};
-use crate::service::registry::{self, Registry};
-use crate::service::worker::Worker;
-use crate::service::{grpc, http, metrics as m, zmq, Shared};
+use crate::config::{Config, ServeArgs};
+use crate::registry::{self, Registry};
+use crate::worker::Worker;
+use crate::{grpc, http, metrics as m, zmq, Shared};
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

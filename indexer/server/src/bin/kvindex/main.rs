@@ -3,8 +3,8 @@
 //! Subcommands: `serve` (the indexer service), `decode` (captured frames → normalized events)
 //! and `vllm-hash` (vLLM's own block hashes, for cross-checking an engine's configuration).
 
-mod commands;
-mod service;
+mod decode;
+mod vllm_hash;
 
 use std::io::{self, BufReader};
 use std::process::ExitCode;
@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the indexer service: subscribe to engines, keep the index exact, serve ScoreTokens.
-    Serve(Box<service::config::ServeArgs>),
+    Serve(Box<kvindex_server::config::ServeArgs>),
     /// Decode captured ZeroMQ messages (JSON Lines with `frames_hex`) from stdin.
     Decode,
     /// Compute vLLM's own block hashes for `hashes.jsonl`-shaped records from stdin.
@@ -31,7 +31,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Serve(args) = cli.command {
-        return match commands::serve::run(*args) {
+        return match kvindex_server::serve::run(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("kvindex serve: {e}");
@@ -42,8 +42,8 @@ fn main() -> ExitCode {
     let stdin = BufReader::new(io::stdin().lock());
     let stdout = io::BufWriter::new(io::stdout().lock());
     let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
-        Command::Decode => commands::decode::run(stdin, stdout).map_err(Into::into),
-        Command::VllmHash => commands::vllm_hash::run(stdin, stdout),
+        Command::Decode => decode::run(stdin, stdout).map_err(Into::into),
+        Command::VllmHash => vllm_hash::run(stdin, stdout),
         Command::Serve(_) => unreachable!("handled above"),
     };
     match result {
