@@ -111,14 +111,14 @@ fn main() {
     drop(fleet);
     let live = LIVE.load(Ordering::Relaxed) - live_base;
     let rss = rss_bytes().saturating_sub(base);
-    let entries = index.index().entries();
+    let entries = index.table().entries();
     println!(
         "memory at {:.2}M entries ({:.2}M distinct blocks, 256 pods): live heap {:.0} MiB = {:.1} B/entry (index tables {:.1} B/entry, the rest per-pod sets and maps); RSS delta {:.1} B/entry (fill {:.1}s)",
         entries as f64 / 1e6,
-        index.index().keys() as f64 / 1e6,
+        index.table().keys() as f64 / 1e6,
         live as f64 / (1 << 20) as f64,
         live as f64 / entries as f64,
-        index.index().approx_bytes() as f64 / entries as f64,
+        index.table().approx_bytes() as f64 / entries as f64,
         rss as f64 / entries as f64,
         fill_s
     );

@@ -1,22 +1,21 @@
-//! kvindex: an exact prefix-cache index for vLLM fleets.
+//! kvindex: an exact prefix-cache index for vLLM fleets, as a pure core.
 //!
-//! The library is the pure core: no I/O, no async, no clocks. Data flows one way:
-//! frames ([`wire`]) → events → per-pod ingest ([`ingest`]) → the sharded [`index`] →
-//! [`score`]s. [`KvIndex`] ties them together. The one rule: the index never claims a block
-//! a pod does not hold; anything it cannot resolve exactly is skipped and counted.
+//! No I/O, no async, no clocks: the service (`kvindex-server`) feeds it bytes and time. The
+//! modules follow the data flow:
+//!
+//! ```text
+//! frames ─▶ wire (decode) ─▶ sequencer (order, gaps, restarts) ─▶ index::ingest ─▶ index::table
+//!                                                      keys (prefix keys) ─┘          ▲
+//!                                            prompt ─▶ keys ─▶ index::score ──────────┘
+//! ```
+//!
+//! [`KvIndex`] ties the index together. The one rule: the index never claims a block a pod
+//! does not hold; anything it cannot resolve exactly is skipped and counted.
 
-pub mod extra_keys;
 pub mod index;
-pub mod ingest;
 pub mod keys;
-pub mod kv_index;
-pub mod pods;
-pub mod score;
-pub mod source;
-pub mod tiers;
-pub mod topic;
+pub mod sequencer;
 pub mod vllm_hash;
 pub mod wire;
 
-pub use ingest::{ApplyReport, HashCheck, SkipReason};
-pub use kv_index::{KvIndex, KvIndexConfig, PodStats, ScoreQuery, ScoreResult};
+pub use index::{ApplyReport, HashCheck, KvIndex, KvIndexConfig, PodStats, ScoreQuery, ScoreResult, SkipReason};

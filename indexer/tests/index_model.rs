@@ -276,8 +276,8 @@ fn check_sequential(ops: &[Op]) -> Result<(), TestCaseError> {
     for pod in 0..PODS {
         apply(&index, pod, &OwnedEvent::Cleared);
     }
-    prop_assert_eq!(index.index().entries(), 0);
-    prop_assert_eq!(index.index().keys(), 0);
+    prop_assert_eq!(index.table().entries(), 0);
+    prop_assert_eq!(index.table().keys(), 0);
     Ok(())
 }
 

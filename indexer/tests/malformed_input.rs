@@ -51,7 +51,7 @@ fn fingerprint(index: &KvIndex, prompts: &[Vec<u32>]) -> (u64, u64, Vec<u32>) {
             index.score(&q).matches.first().map_or(0, |m| m.matched_blocks)
         })
         .collect();
-    (index.index().entries(), index.index().keys(), scores)
+    (index.table().entries(), index.table().keys(), scores)
 }
 
 /// Decodes and, if the batch is valid, applies it; returns whether it decoded.

@@ -137,7 +137,7 @@ fn live_streams_index_exactly_what_the_engine_holds() {
                 let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
                 let msg = wire::parse_live(&frames).unwrap();
                 let batch = wire::decode_batch(msg.payload).unwrap();
-                let pod = kvindex::topic::dp_pod_id("10.0.0.7:8000", batch.data_parallel_rank);
+                let pod = kvindex::wire::dp_pod_id("10.0.0.7:8000", batch.data_parallel_rank);
                 index.apply(&pod, "Qwen/Qwen3-0.6B", &batch);
                 for e in &batch.events {
                     reference.apply(e);
@@ -271,13 +271,13 @@ fn data_parallel_rank_is_its_own_pod() {
     let frames = frames_of(&record);
     let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
     let msg = wire::parse_live(&frames).unwrap();
-    let topic = kvindex::topic::parse_topic(std::str::from_utf8(msg.topic.unwrap()).unwrap());
+    let topic = kvindex::wire::parse_topic(std::str::from_utf8(msg.topic.unwrap()).unwrap());
     let batch = wire::decode_batch(msg.payload).unwrap();
     assert_eq!(batch.data_parallel_rank, Some(1));
     // The rank-1 publisher's topic already names port 8001; llm-d derives the pod from the
     // rank-0 endpoint, so both conventions must land on the same pod id.
     assert_eq!(topic.id, "10.0.0.7:8001");
-    assert_eq!(kvindex::topic::dp_pod_id("10.0.0.7:8000", batch.data_parallel_rank), "10.0.0.7:8001");
+    assert_eq!(kvindex::wire::dp_pod_id("10.0.0.7:8000", batch.data_parallel_rank), "10.0.0.7:8001");
     index.apply("10.0.0.7:8001", topic.model, &batch);
     assert!(index.pod_stats("10.0.0.7:8001").is_some());
     assert!(index.pod_stats("10.0.0.7:8000").is_none());

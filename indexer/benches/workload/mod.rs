@@ -61,7 +61,7 @@ pub fn fill(index: &KvIndex, pods: usize, target_entries: u64, suffix: (u64, u64
     let mut fleet = Fleet { pods, block_size: bs, conversations: Vec::new() };
     let mut tokens = Vec::new();
     let mut conv_id = 1u64;
-    while index.index().entries() < target_entries {
+    while index.table().entries() < target_entries {
         let mut x = (rng.next() % 1_000_000) as f64 / 1_000_000.0 * total;
         let p = weights.iter().position(|w| {
             x -= w;

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use tonic::{Request, Response, Status};
 
-use kvindex::source::SourceState;
-use kvindex::tiers::TierId;
+use kvindex::sequencer::SourceState;
+use kvindex::index::tiers::TierId;
 use kvindex::ScoreQuery;
 use kvindex_proto::kvindex::v1 as pb;
 use pb::indexer_server::{Indexer, IndexerServer};

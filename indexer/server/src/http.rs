@@ -13,7 +13,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
 
-use kvindex::tiers::TierId;
+use kvindex::index::tiers::TierId;
 
 use super::config::PodConfig;
 use super::metrics as m;
@@ -90,9 +90,9 @@ async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
         "registered_pods": reg.pods(),
         "sources": streams,
         "index": {
-            "entries": index.index().entries(),
-            "keys": index.index().keys(),
-            "approx_bytes": index.index().approx_bytes(),
+            "entries": index.table().entries(),
+            "keys": index.table().keys(),
+            "approx_bytes": index.table().approx_bytes(),
             "block_size": index.block_size(),
         },
         "queue": {

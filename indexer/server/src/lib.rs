@@ -1,6 +1,6 @@
 //! The service shell around the pure core: ZeroMQ sources, replay client, apply workers,
 //! gRPC, HTTP admin, metrics. All I/O and clocks live here; every decision about sequencing
-//! is made by [`kvindex::source::Sequencer`].
+//! is made by [`kvindex::sequencer::Sequencer`].
 //!
 //! ```text
 //! SUB sockets ──try_send──▶ bounded queue (per worker) ──▶ apply worker thread:
@@ -31,7 +31,7 @@ use bytes::Bytes;
 use parking_lot::RwLock;
 use serde::Serialize;
 
-use kvindex::source::SourceState;
+use kvindex::sequencer::SourceState;
 use kvindex::KvIndex;
 
 use self::config::Config;

@@ -88,7 +88,7 @@ impl Registry {
     /// else the base pod's endpoint offset by the rank (vLLM's port rule).
     pub fn replay_endpoint(&self, base: &str, rank: u32) -> Option<String> {
         if rank > 0 {
-            let dp = kvindex::topic::dp_pod_id(base, Some(i64::from(rank)));
+            let dp = kvindex::wire::dp_pod_id(base, Some(i64::from(rank)));
             if let Some(e) = self.static_replay.get(&dp) {
                 return Some(e.clone());
             }

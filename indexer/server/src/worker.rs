@@ -11,9 +11,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use metrics::{counter, gauge, histogram, Counter};
 
-use kvindex::ingest::SkipReason;
-use kvindex::source::{Item, Reason, ReplayOutcome, Sequencer, SequencerConfig, SourceState, Step};
-use kvindex::topic::{dp_pod_id, parse_topic};
+use kvindex::SkipReason;
+use kvindex::sequencer::{Item, Reason, ReplayOutcome, Sequencer, SequencerConfig, SourceState, Step};
+use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::wire::{self, EventBatch};
 
 use super::metrics as m;
@@ -427,7 +427,7 @@ impl Worker {
         }
         drop(debug);
         if self.index == 0 {
-            let idx = self.shared.index.index();
+            let idx = self.shared.index.table();
             gauge!(m::INDEX_ENTRIES).set(idx.entries() as f64);
             gauge!(m::INDEX_KEYS).set(idx.keys() as f64);
             gauge!(m::INDEX_BYTES).set(idx.approx_bytes() as f64);

@@ -12,100 +12,17 @@ use roaring::RoaringBitmap;
 use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::extra_keys::encode_block_extras;
-use crate::index::{SlotId, Writer};
-use crate::keys::{block_key, namespace_root, Extras, PrefixKey};
-use crate::pods::PodId;
-use crate::tiers::{TierId, Tiers, MAX_TIERS};
+use super::pods::PodId;
+use super::report::{ApplyReport, SkipReason};
+use super::table::{SlotId, Writer};
+use super::tiers::{TierId, Tiers, MAX_TIERS};
+use crate::keys::extra_keys::encode_block_extras;
+use crate::keys::{block_key, namespace_of, namespace_root, Extras, PrefixKey};
 use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
 use crate::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value};
 
 /// KV-cache groups a pod may use (hybrid models have a handful).
 pub const MAX_GROUPS: usize = 64;
-
-/// Why a stored or removed block was not applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SkipReason {
-    /// `parent_block_hash` names a block this pod never stored (or we missed).
-    ParentUnknown,
-    /// The engine block size is not a multiple of the canonical one (or is a partial block).
-    BlockSizeMismatch,
-    /// `token_ids` does not cover exactly `block_hashes.len() * block_size` tokens.
-    TokenCountMismatch,
-    /// A tier re-announcement (no tokens) of a block we do not know.
-    UnknownBlock,
-    /// More distinct tiers than a residency can record.
-    TooManyTiers,
-    /// `group_idx` out of range.
-    GroupOutOfRange,
-    /// The index is at its memory bound.
-    IndexFull,
-}
-
-impl SkipReason {
-    pub const ALL: [SkipReason; 7] = [
-        SkipReason::ParentUnknown,
-        SkipReason::BlockSizeMismatch,
-        SkipReason::TokenCountMismatch,
-        SkipReason::UnknownBlock,
-        SkipReason::TooManyTiers,
-        SkipReason::GroupOutOfRange,
-        SkipReason::IndexFull,
-    ];
-
-    /// Stable metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            SkipReason::ParentUnknown => "parent_unknown",
-            SkipReason::BlockSizeMismatch => "block_size_mismatch",
-            SkipReason::TokenCountMismatch => "token_count_mismatch",
-            SkipReason::UnknownBlock => "unknown_block",
-            SkipReason::TooManyTiers => "too_many_tiers",
-            SkipReason::GroupOutOfRange => "group_out_of_range",
-            SkipReason::IndexFull => "index_full",
-        }
-    }
-}
-
-/// What applying events did, for metrics and logs. Counts are in engine blocks.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ApplyReport {
-    pub stored_events: u64,
-    pub removed_events: u64,
-    pub cleared_events: u64,
-    pub unknown_events: u64,
-    pub stored_blocks: u64,
-    pub removed_blocks: u64,
-    /// Removals of blocks this pod is not known to hold (stored before we subscribed, say).
-    pub removed_unknown: u64,
-    pub skipped: [u64; SkipReason::ALL.len()],
-    /// Sampled recomputation of the engine's own block hashes (see [`HashCheck`]).
-    pub hash_check: Verification,
-}
-
-impl ApplyReport {
-    fn skip(&mut self, reason: SkipReason, blocks: u64) {
-        self.skipped[reason as usize] += blocks;
-    }
-
-    pub fn skipped(&self, reason: SkipReason) -> u64 {
-        self.skipped[reason as usize]
-    }
-
-    pub fn merge(&mut self, other: &ApplyReport) {
-        self.stored_events += other.stored_events;
-        self.removed_events += other.removed_events;
-        self.cleared_events += other.cleared_events;
-        self.unknown_events += other.unknown_events;
-        self.stored_blocks += other.stored_blocks;
-        self.removed_blocks += other.removed_blocks;
-        self.removed_unknown += other.removed_unknown;
-        for (a, b) in self.skipped.iter_mut().zip(other.skipped) {
-            *a += b;
-        }
-        self.hash_check.merge(&other.hash_check);
-    }
-}
 
 /// Sampled cross-check of the engine's block hashes against vLLM's own recipe.
 ///
@@ -532,16 +449,5 @@ fn published<'a>(h: &EngineHash<'a>) -> PublishedHash<'a> {
         EngineHash::Uint(v) => PublishedHash::Int(v),
         EngineHash::Int(v) => PublishedHash::Int(v as u64),
         EngineHash::Bytes(b) => PublishedHash::Bytes(b),
-    }
-}
-
-/// The key namespace of a block: its LoRA name, else the model. A LoRA known only by its
-/// integer id (vLLM before 0.14) gets a namespace no query can name, so it never matches the
-/// base model by accident.
-pub fn namespace_of<'a>(model: &'a str, lora_name: Option<&'a str>, lora_id: Option<i64>) -> std::borrow::Cow<'a, str> {
-    match (lora_name, lora_id) {
-        (Some(name), _) if !name.is_empty() => name.into(),
-        (_, Some(id)) => format!("{model}\u{0}lora-id:{id}").into(),
-        _ => model.into(),
     }
 }

@@ -1,23 +1,35 @@
-//! `KvIndex`: the pure core's entry point, tying pods, tiers, per-pod ingest and the index.
+//! The index: [`KvIndex`], the pure core's entry point, over the [`table`] of block residencies.
+//! Events reach the table through per-pod [`ingest`] and prompts are answered by [`score`];
+//! [`pods`] and [`tiers`] intern the names a residency records.
 //!
 //! Writers apply one pod's batches under that pod's lock, so a source's operations apply in its
 //! order while different pods proceed in parallel; readers score without taking any pod lock.
 //! There is no I/O, async or clock here: the service shell decides when to apply, clear or
 //! drop a pod, and this type does it exactly.
 
+pub mod ingest;
+pub mod pods;
+pub mod report;
+pub mod score;
+pub mod table;
+pub mod tiers;
+
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
-use crate::index::Index;
-use crate::ingest::{namespace_of, ApplyReport, HashCheck, IngestContext, PodIngest};
-use crate::keys::{namespace_root, prompt_keys};
-use crate::pods::{PodId, Pods};
-use crate::score::{score, PodFilter, PodMatch};
-use crate::tiers::{Tiers, MAX_TIERS};
+use self::ingest::{IngestContext, PodIngest};
+use self::pods::{PodId, Pods};
+use self::score::{score, PodFilter, PodMatch};
+use self::table::BlockTable;
+use self::tiers::{Tiers, MAX_TIERS};
+use crate::keys::{namespace_of, namespace_root, prompt_keys};
 use crate::vllm_hash::Verification;
 use crate::wire::EventBatch;
+
+pub use self::ingest::HashCheck;
+pub use self::report::{ApplyReport, SkipReason};
 
 #[derive(Debug, Clone)]
 pub struct KvIndexConfig {
@@ -70,7 +82,7 @@ pub struct PodStats {
 
 pub struct KvIndex {
     config: KvIndexConfig,
-    index: Index,
+    table: BlockTable,
     pods: Pods,
     tiers: Tiers,
     states: RwLock<FxHashMap<PodId, Arc<Mutex<PodIngest>>>>,
@@ -80,7 +92,7 @@ impl KvIndex {
     pub fn new(config: KvIndexConfig) -> Self {
         assert!(config.block_size > 0, "block_size must be positive");
         KvIndex {
-            index: Index::new(config.shards, config.max_entries),
+            table: BlockTable::new(config.shards, config.max_entries),
             pods: Pods::new(),
             tiers: Tiers::new(),
             states: RwLock::new(FxHashMap::default()),
@@ -92,8 +104,9 @@ impl KvIndex {
         self.config.block_size
     }
 
-    pub fn index(&self) -> &Index {
-        &self.index
+    /// The block table, for its size figures (entries, keys, bytes).
+    pub fn table(&self) -> &BlockTable {
+        &self.table
     }
 
     pub fn pods(&self) -> &Pods {
@@ -127,7 +140,7 @@ impl KvIndex {
             if old.model() == model {
                 return Some(states[&id].clone());
             }
-            old.clear(&mut self.index.writer());
+            old.clear(&mut self.table.writer());
         }
         let state = Arc::new(Mutex::new(PodIngest::new(id, Arc::from(model))));
         states.insert(id, state.clone());
@@ -140,14 +153,14 @@ impl KvIndex {
             return ApplyReport::default();
         };
         let mut state = state.lock();
-        state.apply_batch(&self.context(), &mut self.index.writer(), batch)
+        state.apply_batch(&self.context(), &mut self.table.writer(), batch)
     }
 
     /// Drops everything `pod` holds; its ingest state starts empty. Returns entries removed.
     pub fn clear_pod(&self, pod: &str) -> u64 {
         let Some(id) = self.pods.get(pod) else { return 0 };
         let state = self.states.read().get(&id).cloned();
-        state.map_or(0, |s| s.lock().clear(&mut self.index.writer()))
+        state.map_or(0, |s| s.lock().clear(&mut self.table.writer()))
     }
 
     /// Clears `pod` and forgets its state. Returns whether it was known.
@@ -156,7 +169,7 @@ impl KvIndex {
         let state = self.states.write().remove(&id);
         match state {
             Some(s) => {
-                s.lock().clear(&mut self.index.writer());
+                s.lock().clear(&mut self.table.writer());
                 true
             }
             None => false,
@@ -203,7 +216,7 @@ impl KvIndex {
         let matches = if matches!(filter, PodFilter::Only(ids) if ids.is_empty()) {
             Vec::new()
         } else {
-            score(&self.index, &keys, filter, &self.tiers.weights())
+            score(&self.table, &keys, filter, &self.tiers.weights())
         };
         ScoreResult { total_blocks, matches }
     }
@@ -239,12 +252,12 @@ mod tests {
         let index = KvIndex::new(KvIndexConfig { block_size: 2, max_entries: 3, ..Default::default() });
         let report = index.apply("a", "m", &store(&[1, 2, 3, 4, 5], None, (0..10).collect()));
         assert_eq!(report.stored_blocks, 3);
-        assert_eq!(report.skipped(crate::SkipReason::IndexFull), 2);
+        assert_eq!(report.skipped(SkipReason::IndexFull), 2);
         assert_eq!(matched(&index, "a", "m", &(0..10).collect::<Vec<_>>()), 3, "under-reports, never over");
         // A child of a refused block cannot resolve its parent: skipped, not guessed.
         let child = index.apply("a", "m", &store(&[6], Some(5), vec![10, 11]));
-        assert_eq!(child.skipped(crate::SkipReason::ParentUnknown), 1);
-        assert_eq!(index.index().entries(), 3);
+        assert_eq!(child.skipped(SkipReason::ParentUnknown), 1);
+        assert_eq!(index.table().entries(), 3);
     }
 
     #[test]
@@ -255,7 +268,7 @@ mod tests {
         index.apply("a", "m2", &store(&[9], None, vec![5, 6]));
         assert_eq!(matched(&index, "a", "m1", &[1, 2]), 0);
         assert_eq!(matched(&index, "a", "m2", &[5, 6]), 1);
-        assert_eq!(index.index().entries(), 1);
+        assert_eq!(index.table().entries(), 1);
     }
 
     #[test]
@@ -268,7 +281,7 @@ mod tests {
         assert_eq!(matched(&index, "b", "m", &[1, 2, 3, 4]), 2);
         assert!(index.remove_pod("b"));
         assert!(!index.remove_pod("b"));
-        assert_eq!((index.index().entries(), index.index().keys()), (0, 0));
+        assert_eq!((index.table().entries(), index.table().keys()), (0, 0));
         assert_eq!(index.pod_names(), vec!["a".to_string()]);
     }
 

@@ -5,10 +5,10 @@
 //! nobody has cached costs one lookup. A block counts at the largest weight among the tiers the
 //! pod holds it in; per-tier counts are independent (a block on GPU and CPU counts in both).
 
-use crate::index::{Holder, Index};
+use super::pods::PodId;
+use super::table::{BlockTable, Holder};
+use super::tiers::{Tiers, MAX_TIERS};
 use crate::keys::PrefixKey;
-use crate::pods::PodId;
-use crate::tiers::{Tiers, MAX_TIERS};
 
 /// One pod's match for a prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,10 +58,10 @@ impl PodFilter<'_> {
 }
 
 /// Matches of every pod holding at least block 0 of `keys`, sorted by pod id.
-pub fn score(index: &Index, keys: &[PrefixKey], filter: PodFilter<'_>, weights: &[f64; MAX_TIERS]) -> Vec<PodMatch> {
+pub fn score(table: &BlockTable, keys: &[PrefixKey], filter: PodFilter<'_>, weights: &[f64; MAX_TIERS]) -> Vec<PodMatch> {
     let mut done: Vec<PodMatch> = Vec::new();
     let Some((&first, rest)) = keys.split_first() else { return done };
-    let mut active: Vec<PodMatch> = index.with_holders(first, |holders| {
+    let mut active: Vec<PodMatch> = table.with_holders(first, |holders| {
         holders.iter().filter(|h| filter.admits(h.pod())).map(|&h| PodMatch::start(h, weights)).collect()
     });
     let mut next: Vec<PodMatch> = Vec::with_capacity(active.len());
@@ -69,7 +69,7 @@ pub fn score(index: &Index, keys: &[PrefixKey], filter: PodFilter<'_>, weights: 
         if active.is_empty() {
             break;
         }
-        index.with_holders(key, |holders| {
+        table.with_holders(key, |holders| {
             let mut hi = holders.iter().peekable();
             for mut m in active.drain(..) {
                 while hi.next_if(|h| h.pod() < m.pod).is_some() {}
@@ -102,7 +102,7 @@ mod tests {
 
     #[test]
     fn longest_consecutive_run_from_block_zero() {
-        let idx = Index::new(4, u64::MAX);
+        let idx = BlockTable::new(4, u64::MAX);
         // pod 0 holds 10, 11, 12; pod 1 holds 10 and 12 (a hole at 11); pod 2 holds only 11.
         for k in [10, 11, 12] {
             idx.writer().insert(k, 0, PodId(0), GPU);
@@ -117,7 +117,7 @@ mod tests {
 
     #[test]
     fn tier_weights_and_counts() {
-        let idx = Index::new(4, u64::MAX);
+        let idx = BlockTable::new(4, u64::MAX);
         idx.writer().insert(1, 0, PodId(0), GPU);
         idx.writer().insert(2, 0, PodId(0), CPU);
         idx.writer().insert(3, 0, PodId(0), GPU);
@@ -130,7 +130,7 @@ mod tests {
 
     #[test]
     fn filter_limits_pods() {
-        let idx = Index::new(4, u64::MAX);
+        let idx = BlockTable::new(4, u64::MAX);
         for p in 0..4 {
             idx.writer().insert(7, 0, PodId(p), GPU);
         }

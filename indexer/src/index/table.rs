@@ -1,4 +1,4 @@
-//! The residency index: prefix key → the pods (and tiers) holding that block.
+//! The block table: prefix key → the pods (and tiers) holding that block.
 //!
 //! Layout, chosen for memory (37.5 bytes of tables per resident (block, pod) entry at 10M
 //! entries, measured by `cargo bench -p kvindex --bench footprint`):
@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 
+use super::pods::PodId;
 use crate::keys::PrefixKey;
-use crate::pods::PodId;
 
 /// One pod's residency of one block: pod id in the high 24 bits, tier bits in the low 8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +158,7 @@ fn split(shard_bits: u32, slot: SlotId) -> (usize, u32) {
 }
 
 /// Sharded key → holders index with a bound on resident (block, pod) entries.
-pub struct Index {
+pub struct BlockTable {
     shards: Box<[RwLock<KeyShard>]>,
     shard_bits: u32,
     writer: Mutex<EngineTable>,
@@ -178,13 +178,13 @@ pub struct Inserted {
     pub engine_recorded: bool,
 }
 
-impl Index {
+impl BlockTable {
     /// `shards` is rounded up to a power of two (at most 256); `max_entries` bounds (block, pod)
     /// residencies.
     pub fn new(shards: usize, max_entries: u64) -> Self {
         let shards = shards.clamp(1, 256).next_power_of_two();
         let shard_bits = shards.trailing_zeros();
-        Index {
+        BlockTable {
             shards: (0..shards).map(|_| RwLock::new(KeyShard::default())).collect(),
             shard_bits,
             writer: Mutex::new(EngineTable { slot_engine: vec![Vec::new(); shards], by_engine: HashTable::new() }),
@@ -244,10 +244,10 @@ impl Index {
 
     /// Exclusive write access. Writers serialize here; readers are unaffected.
     pub fn writer(&self) -> Writer<'_> {
-        Writer { index: self, engines: self.writer.lock() }
+        Writer { table: self, engines: self.writer.lock() }
     }
 
-    /// Heap bytes held by the index's tables (slots, key and engine tables, spilled holders).
+    /// Heap bytes held by the tables (slots, key and engine tables, spilled holders).
     pub fn approx_bytes(&self) -> u64 {
         let shards: u64 = self.shards.iter().map(|s| s.read().bytes()).sum();
         shards + self.writer.lock().bytes()
@@ -263,9 +263,9 @@ impl Index {
     }
 }
 
-/// Write access to the index: holds the writer mutex.
+/// Write access to the table: holds the writer mutex.
 pub struct Writer<'a> {
-    index: &'a Index,
+    table: &'a BlockTable,
     engines: MutexGuard<'a, EngineTable>,
 }
 
@@ -275,15 +275,15 @@ impl Writer<'_> {
         if engine == 0 {
             return None;
         }
-        let bits = self.index.shard_bits;
-        let table = &*self.engines;
-        table.by_engine.find(engine, |&s| table.engine(bits, SlotId(s)) == engine).map(|&s| SlotId(s))
+        let bits = self.table.shard_bits;
+        let engines = &*self.engines;
+        engines.by_engine.find(engine, |&s| engines.engine(bits, SlotId(s)) == engine).map(|&s| SlotId(s))
     }
 
     /// The key of a live slot.
     pub fn key_of(&self, slot: SlotId) -> Option<PrefixKey> {
-        let (shard, local) = split(self.index.shard_bits, slot);
-        let shard = self.index.shards[shard].read();
+        let (shard, local) = split(self.table.shard_bits, slot);
+        let shard = self.table.shards[shard].read();
         let s = shard.slots.get(local as usize)?;
         (s.holders[0] != EMPTY).then_some(s.key)
     }
@@ -292,9 +292,9 @@ impl Writer<'_> {
     /// recording `engine` (a scoped engine hash, 0 = none) for a new slot. `None` when the entry
     /// bound refuses a new residency.
     pub fn insert(&mut self, key: PrefixKey, engine: u64, pod: PodId, tier_bit: u8) -> Option<Inserted> {
-        let index = self.index;
-        let shard_idx = index.shard_of(key);
-        let mut shard = index.shards[shard_idx].write();
+        let table = self.table;
+        let shard_idx = table.shard_of(key);
+        let mut shard = table.shards[shard_idx].write();
         let KeyShard { slots, by_key, free, .. } = &mut *shard;
         let (local, created) = match by_key.entry(
             key_hash(key),
@@ -303,7 +303,7 @@ impl Writer<'_> {
         ) {
             hashbrown::hash_table::Entry::Occupied(e) => (*e.get(), false),
             hashbrown::hash_table::Entry::Vacant(v) => {
-                if !index.reserve_entry() {
+                if !table.reserve_entry() {
                     return None;
                 }
                 let local = match free.pop() {
@@ -312,8 +312,8 @@ impl Writer<'_> {
                         local
                     }
                     None => {
-                        if slots.len() as u64 > u64::from(index.max_local()) {
-                            index.entries.fetch_sub(1, Ordering::Relaxed);
+                        if slots.len() as u64 > u64::from(table.max_local()) {
+                            table.entries.fetch_sub(1, Ordering::Relaxed);
                             return None;
                         }
                         slots.push(Slot { key, holders: [EMPTY, EMPTY] });
@@ -321,11 +321,11 @@ impl Writer<'_> {
                     }
                 };
                 v.insert(local);
-                index.keys.fetch_add(1, Ordering::Relaxed);
+                table.keys.fetch_add(1, Ordering::Relaxed);
                 (local, true)
             }
         };
-        let slot = index.slot_id(shard_idx, local);
+        let slot = table.slot_id(shard_idx, local);
         let mut holders: smallvec::SmallVec<[Holder; 4]> = shard.holders(local).into();
         let prev_tiers = match holders.binary_search_by_key(&pod, |h| h.pod()) {
             Ok(i) => {
@@ -337,7 +337,7 @@ impl Writer<'_> {
                 prev
             }
             Err(i) => {
-                if !created && !index.reserve_entry() {
+                if !created && !table.reserve_entry() {
                     return None;
                 }
                 holders.insert(i, Holder::new(pod, tier_bit));
@@ -349,13 +349,13 @@ impl Writer<'_> {
         let engine_recorded = if created {
             self.record_engine(shard_idx, local, slot, engine)
         } else {
-            engine != 0 && self.engines.engine(index.shard_bits, slot) == engine
+            engine != 0 && self.engines.engine(table.shard_bits, slot) == engine
         };
         Some(Inserted { slot, prev_tiers, engine_recorded })
     }
 
     fn record_engine(&mut self, shard: usize, local: u32, slot: SlotId, engine: u64) -> bool {
-        let bits = self.index.shard_bits;
+        let bits = self.table.shard_bits;
         let EngineTable { slot_engine, by_engine } = &mut *self.engines;
         let column = &mut slot_engine[shard];
         if column.len() <= local as usize {
@@ -382,9 +382,9 @@ impl Writer<'_> {
     /// Removes the tiers in `tier_mask` of `pod`'s residency of `slot`, freeing the slot when
     /// no pod holds it any more. Returns the pod's tiers before and after.
     pub fn remove(&mut self, slot: SlotId, pod: PodId, tier_mask: u8) -> (u8, u8) {
-        let index = self.index;
-        let (shard_idx, local) = split(index.shard_bits, slot);
-        let mut shard = index.shards[shard_idx].write();
+        let table = self.table;
+        let (shard_idx, local) = split(table.shard_bits, slot);
+        let mut shard = table.shards[shard_idx].write();
         if shard.slots.get(local as usize).is_none_or(|s| s.holders[0] == EMPTY) {
             return (0, 0);
         }
@@ -399,7 +399,7 @@ impl Writer<'_> {
             holders[i] = Holder::new(pod, left);
         } else {
             holders.remove(i);
-            index.entries.fetch_sub(1, Ordering::Relaxed);
+            table.entries.fetch_sub(1, Ordering::Relaxed);
         }
         shard.set_holders(local, &holders);
         if holders.is_empty() {
@@ -408,7 +408,7 @@ impl Writer<'_> {
                 entry.remove();
             }
             shard.free.push(local);
-            index.keys.fetch_sub(1, Ordering::Relaxed);
+            table.keys.fetch_sub(1, Ordering::Relaxed);
             drop(shard);
             self.forget_engine(shard_idx, local, slot);
         }
@@ -416,11 +416,11 @@ impl Writer<'_> {
     }
 
     fn forget_engine(&mut self, shard: usize, local: u32, slot: SlotId) {
-        let table = &mut *self.engines;
-        let Some(engine) = table.slot_engine[shard].get_mut(local as usize) else { return };
+        let engines = &mut *self.engines;
+        let Some(engine) = engines.slot_engine[shard].get_mut(local as usize) else { return };
         let e = std::mem::take(engine);
         if e != 0 {
-            if let Ok(entry) = table.by_engine.find_entry(e, |&s| s == slot.0) {
+            if let Ok(entry) = engines.by_engine.find_entry(e, |&s| s == slot.0) {
                 entry.remove();
             }
         }
@@ -434,13 +434,13 @@ mod tests {
     const GPU: u8 = 1;
     const CPU: u8 = 2;
 
-    fn pods_of(idx: &Index, key: u64) -> Vec<u32> {
+    fn pods_of(idx: &BlockTable, key: u64) -> Vec<u32> {
         idx.with_holders(key, |h| h.iter().map(|h| h.pod().0).collect())
     }
 
     #[test]
     fn holders_stay_sorted_through_spill_and_shrink() {
-        let idx = Index::new(4, u64::MAX);
+        let idx = BlockTable::new(4, u64::MAX);
         let mut w = idx.writer();
         let mut slot = None;
         for p in [5, 1, 9, 3, 7] {
@@ -469,7 +469,7 @@ mod tests {
 
     #[test]
     fn tiers_are_bits_of_one_residency() {
-        let idx = Index::new(1, u64::MAX);
+        let idx = BlockTable::new(1, u64::MAX);
         let mut w = idx.writer();
         let s = w.insert(1, 0, PodId(0), GPU).unwrap().slot;
         assert_eq!(w.insert(1, 0, PodId(0), CPU).unwrap().prev_tiers, GPU);
@@ -487,7 +487,7 @@ mod tests {
 
     #[test]
     fn entry_bound_refuses_new_residencies_only() {
-        let idx = Index::new(2, 2);
+        let idx = BlockTable::new(2, 2);
         let mut w = idx.writer();
         assert!(w.insert(1, 0, PodId(0), GPU).is_some());
         assert!(w.insert(2, 0, PodId(0), GPU).is_some());
@@ -502,7 +502,7 @@ mod tests {
 
     #[test]
     fn engine_hash_is_recorded_once_per_block_and_freed_with_it() {
-        let idx = Index::new(4, u64::MAX);
+        let idx = BlockTable::new(4, u64::MAX);
         let mut w = idx.writer();
         let a = w.insert(100, 0xe1, PodId(0), GPU).unwrap();
         assert!(a.engine_recorded);
@@ -525,7 +525,7 @@ mod tests {
 
     #[test]
     fn keys_spread_over_shards() {
-        let idx = Index::new(16, u64::MAX);
+        let idx = BlockTable::new(16, u64::MAX);
         let shards: std::collections::HashSet<usize> =
             (0..1000u64).map(|k| idx.shard_of(xxhash_rust::xxh3::xxh3_64(&k.to_le_bytes()))).collect();
         assert_eq!(shards.len(), 16);
@@ -533,7 +533,7 @@ mod tests {
 
     #[test]
     fn freed_slots_are_reused() {
-        let idx = Index::new(1, u64::MAX);
+        let idx = BlockTable::new(1, u64::MAX);
         let mut w = idx.writer();
         let s = w.insert(1, 0, PodId(0), GPU).unwrap().slot;
         w.remove(s, PodId(0), GPU);

@@ -1,4 +1,4 @@
-//! vLLM KV-event wire decoding: ZeroMQ frames and msgpack payloads into typed batches.
+//! msgpack payloads into [`EventBatch`]es, in one pass over the bytes.
 //!
 //! One decoder covers every vLLM release from 0.9 on by following the format's rules rather
 //! than per-version tables: the batch is an array of 2 or more elements, each event is either
@@ -13,212 +13,13 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-/// Sequence number vLLM sends (as 8 bytes `ff…ff`) to mark the end of a replay.
-pub const END_OF_REPLAY_SEQ: u64 = u64::MAX;
+use super::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value, WireError};
 
 /// Nesting allowed inside a payload; vLLM's deepest value (extra keys) is 4 levels down.
-const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 
 /// Upper bound on preallocation from a declared length, so a lying header costs nothing.
 const MAX_PREALLOC: usize = 4096;
-
-/// Why a message could not be decoded. `reason()` is the stable label used in metrics.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum WireError {
-    #[error("expected {expected} frames, got {got}")]
-    FrameCount { expected: &'static str, got: usize },
-    #[error("sequence frame must be 8 bytes, got {0}")]
-    SeqLength(usize),
-    #[error("replay reply must start with an empty delimiter frame")]
-    MissingDelimiter,
-    #[error("payload is empty")]
-    EmptyPayload,
-    #[error("payload is truncated")]
-    Truncated,
-    #[error("{0}")]
-    Invalid(String),
-    #[error("payload nests deeper than {MAX_DEPTH} levels")]
-    TooDeep,
-}
-
-impl WireError {
-    /// Short, fixed label for metrics (`kvindex_decode_errors_total{reason}`).
-    pub fn reason(&self) -> &'static str {
-        match self {
-            WireError::FrameCount { .. } => "frame_count",
-            WireError::SeqLength(_) => "seq_length",
-            WireError::MissingDelimiter => "replay_delimiter",
-            WireError::EmptyPayload => "empty_payload",
-            WireError::Truncated => "truncated",
-            WireError::Invalid(_) => "invalid",
-            WireError::TooDeep => "too_deep",
-        }
-    }
-}
-
-impl From<rmp_serde::decode::Error> for WireError {
-    fn from(err: rmp_serde::decode::Error) -> Self {
-        use rmp_serde::decode::Error as E;
-        match err {
-            E::InvalidMarkerRead(e) | E::InvalidDataRead(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                WireError::Truncated
-            }
-            E::DepthLimitExceeded => WireError::TooDeep,
-            E::TypeMismatch(marker) => WireError::Invalid(format!("unexpected msgpack {marker:?}")),
-            other => WireError::Invalid(other.to_string()),
-        }
-    }
-}
-
-/// A live PUB message or a replay reply: `[topic, seq, payload]`, payload not yet decoded.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RawMessage<'a> {
-    /// `None` in replay replies of vLLM ≤0.25, which carry no topic frame.
-    pub topic: Option<&'a [u8]>,
-    pub seq: u64,
-    pub payload: &'a [u8],
-}
-
-/// What a replay DEALER receives: a buffered message, or the end marker.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ReplayReply<'a> {
-    Message(RawMessage<'a>),
-    End { topic: Option<&'a [u8]> },
-}
-
-fn read_seq(frame: &[u8]) -> Result<u64, WireError> {
-    let bytes: [u8; 8] = frame.try_into().map_err(|_| WireError::SeqLength(frame.len()))?;
-    Ok(u64::from_be_bytes(bytes))
-}
-
-/// Splits a live SUB message `[topic, seq, payload]`.
-pub fn parse_live<'a>(frames: &[&'a [u8]]) -> Result<RawMessage<'a>, WireError> {
-    let [topic, seq, payload] = frames else {
-        return Err(WireError::FrameCount { expected: "3", got: frames.len() });
-    };
-    Ok(RawMessage { topic: Some(topic), seq: read_seq(seq)?, payload })
-}
-
-/// Splits a reply seen by a DEALER: `[empty, seq, payload]` (vLLM ≤0.25) or
-/// `[empty, topic, seq, payload]` (0.26+); seq `ff…ff` with an empty payload ends the replay.
-pub fn parse_replay<'a>(frames: &[&'a [u8]]) -> Result<ReplayReply<'a>, WireError> {
-    let (topic, seq, payload) = match frames {
-        [[], seq, payload] => (None, *seq, *payload),
-        [[], topic, seq, payload] => (Some(*topic), *seq, *payload),
-        [_, _, _] | [_, _, _, _] => return Err(WireError::MissingDelimiter),
-        _ => return Err(WireError::FrameCount { expected: "3 or 4", got: frames.len() }),
-    };
-    let seq = read_seq(seq)?;
-    if seq == END_OF_REPLAY_SEQ && payload.is_empty() {
-        return Ok(ReplayReply::End { topic });
-    }
-    Ok(ReplayReply::Message(RawMessage { topic, seq, payload }))
-}
-
-/// One `KVEventBatch`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EventBatch<'a> {
-    pub ts: f64,
-    pub events: Vec<Event<'a>>,
-    /// `None` for vLLM 0.9.0, whose batches have no rank element.
-    pub data_parallel_rank: Option<i64>,
-}
-
-impl EventBatch<'_> {
-    /// Events whose tag this decoder does not know (skipped, counted by the caller).
-    pub fn unknown_events(&self) -> usize {
-        self.events.iter().filter(|e| matches!(e, Event::Unknown { .. })).count()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event<'a> {
-    BlockStored(BlockStored<'a>),
-    BlockRemoved(BlockRemoved<'a>),
-    AllBlocksCleared {
-        other: Vec<(&'a str, Value<'a>)>,
-    },
-    /// An event with a tag we do not know. It is skipped; the rest of the batch applies.
-    Unknown {
-        tag: &'a str,
-        /// Its fields, when it came as a map (named); array-form fields have no names.
-        other: Vec<(&'a str, Value<'a>)>,
-    },
-}
-
-/// A block hash as the engine published it. The variant is kept so the decoded form can be
-/// printed exactly; `key()` gives the u64 the index uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EngineHash<'a> {
-    /// A non-negative msgpack int (every release's default, the digest's low 64 bits).
-    Uint(u64),
-    /// A negative msgpack int (vLLM 0.9.x `builtin` hashes).
-    Int(i64),
-    /// A msgpack `bin` (raw digests with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
-    Bytes(&'a [u8]),
-}
-
-impl EngineHash<'_> {
-    /// The u64 identity of the block inside its source: the int's two's-complement bits, or
-    /// the last 8 bytes of a digest read big-endian (left-padded when shorter), which equals
-    /// vLLM's own int conversion of the same digest.
-    pub fn key(&self) -> u64 {
-        match *self {
-            EngineHash::Uint(v) => v,
-            EngineHash::Int(v) => v as u64,
-            EngineHash::Bytes(b) => {
-                let tail = &b[b.len().saturating_sub(8)..];
-                tail.iter().fold(0u64, |acc, &byte| (acc << 8) | u64::from(byte))
-            }
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BlockStored<'a> {
-    pub block_hashes: Vec<EngineHash<'a>>,
-    pub parent_block_hash: Option<EngineHash<'a>>,
-    /// `None` only when the wire had `nil`.
-    pub token_ids: Option<Vec<u32>>,
-    pub block_size: Option<i64>,
-    pub lora_id: Option<i64>,
-    pub medium: Option<&'a str>,
-    pub lora_name: Option<&'a str>,
-    /// One entry per block: `Value::Nil` or an array of extra keys.
-    pub extra_keys: Option<Vec<Value<'a>>>,
-    pub group_idx: Option<i64>,
-    pub kv_cache_spec_kind: Option<&'a str>,
-    pub kv_cache_spec_sliding_window: Option<i64>,
-    pub locality: Option<&'a str>,
-    pub ownership: Option<&'a str>,
-    pub session_id: Option<&'a str>,
-    pub lookahead_token_ids: Option<Vec<Vec<u32>>>,
-    /// Map keys this decoder does not know, kept for diagnostics and `kvindex decode`.
-    pub other: Vec<(&'a str, Value<'a>)>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct BlockRemoved<'a> {
-    pub block_hashes: Vec<EngineHash<'a>>,
-    pub medium: Option<&'a str>,
-    pub group_idx: Option<i64>,
-    pub locality: Option<&'a str>,
-    pub ownership: Option<&'a str>,
-    pub other: Vec<(&'a str, Value<'a>)>,
-}
-
-/// Any msgpack value, borrowed: the shape of `extra_keys` entries and unknown fields.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value<'a> {
-    Nil,
-    Bool(bool),
-    Int(i128),
-    Float(f64),
-    Str(&'a str),
-    Bin(&'a [u8]),
-    Array(Vec<Value<'a>>),
-    Map(Vec<(Value<'a>, Value<'a>)>),
-}
 
 /// Decodes a `KVEventBatch` payload.
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch<'_>, WireError> {
@@ -624,6 +425,20 @@ impl<'de> de::Deserialize<'de> for Value<'de> {
     }
 }
 
+impl From<rmp_serde::decode::Error> for WireError {
+    fn from(err: rmp_serde::decode::Error) -> Self {
+        use rmp_serde::decode::Error as E;
+        match err {
+            E::InvalidMarkerRead(e) | E::InvalidDataRead(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                WireError::Truncated
+            }
+            E::DepthLimitExceeded => WireError::TooDeep,
+            E::TypeMismatch(marker) => WireError::Invalid(format!("unexpected msgpack {marker:?}")),
+            other => WireError::Invalid(other.to_string()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -674,14 +489,6 @@ mod tests {
     }
 
     #[test]
-    fn bin_hash_key_is_last_eight_bytes_big_endian() {
-        let digest = hex("c9d58ba695280d69b243e1e0df813136ca9196b286fb1a021e0b2e028ef071cb");
-        assert_eq!(EngineHash::Bytes(&digest).key(), 0x1e0b2e028ef071cb);
-        assert_eq!(EngineHash::Bytes(&[0x01, 0x02]).key(), 0x0102);
-        assert_eq!(EngineHash::Int(-1).key(), u64::MAX);
-    }
-
-    #[test]
     fn unknown_tag_is_skipped_and_the_rest_applies() {
         // [ts, [["BlockMoved", 1, 2], ["AllBlocksCleared"]], 0]
         let payload = hex("93cb41d954fc4020000092 93aa426c6f636b4d6f7665640102 91b0416c6c426c6f636b73436c656172656400"
@@ -701,17 +508,4 @@ mod tests {
         }
     }
 
-    #[test]
-    fn replay_layouts_and_end_markers() {
-        let seq = 7u64.to_be_bytes();
-        let end = u64::MAX.to_be_bytes();
-        let old = parse_replay(&[b"", &seq, b"\x90"]).unwrap();
-        assert_eq!(old, ReplayReply::Message(RawMessage { topic: None, seq: 7, payload: b"\x90" }));
-        let new = parse_replay(&[b"", b"kv@a@m", &seq, b"\x90"]).unwrap();
-        assert!(matches!(new, ReplayReply::Message(RawMessage { topic: Some(b"kv@a@m"), .. })));
-        assert_eq!(parse_replay(&[b"", &end, b""]).unwrap(), ReplayReply::End { topic: None });
-        assert_eq!(parse_replay(&[b"", b"", &end, b""]).unwrap(), ReplayReply::End { topic: Some(b"") });
-        assert_eq!(parse_replay(&[b"x", &seq, b""]).unwrap_err(), WireError::MissingDelimiter);
-        assert_eq!(parse_live(&[b"t", b"123", b""]).unwrap_err(), WireError::SeqLength(3));
-    }
 }

@@ -1,0 +1,89 @@
+//! What applying events did, for metrics and logs: blocks stored and removed, and every block
+//! not applied with the reason ([`SkipReason`]). Skipping is how the index stays exact: it can
+//! only under-report.
+
+use crate::vllm_hash::Verification;
+
+/// Why a stored or removed block was not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SkipReason {
+    /// `parent_block_hash` names a block this pod never stored (or we missed).
+    ParentUnknown,
+    /// The engine block size is not a multiple of the canonical one (or is a partial block).
+    BlockSizeMismatch,
+    /// `token_ids` does not cover exactly `block_hashes.len() * block_size` tokens.
+    TokenCountMismatch,
+    /// A tier re-announcement (no tokens) of a block we do not know.
+    UnknownBlock,
+    /// More distinct tiers than a residency can record.
+    TooManyTiers,
+    /// `group_idx` out of range.
+    GroupOutOfRange,
+    /// The index is at its memory bound.
+    IndexFull,
+}
+
+impl SkipReason {
+    pub const ALL: [SkipReason; 7] = [
+        SkipReason::ParentUnknown,
+        SkipReason::BlockSizeMismatch,
+        SkipReason::TokenCountMismatch,
+        SkipReason::UnknownBlock,
+        SkipReason::TooManyTiers,
+        SkipReason::GroupOutOfRange,
+        SkipReason::IndexFull,
+    ];
+
+    /// Stable metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            SkipReason::ParentUnknown => "parent_unknown",
+            SkipReason::BlockSizeMismatch => "block_size_mismatch",
+            SkipReason::TokenCountMismatch => "token_count_mismatch",
+            SkipReason::UnknownBlock => "unknown_block",
+            SkipReason::TooManyTiers => "too_many_tiers",
+            SkipReason::GroupOutOfRange => "group_out_of_range",
+            SkipReason::IndexFull => "index_full",
+        }
+    }
+}
+
+/// What applying events did, for metrics and logs. Counts are in engine blocks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub stored_events: u64,
+    pub removed_events: u64,
+    pub cleared_events: u64,
+    pub unknown_events: u64,
+    pub stored_blocks: u64,
+    pub removed_blocks: u64,
+    /// Removals of blocks this pod is not known to hold (stored before we subscribed, say).
+    pub removed_unknown: u64,
+    pub skipped: [u64; SkipReason::ALL.len()],
+    /// Sampled recomputation of the engine's own block hashes (see [`HashCheck`]).
+    pub hash_check: Verification,
+}
+
+impl ApplyReport {
+    pub(crate) fn skip(&mut self, reason: SkipReason, blocks: u64) {
+        self.skipped[reason as usize] += blocks;
+    }
+
+    pub fn skipped(&self, reason: SkipReason) -> u64 {
+        self.skipped[reason as usize]
+    }
+
+    pub fn merge(&mut self, other: &ApplyReport) {
+        self.stored_events += other.stored_events;
+        self.removed_events += other.removed_events;
+        self.cleared_events += other.cleared_events;
+        self.unknown_events += other.unknown_events;
+        self.stored_blocks += other.stored_blocks;
+        self.removed_blocks += other.removed_blocks;
+        self.removed_unknown += other.removed_unknown;
+        for (a, b) in self.skipped.iter_mut().zip(other.skipped) {
+            *a += b;
+        }
+        self.hash_check.merge(&other.hash_check);
+    }
+}

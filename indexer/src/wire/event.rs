@@ -1,0 +1,125 @@
+//! The decoded form of a `KVEventBatch`: every field any vLLM release publishes, borrowed
+//! from the payload. Fields a release lacks are `None`; fields this decoder does not know are
+//! kept in `other`, so `kvindex decode` shows everything the engine sent.
+
+/// One `KVEventBatch`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventBatch<'a> {
+    pub ts: f64,
+    pub events: Vec<Event<'a>>,
+    /// `None` for vLLM 0.9.0, whose batches have no rank element.
+    pub data_parallel_rank: Option<i64>,
+}
+
+impl EventBatch<'_> {
+    /// Events whose tag this decoder does not know (skipped, counted by the caller).
+    pub fn unknown_events(&self) -> usize {
+        self.events.iter().filter(|e| matches!(e, Event::Unknown { .. })).count()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event<'a> {
+    BlockStored(BlockStored<'a>),
+    BlockRemoved(BlockRemoved<'a>),
+    AllBlocksCleared {
+        other: Vec<(&'a str, Value<'a>)>,
+    },
+    /// An event with a tag we do not know. It is skipped; the rest of the batch applies.
+    Unknown {
+        tag: &'a str,
+        /// Its fields, when it came as a map (named); array-form fields have no names.
+        other: Vec<(&'a str, Value<'a>)>,
+    },
+}
+
+/// A block hash as the engine published it. The variant is kept so the decoded form can be
+/// printed exactly; `key()` gives the u64 the index uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineHash<'a> {
+    /// A non-negative msgpack int (every release's default, the digest's low 64 bits).
+    Uint(u64),
+    /// A negative msgpack int (vLLM 0.9.x `builtin` hashes).
+    Int(i64),
+    /// A msgpack `bin` (raw digests with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
+    Bytes(&'a [u8]),
+}
+
+impl EngineHash<'_> {
+    /// The u64 identity of the block inside its source: the int's two's-complement bits, or
+    /// the last 8 bytes of a digest read big-endian (left-padded when shorter), which equals
+    /// vLLM's own int conversion of the same digest.
+    pub fn key(&self) -> u64 {
+        match *self {
+            EngineHash::Uint(v) => v,
+            EngineHash::Int(v) => v as u64,
+            EngineHash::Bytes(b) => {
+                let tail = &b[b.len().saturating_sub(8)..];
+                tail.iter().fold(0u64, |acc, &byte| (acc << 8) | u64::from(byte))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BlockStored<'a> {
+    pub block_hashes: Vec<EngineHash<'a>>,
+    pub parent_block_hash: Option<EngineHash<'a>>,
+    /// `None` only when the wire had `nil`.
+    pub token_ids: Option<Vec<u32>>,
+    pub block_size: Option<i64>,
+    pub lora_id: Option<i64>,
+    pub medium: Option<&'a str>,
+    pub lora_name: Option<&'a str>,
+    /// One entry per block: `Value::Nil` or an array of extra keys.
+    pub extra_keys: Option<Vec<Value<'a>>>,
+    pub group_idx: Option<i64>,
+    pub kv_cache_spec_kind: Option<&'a str>,
+    pub kv_cache_spec_sliding_window: Option<i64>,
+    pub locality: Option<&'a str>,
+    pub ownership: Option<&'a str>,
+    pub session_id: Option<&'a str>,
+    pub lookahead_token_ids: Option<Vec<Vec<u32>>>,
+    /// Map keys this decoder does not know, kept for diagnostics and `kvindex decode`.
+    pub other: Vec<(&'a str, Value<'a>)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BlockRemoved<'a> {
+    pub block_hashes: Vec<EngineHash<'a>>,
+    pub medium: Option<&'a str>,
+    pub group_idx: Option<i64>,
+    pub locality: Option<&'a str>,
+    pub ownership: Option<&'a str>,
+    pub other: Vec<(&'a str, Value<'a>)>,
+}
+
+/// Any msgpack value, borrowed: the shape of `extra_keys` entries and unknown fields.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<'a> {
+    Nil,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(&'a str),
+    Bin(&'a [u8]),
+    Array(Vec<Value<'a>>),
+    Map(Vec<(Value<'a>, Value<'a>)>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        hex::decode(s).expect("test hex")
+    }
+
+    #[test]
+    fn bin_hash_key_is_last_eight_bytes_big_endian() {
+        let digest = hex("c9d58ba695280d69b243e1e0df813136ca9196b286fb1a021e0b2e028ef071cb");
+        assert_eq!(EngineHash::Bytes(&digest).key(), 0x1e0b2e028ef071cb);
+        assert_eq!(EngineHash::Bytes(&[0x01, 0x02]).key(), 0x0102);
+        assert_eq!(EngineHash::Int(-1).key(), u64::MAX);
+    }
+}

@@ -1,0 +1,16 @@
+//! From the engine's bytes to typed events: ZeroMQ frames ([`frames`]), msgpack payloads
+//! ([`msgpack`]) into [`EventBatch`]es ([`event`]), the llm-d topic and pod-id conventions
+//! ([`topic`]), and one typed [`WireError`] for anything malformed. Pure functions over
+//! borrowed bytes; nothing here knows about sockets or the index.
+
+pub mod error;
+pub mod event;
+pub mod frames;
+pub mod msgpack;
+pub mod topic;
+
+pub use error::WireError;
+pub use event::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value};
+pub use frames::{parse_live, parse_replay, RawMessage, ReplayReply, END_OF_REPLAY_SEQ};
+pub use msgpack::decode_batch;
+pub use topic::{dp_pod_id, parse_topic, Topic};
