@@ -15,17 +15,18 @@ use serde_json::json;
 
 use kvindex::index::tiers::TierId;
 
-use super::config::PodConfig;
-use super::metrics as m;
-use super::{registry, Shared};
+use crate::config::PodConfig;
+use crate::sources::registry;
+use crate::state::ServiceState;
+use crate::telemetry as m;
 
 #[derive(Clone)]
 struct AppState {
-    shared: Arc<Shared>,
+    state: Arc<ServiceState>,
     prometheus: PrometheusHandle,
 }
 
-pub fn router(shared: Arc<Shared>, prometheus: PrometheusHandle) -> Router {
+pub fn router(state: Arc<ServiceState>, prometheus: PrometheusHandle) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -37,7 +38,7 @@ pub fn router(shared: Arc<Shared>, prometheus: PrometheusHandle) -> Router {
             metrics::counter!(m::HTTP_INVALID, "reason" => "not_found").increment(1);
             (StatusCode::NOT_FOUND, Json(json!({"error": "no such endpoint"})))
         })
-        .with_state(AppState { shared, prometheus })
+        .with_state(AppState { state, prometheus })
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -45,8 +46,9 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
-    let pending = s.shared.initial_syncs.load(std::sync::atomic::Ordering::Acquire);
-    if s.shared.ready() {
+    let readiness = s.state.readiness();
+    let pending = readiness.outstanding();
+    if readiness.is_ready() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {pending} initial replays outstanding\n")).into_response()
@@ -54,12 +56,12 @@ async fn readyz(State(s): State<AppState>) -> Response {
 }
 
 async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
-    let shared = &s.shared;
-    let index = &shared.index;
-    let streams: Vec<serde_json::Value> = shared
-        .debug
-        .read()
-        .values()
+    let state = &s.state;
+    let index = state.index();
+    let streams: Vec<serde_json::Value> = state
+        .status()
+        .streams()
+        .iter()
         .map(|d| {
             let mut v = serde_json::to_value(d).unwrap_or_default();
             if let (Some(obj), Some(stats)) = (v.as_object_mut(), index.pod_stats(&d.pod)) {
@@ -78,12 +80,13 @@ async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
             v
         })
         .collect();
-    let reg = shared.registry.read();
+    let reg = state.registry();
+    let queues = state.queues();
     Json(json!({
-        "ready": shared.ready(),
+        "ready": state.readiness().is_ready(),
         "mode": {
-            "central_bind": shared.config.zmq_bind,
-            "topic_filter": shared.config.topic_filter,
+            "central_bind": state.config().zmq_bind,
+            "topic_filter": state.config().topic_filter,
         },
         "topic_map": reg.topic_mappings(),
         "topic_map_note": "topic ids not listed map to the pod id of the same name",
@@ -96,10 +99,10 @@ async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
             "block_size": index.block_size(),
         },
         "queue": {
-            "depth": shared.queue_depth.load(std::sync::atomic::Ordering::Relaxed),
-            "dropped": shared.queue_dropped.load(std::sync::atomic::Ordering::Relaxed),
-            "capacity_per_worker": shared.config.queue_capacity,
-            "workers": shared.queues.len(),
+            "depth": queues.depth(),
+            "dropped": queues.dropped(),
+            "capacity_per_worker": queues.capacity_per_worker(),
+            "workers": queues.workers(),
         },
     }))
 }
@@ -137,13 +140,13 @@ async fn register(State(s): State<AppState>, body: Result<Json<RegisterBody>, Js
         topic_id: b.topic_id.filter(|e| !e.is_empty()),
         dp_size: b.dp_size.unwrap_or(1),
     };
-    match registry::register(&s.shared, cfg, "http", false).await {
+    match registry::register(&s.state, cfg, "http", false).await {
         Ok(()) => (StatusCode::OK, Json(json!({"registered": true}))).into_response(),
         Err(e) => bad_request("config", e.to_string()),
     }
 }
 
 async fn unregister(State(s): State<AppState>, Path(pod): Path<String>) -> Response {
-    let existed = registry::unregister(&s.shared, &pod, "http").await;
+    let existed = registry::unregister(&s.state, &pod, "http").await;
     (StatusCode::OK, Json(json!({"existed": existed}))).into_response()
 }

@@ -1,43 +1,132 @@
-//! `kvindex serve`: the indexer service. Wires config, the index, apply workers, ZeroMQ
-//! sources, gRPC and HTTP admin together; the pieces live in this crate.
+//! The server, as mini-redis's `server::run`: [`bind`] the listeners of a [`Config`], then
+//! [`run`] the service on them until a shutdown future resolves. `run` wires the index, the
+//! apply workers, the live sources, the replay client, gRPC and the HTTP admin together, and
+//! shuts them down in order: stop listening and let requests in flight finish, stop the
+//! sources, then let the apply workers drain what they were given and return.
 
-use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
-use parking_lot::RwLock;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
 
-use kvindex::{KvIndex, KvIndexConfig};
+use kvindex::{HashCheck, KvIndex, KvIndexConfig};
 
-use crate::config::{Config, ServeArgs};
-use crate::registry::{self, Registry};
-use crate::worker::Worker;
-use crate::{grpc, http, metrics as m, zmq, Shared};
+use crate::apply::{Queues, Work, Worker};
+use crate::config::Config;
+use crate::error::ServerError;
+use crate::grpc::tokenizer::PromptTokenizer;
+use crate::sources::registry;
+use crate::state::ServiceState;
+use crate::transport::{self, BoundSub, ReplayClient};
+use crate::{grpc, http, sources, telemetry};
 
-pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
-    let config = Config::load(&args)?;
-    let prometheus = m::install()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("kvindex-rpc").build()?;
-    // The `zeromq` crate's sockets (replay DEALERs) live on their own single-threaded runtime:
-    // its fair queue loses wake-ups when polled from several threads.
-    let zmq_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let zmq_handle = zmq_runtime.handle().clone();
-    std::thread::Builder::new()
-        .name("kvindex-zmq".into())
-        .spawn(move || zmq_runtime.block_on(std::future::pending::<()>()))?;
-    runtime.block_on(serve(config, prometheus, zmq_handle))
+/// The bound sockets of a server: gRPC, HTTP admin and, in central mode, the SUB that engines
+/// dial. Ports are resolved, so a config asking for port 0 can report what it got.
+pub struct Listeners {
+    grpc: TcpListener,
+    http: TcpListener,
+    zmq: Option<BoundSub>,
 }
 
-async fn serve(
-    config: Config,
-    prometheus: metrics_exporter_prometheus::PrometheusHandle,
-    zmq_runtime: tokio::runtime::Handle,
-) -> Result<(), Box<dyn std::error::Error>> {
+impl Listeners {
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.local_addr().expect("a bound listener has an address")
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The central SUB's endpoint (`tcp://host:port`), in central mode.
+    pub fn zmq_endpoint(&self) -> Option<&str> {
+        self.zmq.as_ref().map(BoundSub::endpoint)
+    }
+}
+
+/// Binds `config`'s gRPC and HTTP addresses and, when `zmq_bind` is set, the central SUB.
+pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
+    let tcp = |key, addr: SocketAddr| async move {
+        TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { key, addr: addr.to_string(), source })
+    };
+    let grpc = tcp("grpc_addr", config.grpc_addr).await?;
+    let http = tcp("http_addr", config.http_addr).await?;
+    let zmq = match &config.zmq_bind {
+        Some(endpoint) => Some(transport::bind_sub(endpoint).await.map_err(ServerError::ZmqBind)?),
+        None => None,
+    };
+    Ok(Listeners { grpc, http, zmq })
+}
+
+/// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
+/// down gracefully. Metrics go to the process's Prometheus recorder (one per process).
+pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+    let prometheus = telemetry::recorder()?;
+    let tokenizer = PromptTokenizer::from_config(&config)?;
+    let index = build_index(&config)?;
+    let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
+    let replay_client = ReplayClient::new().map_err(|source| ServerError::Io { what: "replay client", source })?;
+    let state = Arc::new(ServiceState::new(config, index, queues, replay_client));
+    let mut workers = Vec::new();
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let worker = Worker::new(state.clone(), i);
+        let thread = std::thread::Builder::new().name(format!("kvindex-apply-{i}")).spawn(move || worker.run(rx));
+        workers.push(thread.map_err(|source| ServerError::Io { what: "apply worker", source })?);
+    }
+
+    let (stop, stopping) = watch::channel(false);
+    let grpc_addr = listeners.grpc_addr();
+    let http_addr = listeners.http_addr();
+    let zmq_endpoint = listeners.zmq_endpoint().map(str::to_string);
+    let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+    if let Some(sub) = listeners.zmq {
+        tasks.push(tokio::spawn(sources::serve_central(state.clone(), sub, stopping.clone())));
+    }
+    registry::register_static(&state).await;
+    if let Some(path) = state.config().pods_file.clone() {
+        let (loaded, first_load) = oneshot::channel();
+        tasks.push(tokio::spawn(registry::watch_pods_file(state.clone(), path, loaded, stopping.clone())));
+        let _ = first_load.await;
+    }
+    let mut grpc = tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, stopped(stopping.clone())));
+    let app = http::router(state.clone(), prometheus);
+    let http_stopping = stopped(stopping.clone());
+    let mut http = tokio::spawn(async move {
+        axum::serve(listeners.http, app).with_graceful_shutdown(http_stopping).await.map_err(ServerError::Http)
+    });
+    state.readiness().set_listening();
+    tracing::info!(%grpc_addr, %http_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
+
+    let outcome = tokio::select! {
+        r = &mut grpc => Err(server_stopped("gRPC", r)),
+        r = &mut http => Err(server_stopped("HTTP", r)),
+        _ = shutdown => Ok(()),
+    };
+    tracing::info!("shutting down");
+    let _ = stop.send(true);
+    state.registry_mut().stop_dialers();
+    for server in [grpc, http] {
+        if !server.is_finished() {
+            let _ = server.await;
+        }
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    for worker in 0..state.queues().workers() {
+        state.queues().send(worker, Work::Stop).await;
+    }
+    let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+    tracing::info!("stopped");
+    outcome
+}
+
+/// The index of `config`: block size, shards, entry bound, tier weights, hash cross-check.
+fn build_index(config: &Config) -> Result<KvIndex, ServerError> {
     let hash_check = match &config.hash_check {
-        Some(c) => Some(kvindex::HashCheck { hasher: kvindex::vllm_hash::BlockHasher::new(&c.hasher)?, every: c.every }),
+        Some(c) => Some(HashCheck { hasher: kvindex::vllm_hash::BlockHasher::new(&c.hasher)?, every: c.every }),
         None => None,
     };
     let index = KvIndex::new(KvIndexConfig {
@@ -46,76 +135,23 @@ async fn serve(
         max_entries: config.max_entries,
         hash_check,
     });
-    for (medium, w) in &config.tier_weights {
-        if index.tiers().set_weight(medium, *w).is_none() {
-            return Err(format!("config error: tier_weights.{medium}: too many tiers").into());
+    for (medium, weight) in &config.tier_weights {
+        if index.tiers().set_weight(medium, *weight).is_none() {
+            return Err(ServerError::TooManyTiers(medium.clone()));
         }
     }
-    let mut senders = Vec::new();
-    let mut receivers = Vec::new();
-    for _ in 0..config.apply_workers {
-        let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_capacity);
-        senders.push(tx);
-        receivers.push(rx);
+    Ok(index)
+}
+
+/// Resolves once `stop` is set.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+fn server_stopped(what: &'static str, r: Result<Result<(), ServerError>, tokio::task::JoinError>) -> ServerError {
+    match r {
+        Ok(Err(e)) => e,
+        Ok(Ok(())) => ServerError::Stopped { server: what, reason: "it returned".into() },
+        Err(e) => ServerError::Stopped { server: what, reason: e.to_string() },
     }
-    metrics::gauge!(m::QUEUE_CAPACITY).set((config.queue_capacity * config.apply_workers) as f64);
-    let topic_map: Vec<(String, String)> = config.topic_map.iter().map(|t| (t.topic_id.clone(), t.pod.clone())).collect();
-    let replay: Vec<(String, String)> = config.replay.iter().map(|r| (r.pod.clone(), r.endpoint.clone())).collect();
-    let shared = Arc::new(Shared {
-        registry: RwLock::new(Registry::new(&topic_map, &replay)),
-        index,
-        start: Instant::now(),
-        pod_states: RwLock::default(),
-        debug: RwLock::default(),
-        queues: senders,
-        queue_depth: AtomicI64::new(0),
-        queue_dropped: AtomicU64::new(0),
-        replay_permits: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_replays)),
-        zmq_runtime,
-        initial_syncs: AtomicUsize::new(0),
-        listening: AtomicBool::new(false),
-        state_counts: Default::default(),
-        config,
-    });
-    for (i, rx) in receivers.into_iter().enumerate() {
-        let worker = Worker::new(shared.clone(), i);
-        std::thread::Builder::new().name(format!("kvindex-apply-{i}")).spawn(move || worker.run(rx))?;
-    }
-    let grpc_listener = tokio::net::TcpListener::bind(shared.config.grpc_addr)
-        .await
-        .map_err(|e| format!("grpc_addr: cannot bind {}: {e}", shared.config.grpc_addr))?;
-    let http_listener = tokio::net::TcpListener::bind(shared.config.http_addr)
-        .await
-        .map_err(|e| format!("http_addr: cannot bind {}: {e}", shared.config.http_addr))?;
-    let grpc_addr = grpc_listener.local_addr()?;
-    let http_addr = http_listener.local_addr()?;
-    let zmq_bound = match shared.config.zmq_bind.clone() {
-        Some(ep) => Some(zmq::start_central(shared.clone(), &ep).await?),
-        None => None,
-    };
-    registry::register_static(&shared).await;
-    if let Some(path) = shared.config.pods_file.clone() {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(registry::watch_pods_file(shared.clone(), path, tx));
-        let _ = rx.await;
-    }
-    let grpc_task = tokio::spawn(grpc::serve(shared.clone(), grpc_listener));
-    let app = http::router(shared.clone(), prometheus);
-    let http_task = tokio::spawn(async move { axum::serve(http_listener, app).await.map_err(|e| e.to_string()) });
-    shared.listening.store(true, Ordering::Release);
-    tracing::info!(%grpc_addr, %http_addr, zmq = ?zmq_bound, "kvindex serve listening");
-    {
-        // One machine-readable line for scripts and tests that start us on port 0.
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "KVINDEX_LISTENING grpc={grpc_addr} http={http_addr} zmq={}", zmq_bound.as_deref().unwrap_or("-"))?;
-        out.flush()?;
-    }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        r = grpc_task => return Err(format!("gRPC server stopped: {:?}", r).into()),
-        r = http_task => return Err(format!("HTTP server stopped: {:?}", r).into()),
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted, exiting"),
-        _ = term.recv() => tracing::info!("terminated, exiting"),
-    }
-    Ok(())
 }

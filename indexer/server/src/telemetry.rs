@@ -1,6 +1,11 @@
-//! Metric names (every one is documented in docs/METRICS.md) and the Prometheus recorder.
+//! Telemetry: the metric names (every one is documented in docs/METRICS.md) and the Prometheus
+//! recorder behind `/metrics`. Named so that it does not shadow the `metrics` crate.
+
+use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::error::ServerError;
 
 pub const EVENTS: &str = "kvindex_events_total";
 pub const BLOCKS: &str = "kvindex_blocks_total";
@@ -35,8 +40,15 @@ pub const HASH_CHECKED: &str = "kvindex_hash_check_blocks_total";
 pub const GET_POD_SCORES_REQUESTS: &str = "kvindex_get_pod_scores_requests_total";
 pub const GET_POD_SCORES_SECONDS: &str = "kvindex_get_pod_scores_seconds";
 
+/// The process's Prometheus recorder, installed on first use. The `metrics` facade has one
+/// global recorder, so servers run in one process (tests) share it.
+pub fn recorder() -> Result<PrometheusHandle, ServerError> {
+    static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+    RECORDER.get_or_init(install).clone().map_err(ServerError::Metrics)
+}
+
 /// Installs the global recorder. Every latency is a Prometheus histogram with explicit buckets.
-pub fn install() -> Result<PrometheusHandle, String> {
+fn install() -> Result<PrometheusHandle, String> {
     let score_buckets = [
         0.000_025, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
     ];

@@ -1,10 +1,8 @@
 //! The service's interfaces: gRPC ScoreTokens contract and limits, registration (gRPC and
 //! HTTP), the watched pods file, topic mapping, readiness after the initial replay, STALE,
-//! health and reflection, and configuration errors.
+//! health and reflection. The server runs in process; `cli_serve.rs` tests the binary.
 
 mod support;
-
-use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use support::*;
@@ -181,28 +179,6 @@ fn service_topic_map_and_stale() {
     peer.cmd(json!({"op": "store", "name": "a", "chain": "d", "tokens": chain(1, 4)}));
     peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     assert!(server.metric("kvindex_source_transitions_total", &["to=\"STALE\"", "reason=\"silent\""]) >= 1.0);
-}
-
-#[test]
-fn service_config_errors_name_the_key() {
-    let run = |args: &[&str]| {
-        let out =
-            Command::new(env!("CARGO_BIN_EXE_kvindex")).arg("serve").args(args).stdin(Stdio::null()).output().unwrap();
-        assert!(!out.status.success(), "{args:?} should fail");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
-    assert!(run(&["--block-size", "0"]).contains("block_size"));
-    assert!(run(&["--grpc-addr", "nope"]).contains("grpc_addr"));
-    assert!(run(&["--pod", "a,m"]).contains("pod"));
-    assert!(run(&["--zmq-bind", "ipc:///tmp/x"]).contains("zmq_bind"));
-    let dir = std::env::temp_dir().join(format!("kvindex-cfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("bad.toml");
-    std::fs::write(&f, "block_size = 16\nunknown_key = 1\n").unwrap();
-    assert!(run(&["--config", f.to_str().unwrap()]).contains("unknown_key"));
-    std::fs::write(&f, "[[pods]]\nid = \"a\"\nmodel = \"\"\n").unwrap();
-    assert!(run(&["--config", f.to_str().unwrap()]).contains("pods[0].model"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

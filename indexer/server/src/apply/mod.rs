@@ -1,9 +1,15 @@
 //! Apply workers: each owns a set of streams (sharded by topic or pod), decodes their
 //! messages, runs them through the per-stream [`Sequencer`] and carries out its steps on the
 //! index. One stream is only ever touched by its worker, so a pod's batches apply in seq order.
+//! Workers are threads; they take [`Work`] from their [`Queues`].
+
+mod queue;
+mod work;
+
+pub use queue::Queues;
+pub use work::{Origin, ReplayItem, StreamKey, Work};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -16,8 +22,10 @@ use kvindex::sequencer::{Item, Reason, ReplayOutcome, Sequencer, SequencerConfig
 use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::wire::{self, EventBatch};
 
-use super::metrics as m;
-use super::{Origin, ReplayItem, Shared, StreamDebug, StreamKey, Work};
+use crate::state::ServiceState;
+use crate::status::StreamDebug;
+use crate::telemetry as m;
+use crate::transport::ConnId;
 
 const TICK: Duration = Duration::from_millis(100);
 
@@ -34,14 +42,14 @@ struct Stream {
     /// Registry generation `seq`'s replay flag was derived from.
     registry_generation: u64,
     /// The live connection the last message came on (0: none yet).
-    conn: u64,
+    conn: ConnId,
     events: [Counter; 4],
     gaps: Counter,
 }
 
 impl Stream {
-    fn new(shared: &Shared, key: &StreamKey, model: Arc<str>, mode: &'static str) -> Self {
-        let c = &shared.config;
+    fn new(state: &ServiceState, key: &StreamKey, model: Arc<str>, mode: &'static str) -> Self {
+        let c = state.config();
         // A central-mode topic may already name the rank's own pod (engines whose topic is
         // templated per rank); `dp_naming = "topic"` then keeps it as is.
         let offset = !(mode == "central" && c.dp_naming_topic);
@@ -55,8 +63,7 @@ impl Stream {
             max_pending: c.max_pending,
         });
         let ev = |t: &'static str| counter!(m::EVENTS, "type" => t, "source" => pod.to_string());
-        shared.count_state(SourceState::Connecting, 1);
-        shared.pod_states.write().insert(pod.to_string(), SourceState::Connecting);
+        state.status().add(&pod);
         tracing::info!(pod = %pod, model = %model, mode, "new source");
         Stream {
             seq,
@@ -79,7 +86,7 @@ type TopicCache = HashMap<Vec<u8>, (u64, Arc<str>, Arc<str>)>;
 const TOPIC_CACHE_MAX: usize = 100_000;
 
 pub struct Worker {
-    shared: Arc<Shared>,
+    state: Arc<ServiceState>,
     index: usize,
     streams: HashMap<StreamKey, Stream>,
     topics: TopicCache,
@@ -94,9 +101,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(shared: Arc<Shared>, index: usize) -> Self {
+    pub fn new(state: Arc<ServiceState>, index: usize) -> Self {
         Worker {
-            shared,
+            state,
             index,
             streams: HashMap::new(),
             topics: HashMap::new(),
@@ -119,8 +126,9 @@ impl Worker {
             }
             let timeout = next_tick.saturating_duration_since(Instant::now());
             match rx.recv_timeout(timeout) {
+                Ok(Work::Stop) => return,
                 Ok(w) => {
-                    self.shared.queue_depth.fetch_sub(1, Ordering::Relaxed);
+                    self.state.queues().took_one();
                     self.handle(w);
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -138,8 +146,8 @@ impl Worker {
             Work::Live { origin, conn, frames, at } => self.live(origin, conn, frames, at),
             Work::Replay { stream, id, item } => self.replay(stream, id, item),
             Work::InitialSync { stream, model, endpoint, startup } => {
-                let now = self.shared.now_ms();
-                let replay = self.shared.registry.read().replay_endpoint(&stream.base, stream.rank).is_some();
+                let now = self.state.now_ms();
+                let replay = self.state.registry().replay_endpoint(&stream.base, stream.rank).is_some();
                 let mut steps = std::mem::take(&mut self.steps);
                 let st = self.stream(&stream, &model, "per-pod");
                 st.endpoint = Some(endpoint);
@@ -151,7 +159,7 @@ impl Worker {
                         _ => None,
                     });
                     if st.startup_sync.is_none() {
-                        self.shared.initial_syncs.fetch_sub(1, Ordering::AcqRel);
+                        self.state.readiness().sync_finished();
                     }
                 }
                 self.execute(&stream, &mut steps, None);
@@ -164,23 +172,22 @@ impl Worker {
                 for k in keys {
                     if let Some(st) = self.streams.remove(&k) {
                         if st.startup_sync.is_some() {
-                            self.shared.initial_syncs.fetch_sub(1, Ordering::AcqRel);
+                            self.state.readiness().sync_finished();
                         }
-                        self.shared.count_state(st.seq.state(), -1);
-                        self.shared.pod_states.write().remove(&*st.pod);
-                        self.shared.debug.write().remove(&k);
-                        any |= self.shared.index.remove_pod(&st.pod);
+                        self.state.status().remove(&k, &st.pod, st.seq.state());
+                        any |= self.state.index().remove_pod(&st.pod);
                     }
                 }
-                any |= self.shared.index.remove_pod(&pod);
+                any |= self.state.index().remove_pod(&pod);
                 let _ = done.send(any);
             }
+            Work::Stop => {}
         }
     }
 
     fn stream(&mut self, key: &StreamKey, model: &Arc<str>, mode: &'static str) -> &mut Stream {
-        let shared = &self.shared;
-        let st = self.streams.entry(key.clone()).or_insert_with(|| Stream::new(shared, key, model.clone(), mode));
+        let state = &self.state;
+        let st = self.streams.entry(key.clone()).or_insert_with(|| Stream::new(state, key, model.clone(), mode));
         if st.model != *model {
             tracing::info!(pod = %st.pod, old = %st.model, new = %model, "source switched model");
             st.model = model.clone();
@@ -188,20 +195,20 @@ impl Worker {
         st
     }
 
-    fn live(&mut self, origin: Origin, conn: u64, frames: Vec<Bytes>, at: Instant) {
+    fn live(&mut self, origin: Origin, conn: ConnId, frames: Vec<Bytes>, at: Instant) {
         self.live_msgs.increment(1);
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let raw = match wire::parse_live(&refs) {
             Ok(raw) => raw,
             Err(e) => return decode_error(e.reason(), "live frames"),
         };
-        let filter = self.shared.config.topic_filter.as_bytes();
+        let filter = self.state.config().topic_filter.as_bytes();
         let topic = raw.topic.unwrap_or_default();
         if !topic.starts_with(filter) {
             // The publisher filters for us; this is the local safety net.
             return decode_error("topic_filtered", "topic does not match the filter");
         }
-        let generation = self.shared.registry.read().generation();
+        let generation = self.state.registry().generation();
         let (base, model, mode, endpoint): (Arc<str>, Arc<str>, &'static str, Option<Arc<str>>) = match &origin {
             Origin::Central => match self.topics.get(topic) {
                 Some((g, base, model)) if *g == generation => (base.clone(), model.clone(), "central", None),
@@ -213,7 +220,7 @@ impl Worker {
                     if t.id.is_empty() {
                         return decode_error("topic_empty", "topic names no pod");
                     }
-                    let base: Arc<str> = Arc::from(self.shared.registry.read().pod_for_topic(t.id));
+                    let base: Arc<str> = Arc::from(self.state.registry().pod_for_topic(t.id));
                     let model: Arc<str> = Arc::from(t.model);
                     if self.topics.len() >= TOPIC_CACHE_MAX {
                         self.topics.clear();
@@ -241,9 +248,9 @@ impl Worker {
         };
         for rank in ranks {
             let key = StreamKey { base: base.clone(), rank };
-            let now = self.shared.now_ms();
+            let now = self.state.now_ms();
             let mut steps = std::mem::take(&mut self.steps);
-            let shared = self.shared.clone();
+            let state = self.state.clone();
             let st = self.stream(&key, &model, mode);
             if st.conn != conn {
                 if st.conn != 0 {
@@ -254,7 +261,7 @@ impl Worker {
             }
             if st.registry_generation != generation {
                 // A registration changed: is there a replay endpoint for this stream now?
-                st.seq.set_replay(shared.registry.read().replay_endpoint(&base, rank).is_some());
+                st.seq.set_replay(state.registry().replay_endpoint(&base, rank).is_some());
                 st.registry_generation = generation;
             }
             if st.topic.is_none() && mode == "central" {
@@ -272,7 +279,7 @@ impl Worker {
     }
 
     fn replay(&mut self, key: StreamKey, id: u64, item: ReplayItem) {
-        let now = self.shared.now_ms();
+        let now = self.state.now_ms();
         let Some(st) = self.streams.get_mut(&key) else { return };
         let mut steps = std::mem::take(&mut self.steps);
         match item {
@@ -296,7 +303,7 @@ impl Worker {
 
     /// Carries out the sequencer's steps for one stream, in order.
     fn execute(&mut self, key: &StreamKey, steps: &mut Vec<Step<Bytes>>, current: Option<(&Bytes, &EventBatch<'_>, Instant)>) {
-        let shared = self.shared.clone();
+        let state = self.state.clone();
         for step in steps.drain(..) {
             let Some(st) = self.streams.get_mut(key) else { return };
             match step {
@@ -304,13 +311,13 @@ impl Worker {
                     let report = match current {
                         // The batch this call decoded: do not decode it again.
                         Some((bytes, decoded, at)) if bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len() => {
-                            let r = shared.index.apply(&st.pod, &st.model, decoded);
+                            let r = state.index().apply(&st.pod, &st.model, decoded);
                             histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
                             record_event_to_visible(decoded.ts);
                             r
                         }
                         _ => match wire::decode_batch(&batch) {
-                            Ok(decoded) => shared.index.apply(&st.pod, &st.model, &decoded),
+                            Ok(decoded) => state.index().apply(&st.pod, &st.model, &decoded),
                             Err(_) => continue, // decoded fine before; cannot happen
                         },
                     };
@@ -333,16 +340,16 @@ impl Worker {
                     }
                 }
                 Step::Clear { reason } => {
-                    let removed = shared.index.clear_pod(&st.pod);
+                    let removed = state.index().clear_pod(&st.pod);
                     counter!(m::CLEARS, "reason" => reason.label()).increment(1);
                     tracing::warn!(pod = %st.pod, reason = reason.label(), entries_removed = removed, "pod cleared");
                 }
                 Step::RequestReplay { id, from } => {
-                    let endpoint = shared.registry.read().replay_endpoint(&key.base, key.rank);
+                    let endpoint = state.registry().replay_endpoint(&key.base, key.rank);
                     match endpoint {
                         Some(ep) => {
                             tracing::info!(pod = %st.pod, from, endpoint = %ep, "replay requested");
-                            shared.zmq_runtime.spawn(super::replay::run(shared.clone(), self.index, key.clone(), id, from, ep));
+                            state.spawn(crate::replay::run(state.clone(), self.index, key.clone(), id, from, ep));
                         }
                         None => self.deferred.push_back(Work::Replay {
                             stream: key.clone(),
@@ -360,7 +367,7 @@ impl Worker {
                     }
                     if st.startup_sync == Some(id) {
                         st.startup_sync = None;
-                        shared.initial_syncs.fetch_sub(1, Ordering::AcqRel);
+                        state.readiness().sync_finished();
                     }
                 }
                 Step::Gap { expected, got } => {
@@ -369,14 +376,14 @@ impl Worker {
                 }
                 Step::Duplicate { .. } => self.duplicates.increment(1),
                 Step::Transition { from, to, reason } => {
-                    transition(&shared, &st.pod, from, to, reason);
+                    transition(&state, &st.pod, from, to, reason);
                 }
             }
         }
     }
 
     fn tick(&mut self) {
-        let now = self.shared.now_ms();
+        let now = self.state.now_ms();
         let keys: Vec<StreamKey> = self.streams.keys().cloned().collect();
         for key in &keys {
             let mut steps = std::mem::take(&mut self.steps);
@@ -387,7 +394,7 @@ impl Worker {
             self.steps = steps;
         }
         // Refresh what /debug/sources shows.
-        let reg = self.shared.registry.read();
+        let reg = self.state.registry();
         let mut snapshot = Vec::with_capacity(self.streams.len());
         for (key, st) in &self.streams {
             let s = st.seq.stats();
@@ -421,27 +428,21 @@ impl Worker {
             ));
         }
         drop(reg);
-        let mut debug = self.shared.debug.write();
-        for (k, v) in snapshot {
-            debug.insert(k, v);
-        }
-        drop(debug);
+        self.state.status().publish(snapshot);
         if self.index == 0 {
-            let idx = self.shared.index.table();
-            gauge!(m::INDEX_ENTRIES).set(idx.entries() as f64);
-            gauge!(m::INDEX_KEYS).set(idx.keys() as f64);
-            gauge!(m::INDEX_BYTES).set(idx.approx_bytes() as f64);
-            gauge!(m::QUEUE_DEPTH).set(self.shared.queue_depth.load(Ordering::Relaxed).max(0) as f64);
-            gauge!(m::READY).set(if self.shared.ready() { 1.0 } else { 0.0 });
-            gauge!(m::PODS).set(self.shared.pod_states.read().len() as f64);
+            let table = self.state.index().table();
+            gauge!(m::INDEX_ENTRIES).set(table.entries() as f64);
+            gauge!(m::INDEX_KEYS).set(table.keys() as f64);
+            gauge!(m::INDEX_BYTES).set(table.approx_bytes() as f64);
+            gauge!(m::QUEUE_DEPTH).set(self.state.queues().depth().max(0) as f64);
+            gauge!(m::READY).set(if self.state.readiness().is_ready() { 1.0 } else { 0.0 });
+            gauge!(m::PODS).set(self.state.status().pods() as f64);
         }
     }
 }
 
-fn transition(shared: &Shared, pod: &str, from: SourceState, to: SourceState, reason: Reason) {
-    shared.count_state(from, -1);
-    shared.count_state(to, 1);
-    shared.pod_states.write().insert(pod.to_string(), to);
+fn transition(state: &ServiceState, pod: &str, from: SourceState, to: SourceState, reason: Reason) {
+    state.status().transition(pod, from, to);
     counter!(m::TRANSITIONS, "from" => from.label(), "to" => to.label(), "reason" => reason.label()).increment(1);
     match to {
         SourceState::Degraded | SourceState::Stale => {

@@ -1,107 +1,30 @@
-//! `kvindex serve` configuration: TOML file, then env vars and flags on top (flag > env > file >
-//! default). Every key is documented in docs/CONFIG.md. Validation errors name the key.
+//! `kvindex serve` configuration, declared once: every field of [`Settings`] is a command-line
+//! flag, an environment variable and a key of the TOML file (`--config`). Layered flag > env >
+//! file > default, then validated into the runtime [`Config`]; every error names the key and
+//! where its value came from ([`ConfigError`]). docs/CONFIG.md lists every key
+//! (tests/config_docs.rs holds it to this file).
 
-use std::collections::BTreeMap;
+pub mod error;
+pub mod pod;
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use clap::Args;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Command, FromArgMatches};
 use serde::Deserialize;
 
-/// A pod the indexer knows by configuration, the pods file or the registration API.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PodConfig {
-    /// Pod id as the router names the endpoint (e.g. `10.0.0.7:8000`).
-    pub id: String,
-    pub model: String,
-    /// Engine PUB endpoint to dial (per-pod mode). Absent for central-mode pods.
-    #[serde(default)]
-    pub endpoint: Option<String>,
-    /// Engine replay ROUTER endpoint.
-    #[serde(default)]
-    pub replay_endpoint: Option<String>,
-    /// Id in the topic `kv@<id>@<model>` when it differs from `id` (central mode).
-    #[serde(default)]
-    pub topic_id: Option<String>,
-    /// Data-parallel ranks behind this pod (per-pod mode dials endpoint port + rank).
-    #[serde(default = "one")]
-    pub dp_size: u32,
-}
+pub use self::error::{ConfigError, Origin};
+pub use self::pod::{offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
 
-fn one() -> u32 {
-    1
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TopicMapEntry {
-    pub topic_id: String,
-    pub pod: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReplayEntry {
-    pub pod: String,
-    pub endpoint: String,
-}
-
-/// The TOML file. Every field optional; defaults live in [`Config::default`].
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    grpc_addr: Option<String>,
-    http_addr: Option<String>,
-    block_size: Option<i64>,
-    hash_seed: Option<String>,
-    vllm_version: Option<String>,
-    hash_algo: Option<String>,
-    hash_check_every: Option<i64>,
-    tokenizer_models_dir: Option<String>,
-    tokenizer_endpoint: Option<String>,
-    #[serde(default)]
-    tokenizer_models: Vec<String>,
-    dp_naming: Option<String>,
-    zmq_bind: Option<String>,
-    topic_filter: Option<String>,
-    shards: Option<i64>,
-    max_entries: Option<i64>,
-    queue_capacity: Option<i64>,
-    apply_workers: Option<i64>,
-    stale_after_ms: Option<i64>,
-    replay_timeout_ms: Option<i64>,
-    replay_cooldown_ms: Option<i64>,
-    max_concurrent_replays: Option<i64>,
-    max_pending: Option<i64>,
-    max_tokens: Option<i64>,
-    max_message_bytes: Option<i64>,
-    pods_file: Option<PathBuf>,
-    pods_file_poll_ms: Option<i64>,
-    #[serde(default)]
-    tier_weights: BTreeMap<String, f64>,
-    #[serde(default)]
-    pods: Vec<PodConfig>,
-    #[serde(default)]
-    topic_map: Vec<TopicMapEntry>,
-    #[serde(default)]
-    replay: Vec<ReplayEntry>,
-}
-
-/// The watched pods file: `[[pods]]` entries only.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PodsFile {
-    #[serde(default)]
-    pub pods: Vec<PodConfig>,
-}
-
-/// Flags (each also an env var). Unset flags fall back to the file, then to defaults.
-#[derive(Debug, Args, Default)]
-pub struct ServeArgs {
-    /// TOML config file.
-    #[arg(long, env = "KVINDEX_CONFIG")]
-    pub config: Option<PathBuf>,
+/// The settings of `kvindex serve`: each one a flag (`--kebab-case`), a TOML key (the field's
+/// name) and, for single values, an env var (`KVINDEX_UPPER_SNAKE`). Unset everywhere means
+/// the default (see [`Config::validate`]). List flags add to the file's lists.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
     /// gRPC listen address (port 0 = any free port; the bound address is printed).
     #[arg(long, env = "KVINDEX_GRPC_ADDR")]
     pub grpc_addr: Option<String>,
@@ -138,14 +61,14 @@ pub struct ServeArgs {
     #[arg(long, env = "KVINDEX_ZMQ_BIND")]
     pub zmq_bind: Option<String>,
     /// Per-pod mode: `<pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]` (repeatable).
-    #[arg(long = "pod", value_name = "POD")]
-    pub pods: Vec<String>,
+    #[arg(long = "pod", value_name = "POD", value_parser = PodConfig::from_flag)]
+    pub pods: Vec<PodConfig>,
     /// Replay endpoint of a central-mode pod: `<pod-id>=<replay-endpoint>` (repeatable).
-    #[arg(long = "replay", value_name = "POD=ENDPOINT")]
-    pub replay: Vec<String>,
+    #[arg(long = "replay", value_name = "POD=ENDPOINT", value_parser = ReplayEntry::from_flag)]
+    pub replay: Vec<ReplayEntry>,
     /// Topic id → pod id: `<topic-id>=<pod-id>` (repeatable; default identity).
-    #[arg(long = "topic-map", value_name = "TOPIC_ID=POD")]
-    pub topic_map: Vec<String>,
+    #[arg(long = "topic-map", value_name = "TOPIC_ID=POD", value_parser = TopicMapEntry::from_flag)]
+    pub topic_map: Vec<TopicMapEntry>,
     /// How a central-mode DP rank's pod is named: `port-offset` (llm-d: `<addr>:<port+rank>`
     /// from the topic's id, for engines whose ranks share one topic) or `topic` (the topic's id
     /// already names the rank's pod).
@@ -154,23 +77,31 @@ pub struct ServeArgs {
     /// SUB subscription prefix.
     #[arg(long, env = "KVINDEX_TOPIC_FILTER")]
     pub topic_filter: Option<String>,
+    /// Index shards.
     #[arg(long, env = "KVINDEX_SHARDS")]
     pub shards: Option<i64>,
+    /// Bound on resident (block, pod) entries.
     #[arg(long, env = "KVINDEX_MAX_ENTRIES")]
     pub max_entries: Option<i64>,
     /// Bounded queue between the sockets and the apply workers (messages, per worker).
     #[arg(long, env = "KVINDEX_QUEUE_CAPACITY")]
     pub queue_capacity: Option<i64>,
+    /// Apply threads.
     #[arg(long, env = "KVINDEX_APPLY_WORKERS")]
     pub apply_workers: Option<i64>,
+    /// A source silent this long is STALE.
     #[arg(long, env = "KVINDEX_STALE_AFTER_MS")]
     pub stale_after_ms: Option<i64>,
+    /// A replay must finish within this.
     #[arg(long, env = "KVINDEX_REPLAY_TIMEOUT_MS")]
     pub replay_timeout_ms: Option<i64>,
+    /// After a failed replay, gaps are cleared instead of replayed for this long.
     #[arg(long, env = "KVINDEX_REPLAY_COOLDOWN_MS")]
     pub replay_cooldown_ms: Option<i64>,
+    /// Replays in flight at once.
     #[arg(long, env = "KVINDEX_MAX_CONCURRENT_REPLAYS")]
     pub max_concurrent_replays: Option<i64>,
+    /// Live messages of one stream held while its replay runs.
     #[arg(long, env = "KVINDEX_MAX_PENDING")]
     pub max_pending: Option<i64>,
     /// Largest ScoreTokens prompt, in tokens.
@@ -182,11 +113,29 @@ pub struct ServeArgs {
     /// Watched file of `[[pods]]` (reloaded on change).
     #[arg(long, env = "KVINDEX_PODS_FILE")]
     pub pods_file: Option<PathBuf>,
+    /// How often the pods file is checked for changes.
     #[arg(long, env = "KVINDEX_PODS_FILE_POLL_MS")]
     pub pods_file_poll_ms: Option<i64>,
     /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
-    #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT")]
-    pub tier_weights: Vec<String>,
+    #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
+    #[serde(deserialize_with = "TierWeight::table")]
+    pub tier_weights: Vec<TierWeight>,
+}
+
+/// `kvindex serve`'s command line: the config file, and the settings on top of it.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, env = "KVINDEX_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// The `serve` command alone, for parsing its arguments and for introspection (the keys that
+/// docs/CONFIG.md must list).
+pub fn serve_command() -> Command {
+    ServeArgs::augment_args(Command::new("serve"))
 }
 
 /// The validated configuration.
@@ -223,253 +172,179 @@ pub struct Config {
     pub replay: Vec<ReplayEntry>,
 }
 
-/// What the engines run, for recomputing their block hashes.
 #[derive(Debug, Clone)]
 pub struct HashCheckConfig {
     pub hasher: kvindex::vllm_hash::VllmHashConfig,
     pub every: u32,
 }
 
-/// A configuration error naming the key at fault.
-#[derive(Debug, thiserror::Error)]
-#[error("config error: {key}: {message}")]
-pub struct ConfigError {
-    pub key: String,
-    pub message: String,
-}
-
-fn err(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError { key: key.to_string(), message: message.into() }
-}
-
-fn int_in(key: &str, v: i64, lo: i64, hi: i64) -> Result<i64, ConfigError> {
-    if v < lo || v > hi {
-        return Err(err(key, format!("must be between {lo} and {hi}, got {v}")));
-    }
-    Ok(v)
-}
-
-fn addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
-    v.parse().map_err(|e| err(key, format!("not a host:port socket address ({v:?}): {e}")))
-}
-
-/// Checks a ZeroMQ endpoint and rewrites `tcp://*:p` to `tcp://0.0.0.0:p` (the zeromq crate
-/// does not accept `*` as a host).
-pub fn endpoint(key: &str, v: &str) -> Result<String, ConfigError> {
-    let rest = v
-        .strip_prefix("tcp://")
-        .ok_or_else(|| err(key, format!("endpoint must be tcp://host:port, got {v:?}")))?;
-    let (host, port) = rest.rsplit_once(':').ok_or_else(|| err(key, format!("endpoint has no port: {v:?}")))?;
-    port.parse::<u16>().map_err(|_| err(key, format!("endpoint port is not a number: {v:?}")))?;
-    if host.is_empty() {
-        return Err(err(key, format!("endpoint has no host: {v:?}")));
-    }
-    let host = if host == "*" { "0.0.0.0" } else { host };
-    Ok(format!("tcp://{host}:{port}"))
-}
-
-/// vLLM's `offset_endpoint_port`: a tcp endpoint's port + rank (port 0 stays 0).
-pub fn offset_endpoint(ep: &str, rank: u32) -> String {
-    if rank == 0 {
-        return ep.to_string();
-    }
-    if let Some((head, port)) = ep.rsplit_once(':') {
-        if let Ok(p) = port.parse::<u32>() {
-            if p != 0 && p + rank <= 65535 {
-                return format!("{head}:{}", p + rank);
-            }
-        }
-    }
-    ep.to_string()
-}
-
-/// `<pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]`.
-pub fn parse_pod_flag(v: &str) -> Result<PodConfig, ConfigError> {
-    let parts: Vec<&str> = v.split(',').collect();
-    if !(3..=4).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
-        return Err(err("pod", format!("expected <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>], got {v:?}")));
-    }
-    Ok(PodConfig {
-        id: parts[0].to_string(),
-        model: parts[1].to_string(),
-        endpoint: Some(parts[2].to_string()),
-        replay_endpoint: parts.get(3).map(|s| s.to_string()),
-        topic_id: None,
-        dp_size: 1,
-    })
-}
-
-fn parse_pair(key: &str, v: &str) -> Result<(String, String), ConfigError> {
-    match v.split_once('=') {
-        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
-        _ => Err(err(key, format!("expected <a>=<b>, got {v:?}"))),
-    }
-}
-
-/// Validates one pod (from any origin); normalizes its endpoints.
-pub fn validate_pod(key: &str, mut p: PodConfig) -> Result<PodConfig, ConfigError> {
-    if p.id.is_empty() {
-        return Err(err(&format!("{key}.id"), "must not be empty"));
-    }
-    if p.model.is_empty() {
-        return Err(err(&format!("{key}.model"), "must not be empty"));
-    }
-    if let Some(e) = &p.endpoint {
-        p.endpoint = Some(endpoint(&format!("{key}.endpoint"), e)?);
-    }
-    if let Some(e) = &p.replay_endpoint {
-        p.replay_endpoint = Some(endpoint(&format!("{key}.replay_endpoint"), e)?);
-    }
-    if p.topic_id.as_deref() == Some("") {
-        p.topic_id = None;
-    }
-    int_in(&format!("{key}.dp_size"), i64::from(p.dp_size), 1, 1024)?;
-    Ok(p)
-}
-
 impl Config {
-    /// Parses the file named by `--config` (if any) and applies the flags on top.
-    pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
-        let file = match &args.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| err("config", format!("cannot read {}: {e}", path.display())))?;
-                toml::from_str::<FileConfig>(&text).map_err(|e| err("config", format!("{}: {e}", path.display())))?
-            }
-            None => FileConfig::default(),
-        };
-        Self::merge(args, file)
+    /// Parses `kvindex serve`'s arguments (what follows `serve`), with their env vars and the
+    /// file named by `--config`, into a validated configuration.
+    pub fn from_args<I, T>(args: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString>,
+    {
+        let argv: Vec<OsString> = std::iter::once(OsString::from("serve")).chain(args.into_iter().map(Into::into)).collect();
+        let matches = serve_command().try_get_matches_from(&argv).map_err(|e| {
+            ConfigError::from_clap(&e, &argv)
+                .unwrap_or_else(|| ConfigError::new("arguments", Origin::Default, e.render().to_string()))
+        })?;
+        Config::from_matches(&matches)
     }
 
-    pub fn merge(a: &ServeArgs, f: FileConfig) -> Result<Config, ConfigError> {
-        let s = |flag: &Option<String>, file: Option<String>, d: &str| flag.clone().or(file).unwrap_or_else(|| d.to_string());
-        let i = |key: &str, flag: Option<i64>, file: Option<i64>, d: i64, lo: i64, hi: i64| {
-            int_in(key, flag.or(file).unwrap_or(d), lo, hi)
+    /// The configuration from parsed `serve` arguments: the file named by `--config` (if any),
+    /// with the flags and env vars in `matches` on top.
+    pub fn from_matches(matches: &ArgMatches) -> Result<Config, ConfigError> {
+        let args = ServeArgs::from_arg_matches(matches)
+            .map_err(|e| ConfigError::new("arguments", Origin::Default, e.to_string()))?;
+        let (file, keys) = match &args.config {
+            Some(path) => read_file(path)?,
+            None => (Settings::default(), HashSet::new()),
         };
-        let grpc_addr = addr("grpc_addr", &s(&a.grpc_addr, f.grpc_addr, "127.0.0.1:50051"))?;
-        let http_addr = addr("http_addr", &s(&a.http_addr, f.http_addr, "127.0.0.1:9090"))?;
-        let zmq_bind = match a.zmq_bind.clone().or(f.zmq_bind) {
-            Some(e) if !e.is_empty() => Some(endpoint("zmq_bind", &e)?),
+        let sources = Sources { matches, file: args.config.as_deref(), file_keys: keys };
+        let mut settings = file;
+        let from_file = settings.take_lists();
+        settings.update_from_arg_matches(matches).map_err(|e| ConfigError::new("arguments", Origin::Default, e.to_string()))?;
+        let from_flags = settings.take_lists();
+        Config::validate(settings, from_file, from_flags, &sources)
+    }
+
+    /// Checks every setting and applies the defaults. `from_file` and `from_flags` are the
+    /// list entries of each layer (flags add to the file's lists).
+    fn validate(s: Settings, from_file: Lists, from_flags: Lists, src: &Sources<'_>) -> Result<Config, ConfigError> {
+        let int = |key: &str, v: Option<i64>, default: i64, lo: i64, hi: i64| -> Result<i64, ConfigError> {
+            let v = v.unwrap_or(default);
+            if v < lo || v > hi {
+                return Err(src.error(key, format!("must be between {lo} and {hi}, got {v}")));
+            }
+            Ok(v)
+        };
+        let addr = |key: &str, v: Option<String>, default: &str| -> Result<SocketAddr, ConfigError> {
+            let v = v.unwrap_or_else(|| default.to_string());
+            v.parse().map_err(|e| src.error(key, format!("not a host:port socket address ({v:?}): {e}")))
+        };
+        let grpc_addr = addr("grpc_addr", s.grpc_addr, "127.0.0.1:50051")?;
+        let http_addr = addr("http_addr", s.http_addr, "127.0.0.1:9090")?;
+        let zmq_bind = match s.zmq_bind {
+            Some(e) if !e.is_empty() => Some(pod::endpoint(&e).map_err(|m| src.error("zmq_bind", m))?),
             _ => None,
         };
+
         let mut pods = Vec::new();
-        for (n, p) in f.pods.into_iter().enumerate() {
-            pods.push(validate_pod(&format!("pods[{n}]"), p)?);
+        for (n, p) in from_file.pods.into_iter().enumerate() {
+            pods.push(p.validate(&format!("pods[{n}]"), &src.file_origin())?);
         }
-        for v in &a.pods {
-            pods.push(validate_pod("pod", parse_pod_flag(v)?)?);
+        for p in from_flags.pods {
+            pods.push(p.validate("pods", &src.flag_origin("pods"))?);
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         for p in &pods {
             if !seen.insert(p.id.clone()) {
-                return Err(err("pods", format!("pod {:?} is configured twice", p.id)));
+                return Err(src.error("pods", format!("pod {:?} is configured twice", p.id)));
             }
         }
-        let mut topic_map = f.topic_map;
-        for v in &a.topic_map {
-            let (topic_id, pod) = parse_pair("topic-map", v)?;
-            topic_map.push(TopicMapEntry { topic_id, pod });
-        }
+        let topic_map: Vec<TopicMapEntry> = from_file.topic_map.into_iter().chain(from_flags.topic_map).collect();
         for (n, t) in topic_map.iter().enumerate() {
             if t.topic_id.is_empty() || t.pod.is_empty() {
-                return Err(err(&format!("topic_map[{n}]"), "topic_id and pod must not be empty"));
+                return Err(src.error(&format!("topic_map[{n}]"), "topic_id and pod must not be empty"));
             }
         }
-        let mut replay = f.replay;
-        for v in &a.replay {
-            let (pod, endpoint) = parse_pair("replay", v)?;
-            replay.push(ReplayEntry { pod, endpoint });
-        }
-        for (n, r) in replay.iter_mut().enumerate() {
-            if r.pod.is_empty() {
-                return Err(err(&format!("replay[{n}].pod"), "must not be empty"));
-            }
-            r.endpoint = endpoint(&format!("replay[{n}].endpoint"), &r.endpoint)?;
-        }
-        let mut tier_weights = f.tier_weights;
-        for v in &a.tier_weights {
-            let (medium, w) = parse_pair("tier-weight", v)?;
-            let w: f64 = w.parse().map_err(|_| err("tier-weight", format!("weight is not a number: {v:?}")))?;
-            tier_weights.insert(medium, w);
-        }
-        for (medium, w) in &tier_weights {
-            if !w.is_finite() || *w < 0.0 {
-                return Err(err(&format!("tier_weights.{medium}"), "must be a finite number >= 0"));
+        let mut replay = Vec::new();
+        let replay_layers = [(from_file.replay, src.file_origin(), true), (from_flags.replay, src.flag_origin("replay"), false)];
+        for (entries, origin, indexed) in replay_layers {
+            for (n, mut r) in entries.into_iter().enumerate() {
+                let key = if indexed { format!("replay[{n}]") } else { "replay".to_string() };
+                if r.pod.is_empty() {
+                    return Err(ConfigError::new(format!("{key}.pod"), origin, "must not be empty"));
+                }
+                r.endpoint = pod::endpoint(&r.endpoint).map_err(|m| ConfigError::new(format!("{key}.endpoint"), origin.clone(), m))?;
+                replay.push(r);
             }
         }
-        let hash_seed = s(&a.hash_seed, f.hash_seed, "");
-        let vllm_version = s(&a.vllm_version, f.vllm_version, "0.33.0");
-        let hash_algo = s(&a.hash_algo, f.hash_algo, "sha256_cbor");
-        let every = i("hash_check_every", a.hash_check_every, f.hash_check_every, 16, 0, i64::from(u32::MAX))? as u32;
+        let mut tier_weights = BTreeMap::new();
+        let weight_layers = [(from_file.tier_weights, src.file_origin()), (from_flags.tier_weights, src.flag_origin("tier_weights"))];
+        for (entries, origin) in weight_layers {
+            for TierWeight { medium, weight } in entries {
+                if !weight.is_finite() || weight < 0.0 {
+                    return Err(ConfigError::new(format!("tier_weights.{medium}"), origin, "must be a finite number >= 0"));
+                }
+                tier_weights.insert(medium, weight);
+            }
+        }
+
+        let hash_seed = s.hash_seed.unwrap_or_default();
+        let every = int("hash_check_every", s.hash_check_every, 16, 0, i64::from(u32::MAX))? as u32;
         let hash_check = if hash_seed.is_empty() || every == 0 {
             None
         } else {
             let hasher = kvindex::vllm_hash::VllmHashConfig {
-                version: vllm_version.parse().map_err(|e| err("vllm_version", format!("{e}")))?,
-                algo: hash_algo.parse().map_err(|e| err("hash_algo", format!("{e}")))?,
+                version: s
+                    .vllm_version
+                    .as_deref()
+                    .unwrap_or("0.33.0")
+                    .parse()
+                    .map_err(|e| src.error("vllm_version", format!("{e}")))?,
+                algo: s.hash_algo.as_deref().unwrap_or("sha256_cbor").parse().map_err(|e| src.error("hash_algo", format!("{e}")))?,
                 pythonhashseed: (hash_seed != "unset").then(|| hash_seed.clone()),
             };
-            kvindex::vllm_hash::BlockHasher::new(&hasher).map_err(|e| err("hash_seed", format!("{e}")))?;
+            kvindex::vllm_hash::BlockHasher::new(&hasher).map_err(|e| src.error("hash_seed", format!("{e}")))?;
             Some(HashCheckConfig { hasher, every })
         };
-        let mut tokenizer_models = f.tokenizer_models;
-        tokenizer_models.extend(a.tokenizer_models.iter().cloned());
-        for v in &tokenizer_models {
-            parse_pair("tokenizer_models", v)?;
-        }
-        let tokenizer_endpoint = a.tokenizer_endpoint.clone().or(f.tokenizer_endpoint).filter(|e| !e.is_empty());
-        if let Some(e) = &tokenizer_endpoint {
-            if !(e.starts_with("http://") || e.starts_with("https://")) {
-                return Err(err("tokenizer_endpoint", format!("must be http://host:port, got {e:?}")));
+
+        let mut tokenizer_models = Vec::new();
+        for (entries, origin) in [(from_file.tokenizer_models, src.file_origin()), (from_flags.tokenizer_models, src.flag_origin("tokenizer_models"))] {
+            for spec in entries {
+                pod::pair(&spec).map_err(|m| ConfigError::new("tokenizer_models", origin.clone(), format!("{m}, got {spec:?}")))?;
+                tokenizer_models.push(spec);
             }
         }
-        let dp_naming_topic = match s(&a.dp_naming, f.dp_naming, "port-offset").as_str() {
+        let tokenizer_endpoint = s.tokenizer_endpoint.filter(|e| !e.is_empty());
+        if let Some(e) = &tokenizer_endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return Err(src.error("tokenizer_endpoint", format!("must be http://host:port, got {e:?}")));
+            }
+        }
+        let dp_naming_topic = match s.dp_naming.as_deref().unwrap_or("port-offset") {
             "port-offset" => false,
             "topic" => true,
-            other => return Err(err("dp_naming", format!("must be \"port-offset\" or \"topic\", got {other:?}"))),
+            other => return Err(src.error("dp_naming", format!("must be \"port-offset\" or \"topic\", got {other:?}"))),
         };
+        let topic_filter = s.topic_filter.unwrap_or_else(|| "kv@".to_string());
+        if topic_filter.len() > 254 {
+            return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
+        }
+
         let config = Config {
-            dp_naming_topic,
             grpc_addr,
             http_addr,
-            block_size: i("block_size", a.block_size, f.block_size, 16, 1, 1 << 16)? as usize,
+            block_size: int("block_size", s.block_size, 16, 1, 1 << 16)? as usize,
             hash_check,
             tokenizer_models,
-            tokenizer_models_dir: a.tokenizer_models_dir.clone().or(f.tokenizer_models_dir).filter(|d| !d.is_empty()),
+            tokenizer_models_dir: s.tokenizer_models_dir.filter(|d| !d.is_empty()),
             tokenizer_endpoint,
+            dp_naming_topic,
             zmq_bind,
-            topic_filter: s(&a.topic_filter, f.topic_filter, "kv@"),
-            shards: i("shards", a.shards, f.shards, 64, 1, 1 << 16)? as usize,
-            max_entries: i("max_entries", a.max_entries, f.max_entries, 50_000_000, 1, i64::MAX)? as u64,
-            queue_capacity: i("queue_capacity", a.queue_capacity, f.queue_capacity, 65_536, 1, 1 << 24)? as usize,
-            apply_workers: i("apply_workers", a.apply_workers, f.apply_workers, 1, 1, 256)? as usize,
-            stale_after_ms: i("stale_after_ms", a.stale_after_ms, f.stale_after_ms, 30_000, 1, i64::MAX)? as u64,
-            replay_timeout_ms: i("replay_timeout_ms", a.replay_timeout_ms, f.replay_timeout_ms, 5_000, 1, i64::MAX)? as u64,
-            replay_cooldown_ms: i("replay_cooldown_ms", a.replay_cooldown_ms, f.replay_cooldown_ms, 5_000, 0, i64::MAX)?
-                as u64,
-            max_concurrent_replays: i(
-                "max_concurrent_replays",
-                a.max_concurrent_replays,
-                f.max_concurrent_replays,
-                8,
-                1,
-                4096,
-            )? as usize,
-            max_pending: i("max_pending", a.max_pending, f.max_pending, 100_000, 1, 1 << 24)? as usize,
-            max_tokens: i("max_tokens", a.max_tokens, f.max_tokens, 262_144, 1, 1 << 28)? as usize,
-            max_message_bytes: i("max_message_bytes", a.max_message_bytes, f.max_message_bytes, 4 << 20, 1024, 1 << 30)?
-                as usize,
-            pods_file: a.pods_file.clone().or(f.pods_file),
-            pods_file_poll_ms: i("pods_file_poll_ms", a.pods_file_poll_ms, f.pods_file_poll_ms, 1_000, 10, i64::MAX)?
-                as u64,
+            topic_filter,
+            shards: int("shards", s.shards, 64, 1, 1 << 16)? as usize,
+            max_entries: int("max_entries", s.max_entries, 50_000_000, 1, i64::MAX)? as u64,
+            queue_capacity: int("queue_capacity", s.queue_capacity, 65_536, 1, 1 << 24)? as usize,
+            apply_workers: int("apply_workers", s.apply_workers, 1, 1, 256)? as usize,
+            stale_after_ms: int("stale_after_ms", s.stale_after_ms, 30_000, 1, i64::MAX)? as u64,
+            replay_timeout_ms: int("replay_timeout_ms", s.replay_timeout_ms, 5_000, 1, i64::MAX)? as u64,
+            replay_cooldown_ms: int("replay_cooldown_ms", s.replay_cooldown_ms, 5_000, 0, i64::MAX)? as u64,
+            max_concurrent_replays: int("max_concurrent_replays", s.max_concurrent_replays, 8, 1, 4096)? as usize,
+            max_pending: int("max_pending", s.max_pending, 100_000, 1, 1 << 24)? as usize,
+            max_tokens: int("max_tokens", s.max_tokens, 262_144, 1, 1 << 28)? as usize,
+            max_message_bytes: int("max_message_bytes", s.max_message_bytes, 4 << 20, 1024, 1 << 30)? as usize,
+            pods_file: s.pods_file,
+            pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
             pods,
             topic_map,
             replay,
         };
-        if config.topic_filter.len() > 254 {
-            return Err(err("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
-        }
         if config.zmq_bind.is_none() && config.pods.iter().all(|p| p.endpoint.is_none()) && config.pods_file.is_none() {
             tracing::warn!("no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API");
         }
@@ -477,70 +352,149 @@ impl Config {
     }
 }
 
-/// Parses the watched pods file.
-pub fn parse_pods_file(text: &str) -> Result<Vec<PodConfig>, ConfigError> {
-    let file: PodsFile = toml::from_str(text).map_err(|e| err("pods_file", e.to_string()))?;
-    file.pods.into_iter().enumerate().map(|(n, p)| validate_pod(&format!("pods_file.pods[{n}]"), p)).collect()
+/// The list settings of one layer (the file, or the flags).
+#[derive(Default)]
+struct Lists {
+    pods: Vec<PodConfig>,
+    topic_map: Vec<TopicMapEntry>,
+    replay: Vec<ReplayEntry>,
+    tier_weights: Vec<TierWeight>,
+    tokenizer_models: Vec<String>,
+}
+
+impl Settings {
+    fn take_lists(&mut self) -> Lists {
+        Lists {
+            pods: std::mem::take(&mut self.pods),
+            topic_map: std::mem::take(&mut self.topic_map),
+            replay: std::mem::take(&mut self.replay),
+            tier_weights: std::mem::take(&mut self.tier_weights),
+            tokenizer_models: std::mem::take(&mut self.tokenizer_models),
+        }
+    }
+}
+
+/// Reads the config file: its settings, and which keys it sets.
+fn read_file(path: &Path) -> Result<(Settings, HashSet<String>), ConfigError> {
+    let origin = Origin::File(path.to_path_buf());
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("config", Origin::Flag("--config".into()), format!("cannot read {}: {e}", path.display())))?;
+    let settings: Settings = toml::from_str(&text).map_err(|e| ConfigError::new("config", origin.clone(), e.to_string()))?;
+    let keys = text.parse::<toml::Table>().map_err(|e| ConfigError::new("config", origin, e.to_string()))?.keys().cloned().collect();
+    Ok((settings, keys))
+}
+
+/// Where each setting's value came from.
+struct Sources<'a> {
+    matches: &'a ArgMatches,
+    file: Option<&'a Path>,
+    file_keys: HashSet<String>,
+}
+
+impl Sources<'_> {
+    fn origin(&self, key: &str) -> Origin {
+        match self.matches.value_source(key) {
+            Some(ValueSource::CommandLine) => self.flag_origin(key),
+            Some(ValueSource::EnvVariable) => {
+                let command = serve_command();
+                let env = command.get_arguments().find(|a| a.get_id() == key).and_then(|a| a.get_env());
+                Origin::Env(env.map_or_else(String::new, |e| e.to_string_lossy().into_owned()))
+            }
+            _ if self.file_keys.contains(key) => self.file_origin(),
+            _ => Origin::Default,
+        }
+    }
+
+    fn flag_origin(&self, key: &str) -> Origin {
+        let command = serve_command();
+        let long = command.get_arguments().find(|a| a.get_id() == key).and_then(|a| a.get_long()).unwrap_or(key);
+        Origin::Flag(format!("--{long}"))
+    }
+
+    fn file_origin(&self) -> Origin {
+        self.file.map_or(Origin::Default, |p| Origin::File(p.to_path_buf()))
+    }
+
+    fn error(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        let setting = key.split(['[', '.']).next().unwrap_or(key);
+        ConfigError::new(key, self.origin(setting), message)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn config(args: &[&str]) -> Result<Config, ConfigError> {
+        Config::from_args(args)
+    }
+
+    /// A config file with `text`, and the flags after it.
+    fn with_file(text: &str, args: &[&str]) -> Result<Config, ConfigError> {
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kvindex-config-test-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kvindex.toml");
+        std::fs::write(&path, text).unwrap();
+        let mut argv = vec!["--config", path.to_str().unwrap()];
+        argv.extend_from_slice(args);
+        let result = config(&argv);
+        let _ = std::fs::remove_dir_all(&dir);
+        result
+    }
+
     #[test]
     fn hash_seed_turns_the_vllm_hash_check_on() {
-        let off = Config::merge(&ServeArgs::default(), FileConfig::default()).unwrap();
-        assert!(off.hash_check.is_none());
-        let a = ServeArgs { hash_seed: Some("0".into()), ..Default::default() };
-        let on = Config::merge(&a, FileConfig::default()).unwrap().hash_check.unwrap();
+        assert!(config(&[]).unwrap().hash_check.is_none());
+        let on = config(&["--hash-seed", "0"]).unwrap().hash_check.unwrap();
         assert_eq!(on.every, 16);
         assert_eq!(on.hasher.pythonhashseed.as_deref(), Some("0"));
-        let a = ServeArgs { hash_seed: Some("0".into()), hash_algo: Some("md5".into()), ..Default::default() };
-        assert_eq!(Config::merge(&a, FileConfig::default()).unwrap_err().key, "hash_algo");
-        let a = ServeArgs { hash_seed: Some("unset".into()), vllm_version: Some("0.20.0".into()), ..Default::default() };
-        assert_eq!(Config::merge(&a, FileConfig::default()).unwrap_err().key, "hash_seed", "random NONE_HASH before 0.29");
-        let a = ServeArgs { tokenizer_endpoint: Some("unix:/x".into()), ..Default::default() };
-        assert_eq!(Config::merge(&a, FileConfig::default()).unwrap_err().key, "tokenizer_endpoint");
+        assert_eq!(config(&["--hash-seed", "0", "--hash-algo", "md5"]).unwrap_err().key, "hash_algo");
+        let e = config(&["--hash-seed", "unset", "--vllm-version", "0.20.0"]).unwrap_err();
+        assert_eq!(e.key, "hash_seed", "random NONE_HASH before 0.29");
+        assert_eq!(config(&["--tokenizer-endpoint", "unix:/x"]).unwrap_err().key, "tokenizer_endpoint");
     }
 
     #[test]
-    fn errors_name_the_key() {
-        let a = ServeArgs { block_size: Some(0), ..Default::default() };
-        let e = Config::merge(&a, FileConfig::default()).unwrap_err();
-        assert_eq!(e.key, "block_size");
-        let a = ServeArgs { pods: vec!["p,m".into()], ..Default::default() };
-        assert_eq!(Config::merge(&a, FileConfig::default()).unwrap_err().key, "pod");
-        let f: FileConfig = toml::from_str("grpc_addr = \"nope\"").unwrap();
-        assert_eq!(Config::merge(&ServeArgs::default(), f).unwrap_err().key, "grpc_addr");
-        let f: FileConfig = toml::from_str("[[pods]]\nid = \"a\"\nmodel = \"m\"\nendpoint = \"udp://x\"").unwrap();
-        assert_eq!(Config::merge(&ServeArgs::default(), f).unwrap_err().key, "pods[0].endpoint");
-        assert!(toml::from_str::<FileConfig>("bogus_key = 1").unwrap_err().to_string().contains("bogus_key"));
+    fn errors_name_the_key_and_where_it_came_from() {
+        let e = config(&["--block-size", "0"]).unwrap_err();
+        assert_eq!((e.key.as_str(), &e.origin), ("block_size", &Origin::Flag("--block-size".into())));
+        assert_eq!(e.to_string(), "config error: block_size (flag --block-size): must be between 1 and 65536, got 0");
+        let e = config(&["--block-size", "many"]).unwrap_err();
+        assert_eq!((e.key.as_str(), &e.origin), ("block_size", &Origin::Flag("--block-size".into())));
+        let e = config(&["--pod", "p,m"]).unwrap_err();
+        assert_eq!((e.key.as_str(), &e.origin), ("pods", &Origin::Flag("--pod".into())));
+        let e = config(&["--pod", "p,m,udp://x"]).unwrap_err();
+        assert_eq!((e.key.as_str(), &e.origin), ("pods.endpoint", &Origin::Flag("--pod".into())));
+        let e = with_file("grpc_addr = \"nope\"", &[]).unwrap_err();
+        assert_eq!(e.key, "grpc_addr");
+        assert!(matches!(e.origin, Origin::File(_)), "{e}");
+        let e = with_file("[[pods]]\nid = \"a\"\nmodel = \"m\"\nendpoint = \"udp://x\"", &[]).unwrap_err();
+        assert_eq!(e.key, "pods[0].endpoint");
+        let e = with_file("bogus_key = 1", &[]).unwrap_err();
+        assert!(e.to_string().contains("bogus_key"), "{e}");
+        let e = with_file("block_size = 0", &["--block-size", "8", "--shards", "0"]).unwrap_err();
+        assert_eq!((e.key.as_str(), &e.origin), ("shards", &Origin::Flag("--shards".into())));
+        let e = config(&["--dp-naming", "sideways"]).unwrap_err();
+        assert_eq!(e.key, "dp_naming");
     }
 
     #[test]
-    fn flags_override_file() {
-        let f: FileConfig = toml::from_str("block_size = 32\nzmq_bind = \"tcp://*:5557\"\n[tier_weights]\nCPU = 0.5").unwrap();
-        let a = ServeArgs { block_size: Some(64), tier_weights: vec!["CPU=0.25".into()], ..Default::default() };
-        let c = Config::merge(&a, f).unwrap();
+    fn flags_override_the_file_and_add_to_its_lists() {
+        let file = "block_size = 32\nzmq_bind = \"tcp://*:5557\"\n[tier_weights]\nCPU = 0.5\nDISK = 0.1\n[[topic_map]]\ntopic_id = \"a\"\npod = \"b\"";
+        let c = with_file(file, &["--block-size", "64", "--tier-weight", "CPU=0.25", "--topic-map", "c=d"]).unwrap();
         assert_eq!(c.block_size, 64);
         assert_eq!(c.zmq_bind.as_deref(), Some("tcp://0.0.0.0:5557"));
-        assert_eq!(c.tier_weights["CPU"], 0.25);
+        assert_eq!((c.tier_weights["CPU"], c.tier_weights["DISK"]), (0.25, 0.1));
+        assert_eq!(c.topic_map.iter().map(|t| t.pod.as_str()).collect::<Vec<_>>(), ["b", "d"]);
     }
 
     #[test]
     fn example_config_is_valid() {
-        let f: FileConfig = toml::from_str(include_str!("../../../docs/kvindex.example.toml")).unwrap();
-        let c = Config::merge(&ServeArgs::default(), f).unwrap();
+        let c = with_file(include_str!("../../../../docs/kvindex.example.toml"), &[]).unwrap();
         assert_eq!(c.zmq_bind.as_deref(), Some("tcp://0.0.0.0:5557"));
         assert_eq!(c.pods.len(), 1);
         assert_eq!(c.replay[0].endpoint, "tcp://10.0.0.7:5558");
-    }
-
-    #[test]
-    fn endpoints() {
-        assert_eq!(offset_endpoint("tcp://10.0.0.7:5557", 2), "tcp://10.0.0.7:5559");
-        assert_eq!(offset_endpoint("tcp://10.0.0.7:0", 2), "tcp://10.0.0.7:0");
-        let p = parse_pod_flag("10.0.0.7:8000,Qwen/Qwen3,tcp://10.0.0.7:5557,tcp://10.0.0.7:5558").unwrap();
-        assert_eq!(p.replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5558"));
     }
 }

@@ -1,18 +1,21 @@
-//! Known pods (config file, watched pods file, registration API), the topic-id → pod-id map,
-//! and replay endpoints. Registration starts per-pod dialers; unregistration stops them and
-//! clears the pod.
+//! The registry of sources: known pods (config file, watched pods file, registration API), the
+//! topic-id → pod-id map, and replay endpoints. Registration starts per-pod dialers;
+//! unregistration stops them and clears the pod.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::config::{offset_endpoint, parse_pods_file, validate_pod, ConfigError, PodConfig};
-use super::metrics as m;
-use super::{Shared, StreamKey, Work};
+use tokio::sync::watch;
+
+use crate::apply::{StreamKey, Work};
+use crate::config::pod::parse_pods_file;
+use crate::config::{offset_endpoint, ConfigError, Origin, PodConfig, ReplayEntry, TopicMapEntry};
+use crate::state::ServiceState;
+use crate::telemetry as m;
 
 pub struct RegisteredPod {
     pub cfg: PodConfig,
@@ -54,10 +57,10 @@ pub struct PodView {
 }
 
 impl Registry {
-    pub fn new(topic_map: &[(String, String)], replay: &[(String, String)]) -> Self {
+    pub fn new(topic_map: &[TopicMapEntry], replay: &[ReplayEntry]) -> Self {
         let mut r = Registry {
-            static_topics: topic_map.iter().cloned().collect(),
-            static_replay: replay.iter().cloned().collect(),
+            static_topics: topic_map.iter().map(|t| (t.topic_id.clone(), t.pod.clone())).collect(),
+            static_replay: replay.iter().map(|r| (r.pod.clone(), r.endpoint.clone())).collect(),
             ..Default::default()
         };
         r.rebuild();
@@ -132,11 +135,21 @@ impl Registry {
     fn ids_with_origin(&self, origin: &str) -> Vec<String> {
         self.pods.iter().filter(|(_, p)| p.origin == origin).map(|(id, _)| id.clone()).collect()
     }
+
+    /// Stops every per-pod dialer (the server is shutting down).
+    pub(crate) fn stop_dialers(&mut self) {
+        for pod in self.pods.values_mut() {
+            if let Some(stop) = pod.stop.take() {
+                let _ = stop.send(true);
+            }
+        }
+    }
 }
 
 /// Adds or replaces a pod. A changed endpoint or model restarts its dialer and clears it.
-pub async fn register(shared: &Arc<Shared>, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
-    let cfg = match validate_pod("pod", cfg) {
+/// `origin` (config, pods_file, grpc, http) labels metrics and logs.
+pub async fn register(state: &Arc<ServiceState>, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
+    let cfg = match cfg.validate("pod", &Origin::Request(origin)) {
         Ok(c) => c,
         Err(e) => {
             metrics::counter!(m::CONFIG_ERRORS, "source" => origin).increment(1);
@@ -144,7 +157,7 @@ pub async fn register(shared: &Arc<Shared>, cfg: PodConfig, origin: &'static str
         }
     };
     let old = {
-        let mut reg = shared.registry.write();
+        let mut reg = state.registry_mut();
         if let Some(existing) = reg.pods.get_mut(&cfg.id) {
             let same_source = existing.cfg.endpoint == cfg.endpoint
                 && existing.cfg.model == cfg.model
@@ -164,11 +177,11 @@ pub async fn register(shared: &Arc<Shared>, cfg: PodConfig, origin: &'static str
         if let Some(stop) = old.stop {
             let _ = stop.send(true);
         }
-        remove_everywhere(shared, &cfg.id).await;
+        remove_everywhere(state, &cfg.id).await;
     }
-    let stop = cfg.endpoint.as_ref().map(|_| tokio::sync::watch::channel(false));
+    let stop = cfg.endpoint.as_ref().map(|_| watch::channel(false));
     {
-        let mut reg = shared.registry.write();
+        let mut reg = state.registry_mut();
         reg.pods.insert(cfg.id.clone(), RegisteredPod { cfg: cfg.clone(), origin, stop: stop.as_ref().map(|(tx, _)| tx.clone()) });
         reg.rebuild();
     }
@@ -182,23 +195,22 @@ pub async fn register(shared: &Arc<Shared>, cfg: PodConfig, origin: &'static str
             if cfg.replay_endpoint.is_some() {
                 let stream = StreamKey { base: id.clone(), rank };
                 if startup {
-                    shared.initial_syncs.fetch_add(1, Ordering::AcqRel);
+                    state.readiness().sync_started();
                 }
-                let worker = shared.worker_for(id.as_bytes());
-                shared
-                    .send_work(worker, Work::InitialSync { stream, model: model.clone(), endpoint: ep.clone(), startup })
-                    .await;
+                let worker = state.queues().worker_for(id.as_bytes());
+                let sync = Work::InitialSync { stream, model: model.clone(), endpoint: ep.clone(), startup };
+                state.queues().send(worker, sync).await;
             }
-            tokio::spawn(super::zmq::dial_pod(shared.clone(), id.clone(), model.clone(), ep, rx.clone()));
+            tokio::spawn(super::dial_pod(state.clone(), id.clone(), model.clone(), ep, rx.clone()));
         }
     }
     Ok(())
 }
 
 /// Removes a pod: stops its dialer, drops its streams and everything it holds.
-pub async fn unregister(shared: &Arc<Shared>, pod: &str, origin: &'static str) -> bool {
+pub async fn unregister(state: &Arc<ServiceState>, pod: &str, origin: &'static str) -> bool {
     let old = {
-        let mut reg = shared.registry.write();
+        let mut reg = state.registry_mut();
         let old = reg.pods.remove(pod);
         reg.rebuild();
         old
@@ -207,26 +219,26 @@ pub async fn unregister(shared: &Arc<Shared>, pod: &str, origin: &'static str) -
     if let Some(stop) = old.and_then(|o| o.stop) {
         let _ = stop.send(true);
     }
-    let held = remove_everywhere(shared, pod).await;
+    let held = remove_everywhere(state, pod).await;
     metrics::counter!(m::REGISTRATIONS, "op" => "unregister", "origin" => origin).increment(1);
     tracing::info!(pod, origin, registered, held, "pod unregistered and cleared");
     registered || held
 }
 
-async fn remove_everywhere(shared: &Arc<Shared>, pod: &str) -> bool {
+async fn remove_everywhere(state: &Arc<ServiceState>, pod: &str) -> bool {
     let mut any = false;
-    for worker in 0..shared.queues.len() {
+    for worker in 0..state.queues().workers() {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        shared.send_work(worker, Work::RemovePod { pod: pod.to_string(), done: tx }).await;
+        state.queues().send(worker, Work::RemovePod { pod: pod.to_string(), done: tx }).await;
         any |= rx.await.unwrap_or(false);
     }
     any
 }
 
 /// Registers the configured pods at start-up.
-pub async fn register_static(shared: &Arc<Shared>) {
-    for p in shared.config.pods.clone() {
-        if let Err(e) = register(shared, p, "config", true).await {
+pub async fn register_static(state: &Arc<ServiceState>) {
+    for p in state.config().pods.clone() {
+        if let Err(e) = register(state, p, "config", true).await {
             tracing::error!(error = %e, "configured pod rejected");
         }
     }
@@ -234,18 +246,23 @@ pub async fn register_static(shared: &Arc<Shared>) {
 
 /// Polls the pods file's mtime and applies its content on change: new and changed pods are
 /// registered, pods that disappeared are unregistered. A bad file is counted and ignored
-/// (the previous content stays in force).
-pub async fn watch_pods_file(shared: Arc<Shared>, path: PathBuf, startup_done: tokio::sync::oneshot::Sender<()>) {
+/// (the previous content stays in force). Runs until `stop` is set.
+pub async fn watch_pods_file(
+    state: Arc<ServiceState>,
+    path: PathBuf,
+    startup_done: tokio::sync::oneshot::Sender<()>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut last: Option<(SystemTime, u64)> = None;
     let mut startup_done = Some(startup_done);
-    let period = Duration::from_millis(shared.config.pods_file_poll_ms);
+    let period = Duration::from_millis(state.config().pods_file_poll_ms);
     loop {
         let stamp = std::fs::metadata(&path).ok().map(|md| (md.modified().unwrap_or(SystemTime::UNIX_EPOCH), md.len()));
         if stamp != last {
             last = stamp;
             match std::fs::read_to_string(&path) {
-                Ok(text) => match parse_pods_file(&text) {
-                    Ok(pods) => apply_pods_file(&shared, pods, startup_done.is_some()).await,
+                Ok(text) => match parse_pods_file(&path, &text) {
+                    Ok(pods) => apply_pods_file(&state, pods, startup_done.is_some()).await,
                     Err(e) => {
                         metrics::counter!(m::CONFIG_ERRORS, "source" => "pods_file").increment(1);
                         tracing::error!(path = %path.display(), error = %e, "pods file rejected; previous content kept");
@@ -260,22 +277,25 @@ pub async fn watch_pods_file(shared: Arc<Shared>, path: PathBuf, startup_done: t
         if let Some(tx) = startup_done.take() {
             let _ = tx.send(());
         }
-        tokio::time::sleep(period).await;
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
     }
 }
 
-async fn apply_pods_file(shared: &Arc<Shared>, pods: Vec<PodConfig>, startup: bool) {
+async fn apply_pods_file(state: &Arc<ServiceState>, pods: Vec<PodConfig>, startup: bool) {
     let wanted: HashMap<String, PodConfig> = pods.into_iter().map(|p| (p.id.clone(), p)).collect();
-    let current = shared.registry.read().ids_with_origin("pods_file");
+    let current = state.registry().ids_with_origin("pods_file");
     for id in current {
         if !wanted.contains_key(&id) {
-            unregister(shared, &id, "pods_file").await;
+            unregister(state, &id, "pods_file").await;
         }
     }
     for (_, p) in wanted {
-        let unchanged = shared.registry.read().pods.get(&p.id).is_some_and(|r| r.cfg == p && r.origin == "pods_file");
+        let unchanged = state.registry().pods.get(&p.id).is_some_and(|r| r.cfg == p && r.origin == "pods_file");
         if !unchanged {
-            if let Err(e) = register(shared, p, "pods_file", startup).await {
+            if let Err(e) = register(state, p, "pods_file", startup).await {
                 tracing::error!(error = %e, "pods file entry rejected");
             }
         }

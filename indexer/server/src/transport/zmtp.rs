@@ -6,8 +6,8 @@
 //! batches of a quiet engine are not applied, on single- and multi-threaded runtimes alike.
 //! It also never reconnects a dialled peer and has no way to report a disconnect. A SUB peer
 //! is small enough to own: greeting, READY, a subscription message, then length-prefixed
-//! frames. One task per connection; every message goes to the caller's callback.
-//! The replay DEALER still uses the `zeromq` crate (one peer, short-lived).
+//! frames. The accept and dial loops around it are in `sub`.
+//! The replay DEALER still uses the `zeromq` crate (one peer, short-lived): see `dealer`.
 
 use std::io;
 use std::time::Duration;

@@ -1,6 +1,8 @@
-//! Shared harness of the service tests: starts the real `kvindex serve` on loopback (ports 0,
-//! read back from its `KVINDEX_LISTENING` line) and the independent Python peers
-//! (`tests/python/kvpeer.py`: pyzmq publishers, msgspec encoder, grpcio client).
+//! The server crate's test support: the service started in process on loopback ports 0
+//! ([`Server`], through `kvindex_server::run`) or as the `kvindex` binary ([`ServeProcess`],
+//! for the tests of the binary itself), the independent Python peers
+//! (`tests/python/kvpeer.py`: pyzmq publishers, msgspec encoder, grpcio client), a small HTTP
+//! client, and the vLLM vectors.
 //!
 //! Python comes from `KVINDEX_PYTHON` (set by `source scripts/env.sh`; `bash scripts/setup.sh`
 //! installs it). Without it a test is skipped with a message, except under `CI`, where it fails.
@@ -231,55 +233,42 @@ impl Drop for Peer {
     }
 }
 
-/// A running `kvindex serve`.
+/// A `kvindex serve` running in this process (`kvindex_server::run` on its own runtime and
+/// thread), on loopback ports 0; shut down gracefully when dropped.
 pub struct Server {
-    child: Child,
     pub grpc: String,
     pub http: String,
     pub zmq: Option<String>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), kvindex_server::ServerError>>>,
 }
 
 impl Server {
+    /// `args` are `kvindex serve` flags, on top of loopback gRPC and HTTP addresses on port 0.
     pub fn start(args: &[&str]) -> Server {
         Self::try_start(args).unwrap_or_else(|e| panic!("kvindex serve did not start: {e}"))
     }
 
     pub fn try_start(args: &[&str]) -> Result<Server, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-            .arg("serve")
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn kvindex");
-        let lines = line_reader(child.stdout.take().unwrap());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("exited with {status}"));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                return Err("no KVINDEX_LISTENING line within 30s".into());
-            }
-            let Ok(line) = lines.recv_timeout(Duration::from_millis(50)) else { continue };
-            if let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") {
-                let mut grpc = String::new();
-                let mut http = String::new();
-                let mut zmq = None;
-                for kv in rest.split_whitespace() {
-                    match kv.split_once('=') {
-                        Some(("grpc", v)) => grpc = v.to_string(),
-                        Some(("http", v)) => http = v.to_string(),
-                        Some(("zmq", v)) if v != "-" => zmq = Some(v.to_string()),
-                        _ => {}
-                    }
-                }
-                return Ok(Server { child, grpc, http, zmq });
-            }
-        }
+        init_logs();
+        let mut argv = vec!["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"];
+        argv.extend_from_slice(args);
+        let config = kvindex_server::Config::from_args(&argv).map_err(|e| e.to_string())?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let listeners = runtime.block_on(kvindex_server::bind(&config)).map_err(|e| e.to_string())?;
+        let grpc = listeners.grpc_addr().to_string();
+        let http = listeners.http_addr().to_string();
+        let zmq = listeners.zmq_endpoint().map(str::to_string);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("kvindex-serve".into())
+            .spawn(move || {
+                runtime.block_on(kvindex_server::run(config, listeners, async {
+                    let _ = stopped.await;
+                }))
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(Server { grpc, http, zmq, stop: Some(stop), thread: Some(thread) })
     }
 
     /// The central SUB endpoint, as a dialable address.
@@ -287,28 +276,9 @@ impl Server {
         self.zmq.clone().expect("central mode")
     }
 
-    /// A plain HTTP/1.1 request (no client crate needed): (status, body).
+    /// A plain HTTP/1.1 request to the admin server: (status, body).
     pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let mut s = TcpStream::connect(&self.http).expect("connect http");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let body = body.unwrap_or("");
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            self.http,
-            body.len()
-        )
-        .unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).expect("read http");
-        let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
-        let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        (status, body)
+        http_request(&self.http, method, path, body)
     }
 
     pub fn get(&self, path: &str) -> (u16, String) {
@@ -338,6 +308,30 @@ impl Server {
     }
 }
 
+/// A plain HTTP/1.1 request (no client crate needed): (status, body).
+pub fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        let mut s = TcpStream::connect(addr).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        addr,
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read http");
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
 fn dechunk(body: &str) -> String {
     let mut out = String::new();
     let mut rest = body;
@@ -353,6 +347,68 @@ fn dechunk(body: &str) -> String {
 }
 
 impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            match thread.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if !std::thread::panicking() => panic!("kvindex serve failed: {e}"),
+                Ok(Err(e)) => eprintln!("kvindex serve failed: {e}"),
+                Err(_) => eprintln!("kvindex serve panicked"),
+            }
+        }
+    }
+}
+
+/// Logs of in-process servers go to the test's output (`RUST_LOG`, default info).
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().with_ansi(false).try_init();
+}
+
+/// A `kvindex serve` child process, for the tests of the binary itself: started with `args`
+/// (its addresses read back from its `KVINDEX_LISTENING` line), killed when dropped.
+pub struct ServeProcess {
+    pub child: Child,
+    pub grpc: String,
+    pub http: String,
+    pub zmq: Option<String>,
+}
+
+impl ServeProcess {
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+            .arg("serve")
+            .args(args)
+            .envs(env.iter().copied())
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn kvindex");
+        let lines = line_reader(child.stdout.take().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("kvindex serve exited with {status}");
+            }
+            assert!(Instant::now() < deadline, "no KVINDEX_LISTENING line within 30s");
+            let Ok(line) = lines.recv_timeout(Duration::from_millis(50)) else { continue };
+            if let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") {
+                let field = |name: &str| {
+                    rest.split_whitespace().find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')).map(str::to_string)
+                };
+                let zmq = field("zmq").filter(|z| z != "-");
+                return ServeProcess { grpc: field("grpc").unwrap(), http: field("http").unwrap(), zmq, child };
+            }
+        }
+    }
+}
+
+impl Drop for ServeProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

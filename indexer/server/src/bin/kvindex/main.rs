@@ -1,15 +1,20 @@
-//! `kvindex`: the thin command-line shell over the kvindex library.
+//! `kvindex`: the command line over the kvindex library and its server.
 //!
-//! Subcommands: `serve` (the indexer service), `decode` (captured frames → normalized events)
-//! and `vllm-hash` (vLLM's own block hashes, for cross-checking an engine's configuration).
+//! Subcommands: `serve` (the indexer service, `kvindex_server::run`), `decode` (captured frames
+//! → normalized events) and `vllm-hash` (vLLM's own block hashes, for cross-checking an
+//! engine's configuration). Exit status 1 on any error, with one line on stderr.
 
 mod decode;
 mod vllm_hash;
 
-use std::io::{self, BufReader};
+use std::ffi::OsString;
+use std::io::{self, BufReader, Write};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use anyhow::Context;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
+
+use kvindex_server::config::{Config, ConfigError, ServeArgs};
 
 #[derive(Parser)]
 #[command(name = "kvindex", version, about = "Exact prefix-cache index for vLLM fleets")]
@@ -21,7 +26,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the indexer service: subscribe to engines, keep the index exact, serve ScoreTokens.
-    Serve(Box<kvindex_server::config::ServeArgs>),
+    Serve(Box<ServeArgs>),
     /// Decode captured ZeroMQ messages (JSON Lines with `frames_hex`) from stdin.
     Decode,
     /// Compute vLLM's own block hashes for `hashes.jsonl`-shaped records from stdin.
@@ -29,28 +34,72 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Command::Serve(args) = cli.command {
-        return match kvindex_server::serve::run(*args) {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let matches = match Cli::command().try_get_matches_from(&argv) {
+        Ok(matches) => matches,
+        Err(e) => match ConfigError::from_clap(&e, &argv) {
+            Some(config_error) => return fail("kvindex serve", &config_error.into()),
+            None => e.exit(),
+        },
+    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Command::Serve(_) = cli.command {
+        let serve_matches = matches.subcommand_matches("serve").expect("the serve subcommand matched");
+        return match serve(serve_matches) {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("kvindex serve: {e}");
-                ExitCode::FAILURE
-            }
+            Err(e) => fail("kvindex serve", &e),
         };
     }
-    let stdin = BufReader::new(io::stdin().lock());
-    let stdout = io::BufWriter::new(io::stdout().lock());
-    let result: Result<(), Box<dyn std::error::Error>> = match cli.command {
-        Command::Decode => decode::run(stdin, stdout).map_err(Into::into),
-        Command::VllmHash => vllm_hash::run(stdin, stdout),
+    let result = match cli.command {
         Command::Serve(_) => unreachable!("handled above"),
+        Command::Decode => decode::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))
+            .context("decode"),
+        Command::VllmHash => vllm_hash::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))
+            .map_err(|e| anyhow::anyhow!("{e}")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail("kvindex", &e),
+    }
+}
+
+fn fail(what: &str, error: &anyhow::Error) -> ExitCode {
+    eprintln!("{what}: {error:#}");
+    ExitCode::FAILURE
+}
+
+/// `kvindex serve`: binds, prints one machine-readable line for scripts and tests that start it
+/// on port 0, and runs until SIGINT or SIGTERM.
+fn serve(matches: &ArgMatches) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).with_ansi(false).try_init();
+    let config = Config::from_matches(matches).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("kvindex-rpc").build()?;
+    runtime.block_on(async {
+        let listeners = kvindex_server::bind(&config).await?;
+        let mut out = io::stdout().lock();
+        let zmq = listeners.zmq_endpoint().unwrap_or("-");
+        writeln!(out, "KVINDEX_LISTENING grpc={} http={} zmq={zmq}", listeners.grpc_addr(), listeners.http_addr())?;
+        out.flush()?;
+        drop(out);
+        kvindex_server::run(config, listeners, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
         Err(e) => {
-            eprintln!("kvindex: {e}");
-            ExitCode::FAILURE
+            tracing::error!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the server");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
         }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
+        _ = term.recv() => tracing::info!("terminated"),
     }
 }

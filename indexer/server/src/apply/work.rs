@@ -1,0 +1,47 @@
+//! What the sockets, the replay client and the control plane hand to an apply worker.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::transport::{ConnId, Frames};
+
+/// One sequenced stream: a source (topic id mapped to a pod, or a dialled pod) and a DP rank.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamKey {
+    /// Pod id of rank 0.
+    pub base: Arc<str>,
+    pub rank: u32,
+}
+
+/// Where a live message came from.
+#[derive(Debug, Clone)]
+pub enum Origin {
+    /// The central SUB socket: the topic names the pod.
+    Central,
+    /// A dialled pod's SUB socket.
+    Pod { id: Arc<str>, model: Arc<str>, endpoint: Arc<str> },
+}
+
+/// What a replay request got.
+#[derive(Debug)]
+pub enum ReplayItem {
+    Message { seq: u64, payload: Bytes },
+    End,
+    Failed { timeout: bool },
+}
+
+/// Work for an apply worker.
+pub enum Work {
+    /// A live message; `conn` identifies the connection it came on (a new one for the same
+    /// stream means the publisher reconnected, possibly as a new process).
+    Live { origin: Origin, conn: ConnId, frames: Frames, at: Instant },
+    Replay { stream: StreamKey, id: u64, item: ReplayItem },
+    /// Start a replay from 0 before any live message (per-pod sources with a replay socket).
+    InitialSync { stream: StreamKey, model: Arc<str>, endpoint: Arc<str>, startup: bool },
+    /// Drop every stream of this pod and everything it holds; answer when done.
+    RemovePod { pod: String, done: tokio::sync::oneshot::Sender<bool> },
+    /// The server is shutting down: the worker returns.
+    Stop,
+}

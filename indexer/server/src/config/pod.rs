@@ -1,0 +1,208 @@
+//! Pods and the entries that name them: `[[pods]]` (config file, pods file, registration API,
+//! `--pod`), `[[topic_map]]`, `[[replay]]` and `[tier_weights]`, each with its flag syntax, and
+//! the rules every ZeroMQ endpoint must follow.
+
+use std::path::Path;
+
+use serde::{Deserialize, Deserializer};
+
+use super::error::{ConfigError, Origin};
+
+/// A pod the indexer knows by configuration, the pods file or the registration API.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodConfig {
+    /// Pod id as the router names the endpoint (e.g. `10.0.0.7:8000`).
+    pub id: String,
+    pub model: String,
+    /// Engine PUB endpoint to dial (per-pod mode). Absent for central-mode pods.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Engine replay ROUTER endpoint.
+    #[serde(default)]
+    pub replay_endpoint: Option<String>,
+    /// Id in the topic `kv@<id>@<model>` when it differs from `id` (central mode).
+    #[serde(default)]
+    pub topic_id: Option<String>,
+    /// Data-parallel ranks behind this pod (per-pod mode dials endpoint port + rank).
+    #[serde(default = "one")]
+    pub dp_size: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl PodConfig {
+    /// `--pod <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]`.
+    pub fn from_flag(v: &str) -> Result<PodConfig, String> {
+        let parts: Vec<&str> = v.split(',').collect();
+        if !(3..=4).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
+            return Err("expected <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]".into());
+        }
+        Ok(PodConfig {
+            id: parts[0].to_string(),
+            model: parts[1].to_string(),
+            endpoint: Some(parts[2].to_string()),
+            replay_endpoint: parts.get(3).map(|s| s.to_string()),
+            topic_id: None,
+            dp_size: 1,
+        })
+    }
+
+    /// Checks one pod (from any origin; `key` is where it sits, e.g. `pods[0]`) and normalizes
+    /// its endpoints.
+    pub fn validate(mut self, key: &str, origin: &Origin) -> Result<PodConfig, ConfigError> {
+        let err = |field: &str, message: String| ConfigError::new(format!("{key}.{field}"), origin.clone(), message);
+        if self.id.is_empty() {
+            return Err(err("id", "must not be empty".into()));
+        }
+        if self.model.is_empty() {
+            return Err(err("model", "must not be empty".into()));
+        }
+        if let Some(e) = &self.endpoint {
+            self.endpoint = Some(endpoint(e).map_err(|m| err("endpoint", m))?);
+        }
+        if let Some(e) = &self.replay_endpoint {
+            self.replay_endpoint = Some(endpoint(e).map_err(|m| err("replay_endpoint", m))?);
+        }
+        if self.topic_id.as_deref() == Some("") {
+            self.topic_id = None;
+        }
+        if !(1..=1024).contains(&self.dp_size) {
+            return Err(err("dp_size", format!("must be between 1 and 1024, got {}", self.dp_size)));
+        }
+        Ok(self)
+    }
+}
+
+/// `[[topic_map]]`: the `<id>` of topic `kv@<id>@<model>` → the pod id scores use.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicMapEntry {
+    pub topic_id: String,
+    pub pod: String,
+}
+
+impl TopicMapEntry {
+    /// `--topic-map <topic-id>=<pod>`.
+    pub fn from_flag(v: &str) -> Result<Self, String> {
+        let (topic_id, pod) = pair(v)?;
+        Ok(TopicMapEntry { topic_id, pod })
+    }
+}
+
+/// `[[replay]]`: the replay ROUTER of a central-mode pod.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayEntry {
+    pub pod: String,
+    pub endpoint: String,
+}
+
+impl ReplayEntry {
+    /// `--replay <pod>=<endpoint>`.
+    pub fn from_flag(v: &str) -> Result<Self, String> {
+        let (pod, endpoint) = pair(v)?;
+        Ok(ReplayEntry { pod, endpoint })
+    }
+}
+
+/// One entry of `[tier_weights]`: the weight of a block held in tier `medium`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TierWeight {
+    pub medium: String,
+    pub weight: f64,
+}
+
+impl TierWeight {
+    /// `--tier-weight <medium>=<weight>`.
+    pub fn from_flag(v: &str) -> Result<Self, String> {
+        let (medium, weight) = pair(v)?;
+        let weight = weight.parse().map_err(|_| format!("weight is not a number: {weight:?}"))?;
+        Ok(TierWeight { medium, weight })
+    }
+
+    /// The file's `[tier_weights]` table (`MEDIUM = weight`), in key order.
+    pub(super) fn table<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<TierWeight>, D::Error> {
+        let table = std::collections::BTreeMap::<String, f64>::deserialize(d)?;
+        Ok(table.into_iter().map(|(medium, weight)| TierWeight { medium, weight }).collect())
+    }
+}
+
+/// `<a>=<b>`, both non-empty.
+pub fn pair(v: &str) -> Result<(String, String), String> {
+    match v.split_once('=') {
+        Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok((a.to_string(), b.to_string())),
+        _ => Err("expected <a>=<b>".into()),
+    }
+}
+
+/// Checks a ZeroMQ endpoint and rewrites `tcp://*:p` to `tcp://0.0.0.0:p` (`*` is ZeroMQ's
+/// "every interface", which a socket address cannot spell).
+pub fn endpoint(v: &str) -> Result<String, String> {
+    let rest = v.strip_prefix("tcp://").ok_or_else(|| format!("endpoint must be tcp://host:port, got {v:?}"))?;
+    let (host, port) = rest.rsplit_once(':').ok_or_else(|| format!("endpoint has no port: {v:?}"))?;
+    port.parse::<u16>().map_err(|_| format!("endpoint port is not a number: {v:?}"))?;
+    if host.is_empty() {
+        return Err(format!("endpoint has no host: {v:?}"));
+    }
+    let host = if host == "*" { "0.0.0.0" } else { host };
+    Ok(format!("tcp://{host}:{port}"))
+}
+
+/// vLLM's `offset_endpoint_port`: a tcp endpoint's port + rank (port 0 stays 0).
+pub fn offset_endpoint(ep: &str, rank: u32) -> String {
+    if rank == 0 {
+        return ep.to_string();
+    }
+    if let Some((head, port)) = ep.rsplit_once(':') {
+        if let Ok(p) = port.parse::<u32>() {
+            if p != 0 && p + rank <= 65535 {
+                return format!("{head}:{}", p + rank);
+            }
+        }
+    }
+    ep.to_string()
+}
+
+/// The watched pods file: `[[pods]]` entries only.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodsFile {
+    #[serde(default)]
+    pods: Vec<PodConfig>,
+}
+
+/// Parses and checks the watched pods file at `path`.
+pub fn parse_pods_file(path: &Path, text: &str) -> Result<Vec<PodConfig>, ConfigError> {
+    let origin = Origin::File(path.to_path_buf());
+    let file: PodsFile = toml::from_str(text).map_err(|e| ConfigError::new("pods", origin.clone(), e.to_string()))?;
+    file.pods.into_iter().enumerate().map(|(n, p)| p.validate(&format!("pods[{n}]"), &origin)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(offset_endpoint("tcp://10.0.0.7:5557", 2), "tcp://10.0.0.7:5559");
+        assert_eq!(offset_endpoint("tcp://10.0.0.7:0", 2), "tcp://10.0.0.7:0");
+        assert_eq!(endpoint("tcp://*:5557").unwrap(), "tcp://0.0.0.0:5557");
+        assert!(endpoint("udp://x:1").is_err());
+        assert!(endpoint("tcp://:1").is_err());
+        let p = PodConfig::from_flag("10.0.0.7:8000,Qwen/Qwen3,tcp://10.0.0.7:5557,tcp://10.0.0.7:5558").unwrap();
+        assert_eq!(p.replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5558"));
+        assert!(PodConfig::from_flag("a,m").is_err());
+    }
+
+    #[test]
+    fn pod_errors_name_the_field_and_origin() {
+        let p = PodConfig { dp_size: 0, ..PodConfig::from_flag("a,m,tcp://h:1").unwrap() };
+        let e = p.validate("pods[2]", &Origin::Request("http")).unwrap_err();
+        assert_eq!((e.key.as_str(), e.origin), ("pods[2].dp_size", Origin::Request("http")));
+        let e = parse_pods_file(Path::new("/p.toml"), "[[pods]]\nid = \"a\"\nmodel = \"\"\n").unwrap_err();
+        assert_eq!(e.to_string(), "config error: pods[0].model (file /p.toml): must not be empty");
+    }
+}

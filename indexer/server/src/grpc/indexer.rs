@@ -1,0 +1,61 @@
+//! `kvindex.v1.Indexer`: ScoreTokens, and pod registration (RegisterPod, UnregisterPod).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+
+use kvindex_proto::kvindex::v1 as pb;
+use pb::indexer_server::Indexer;
+
+use super::score::Scorer;
+use crate::config::PodConfig;
+use crate::sources::registry;
+use crate::state::ServiceState;
+use crate::telemetry as m;
+
+pub struct IndexerService {
+    state: Arc<ServiceState>,
+    scorer: Arc<Scorer>,
+}
+
+impl IndexerService {
+    pub fn new(state: Arc<ServiceState>, scorer: Arc<Scorer>) -> Self {
+        IndexerService { state, scorer }
+    }
+}
+
+#[tonic::async_trait]
+impl Indexer for IndexerService {
+    async fn score_tokens(&self, request: Request<pb::ScoreTokensRequest>) -> Result<Response<pb::ScoreTokensResponse>, Status> {
+        let start = Instant::now();
+        let resp = self.scorer.score(request.get_ref())?;
+        metrics::histogram!(m::SCORE_LATENCY).record(start.elapsed().as_secs_f64());
+        metrics::counter!(m::SCORE_REQUESTS, "outcome" => "ok").increment(1);
+        Ok(Response::new(resp))
+    }
+
+    async fn register_pod(&self, request: Request<pb::RegisterPodRequest>) -> Result<Response<pb::RegisterPodResponse>, Status> {
+        let r = request.into_inner();
+        let cfg = PodConfig {
+            id: r.pod,
+            model: r.model,
+            endpoint: (!r.endpoint.is_empty()).then_some(r.endpoint),
+            replay_endpoint: (!r.replay_endpoint.is_empty()).then_some(r.replay_endpoint),
+            topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
+            dp_size: 1,
+        };
+        registry::register(&self.state, cfg, "grpc", false).await.map_err(|e| Status::invalid_argument(e.to_string()))?;
+        Ok(Response::new(pb::RegisterPodResponse {}))
+    }
+
+    async fn unregister_pod(&self, request: Request<pb::UnregisterPodRequest>) -> Result<Response<pb::UnregisterPodResponse>, Status> {
+        let pod = request.into_inner().pod;
+        if pod.is_empty() {
+            metrics::counter!(m::CONFIG_ERRORS, "source" => "grpc").increment(1);
+            return Err(Status::invalid_argument("pod must not be empty"));
+        }
+        let existed = registry::unregister(&self.state, &pod, "grpc").await;
+        Ok(Response::new(pb::UnregisterPodResponse { existed }))
+    }
+}

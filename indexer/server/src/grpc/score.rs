@@ -1,0 +1,118 @@
+//! ScoreTokens, shared by both gRPC contracts: checks a request's limits, asks the index, and
+//! answers with each pod's matched blocks, tier counts and source state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tonic::Status;
+
+use kvindex::index::tiers::TierId;
+use kvindex::sequencer::SourceState;
+use kvindex::ScoreQuery;
+use kvindex_proto::kvindex::v1 as pb;
+
+use crate::state::ServiceState;
+use crate::telemetry as m;
+
+/// Longest pod id or name accepted in a request.
+pub const MAX_NAME: usize = 1024;
+/// Most pods in a ScoreTokens filter.
+const MAX_FILTER: usize = 65_536;
+
+/// The wire enum for a source state: REPLAYING and CONNECTING may lag the engine, so they are
+/// flagged like STALE.
+pub fn wire_state(state: Option<SourceState>) -> pb::SourceState {
+    match state {
+        Some(SourceState::Exact) => pb::SourceState::Exact,
+        Some(SourceState::Degraded) => pb::SourceState::Degraded,
+        Some(SourceState::Stale | SourceState::Replaying | SourceState::Connecting) => pb::SourceState::Stale,
+        None => pb::SourceState::Unspecified,
+    }
+}
+
+fn invalid(msg: String) -> Status {
+    metrics::counter!(m::SCORE_REQUESTS, "outcome" => "invalid").increment(1);
+    Status::invalid_argument(msg)
+}
+
+/// Answers ScoreTokens requests from the service's index.
+pub struct Scorer {
+    state: Arc<ServiceState>,
+}
+
+impl Scorer {
+    pub fn new(state: Arc<ServiceState>) -> Self {
+        Scorer { state }
+    }
+
+    pub fn score(&self, req: &pb::ScoreTokensRequest) -> Result<pb::ScoreTokensResponse, Status> {
+        let max_tokens = self.state.config().max_tokens;
+        if req.token_ids.len() > max_tokens {
+            return Err(invalid(format!("token_ids has {} tokens, more than max_tokens = {max_tokens}", req.token_ids.len())));
+        }
+        if req.pods.len() > MAX_FILTER {
+            return Err(invalid(format!("pods has {} entries, more than {MAX_FILTER}", req.pods.len())));
+        }
+        for (field, v) in [("model", &req.model), ("lora_name", &req.lora_name), ("cache_salt", &req.cache_salt)] {
+            if v.len() > MAX_NAME {
+                return Err(invalid(format!("{field} is longer than {MAX_NAME} bytes")));
+            }
+        }
+        if req.pods.iter().any(|p| p.is_empty() || p.len() > MAX_NAME) {
+            return Err(invalid("pods entries must be non-empty pod ids".to_string()));
+        }
+        let index = self.state.index();
+        let filter: Option<Vec<&str>> = (!req.pods.is_empty()).then(|| req.pods.iter().map(String::as_str).collect());
+        let result = index.score(&ScoreQuery {
+            model: &req.model,
+            lora_name: (!req.lora_name.is_empty()).then_some(req.lora_name.as_str()),
+            cache_salt: (!req.cache_salt.is_empty()).then_some(req.cache_salt.as_str()),
+            token_ids: &req.token_ids,
+            pods: filter.as_deref(),
+        });
+        let states = self.state.status().pod_states();
+        let tiers = index.tiers();
+        let mut by_name: HashMap<String, pb::PodScore> = HashMap::new();
+        for mt in &result.matches {
+            let Some(name) = index.pods().name(mt.pod) else { continue };
+            let matched_by_tier = mt
+                .by_tier
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(i, n)| (tiers.name(TierId(i as u8)), *n))
+                .collect();
+            by_name.insert(
+                name.to_string(),
+                pb::PodScore {
+                    pod: name.to_string(),
+                    matched_blocks: mt.matched_blocks,
+                    weighted_score: mt.weighted_score,
+                    matched_by_tier,
+                    state: wire_state(states.get(&*name).copied()) as i32,
+                },
+            );
+        }
+        let scores = if req.pods.is_empty() {
+            let mut v: Vec<pb::PodScore> = by_name.into_values().filter(|s| s.matched_blocks > 0).collect();
+            v.sort_by(|a, b| b.matched_blocks.cmp(&a.matched_blocks).then_with(|| a.pod.cmp(&b.pod)));
+            v
+        } else {
+            let mut seen = std::collections::HashSet::new();
+            req.pods
+                .iter()
+                .filter(|p| seen.insert(p.as_str()))
+                .map(|p| {
+                    by_name.remove(p).unwrap_or_else(|| pb::PodScore {
+                        pod: p.clone(),
+                        matched_blocks: 0,
+                        weighted_score: 0.0,
+                        matched_by_tier: HashMap::new(),
+                        state: wire_state(states.get(p.as_str()).copied()) as i32,
+                    })
+                })
+                .collect()
+        };
+        Ok(pb::ScoreTokensResponse { scores, total_blocks: result.total_blocks, block_size: index.block_size() as u32 })
+    }
+}

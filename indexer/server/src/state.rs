@@ -1,0 +1,126 @@
+//! The state the service's parts share: the configuration, the index, the registry of pods,
+//! the apply queues, the sources' status, readiness and the replay client. Owned by one
+//! [`ServiceState`] behind an `Arc`; every part goes through its methods.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tokio::sync::Semaphore;
+
+use kvindex::KvIndex;
+
+use crate::apply::Queues;
+use crate::config::Config;
+use crate::sources::registry::Registry;
+use crate::status::SourceStatus;
+use crate::transport::ReplayClient;
+
+pub struct ServiceState {
+    config: Config,
+    index: KvIndex,
+    start: Instant,
+    registry: RwLock<Registry>,
+    queues: Queues,
+    status: SourceStatus,
+    readiness: Readiness,
+    replay_client: ReplayClient,
+    replay_permits: Arc<Semaphore>,
+    /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
+    runtime: tokio::runtime::Handle,
+}
+
+impl ServiceState {
+    pub fn new(config: Config, index: KvIndex, queues: Queues, replay_client: ReplayClient) -> Self {
+        ServiceState {
+            registry: RwLock::new(Registry::new(&config.topic_map, &config.replay)),
+            replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
+            config,
+            index,
+            start: Instant::now(),
+            queues,
+            status: SourceStatus::default(),
+            readiness: Readiness::default(),
+            replay_client,
+            runtime: tokio::runtime::Handle::current(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn index(&self) -> &KvIndex {
+        &self.index
+    }
+
+    /// Milliseconds since the service started: the sequencers' clock.
+    pub fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    pub fn registry(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read()
+    }
+
+    pub(crate) fn registry_mut(&self) -> RwLockWriteGuard<'_, Registry> {
+        self.registry.write()
+    }
+
+    pub fn queues(&self) -> &Queues {
+        &self.queues
+    }
+
+    pub fn status(&self) -> &SourceStatus {
+        &self.status
+    }
+
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
+
+    pub fn replay_client(&self) -> &ReplayClient {
+        &self.replay_client
+    }
+
+    /// Bounds replays in flight (`max_concurrent_replays`).
+    pub fn replay_permits(&self) -> Arc<Semaphore> {
+        self.replay_permits.clone()
+    }
+
+    /// Runs `task` on the service's runtime (from an apply worker's thread, say).
+    pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.runtime.spawn(task);
+    }
+}
+
+/// `/readyz`: the servers are listening and every start-up replay is done (or failed).
+#[derive(Default)]
+pub struct Readiness {
+    listening: AtomicBool,
+    initial_syncs: AtomicUsize,
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        self.listening.load(Ordering::Acquire) && self.initial_syncs.load(Ordering::Acquire) == 0
+    }
+
+    /// Start-up replays not finished yet.
+    pub fn outstanding(&self) -> usize {
+        self.initial_syncs.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_listening(&self) {
+        self.listening.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn sync_started(&self) {
+        self.initial_syncs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn sync_finished(&self) {
+        self.initial_syncs.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,100 @@
+//! What the service knows about its sources, for answers and operators: each pod's
+//! [`SourceState`] (every ScoreTokens answer carries it), the per-stream debug view behind
+//! `/debug/sources`, and the `kvindex_sources{state}` gauge. Written by the apply workers only.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use parking_lot::{RwLock, RwLockReadGuard};
+use serde::Serialize;
+
+use kvindex::sequencer::SourceState;
+
+use crate::apply::StreamKey;
+use crate::telemetry as m;
+
+/// What `/debug/sources` shows per stream (refreshed by its worker on every tick).
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamDebug {
+    pub pod: String,
+    pub base_pod: String,
+    pub dp_rank: u32,
+    pub mode: &'static str,
+    pub topic: Option<String>,
+    pub topic_id: Option<String>,
+    pub model: String,
+    pub endpoint: Option<String>,
+    pub replay_endpoint: Option<String>,
+    pub state: &'static str,
+    pub last_seq: Option<u64>,
+    pub last_live_seq: Option<u64>,
+    pub last_event_age_ms: Option<u64>,
+    pub gaps: u64,
+    pub duplicates: u64,
+    pub restarts: u64,
+    pub malformed: u64,
+    pub clears: u64,
+    pub replays_started: u64,
+    pub replays_filled: u64,
+    pub replays_failed: u64,
+    pub replay_in_flight: Option<u64>,
+    pub pending: usize,
+}
+
+#[derive(Default)]
+pub struct SourceStatus {
+    /// Source state per (DP-resolved) pod id.
+    pods: RwLock<BTreeMap<String, SourceState>>,
+    streams: RwLock<BTreeMap<StreamKey, StreamDebug>>,
+    counts: [AtomicI64; SourceState::ALL.len()],
+}
+
+impl SourceStatus {
+    /// The pods' states, read together (one lock for a whole answer).
+    pub fn pod_states(&self) -> RwLockReadGuard<'_, BTreeMap<String, SourceState>> {
+        self.pods.read()
+    }
+
+    /// Pods with a source.
+    pub fn pods(&self) -> usize {
+        self.pods.read().len()
+    }
+
+    /// A new stream of `pod` starts CONNECTING.
+    pub fn add(&self, pod: &str) {
+        self.count(SourceState::Connecting, 1);
+        self.pods.write().insert(pod.to_string(), SourceState::Connecting);
+    }
+
+    pub fn transition(&self, pod: &str, from: SourceState, to: SourceState) {
+        self.count(from, -1);
+        self.count(to, 1);
+        self.pods.write().insert(pod.to_string(), to);
+    }
+
+    /// A stream is gone (its pod was unregistered).
+    pub fn remove(&self, key: &StreamKey, pod: &str, state: SourceState) {
+        self.count(state, -1);
+        self.pods.write().remove(pod);
+        self.streams.write().remove(key);
+    }
+
+    /// Replaces the debug view of these streams.
+    pub fn publish(&self, views: Vec<(StreamKey, StreamDebug)>) {
+        let mut streams = self.streams.write();
+        for (key, view) in views {
+            streams.insert(key, view);
+        }
+    }
+
+    /// The debug view of every stream, ordered by stream.
+    pub fn streams(&self) -> Vec<StreamDebug> {
+        self.streams.read().values().cloned().collect()
+    }
+
+    fn count(&self, state: SourceState, delta: i64) {
+        let i = SourceState::ALL.iter().position(|s| *s == state).unwrap_or(0);
+        let v = self.counts[i].fetch_add(delta, Ordering::Relaxed) + delta;
+        metrics::gauge!(m::SOURCES, "state" => state.label()).set(v as f64);
+    }
+}
