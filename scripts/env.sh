@@ -4,6 +4,5 @@
 : "${CARGO_TARGET_DIR:=/var/tmp/kvindex-target}"
 : "${KVINDEX_VENV:=/var/tmp/kvindex-venv}"
 : "${KVINDEX_FIXTURES:=/var/tmp/kvindex-fixtures}"
-: "${KVINDEX_VECTORS:=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared/vectors}"
-export CARGO_TARGET_DIR KVINDEX_VENV KVINDEX_VECTORS KVINDEX_FIXTURES
+export CARGO_TARGET_DIR KVINDEX_VENV KVINDEX_FIXTURES
 export KVINDEX_PYTHON="$KVINDEX_VENV/bin/python"

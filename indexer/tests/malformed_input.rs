@@ -2,13 +2,13 @@
 //! types, huge declared lengths, unknown tags, empty batches, deep nesting and random damage to
 //! real vLLM payloads give an error (nothing applied) or a skip (only the valid events apply).
 
-mod common;
+mod support;
 
 use kvindex::wire::{self, Event, WireError};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
 use proptest::prelude::*;
 
-use common::{frame_files, frames_of, read_records};
+use support::{frame_files, frames_of, read_records};
 
 /// Every live payload of the public vectors.
 fn real_payloads() -> Vec<Vec<u8>> {
@@ -25,7 +25,7 @@ fn real_payloads() -> Vec<Vec<u8>> {
 fn seeded() -> (KvIndex, Vec<Vec<u32>>) {
     let index = KvIndex::new(KvIndexConfig { block_size: 16, ..Default::default() });
     let mut prompts = Vec::new();
-    let path = common::vectors_dir().join("frames-0.33.0.jsonl");
+    let path = support::vectors_dir().join("frames-0.33.0.jsonl");
     for r in read_records(&path).iter().filter(|r| r["kind"] == "live" && r["scenario"] == "main").take(2) {
         let payload = frames_of(r).remove(2);
         let batch = wire::decode_batch(&payload).unwrap();

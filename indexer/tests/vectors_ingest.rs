@@ -2,7 +2,7 @@
 //! holds: checked after every message against a reference built independently from the
 //! events' token prefixes (no hashing, no shared code with the index).
 
-mod common;
+mod support;
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,7 +10,7 @@ use kvindex::wire::{self, Event};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
 use serde_json::Value;
 
-use common::{frame_files, frames_of, read_records};
+use support::{frame_files, frames_of, read_records};
 
 const BLOCK: usize = 16;
 
@@ -165,7 +165,7 @@ fn live_streams_index_exactly_what_the_engine_holds() {
 
 /// Finds the first live BlockStored in `version`'s main scenario matching `pred`.
 fn first_store(version: &str, pred: impl Fn(&wire::BlockStored<'_>) -> bool) -> Option<(Vec<u32>, u64)> {
-    let path = common::vectors_dir().join(format!("frames-{version}.jsonl"));
+    let path = support::vectors_dir().join(format!("frames-{version}.jsonl"));
     for record in read_records(&path).iter().filter(|r| r["kind"] == "live" && r["scenario"] == "main") {
         let frames = frames_of(record);
         let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
@@ -185,7 +185,7 @@ fn first_store(version: &str, pred: impl Fn(&wire::BlockStored<'_>) -> bool) -> 
 /// Applies `version`'s main live stream up to and including `last_seq`.
 fn index_through(version: &str, last_seq: u64) -> KvIndex {
     let index = KvIndex::new(KvIndexConfig { block_size: BLOCK, ..Default::default() });
-    let path = common::vectors_dir().join(format!("frames-{version}.jsonl"));
+    let path = support::vectors_dir().join(format!("frames-{version}.jsonl"));
     for record in read_records(&path).iter().filter(|r| r["kind"] == "live" && r["scenario"] == "main") {
         let frames = frames_of(record);
         let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
@@ -227,7 +227,7 @@ fn lora_salt_and_multimodal_blocks_match_only_their_own_queries() {
 
 #[test]
 fn cpu_tier_reannouncement_and_large_engine_blocks() {
-    let path = common::vectors_dir().join("frames-0.33.0.jsonl");
+    let path = support::vectors_dir().join("frames-0.33.0.jsonl");
     let index = KvIndex::new(KvIndexConfig { block_size: BLOCK, ..Default::default() });
     let mut cpu_seen = false;
     let mut bs64_tokens = None;
@@ -262,7 +262,7 @@ fn cpu_tier_reannouncement_and_large_engine_blocks() {
 
 #[test]
 fn data_parallel_rank_is_its_own_pod() {
-    let path = common::vectors_dir().join("frames-0.33.0.jsonl");
+    let path = support::vectors_dir().join("frames-0.33.0.jsonl");
     let index = KvIndex::new(KvIndexConfig { block_size: BLOCK, ..Default::default() });
     let record = read_records(&path)
         .into_iter()
@@ -295,7 +295,7 @@ fn hash_checked(version: &str, algo: &str, seed: Option<&str>, block_size: usize
         KvIndexConfig { block_size, hash_check: Some(kvindex::HashCheck { hasher, every: 1 }), ..Default::default() };
     let index = KvIndex::new(config);
     let mut total = kvindex::vllm_hash::Verification::default();
-    let path = common::vectors_dir().join(format!("frames-{version}.jsonl"));
+    let path = support::vectors_dir().join(format!("frames-{version}.jsonl"));
     for record in read_records(&path).iter().filter(|r| r["kind"] == "live") {
         let frames = frames_of(record);
         let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();

@@ -1,10 +1,11 @@
-//! Holds `kvindex::vllm_hash` to the vectors produced by
-//! vLLM's own hash functions: every `hashes.jsonl` record, and every `sha256_cbor*` chain in the
-//! frames files' `hash_provenance`. `KVINDEX_VECTORS=<dir>` points the tests at another corpus
-//! with the same layout (e.g. the held-out one).
+//! Holds `kvindex::vllm_hash` to the vectors produced by vLLM's own hash functions: every
+//! `hashes.jsonl` record, and every `sha256_cbor*` chain in the frames files'
+//! `hash_provenance`. `KVINDEX_VECTORS=<dir>` points the tests at another corpus with the same
+//! layout (e.g. the held-out one).
+
+mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde_json::Value as Json;
 
@@ -12,37 +13,7 @@ use kvindex::vllm_hash::{
     BlockHasher, DigestBytes, HashAlgo, InternalHash, ParentRef, PublishedHash, PyValue,
     VllmHashConfig, VllmVersion,
 };
-
-fn vectors_dir() -> PathBuf {
-    match std::env::var_os("KVINDEX_VECTORS") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors")),
-    }
-}
-
-fn read_jsonl(name: &str) -> Vec<Json> {
-    let path = vectors_dir().join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
-    text.lines()
-        .filter(|line| !line.trim().is_empty())
-        .enumerate()
-        .map(|(index, line)| {
-            serde_json::from_str(line)
-                .unwrap_or_else(|err| panic!("{name} line {}: {err}", index + 1))
-        })
-        .collect()
-}
-
-fn frames_files() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(vectors_dir())
-        .expect("vectors dir is readable")
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter(|name| name.starts_with("frames-") && name.ends_with(".jsonl"))
-        .collect();
-    names.sort();
-    names
-}
+use support::{frame_files, read_jsonl, read_records};
 
 fn config_of(record: &Json) -> VllmHashConfig {
     VllmHashConfig {
@@ -214,10 +185,9 @@ fn every_sha256_cbor_chain_in_frames_reproduces_and_verifies() {
     let mut tally = ProvenanceTally::default();
     let mut failures = Vec::new();
     let mut hashers: BTreeMap<(String, String, Option<String>), BlockHasher> = BTreeMap::new();
-    let files = frames_files();
-    assert!(!files.is_empty(), "no frames-*.jsonl files");
-    for file in files {
-        for (line, record) in read_jsonl(&file).iter().enumerate() {
+    for path in frame_files() {
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        for (line, record) in read_records(&path).iter().enumerate() {
             let Some(provenance) = record["hash_provenance"].as_array() else {
                 continue;
             };

@@ -130,8 +130,9 @@ impl KvindexService {
     }
 }
 
-/// One request with `Connection: close`; returns the status and the (de-chunked) body.
-async fn http(
+/// One HTTP/1.1 request with `Connection: close`; returns the status and the (de-chunked)
+/// body. Also the loadtest tests' client.
+pub async fn http(
     addr: &str,
     method: &str,
     path: &str,

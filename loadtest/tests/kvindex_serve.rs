@@ -10,37 +10,17 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
 use serde_json::{json, Value};
-use support::{http, post_json, wait_for, Process};
+use support::{http, kvindex_binary, post_json, wait_for, Process};
 
 const MODEL: &str = "sim/model";
 const BLOCK: usize = 16;
 const DEADLINE: Duration = Duration::from_secs(30);
-
-fn kvindex_binary() -> Option<PathBuf> {
-    let candidate = match std::env::var_os("KVINDEX_BIN") {
-        Some(path) => PathBuf::from(path),
-        // target/<profile>/deps/<this test> → target/<profile>/kvindex
-        None => std::env::current_exe()
-            .ok()?
-            .parent()?
-            .parent()?
-            .join("kvindex"),
-    };
-    if candidate.is_file() {
-        return Some(candidate);
-    }
-    let message = format!("no kvindex binary at {} (build it with `cargo build -p kvindex-server --bin kvindex` or set KVINDEX_BIN)", candidate.display());
-    assert!(std::env::var_os("CI").is_none(), "{message}");
-    eprintln!("SKIPPED: {message}");
-    None
-}
 
 /// Spawns a process and returns the first stdout lines that `take` accepts (until it says done).
 fn spawn_reading(command: &mut Command, mut take: impl FnMut(&str) -> bool) -> Process {

@@ -7,7 +7,7 @@
 //! one beside this test's target directory (`cargo build -p kvindex-server --bin kvindex`). Without
 //! it the test is skipped with a message, except under `CI`, where it fails.
 
-use std::path::PathBuf;
+mod support;
 
 use kvindex_loadtest::driver::run;
 use kvindex_loadtest::engine::EngineConfig;
@@ -15,31 +15,11 @@ use kvindex_loadtest::policy::precise::Precise;
 use kvindex_loadtest::policy::precise_grpc::PreciseGrpc;
 use kvindex_loadtest::policy::round_robin::RoundRobin;
 use kvindex_loadtest::workload::MultiTurnConfig;
+use support::kvindex_binary;
 
 const SCALE: usize = 16;
 const PODS: usize = 4;
 const BLOCK: usize = 16;
-
-fn kvindex_binary() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("KVINDEX_BIN").map(PathBuf::from),
-        std::env::var_os("CARGO_TARGET_DIR").map(|dir| PathBuf::from(dir).join("debug/kvindex")),
-        // target/<profile>/deps/<this test> → target/<profile>/kvindex
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.parent()?.join("kvindex"))),
-    ];
-    if let Some(found) = candidates.iter().flatten().find(|path| path.is_file()) {
-        return Some(found.clone());
-    }
-    let message = format!(
-        "no kvindex binary among {:?} (build it with `cargo build -p kvindex-server --bin kvindex` or set KVINDEX_BIN)",
-        candidates.iter().flatten().collect::<Vec<_>>()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{message}");
-    eprintln!("SKIPPED: {message}");
-    None
-}
 
 #[test]
 fn precise_through_kvindex_serve_matches_precise_in_process() {

@@ -25,7 +25,16 @@ fn serve_fails(args: &[&str], env: &[(&str, &str)]) -> String {
 #[test]
 fn serve_contract_listening_line_and_graceful_sigterm() {
     let mut server = ServeProcess::start(
-        &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--block-size", "16", "--zmq-bind", "tcp://127.0.0.1:0"],
+        &[
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--block-size",
+            "16",
+            "--zmq-bind",
+            "tcp://127.0.0.1:0",
+        ],
         &[],
     );
     assert!(server.zmq.as_deref().is_some_and(|z| z.starts_with("tcp://127.0.0.1:")), "{:?}", server.zmq);

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use serde_json::Value as Json;
-use support::{read_records, vectors_dir};
+use support::{read_jsonl, vectors_dir};
 
 #[path = "../src/bin/kvindex/vllm_hash.rs"]
 mod vllm_hash_command;
@@ -18,50 +18,31 @@ fn label(record: &Json) -> String {
 
 /// Every computed field of a command output line equals the input record's field.
 fn compare_command_output(output: &str) {
-    let records = read_records(&vectors_dir().join("hashes.jsonl"));
+    let records = read_jsonl("hashes.jsonl");
     let lines: Vec<&str> = output.lines().collect();
     assert_eq!(lines.len(), records.len(), "one output line per record");
     let mut failures = Vec::new();
     for (record, line) in records.iter().zip(&lines) {
         let out: Json = serde_json::from_str(line).expect("output is JSON");
-        let Some(fields) = out.as_object() else {
-            panic!("output line is not an object: {line}")
-        };
+        let Some(fields) = out.as_object() else { panic!("output line is not an object: {line}") };
         if record["algo"] == "builtin" {
-            assert!(
-                fields.contains_key("error"),
-                "builtin must report an error: {line}"
-            );
+            assert!(fields.contains_key("error"), "builtin must report an error: {line}");
             continue;
         }
         if let Some(error) = fields.get("error") {
             failures.push(format!("{}: error {error}", label(record)));
             continue;
         }
-        for required in [
-            "none_hash_hex",
-            "block_digests_hex",
-            "event_u64",
-            "serialized_input_hex_block0",
-        ] {
+        for required in ["none_hash_hex", "block_digests_hex", "event_u64", "serialized_input_hex_block0"] {
             assert!(fields.contains_key(required), "{required} missing: {line}");
         }
         for (field, value) in fields {
             if record.get(field) != Some(value) {
-                failures.push(format!(
-                    "{}: {field}: expected {:?}, got {value}",
-                    label(record),
-                    record.get(field)
-                ));
+                failures.push(format!("{}: {field}: expected {:?}, got {value}", label(record), record.get(field)));
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 #[test]
@@ -100,16 +81,10 @@ fn command_reports_bad_lines_and_goes_on() {
     for errored in lines[..5].iter().chain(&lines[6..]) {
         assert!(errored.get("error").is_some(), "{errored}");
     }
-    assert_eq!(
-        lines[2]["case"], "x",
-        "a builtin record is echoed with its error"
-    );
+    assert_eq!(lines[2]["case"], "x", "a builtin record is echoed with its error");
     // Unset seed on 0.33 sha256_cbor uses the default seed; the partial second block gets no hash.
     assert_eq!(lines[5]["none_hash_seed"], "vllm-none-hash");
-    assert_eq!(
-        lines[5]["block_digests_hex"].as_array().map(Vec::len),
-        Some(1)
-    );
+    assert_eq!(lines[5]["block_digests_hex"].as_array().map(Vec::len), Some(1));
 }
 
 #[test]
@@ -125,14 +100,7 @@ fn binary_subcommand_reproduces_every_record() {
     let mut stdin = child.stdin.take().expect("stdin piped");
     let writer = std::thread::spawn(move || stdin.write_all(&input));
     let result = child.wait_with_output().expect("kvindex finishes");
-    writer
-        .join()
-        .expect("writer thread")
-        .expect("stdin written");
-    assert!(
-        result.status.success(),
-        "kvindex vllm-hash failed: {}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    writer.join().expect("writer thread").expect("stdin written");
+    assert!(result.status.success(), "kvindex vllm-hash failed: {}", String::from_utf8_lossy(&result.stderr));
     compare_command_output(&String::from_utf8(result.stdout).expect("utf-8 output"));
 }

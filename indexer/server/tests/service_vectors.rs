@@ -1,5 +1,5 @@
 //! `kvindex serve` fed with the frames captured from vLLM's own publisher (every release in
-//! `../shared/vectors`), sent byte for byte by a pyzmq publisher in central mode. One captured
+//! `testdata/vllm-vectors`), sent byte for byte by a pyzmq publisher in central mode. One captured
 //! frame is withheld, so the index must be completed through the replay ROUTER (reply layout
 //! without the topic frame up to 0.25, with it from 0.26). Scores are checked at two points.
 
@@ -17,26 +17,28 @@ fn tokens_of(event: &Value) -> Vec<u32> {
 
 fn run(version: &str) {
     let Some(py) = python() else { return };
-    let path = vectors_dir().join(format!("frames-{version}.jsonl"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (set KVINDEX_VECTORS)", path.display()));
-    let live: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+    let live: Vec<Value> = read_jsonl(&format!("frames-{version}.jsonl"))
+        .into_iter()
         .filter(|r| r["kind"] == "live" && r["scenario"] == "main")
         .collect();
     assert!(live.len() > 8, "{version}: too few live frames");
     let topic = live[0]["publisher"]["topic"].as_str().unwrap().to_string();
     let topic_frame = version_at_least(version, (0, 26));
     // The 64-block chain, and the store after the final AllBlocksCleared.
-    let long_at = live.iter().position(|r| r["expect"]["events"][0]["block_hashes"].as_array().is_some_and(|h| h.len() == 64)).unwrap();
+    let long_at = live
+        .iter()
+        .position(|r| r["expect"]["events"][0]["block_hashes"].as_array().is_some_and(|h| h.len() == 64))
+        .unwrap();
     let long_tokens = tokens_of(&live[long_at]["expect"]["events"][0]);
     let last_tokens = tokens_of(&live.last().unwrap()["expect"]["events"][0]);
 
     let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]);
     let mut peer = Peer::start(&py);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    let p = peer.cmd(json!({"op": "pub_start", "name": "v", "pod": POD, "connect": server.zmq(), "replay": "tcp://127.0.0.1:0",
-        "topic": topic, "replay_topic_frame": topic_frame}));
+    let p = peer.cmd(
+        json!({"op": "pub_start", "name": "v", "pod": POD, "connect": server.zmq(), "replay": "tcp://127.0.0.1:0",
+        "topic": topic, "replay_topic_frame": topic_frame}),
+    );
     peer.cmd(json!({"op": "register", "pod": POD, "model": MODEL, "replay_endpoint": p["replay_endpoint"]}));
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["v"]}))["subscribed"], true);
 

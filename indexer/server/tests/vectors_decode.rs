@@ -1,4 +1,4 @@
-//! Every message vLLM's own publisher produced (../shared/vectors) decodes to its `expect`,
+//! Every message vLLM's own publisher produced (testdata/vllm-vectors) decodes to its `expect`,
 //! through the real `kvindex decode` binary.
 
 mod support;

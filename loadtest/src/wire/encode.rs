@@ -2,7 +2,7 @@
 //!
 //! vLLM encodes with msgspec; a consumer may depend on any detail of those bytes, so the
 //! simulator reproduces them, header widths included (checked against vLLM's own captures in
-//! `shared/vectors`). The batch is always `[ts, events, data_parallel_rank]`. Events are maps
+//! `testdata/vllm-vectors`). The batch is always `[ts, events, data_parallel_rank]`. Events are maps
 //! from vLLM 0.24 on (`omit_defaults`: keys whose value is their `None` default are left out,
 //! and BlockStored always gets a map16 header because it declares more than 15 fields) and
 //! fixed-length arrays with the tag first up to 0.23 (every declared field present).

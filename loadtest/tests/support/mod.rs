@@ -1,13 +1,17 @@
-//! Helpers shared by the integration tests: the vLLM vectors, a minimal HTTP/1.1 client over
-//! a real 127.0.0.1 socket, and waiting on conditions with deadlines.
+//! Helpers shared by the integration tests: the vLLM vectors in the repository (the core's
+//! `tests/support/vectors.rs`), a minimal HTTP/1.1 client over a real 127.0.0.1 socket, and
+//! waiting on conditions with deadlines.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+#[path = "../../../indexer/tests/support/vectors.rs"]
+pub mod vectors;
+#[allow(unused_imports)] // not every test uses the vectors
+pub use vectors::*;
 
 /// A child process killed (and reaped) when the test ends, however it ends.
 pub struct Process(pub std::process::Child);
@@ -19,31 +23,8 @@ impl Drop for Process {
     }
 }
 
-/// `../shared/vectors` beside the checkout, or `$KVINDEX_VECTORS`.
-pub fn vectors_dir() -> PathBuf {
-    match std::env::var_os("KVINDEX_VECTORS") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors")),
-    }
-}
-
-pub fn read_jsonl(name: &str) -> Vec<Value> {
-    let path = vectors_dir().join(name);
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (set KVINDEX_VECTORS)", path.display()))
-        .lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(|line| {
-            serde_json::from_str(line).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        })
-        .collect()
-}
-
 pub fn hex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
-        .collect()
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex")).collect()
 }
 
 /// `"0x…"` → u64.
@@ -62,46 +43,35 @@ impl HttpResponse {
     }
 }
 
-/// One request with `Connection: close`; de-chunks a chunked body.
+/// One request with `Connection: close` (the loadtest's own client); de-chunks a chunked body.
 pub async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> HttpResponse {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let body = body.unwrap_or("");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.expect("write");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.expect("read");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").expect("HTTP response head");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(rest)
-    } else {
-        rest.to_string()
-    };
+    let (status, body) = kvindex_loadtest::kvindex_service::http(addr, method, path, body)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
     HttpResponse { status, body }
 }
 
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    while let Some((size_line, after)) = rest.split_once("\r\n") {
-        let size = usize::from_str_radix(size_line.trim(), 16).unwrap_or(0);
-        if size == 0 || after.len() < size {
-            break;
-        }
-        out.push_str(&after[..size]);
-        rest = after[size..].trim_start_matches("\r\n");
+/// The `kvindex` binary (built by any workspace build, or `cargo build -p kvindex-server --bin
+/// kvindex`): `$KVINDEX_BIN`, else `$CARGO_TARGET_DIR/debug/kvindex`, else the one beside this
+/// test's target directory. `None` (the test is skipped with a message) when there is none,
+/// except under `CI`, where that fails the test.
+pub fn kvindex_binary() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("KVINDEX_BIN").map(PathBuf::from),
+        std::env::var_os("CARGO_TARGET_DIR").map(|dir| PathBuf::from(dir).join("debug/kvindex")),
+        // target/<profile>/deps/<this test> → target/<profile>/kvindex
+        std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.join("kvindex"))),
+    ];
+    if let Some(found) = candidates.iter().flatten().find(|path| path.is_file()) {
+        return Some(found.clone());
     }
-    out
+    let message = format!(
+        "no kvindex binary among {:?} (build it with `cargo build -p kvindex-server --bin kvindex` or set KVINDEX_BIN)",
+        candidates.iter().flatten().collect::<Vec<_>>()
+    );
+    assert!(std::env::var_os("CI").is_none(), "{message}");
+    eprintln!("SKIPPED: {message}");
+    None
 }
 
 pub async fn post_json(addr: &str, path: &str, body: &Value) -> HttpResponse {

@@ -17,51 +17,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+#[path = "../../../tests/support/vectors.rs"]
+pub mod vectors;
+#[allow(unused_imports)] // not every test uses the vectors
+pub use vectors::*;
+
 pub fn workspace() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
-
-pub fn vectors_dir() -> PathBuf {
-    std::env::var_os("KVINDEX_VECTORS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/vectors")))
-}
-
-/// Every `frames-*.jsonl` file, sorted. Panics when there are none: the vectors must be there.
-pub fn frame_files() -> Vec<PathBuf> {
-    let dir = vectors_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("vectors dir {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.starts_with("frames-") && name.ends_with(".jsonl")
-        })
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no frames-*.jsonl in {}", dir.display());
-    files
-}
-
-/// The JSON records of a JSON Lines file.
-pub fn read_records(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
-        .collect()
-}
-
-/// Drops `null`-valued keys recursively, so that null and absent compare equal.
-pub fn without_nulls(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            Value::Object(m.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), without_nulls(v))).collect())
-        }
-        Value::Array(items) => Value::Array(items.iter().map(without_nulls).collect()),
-        other => other.clone(),
-    }
 }
 
 /// The Python interpreter with pyzmq, msgspec and grpcio, or `None` (skip) outside CI.
@@ -310,7 +272,7 @@ impl Server {
 
 /// A plain HTTP/1.1 request (no client crate needed): (status, body).
 pub fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        let mut s = TcpStream::connect(addr).expect("connect http");
+    let mut s = TcpStream::connect(addr).expect("connect http");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let body = body.unwrap_or("");
     write!(
@@ -324,11 +286,8 @@ pub fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) ->
     s.read_to_string(&mut resp).expect("read http");
     let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
     (status, body)
 }
 
