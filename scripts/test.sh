@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The test suite: sets up the Python peers, then runs every Rust test (unit, property,
-# vectors, and integration tests against real sockets).
+# The test suite: formatting and lints first (cheap, and they fail fast), then the Python peers,
+# then every Rust test (unit, property, vectors, and integration tests against real sockets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 source scripts/env.sh
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+bash scripts/setup.sh
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
 else

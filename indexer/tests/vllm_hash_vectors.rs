@@ -10,20 +10,14 @@ use std::collections::BTreeMap;
 use serde_json::Value as Json;
 
 use kvindex::vllm_hash::{
-    BlockHasher, DigestBytes, HashAlgo, InternalHash, ParentRef, PublishedHash, PyValue,
-    VllmHashConfig, VllmVersion,
+    BlockHasher, DigestBytes, HashAlgo, InternalHash, ParentRef, PublishedHash, PyValue, VllmHashConfig, VllmVersion,
 };
 use support::{frame_files, read_jsonl, read_records};
 
 fn config_of(record: &Json) -> VllmHashConfig {
     VllmHashConfig {
-        version: VllmVersion::parse(record["version"].as_str().expect("version"))
-            .expect("version parses"),
-        algo: record["algo"]
-            .as_str()
-            .expect("algo")
-            .parse()
-            .expect("known algo"),
+        version: VllmVersion::parse(record["version"].as_str().expect("version")).expect("version parses"),
+        algo: record["algo"].as_str().expect("algo").parse().expect("known algo"),
         pythonhashseed: record["pythonhashseed"].as_str().map(str::to_string),
     }
 }
@@ -51,10 +45,7 @@ fn extra_keys(value: &Json) -> Vec<Option<PyValue>> {
 }
 
 fn label(record: &Json) -> String {
-    format!(
-        "{} {} {} {}",
-        record["version"], record["algo"], record["case"], record["pythonhashseed"]
-    )
+    format!("{} {} {} {}", record["version"], record["algo"], record["case"], record["pythonhashseed"])
 }
 
 #[test]
@@ -77,10 +68,7 @@ fn every_hash_record_reproduces() {
         };
         let mut check = |field: &str, actual: Json| {
             if record.get(field) != Some(&actual) {
-                failures.push(format!(
-                    "{name}: {field}: expected {:?}, got {actual}",
-                    record.get(field)
-                ));
+                failures.push(format!("{name}: {field}: expected {:?}, got {actual}", record.get(field)));
             }
         };
         let block_size = record["block_size"].as_u64().expect("block_size") as usize;
@@ -91,20 +79,11 @@ fn every_hash_record_reproduces() {
 
         check("none_hash_hex", Json::from(hasher.none_hash().to_hex()));
         check("none_hash_seed", Json::from(hasher.none_hash_rule().seed()));
-        check(
-            "none_hash_algo",
-            Json::from(hasher.none_hash_algo().as_str()),
-        );
+        check("none_hash_algo", Json::from(hasher.none_hash_algo().as_str()));
         let mut seed_input = Vec::new();
         hasher.write_none_hash_seed_input(&mut seed_input);
-        check(
-            "serialized_none_hash_seed_hex",
-            Json::from(hex::encode(seed_input)),
-        );
-        check(
-            "block_digests_hex",
-            Json::Array(chain.iter().map(|hash| Json::from(hash.to_hex())).collect()),
-        );
+        check("serialized_none_hash_seed_hex", Json::from(hex::encode(seed_input)));
+        check("block_digests_hex", Json::Array(chain.iter().map(|hash| Json::from(hash.to_hex())).collect()));
         check(
             "event_u64",
             Json::Array(
@@ -118,38 +97,17 @@ fn every_hash_record_reproduces() {
             ),
         );
         let mut block0 = Vec::new();
-        hasher.write_block_input(
-            &mut block0,
-            None,
-            &tokens[..block_size],
-            extras.first().and_then(Option::as_ref),
-        );
-        check(
-            "serialized_input_hex_block0",
-            Json::from(hex::encode(block0)),
-        );
+        hasher.write_block_input(&mut block0, None, &tokens[..block_size], extras.first().and_then(Option::as_ref));
+        check("serialized_input_hex_block0", Json::from(hex::encode(block0)));
         if record["internal_type"] == "int" {
             check("none_hash_int", Json::from(hasher.none_hash().to_decimal()));
-            check(
-                "block_hashes_int",
-                Json::Array(
-                    chain
-                        .iter()
-                        .map(|hash| Json::from(hash.to_decimal()))
-                        .collect(),
-                ),
-            );
+            check("block_hashes_int", Json::Array(chain.iter().map(|hash| Json::from(hash.to_decimal())).collect()));
         } else {
             check("internal_type", Json::from("bytes"));
         }
     }
     assert!(compared_blocks > 0, "no blocks compared");
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
 
 /// The vectors' internal-hash notation: `bytes:<hex>` digests, `0x%016x` u64 ints.
@@ -238,25 +196,19 @@ fn every_sha256_cbor_chain_in_frames_reproduces_and_verifies() {
                     .iter()
                     .map(|hash| hash.as_str().expect("hash string"))
                     .collect();
-                let slots: Vec<Option<usize>> = hash_texts
-                    .iter()
-                    .map(|text| published_of(text, &mut storage))
-                    .collect();
+                let slots: Vec<Option<usize>> =
+                    hash_texts.iter().map(|text| published_of(text, &mut storage)).collect();
                 let to_published = |text: &str, slot: Option<usize>| match slot {
                     Some(slot) => PublishedHash::Bytes(&storage[slot]),
-                    None => PublishedHash::Int(
-                        u64::from_str_radix(text.trim_start_matches("0x"), 16).expect("hex u64"),
-                    ),
+                    None => {
+                        PublishedHash::Int(u64::from_str_radix(text.trim_start_matches("0x"), 16).expect("hex u64"))
+                    }
                 };
-                let published: Vec<PublishedHash<'_>> = hash_texts
-                    .iter()
-                    .zip(&slots)
-                    .map(|(text, slot)| to_published(text, *slot))
-                    .collect();
+                let published: Vec<PublishedHash<'_>> =
+                    hash_texts.iter().zip(&slots).map(|(text, slot)| to_published(text, *slot)).collect();
                 let parent_text = event["parent_block_hash"].as_str();
-                let parent_bytes = parent_text
-                    .and_then(|text| text.strip_prefix("bytes:"))
-                    .map(|h| hex::decode(h).expect("hex"));
+                let parent_bytes =
+                    parent_text.and_then(|text| text.strip_prefix("bytes:")).map(|h| hex::decode(h).expect("hex"));
                 let parent_ref = match (parent_text, &parent_bytes) {
                     (None, _) => ParentRef::Root,
                     (Some(_), Some(bytes)) => ParentRef::Published(PublishedHash::Bytes(bytes)),
@@ -279,16 +231,7 @@ fn every_sha256_cbor_chain_in_frames_reproduces_and_verifies() {
             }
         }
     }
-    assert!(
-        tally.chains >= 20,
-        "only {} provenance chains found",
-        tally.chains
-    );
+    assert!(tally.chains >= 20, "only {} provenance chains found", tally.chains);
     assert!(tally.blocks > 0 && tally.verified_blocks > 0);
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }

@@ -87,8 +87,7 @@ pub struct Cli {
 }
 
 fn parse_wire(text: &str) -> Result<WireVersion, String> {
-    WireVersion::parse(text)
-        .ok_or_else(|| format!("unsupported wire version {text:?} (expected 0.33 or 0.23)"))
+    WireVersion::parse(text).ok_or_else(|| format!("unsupported wire version {text:?} (expected 0.33 or 0.23)"))
 }
 
 impl Cli {
@@ -105,9 +104,7 @@ impl Cli {
         }
         let positive = |value: f64| value.is_finite() && value > 0.0;
         let non_negative = |value: f64| value.is_finite() && value >= 0.0;
-        if !positive(self.prefill_tokens_per_s)
-            || !non_negative(self.decode_ms_per_token)
-            || !positive(self.time_scale)
+        if !positive(self.prefill_tokens_per_s) || !non_negative(self.decode_ms_per_token) || !positive(self.time_scale)
         {
             return Err(
                 "--prefill-tokens-per-s and --time-scale must be positive, --decode-ms-per-token non-negative".into()
@@ -118,11 +115,7 @@ impl Cli {
             (None, Some(port)) => ZmqMode::BindBasePort(port),
             _ => return Err("give exactly one of --zmq-connect and --zmq-bind-base-port".into()),
         };
-        let hash_seed = if self.hash_seed == "unset" {
-            None
-        } else {
-            Some(self.hash_seed.clone())
-        };
+        let hash_seed = if self.hash_seed == "unset" { None } else { Some(self.hash_seed.clone()) };
         // Last: loading a real vocabulary takes a while, so the cheap checks fail first.
         let tokenizer = match &self.tokenizer {
             Some(dir) => PromptTokenizer::load(&self.model, dir)?,
@@ -188,16 +181,7 @@ mod tests {
         assert_eq!(config.zmq, ZmqMode::BindBasePort(5557));
         assert_eq!(config.wire, WireVersion::V0_23);
         assert_eq!(config.engine.hash_seed.as_deref(), Some("42"));
-        assert!(Cli::try_parse_from([
-            "kvindex-sim",
-            "--pods",
-            "1",
-            "--model",
-            "m",
-            "--http-base-port",
-            "1"
-        ])
-        .is_err());
+        assert!(Cli::try_parse_from(["kvindex-sim", "--pods", "1", "--model", "m", "--http-base-port", "1"]).is_err());
         assert!(Cli::try_parse_from([
             "kvindex-sim",
             "--pods",

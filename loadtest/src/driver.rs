@@ -12,9 +12,7 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::engine::{
-    Engine, EngineConfig, NewRequest, RequestId, RequestSummary, RequestUpdate, StepOutcome,
-};
+use crate::engine::{Engine, EngineConfig, NewRequest, RequestId, RequestSummary, RequestUpdate, StepOutcome};
 use crate::policy::{FleetView, Policy};
 use crate::wire::{encode_batch, WireVersion};
 use crate::workload::Conversation;
@@ -40,10 +38,7 @@ impl Eq for Scheduled {}
 impl Ord for Scheduled {
     fn cmp(&self, other: &Self) -> Ordering {
         // BinaryHeap is a max-heap: invert to pop the earliest first.
-        other
-            .at
-            .total_cmp(&self.at)
-            .then_with(|| other.order.cmp(&self.order))
+        other.at.total_cmp(&self.at).then_with(|| other.order.cmp(&self.order))
     }
 }
 
@@ -99,8 +94,7 @@ pub fn run(
     let mut fleet: Vec<PodState> = (0..pods.max(1))
         .map(|_| {
             Ok(PodState {
-                engine: Engine::new(engine.clone())
-                    .map_err(|e| format!("hash configuration: {e}"))?,
+                engine: Engine::new(engine.clone()).map_err(|e| format!("hash configuration: {e}"))?,
                 in_flight: None,
                 usage_area: 0.0,
                 usage_since: 0.0,
@@ -115,14 +109,7 @@ pub fn run(
     };
     for (index, conversation) in conversations.iter().enumerate() {
         if !conversation.turns.is_empty() {
-            push(
-                &mut queue,
-                conversation.start_at,
-                Happening::Arrival {
-                    conversation: index,
-                    turn: 0,
-                },
-            );
+            push(&mut queue, conversation.start_at, Happening::Arrival { conversation: index, turn: 0 });
         }
     }
     let mut histories: Vec<Vec<u32>> = conversations.iter().map(|c| c.opening.clone()).collect();
@@ -144,23 +131,9 @@ pub fn run(
                 requests_per_pod[pod] += 1;
                 let max_tokens = conversations[conversation].turns[turn].max_tokens;
                 let state = &mut fleet[pod];
-                match state.engine.submit(
-                    NewRequest {
-                        prompt: prompt.clone(),
-                        max_tokens,
-                    },
-                    now,
-                ) {
+                match state.engine.submit(NewRequest { prompt: prompt.clone(), max_tokens }, now) {
                     Ok(id) => {
-                        open.insert(
-                            (pod, id),
-                            Open {
-                                conversation,
-                                turn,
-                                prompt,
-                                outputs: Vec::new(),
-                            },
-                        );
+                        open.insert((pod, id), Open { conversation, turn, prompt, outputs: Vec::new() });
                     }
                     Err(_) => continue, // larger than a pod: skipped, never counted
                 }
@@ -197,17 +170,12 @@ pub fn run(
                             history.extend(done.outputs);
                             histories[done.conversation] = history;
                             let next_turn = done.turn + 1;
-                            if let Some(turn) =
-                                conversations[done.conversation].turns.get(next_turn)
-                            {
+                            if let Some(turn) = conversations[done.conversation].turns.get(next_turn) {
                                 let at = now + turn.think_time_s;
                                 push(
                                     &mut queue,
                                     at,
-                                    Happening::Arrival {
-                                        conversation: done.conversation,
-                                        turn: next_turn,
-                                    },
+                                    Happening::Arrival { conversation: done.conversation, turn: next_turn },
                                 );
                             }
                         }
@@ -233,14 +201,7 @@ pub fn run(
         })
         .collect();
     let preemptions = fleet.iter().map(|p| p.engine.stats().preemptions).sum();
-    Ok(report(
-        policy.name(),
-        &summaries,
-        kv_usage_per_pod,
-        requests_per_pod,
-        preemptions,
-        now,
-    ))
+    Ok(report(policy.name(), &summaries, kv_usage_per_pod, requests_per_pod, preemptions, now))
 }
 
 fn choose(policy: &mut dyn Policy, prompt: &[u32], fleet: &[PodState]) -> usize {
@@ -265,8 +226,7 @@ fn start_step(
     account_usage(state, now);
     let outcome = state.engine.step(now);
     let end = now + outcome.duration;
-    let idle_step =
-        outcome.scheduled == 0 && outcome.events.is_empty() && outcome.updates.is_empty();
+    let idle_step = outcome.scheduled == 0 && outcome.events.is_empty() && outcome.updates.is_empty();
     state.in_flight = Some(outcome);
     if !idle_step {
         push(queue, end, Happening::StepEnd { pod });
@@ -298,11 +258,7 @@ fn report(
     PolicyReport {
         policy: name.to_string(),
         requests: summaries.len(),
-        hit_rate: if prompt == 0 {
-            0.0
-        } else {
-            cached as f64 / prompt as f64
-        },
+        hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
         ttft_p50_s: percentile(&ttfts, 50.0),
         ttft_p90_s: percentile(&ttfts, 90.0),
         ttft_p99_s: percentile(&ttfts, 99.0),

@@ -87,8 +87,7 @@ fn port(base: u16, index: usize) -> Result<u16, String> {
     if base == 0 {
         return Ok(0);
     }
-    u16::try_from(usize::from(base) + index)
-        .map_err(|_| format!("port {base} + {index} is out of range"))
+    u16::try_from(usize::from(base) + index).map_err(|_| format!("port {base} + {index} is out of range"))
 }
 
 /// The llm-d topic convention: `kv@<pod id>@<model>`.
@@ -121,9 +120,7 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
         for rank in 0..ranks_per_pod as u32 {
             let slot = index * ranks_per_pod + rank as usize;
             let endpoint = match &config.zmq {
-                ZmqMode::Connect(endpoint) => {
-                    PubEndpoint::Connect(offset_endpoint_port(endpoint, rank)?)
-                }
+                ZmqMode::Connect(endpoint) => PubEndpoint::Connect(offset_endpoint_port(endpoint, rank)?),
                 ZmqMode::BindBasePort(base) => {
                     PubEndpoint::Bind(format!("tcp://{}:{}", config.host, port(*base, slot)?))
                 }
@@ -146,15 +143,8 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
                 pub_endpoint: publisher.bound_endpoint.clone(),
                 replay_endpoint: publisher.bound_replay_endpoint.clone(),
             });
-            let engine = Engine::new(config.engine.clone())
-                .map_err(|e| format!("hash configuration: {e}"))?;
-            ranks.push(Rank::start(
-                engine,
-                rank,
-                format!("{pod_id}/dp{rank}"),
-                publisher,
-                config.time_scale,
-            ));
+            let engine = Engine::new(config.engine.clone()).map_err(|e| format!("hash configuration: {e}"))?;
+            ranks.push(Rank::start(engine, rank, format!("{pod_id}/dp{rank}"), publisher, config.time_scale));
         }
         let pod = Pod::new(info, ranks);
         let app = crate::http::router(pod.clone());
@@ -163,11 +153,7 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
                 tracing::error!(%error, "HTTP server stopped");
             }
         });
-        running.push(RunningPod {
-            pod,
-            http_addr,
-            ranks: endpoints,
-        });
+        running.push(RunningPod { pod, http_addr, ranks: endpoints });
     }
     Ok(running)
 }

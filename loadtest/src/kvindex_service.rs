@@ -40,13 +40,7 @@ impl KvindexService {
     /// Starts `binary serve` with a bound central SUB and waits for its addresses.
     pub fn start(binary: &Path, block_size: usize) -> Result<KvindexService, String> {
         let mut child = Command::new(binary)
-            .args([
-                "serve",
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-            ])
+            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size"])
             .arg(block_size.to_string())
             .stdin(Stdio::null())
@@ -66,18 +60,11 @@ impl KvindexService {
                 let _ = lines.send(line);
             }
         });
-        let mut service = KvindexService {
-            child,
-            grpc_addr: String::new(),
-            http_addr: String::new(),
-            zmq_endpoint: String::new(),
-        };
+        let mut service =
+            KvindexService { child, grpc_addr: String::new(), http_addr: String::new(), zmq_endpoint: String::new() };
         loop {
             let line = received.recv_timeout(START_DEADLINE).map_err(|_| {
-                format!(
-                    "{} did not print KVINDEX_LISTENING within {START_DEADLINE:?}",
-                    binary.display()
-                )
+                format!("{} did not print KVINDEX_LISTENING within {START_DEADLINE:?}", binary.display())
             })?;
             let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") else {
                 continue;
@@ -90,10 +77,7 @@ impl KvindexService {
                     _ => {}
                 }
             }
-            if service.grpc_addr.is_empty()
-                || service.http_addr.is_empty()
-                || service.zmq_endpoint.is_empty()
-            {
+            if service.grpc_addr.is_empty() || service.http_addr.is_empty() || service.zmq_endpoint.is_empty() {
                 return Err(format!("unexpected KVINDEX_LISTENING line: {line}"));
             }
             return Ok(service);
@@ -102,16 +86,9 @@ impl KvindexService {
 
     /// Registers a pod with its replay endpoint, so a batch lost before the SUB's subscription
     /// took effect is replayed instead of losing the pod's state.
-    pub async fn register_pod(
-        &self,
-        pod: &str,
-        model: &str,
-        replay_endpoint: Option<&str>,
-    ) -> Result<(), String> {
-        let body =
-            serde_json::json!({"pod": pod, "model": model, "replay_endpoint": replay_endpoint});
-        let (status, text) =
-            http(&self.http_addr, "POST", "/pods", Some(&body.to_string())).await?;
+    pub async fn register_pod(&self, pod: &str, model: &str, replay_endpoint: Option<&str>) -> Result<(), String> {
+        let body = serde_json::json!({"pod": pod, "model": model, "replay_endpoint": replay_endpoint});
+        let (status, text) = http(&self.http_addr, "POST", "/pods", Some(&body.to_string())).await?;
         if status != 200 {
             return Err(format!("POST /pods for {pod}: {status} {text}"));
         }
@@ -124,57 +101,29 @@ impl KvindexService {
         if status != 200 {
             return Err(format!("GET /debug/sources: {status}"));
         }
-        let body: Value =
-            serde_json::from_str(&text).map_err(|e| format!("/debug/sources is not JSON: {e}"))?;
+        let body: Value = serde_json::from_str(&text).map_err(|e| format!("/debug/sources is not JSON: {e}"))?;
         Ok(body["sources"].as_array().cloned().unwrap_or_default())
     }
 }
 
 /// One HTTP/1.1 request with `Connection: close`; returns the status and the (de-chunked)
 /// body. Also the loadtest tests' client.
-pub async fn http(
-    addr: &str,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> Result<(u16, String), String> {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect {addr}: {e}"))?;
+pub async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String), String> {
+    let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
     let body = body.unwrap_or("");
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| format!("write to {addr}: {e}"))?;
+    stream.write_all(request.as_bytes()).await.map_err(|e| format!("write to {addr}: {e}"))?;
     let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
-        .await
-        .map_err(|e| format!("read from {addr}: {e}"))?;
+    stream.read_to_end(&mut raw).await.map_err(|e| format!("read from {addr}: {e}"))?;
     let text = String::from_utf8_lossy(&raw);
-    let (head, rest) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("{addr}: no HTTP response head"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("{addr}: no HTTP status"))?;
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    Ok((
-        status,
-        if chunked {
-            dechunk(rest)
-        } else {
-            rest.to_string()
-        },
-    ))
+    let (head, rest) = text.split_once("\r\n\r\n").ok_or_else(|| format!("{addr}: no HTTP response head"))?;
+    let status =
+        head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| format!("{addr}: no HTTP status"))?;
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    Ok((status, if chunked { dechunk(rest) } else { rest.to_string() }))
 }
 
 fn dechunk(mut rest: &str) -> String {

@@ -30,12 +30,7 @@ fn register_font() -> Result<(), String> {
     static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
     REGISTERED
         .get_or_init(|| {
-            for style in [
-                FontStyle::Normal,
-                FontStyle::Bold,
-                FontStyle::Italic,
-                FontStyle::Oblique,
-            ] {
+            for style in [FontStyle::Normal, FontStyle::Bold, FontStyle::Italic, FontStyle::Oblique] {
                 plotters::style::register_font(FONT, style, epaint_default_fonts::UBUNTU_LIGHT)
                     .map_err(|_| "the embedded font could not be parsed".to_string())?;
             }
@@ -63,9 +58,7 @@ pub fn write_png(path: &Path, title: &str, reports: &[PolicyReport]) -> Result<(
     // Policies top to bottom in the order given: the first one gets the highest segment.
     let row = |index: usize| count - 1 - index;
     let label = |value: &SegmentValue<usize>| match value {
-        SegmentValue::CenterOf(segment) if *segment < count => {
-            reports[count - 1 - segment].policy.clone()
-        }
+        SegmentValue::CenterOf(segment) if *segment < count => reports[count - 1 - segment].policy.clone(),
         _ => String::new(),
     };
 
@@ -91,10 +84,7 @@ pub fn write_png(path: &Path, title: &str, reports: &[PolicyReport]) -> Result<(
             let mut bar = Rectangle::new(
                 [
                     (0.0, SegmentValue::Exact(row(index))),
-                    (
-                        report.hit_rate.clamp(0.0, 1.0),
-                        SegmentValue::Exact(row(index) + 1),
-                    ),
+                    (report.hit_rate.clamp(0.0, 1.0), SegmentValue::Exact(row(index) + 1)),
                 ],
                 HIT_COLOR.filled(),
             );
@@ -106,23 +96,14 @@ pub fn write_png(path: &Path, title: &str, reports: &[PolicyReport]) -> Result<(
         .draw_series(reports.iter().enumerate().map(|(index, report)| {
             Text::new(
                 format!(" {:.3}", report.hit_rate),
-                (
-                    report.hit_rate.clamp(0.0, 0.86),
-                    SegmentValue::CenterOf(row(index)),
-                ),
-                (FONT, 14)
-                    .into_font()
-                    .color(&BLACK)
-                    .pos(Pos::new(HPos::Left, VPos::Center)),
+                (report.hit_rate.clamp(0.0, 0.86), SegmentValue::CenterOf(row(index))),
+                (FONT, 14).into_font().color(&BLACK).pos(Pos::new(HPos::Left, VPos::Center)),
             )
         }))
         .map_err(error)?;
 
-    let slowest = reports
-        .iter()
-        .map(|r| r.ttft_p99_s.max(r.ttft_p50_s))
-        .filter(|t| t.is_finite())
-        .fold(0.0f64, f64::max);
+    let slowest =
+        reports.iter().map(|r| r.ttft_p99_s.max(r.ttft_p50_s)).filter(|t| t.is_finite()).fold(0.0f64, f64::max);
     // Headroom on the right for the legend.
     let x_max = if slowest > 0.0 { slowest * 1.4 } else { 1.0 };
     let mut ttft_chart = ChartBuilder::on(&right)
@@ -148,11 +129,7 @@ pub fn write_png(path: &Path, title: &str, reports: &[PolicyReport]) -> Result<(
     for (quantile, color, upper) in [("p50", P50_COLOR, true), ("p99", P99_COLOR, false)] {
         ttft_chart
             .draw_series(reports.iter().enumerate().map(|(index, report)| {
-                let value = if upper {
-                    report.ttft_p50_s
-                } else {
-                    report.ttft_p99_s
-                };
+                let value = if upper { report.ttft_p50_s } else { report.ttft_p99_s };
                 let mut bar = Rectangle::new(
                     [
                         (0.0, SegmentValue::Exact(row(index))),

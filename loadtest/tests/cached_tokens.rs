@@ -25,17 +25,9 @@ impl Rng {
 }
 
 fn implied_cached_tokens(index: &KvIndex, prompt: &[u32]) -> usize {
-    let result = index.score(&ScoreQuery {
-        model: MODEL,
-        lora_name: None,
-        cache_salt: None,
-        token_ids: prompt,
-        pods: None,
-    });
-    let matched = result
-        .matches
-        .first()
-        .map_or(0, |m| m.matched_blocks as usize);
+    let result =
+        index.score(&ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: prompt, pods: None });
+    let matched = result.matches.first().map_or(0, |m| m.matched_blocks as usize);
     matched.min((prompt.len() - 1) / BLOCK) * BLOCK
 }
 
@@ -54,13 +46,8 @@ fn run(wire: WireVersion, seed: u64) {
         ..KvIndexConfig::default()
     });
     let mut rng = Rng(seed);
-    let system_prompts: Vec<Vec<u32>> = (0..3)
-        .map(|s| {
-            (0..40 + 13 * s)
-                .map(|i| 50_000 + 1000 * s as u32 + i as u32)
-                .collect()
-        })
-        .collect();
+    let system_prompts: Vec<Vec<u32>> =
+        (0..3).map(|s| (0..40 + 13 * s).map(|i| 50_000 + 1000 * s as u32 + i as u32).collect()).collect();
     let mut conversations: Vec<Vec<u32>> = (0..8).map(|c| system_prompts[c % 3].clone()).collect();
     let (mut now, mut hits, mut removals, mut checked_hashes) = (0.0, 0, 0, 0);
 
@@ -78,73 +65,38 @@ fn run(wire: WireVersion, seed: u64) {
         }
         prompt.extend((0..question).map(|_| 1 + rng.below(30_000) as u32));
         let expected = implied_cached_tokens(&index, &prompt);
-        assert_eq!(
-            engine.peek_cached_tokens(&prompt),
-            expected,
-            "turn {turn}: engine peek vs index"
-        );
+        assert_eq!(engine.peek_cached_tokens(&prompt), expected, "turn {turn}: engine peek vs index");
         let max_tokens = 1 + rng.below(24) as usize;
-        let id = engine
-            .submit(
-                NewRequest {
-                    prompt: prompt.clone(),
-                    max_tokens,
-                },
-                now,
-            )
-            .unwrap();
+        let id = engine.submit(NewRequest { prompt: prompt.clone(), max_tokens }, now).unwrap();
         let mut reported = None;
         let mut outputs = Vec::new();
         while engine.has_work() {
             let out = engine.step(now);
             now += out.duration;
-            removals += out
-                .events
-                .iter()
-                .filter(|e| matches!(e, KvEvent::BlockRemoved { .. }))
-                .count();
+            removals += out.events.iter().filter(|e| matches!(e, KvEvent::BlockRemoved { .. })).count();
             if !out.events.is_empty() {
                 let payload = encode_batch(wire, now, &out.events, 0);
                 let report = index.apply(POD, MODEL, &decode_batch(&payload).expect("decodes"));
-                assert_eq!(
-                    report.hash_check.mismatched, 0,
-                    "turn {turn}: published hashes differ from vLLM's recipe"
-                );
-                assert_eq!(
-                    report.removed_unknown, 0,
-                    "turn {turn}: removal of a block never stored"
-                );
+                assert_eq!(report.hash_check.mismatched, 0, "turn {turn}: published hashes differ from vLLM's recipe");
+                assert_eq!(report.removed_unknown, 0, "turn {turn}: removal of a block never stored");
                 checked_hashes += report.hash_check.checked;
             }
             for update in out.updates {
                 match update {
-                    RequestUpdate::Scheduled {
-                        id: got,
-                        cached_tokens,
-                    } if got == id => reported = Some(cached_tokens),
+                    RequestUpdate::Scheduled { id: got, cached_tokens } if got == id => reported = Some(cached_tokens),
                     RequestUpdate::Token { id: got, token, .. } if got == id => outputs.push(token),
                     _ => {}
                 }
             }
         }
-        assert_eq!(
-            reported,
-            Some(expected),
-            "turn {turn}: cached_tokens vs the event stream"
-        );
+        assert_eq!(reported, Some(expected), "turn {turn}: cached_tokens vs the event stream");
         hits += usize::from(expected > 0);
         prompt.extend(outputs);
         conversations[conversation] = prompt;
     }
     assert!(hits > 30, "the workload must exercise hits ({hits})");
-    assert!(
-        removals > 30,
-        "the workload must exercise evictions ({removals})"
-    );
-    assert!(
-        checked_hashes > 100,
-        "kvindex's hash cross-check ran on {checked_hashes} blocks"
-    );
+    assert!(removals > 30, "the workload must exercise evictions ({removals})");
+    assert!(checked_hashes > 100, "kvindex's hash cross-check ran on {checked_hashes} blocks");
 }
 
 #[test]

@@ -25,13 +25,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// Spawns a process and returns the first stdout lines that `take` accepts (until it says done).
 fn spawn_reading(command: &mut Command, mut take: impl FnMut(&str) -> bool) -> Process {
     // Owned by `Process` at once, so a failing test still kills it.
-    let mut process = Process(
-        command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn"),
-    );
+    let mut process = Process(command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("spawn"));
     let stdout = process.0.stdout.take().expect("stdout");
     let (lines, received) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -42,9 +36,7 @@ fn spawn_reading(command: &mut Command, mut take: impl FnMut(&str) -> bool) -> P
         }
     });
     loop {
-        let line = received
-            .recv_timeout(DEADLINE)
-            .expect("the process reported its addresses in time");
+        let line = received.recv_timeout(DEADLINE).expect("the process reported its addresses in time");
         if take(&line) {
             return process;
         }
@@ -52,29 +44,22 @@ fn spawn_reading(command: &mut Command, mut take: impl FnMut(&str) -> bool) -> P
 }
 
 async fn sources(kvindex_http: &str) -> Vec<Value> {
-    let body = http(kvindex_http, "GET", "/debug/sources", None)
-        .await
-        .json();
+    let body = http(kvindex_http, "GET", "/debug/sources", None).await.json();
     body["sources"].as_array().cloned().unwrap_or_default()
 }
 
 /// Waits until kvindex applied every batch the pod published so far.
 async fn caught_up(kvindex_http: &str, sim_http: &str, pod_id: &str) {
-    wait_for(
-        "kvindex to apply the pod's batches",
-        DEADLINE,
-        || async move {
-            let stats = http(sim_http, "GET", "/admin/stats", None).await.json();
-            let next = stats["ranks"][0]["publisher"]["next_seq"].as_u64()?;
-            if next == 0 {
-                return Some(());
-            }
-            let sources = sources(kvindex_http).await;
-            let source = sources.iter().find(|s| s["pod"] == pod_id)?;
-            (source["last_seq"].as_u64() == Some(next - 1) && source["state"] == "EXACT")
-                .then_some(())
-        },
-    )
+    wait_for("kvindex to apply the pod's batches", DEADLINE, || async move {
+        let stats = http(sim_http, "GET", "/admin/stats", None).await.json();
+        let next = stats["ranks"][0]["publisher"]["next_seq"].as_u64()?;
+        if next == 0 {
+            return Some(());
+        }
+        let sources = sources(kvindex_http).await;
+        let source = sources.iter().find(|s| s["pod"] == pod_id)?;
+        (source["last_seq"].as_u64() == Some(next - 1) && source["state"] == "EXACT").then_some(())
+    })
     .await
 }
 
@@ -85,15 +70,12 @@ async fn kvindex_serve_scores_predict_the_simulators_cached_tokens() {
     };
     let (mut grpc, mut kv_http, mut zmq) = (String::new(), String::new(), String::new());
     let _server = spawn_reading(
-        Command::new(binary)
-            .args([
-                "serve",
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-            ])
-            .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]),
+        Command::new(binary).args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]).args([
+            "--zmq-bind",
+            "tcp://127.0.0.1:0",
+            "--block-size",
+            "16",
+        ]),
         |line| {
             let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") else {
                 return false;
@@ -113,16 +95,7 @@ async fn kvindex_serve_scores_predict_the_simulators_cached_tokens() {
     let _sim = spawn_reading(
         Command::new(env!("CARGO_BIN_EXE_kvindex-sim"))
             .args(["--pods", "2", "--model", MODEL, "--kv-blocks", "256"])
-            .args([
-                "--http-base-port",
-                "0",
-                "--zmq-connect",
-                &zmq,
-                "--replay-base-port",
-                "0",
-                "--time-scale",
-                "100",
-            ]),
+            .args(["--http-base-port", "0", "--zmq-connect", &zmq, "--replay-base-port", "0", "--time-scale", "100"]),
         |line| {
             pods.push(serde_json::from_str(line).expect("pod line"));
             pods.len() == 2
@@ -133,33 +106,22 @@ async fn kvindex_serve_scores_predict_the_simulators_cached_tokens() {
         let registered = post_json(&kv_http, "/pods", &body).await;
         assert_eq!(registered.status, 200, "{}", registered.body);
     }
-    let mut client = IndexerClient::connect(format!("http://{grpc}"))
-        .await
-        .expect("gRPC connect");
+    let mut client = IndexerClient::connect(format!("http://{grpc}")).await.expect("gRPC connect");
 
     // Two conversations, each pinned to its own pod.
-    let mut conversations: Vec<Vec<u32>> = (0..2u32)
-        .map(|c| (0..70).map(|i| 1000 + 10_000 * c + i).collect())
-        .collect();
+    let mut conversations: Vec<Vec<u32>> =
+        (0..2u32).map(|c| (0..70).map(|i| 1000 + 10_000 * c + i).collect()).collect();
     let mut hits = 0;
     for turn in 0..5u32 {
         for (index, pod) in pods.iter().enumerate() {
-            let (pod_id, sim_http) = (
-                pod["pod_id"].as_str().unwrap(),
-                pod["http"].as_str().unwrap(),
-            );
+            let (pod_id, sim_http) = (pod["pod_id"].as_str().unwrap(), pod["http"].as_str().unwrap());
             let mut prompt = conversations[index].clone();
             prompt.extend((0..9 + turn).map(|i| 5000 + 100 * turn + i));
             if prompt.len() % BLOCK == 0 {
                 prompt.push(3);
             }
             for other in &pods {
-                caught_up(
-                    &kv_http,
-                    other["http"].as_str().unwrap(),
-                    other["pod_id"].as_str().unwrap(),
-                )
-                .await;
+                caught_up(&kv_http, other["http"].as_str().unwrap(), other["pod_id"].as_str().unwrap()).await;
             }
             let scores = client
                 .score_tokens(ScoreTokensRequest {
@@ -170,20 +132,11 @@ async fn kvindex_serve_scores_predict_the_simulators_cached_tokens() {
                 .await
                 .expect("ScoreTokens")
                 .into_inner();
-            let matched = |id: &str| {
-                scores
-                    .scores
-                    .iter()
-                    .find(|s| s.pod == id)
-                    .map_or(0, |s| s.matched_blocks as usize)
-            };
+            let matched =
+                |id: &str| scores.scores.iter().find(|s| s.pod == id).map_or(0, |s| s.matched_blocks as usize);
             let expected = matched(pod_id).min((prompt.len() - 1) / BLOCK) * BLOCK;
             let other_id = pods[1 - index]["pod_id"].as_str().unwrap();
-            assert_eq!(
-                matched(other_id),
-                0,
-                "turn {turn}: the other pod never saw this conversation"
-            );
+            assert_eq!(matched(other_id), 0, "turn {turn}: the other pod never saw this conversation");
             let response = post_json(
                 sim_http,
                 "/v1/completions",
@@ -192,18 +145,10 @@ async fn kvindex_serve_scores_predict_the_simulators_cached_tokens() {
             .await;
             assert_eq!(response.status, 200, "{}", response.body);
             let response = response.json();
-            let cached = response["usage"]["prompt_tokens_details"]["cached_tokens"]
-                .as_u64()
-                .unwrap() as usize;
-            assert_eq!(
-                cached, expected,
-                "turn {turn} on {pod_id}: ScoreTokens predicted {expected}"
-            );
+            let cached = response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() as usize;
+            assert_eq!(cached, expected, "turn {turn} on {pod_id}: ScoreTokens predicted {expected}");
             hits += usize::from(cached > 0);
-            prompt.extend(
-                serde_json::from_value::<Vec<u32>>(response["choices"][0]["token_ids"].clone())
-                    .unwrap(),
-            );
+            prompt.extend(serde_json::from_value::<Vec<u32>>(response["choices"][0]["token_ids"].clone()).unwrap());
             conversations[index] = prompt;
         }
     }

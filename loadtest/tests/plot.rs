@@ -30,9 +30,7 @@ fn decode(path: &PathBuf) -> image::RgbImage {
     let bytes = std::fs::read(path).expect("the PNG was written");
     assert!(bytes.len() > 1000, "{} bytes", bytes.len());
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
-    image::load_from_memory_with_format(&bytes, image::ImageFormat::Png)
-        .expect("the PNG decodes")
-        .to_rgb8()
+    image::load_from_memory_with_format(&bytes, image::ImageFormat::Png).expect("the PNG decodes").to_rgb8()
 }
 
 #[test]
@@ -85,11 +83,7 @@ fn the_cli_writes_the_plot_and_reports_a_bad_path() {
             .expect("run kvindex-policies")
     };
     let output = run(&path);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     decode(&path);
     let _ = std::fs::remove_file(&path);
 

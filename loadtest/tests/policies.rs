@@ -34,13 +34,7 @@ fn reports() -> Vec<PolicyReport> {
             &conversations,
         )
         .unwrap(),
-        run(
-            &mut Precise::new(PODS, BLOCK, "sim-model"),
-            &engine,
-            PODS,
-            &conversations,
-        )
-        .unwrap(),
+        run(&mut Precise::new(PODS, BLOCK, "sim-model"), &engine, PODS, &conversations).unwrap(),
         run(&mut Oracle::default(), &engine, PODS, &conversations).unwrap(),
     ]
 }
@@ -55,9 +49,7 @@ fn precise_routing_beats_round_robin_and_tracks_the_oracle() {
         );
         assert_eq!(r.requests, 64 * 6, "{}: every turn completes", r.policy);
     }
-    let [round_robin, least_loaded, approximate, precise, oracle] = &reports[..] else {
-        unreachable!("five policies")
-    };
+    let [round_robin, least_loaded, approximate, precise, oracle] = &reports[..] else { unreachable!("five policies") };
     assert!(
         precise.hit_rate > round_robin.hit_rate + 0.3,
         "precise {} vs round-robin {}",
@@ -65,12 +57,7 @@ fn precise_routing_beats_round_robin_and_tracks_the_oracle() {
         round_robin.hit_rate
     );
     assert!(precise.hit_rate > least_loaded.hit_rate + 0.3);
-    assert!(
-        precise.hit_rate >= 0.95 * oracle.hit_rate,
-        "precise {} vs oracle {}",
-        precise.hit_rate,
-        oracle.hit_rate
-    );
+    assert!(precise.hit_rate >= 0.95 * oracle.hit_rate, "precise {} vs oracle {}", precise.hit_rate, oracle.hit_rate);
     assert!(approximate.hit_rate > round_robin.hit_rate + 0.3);
     assert!(
         precise.ttft_p50_s * 2.0 < round_robin.ttft_p50_s,
@@ -84,25 +71,9 @@ fn precise_routing_beats_round_robin_and_tracks_the_oracle() {
 #[test]
 fn runs_are_reproducible() {
     let conversations = MultiTurnConfig::reference().scaled_down(16).generate();
-    let engine = EngineConfig {
-        block_size: BLOCK,
-        num_gpu_blocks: 600,
-        ..EngineConfig::default()
-    };
-    let a = run(
-        &mut Precise::new(PODS, BLOCK, "m"),
-        &engine,
-        PODS,
-        &conversations,
-    )
-    .unwrap();
-    let b = run(
-        &mut Precise::new(PODS, BLOCK, "m"),
-        &engine,
-        PODS,
-        &conversations,
-    )
-    .unwrap();
+    let engine = EngineConfig { block_size: BLOCK, num_gpu_blocks: 600, ..EngineConfig::default() };
+    let a = run(&mut Precise::new(PODS, BLOCK, "m"), &engine, PODS, &conversations).unwrap();
+    let b = run(&mut Precise::new(PODS, BLOCK, "m"), &engine, PODS, &conversations).unwrap();
     assert_eq!(
         (a.hit_rate, a.ttft_p99_s, a.requests_per_pod.clone()),
         (b.hit_rate, b.ttft_p99_s, b.requests_per_pod.clone())
@@ -124,41 +95,16 @@ fn approximate_replicas_lose_hits_that_precise_replicas_keep() {
     let chunk = 64 / SCALE;
     let approximate = |count: usize| {
         let replicas: Vec<Box<dyn Policy>> = (0..count)
-            .map(|_| {
-                Box::new(ApproximatePrefix::new(PODS, chunk, blocks * BLOCK / chunk))
-                    as Box<dyn Policy>
-            })
+            .map(|_| Box::new(ApproximatePrefix::new(PODS, chunk, blocks * BLOCK / chunk)) as Box<dyn Policy>)
             .collect();
-        run(
-            &mut Replicated::new(format!("approximate ×{count}"), replicas),
-            &engine,
-            PODS,
-            &conversations,
-        )
-        .unwrap()
+        run(&mut Replicated::new(format!("approximate ×{count}"), replicas), &engine, PODS, &conversations).unwrap()
     };
     // Every precise replica reads the pods' events, as replicas sharing one indexer do.
-    let precise_replicas: Vec<Box<dyn Policy>> = (0..4)
-        .map(|_| Box::new(Precise::new(PODS, BLOCK, "m")) as Box<dyn Policy>)
-        .collect();
-    let precise = run(
-        &mut Replicated::new("precise ×4", precise_replicas),
-        &engine,
-        PODS,
-        &conversations,
-    )
-    .unwrap();
+    let precise_replicas: Vec<Box<dyn Policy>> =
+        (0..4).map(|_| Box::new(Precise::new(PODS, BLOCK, "m")) as Box<dyn Policy>).collect();
+    let precise = run(&mut Replicated::new("precise ×4", precise_replicas), &engine, PODS, &conversations).unwrap();
     let (one, four) = (approximate(1), approximate(4));
-    eprintln!(
-        "approximate ×1 {:.3}, ×4 {:.3}, precise ×4 {:.3}",
-        one.hit_rate, four.hit_rate, precise.hit_rate
-    );
-    assert!(
-        four.hit_rate + 0.15 < one.hit_rate,
-        "each approximate replica only knows its own placements"
-    );
-    assert!(
-        precise.hit_rate > one.hit_rate - 0.02,
-        "precise replicas share what the pods publish"
-    );
+    eprintln!("approximate ×1 {:.3}, ×4 {:.3}, precise ×4 {:.3}", one.hit_rate, four.hit_rate, precise.hit_rate);
+    assert!(four.hit_rate + 0.15 < one.hit_rate, "each approximate replica only knows its own placements");
+    assert!(precise.hit_rate > one.hit_rate - 0.02, "precise replicas share what the pods publish");
 }

@@ -26,12 +26,8 @@ fn precise_through_kvindex_serve_matches_precise_in_process() {
     let Some(binary) = kvindex_binary() else {
         return;
     };
-    let conversations = MultiTurnConfig {
-        conversations: 32,
-        ..MultiTurnConfig::reference()
-    }
-    .scaled_down(SCALE)
-    .generate();
+    let conversations =
+        MultiTurnConfig { conversations: 32, ..MultiTurnConfig::reference() }.scaled_down(SCALE).generate();
     let blocks = 160_000 / SCALE / BLOCK + 1;
     let engine = EngineConfig {
         block_size: BLOCK,
@@ -40,15 +36,8 @@ fn precise_through_kvindex_serve_matches_precise_in_process() {
         ..EngineConfig::default()
     };
     let round_robin = run(&mut RoundRobin::default(), &engine, PODS, &conversations).unwrap();
-    let in_process = run(
-        &mut Precise::new(PODS, BLOCK, "sim-model"),
-        &engine,
-        PODS,
-        &conversations,
-    )
-    .unwrap();
-    let mut through_service =
-        PreciseGrpc::start(&binary, PODS, BLOCK, "sim-model").expect("start kvindex serve");
+    let in_process = run(&mut Precise::new(PODS, BLOCK, "sim-model"), &engine, PODS, &conversations).unwrap();
+    let mut through_service = PreciseGrpc::start(&binary, PODS, BLOCK, "sim-model").expect("start kvindex serve");
     let grpc = run(&mut through_service, &engine, PODS, &conversations).expect("precise-grpc run");
     for r in [&round_robin, &in_process, &grpc] {
         eprintln!(
@@ -57,10 +46,7 @@ fn precise_through_kvindex_serve_matches_precise_in_process() {
         );
     }
     assert_eq!(grpc.requests, in_process.requests);
-    assert_eq!(
-        grpc.hit_rate, in_process.hit_rate,
-        "same events, same scores, same choices"
-    );
+    assert_eq!(grpc.hit_rate, in_process.hit_rate, "same events, same scores, same choices");
     assert_eq!(grpc.requests_per_pod, in_process.requests_per_pod);
     assert_eq!(grpc.ttft_p99_s, in_process.ttft_p99_s);
     assert!(

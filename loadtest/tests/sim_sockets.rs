@@ -43,32 +43,14 @@ impl Sim {
 fn spawn_sim(pods: usize, extra: &[&str]) -> Sim {
     // Defaults for the tests, unless `extra` sets them.
     let mut defaults = vec![];
-    for (flag, value) in [
-        ("--kv-blocks", "64"),
-        ("--time-scale", "100"),
-        ("--decode-ms-per-token", "1"),
-    ] {
+    for (flag, value) in [("--kv-blocks", "64"), ("--time-scale", "100"), ("--decode-ms-per-token", "1")] {
         if !extra.contains(&flag) {
             defaults.extend([flag, value]);
         }
     }
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex-sim"))
-        .args([
-            "--pods",
-            &pods.to_string(),
-            "--model",
-            MODEL,
-            "--block-size",
-            &BLOCK.to_string(),
-        ])
-        .args([
-            "--http-base-port",
-            "0",
-            "--zmq-bind-base-port",
-            "0",
-            "--replay-base-port",
-            "0",
-        ])
+        .args(["--pods", &pods.to_string(), "--model", MODEL, "--block-size", &BLOCK.to_string()])
+        .args(["--http-base-port", "0", "--zmq-bind-base-port", "0", "--replay-base-port", "0"])
         .args(defaults)
         .args(extra)
         .stdout(Stdio::piped())
@@ -86,16 +68,10 @@ fn spawn_sim(pods: usize, extra: &[&str]) -> Sim {
             }
         }
     });
-    let mut sim = Sim {
-        child,
-        pods: Vec::new(),
-    };
+    let mut sim = Sim { child, pods: Vec::new() };
     while sim.pods.len() < pods {
-        let line = received
-            .recv_timeout(DEADLINE)
-            .expect("kvindex-sim did not report its pods");
-        sim.pods
-            .push(serde_json::from_str(&line).expect("pod line is JSON"));
+        let line = received.recv_timeout(DEADLINE).expect("kvindex-sim did not report its pods");
+        sim.pods.push(serde_json::from_str(&line).expect("pod line is JSON"));
     }
     sim
 }
@@ -107,22 +83,20 @@ struct Message {
 }
 
 async fn recv_live(sub: &mut SubSocket, timeout: Duration) -> Option<Message> {
-    let message = tokio::time::timeout(timeout, sub.recv())
-        .await
-        .ok()?
-        .expect("SUB recv");
+    let message = tokio::time::timeout(timeout, sub.recv()).await.ok()?.expect("SUB recv");
     let frames: Vec<Bytes> = message.into_vec();
     let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
     let raw = parse_live(&refs).expect("3-frame live message");
-    Some(Message {
-        topic: raw.topic.unwrap_or_default().to_vec(),
-        seq: raw.seq,
-        payload: raw.payload.to_vec(),
-    })
+    Some(Message { topic: raw.topic.unwrap_or_default().to_vec(), seq: raw.seq, payload: raw.payload.to_vec() })
 }
 
 async fn complete(addr: &str, prompt: &[u32], max_tokens: usize) -> Value {
-    let response = post_json(addr, "/v1/completions", &json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "return_token_ids": true})).await;
+    let response = post_json(
+        addr,
+        "/v1/completions",
+        &json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "return_token_ids": true}),
+    )
+    .await;
     assert_eq!(response.status, 200, "{}", response.body);
     response.json()
 }
@@ -140,10 +114,7 @@ async fn subscribe(addr: &str, endpoint: &str) -> (SubSocket, Message) {
     sub.connect(endpoint).await.unwrap();
     let deadline = std::time::Instant::now() + DEADLINE;
     for salt in 0u32.. {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for the first live message"
-        );
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for the first live message");
         let prompt: Vec<u32> = (0..20).map(|i| 900_000 + salt * 100 + i).collect();
         complete(addr, &prompt, 1).await;
         if let Some(first) = recv_live(&mut sub, Duration::from_millis(200)).await {
@@ -157,24 +128,14 @@ async fn subscribe(addr: &str, endpoint: &str) -> (SubSocket, Message) {
 async fn replay(endpoint: &str, start: u64) -> Vec<Vec<Bytes>> {
     let mut dealer = DealerSocket::new();
     dealer.connect(endpoint).await.unwrap();
-    let request = ZmqMessage::try_from(vec![
-        Bytes::new(),
-        Bytes::copy_from_slice(&start.to_be_bytes()),
-    ])
-    .unwrap();
+    let request = ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())]).unwrap();
     dealer.send(request).await.unwrap();
     let mut replies = Vec::new();
     loop {
-        let message = tokio::time::timeout(DEADLINE, dealer.recv())
-            .await
-            .expect("replay reply in time")
-            .unwrap();
+        let message = tokio::time::timeout(DEADLINE, dealer.recv()).await.expect("replay reply in time").unwrap();
         let frames = message.into_vec();
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
-        let end = matches!(
-            parse_replay(&refs).expect("valid replay reply"),
-            ReplayReply::End { .. }
-        );
+        let end = matches!(parse_replay(&refs).expect("valid replay reply"), ReplayReply::End { .. });
         replies.push(frames);
         if end {
             return replies;
@@ -191,10 +152,7 @@ fn implied_cached_tokens(index: &KvIndex, pod: &str, prompt: &[u32]) -> usize {
         token_ids: prompt,
         pods: Some(&pods),
     });
-    let matched = result
-        .matches
-        .first()
-        .map_or(0, |m| m.matched_blocks as usize);
+    let matched = result.matches.first().map_or(0, |m| m.matched_blocks as usize);
     matched.min((prompt.len() - 1) / BLOCK) * BLOCK
 }
 
@@ -208,21 +166,10 @@ async fn sub_and_replay_streams_imply_the_reported_cached_tokens() {
     let (mut sub, first) = subscribe(&addr, &sim.endpoint(0, "pub")).await;
 
     // What the SUB missed before it joined comes from replay (0.33 layout: topic frame).
-    let index = KvIndex::new(KvIndexConfig {
-        block_size: BLOCK,
-        ..KvIndexConfig::default()
-    });
+    let index = KvIndex::new(KvIndexConfig { block_size: BLOCK, ..KvIndexConfig::default() });
     let replies = replay(&sim.endpoint(0, "replay"), 0).await;
     let end = replies.last().unwrap();
-    assert_eq!(
-        end,
-        &vec![
-            Bytes::new(),
-            Bytes::new(),
-            Bytes::copy_from_slice(&[0xff; 8]),
-            Bytes::new()
-        ]
-    );
+    assert_eq!(end, &vec![Bytes::new(), Bytes::new(), Bytes::copy_from_slice(&[0xff; 8]), Bytes::new()]);
     let mut next_seq = 0;
     for frames in &replies[..replies.len() - 1] {
         assert_eq!(frames.len(), 4);
@@ -258,14 +205,11 @@ async fn sub_and_replay_streams_imply_the_reported_cached_tokens() {
         }
         let expected = implied_cached_tokens(&index, &pod_id, &prompt);
         let response = complete(&addr, &prompt, 9).await;
-        let cached = response["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap() as usize;
+        let cached = response["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() as usize;
         assert_eq!(cached, expected, "turn {turn}");
         assert_eq!(response["usage"]["prompt_tokens"], prompt.len());
         hits += usize::from(cached > 0);
-        let outputs: Vec<u32> =
-            serde_json::from_value(response["choices"][0]["token_ids"].clone()).unwrap();
+        let outputs: Vec<u32> = serde_json::from_value(response["choices"][0]["token_ids"].clone()).unwrap();
         assert_eq!(outputs.len(), 9);
         prompt.extend(outputs);
         conversation = prompt;
@@ -278,23 +222,15 @@ async fn sub_and_replay_streams_imply_the_reported_cached_tokens() {
             last_seq = message.seq;
         }
     }
-    assert!(
-        hits >= 5,
-        "later turns hit the conversation's blocks ({hits})"
-    );
+    assert!(hits >= 5, "later turns hit the conversation's blocks ({hits})");
 
     // Reset: AllBlocksCleared goes out with the next step's batch.
     let reset = http(&addr, "POST", "/reset_prefix_cache", None).await;
     assert_eq!(reset.status, 200, "{}", reset.body);
-    let message = recv_live(&mut sub, DEADLINE)
-        .await
-        .expect("the clear batch");
+    let message = recv_live(&mut sub, DEADLINE).await.expect("the clear batch");
     assert_eq!(message.seq, last_seq + 1);
     let batch = decode_batch(&message.payload).unwrap();
-    assert!(
-        matches!(batch.events.as_slice(), [Event::AllBlocksCleared { .. }]),
-        "{batch:?}"
-    );
+    assert!(matches!(batch.events.as_slice(), [Event::AllBlocksCleared { .. }]), "{batch:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -305,10 +241,7 @@ async fn faults_drop_restart_and_pause_with_the_0_23_layout() {
     let mut last_seq = first.seq;
     let published = publisher_stats(&addr).await["next_seq"].as_u64().unwrap();
     while last_seq + 1 < published {
-        last_seq = recv_live(&mut sub, DEADLINE)
-            .await
-            .expect("live message")
-            .seq;
+        last_seq = recv_live(&mut sub, DEADLINE).await.expect("live message").seq;
     }
 
     // Drop 2 batches: the SUB sees a gap of exactly 2, replay fills it (no topic frame in 0.23).
@@ -318,9 +251,7 @@ async fn faults_drop_restart_and_pause_with_the_0_23_layout() {
         let prompt: Vec<u32> = (0..40).map(|i| 30_000 + 100 * turn + i).collect();
         complete(&addr, &prompt, 1).await; // one batch per request: its prompt's stores
     }
-    let message = recv_live(&mut sub, DEADLINE)
-        .await
-        .expect("the batch after the gap");
+    let message = recv_live(&mut sub, DEADLINE).await.expect("the batch after the gap");
     assert_eq!(message.seq, last_seq + 3, "two batches dropped");
     let replies = replay(&sim.endpoint(0, "replay"), last_seq + 1).await;
     let seqs: Vec<u64> = replies
@@ -341,11 +272,7 @@ async fn faults_drop_restart_and_pause_with_the_0_23_layout() {
         })
         .collect();
     assert_eq!(seqs, vec![last_seq + 1, last_seq + 2, last_seq + 3]);
-    assert_eq!(
-        replies.last().unwrap().len(),
-        3,
-        "0.23 end marker has 3 frames"
-    );
+    assert_eq!(replies.last().unwrap().len(), 3, "0.23 end marker has 3 frames");
     assert_eq!(publisher_stats(&addr).await["dropped"], 2);
 
     // Restart: seq back to 0 and an empty replay window.
@@ -354,32 +281,15 @@ async fn faults_drop_restart_and_pause_with_the_0_23_layout() {
     assert_eq!(publisher_stats(&addr).await["next_seq"], 0);
     complete(&addr, &(0..40).map(|i| 40_000 + i).collect::<Vec<u32>>(), 1).await;
     let replies = replay(&sim.endpoint(0, "replay"), 0).await;
-    assert_eq!(
-        replies.len(),
-        2,
-        "one batch since the restart, then the end marker"
-    );
+    assert_eq!(replies.len(), 2, "one batch since the restart, then the end marker");
     assert_eq!(replies[0][1].as_ref(), &0u64.to_be_bytes());
 
     // Pause holds batches; resume sends them in order.
-    assert_eq!(
-        http(&addr, "POST", "/admin/faults/pause", None)
-            .await
-            .status,
-        200
-    );
+    assert_eq!(http(&addr, "POST", "/admin/faults/pause", None).await.status, 200);
     complete(&addr, &(0..40).map(|i| 50_000 + i).collect::<Vec<u32>>(), 1).await;
     let stats = publisher_stats(&addr).await;
-    assert_eq!(
-        (stats["held"].as_u64(), stats["next_seq"].as_u64()),
-        (Some(1), Some(1))
-    );
-    assert_eq!(
-        http(&addr, "POST", "/admin/faults/resume", None)
-            .await
-            .status,
-        200
-    );
+    assert_eq!((stats["held"].as_u64(), stats["next_seq"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(http(&addr, "POST", "/admin/faults/resume", None).await.status, 200);
     let stats = publisher_stats(&addr).await;
     assert_eq!(
         (stats["held"].as_u64(), stats["next_seq"].as_u64()),
@@ -405,43 +315,25 @@ async fn openai_api_streaming_metrics_and_errors() {
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(first["choices"][0]["text"].as_str().unwrap().len(), 4);
     let again = post_json(&addr, "/v1/completions", &body).await.json();
-    assert_eq!(
-        again["usage"]["prompt_tokens_details"]["cached_tokens"],
-        (text.len() - 1) / BLOCK * BLOCK
-    );
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], (text.len() - 1) / BLOCK * BLOCK);
 
     // Streaming: one chunk per token, the usage chunk, then [DONE].
     let stream = json!({"model": MODEL, "prompt": text, "max_tokens": 5, "stream": true, "stream_options": {"include_usage": true}});
     let response = post_json(&addr, "/v1/completions", &stream).await;
     assert_eq!(response.status, 200);
-    let data: Vec<&str> = response
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
+    let data: Vec<&str> = response.body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     assert_eq!(data.last(), Some(&"[DONE]"));
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
     assert_eq!(chunks.len(), 6, "{data:?}");
     assert_eq!(chunks[4]["choices"][0]["finish_reason"], "length");
     assert_eq!(chunks[5]["usage"]["completion_tokens"], 5);
-    assert!(
-        chunks[5]["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap()
-            > 0
-    );
+    assert!(chunks[5]["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0);
 
     // Chat streaming: a role chunk, content deltas, [DONE].
-    let chat_stream = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true});
+    let chat_stream =
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true});
     let response = post_json(&addr, "/v1/chat/completions", &chat_stream).await;
-    let data: Vec<&str> = response
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
+    let data: Vec<&str> = response.body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     assert_eq!(data.len(), 4, "{data:?}");
     let first: Value = serde_json::from_str(data[0]).unwrap();
     assert_eq!(first["object"], "chat.completion.chunk");
@@ -454,17 +346,8 @@ async fn openai_api_streaming_metrics_and_errors() {
     let chat = json!({"model": MODEL, "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 3});
     let reply = post_json(&addr, "/v1/chat/completions", &chat).await.json();
     assert_eq!(reply["object"], "chat.completion");
-    assert_eq!(
-        reply["usage"]["prompt_tokens"],
-        "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n".len()
-    );
-    assert_eq!(
-        reply["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .len(),
-        3
-    );
+    assert_eq!(reply["usage"]["prompt_tokens"], "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n".len());
+    assert_eq!(reply["choices"][0]["message"]["content"].as_str().unwrap().len(), 3);
 
     // Metrics under vLLM's names.
     let metrics = http(&addr, "GET", "/metrics", None).await.body;
@@ -475,36 +358,18 @@ async fn openai_api_streaming_metrics_and_errors() {
         "vllm:prefix_cache_queries_total",
         "vllm:prefix_cache_hits_total",
     ] {
-        assert!(
-            metrics.contains(&format!("\n{name}{{")),
-            "{name} missing:\n{metrics}"
-        );
+        assert!(metrics.contains(&format!("\n{name}{{")), "{name} missing:\n{metrics}");
     }
-    assert!(
-        metrics.contains("block_size=\"16\"") && metrics.contains("num_gpu_blocks=\"64\""),
-        "{metrics}"
-    );
+    assert!(metrics.contains("block_size=\"16\"") && metrics.contains("num_gpu_blocks=\"64\""), "{metrics}");
 
     // Bad requests: clear 4xx JSON errors.
     for (path, body, status) in [
         ("/v1/completions", "{not json", 400),
         ("/v1/completions", r#"{"prompt": []}"#, 400),
         ("/v1/completions", r#"{"prompt": [1, -2]}"#, 400),
-        (
-            "/v1/completions",
-            r#"{"prompt": "x", "max_tokens": 0}"#,
-            400,
-        ),
-        (
-            "/v1/completions",
-            r#"{"model": "other", "prompt": "x"}"#,
-            404,
-        ),
-        (
-            "/v1/completions",
-            r#"{"prompt": [1, 2, 3], "max_tokens": 5000}"#,
-            400,
-        ),
+        ("/v1/completions", r#"{"prompt": "x", "max_tokens": 0}"#, 400),
+        ("/v1/completions", r#"{"model": "other", "prompt": "x"}"#, 404),
+        ("/v1/completions", r#"{"prompt": [1, 2, 3], "max_tokens": 5000}"#, 400),
         ("/v1/chat/completions", r#"{"messages": []}"#, 400),
         ("/admin/faults/drop", r#"{"batches": "many"}"#, 400),
         ("/nowhere", "", 404),
@@ -549,48 +414,27 @@ async fn pods_dial_a_central_sub_with_zmq_connect() {
             let _ = lines.send(line);
         }
     });
-    let mut sim = Sim {
-        child,
-        pods: Vec::new(),
-    };
+    let mut sim = Sim { child, pods: Vec::new() };
     while sim.pods.len() < 2 {
-        sim.pods.push(
-            serde_json::from_str(&received.recv_timeout(DEADLINE).expect("pod line")).unwrap(),
-        );
+        sim.pods.push(serde_json::from_str(&received.recv_timeout(DEADLINE).expect("pod line")).unwrap());
     }
-    assert!(
-        sim.pods.iter().all(|p| p["pub"].is_null()),
-        "dialing pods bind nothing"
-    );
+    assert!(sim.pods.iter().all(|p| p["pub"].is_null()), "dialing pods bind nothing");
     let mut topics_seen = std::collections::BTreeSet::new();
     let deadline = std::time::Instant::now() + DEADLINE;
     let mut salt = 0u32;
     while topics_seen.len() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "saw only {topics_seen:?}"
-        );
+        assert!(std::time::Instant::now() < deadline, "saw only {topics_seen:?}");
         for pod in 0..2 {
             salt += 1;
-            complete(
-                &sim.http(pod),
-                &(0..20)
-                    .map(|i| 70_000 + salt * 100 + i)
-                    .collect::<Vec<u32>>(),
-                1,
-            )
-            .await;
+            complete(&sim.http(pod), &(0..20).map(|i| 70_000 + salt * 100 + i).collect::<Vec<u32>>(), 1).await;
         }
         while let Some(message) = recv_live(&mut central, Duration::from_millis(100)).await {
             decode_batch(&message.payload).expect("decodes");
             topics_seen.insert(String::from_utf8(message.topic).unwrap());
         }
     }
-    let expected: std::collections::BTreeSet<String> = sim
-        .pods
-        .iter()
-        .map(|p| p["topic"].as_str().unwrap().to_string())
-        .collect();
+    let expected: std::collections::BTreeSet<String> =
+        sim.pods.iter().map(|p| p["topic"].as_str().unwrap().to_string()).collect();
     assert_eq!(topics_seen, expected);
 }
 
@@ -604,27 +448,15 @@ async fn wall_clock_ttft_follows_the_timing_model() {
     let started = std::time::Instant::now();
     let response = complete(&addr, &prompt, 1).await;
     let uncached = started.elapsed().as_secs_f64();
-    assert_eq!(
-        response["usage"]["prompt_tokens_details"]["cached_tokens"],
-        0
-    );
+    assert_eq!(response["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     // The step sleeps until its simulated end; the upper bound leaves room for a busy machine.
-    assert!(
-        (0.245..2.0).contains(&uncached),
-        "uncached: {uncached:.3} s of wall time"
-    );
+    assert!((0.245..2.0).contains(&uncached), "uncached: {uncached:.3} s of wall time");
     // The same prompt again: 15 984 tokens cached, 16 computed: almost immediate.
     let started = std::time::Instant::now();
     let response = complete(&addr, &prompt, 1).await;
     let cached = started.elapsed().as_secs_f64();
-    assert_eq!(
-        response["usage"]["prompt_tokens_details"]["cached_tokens"],
-        15_984
-    );
-    assert!(
-        cached < 0.5 * uncached,
-        "cached: {cached:.3} s vs uncached {uncached:.3} s of wall time"
-    );
+    assert_eq!(response["usage"]["prompt_tokens_details"]["cached_tokens"], 15_984);
+    assert!(cached < 0.5 * uncached, "cached: {cached:.3} s vs uncached {uncached:.3} s of wall time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -650,14 +482,7 @@ async fn data_parallel_ranks_publish_on_their_own_endpoints() {
             "not every rank published: {:?}",
             seen.iter().map(Option::is_some).collect::<Vec<_>>()
         );
-        complete(
-            &addr,
-            &(0..20)
-                .map(|i| 80_000 + salt * 100 + i)
-                .collect::<Vec<u32>>(),
-            1,
-        )
-        .await;
+        complete(&addr, &(0..20).map(|i| 80_000 + salt * 100 + i).collect::<Vec<u32>>(), 1).await;
         for (rank, sub) in subs.iter_mut().enumerate() {
             if seen[rank].is_none() {
                 seen[rank] = recv_live(sub, Duration::from_millis(50)).await;
@@ -669,21 +494,11 @@ async fn data_parallel_ranks_publish_on_their_own_endpoints() {
     }
     for (rank, message) in seen.iter().enumerate() {
         let message = message.as_ref().unwrap();
-        assert_eq!(
-            message.topic,
-            topic.as_bytes(),
-            "every rank publishes under the pod's topic"
-        );
-        assert_eq!(
-            decode_batch(&message.payload).unwrap().data_parallel_rank,
-            Some(rank as i64)
-        );
+        assert_eq!(message.topic, topic.as_bytes(), "every rank publishes under the pod's topic");
+        assert_eq!(decode_batch(&message.payload).unwrap().data_parallel_rank, Some(rank as i64));
     }
     let metrics = http(&addr, "GET", "/metrics", None).await.body;
-    assert!(
-        metrics.contains("vllm:num_requests_waiting{engine=\"1\""),
-        "{metrics}"
-    );
+    assert!(metrics.contains("vllm:num_requests_waiting{engine=\"1\""), "{metrics}");
     let stats = http(&addr, "GET", "/admin/stats", None).await.json();
     assert_eq!(stats["ranks"][1]["rank"], 1);
 }

@@ -23,8 +23,7 @@ const MODEL: &str = "deepseek-sim";
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn deepseek_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("KVINDEX_FIXTURES")
-        .map(|root| PathBuf::from(root).join("models/deepseek"));
+    let dir = std::env::var_os("KVINDEX_FIXTURES").map(|root| PathBuf::from(root).join("models/deepseek"));
     match dir {
         Some(dir) if dir.join("tokenizer.json").is_file() => Some(dir),
         _ => {
@@ -60,9 +59,7 @@ fn spawn_sim(tokenizer_dir: &std::path::Path) -> (Process, String) {
             }
         }
     });
-    let line = received
-        .recv_timeout(DEADLINE)
-        .expect("kvindex-sim reported its pod in time");
+    let line = received.recv_timeout(DEADLINE).expect("kvindex-sim reported its pod in time");
     let pod: Value = serde_json::from_str(&line).expect("pod line is JSON");
     let http = pod["http"].as_str().expect("http address").to_string();
     (process, http)
@@ -78,8 +75,7 @@ async fn text_prompts_and_chats_tokenize_as_the_model_does() {
     let registry = TokenizerRegistry::new(config);
     let (_sim, http) = spawn_sim(&dir);
 
-    let prompt =
-        "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.";
+    let prompt = "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.";
     let expected = registry.render_completion(MODEL, prompt).expect("tokenize");
     let response = post_json(
         &http,
@@ -89,12 +85,9 @@ async fn text_prompts_and_chats_tokenize_as_the_model_does() {
     .await;
     assert_eq!(response.status, 200, "{}", response.body);
     let body = response.json();
-    assert_eq!(
-        body["usage"]["prompt_tokens"].as_u64(),
-        Some(expected.len() as u64)
-    );
-    let ids: Vec<u32> = serde_json::from_value(body["choices"][0]["prompt_token_ids"].clone())
-        .expect("prompt_token_ids");
+    assert_eq!(body["usage"]["prompt_tokens"].as_u64(), Some(expected.len() as u64));
+    let ids: Vec<u32> =
+        serde_json::from_value(body["choices"][0]["prompt_token_ids"].clone()).expect("prompt_token_ids");
     assert_eq!(ids, expected);
     // Not the byte tokenizer: far fewer ids than bytes. (deepseek's config has
     // `add_bos_token: false` and a ByteLevel post-processor, so vLLM adds no BOS here; models
@@ -116,26 +109,17 @@ async fn text_prompts_and_chats_tokenize_as_the_model_does() {
     .await;
     assert_eq!(response.status, 200, "{}", response.body);
     let body = response.json();
-    assert_eq!(
-        body["usage"]["prompt_tokens"].as_u64(),
-        Some(expected.len() as u64)
-    );
-    let ids: Vec<u32> = serde_json::from_value(body["choices"][0]["prompt_token_ids"].clone())
-        .expect("prompt_token_ids");
+    assert_eq!(body["usage"]["prompt_tokens"].as_u64(), Some(expected.len() as u64));
+    let ids: Vec<u32> =
+        serde_json::from_value(body["choices"][0]["prompt_token_ids"].clone()).expect("prompt_token_ids");
     assert_eq!(ids, expected);
-    let text = registry
-        .render_chat_text(MODEL, &chat)
-        .expect("render chat text");
-    assert!(
-        text.contains("Name a prime above 100."),
-        "the template rendered the messages"
-    );
+    let text = registry.render_chat_text(MODEL, &chat).expect("render chat text");
+    assert!(text.contains("Name a prime above 100."), "the template rendered the messages");
 }
 
 #[test]
 fn a_directory_without_tokenizer_json_is_refused_at_start() {
-    let empty =
-        std::env::temp_dir().join(format!("kvindex-sim-no-tokenizer-{}", std::process::id()));
+    let empty = std::env::temp_dir().join(format!("kvindex-sim-no-tokenizer-{}", std::process::id()));
     std::fs::create_dir_all(&empty).expect("temp dir");
     let output = Command::new(env!("CARGO_BIN_EXE_kvindex-sim"))
         .args(["--pods", "1", "--model", MODEL])

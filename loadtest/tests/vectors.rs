@@ -13,9 +13,7 @@ use support::{hash_u64, hex, read_jsonl};
 
 /// All events of running one request to completion.
 fn events_of(engine: &mut Engine, prompt: Vec<u32>, max_tokens: usize) -> Vec<KvEvent> {
-    engine
-        .submit(NewRequest { prompt, max_tokens }, 0.0)
-        .expect("accepted");
+    engine.submit(NewRequest { prompt, max_tokens }, 0.0).expect("accepted");
     let mut events = Vec::new();
     let mut now = 0.0;
     while engine.has_work() {
@@ -30,25 +28,15 @@ fn events_of(engine: &mut Engine, prompt: Vec<u32>, max_tokens: usize) -> Vec<Kv
 fn block_hashes_equal_vllm_hash_vectors() {
     let mut checked = 0;
     for case in read_jsonl("hashes.jsonl") {
-        let plain = case["extra_keys_per_block"]
-            .as_array()
-            .is_some_and(|keys| keys.iter().all(Value::is_null));
+        let plain = case["extra_keys_per_block"].as_array().is_some_and(|keys| keys.iter().all(Value::is_null));
         if case["version"] != "0.33.0" || case["algo"] != "sha256_cbor" || !plain {
             continue;
         }
         let block_size = case["block_size"].as_u64().unwrap() as usize;
-        let tokens: Vec<u32> = case["token_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect();
-        let expected: Vec<u64> = case["event_u64"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|h| hash_u64(h.as_str().unwrap()))
-            .collect();
+        let tokens: Vec<u32> =
+            case["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+        let expected: Vec<u64> =
+            case["event_u64"].as_array().unwrap().iter().map(|h| hash_u64(h.as_str().unwrap())).collect();
         let config = EngineConfig {
             block_size,
             num_gpu_blocks: tokens.len() / block_size + 8,
@@ -60,22 +48,11 @@ fn block_hashes_equal_vllm_hash_vectors() {
         let mut prompt = tokens.clone();
         prompt.push(7);
         let events = events_of(&mut engine, prompt, 1);
-        let KvEvent::BlockStored {
-            block_hashes,
-            parent_block_hash,
-            token_ids,
-            ..
-        } = &events[0]
-        else {
+        let KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, .. } = &events[0] else {
             panic!("first event is not a store: {events:?}")
         };
         // With block size 1 the extra token is a block of its own: compare the case's blocks.
-        assert_eq!(
-            &block_hashes[..expected.len().min(block_hashes.len())],
-            &expected[..],
-            "case {}",
-            case["case"]
-        );
+        assert_eq!(&block_hashes[..expected.len().min(block_hashes.len())], &expected[..], "case {}", case["case"]);
         assert_eq!(parent_block_hash, &None);
         assert_eq!(&token_ids[..tokens.len()], &tokens[..]);
         checked += 1;
@@ -86,21 +63,14 @@ fn block_hashes_equal_vllm_hash_vectors() {
 /// A vectors event the simulator could have produced: a plain GPU block of group 0.
 fn simulator_event(event: &Value) -> Option<KvEvent> {
     let hashes = |value: &Value| -> Option<Vec<u64>> {
-        value
-            .as_array()?
-            .iter()
-            .map(|h| h.as_str().filter(|s| s.starts_with("0x")).map(hash_u64))
-            .collect()
+        value.as_array()?.iter().map(|h| h.as_str().filter(|s| s.starts_with("0x")).map(hash_u64)).collect()
     };
     let none = |key: &str| event.get(key).is_none_or(Value::is_null);
     match event["type"].as_str()? {
         "BlockStored" => {
             let block_hashes = hashes(&event["block_hashes"])?;
-            let token_ids: Vec<u32> = event["token_ids"]
-                .as_array()?
-                .iter()
-                .map(|t| t.as_u64().map(|t| t as u32))
-                .collect::<Option<_>>()?;
+            let token_ids: Vec<u32> =
+                event["token_ids"].as_array()?.iter().map(|t| t.as_u64().map(|t| t as u32)).collect::<Option<_>>()?;
             let block_size = event["block_size"].as_u64()? as u32;
             let extra_plain = event["extra_keys"]
                 .as_array()
@@ -125,20 +95,13 @@ fn simulator_event(event: &Value) -> Option<KvEvent> {
                 Value::Null => None,
                 value => Some(hash_u64(value.as_str().filter(|s| s.starts_with("0x"))?)),
             };
-            plain.then_some(KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-            })
+            plain.then_some(KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size })
         }
         "BlockRemoved" => {
             let plain = event["medium"] == "GPU"
                 && event["group_idx"] == 0
                 && ["locality", "ownership"].iter().all(|k| none(k));
-            plain.then_some(KvEvent::BlockRemoved {
-                block_hashes: hashes(&event["block_hashes"])?,
-            })
+            plain.then_some(KvEvent::BlockRemoved { block_hashes: hashes(&event["block_hashes"])? })
         }
         "AllBlocksCleared" => Some(KvEvent::AllBlocksCleared),
         _ => None,
@@ -147,22 +110,15 @@ fn simulator_event(event: &Value) -> Option<KvEvent> {
 
 #[test]
 fn encoder_reproduces_vllm_payloads_byte_for_byte() {
-    for (file, wire) in [
-        ("frames-0.33.0.jsonl", WireVersion::V0_33),
-        ("frames-0.23.0.jsonl", WireVersion::V0_23),
-    ] {
+    for (file, wire) in [("frames-0.33.0.jsonl", WireVersion::V0_33), ("frames-0.23.0.jsonl", WireVersion::V0_23)] {
         let mut compared = 0;
         for record in read_jsonl(file) {
             let expect = &record["expect"];
             if record["kind"] != "live" {
                 continue;
             }
-            let Some(events) = expect["events"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(simulator_event)
-                .collect::<Option<Vec<_>>>()
+            let Some(events) =
+                expect["events"].as_array().unwrap().iter().map(simulator_event).collect::<Option<Vec<_>>>()
             else {
                 continue;
             };
@@ -185,19 +141,13 @@ fn encoder_reproduces_vllm_payloads_byte_for_byte() {
 
 #[test]
 fn kvindex_decodes_what_the_simulator_publishes() {
-    let mut engine = Engine::new(EngineConfig {
-        block_size: 16,
-        num_gpu_blocks: 6,
-        ..EngineConfig::default()
-    })
-    .unwrap();
+    let mut engine =
+        Engine::new(EngineConfig { block_size: 16, num_gpu_blocks: 6, ..EngineConfig::default() }).unwrap();
     let mut events = events_of(&mut engine, (0..40).collect(), 30);
     events.extend(events_of(&mut engine, (1000..1070).collect(), 2)); // evicts
     assert!(engine.reset_prefix_cache());
     events.extend(engine.step(0.0).events);
-    assert!(events
-        .iter()
-        .any(|e| matches!(e, KvEvent::BlockRemoved { .. })));
+    assert!(events.iter().any(|e| matches!(e, KvEvent::BlockRemoved { .. })));
     for wire in [WireVersion::V0_33, WireVersion::V0_23] {
         let payload = encode_batch(wire, 1.5, &events, 0);
         let batch = decode_batch(&payload).expect("decodes");
@@ -208,17 +158,9 @@ fn kvindex_decodes_what_the_simulator_publishes() {
             match (decoded, original) {
                 (
                     Event::BlockStored(d),
-                    KvEvent::BlockStored {
-                        block_hashes,
-                        parent_block_hash,
-                        token_ids,
-                        block_size,
-                    },
+                    KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size },
                 ) => {
-                    assert_eq!(
-                        d.block_hashes.iter().map(|h| h.key()).collect::<Vec<_>>(),
-                        *block_hashes
-                    );
+                    assert_eq!(d.block_hashes.iter().map(|h| h.key()).collect::<Vec<_>>(), *block_hashes);
                     assert_eq!(d.parent_block_hash.map(|h| h.key()), *parent_block_hash);
                     assert_eq!(d.token_ids.as_ref(), Some(token_ids));
                     assert_eq!(d.block_size, Some(i64::from(*block_size)));
@@ -226,10 +168,7 @@ fn kvindex_decodes_what_the_simulator_publishes() {
                     assert_eq!(d.group_idx, Some(0));
                 }
                 (Event::BlockRemoved(d), KvEvent::BlockRemoved { block_hashes }) => {
-                    assert_eq!(
-                        d.block_hashes.iter().map(|h| h.key()).collect::<Vec<_>>(),
-                        *block_hashes
-                    );
+                    assert_eq!(d.block_hashes.iter().map(|h| h.key()).collect::<Vec<_>>(), *block_hashes);
                 }
                 (Event::AllBlocksCleared { .. }, KvEvent::AllBlocksCleared) => {}
                 other => panic!("mismatch: {other:?}"),
@@ -241,10 +180,7 @@ fn kvindex_decodes_what_the_simulator_publishes() {
 #[test]
 fn data_parallel_endpoints_follow_vllm_0_33() {
     let mut checked = 0;
-    for record in read_jsonl("endpoints.jsonl")
-        .iter()
-        .filter(|r| r["version"] == "0.33.0")
-    {
+    for record in read_jsonl("endpoints.jsonl").iter().filter(|r| r["version"] == "0.33.0") {
         let endpoint = record["endpoint"].as_str().unwrap();
         let rank = record["data_parallel_rank"].as_u64().unwrap() as u32;
         let ours = offset_endpoint_port(endpoint, rank);

@@ -69,7 +69,15 @@ impl Server {
     #[allow(clippy::zombie_processes)] // a bench that fails to start its server just exits
     fn start(extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0"])
+            .args([
+                "serve",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+                "--zmq-bind",
+                "tcp://127.0.0.1:0",
+            ])
             .args(["--block-size", "16"])
             .args(extra)
             .env("RUST_LOG", "warn")
@@ -83,7 +91,8 @@ impl Server {
             line.clear();
             assert!(out.read_line(&mut line).unwrap() > 0, "kvindex serve exited");
             if let Some(rest) = line.trim().strip_prefix("KVINDEX_LISTENING ") {
-                let kv: std::collections::HashMap<&str, &str> = rest.split_whitespace().filter_map(|x| x.split_once('=')).collect();
+                let kv: std::collections::HashMap<&str, &str> =
+                    rest.split_whitespace().filter_map(|x| x.split_once('=')).collect();
                 return Server { grpc: kv["grpc"].into(), http: kv["http"].into(), zmq: kv["zmq"].into(), child };
             }
         }
@@ -157,7 +166,8 @@ async fn publish_with(
             }
             let payload = if chunk < CHUNKS {
                 for (j, t) in tokens.iter_mut().enumerate() {
-                    *t = ((id as u64 * 1_000_003 + conv * 7919 + (chunk * STORE_BLOCKS * BLOCK + j) as u64) % 151_000) as u32;
+                    *t = ((id as u64 * 1_000_003 + conv * 7919 + (chunk * STORE_BLOCKS * BLOCK + j) as u64) % 151_000)
+                        as u32;
                 }
                 let first = hashes.len();
                 let parent = hashes.last().copied();
@@ -176,10 +186,13 @@ async fn publish_with(
                 };
                 rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap()
             } else {
-                let evs: Vec<Removed> = hashes.iter().map(|h| Removed { ty: "BlockRemoved", block_hashes: [*h], medium: "GPU" }).collect();
+                let evs: Vec<Removed> =
+                    hashes.iter().map(|h| Removed { ty: "BlockRemoved", block_hashes: [*h], medium: "GPU" }).collect();
                 rmp_serde::to_vec_named(&(now_ts(), evs, 0i64)).unwrap()
             };
-            let msg: ZmqMessage = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)].try_into().unwrap();
+            let msg: ZmqMessage = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)]
+                .try_into()
+                .unwrap();
             sock.send(msg).await.expect("send");
             seq += 1;
             sent.fetch_add(STORE_BLOCKS as u64 * if chunk < CHUNKS { 1 } else { CHUNKS as u64 }, Ordering::Relaxed);
@@ -301,7 +314,8 @@ async fn score_phase(rps: f64, ingest_rate: f64, secs: f64) -> ScoreResult {
         };
         let payload = rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap();
         let topic = Bytes::from(format!("kv@holder-{p}:8000@{MODEL}"));
-        let msg: ZmqMessage = vec![topic, Bytes::copy_from_slice(&0u64.to_be_bytes()), Bytes::from(payload)].try_into().unwrap();
+        let msg: ZmqMessage =
+            vec![topic, Bytes::copy_from_slice(&0u64.to_be_bytes()), Bytes::from(payload)].try_into().unwrap();
         sock.send(msg).await.unwrap();
     }
     let mut client = IndexerClient::connect(format!("http://{}", server.grpc)).await.unwrap();
@@ -385,7 +399,9 @@ async fn score_phase(rps: f64, ingest_rate: f64, secs: f64) -> ScoreResult {
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -402,7 +418,16 @@ async fn rss_phase(entries: u64) -> (u64, u64, u64, f64, f64) {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for id in 0..PUBLISHERS {
-        tasks.push(tokio::spawn(publish_with(id, server.zmq.clone(), 1_000_000.0, until, sent.clone(), seqs.clone(), false, stop.clone())));
+        tasks.push(tokio::spawn(publish_with(
+            id,
+            server.zmq.clone(),
+            1_000_000.0,
+            until,
+            sent.clone(),
+            seqs.clone(),
+            false,
+            stop.clone(),
+        )));
     }
     let mut n = 0.0;
     while (n as u64) < entries {

@@ -58,7 +58,11 @@ async fn fetch(
             Err(_) => match replies.try_next() {
                 Some(Err(e)) => Some(Err(e)),
                 _ => {
-                    transport_error(&TransportError::new("replay-incomplete", endpoint, "no end marker before the replay timeout"));
+                    transport_error(&TransportError::new(
+                        "replay-incomplete",
+                        endpoint,
+                        "no end marker before the replay timeout",
+                    ));
                     return Err(Failure::Timeout);
                 }
             },
@@ -74,7 +78,9 @@ async fn fetch(
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let item = match wire::parse_replay(&refs) {
             Ok(ReplayReply::End { .. }) => ReplayItem::End,
-            Ok(ReplayReply::Message(raw)) => ReplayItem::Message { seq: raw.seq, payload: frames[frames.len() - 1].clone() },
+            Ok(ReplayReply::Message(raw)) => {
+                ReplayItem::Message { seq: raw.seq, payload: frames[frames.len() - 1].clone() }
+            }
             Err(e) => {
                 metrics::counter!(m::DECODE_ERRORS, "reason" => e.reason()).increment(1);
                 continue;

@@ -49,9 +49,8 @@ pub fn recorder() -> Result<PrometheusHandle, ServerError> {
 
 /// Installs the global recorder. Every latency is a Prometheus histogram with explicit buckets.
 fn install() -> Result<PrometheusHandle, String> {
-    let score_buckets = [
-        0.000_025, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
-    ];
+    let score_buckets =
+        [0.000_025, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
     // Ingest latencies: log-spaced from 50 µs to ~13 s (×1.25 per bucket), so quantiles over a
     // whole run can be read off the buckets.
     let ingest_buckets: Vec<f64> = (0..57).map(|i| 50e-6 * 1.25f64.powi(i)).collect();

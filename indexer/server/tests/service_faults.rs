@@ -92,7 +92,11 @@ fn service_drop_without_replay_endpoint_degrades() {
     peer.settle(&server, &["a"]);
     assert_eq!(server.source("pod-a").unwrap()["state"], "DEGRADED");
     peer.check(&["a"], MODEL);
-    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pod-a").0, 0, "a lost AllBlocksCleared must not leave blocks credited");
+    assert_eq!(
+        peer.score_pod(MODEL, &chain(0, 4), "pod-a").0,
+        0,
+        "a lost AllBlocksCleared must not leave blocks credited"
+    );
     assert!(server.metric("kvindex_clears_total", &["reason=\"replay_unavailable\""]) >= 1.0);
 }
 
@@ -166,7 +170,16 @@ fn service_engine_connecting_late_per_pod() {
     let replay = format!("tcp://127.0.0.1:{replay_port}");
     let flag = format!("late:8000,{MODEL},{pod},{replay}");
     // The engine is not up yet: the initial replay fails (the service still becomes ready).
-    let server = Server::start(&["--block-size", "16", "--pod", &flag, "--replay-timeout-ms", "1000", "--replay-cooldown-ms", "100"]);
+    let server = Server::start(&[
+        "--block-size",
+        "16",
+        "--pod",
+        &flag,
+        "--replay-timeout-ms",
+        "1000",
+        "--replay-cooldown-ms",
+        "100",
+    ]);
     wait_until("ready", 20, || (server.get("/readyz").0 == 200).then_some(()));
     let mut peer = Peer::start(&py);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
@@ -204,7 +217,11 @@ fn service_queue_overflow_is_recovered_by_replay() {
     let names: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
     let pods: Vec<String> = (0..8).map(|i| format!("10.0.2.{i}:8000")).collect();
     let pubs: Vec<(&str, &str)> = names.iter().map(String::as_str).zip(pods.iter().map(String::as_str)).collect();
-    let Some((server, mut peer)) = central(&["--queue-capacity", "4", "--replay-cooldown-ms", "0"], &pubs, true, 10_000) else { return };
+    let Some((server, mut peer)) =
+        central(&["--queue-capacity", "4", "--replay-cooldown-ms", "0"], &pubs, true, 10_000)
+    else {
+        return;
+    };
     let names: Vec<&str> = pubs.iter().map(|p| p.0).collect();
     peer.cmd(json!({"op": "burst", "names": names, "chains": 50, "blocks": 8, "model": MODEL}));
     // The last message of a burst may itself be dropped, and nothing after it would reveal the

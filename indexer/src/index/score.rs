@@ -58,7 +58,12 @@ impl PodFilter<'_> {
 }
 
 /// Matches of every pod holding at least block 0 of `keys`, sorted by pod id.
-pub fn score(table: &BlockTable, keys: &[PrefixKey], filter: PodFilter<'_>, weights: &[f64; MAX_TIERS]) -> Vec<PodMatch> {
+pub fn score(
+    table: &BlockTable,
+    keys: &[PrefixKey],
+    filter: PodFilter<'_>,
+    weights: &[f64; MAX_TIERS],
+) -> Vec<PodMatch> {
     let mut done: Vec<PodMatch> = Vec::new();
     let Some((&first, rest)) = keys.split_first() else { return done };
     let mut active: Vec<PodMatch> = table.with_holders(first, |holders| {

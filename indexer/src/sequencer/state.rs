@@ -18,8 +18,13 @@ pub enum SourceState {
 }
 
 impl SourceState {
-    pub const ALL: [SourceState; 5] =
-        [SourceState::Connecting, SourceState::Exact, SourceState::Replaying, SourceState::Degraded, SourceState::Stale];
+    pub const ALL: [SourceState; 5] = [
+        SourceState::Connecting,
+        SourceState::Exact,
+        SourceState::Replaying,
+        SourceState::Degraded,
+        SourceState::Stale,
+    ];
 
     /// Stable label for metrics, logs and the debug endpoint.
     pub fn label(self) -> &'static str {

@@ -429,7 +429,7 @@ fn randomized_never_guesses() {
         });
         let mut proc_id = 0u64;
         let mut published: Vec<(u64, bool)> = Vec::new(); // (seq, malformed) of the current process
-        // What the index holds since the last clear: (process, seq).
+                                                          // What the index holds since the last clear: (process, seq).
         let mut applied: Vec<(u64, u64)> = Vec::new();
         let mut now = 0;
         let mut restarted = false;

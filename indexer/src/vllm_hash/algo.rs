@@ -53,9 +53,7 @@ impl HashAlgo {
 
     pub(super) fn serialization(self) -> Serialization {
         match self {
-            HashAlgo::Sha256Cbor | HashAlgo::Sha256Cbor64bit | HashAlgo::XxhashCbor => {
-                Serialization::CanonicalCbor
-            }
+            HashAlgo::Sha256Cbor | HashAlgo::Sha256Cbor64bit | HashAlgo::XxhashCbor => Serialization::CanonicalCbor,
             HashAlgo::Builtin | HashAlgo::Sha256 | HashAlgo::Xxhash => Serialization::Pickle5,
         }
     }

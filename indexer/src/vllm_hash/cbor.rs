@@ -54,10 +54,7 @@ pub(super) fn write_text(out: &mut Vec<u8>, text: &str) {
 
 /// Big-endian magnitude bytes without leading zeros, as cbor2's `int.to_bytes(bit_length)` gives.
 fn write_bignum(out: &mut Vec<u8>, tag: u64, magnitude_be: &[u8]) {
-    let first_nonzero = magnitude_be
-        .iter()
-        .position(|&b| b != 0)
-        .unwrap_or(magnitude_be.len());
+    let first_nonzero = magnitude_be.iter().position(|&b| b != 0).unwrap_or(magnitude_be.len());
     write_head(out, MAJOR_TAG, tag);
     write_byte_string(out, &magnitude_be[first_nonzero..]);
 }
@@ -151,10 +148,7 @@ mod tests {
         assert_eq!(encoded(&PyValue::Int(-11)), "2a");
         assert_eq!(encoded(&PyValue::Int(-25)), "3818");
         assert_eq!(encoded(&PyValue::Int(1 << 64)), "c249010000000000000000");
-        assert_eq!(
-            encoded(&PyValue::Int(-(1 << 64) - 1)),
-            "c349010000000000000000"
-        );
+        assert_eq!(encoded(&PyValue::Int(-(1 << 64) - 1)), "c349010000000000000000");
     }
 
     #[test]
@@ -162,9 +156,6 @@ mod tests {
         assert_eq!(encoded(&PyValue::Str("0".into())), "6130");
         assert_eq!(encoded(&PyValue::Bytes(vec![0xab])), "41ab");
         assert_eq!(encoded(&PyValue::Tuple(vec![])), "80");
-        assert_eq!(
-            encoded(&PyValue::Tuple(vec![PyValue::None, PyValue::Int(93)])),
-            "82f6185d"
-        );
+        assert_eq!(encoded(&PyValue::Tuple(vec![PyValue::None, PyValue::Int(93)])), "82f6185d");
     }
 }

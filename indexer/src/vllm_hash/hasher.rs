@@ -26,11 +26,7 @@ pub struct BlockHasher {
 
 impl BlockHasher {
     pub fn new(config: &VllmHashConfig) -> Result<Self, VllmHashError> {
-        let rule = NoneHashRule::resolve(
-            config.version,
-            config.algo,
-            config.pythonhashseed.as_deref(),
-        )?;
+        let rule = NoneHashRule::resolve(config.version, config.algo, config.pythonhashseed.as_deref())?;
         let form = match config.algo {
             HashAlgo::Sha256Cbor64bit => InternalForm::LowU64,
             _ if config.version < boundary::BYTES_DIGESTS => InternalForm::Int256,
@@ -116,9 +112,7 @@ impl BlockHasher {
         // `None` and an absent key are the same Python object.
         let extra_keys = extra_keys.filter(|value| **value != PyValue::None);
         match self.serialization {
-            Serialization::CanonicalCbor => {
-                cbor::write_block_input(out, parent, tokens, extra_keys)
-            }
+            Serialization::CanonicalCbor => cbor::write_block_input(out, parent, tokens, extra_keys),
             Serialization::Pickle5 => pickle::write_block_input(out, parent, tokens, extra_keys),
         }
     }
@@ -201,9 +195,7 @@ impl BlockHasher {
     /// (raw digest bytes, or the `sha256_cbor_64bit` int); `None` when it is only a truncation.
     pub fn internal_from_published(&self, published: &PublishedHash<'_>) -> Option<InternalHash> {
         match (self.form, published) {
-            (InternalForm::DigestBytes, PublishedHash::Bytes(bytes))
-                if bytes.len() == self.digest_len() =>
-            {
+            (InternalForm::DigestBytes, PublishedHash::Bytes(bytes)) if bytes.len() == self.digest_len() => {
                 DigestBytes::from_slice(bytes).map(InternalHash::Digest)
             }
             (InternalForm::LowU64, PublishedHash::Int(int)) => Some(InternalHash::U64(*int)),
@@ -281,8 +273,7 @@ impl BlockHasher {
                     match block {
                         None => Some(false),
                         Some(block) => {
-                            let computed =
-                                self.hash_block_with(&mut scratch, Some(parent), block, None);
+                            let computed = self.hash_block_with(&mut scratch, Some(parent), block, None);
                             let outcome = self.compare(&computed, published_hash);
                             if outcome == Some(true) && next_parent.is_none() {
                                 next_parent = Some(computed);

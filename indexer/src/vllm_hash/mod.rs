@@ -48,10 +48,7 @@ pub enum VllmHashError {
     #[error("unknown prefix-caching hash algorithm {0:?}")]
     UnknownAlgo(String),
     #[error("vLLM {version} has no `{algo}` prefix-caching hash algorithm")]
-    AlgoNotInVersion {
-        version: VllmVersion,
-        algo: HashAlgo,
-    },
+    AlgoNotInVersion { version: VllmVersion, algo: HashAlgo },
     #[error(
         "`builtin` is Python's per-process hash(); it differs between processes even with \
          PYTHONHASHSEED fixed, so it cannot be reproduced"
@@ -61,10 +58,7 @@ pub enum VllmHashError {
         "vLLM {version} with `{algo}` and PYTHONHASHSEED unset starts every chain from a random \
          NONE_HASH; set PYTHONHASHSEED on the engine to make its hashes reproducible"
     )]
-    RandomNoneHash {
-        version: VllmVersion,
-        algo: HashAlgo,
-    },
+    RandomNoneHash { version: VllmVersion, algo: HashAlgo },
     #[error("extra key is not a supported Python value: {0}")]
     InvalidExtraKey(String),
 }

@@ -19,11 +19,7 @@ pub enum NoneHashRule {
 }
 
 impl NoneHashRule {
-    pub fn resolve(
-        version: VllmVersion,
-        algo: HashAlgo,
-        pythonhashseed: Option<&str>,
-    ) -> Result<Self, VllmHashError> {
+    pub fn resolve(version: VllmVersion, algo: HashAlgo, pythonhashseed: Option<&str>) -> Result<Self, VllmHashError> {
         use boundary::*;
         if version < EVENTS {
             return Err(VllmHashError::VersionTooOld(version));
@@ -38,10 +34,7 @@ impl NoneHashRule {
         let seed = match pythonhashseed {
             Some(seed) => seed.to_string(),
             None if version >= DEFAULT_SEED && crypto => {
-                return Ok(NoneHashRule::AlgoDigestOfSeed {
-                    seed: DEFAULT_NONE_HASH_SEED.to_string(),
-                    defaulted: true,
-                })
+                return Ok(NoneHashRule::AlgoDigestOfSeed { seed: DEFAULT_NONE_HASH_SEED.to_string(), defaulted: true })
             }
             None => return Err(VllmHashError::RandomNoneHash { version, algo }),
         };
@@ -50,10 +43,7 @@ impl NoneHashRule {
         } else if version < BYTES_DIGESTS {
             NoneHashRule::AlgoIntOfSeed { seed }
         } else {
-            NoneHashRule::AlgoDigestOfSeed {
-                seed,
-                defaulted: false,
-            }
+            NoneHashRule::AlgoDigestOfSeed { seed, defaulted: false }
         })
     }
 

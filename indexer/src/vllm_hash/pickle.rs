@@ -72,13 +72,7 @@ impl<'out, 'val> Pickler<'out, 'val> {
     fn start(out: &'out mut Vec<u8>) -> Self {
         // PROTO goes out before framing is switched on, exactly as `dump()` does.
         out.extend_from_slice(&[PROTO, PROTOCOL_VERSION]);
-        Pickler {
-            out,
-            framing: true,
-            frame_start: None,
-            memo_len: 0,
-            memoized: SmallVec::new(),
-        }
+        Pickler { out, framing: true, frame_start: None, memo_len: 0, memoized: SmallVec::new() }
     }
 
     fn finish(mut self) {
@@ -102,8 +96,7 @@ impl<'out, 'val> Pickler<'out, 'val> {
         let frame_len = self.out.len() - start - FRAME_HEADER_SIZE;
         if frame_len >= FRAME_SIZE_MIN {
             self.out[start] = FRAME;
-            self.out[start + 1..start + FRAME_HEADER_SIZE]
-                .copy_from_slice(&(frame_len as u64).to_le_bytes());
+            self.out[start + 1..start + FRAME_HEADER_SIZE].copy_from_slice(&(frame_len as u64).to_le_bytes());
         } else {
             self.out.drain(start..start + FRAME_HEADER_SIZE);
         }
@@ -141,11 +134,7 @@ impl<'out, 'val> Pickler<'out, 'val> {
 
     /// Emits a memo reference when this payload was already pickled; true if it did.
     fn save_memo_ref(&mut self, kind: MemoKind, payload: &[u8]) -> bool {
-        let Some(&(_, _, index)) = self
-            .memoized
-            .iter()
-            .find(|(k, p, _)| *k == kind && *p == payload)
-        else {
+        let Some(&(_, _, index)) = self.memoized.iter().find(|(k, p, _)| *k == kind && *p == payload) else {
             return false;
         };
         match u8::try_from(index) {
@@ -221,10 +210,7 @@ impl<'out, 'val> Pickler<'out, 'val> {
     /// `save_long`'s LONG1/LONG4 path, given the sign-extended little-endian bytes.
     fn write_long(&mut self, sign_extended_le: &[u8], bit_length: usize, negative: bool) {
         let mut n_bytes = bit_length / 8 + 1;
-        if negative
-            && n_bytes > 1
-            && sign_extended_le[n_bytes - 1] == 0xff
-            && sign_extended_le[n_bytes - 2] & 0x80 != 0
+        if negative && n_bytes > 1 && sign_extended_le[n_bytes - 1] == 0xff && sign_extended_le[n_bytes - 2] & 0x80 != 0
         {
             n_bytes -= 1;
         }
@@ -385,10 +371,7 @@ mod tests {
     #[test]
     fn frames_shorter_than_four_bytes_have_no_header() {
         assert_eq!(pickled(&PyValue::Int(7)), "80054b072e");
-        assert_eq!(
-            pickled(&PyValue::Int(256)),
-            "80059504000000000000004d00012e"
-        );
+        assert_eq!(pickled(&PyValue::Int(256)), "80059504000000000000004d00012e");
     }
 
     #[test]
@@ -410,14 +393,8 @@ mod tests {
         assert_eq!(body(&PyValue::Int(-2_147_483_649)), "8a05ffffff7fff");
         assert_eq!(body(&PyValue::Int(-(1 << 32))), "8a0500000000ff");
         assert_eq!(body(&PyValue::Int(-(1 << 39))), "8a050000000080");
-        assert_eq!(
-            body(&PyValue::Int(i128::from(u64::MAX))),
-            "8a09ffffffffffffffff00"
-        );
-        assert_eq!(
-            body(&PyValue::Int(i128::from(i64::MIN))),
-            "8a080000000000000080"
-        );
+        assert_eq!(body(&PyValue::Int(i128::from(u64::MAX))), "8a09ffffffffffffffff00");
+        assert_eq!(body(&PyValue::Int(i128::from(i64::MIN))), "8a080000000000000080");
     }
 
     #[test]

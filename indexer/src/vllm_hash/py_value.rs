@@ -27,29 +27,19 @@ impl PyValue {
                 } else if let Some(int) = number.as_u64() {
                     PyValue::Int(i128::from(int))
                 } else {
-                    return Err(VllmHashError::InvalidExtraKey(format!(
-                        "non-integer number {number}"
-                    )));
+                    return Err(VllmHashError::InvalidExtraKey(format!("non-integer number {number}")));
                 }
             }
-            Value::String(text) => {
-                match text.strip_prefix("bytes:") {
-                    Some(hex_digits) => PyValue::Bytes(hex::decode(hex_digits).map_err(|err| {
-                        VllmHashError::InvalidExtraKey(format!("{text:?}: {err}"))
-                    })?),
-                    None => PyValue::Str(text.clone()),
-                }
-            }
-            Value::Array(items) => PyValue::Tuple(
-                items
-                    .iter()
-                    .map(PyValue::from_json)
-                    .collect::<Result<_, _>>()?,
-            ),
+            Value::String(text) => match text.strip_prefix("bytes:") {
+                Some(hex_digits) => PyValue::Bytes(
+                    hex::decode(hex_digits)
+                        .map_err(|err| VllmHashError::InvalidExtraKey(format!("{text:?}: {err}")))?,
+                ),
+                None => PyValue::Str(text.clone()),
+            },
+            Value::Array(items) => PyValue::Tuple(items.iter().map(PyValue::from_json).collect::<Result<_, _>>()?),
             Value::Bool(_) | Value::Object(_) => {
-                return Err(VllmHashError::InvalidExtraKey(format!(
-                    "unsupported JSON {value}"
-                )))
+                return Err(VllmHashError::InvalidExtraKey(format!("unsupported JSON {value}")))
             }
         })
     }

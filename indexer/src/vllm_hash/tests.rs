@@ -61,11 +61,7 @@ fn seed0_table_for_every_digest_algo_and_version_range() {
     for version in ["0.13.0", "0.19.1", "0.33.0"] {
         for (algo, none_hash, block0, block1, event0, event1) in SEED0_TABLE {
             let hasher = hasher(version, algo, Some("0"));
-            assert_eq!(
-                digest_hex(hasher.none_hash()),
-                none_hash,
-                "{version} {algo}"
-            );
+            assert_eq!(digest_hex(hasher.none_hash()), none_hash, "{version} {algo}");
             let chain = hasher.hash_chain(None, &tokens(1..=32), 16, &[]);
             assert_eq!(chain.len(), 2);
             assert_eq!(digest_hex(&chain[0]), block0, "{version} {algo}");
@@ -106,32 +102,17 @@ fn unset_seed_from_0_29_uses_default_seed_for_crypto_algos() {
     let mut seed_input = Vec::new();
     cbor.write_none_hash_seed_input(&mut seed_input);
     assert_eq!(hex::encode(seed_input), "6e766c6c6d2d6e6f6e652d68617368");
-    assert_eq!(
-        digest_hex(cbor.none_hash()),
-        "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
-    );
+    assert_eq!(digest_hex(cbor.none_hash()), "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0");
     let chain = cbor.hash_chain(None, &tokens(1..=32), 16, &[]);
-    assert_eq!(
-        digest_hex(&chain[0]),
-        "cd7c51bc5a8fc8643f383a2b9e01522fba7473c669e9270c7b0bf7bf7fd01682"
-    );
+    assert_eq!(digest_hex(&chain[0]), "cd7c51bc5a8fc8643f383a2b9e01522fba7473c669e9270c7b0bf7bf7fd01682");
     assert_eq!(chain[0].published_u64(), Some(0x7b0bf7bf7fd01682));
     assert_eq!(chain[1].published_u64(), Some(0x0b368b33d87bf3bf));
 
     let pickle = hasher("0.31.0", HashAlgo::Sha256, None);
-    assert_eq!(
-        digest_hex(pickle.none_hash()),
-        "066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198"
-    );
+    assert_eq!(digest_hex(pickle.none_hash()), "066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198");
     let chain = pickle.hash_chain(None, &tokens(1..=32), 16, &[]);
-    assert_eq!(
-        digest_hex(&chain[0]),
-        "7b255da405e1d722823892e4fef187b4d8ac78215d7f0dd2137bb037547f4caf"
-    );
-    assert_eq!(
-        digest_hex(&chain[1]),
-        "8e717becdc2054b7a3223b7b844f462c0db0ac86287b752b16d077ad0843c577"
-    );
+    assert_eq!(digest_hex(&chain[0]), "7b255da405e1d722823892e4fef187b4d8ac78215d7f0dd2137bb037547f4caf");
+    assert_eq!(digest_hex(&chain[1]), "8e717becdc2054b7a3223b7b844f462c0db0ac86287b752b16d077ad0843c577");
 }
 
 #[test]
@@ -150,10 +131,7 @@ fn unset_seed_is_an_error_where_none_hash_is_random() {
         ("0.33.0", HashAlgo::XxhashCbor),
     ] {
         assert!(
-            matches!(
-                BlockHasher::new(&config(version, algo)),
-                Err(VllmHashError::RandomNoneHash { .. })
-            ),
+            matches!(BlockHasher::new(&config(version, algo)), Err(VllmHashError::RandomNoneHash { .. })),
             "{version} {algo}"
         );
     }
@@ -167,34 +145,13 @@ fn algos_are_gated_by_version_range() {
         pythonhashseed: Some("0".into()),
     };
     let err = |version, algo| BlockHasher::new(&config(version, algo)).err();
-    assert_eq!(
-        err("0.9.2", HashAlgo::Builtin),
-        Some(VllmHashError::BuiltinNotReproducible)
-    );
-    assert!(matches!(
-        err("0.9.2", HashAlgo::Sha256Cbor64bit),
-        Some(VllmHashError::AlgoNotInVersion { .. })
-    ));
-    assert!(matches!(
-        err("0.10.2", HashAlgo::Sha256Cbor64bit),
-        Some(VllmHashError::AlgoNotInVersion { .. })
-    ));
-    assert!(matches!(
-        err("0.10.1", HashAlgo::Sha256Cbor),
-        Some(VllmHashError::AlgoNotInVersion { .. })
-    ));
-    assert!(matches!(
-        err("0.12.0", HashAlgo::Xxhash),
-        Some(VllmHashError::AlgoNotInVersion { .. })
-    ));
-    assert!(matches!(
-        err("0.11.0", HashAlgo::Builtin),
-        Some(VllmHashError::AlgoNotInVersion { .. })
-    ));
-    assert!(matches!(
-        err("0.8.5", HashAlgo::Sha256),
-        Some(VllmHashError::VersionTooOld(_))
-    ));
+    assert_eq!(err("0.9.2", HashAlgo::Builtin), Some(VllmHashError::BuiltinNotReproducible));
+    assert!(matches!(err("0.9.2", HashAlgo::Sha256Cbor64bit), Some(VllmHashError::AlgoNotInVersion { .. })));
+    assert!(matches!(err("0.10.2", HashAlgo::Sha256Cbor64bit), Some(VllmHashError::AlgoNotInVersion { .. })));
+    assert!(matches!(err("0.10.1", HashAlgo::Sha256Cbor), Some(VllmHashError::AlgoNotInVersion { .. })));
+    assert!(matches!(err("0.12.0", HashAlgo::Xxhash), Some(VllmHashError::AlgoNotInVersion { .. })));
+    assert!(matches!(err("0.11.0", HashAlgo::Builtin), Some(VllmHashError::AlgoNotInVersion { .. })));
+    assert!(matches!(err("0.8.5", HashAlgo::Sha256), Some(VllmHashError::VersionTooOld(_))));
     assert_eq!(err("0.10.0", HashAlgo::Sha256Cbor64bit), None);
     assert_eq!(err("0.13.0", HashAlgo::XxhashCbor), None);
 }
@@ -205,18 +162,9 @@ fn sha256_cbor_64bit_chain_is_over_u64_ints() {
     assert_eq!(*hasher.none_hash(), InternalHash::U64(0xf8b55adff2e61c3e));
     let mut input = Vec::new();
     hasher.write_block_input(&mut input, None, &tokens(1..=16), None);
-    assert_eq!(
-        hex::encode(input),
-        "831bf8b55adff2e61c3e900102030405060708090a0b0c0d0e0f10f6"
-    );
+    assert_eq!(hex::encode(input), "831bf8b55adff2e61c3e900102030405060708090a0b0c0d0e0f10f6");
     let chain = hasher.hash_chain(None, &tokens(1..=32), 16, &[]);
-    assert_eq!(
-        chain,
-        vec![
-            InternalHash::U64(0x548461b2ca3c5e4b),
-            InternalHash::U64(0x309b569846d27d0c)
-        ]
-    );
+    assert_eq!(chain, vec![InternalHash::U64(0x548461b2ca3c5e4b), InternalHash::U64(0x309b569846d27d0c)]);
     assert_eq!(chain[1].published_u64(), Some(0x309b569846d27d0c));
 }
 
@@ -225,10 +173,7 @@ fn sha256_before_0_10_2_is_a_256_bit_int_that_cannot_be_published() {
     let hasher = hasher("0.10.0", HashAlgo::Sha256, Some("0"));
     let chain = hasher.hash_chain(None, &tokens(1..=16), 16, &[]);
     let hex = digest_hex(&chain[0]);
-    assert!(
-        hex.starts_with("535771b9") && hex.ends_with("c4dae0bc"),
-        "{hex}"
-    );
+    assert!(hex.starts_with("535771b9") && hex.ends_with("c4dae0bc"), "{hex}");
     assert_eq!(chain[0].published_u64(), None);
     assert!(!hasher.can_publish());
     // 0.9.x uses the same pickle-sha256 NONE_HASH int.
@@ -242,10 +187,7 @@ fn sha256_before_0_10_2_is_a_256_bit_int_that_cannot_be_published() {
 #[test]
 fn extra_key_examples() {
     let hasher = hasher("0.30.0", HashAlgo::Sha256Cbor, Some("0"));
-    let old_style = PyValue::Tuple(vec![
-        PyValue::Str("my-lora".into()),
-        PyValue::Str("salt-1".into()),
-    ]);
+    let old_style = PyValue::Tuple(vec![PyValue::Str("my-lora".into()), PyValue::Str("salt-1".into())]);
     let mut input = Vec::new();
     hasher.write_block_input(&mut input, None, &tokens(1..=16), Some(&old_style));
     // `…10 82 67"my-lora" 66"salt-1"`
@@ -261,10 +203,7 @@ fn extra_key_examples() {
             PyValue::Str("my-lora".into()),
             PyValue::Str("/adapters/my-lora".into()),
         ]),
-        PyValue::Tuple(vec![
-            PyValue::Str("cache_salt".into()),
-            PyValue::Str("salt-1".into()),
-        ]),
+        PyValue::Tuple(vec![PyValue::Str("cache_salt".into()), PyValue::Str("salt-1".into())]),
     ]);
     let hasher = self::hasher("0.31.0", HashAlgo::Sha256Cbor, Some("0"));
     let mut input = Vec::new();
@@ -322,8 +261,7 @@ fn decimal_of_256_bit_int() {
 #[test]
 fn py_value_from_json_follows_vector_conventions() {
     let json: serde_json::Value =
-        serde_json::from_str(r#"[null, -27, "mm", "bytes:00ff", ["a", 18446744073709551615]]"#)
-            .expect("valid json");
+        serde_json::from_str(r#"[null, -27, "mm", "bytes:00ff", ["a", 18446744073709551615]]"#).expect("valid json");
     assert_eq!(
         PyValue::from_json(&json),
         Ok(PyValue::Tuple(vec![
@@ -331,10 +269,7 @@ fn py_value_from_json_follows_vector_conventions() {
             PyValue::Int(-27),
             PyValue::Str("mm".into()),
             PyValue::Bytes(vec![0, 0xff]),
-            PyValue::Tuple(vec![
-                PyValue::Str("a".into()),
-                PyValue::Int(i128::from(u64::MAX))
-            ]),
+            PyValue::Tuple(vec![PyValue::Str("a".into()), PyValue::Int(i128::from(u64::MAX))]),
         ]))
     );
     for bad in ["1.5", "true", "{}", "\"bytes:zz\""] {
@@ -346,17 +281,11 @@ fn py_value_from_json_follows_vector_conventions() {
 // ---- verify_chain ----------------------------------------------------------------------------
 
 fn published_u64s(chain: &[InternalHash]) -> Vec<u64> {
-    chain
-        .iter()
-        .map(|hash| hash.published_u64().expect("publishable"))
-        .collect()
+    chain.iter().map(|hash| hash.published_u64().expect("publishable")).collect()
 }
 
 fn as_published(values: &[u64]) -> Vec<PublishedHash<'static>> {
-    values
-        .iter()
-        .map(|&value| PublishedHash::Int(value))
-        .collect()
+    values.iter().map(|&value| PublishedHash::Int(value)).collect()
 }
 
 #[test]
@@ -366,28 +295,14 @@ fn correct_chain_verifies() {
     let chain = engine.hash_chain(None, &token_ids, 16, &[]);
     let published = as_published(&published_u64s(&chain));
     let result = engine.verify_chain(ParentRef::Root, &token_ids, 16, &published, &[]);
-    assert_eq!(
-        result,
-        Verification {
-            checked: 4,
-            matched: 4,
-            mismatched: 0,
-            unverifiable: 0,
-            first_mismatch: None
-        }
-    );
+    assert_eq!(result, Verification { checked: 4, matched: 4, mismatched: 0, unverifiable: 0, first_mismatch: None });
 }
 
 #[test]
 fn wrong_seed_algo_or_block_size_mismatch() {
     let engine = hasher("0.33.0", HashAlgo::Sha256Cbor, Some("0"));
     let token_ids = tokens(1..=64);
-    let published = as_published(&published_u64s(&engine.hash_chain(
-        None,
-        &token_ids,
-        16,
-        &[],
-    )));
+    let published = as_published(&published_u64s(&engine.hash_chain(None, &token_ids, 16, &[])));
 
     let wrong_seed = hasher("0.33.0", HashAlgo::Sha256Cbor, Some("1"));
     let result = wrong_seed.verify_chain(ParentRef::Root, &token_ids, 16, &published, &[]);
@@ -420,21 +335,10 @@ fn truncated_parent_is_unverifiable_but_full_parent_verifies() {
     let truncated = ParentRef::Published(PublishedHash::Int(chain[0].published_u64().unwrap_or(0)));
     let published = as_published(&published_u64s(&chain[1..]));
     let result = engine.verify_chain(truncated, continuation, 16, &published, &[]);
-    assert_eq!(
-        result,
-        Verification {
-            checked: 0,
-            matched: 0,
-            mismatched: 0,
-            unverifiable: 2,
-            first_mismatch: None
-        }
-    );
+    assert_eq!(result, Verification { checked: 0, matched: 0, mismatched: 0, unverifiable: 2, first_mismatch: None });
 
     // Raw-bytes mode carries full digests: the same continuation is verifiable.
-    let InternalHash::Digest(parent) = chain[0] else {
-        panic!("0.23 digests are bytes")
-    };
+    let InternalHash::Digest(parent) = chain[0] else { panic!("0.23 digests are bytes") };
     let raw: Vec<DigestBytes> = chain[1..]
         .iter()
         .map(|hash| match hash {
@@ -442,10 +346,7 @@ fn truncated_parent_is_unverifiable_but_full_parent_verifies() {
             other => panic!("unexpected {other:?}"),
         })
         .collect();
-    let published: Vec<PublishedHash<'_>> = raw
-        .iter()
-        .map(|digest| PublishedHash::Bytes(digest.as_bytes()))
-        .collect();
+    let published: Vec<PublishedHash<'_>> = raw.iter().map(|digest| PublishedHash::Bytes(digest.as_bytes())).collect();
     let result = engine.verify_chain(
         ParentRef::Published(PublishedHash::Bytes(parent.as_bytes())),
         continuation,
@@ -487,10 +388,7 @@ fn blocks_with_extra_keys_are_unverifiable_and_the_chain_resumes_only_from_full_
     let chain = sixty_four.hash_chain(None, &token_ids, 16, &[Some(lora), None, None]);
     let published = as_published(&published_u64s(&chain));
     let result = sixty_four.verify_chain(ParentRef::Root, &token_ids, 16, &published, &[true]);
-    assert_eq!(
-        (result.checked, result.matched, result.unverifiable),
-        (2, 2, 1)
-    );
+    assert_eq!((result.checked, result.matched, result.unverifiable), (2, 2, 1));
 }
 
 #[test]
@@ -502,13 +400,7 @@ fn unpublishable_and_degenerate_inputs_never_panic() {
     let engine = hasher("0.33.0", HashAlgo::Sha256Cbor, Some("0"));
     let result = engine.verify_chain(ParentRef::Root, &[], 0, &as_published(&[7]), &[]);
     assert_eq!(result.unverifiable, 1);
-    let result = engine.verify_chain(
-        ParentRef::Root,
-        &[1, 2, 3],
-        usize::MAX,
-        &as_published(&[7, 8]),
-        &[],
-    );
+    let result = engine.verify_chain(ParentRef::Root, &[1, 2, 3], usize::MAX, &as_published(&[7, 8]), &[]);
     assert_eq!(result.mismatched, 1);
     let short = [PublishedHash::Bytes(&[1, 2, 3])];
     let result = engine.verify_chain(ParentRef::Root, &tokens(1..=16), 16, &short, &[]);
@@ -521,12 +413,8 @@ mod properties {
     use super::*;
     use proptest::prelude::*;
 
-    const DIGEST_ALGOS: [HashAlgo; 4] = [
-        HashAlgo::Sha256,
-        HashAlgo::Sha256Cbor,
-        HashAlgo::Xxhash,
-        HashAlgo::XxhashCbor,
-    ];
+    const DIGEST_ALGOS: [HashAlgo; 4] =
+        [HashAlgo::Sha256, HashAlgo::Sha256Cbor, HashAlgo::Xxhash, HashAlgo::XxhashCbor];
 
     proptest! {
         /// Whatever the tokens and block size, an engine's own chain verifies against itself,

@@ -53,8 +53,7 @@ impl Verification {
                     self.matched = self.matched.saturating_add(1);
                 } else {
                     self.mismatched = self.mismatched.saturating_add(1);
-                    self.first_mismatch
-                        .get_or_insert(u32::try_from(block_index).unwrap_or(u32::MAX));
+                    self.first_mismatch.get_or_insert(u32::try_from(block_index).unwrap_or(u32::MAX));
                 }
             }
             None => self.unverifiable = self.unverifiable.saturating_add(1),

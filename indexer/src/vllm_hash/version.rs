@@ -16,11 +16,7 @@ pub struct VllmVersion {
 
 impl VllmVersion {
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        VllmVersion {
-            major,
-            minor,
-            patch,
-        }
+        VllmVersion { major, minor, patch }
     }
 
     /// Parses `0.10.1`, `v0.33.0`, `0.11.0rc1`, `0.9.2+cu128`, `0.10.2.dev12+gabc`, `0.13`.
@@ -34,17 +30,13 @@ impl VllmVersion {
         for (index, slot) in numbers.iter_mut().enumerate() {
             if index > 0 {
                 match rest.strip_prefix('.') {
-                    Some(after_dot) if after_dot.starts_with(|c: char| c.is_ascii_digit()) => {
-                        rest = after_dot
-                    }
+                    Some(after_dot) if after_dot.starts_with(|c: char| c.is_ascii_digit()) => rest = after_dot,
                     // MAJOR.MINOR is required; a missing patch means 0.
                     _ if index == 2 => break,
                     _ => return Err(invalid()),
                 }
             }
-            let digits = rest
-                .find(|c: char| !c.is_ascii_digit())
-                .unwrap_or(rest.len());
+            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
             *slot = rest[..digits].parse().map_err(|_| invalid())?;
             rest = &rest[digits..];
         }

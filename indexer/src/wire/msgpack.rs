@@ -507,5 +507,4 @@ mod tests {
             assert!(matches!(err, WireError::Truncated | WireError::EmptyPayload), "cut {cut}: {err:?}");
         }
     }
-
 }

@@ -31,10 +31,7 @@ enum Workload {
 }
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "kvindex-policies",
-    about = "Compare routing policies on the simulated reference scenario"
-)]
+#[command(name = "kvindex-policies", about = "Compare routing policies on the simulated reference scenario")]
 struct Args {
     #[arg(long, value_enum, default_value_t = Workload::Reference)]
     workload: Workload,
@@ -79,10 +76,7 @@ struct Args {
 }
 
 fn policy_after_precise(policies: &mut Vec<Box<dyn Policy>>, policy: Box<dyn Policy>) {
-    let at = policies
-        .iter()
-        .position(|p| p.name() == "precise")
-        .map_or(policies.len(), |index| index + 1);
+    let at = policies.iter().position(|p| p.name() == "precise").map_or(policies.len(), |index| index + 1);
     policies.insert(at, policy);
 }
 
@@ -143,26 +137,18 @@ fn main() -> std::process::ExitCode {
     }
     for &count in args.replicas.iter().filter(|&&count| count > 1) {
         let replicas: Vec<Box<dyn Policy>> = (0..count)
-            .map(|_| {
-                Box::new(ApproximatePrefix::new(args.pods, 64, chunks_per_pod)) as Box<dyn Policy>
-            })
+            .map(|_| Box::new(ApproximatePrefix::new(args.pods, 64, chunks_per_pod)) as Box<dyn Policy>)
             .collect();
-        policies.push(Box::new(Replicated::new(
-            format!("approximate ×{count}"),
-            replicas,
-        )));
+        policies.push(Box::new(Replicated::new(format!("approximate ×{count}"), replicas)));
     }
-    let reports: Vec<PolicyReport> = match policies
-        .iter_mut()
-        .map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations))
-        .collect()
-    {
-        Ok(reports) => reports,
-        Err(error) => {
-            eprintln!("kvindex-policies: {error}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
+    let reports: Vec<PolicyReport> =
+        match policies.iter_mut().map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations)).collect() {
+            Ok(reports) => reports,
+            Err(error) => {
+                eprintln!("kvindex-policies: {error}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
     if args.json {
         for report in &reports {
             println!("{}", serde_json::to_string(report).unwrap_or_default());
@@ -173,11 +159,7 @@ fn main() -> std::process::ExitCode {
             "policy", "requests", "hit rate", "ttft p50", "ttft p90", "ttft p99"
         );
         for r in &reports {
-            let usage: Vec<String> = r
-                .kv_usage_per_pod
-                .iter()
-                .map(|u| format!("{:.2}", u))
-                .collect();
+            let usage: Vec<String> = r.kv_usage_per_pod.iter().map(|u| format!("{:.2}", u)).collect();
             println!(
                 "{:<20} {:>8} {:>9.3} {:>8.3}s {:>8.3}s {:>8.3}s  [{}]",
                 r.policy,

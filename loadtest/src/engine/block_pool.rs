@@ -59,13 +59,7 @@ impl BlockPool {
         }
         let mut blocks = vec![Block::default(); num_blocks];
         blocks[NULL_BLOCK as usize].ref_cnt = 1;
-        BlockPool {
-            blocks,
-            free,
-            cached: HashMap::new(),
-            events: Vec::new(),
-            block_size,
-        }
+        BlockPool { blocks, free, cached: HashMap::new(), events: Vec::new(), block_size }
     }
 
     pub fn block_size(&self) -> usize {
@@ -94,9 +88,7 @@ impl BlockPool {
 
     /// A block holding this hash, if any (`get_cached_block`).
     pub fn lookup(&self, hash: &InternalHash) -> Option<BlockId> {
-        self.cached
-            .get(hash)
-            .and_then(|blocks| blocks.first().copied())
+        self.cached.get(hash).and_then(|blocks| blocks.first().copied())
     }
 
     fn ref_cnt(&self, block: BlockId) -> u32 {
@@ -105,10 +97,7 @@ impl BlockPool {
 
     /// How many of `blocks` are evictable now (they stop counting as free once touched).
     pub fn count_evictable(&self, blocks: &[BlockId]) -> usize {
-        blocks
-            .iter()
-            .filter(|&&block| self.ref_cnt(block) == 0)
-            .count()
+        blocks.iter().filter(|&&block| self.ref_cnt(block) == 0).count()
     }
 
     /// Takes a reference on cache hits, pulling evictable ones out of the free queue.
@@ -148,9 +137,7 @@ impl BlockPool {
                 self.cached.remove(&hash.internal);
             }
         }
-        self.events.push(KvEvent::BlockRemoved {
-            block_hashes: vec![hash.published],
-        });
+        self.events.push(KvEvent::BlockRemoved { block_hashes: vec![hash.published] });
     }
 
     /// Drops one reference per block, in the order given; blocks reaching zero join the back
@@ -182,10 +169,7 @@ impl BlockPool {
         to: usize,
     ) {
         let bs = self.block_size;
-        let to = to
-            .min(request_blocks.len())
-            .min(hashes.len())
-            .min(tokens.len() / bs.max(1));
+        let to = to.min(request_blocks.len()).min(hashes.len()).min(tokens.len() / bs.max(1));
         if from >= to {
             return;
         }
@@ -195,10 +179,7 @@ impl BlockPool {
             let hash = hashes[index];
             let entry = &mut self.blocks[block as usize];
             if entry.hash.is_none() {
-                entry.hash = Some(CachedHash {
-                    internal: hash.internal,
-                    published: hash.published,
-                });
+                entry.hash = Some(CachedHash { internal: hash.internal, published: hash.published });
                 self.cached.entry(hash.internal).or_default().push(block);
             }
             published.push(hash.published);

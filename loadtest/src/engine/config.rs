@@ -41,10 +41,7 @@ impl Default for EngineConfig {
             prefill_tokens_per_s: 16_000.0,
             decode_s_per_token: 0.02,
             hash_seed: Some("0".to_string()),
-            output_alphabet: b"abcdefghijklmnopqrstuvwxyz "
-                .iter()
-                .map(|&b| u32::from(b))
-                .collect(),
+            output_alphabet: b"abcdefghijklmnopqrstuvwxyz ".iter().map(|&b| u32::from(b)).collect(),
             output_seed: 0x5eed,
         }
     }

@@ -56,6 +56,4 @@ pub type BlockId = u32;
 pub use config::EngineConfig;
 pub use event::KvEvent;
 pub use request::{NewRequest, RequestId};
-pub use scheduler::{
-    Engine, EngineStats, RejectReason, RequestSummary, RequestUpdate, StepOutcome,
-};
+pub use scheduler::{Engine, EngineStats, RejectReason, RequestSummary, RequestUpdate, StepOutcome};

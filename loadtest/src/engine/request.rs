@@ -81,14 +81,10 @@ impl Request {
             let index = self.hashes.len();
             let parent = index.checked_sub(1).map(|p| self.hashes[p].internal);
             let block_tokens = &self.tokens[index * block_size..(index + 1) * block_size];
-            let internal =
-                hasher.hash_block_with(&mut scratch, parent.as_ref(), block_tokens, None);
+            let internal = hasher.hash_block_with(&mut scratch, parent.as_ref(), block_tokens, None);
             // sha256_cbor always yields a 32-byte digest, whose low 64 bits are published.
             let published = internal.published_u64().unwrap_or_default();
-            self.hashes.push(BlockHash {
-                internal,
-                published,
-            });
+            self.hashes.push(BlockHash { internal, published });
         }
     }
 }

@@ -21,20 +21,23 @@ pub enum RejectReason {
     #[error("max_tokens must be at least 1")]
     NoOutput,
     #[error("prompt ({prompt} tokens) + max_tokens ({max_tokens}) exceeds the maximum model length {max_model_len}")]
-    TooLong {
-        prompt: usize,
-        max_tokens: usize,
-        max_model_len: usize,
-    },
+    TooLong { prompt: usize, max_tokens: usize, max_model_len: usize },
 }
 
 /// What happened to a request during a step. Times are on the simulated clock.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestUpdate {
     /// First admission: how many prompt tokens came from the prefix cache.
-    Scheduled { id: RequestId, cached_tokens: usize },
+    Scheduled {
+        id: RequestId,
+        cached_tokens: usize,
+    },
     /// A sampled token, available at `at` (the end of the step).
-    Token { id: RequestId, token: u32, at: f64 },
+    Token {
+        id: RequestId,
+        token: u32,
+        at: f64,
+    },
     Finished {
         id: RequestId,
         summary: RequestSummary,
@@ -138,23 +141,12 @@ impl Engine {
         }
         let max_model_len = self.config.effective_max_model_len();
         if new.prompt.len().saturating_add(new.max_tokens) > max_model_len {
-            return Err(RejectReason::TooLong {
-                prompt: new.prompt.len(),
-                max_tokens: new.max_tokens,
-                max_model_len,
-            });
+            return Err(RejectReason::TooLong { prompt: new.prompt.len(), max_tokens: new.max_tokens, max_model_len });
         }
         let id = RequestId(self.next_id);
         self.next_id += 1;
         let output_seed = splitmix64(self.config.output_seed ^ splitmix64(id.0));
-        let request = Request::new(
-            id,
-            now,
-            new,
-            output_seed,
-            &self.hasher,
-            self.config.block_size,
-        );
+        let request = Request::new(id, now, new, output_seed, &self.hasher, self.config.block_size);
         self.waiting.push_back(request);
         Ok(id)
     }
@@ -191,24 +183,15 @@ impl Engine {
             return 0;
         }
         let max_blocks = (prompt.len() - 1) / bs;
-        let hashes = self
-            .hasher
-            .hash_chain(None, &prompt[..max_blocks * bs], bs, &[]);
-        hashes
-            .iter()
-            .take_while(|hash| self.pool.lookup(hash).is_some())
-            .count()
-            * bs
+        let hashes = self.hasher.hash_chain(None, &prompt[..max_blocks * bs], bs, &[]);
+        hashes.iter().take_while(|hash| self.pool.lookup(hash).is_some()).count() * bs
     }
 
     /// Leading blocks of a prompt's chain (from [`BlockHasher::hash_chain`], limited by the
     /// caller to the `prompt_len − 1` rule) cached here now. Lets an oracle hash a prompt once
     /// for every pod.
     pub fn cached_prefix_blocks(&self, hashes: &[kvindex::vllm_hash::InternalHash]) -> usize {
-        hashes
-            .iter()
-            .take_while(|hash| self.pool.lookup(hash).is_some())
-            .count()
+        hashes.iter().take_while(|hash| self.pool.lookup(hash).is_some()).count()
     }
 
     /// One engine step at simulated time `now`: schedule, "compute", sample, free.
@@ -241,10 +224,7 @@ impl Engine {
                 break;
             }
             let request = &self.running[index];
-            if request.num_outputs() > 0
-                && request.num_computed + num_new == request.tokens.len()
-                && num_new == 1
-            {
+            if request.num_outputs() > 0 && request.num_computed + num_new == request.tokens.len() && num_new == 1 {
                 decodes += 1;
             } else {
                 prefill_tokens += num_new;
@@ -273,10 +253,7 @@ impl Engine {
                 request.cached_tokens = Some(hit_tokens);
                 self.prefix_cache_queries += request.prompt_len as u64;
                 self.prefix_cache_hits += hit_tokens as u64;
-                updates.push(RequestUpdate::Scheduled {
-                    id: request.id,
-                    cached_tokens: hit_tokens,
-                });
+                updates.push(RequestUpdate::Scheduled { id: request.id, cached_tokens: hit_tokens });
             }
             prefill_tokens += num_new;
             budget -= num_new;
@@ -284,13 +261,8 @@ impl Engine {
             self.running.push(request);
         }
 
-        let duration = prefill_tokens as f64
-            / self.config.prefill_tokens_per_s.max(f64::MIN_POSITIVE)
-            + if decodes > 0 {
-                self.config.decode_s_per_token
-            } else {
-                0.0
-            };
+        let duration = prefill_tokens as f64 / self.config.prefill_tokens_per_s.max(f64::MIN_POSITIVE)
+            + if decodes > 0 { self.config.decode_s_per_token } else { 0.0 };
         let end = now + duration;
 
         // "Compute": advance, sample where a sequence reached its end, finish and free.
@@ -308,19 +280,14 @@ impl Engine {
             let token = if alphabet.is_empty() {
                 0
             } else {
-                alphabet[(splitmix64(request.output_seed.wrapping_add(position))
-                    % alphabet.len() as u64) as usize]
+                alphabet[(splitmix64(request.output_seed.wrapping_add(position)) % alphabet.len() as u64) as usize]
             };
             request.tokens.push(token);
             request.extend_hashes(&self.hasher, self.config.block_size);
             if request.first_token_at.is_none() {
                 request.first_token_at = Some(end);
             }
-            updates.push(RequestUpdate::Token {
-                id: *id,
-                token,
-                at: end,
-            });
+            updates.push(RequestUpdate::Token { id: *id, token, at: end });
             if request.num_outputs() >= request.max_tokens {
                 finished.push(*id);
             }
@@ -345,24 +312,14 @@ impl Engine {
             });
         }
 
-        StepOutcome {
-            duration,
-            events: self.pool.take_events(),
-            updates,
-            scheduled: scheduled.len(),
-        }
+        StepOutcome { duration, events: self.pool.take_events(), updates, scheduled: scheduled.len() }
     }
 
     /// `find_longest_cache_hit`: leading cached blocks, at most `num_tokens − 1` tokens' worth.
     fn longest_cache_hit(&self, request: &Request) -> Vec<BlockId> {
         let bs = self.config.block_size;
         let max_blocks = request.tokens.len().saturating_sub(1) / bs;
-        request
-            .hashes
-            .iter()
-            .take(max_blocks)
-            .map_while(|hash| self.pool.lookup(&hash.internal))
-            .collect()
+        request.hashes.iter().take(max_blocks).map_while(|hash| self.pool.lookup(&hash.internal)).collect()
     }
 
     /// Recompute-style preemption: the request frees everything and goes back to the front of
@@ -382,12 +339,7 @@ impl Engine {
 /// `allocate_slots`: takes the hit blocks, allocates what `num_new` more tokens need, and
 /// caches every block the step fills (one `BlockStored`). Refuses, changing nothing, when the
 /// free queue cannot supply the blocks.
-fn allocate_slots(
-    pool: &mut BlockPool,
-    request: &mut Request,
-    num_new: usize,
-    hits: &[BlockId],
-) -> bool {
+fn allocate_slots(pool: &mut BlockPool, request: &mut Request, num_new: usize, hits: &[BlockId]) -> bool {
     let bs = pool.block_size();
     let computed = request.num_computed + hits.len() * bs;
     let total = computed + num_new;
@@ -409,13 +361,7 @@ fn allocate_slots(
     request.blocks.extend(fresh);
     let full = (total / bs).min(request.hashes.len());
     if full > request.num_cached_blocks {
-        pool.cache_full_blocks(
-            &request.blocks,
-            &request.hashes,
-            &request.tokens,
-            request.num_cached_blocks,
-            full,
-        );
+        pool.cache_full_blocks(&request.blocks, &request.hashes, &request.tokens, request.num_cached_blocks, full);
         request.num_cached_blocks = full;
     }
     true

@@ -33,8 +33,7 @@ pub async fn models(State(pod): State<Pod>) -> impl IntoResponse {
 pub async fn reset_prefix_cache(State(pod): State<Pod>) -> Response {
     match pod.reset_prefix_cache().await {
         Ok(true) => Json(json!({"reset": true})).into_response(),
-        Ok(false) => ApiError::conflict("requests are running; the prefix cache was not reset")
-            .into_response(),
+        Ok(false) => ApiError::conflict("requests are running; the prefix cache was not reset").into_response(),
         Err(error) => ApiError::unavailable(error.to_string()).into_response(),
     }
 }
@@ -104,7 +103,5 @@ pub async fn stats(State(pod): State<Pod>) -> impl IntoResponse {
             })
         })
         .collect();
-    Json(
-        json!({"pod_id": pod.info.pod_id, "topic": pod.info.topic, "model": pod.info.model, "ranks": ranks}),
-    )
+    Json(json!({"pod_id": pod.info.pod_id, "topic": pod.info.topic, "model": pod.info.model, "ranks": ranks}))
 }

@@ -103,9 +103,7 @@ struct Job {
 
 fn check_model(pod: &Pod, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        Some(name) if name != pod.info.model => Err(ApiError::not_found(format!(
-            "The model `{name}` does not exist."
-        ))),
+        Some(name) if name != pod.info.model => Err(ApiError::not_found(format!("The model `{name}` does not exist."))),
         _ => Ok(()),
     }
 }
@@ -129,12 +127,8 @@ fn prompt_source(prompt: &Value) -> Result<PromptSource, ApiError> {
             .map(PromptSource::Ids)
             .ok_or_else(|| ApiError::bad_request("prompt token ids must be integers in [0, 2^32)")),
         Value::Array(items) if items.len() == 1 => prompt_source(&items[0]),
-        Value::Array(_) => Err(ApiError::bad_request(
-            "batched prompts are not supported; send one prompt per request",
-        )),
-        _ => Err(ApiError::bad_request(
-            "prompt must be a string or an array of token ids",
-        )),
+        Value::Array(_) => Err(ApiError::bad_request("batched prompts are not supported; send one prompt per request")),
+        _ => Err(ApiError::bad_request("prompt must be a string or an array of token ids")),
     }
 }
 
@@ -145,23 +139,14 @@ fn message_text(content: &Option<Value>) -> Result<String, ApiError> {
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for part in parts {
-                match (
-                    part.get("type").and_then(Value::as_str),
-                    part.get("text").and_then(Value::as_str),
-                ) {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
                     (Some("text"), Some(part_text)) => text.push_str(part_text),
-                    _ => {
-                        return Err(ApiError::bad_request(
-                            "only text content parts are supported",
-                        ))
-                    }
+                    _ => return Err(ApiError::bad_request("only text content parts are supported")),
                 }
             }
             Ok(text)
         }
-        Some(_) => Err(ApiError::bad_request(
-            "message content must be a string or an array of text parts",
-        )),
+        Some(_) => Err(ApiError::bad_request("message content must be a string or an array of text parts")),
     }
 }
 
@@ -169,11 +154,7 @@ pub async fn completions(State(pod): State<Pod>, body: Bytes) -> Response {
     let result = (|| {
         let body: CompletionBody = parse_json(&body)?;
         check_model(&pod, body.model.as_deref())?;
-        let prompt = prompt_source(
-            body.prompt
-                .as_ref()
-                .ok_or_else(|| ApiError::bad_request("prompt is required"))?,
-        )?;
+        let prompt = prompt_source(body.prompt.as_ref().ok_or_else(|| ApiError::bad_request("prompt is required"))?)?;
         Ok::<_, ApiError>(body.reply.job(Kind::Completion, prompt, max_tokens(body.max_tokens)?))
     })();
     match result {
@@ -213,10 +194,7 @@ fn usage(summary: &RequestSummary) -> Value {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// The prompt's token ids. A tokenizer error (e.g. a chat template raising on the messages)
@@ -243,31 +221,13 @@ async fn run(pod: Pod, job: Job) -> Response {
         Ok(prompt) => prompt,
         Err(error) => return error.into_response(),
     };
-    let prompt_for_reply = if job.return_token_ids {
-        Some(prompt.clone())
-    } else {
-        None
-    };
-    let events = match pod
-        .submit(NewRequest {
-            prompt,
-            max_tokens: job.max_tokens,
-        })
-        .await
-    {
+    let prompt_for_reply = if job.return_token_ids { Some(prompt.clone()) } else { None };
+    let events = match pod.submit(NewRequest { prompt, max_tokens: job.max_tokens }).await {
         Ok(events) => events,
-        Err(SubmitError::Rejected(reason)) => {
-            return ApiError::bad_request(reason.to_string()).into_response()
-        }
-        Err(SubmitError::Stopped) => {
-            return ApiError::unavailable("the engine has stopped").into_response()
-        }
+        Err(SubmitError::Rejected(reason)) => return ApiError::bad_request(reason.to_string()).into_response(),
+        Err(SubmitError::Stopped) => return ApiError::unavailable("the engine has stopped").into_response(),
     };
-    let prefix = if job.kind == Kind::Chat {
-        "chatcmpl"
-    } else {
-        "cmpl"
-    };
+    let prefix = if job.kind == Kind::Chat { "chatcmpl" } else { "cmpl" };
     let id = format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
     let reply = Reply {
         kind: job.kind,
@@ -330,8 +290,7 @@ async fn collect(
             RequestEvent::Scheduled { .. } => {}
             RequestEvent::Token(token) => tokens.push(token),
             RequestEvent::Finished(summary) => {
-                let mut choice =
-                    reply.choice(&reply.tokenizer.decode(&tokens), Some("length"), false);
+                let mut choice = reply.choice(&reply.tokenizer.decode(&tokens), Some("length"), false);
                 if let Some(prompt) = &prompt {
                     choice["token_ids"] = json!(tokens);
                     choice["prompt_token_ids"] = json!(prompt);
@@ -345,11 +304,7 @@ async fn collect(
     ApiError::unavailable("the engine stopped before the request finished").into_response()
 }
 
-fn stream(
-    reply: Reply,
-    mut events: mpsc::UnboundedReceiver<RequestEvent>,
-    include_usage: bool,
-) -> impl IntoResponse {
+fn stream(reply: Reply, mut events: mpsc::UnboundedReceiver<RequestEvent>, include_usage: bool) -> impl IntoResponse {
     let (sender, receiver) = mpsc::channel::<Result<Event, Infallible>>(64);
     tokio::spawn(async move {
         let send = |value: Value| Ok(Event::default().data(value.to_string()));
@@ -365,24 +320,15 @@ fn stream(
                     // Hold one token back so the last one carries the finish reason.
                     if let Some(previous) = pending.replace(token) {
                         let choice = reply.choice(&reply.tokenizer.decode(&[previous]), None, true);
-                        if sender
-                            .send(send(reply.envelope(json!([choice]), true)))
-                            .await
-                            .is_err()
-                        {
+                        if sender.send(send(reply.envelope(json!([choice]), true))).await.is_err() {
                             return;
                         }
                     }
                 }
                 RequestEvent::Finished(summary) => {
-                    let text = pending
-                        .take()
-                        .map(|t| reply.tokenizer.decode(&[t]))
-                        .unwrap_or_default();
+                    let text = pending.take().map(|t| reply.tokenizer.decode(&[t])).unwrap_or_default();
                     let choice = reply.choice(&text, Some("length"), true);
-                    let _ = sender
-                        .send(send(reply.envelope(json!([choice]), true)))
-                        .await;
+                    let _ = sender.send(send(reply.envelope(json!([choice]), true))).await;
                     if include_usage {
                         let mut last = reply.envelope(json!([]), true);
                         last["usage"] = usage(&summary);

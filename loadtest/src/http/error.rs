@@ -14,31 +14,19 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-        }
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into() }
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: message.into(),
-        }
+        ApiError { status: StatusCode::NOT_FOUND, message: message.into() }
     }
 
     pub fn conflict(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::CONFLICT,
-            message: message.into(),
-        }
+        ApiError { status: StatusCode::CONFLICT, message: message.into() }
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: message.into(),
-        }
+        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: message.into() }
     }
 
     fn kind(&self) -> &'static str {
@@ -67,6 +55,5 @@ impl IntoResponse for ApiError {
 /// Parses a JSON body ourselves so that malformed bodies get this error shape (axum's `Json`
 /// extractor answers with plain text).
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }

@@ -14,20 +14,13 @@ use crate::engine::EngineStats;
 use crate::pod::Pod;
 
 fn escape_label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 /// One series per data-parallel rank (`engine="<rank>"`), as vLLM labels its engines.
 pub fn render(pod: &Pod) -> String {
     let model = escape_label(&pod.info.model);
-    let ranks: Vec<(u32, EngineStats)> = pod
-        .ranks()
-        .iter()
-        .map(|rank| (rank.rank, rank.stats()))
-        .collect();
+    let ranks: Vec<(u32, EngineStats)> = pod.ranks().iter().map(|rank| (rank.rank, rank.stats())).collect();
     let mut out = String::new();
     let mut metric = |name: &str,
                       kind: &str,
@@ -46,27 +39,13 @@ pub fn render(pod: &Pod) -> String {
         }
     };
     let none = |_: &EngineStats| String::new();
-    metric(
-        "vllm:num_requests_running",
-        "gauge",
-        "Number of requests in model execution batches.",
-        &none,
-        &|s| s.num_running as f64,
-    );
-    metric(
-        "vllm:num_requests_waiting",
-        "gauge",
-        "Number of requests waiting to be processed.",
-        &none,
-        &|s| s.num_waiting as f64,
-    );
-    metric(
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "KV-cache usage. 1 means 100 percent usage.",
-        &none,
-        &|s| s.kv_usage,
-    );
+    metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", &none, &|s| {
+        s.num_running as f64
+    });
+    metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", &none, &|s| {
+        s.num_waiting as f64
+    });
+    metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", &none, &|s| s.kv_usage);
     metric(
         "vllm:prefix_cache_queries_total",
         "counter",
@@ -87,29 +66,13 @@ pub fn render(pod: &Pod) -> String {
             s.block_size, s.num_gpu_blocks
         )
     };
-    metric(
-        "vllm:cache_config_info",
-        "gauge",
-        "Information of the LLMEngine CacheConfig",
-        &cache_labels,
-        &|_| 1.0,
-    );
-    metric(
-        "vllm:num_preemptions_total",
-        "counter",
-        "Cumulative number of preemptions from the engine.",
-        &none,
-        &|s| s.preemptions as f64,
-    );
+    metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", &cache_labels, &|_| 1.0);
+    metric("vllm:num_preemptions_total", "counter", "Cumulative number of preemptions from the engine.", &none, &|s| {
+        s.preemptions as f64
+    });
     out
 }
 
 pub async fn metrics(State(pod): State<Pod>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        render(&pod),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], render(&pod))
 }

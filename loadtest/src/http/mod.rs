@@ -29,10 +29,7 @@ pub fn router(pod: Pod) -> Router {
         .route("/admin/faults/drop", post(admin::drop_batches))
         .route("/admin/faults/pause", post(admin::pause))
         .route("/admin/faults/resume", post(admin::resume))
-        .route(
-            "/admin/faults/restart-publisher",
-            post(admin::restart_publisher),
-        )
+        .route("/admin/faults/restart-publisher", post(admin::restart_publisher))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

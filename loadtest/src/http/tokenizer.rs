@@ -33,26 +33,19 @@ impl PromptTokenizer {
     /// now, so a bad directory fails the start rather than the first request.
     pub fn load(model: &str, dir: &Path) -> Result<PromptTokenizer, String> {
         let mut config = RegistryConfig::default();
-        config
-            .add_model(model, dir)
-            .map_err(|e| format!("--tokenizer {}: {e}", dir.display()))?;
+        config.add_model(model, dir).map_err(|e| format!("--tokenizer {}: {e}", dir.display()))?;
         let registry = TokenizerRegistry::new(config);
-        registry
-            .initialize(model)
-            .map_err(|e| format!("--tokenizer {}: {e}", dir.display()))?;
-        Ok(PromptTokenizer::Model {
-            registry: Arc::new(registry),
-            model: model.to_string(),
-        })
+        registry.initialize(model).map_err(|e| format!("--tokenizer {}: {e}", dir.display()))?;
+        Ok(PromptTokenizer::Model { registry: Arc::new(registry), model: model.to_string() })
     }
 
     /// A completion prompt's ids, as vLLM's `/v1/completions` computes them.
     pub fn completion(&self, text: &str) -> Result<Vec<u32>, String> {
         match self {
             PromptTokenizer::Bytes => Ok(encode(text)),
-            PromptTokenizer::Model { registry, model } => registry
-                .render_completion(model, text)
-                .map_err(|e| e.to_string()),
+            PromptTokenizer::Model { registry, model } => {
+                registry.render_completion(model, text).map_err(|e| e.to_string())
+            }
         }
     }
 
@@ -65,17 +58,13 @@ impl PromptTokenizer {
                 let mut request = ChatRequest::from_messages(
                     messages
                         .iter()
-                        .map(
-                            |(role, content)| serde_json::json!({"role": role, "content": content}),
-                        )
+                        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
                         .collect::<Vec<Value>>(),
                 );
                 // vLLM's chat endpoint default; without it the template stops before the
                 // assistant's turn and the prompt differs from the engine's.
                 request.add_generation_prompt = true;
-                registry
-                    .render_chat(model, &request)
-                    .map_err(|e| e.to_string())
+                registry.render_chat(model, &request).map_err(|e| e.to_string())
             }
         }
     }

@@ -58,11 +58,7 @@ pub struct Pod {
 impl Pod {
     /// A pod over its started ranks (at least one).
     pub fn new(info: PodInfo, ranks: Vec<Rank>) -> Pod {
-        Pod {
-            ranks: ranks.into(),
-            next_tie: Arc::new(AtomicUsize::new(0)),
-            info: Arc::new(info),
-        }
+        Pod { ranks: ranks.into(), next_tie: Arc::new(AtomicUsize::new(0)), info: Arc::new(info) }
     }
 
     pub fn ranks(&self) -> &[Rank] {
@@ -72,24 +68,16 @@ impl Pod {
     fn pick_rank(&self) -> Option<&Rank> {
         let count = self.ranks.len();
         let start = self.next_tie.fetch_add(1, Ordering::Relaxed);
-        (0..count)
-            .map(|offset| &self.ranks[(start + offset) % count])
-            .min_by_key(|rank| {
-                let stats = rank.stats();
-                4 * stats.num_waiting + stats.num_running
-            })
+        (0..count).map(|offset| &self.ranks[(start + offset) % count]).min_by_key(|rank| {
+            let stats = rank.stats();
+            4 * stats.num_waiting + stats.num_running
+        })
     }
 
     /// Queues a request on the least loaded rank; the receiver yields its events until
     /// `Finished`.
-    pub async fn submit(
-        &self,
-        request: NewRequest,
-    ) -> Result<mpsc::UnboundedReceiver<RequestEvent>, SubmitError> {
-        self.pick_rank()
-            .ok_or(SubmitError::Stopped)?
-            .submit(request)
-            .await
+    pub async fn submit(&self, request: NewRequest) -> Result<mpsc::UnboundedReceiver<RequestEvent>, SubmitError> {
+        self.pick_rank().ok_or(SubmitError::Stopped)?.submit(request).await
     }
 
     /// Resets every rank's prefix cache; `false` when any rank refused (requests running).

@@ -40,13 +40,7 @@ pub struct Rank {
 
 impl Rank {
     /// Starts the engine task. `label` names it in logs.
-    pub fn start(
-        engine: Engine,
-        rank: u32,
-        label: String,
-        publisher: Publisher,
-        time_scale: f64,
-    ) -> Rank {
+    pub fn start(engine: Engine, rank: u32, label: String, publisher: Publisher, time_scale: f64) -> Rank {
         let stats = Arc::new(Mutex::new(engine.stats()));
         let (commands, receiver) = mpsc::unbounded_channel();
         let runner = Runner {
@@ -54,49 +48,28 @@ impl Rank {
             publisher: publisher.clone(),
             stats: stats.clone(),
             started: Instant::now(),
-            time_scale: if time_scale.is_finite() && time_scale > 0.0 {
-                time_scale
-            } else {
-                1.0
-            },
+            time_scale: if time_scale.is_finite() && time_scale > 0.0 { time_scale } else { 1.0 },
             streams: HashMap::new(),
             label,
             flush_events: false,
         };
         tokio::spawn(runner.run(receiver));
-        Rank {
-            commands,
-            stats,
-            rank,
-            publisher,
-        }
+        Rank { commands, stats, rank, publisher }
     }
 
     /// Queues a request; the receiver yields its events until `Finished`.
-    pub async fn submit(
-        &self,
-        request: NewRequest,
-    ) -> Result<mpsc::UnboundedReceiver<RequestEvent>, SubmitError> {
+    pub async fn submit(&self, request: NewRequest) -> Result<mpsc::UnboundedReceiver<RequestEvent>, SubmitError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(PodCommand::Submit {
-                request,
-                arrived: Instant::now(),
-                reply,
-            })
+            .send(PodCommand::Submit { request, arrived: Instant::now(), reply })
             .map_err(|_| SubmitError::Stopped)?;
-        answer
-            .await
-            .map_err(|_| SubmitError::Stopped)?
-            .map_err(SubmitError::Rejected)
+        answer.await.map_err(|_| SubmitError::Stopped)?.map_err(SubmitError::Rejected)
     }
 
     /// Whether the cache was reset (refused while requests hold blocks).
     pub async fn reset_prefix_cache(&self) -> Result<bool, SubmitError> {
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(PodCommand::ResetPrefixCache { reply })
-            .map_err(|_| SubmitError::Stopped)?;
+        self.commands.send(PodCommand::ResetPrefixCache { reply }).map_err(|_| SubmitError::Stopped)?;
         answer.await.map_err(|_| SubmitError::Stopped)
     }
 
@@ -128,11 +101,7 @@ impl Runner {
 
     fn handle(&mut self, command: PodCommand) {
         match command {
-            PodCommand::Submit {
-                request,
-                arrived,
-                reply,
-            } => {
+            PodCommand::Submit { request, arrived, reply } => {
                 let now = self.sim_time(arrived);
                 let result = self.engine.submit(request, now).map(|id| {
                     let (sender, receiver) = mpsc::unbounded_channel();
@@ -190,9 +159,7 @@ impl Runner {
 
     fn deliver(&mut self, update: RequestUpdate) {
         let (id, event) = match update {
-            RequestUpdate::Scheduled { id, cached_tokens } => {
-                (id, RequestEvent::Scheduled { cached_tokens })
-            }
+            RequestUpdate::Scheduled { id, cached_tokens } => (id, RequestEvent::Scheduled { cached_tokens }),
             RequestUpdate::Token { id, token, .. } => (id, RequestEvent::Token(token)),
             RequestUpdate::Finished { id, summary } => {
                 if let Some(stream) = self.streams.remove(&id) {

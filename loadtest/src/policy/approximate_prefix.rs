@@ -42,9 +42,7 @@ impl ApproximatePrefix {
         prompt
             .chunks_exact(self.chunk_tokens)
             .map(|chunk| {
-                parent = chunk
-                    .iter()
-                    .fold(splitmix64(parent), |h, &t| splitmix64(h ^ u64::from(t)));
+                parent = chunk.iter().fold(splitmix64(parent), |h, &t| splitmix64(h ^ u64::from(t)));
                 parent
             })
             .collect()
@@ -82,10 +80,7 @@ impl Policy for ApproximatePrefix {
             .memories
             .iter()
             .map(|memory| {
-                let matched = hashes
-                    .iter()
-                    .take_while(|h| memory.last_used.contains_key(h))
-                    .count();
+                let matched = hashes.iter().take_while(|h| memory.last_used.contains_key(h)).count();
                 if hashes.is_empty() {
                     0.0
                 } else {

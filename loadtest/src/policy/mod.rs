@@ -63,11 +63,7 @@ pub const QUEUE_WEIGHT: f64 = 2.0;
 
 /// The load part of a pod's score, in `[0, KV_WEIGHT + QUEUE_WEIGHT]`: free KV and a short queue.
 pub fn load_score(stats: &EngineStats, max_waiting: usize) -> f64 {
-    let queue = if max_waiting == 0 {
-        1.0
-    } else {
-        1.0 - stats.num_waiting as f64 / max_waiting as f64
-    };
+    let queue = if max_waiting == 0 { 1.0 } else { 1.0 - stats.num_waiting as f64 / max_waiting as f64 };
     KV_WEIGHT * (1.0 - stats.kv_usage) + QUEUE_WEIGHT * queue
 }
 
@@ -75,10 +71,7 @@ pub fn load_score(stats: &EngineStats, max_waiting: usize) -> f64 {
 /// index after `rotate`, so idle fleets are not all sent to pod 0.
 pub fn pick_weighted(fleet: &FleetView<'_>, prefix_fraction: &[f64], rotate: usize) -> usize {
     let count = fleet.pods.len();
-    let max_waiting = (0..count)
-        .map(|p| fleet.stats(p).num_waiting)
-        .max()
-        .unwrap_or(0);
+    let max_waiting = (0..count).map(|p| fleet.stats(p).num_waiting).max().unwrap_or(0);
     let mut best = (f64::NEG_INFINITY, 0);
     for offset in 0..count {
         let pod = (rotate + offset) % count;

@@ -20,15 +20,11 @@ impl Policy for Oracle {
         let block_size = first.config().block_size;
         let usable = prompt.len().saturating_sub(1) / block_size * block_size;
         // All pods hash alike: hash the prompt once.
-        let hashes = first
-            .hasher()
-            .hash_chain(None, &prompt[..usable], block_size, &[]);
+        let hashes = first.hasher().hash_chain(None, &prompt[..usable], block_size, &[]);
         let fractions: Vec<f64> = fleet
             .pods
             .iter()
-            .map(|pod| {
-                (pod.cached_prefix_blocks(&hashes) * block_size) as f64 / prompt.len().max(1) as f64
-            })
+            .map(|pod| (pod.cached_prefix_blocks(&hashes) * block_size) as f64 / prompt.len().max(1) as f64)
             .collect();
         self.rotate = self.rotate.wrapping_add(1);
         pick_weighted(fleet, &fractions, self.rotate)

@@ -18,10 +18,7 @@ pub struct Precise {
 impl Precise {
     pub fn new(pods: usize, block_size: usize, model: &str) -> Self {
         Precise {
-            index: KvIndex::new(KvIndexConfig {
-                block_size,
-                ..KvIndexConfig::default()
-            }),
+            index: KvIndex::new(KvIndexConfig { block_size, ..KvIndexConfig::default() }),
             pod_names: (0..pods).map(|p| format!("pod-{p}")).collect(),
             model: model.to_string(),
             block_size,
@@ -59,8 +56,7 @@ impl Policy for Precise {
                 continue;
             };
             if let Some(pod) = self.pod_names.iter().position(|n| **n == *name) {
-                fractions[pod] = (found.matched_blocks as usize * self.block_size) as f64
-                    / prompt.len().max(1) as f64;
+                fractions[pod] = (found.matched_blocks as usize * self.block_size) as f64 / prompt.len().max(1) as f64;
             }
         }
         self.rotate = self.rotate.wrapping_add(1);

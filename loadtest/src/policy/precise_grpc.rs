@@ -52,12 +52,7 @@ pub struct PreciseGrpc {
 impl PreciseGrpc {
     /// Starts `kvindex serve` from `binary`, one dialing publisher (with a replay ROUTER) per
     /// pod, registers the pods, and waits until the service receives every pod's stream.
-    pub fn start(
-        binary: &Path,
-        pods: usize,
-        block_size: usize,
-        model: &str,
-    ) -> Result<PreciseGrpc, String> {
+    pub fn start(binary: &Path, pods: usize, block_size: usize, model: &str) -> Result<PreciseGrpc, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -77,9 +72,7 @@ impl PreciseGrpc {
                     data_parallel_rank: 0,
                 })
                 .await?;
-                service
-                    .register_pod(&id, model, publisher.bound_replay_endpoint.as_deref())
-                    .await?;
+                service.register_pod(&id, model, publisher.bound_replay_endpoint.as_deref()).await?;
                 started.push(GrpcPod { id, publisher });
             }
             let client = IndexerClient::connect(format!("http://{}", service.grpc_addr))
@@ -105,16 +98,9 @@ impl PreciseGrpc {
 
     fn score(&mut self, prompt: &[u32], pods: usize) -> Result<Vec<f64>, String> {
         let service = &self.service;
-        let publishers: Vec<(&str, &Publisher)> = self
-            .pods
-            .iter()
-            .map(|p| (p.id.as_str(), &p.publisher))
-            .collect();
-        let request = ScoreTokensRequest {
-            model: self.model.clone(),
-            token_ids: prompt.to_vec(),
-            ..Default::default()
-        };
+        let publishers: Vec<(&str, &Publisher)> = self.pods.iter().map(|p| (p.id.as_str(), &p.publisher)).collect();
+        let request =
+            ScoreTokensRequest { model: self.model.clone(), token_ids: prompt.to_vec(), ..Default::default() };
         let client = &mut self.client;
         let wait = std::mem::take(&mut self.unconfirmed);
         let response = self.runtime.block_on(async move {
@@ -131,8 +117,7 @@ impl PreciseGrpc {
         for found in &response.scores {
             if let Some(pod) = self.pods.iter().position(|p| p.id == found.pod) {
                 if let Some(slot) = fractions.get_mut(pod) {
-                    *slot = (found.matched_blocks as usize * self.block_size) as f64
-                        / prompt.len().max(1) as f64;
+                    *slot = (found.matched_blocks as usize * self.block_size) as f64 / prompt.len().max(1) as f64;
                 }
             }
         }
@@ -158,10 +143,7 @@ async fn join(service: &KvindexService, pod: &GrpcPod) -> Result<(), String> {
             tokio::time::sleep(POLL_INTERVAL * 5).await;
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "kvindex serve did not receive {}'s stream within {APPLY_DEADLINE:?}",
-                pod.id
-            ));
+            return Err(format!("kvindex serve did not receive {}'s stream within {APPLY_DEADLINE:?}", pod.id));
         }
     }
 }
@@ -188,10 +170,7 @@ fn applied(sources: &[Value], pod: &str, next_seq: u64) -> Result<bool, String> 
 /// Waits until the service applied everything every pod published.
 async fn caught_up(service: &KvindexService, pods: &[(&str, &Publisher)]) -> Result<(), String> {
     let deadline = Instant::now() + APPLY_DEADLINE;
-    let targets: Vec<(&str, u64)> = pods
-        .iter()
-        .map(|(id, publisher)| (*id, publisher.stats().next_seq))
-        .collect();
+    let targets: Vec<(&str, u64)> = pods.iter().map(|(id, publisher)| (*id, publisher.stats().next_seq)).collect();
     loop {
         let sources = service.sources().await?;
         let mut all = true;
@@ -226,8 +205,7 @@ impl Policy for PreciseGrpc {
         let Some(target) = self.pods.get(pod) else {
             return;
         };
-        self.runtime
-            .block_on(target.publisher.publish(events.to_vec()));
+        self.runtime.block_on(target.publisher.publish(events.to_vec()));
         self.unconfirmed = true;
     }
 

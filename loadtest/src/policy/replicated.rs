@@ -14,11 +14,7 @@ pub struct Replicated {
 impl Replicated {
     /// `name` labels the report (e.g. "approximate-prefix ×4").
     pub fn new(name: impl Into<String>, replicas: Vec<Box<dyn Policy>>) -> Self {
-        Replicated {
-            name: name.into(),
-            replicas,
-            next: 0,
-        }
+        Replicated { name: name.into(), replicas, next: 0 }
     }
 }
 

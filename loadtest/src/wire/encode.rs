@@ -82,15 +82,7 @@ fn write_no_extra_keys(buf: &mut Vec<u8>, blocks: usize) {
 
 fn write_event(buf: &mut Vec<u8>, version: WireVersion, event: &KvEvent) {
     match (version, event) {
-        (
-            WireVersion::V0_33,
-            KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-            },
-        ) => {
+        (WireVersion::V0_33, KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size }) => {
             write_map16_len(buf, 10);
             ok(mp::write_str(buf, "type"));
             ok(mp::write_str(buf, "BlockStored"));
@@ -129,15 +121,7 @@ fn write_event(buf: &mut Vec<u8>, version: WireVersion, event: &KvEvent) {
             ok(mp::write_str(buf, "type"));
             ok(mp::write_str(buf, "AllBlocksCleared"));
         }
-        (
-            WireVersion::V0_23,
-            KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-            },
-        ) => {
+        (WireVersion::V0_23, KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size }) => {
             // tag + hashes, parent, token_ids, block_size, lora_id, medium, lora_name,
             // extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
             ok(mp::write_array_len(buf, 12));
@@ -169,12 +153,7 @@ fn write_event(buf: &mut Vec<u8>, version: WireVersion, event: &KvEvent) {
 }
 
 /// The payload frame of one published batch.
-pub fn encode_batch(
-    version: WireVersion,
-    ts: f64,
-    events: &[KvEvent],
-    data_parallel_rank: u32,
-) -> Vec<u8> {
+pub fn encode_batch(version: WireVersion, ts: f64, events: &[KvEvent], data_parallel_rank: u32) -> Vec<u8> {
     let mut buf = Vec::with_capacity(64 + events.len() * 96);
     ok(mp::write_array_len(&mut buf, 3));
     ok(mp::write_f64(&mut buf, ts));
@@ -203,52 +182,21 @@ mod tests {
     #[test]
     fn matches_vllm_0_33_capture() {
         let b0 = "93cb41d954fc4020000091de000aa474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392cf1e0b2e028ef071cbcfefad121d154ab2d6b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0aa65787472615f6b65797392c0c0a967726f75705f6964780000";
-        assert_eq!(
-            hex(&encode_batch(
-                WireVersion::V0_33,
-                1700000000.5,
-                &[stored()],
-                0
-            )),
-            b0
-        );
+        assert_eq!(hex(&encode_batch(WireVersion::V0_33, 1700000000.5, &[stored()], 0)), b0);
         let b3 = "93cb41d954fc40e000009181a474797065b0416c6c426c6f636b73436c656172656400";
-        assert_eq!(
-            hex(&encode_batch(
-                WireVersion::V0_33,
-                1700000003.5,
-                &[KvEvent::AllBlocksCleared],
-                0
-            )),
-            b3
-        );
+        assert_eq!(hex(&encode_batch(WireVersion::V0_33, 1700000003.5, &[KvEvent::AllBlocksCleared], 0)), b3);
     }
 
     #[test]
     fn matches_vllm_0_23_capture() {
         let b0 = "93cb41d954fc40200000919cab426c6f636b53746f72656492cf1e0b2e028ef071cbcfefad121d154ab2d6c098010203040506070804c0a3475055c092c0c000c0c000";
-        assert_eq!(
-            hex(&encode_batch(
-                WireVersion::V0_23,
-                1700000000.5,
-                &[stored()],
-                0
-            )),
-            b0
-        );
+        assert_eq!(hex(&encode_batch(WireVersion::V0_23, 1700000000.5, &[stored()], 0)), b0);
         let b2 = "93cb41d954fc40a000009294ac426c6f636b52656d6f76656491cfdaed446d95c926b2a34750550094ac426c6f636b52656d6f76656492cf1e0b2e028ef071cbcfefad121d154ab2d6a34750550000";
         let removed = [
-            KvEvent::BlockRemoved {
-                block_hashes: vec![0xdaed446d95c926b2],
-            },
-            KvEvent::BlockRemoved {
-                block_hashes: vec![0x1e0b2e028ef071cb, 0xefad121d154ab2d6],
-            },
+            KvEvent::BlockRemoved { block_hashes: vec![0xdaed446d95c926b2] },
+            KvEvent::BlockRemoved { block_hashes: vec![0x1e0b2e028ef071cb, 0xefad121d154ab2d6] },
         ];
-        assert_eq!(
-            hex(&encode_batch(WireVersion::V0_23, 1700000002.5, &removed, 0)),
-            b2
-        );
+        assert_eq!(hex(&encode_batch(WireVersion::V0_23, 1700000002.5, &removed, 0)), b2);
     }
 
     fn hex(bytes: &[u8]) -> String {

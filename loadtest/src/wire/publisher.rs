@@ -111,12 +111,7 @@ impl Publisher {
             held: VecDeque::new(),
         };
         tokio::spawn(task.run(receiver));
-        Ok(Publisher {
-            commands,
-            stats,
-            bound_endpoint,
-            bound_replay_endpoint,
-        })
+        Ok(Publisher { commands, stats, bound_endpoint, bound_replay_endpoint })
     }
 
     /// Hands over one step's events and waits until they are on the socket (or dropped or held
@@ -154,9 +149,7 @@ impl Publisher {
 
     pub async fn restart(&self) -> Result<(), String> {
         let (reply, done) = oneshot::channel();
-        self.commands
-            .send(Command::Restart(reply))
-            .map_err(|_| "publisher stopped".to_string())?;
+        self.commands.send(Command::Restart(reply)).map_err(|_| "publisher stopped".to_string())?;
         done.await.map_err(|_| "publisher stopped".to_string())?
     }
 
@@ -194,10 +187,7 @@ async fn open(endpoint: &PubEndpoint) -> Result<(PubSocketState, Option<String>)
     match endpoint {
         PubEndpoint::Bind(endpoint) => {
             let mut socket = PubSocket::new();
-            let bound = socket
-                .bind(endpoint)
-                .await
-                .map_err(|e| format!("cannot bind PUB {endpoint}: {e}"))?;
+            let bound = socket.bind(endpoint).await.map_err(|e| format!("cannot bind PUB {endpoint}: {e}"))?;
             Ok((PubSocketState::Ready(socket), Some(bound.to_string())))
         }
         PubEndpoint::Connect(endpoint) => {
@@ -297,16 +287,8 @@ impl PublisherTask {
     async fn send(&mut self, events: Vec<KvEvent>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        let payload = Bytes::from(encode_batch(
-            self.config.wire,
-            ts,
-            &events,
-            self.config.data_parallel_rank,
-        ));
+        let ts = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let payload = Bytes::from(encode_batch(self.config.wire, ts, &events, self.config.data_parallel_rank));
         if let Ok(mut buffer) = self.buffer.lock() {
             buffer.push(seq, payload.clone());
         }
@@ -319,11 +301,7 @@ impl PublisherTask {
             self.bump(|s| s.dropped += 1); // no peer yet: PUB drops, as libzmq does
             return;
         };
-        let frames = vec![
-            self.topic.clone(),
-            Bytes::copy_from_slice(&seq.to_be_bytes()),
-            payload,
-        ];
+        let frames = vec![self.topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
         let Ok(message) = ZmqMessage::try_from(frames) else {
             return;
         };
@@ -337,10 +315,7 @@ impl PublisherTask {
     }
 
     async fn restart(&mut self) -> Result<(), String> {
-        let old = std::mem::replace(
-            &mut self.socket,
-            PubSocketState::Dialing(oneshot::channel().1),
-        );
+        let old = std::mem::replace(&mut self.socket, PubSocketState::Dialing(oneshot::channel().1));
         if let PubSocketState::Ready(socket) = old {
             let _ = socket.close().await;
         }
@@ -381,12 +356,8 @@ impl PublisherTask {
 
     fn update_stats(&self) {
         let connected = matches!(self.socket, PubSocketState::Ready(_));
-        let (next_seq, held, paused, drop_pending) = (
-            self.next_seq,
-            self.held.len() as u64,
-            self.paused,
-            self.drop_pending,
-        );
+        let (next_seq, held, paused, drop_pending) =
+            (self.next_seq, self.held.len() as u64, self.paused, self.drop_pending);
         self.bump(|s| {
             s.next_seq = next_seq;
             s.held = held;

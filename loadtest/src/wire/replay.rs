@@ -28,12 +28,7 @@ pub fn parse_start_seq(frame: &[u8]) -> u64 {
 }
 
 /// The frames (after the identity) answering a request from `start`.
-pub fn replay_replies(
-    buffer: &ReplayBuffer,
-    topic: &[u8],
-    version: WireVersion,
-    start: u64,
-) -> Vec<Vec<Bytes>> {
+pub fn replay_replies(buffer: &ReplayBuffer, topic: &[u8], version: WireVersion, start: u64) -> Vec<Vec<Bytes>> {
     let with_topic = version.replay_has_topic();
     let mut replies: Vec<Vec<Bytes>> = buffer
         .since(start)
@@ -88,13 +83,7 @@ pub async fn serve_replay(
                     }
                 }
             };
-            let served = tokio::spawn(serve(
-                current,
-                label.clone(),
-                buffer.clone(),
-                topic.clone(),
-                version,
-            ));
+            let served = tokio::spawn(serve(current, label.clone(), buffer.clone(), topic.clone(), version));
             if let Err(error) = served.await {
                 tracing::warn!(endpoint = %label, %error, "replay ROUTER task died; re-binding");
             }
@@ -176,24 +165,9 @@ mod tests {
                 Bytes::from_static(b"p2")
             ]
         );
-        assert_eq!(
-            new[1],
-            vec![
-                Bytes::new(),
-                Bytes::new(),
-                Bytes::copy_from_slice(&[0xff; 8]),
-                Bytes::new()
-            ]
-        );
+        assert_eq!(new[1], vec![Bytes::new(), Bytes::new(), Bytes::copy_from_slice(&[0xff; 8]), Bytes::new()]);
         let old = replay_replies(&buffer, b"kv@t", WireVersion::V0_23, 0);
         assert_eq!(old[0].len(), 3);
-        assert_eq!(
-            old[1],
-            vec![
-                Bytes::new(),
-                Bytes::copy_from_slice(&[0xff; 8]),
-                Bytes::new()
-            ]
-        );
+        assert_eq!(old[1], vec![Bytes::new(), Bytes::copy_from_slice(&[0xff; 8]), Bytes::new()]);
     }
 }

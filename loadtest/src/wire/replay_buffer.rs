@@ -15,10 +15,7 @@ pub struct ReplayBuffer {
 
 impl ReplayBuffer {
     pub fn new(capacity: usize) -> Self {
-        ReplayBuffer {
-            capacity,
-            entries: VecDeque::with_capacity(capacity.min(4096)),
-        }
+        ReplayBuffer { capacity, entries: VecDeque::with_capacity(capacity.min(4096)) }
     }
 
     pub fn push(&mut self, seq: u64, payload: Bytes) {
@@ -34,11 +31,7 @@ impl ReplayBuffer {
     /// Every buffered batch with `seq >= start`, oldest first. A start older than the buffer
     /// silently gets what is left, as in vLLM.
     pub fn since(&self, start: u64) -> Vec<(u64, Bytes)> {
-        self.entries
-            .iter()
-            .filter(|(seq, _)| *seq >= start)
-            .cloned()
-            .collect()
+        self.entries.iter().filter(|(seq, _)| *seq >= start).cloned().collect()
     }
 
     /// A publisher restart starts a new process: nothing survives.
@@ -65,13 +58,7 @@ mod tests {
         for seq in 0..5 {
             buffer.push(seq, Bytes::from(vec![seq as u8]));
         }
-        let seqs = |start| {
-            buffer
-                .since(start)
-                .into_iter()
-                .map(|(s, _)| s)
-                .collect::<Vec<_>>()
-        };
+        let seqs = |start| buffer.since(start).into_iter().map(|(s, _)| s).collect::<Vec<_>>();
         assert_eq!(seqs(0), vec![2, 3, 4]);
         assert_eq!(seqs(3), vec![3, 4]);
         assert!(seqs(9).is_empty());

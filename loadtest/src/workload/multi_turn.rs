@@ -63,11 +63,7 @@ impl MultiTurnConfig {
     /// The reference shape with 4× the conversations: a working set (~2M tokens) far above
     /// the reference fleet's 640k tokens of KV, so every policy evicts.
     pub fn overflow() -> Self {
-        MultiTurnConfig {
-            conversations: 256,
-            start_window_s: 40.0,
-            ..MultiTurnConfig::reference()
-        }
+        MultiTurnConfig { conversations: 256, start_window_s: 40.0, ..MultiTurnConfig::reference() }
     }
 
     /// The same shape with every token count divided by `divisor` (CI-sized runs).
@@ -77,10 +73,7 @@ impl MultiTurnConfig {
             system_tokens: self.system_tokens / d,
             document_tokens: self.document_tokens / d,
             user_tokens: (self.user_tokens.0 / d, self.user_tokens.1 / d),
-            output_tokens: (
-                (self.output_tokens.0 / d).max(1),
-                (self.output_tokens.1 / d).max(1),
-            ),
+            output_tokens: ((self.output_tokens.0 / d).max(1), (self.output_tokens.1 / d).max(1)),
             ..self.clone()
         }
     }
@@ -103,11 +96,7 @@ impl MultiTurnConfig {
                         think_time_s: rng.uniform(self.think_time_s.0, self.think_time_s.1),
                     })
                     .collect();
-                Conversation {
-                    opening,
-                    turns,
-                    start_at: rng.uniform(0.0, self.start_window_s),
-                }
+                Conversation { opening, turns, start_at: rng.uniform(0.0, self.start_window_s) }
             })
             .collect()
     }
@@ -141,36 +130,20 @@ mod tests {
         assert_eq!(a[3].turns[2].user, b[3].turns[2].user);
         assert_eq!(a[0].opening[..1000], a[1].opening[..1000]);
         assert_ne!(a[0].opening[1000..], a[1].opening[1000..]);
-        let final_context: usize = a[0].opening.len()
-            + a[0]
-                .turns
-                .iter()
-                .map(|t| t.user.len() + t.max_tokens)
-                .sum::<usize>();
+        let final_context: usize =
+            a[0].opening.len() + a[0].turns.iter().map(|t| t.user.len() + t.max_tokens).sum::<usize>();
         assert!((7000..10_000).contains(&final_context), "{final_context}");
     }
 
     #[test]
     fn presets_have_their_documented_shape() {
-        let context = |c: &Conversation| {
-            c.opening.len()
-                + c.turns
-                    .iter()
-                    .map(|t| t.user.len() + t.max_tokens)
-                    .sum::<usize>()
-        };
+        let context =
+            |c: &Conversation| c.opening.len() + c.turns.iter().map(|t| t.user.len() + t.max_tokens).sum::<usize>();
         let agents = MultiTurnConfig::agentic().generate();
         assert_eq!((agents.len(), agents[0].turns.len()), (16, 30));
-        assert!(
-            (13_000..21_000).contains(&context(&agents[0])),
-            "{}",
-            context(&agents[0])
-        );
+        assert!((13_000..21_000).contains(&context(&agents[0])), "{}", context(&agents[0]));
         let overflow = MultiTurnConfig::overflow().generate();
         let working_set: usize = overflow.iter().map(context).sum();
-        assert!(
-            working_set > 3 * 640_000,
-            "{working_set} tokens against 640k of fleet KV"
-        );
+        assert!(working_set > 3 * 640_000, "{working_set} tokens against 640k of fleet KV");
     }
 }

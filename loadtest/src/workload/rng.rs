@@ -31,8 +31,6 @@ impl Rng {
 
     /// `count` token ids in `[first_id, first_id + vocab)`.
     pub fn tokens(&mut self, count: usize, first_id: u32, vocab: u32) -> Vec<u32> {
-        (0..count)
-            .map(|_| first_id + (self.next_u64() % u64::from(vocab.max(1))) as u32)
-            .collect()
+        (0..count).map(|_| first_id + (self.next_u64() % u64::from(vocab.max(1))) as u32).collect()
     }
 }

@@ -38,19 +38,15 @@ impl TenantsConfig {
         TenantsConfig {
             system_tokens: self.system_tokens / d,
             question_tokens: (self.question_tokens / d).max(1),
-            output_tokens: (
-                (self.output_tokens.0 / d).max(1),
-                (self.output_tokens.1 / d).max(1),
-            ),
+            output_tokens: ((self.output_tokens.0 / d).max(1), (self.output_tokens.1 / d).max(1)),
             ..self.clone()
         }
     }
 
     pub fn generate(&self) -> Vec<Conversation> {
         let mut rng = Rng::new(self.seed);
-        let prompts: Vec<Vec<u32>> = (0..self.tenants.max(1))
-            .map(|_| rng.tokens(self.system_tokens, 1000, 150_000))
-            .collect();
+        let prompts: Vec<Vec<u32>> =
+            (0..self.tenants.max(1)).map(|_| rng.tokens(self.system_tokens, 1000, 150_000)).collect();
         let mut at = 0.0;
         (0..self.requests)
             .map(|_| {
@@ -77,15 +73,10 @@ mod tests {
 
     #[test]
     fn tenants_share_their_prompt_and_arrive_in_order() {
-        let requests = TenantsConfig {
-            requests: 200,
-            ..TenantsConfig::llm_d_benchmark()
-        }
-        .generate();
+        let requests = TenantsConfig { requests: 200, ..TenantsConfig::llm_d_benchmark() }.generate();
         assert_eq!(requests.len(), 200);
         assert!(requests.windows(2).all(|w| w[0].start_at <= w[1].start_at));
-        let distinct: std::collections::HashSet<&[u32]> =
-            requests.iter().map(|r| r.opening.as_slice()).collect();
+        let distinct: std::collections::HashSet<&[u32]> = requests.iter().map(|r| r.opening.as_slice()).collect();
         assert!(distinct.len() > 50 && distinct.len() <= 150);
         let mean_gap = requests.last().unwrap().start_at / 200.0;
         assert!((0.1..0.4).contains(&mean_gap), "{mean_gap}");

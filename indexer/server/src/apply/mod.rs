@@ -17,10 +17,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use metrics::{counter, gauge, histogram, Counter};
 
-use kvindex::SkipReason;
 use kvindex::sequencer::{Item, Reason, ReplayOutcome, Sequencer, SequencerConfig, SourceState, Step};
-use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::wire::{self, EventBatch};
+use kvindex::wire::{dp_pod_id, parse_topic};
+use kvindex::SkipReason;
 
 use crate::state::ServiceState;
 use crate::status::StreamDebug;
@@ -166,8 +166,12 @@ impl Worker {
                 self.steps = steps;
             }
             Work::RemovePod { pod, done } => {
-                let keys: Vec<StreamKey> =
-                    self.streams.iter().filter(|(k, s)| &*k.base == pod.as_str() || &*s.pod == pod.as_str()).map(|(k, _)| k.clone()).collect();
+                let keys: Vec<StreamKey> = self
+                    .streams
+                    .iter()
+                    .filter(|(k, s)| &*k.base == pod.as_str() || &*s.pod == pod.as_str())
+                    .map(|(k, _)| k.clone())
+                    .collect();
                 let mut any = !keys.is_empty();
                 for k in keys {
                     if let Some(st) = self.streams.remove(&k) {
@@ -302,7 +306,12 @@ impl Worker {
     }
 
     /// Carries out the sequencer's steps for one stream, in order.
-    fn execute(&mut self, key: &StreamKey, steps: &mut Vec<Step<Bytes>>, current: Option<(&Bytes, &EventBatch<'_>, Instant)>) {
+    fn execute(
+        &mut self,
+        key: &StreamKey,
+        steps: &mut Vec<Step<Bytes>>,
+        current: Option<(&Bytes, &EventBatch<'_>, Instant)>,
+    ) {
         let state = self.state.clone();
         for step in steps.drain(..) {
             let Some(st) = self.streams.get_mut(key) else { return };
@@ -310,7 +319,9 @@ impl Worker {
                 Step::Apply { seq: _, batch } => {
                     let report = match current {
                         // The batch this call decoded: do not decode it again.
-                        Some((bytes, decoded, at)) if bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len() => {
+                        Some((bytes, decoded, at))
+                            if bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len() =>
+                        {
                             let r = state.index().apply(&st.pod, &st.model, decoded);
                             histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
                             record_event_to_visible(decoded.ts);
@@ -328,10 +339,12 @@ impl Worker {
                     self.blocks_stored.increment(report.stored_blocks);
                     self.blocks_removed.increment(report.removed_blocks);
                     if report.hash_check.checked > 0 {
-                        counter!(m::HASH_CHECKED, "source" => st.pod.to_string()).increment(u64::from(report.hash_check.checked));
+                        counter!(m::HASH_CHECKED, "source" => st.pod.to_string())
+                            .increment(u64::from(report.hash_check.checked));
                     }
                     if report.hash_check.mismatched > 0 {
-                        counter!(m::HASH_MISMATCHES, "source" => st.pod.to_string()).increment(u64::from(report.hash_check.mismatched));
+                        counter!(m::HASH_MISMATCHES, "source" => st.pod.to_string())
+                            .increment(u64::from(report.hash_check.mismatched));
                     }
                     for (c, n) in self.skipped.iter().zip(report.skipped) {
                         if n > 0 {

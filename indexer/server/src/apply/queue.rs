@@ -67,7 +67,11 @@ impl Queues {
                 let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
                 metrics::counter!(m::QUEUE_DROPPED).increment(1);
                 if n.is_power_of_two() {
-                    tracing::warn!(dropped_total = n, worker, "apply queue full: live message dropped (the seq gap will be replayed)");
+                    tracing::warn!(
+                        dropped_total = n,
+                        worker,
+                        "apply queue full: live message dropped (the seq gap will be replayed)"
+                    );
                 }
             }
             Err(TrySendError::Disconnected(_)) => {}

@@ -36,12 +36,29 @@ pub enum ReplayItem {
 pub enum Work {
     /// A live message; `conn` identifies the connection it came on (a new one for the same
     /// stream means the publisher reconnected, possibly as a new process).
-    Live { origin: Origin, conn: ConnId, frames: Frames, at: Instant },
-    Replay { stream: StreamKey, id: u64, item: ReplayItem },
+    Live {
+        origin: Origin,
+        conn: ConnId,
+        frames: Frames,
+        at: Instant,
+    },
+    Replay {
+        stream: StreamKey,
+        id: u64,
+        item: ReplayItem,
+    },
     /// Start a replay from 0 before any live message (per-pod sources with a replay socket).
-    InitialSync { stream: StreamKey, model: Arc<str>, endpoint: Arc<str>, startup: bool },
+    InitialSync {
+        stream: StreamKey,
+        model: Arc<str>,
+        endpoint: Arc<str>,
+        startup: bool,
+    },
     /// Drop every stream of this pod and everything it holds; answer when done.
-    RemovePod { pod: String, done: tokio::sync::oneshot::Sender<bool> },
+    RemovePod {
+        pod: String,
+        done: tokio::sync::oneshot::Sender<bool>,
+    },
     /// The server is shutting down: the worker returns.
     Stop,
 }

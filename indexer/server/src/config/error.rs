@@ -61,7 +61,8 @@ impl ConfigError {
         let spec = command.get_arguments().find(|a| a.get_long() == Some(flag))?;
         let long = format!("--{flag}");
         let on_command_line = argv.into_iter().map(Into::into).any(|a: OsString| {
-            a.to_str().is_some_and(|a| a == long || a.strip_prefix(long.as_str()).is_some_and(|rest| rest.starts_with('=')))
+            a.to_str()
+                .is_some_and(|a| a == long || a.strip_prefix(long.as_str()).is_some_and(|rest| rest.starts_with('=')))
         });
         let origin = match spec.get_env() {
             Some(var) if !on_command_line => Origin::Env(var.to_string_lossy().into_owned()),

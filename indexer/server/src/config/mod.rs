@@ -186,7 +186,8 @@ impl Config {
         I: IntoIterator<Item = T>,
         T: Into<OsString>,
     {
-        let argv: Vec<OsString> = std::iter::once(OsString::from("serve")).chain(args.into_iter().map(Into::into)).collect();
+        let argv: Vec<OsString> =
+            std::iter::once(OsString::from("serve")).chain(args.into_iter().map(Into::into)).collect();
         let matches = serve_command().try_get_matches_from(&argv).map_err(|e| {
             ConfigError::from_clap(&e, &argv)
                 .unwrap_or_else(|| ConfigError::new("arguments", Origin::Default, e.render().to_string()))
@@ -206,7 +207,9 @@ impl Config {
         let sources = Sources { matches, file: args.config.as_deref(), file_keys: keys };
         let mut settings = file;
         let from_file = settings.take_lists();
-        settings.update_from_arg_matches(matches).map_err(|e| ConfigError::new("arguments", Origin::Default, e.to_string()))?;
+        settings
+            .update_from_arg_matches(matches)
+            .map_err(|e| ConfigError::new("arguments", Origin::Default, e.to_string()))?;
         let from_flags = settings.take_lists();
         Config::validate(settings, from_file, from_flags, &sources)
     }
@@ -252,23 +255,30 @@ impl Config {
             }
         }
         let mut replay = Vec::new();
-        let replay_layers = [(from_file.replay, src.file_origin(), true), (from_flags.replay, src.flag_origin("replay"), false)];
+        let replay_layers =
+            [(from_file.replay, src.file_origin(), true), (from_flags.replay, src.flag_origin("replay"), false)];
         for (entries, origin, indexed) in replay_layers {
             for (n, mut r) in entries.into_iter().enumerate() {
                 let key = if indexed { format!("replay[{n}]") } else { "replay".to_string() };
                 if r.pod.is_empty() {
                     return Err(ConfigError::new(format!("{key}.pod"), origin, "must not be empty"));
                 }
-                r.endpoint = pod::endpoint(&r.endpoint).map_err(|m| ConfigError::new(format!("{key}.endpoint"), origin.clone(), m))?;
+                r.endpoint = pod::endpoint(&r.endpoint)
+                    .map_err(|m| ConfigError::new(format!("{key}.endpoint"), origin.clone(), m))?;
                 replay.push(r);
             }
         }
         let mut tier_weights = BTreeMap::new();
-        let weight_layers = [(from_file.tier_weights, src.file_origin()), (from_flags.tier_weights, src.flag_origin("tier_weights"))];
+        let weight_layers =
+            [(from_file.tier_weights, src.file_origin()), (from_flags.tier_weights, src.flag_origin("tier_weights"))];
         for (entries, origin) in weight_layers {
             for TierWeight { medium, weight } in entries {
                 if !weight.is_finite() || weight < 0.0 {
-                    return Err(ConfigError::new(format!("tier_weights.{medium}"), origin, "must be a finite number >= 0"));
+                    return Err(ConfigError::new(
+                        format!("tier_weights.{medium}"),
+                        origin,
+                        "must be a finite number >= 0",
+                    ));
                 }
                 tier_weights.insert(medium, weight);
             }
@@ -286,7 +296,12 @@ impl Config {
                     .unwrap_or("0.33.0")
                     .parse()
                     .map_err(|e| src.error("vllm_version", format!("{e}")))?,
-                algo: s.hash_algo.as_deref().unwrap_or("sha256_cbor").parse().map_err(|e| src.error("hash_algo", format!("{e}")))?,
+                algo: s
+                    .hash_algo
+                    .as_deref()
+                    .unwrap_or("sha256_cbor")
+                    .parse()
+                    .map_err(|e| src.error("hash_algo", format!("{e}")))?,
                 pythonhashseed: (hash_seed != "unset").then(|| hash_seed.clone()),
             };
             kvindex::vllm_hash::BlockHasher::new(&hasher).map_err(|e| src.error("hash_seed", format!("{e}")))?;
@@ -294,9 +309,13 @@ impl Config {
         };
 
         let mut tokenizer_models = Vec::new();
-        for (entries, origin) in [(from_file.tokenizer_models, src.file_origin()), (from_flags.tokenizer_models, src.flag_origin("tokenizer_models"))] {
+        for (entries, origin) in [
+            (from_file.tokenizer_models, src.file_origin()),
+            (from_flags.tokenizer_models, src.flag_origin("tokenizer_models")),
+        ] {
             for spec in entries {
-                pod::pair(&spec).map_err(|m| ConfigError::new("tokenizer_models", origin.clone(), format!("{m}, got {spec:?}")))?;
+                pod::pair(&spec)
+                    .map_err(|m| ConfigError::new("tokenizer_models", origin.clone(), format!("{m}, got {spec:?}")))?;
                 tokenizer_models.push(spec);
             }
         }
@@ -346,7 +365,9 @@ impl Config {
             replay,
         };
         if config.zmq_bind.is_none() && config.pods.iter().all(|p| p.endpoint.is_none()) && config.pods_file.is_none() {
-            tracing::warn!("no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API");
+            tracing::warn!(
+                "no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API"
+            );
         }
         Ok(config)
     }
@@ -377,10 +398,17 @@ impl Settings {
 /// Reads the config file: its settings, and which keys it sets.
 fn read_file(path: &Path) -> Result<(Settings, HashSet<String>), ConfigError> {
     let origin = Origin::File(path.to_path_buf());
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::new("config", Origin::Flag("--config".into()), format!("cannot read {}: {e}", path.display())))?;
-    let settings: Settings = toml::from_str(&text).map_err(|e| ConfigError::new("config", origin.clone(), e.to_string()))?;
-    let keys = text.parse::<toml::Table>().map_err(|e| ConfigError::new("config", origin, e.to_string()))?.keys().cloned().collect();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new("config", Origin::Flag("--config".into()), format!("cannot read {}: {e}", path.display()))
+    })?;
+    let settings: Settings =
+        toml::from_str(&text).map_err(|e| ConfigError::new("config", origin.clone(), e.to_string()))?;
+    let keys = text
+        .parse::<toml::Table>()
+        .map_err(|e| ConfigError::new("config", origin, e.to_string()))?
+        .keys()
+        .cloned()
+        .collect();
     Ok((settings, keys))
 }
 

@@ -27,7 +27,10 @@ impl IndexerService {
 
 #[tonic::async_trait]
 impl Indexer for IndexerService {
-    async fn score_tokens(&self, request: Request<pb::ScoreTokensRequest>) -> Result<Response<pb::ScoreTokensResponse>, Status> {
+    async fn score_tokens(
+        &self,
+        request: Request<pb::ScoreTokensRequest>,
+    ) -> Result<Response<pb::ScoreTokensResponse>, Status> {
         let start = Instant::now();
         let resp = self.scorer.score(request.get_ref())?;
         metrics::histogram!(m::SCORE_LATENCY).record(start.elapsed().as_secs_f64());
@@ -35,7 +38,10 @@ impl Indexer for IndexerService {
         Ok(Response::new(resp))
     }
 
-    async fn register_pod(&self, request: Request<pb::RegisterPodRequest>) -> Result<Response<pb::RegisterPodResponse>, Status> {
+    async fn register_pod(
+        &self,
+        request: Request<pb::RegisterPodRequest>,
+    ) -> Result<Response<pb::RegisterPodResponse>, Status> {
         let r = request.into_inner();
         let cfg = PodConfig {
             id: r.pod,
@@ -45,11 +51,16 @@ impl Indexer for IndexerService {
             topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
             dp_size: 1,
         };
-        registry::register(&self.state, cfg, "grpc", false).await.map_err(|e| Status::invalid_argument(e.to_string()))?;
+        registry::register(&self.state, cfg, "grpc", false)
+            .await
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
         Ok(Response::new(pb::RegisterPodResponse {}))
     }
 
-    async fn unregister_pod(&self, request: Request<pb::UnregisterPodRequest>) -> Result<Response<pb::UnregisterPodResponse>, Status> {
+    async fn unregister_pod(
+        &self,
+        request: Request<pb::UnregisterPodRequest>,
+    ) -> Result<Response<pb::UnregisterPodResponse>, Status> {
         let pod = request.into_inner().pod;
         if pod.is_empty() {
             metrics::counter!(m::CONFIG_ERRORS, "source" => "grpc").increment(1);

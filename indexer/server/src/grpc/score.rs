@@ -48,7 +48,10 @@ impl Scorer {
     pub fn score(&self, req: &pb::ScoreTokensRequest) -> Result<pb::ScoreTokensResponse, Status> {
         let max_tokens = self.state.config().max_tokens;
         if req.token_ids.len() > max_tokens {
-            return Err(invalid(format!("token_ids has {} tokens, more than max_tokens = {max_tokens}", req.token_ids.len())));
+            return Err(invalid(format!(
+                "token_ids has {} tokens, more than max_tokens = {max_tokens}",
+                req.token_ids.len()
+            )));
         }
         if req.pods.len() > MAX_FILTER {
             return Err(invalid(format!("pods has {} entries, more than {MAX_FILTER}", req.pods.len())));

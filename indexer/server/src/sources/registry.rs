@@ -99,7 +99,11 @@ impl Registry {
                 return Some(e);
             }
         }
-        let e = self.pods.get(base).and_then(|p| p.cfg.replay_endpoint.clone()).or_else(|| self.static_replay.get(base).cloned())?;
+        let e = self
+            .pods
+            .get(base)
+            .and_then(|p| p.cfg.replay_endpoint.clone())
+            .or_else(|| self.static_replay.get(base).cloned())?;
         Some(offset_endpoint(&e, rank))
     }
 
@@ -148,7 +152,12 @@ impl Registry {
 
 /// Adds or replaces a pod. A changed endpoint or model restarts its dialer and clears it.
 /// `origin` (config, pods_file, grpc, http) labels metrics and logs.
-pub async fn register(state: &Arc<ServiceState>, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
+pub async fn register(
+    state: &Arc<ServiceState>,
+    cfg: PodConfig,
+    origin: &'static str,
+    startup: bool,
+) -> Result<(), ConfigError> {
     let cfg = match cfg.validate("pod", &Origin::Request(origin)) {
         Ok(c) => c,
         Err(e) => {
@@ -182,7 +191,10 @@ pub async fn register(state: &Arc<ServiceState>, cfg: PodConfig, origin: &'stati
     let stop = cfg.endpoint.as_ref().map(|_| watch::channel(false));
     {
         let mut reg = state.registry_mut();
-        reg.pods.insert(cfg.id.clone(), RegisteredPod { cfg: cfg.clone(), origin, stop: stop.as_ref().map(|(tx, _)| tx.clone()) });
+        reg.pods.insert(
+            cfg.id.clone(),
+            RegisteredPod { cfg: cfg.clone(), origin, stop: stop.as_ref().map(|(tx, _)| tx.clone()) },
+        );
         reg.rebuild();
     }
     metrics::counter!(m::REGISTRATIONS, "op" => "register", "origin" => origin).increment(1);

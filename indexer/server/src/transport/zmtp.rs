@@ -112,7 +112,9 @@ impl SubSession {
             w.write_all(&sub).await?;
             w.flush().await
         };
-        tokio::time::timeout(timeout, hs).await.map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "ZMTP handshake timed out"))??;
+        tokio::time::timeout(timeout, hs)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "ZMTP handshake timed out"))??;
         Ok(SubSession { reader, _writer: w })
     }
 
@@ -152,10 +154,9 @@ fn socket_type(mut props: &[u8]) -> Option<Vec<u8>> {
 
 /// `tcp://host:port` → `host:port`.
 pub fn tcp_addr(endpoint: &str) -> io::Result<String> {
-    endpoint
-        .strip_prefix("tcp://")
-        .map(str::to_string)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("only tcp:// endpoints are supported: {endpoint}")))
+    endpoint.strip_prefix("tcp://").map(str::to_string).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, format!("only tcp:// endpoints are supported: {endpoint}"))
+    })
 }
 
 #[cfg(test)]

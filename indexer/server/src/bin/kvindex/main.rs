@@ -52,10 +52,13 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Serve(_) => unreachable!("handled above"),
-        Command::Decode => decode::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))
-            .context("decode"),
-        Command::VllmHash => vllm_hash::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))
-            .map_err(|e| anyhow::anyhow!("{e}")),
+        Command::Decode => {
+            decode::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock())).context("decode")
+        }
+        Command::VllmHash => {
+            vllm_hash::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

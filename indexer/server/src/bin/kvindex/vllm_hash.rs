@@ -13,14 +13,9 @@ use std::io::{BufRead, Write};
 
 use serde_json::{json, Map, Value as Json};
 
-use kvindex::vllm_hash::{
-    BlockHasher, HashAlgo, InternalHash, PyValue, VllmHashConfig, VllmVersion,
-};
+use kvindex::vllm_hash::{BlockHasher, HashAlgo, InternalHash, PyValue, VllmHashConfig, VllmVersion};
 
-pub fn run(
-    mut input: impl BufRead,
-    mut output: impl Write,
-) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(mut input: impl BufRead, mut output: impl Write) -> Result<(), Box<dyn std::error::Error>> {
     // Lines are read as bytes so that one non-UTF-8 line is reported, not fatal.
     let mut raw_line = Vec::new();
     let mut line_number = 0usize;
@@ -57,19 +52,13 @@ fn process_line(line: &str, line_number: usize) -> Json {
 }
 
 fn required_str<'a>(record: &'a Map<String, Json>, field: &str) -> Result<&'a str, String> {
-    record
-        .get(field)
-        .and_then(Json::as_str)
-        .ok_or_else(|| format!("`{field}` must be a string"))
+    record.get(field).and_then(Json::as_str).ok_or_else(|| format!("`{field}` must be a string"))
 }
 
 /// One record's chain, in the vectors' field names.
 fn compute_record(record: &Map<String, Json>) -> Result<Json, String> {
-    let version =
-        VllmVersion::parse(required_str(record, "version")?).map_err(|e| e.to_string())?;
-    let algo = required_str(record, "algo")?
-        .parse::<HashAlgo>()
-        .map_err(|e| e.to_string())?;
+    let version = VllmVersion::parse(required_str(record, "version")?).map_err(|e| e.to_string())?;
+    let algo = required_str(record, "algo")?.parse::<HashAlgo>().map_err(|e| e.to_string())?;
     let pythonhashseed = match record.get("pythonhashseed") {
         None | Some(Json::Null) => None,
         Some(Json::String(seed)) => Some(seed.clone()),
@@ -102,11 +91,7 @@ fn compute_record(record: &Map<String, Json>) -> Result<Json, String> {
         Some(_) => return Err("`extra_keys_per_block` must be an array or null".into()),
     };
 
-    let config = VllmHashConfig {
-        version,
-        algo,
-        pythonhashseed: pythonhashseed.clone(),
-    };
+    let config = VllmHashConfig { version, algo, pythonhashseed: pythonhashseed.clone() };
     let hasher = BlockHasher::new(&config).map_err(|e| e.to_string())?;
     let chain = hasher.hash_chain(None, &token_ids, block_size, &extra_keys_per_block);
 
@@ -129,27 +114,12 @@ fn compute_record(record: &Map<String, Json>) -> Result<Json, String> {
     out.insert("algo".into(), json!(algo.as_str()));
     out.insert("pythonhashseed".into(), json!(pythonhashseed));
     out.insert("block_size".into(), json!(block_size));
-    out.insert(
-        "internal_type".into(),
-        json!(if is_int { "int" } else { "bytes" }),
-    );
-    out.insert(
-        "none_hash_seed".into(),
-        json!(hasher.none_hash_rule().seed()),
-    );
-    out.insert(
-        "none_hash_algo".into(),
-        json!(hasher.none_hash_algo().as_str()),
-    );
-    out.insert(
-        "serialized_none_hash_seed_hex".into(),
-        json!(hex::encode(seed_input)),
-    );
+    out.insert("internal_type".into(), json!(if is_int { "int" } else { "bytes" }));
+    out.insert("none_hash_seed".into(), json!(hasher.none_hash_rule().seed()));
+    out.insert("none_hash_algo".into(), json!(hasher.none_hash_algo().as_str()));
+    out.insert("serialized_none_hash_seed_hex".into(), json!(hex::encode(seed_input)));
     out.insert("none_hash_hex".into(), json!(hasher.none_hash().to_hex()));
-    out.insert(
-        "block_digests_hex".into(),
-        Json::Array(chain.iter().map(|hash| json!(hash.to_hex())).collect()),
-    );
+    out.insert("block_digests_hex".into(), Json::Array(chain.iter().map(|hash| json!(hash.to_hex())).collect()));
     out.insert(
         "event_u64".into(),
         Json::Array(
@@ -162,19 +132,10 @@ fn compute_record(record: &Map<String, Json>) -> Result<Json, String> {
                 .collect(),
         ),
     );
-    out.insert(
-        "serialized_input_hex_block0".into(),
-        json!(serialized_block0),
-    );
+    out.insert("serialized_input_hex_block0".into(), json!(serialized_block0));
     if is_int {
-        out.insert(
-            "none_hash_int".into(),
-            json!(hasher.none_hash().to_decimal()),
-        );
-        out.insert(
-            "block_hashes_int".into(),
-            Json::Array(chain.iter().map(|hash| json!(hash.to_decimal())).collect()),
-        );
+        out.insert("none_hash_int".into(), json!(hasher.none_hash().to_decimal()));
+        out.insert("block_hashes_int".into(), Json::Array(chain.iter().map(|hash| json!(hash.to_decimal())).collect()));
     }
     Ok(Json::Object(out))
 }
