@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
@@ -22,6 +23,9 @@ use crate::sources::registry;
 use crate::state::ServiceState;
 use crate::transport::{self, BoundSub, ReplayClient};
 use crate::{grpc, http, sources, telemetry};
+
+/// How long requests in flight may take to finish once shutdown starts.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// The bound sockets of a server: gRPC, HTTP admin and, in central mode, the SUB that engines
 /// dial. Ports are resolved, so a config asking for port 0 can report what it got.
@@ -107,9 +111,10 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     tracing::info!("shutting down");
     let _ = stop.send(true);
     state.registry_mut().stop_dialers();
-    for server in [grpc, http] {
-        if !server.is_finished() {
-            let _ = server.await;
+    for mut server in [grpc, http] {
+        if !server.is_finished() && tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await.is_err() {
+            tracing::warn!("requests still in flight after {SHUTDOWN_GRACE:?}: closing their connections");
+            server.abort();
         }
     }
     for task in tasks {

@@ -60,7 +60,7 @@ pub struct ApplyReport {
     /// Removals of blocks this pod is not known to hold (stored before we subscribed, say).
     pub removed_unknown: u64,
     pub skipped: [u64; SkipReason::ALL.len()],
-    /// Sampled recomputation of the engine's own block hashes (see [`HashCheck`]).
+    /// Sampled recomputation of the engine's own block hashes (see [`HashCheck`](super::HashCheck)).
     pub hash_check: Verification,
 }
 

@@ -21,7 +21,8 @@ pub use self::pod::{offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMa
 
 /// The settings of `kvindex serve`: each one a flag (`--kebab-case`), a TOML key (the field's
 /// name) and, for single values, an env var (`KVINDEX_UPPER_SNAKE`). Unset everywhere means
-/// the default (see [`Config::validate`]). List flags add to the file's lists.
+/// the default (applied when the layers are validated into a [`Config`]). List flags add to the
+/// file's lists.
 #[derive(Debug, Clone, Default, Args, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -201,7 +202,10 @@ impl Config {
         let args = ServeArgs::from_arg_matches(matches)
             .map_err(|e| ConfigError::new("arguments", Origin::Default, e.to_string()))?;
         let (file, keys) = match &args.config {
-            Some(path) => read_file(path)?,
+            Some(path) => {
+                let named_by = Sources { matches, file: None, file_keys: HashSet::new() }.origin("config");
+                read_file(path, named_by)?
+            }
             None => (Settings::default(), HashSet::new()),
         };
         let sources = Sources { matches, file: args.config.as_deref(), file_keys: keys };
@@ -395,12 +399,11 @@ impl Settings {
     }
 }
 
-/// Reads the config file: its settings, and which keys it sets.
-fn read_file(path: &Path) -> Result<(Settings, HashSet<String>), ConfigError> {
+/// Reads the config file (named by `named_by`): its settings, and which keys it sets.
+fn read_file(path: &Path, named_by: Origin) -> Result<(Settings, HashSet<String>), ConfigError> {
     let origin = Origin::File(path.to_path_buf());
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::new("config", Origin::Flag("--config".into()), format!("cannot read {}: {e}", path.display()))
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("config", named_by, format!("cannot read {}: {e}", path.display())))?;
     let settings: Settings =
         toml::from_str(&text).map_err(|e| ConfigError::new("config", origin.clone(), e.to_string()))?;
     let keys = text
