@@ -7,8 +7,9 @@
 //! `max_parts`, a command above [`MAX_COMMAND_SIZE`] are errors at once. A body is then
 //! collected in steps that never reserve more than twice what has arrived (and never more
 //! than it declared), so a peer that declares 16 MiB and sends 1 byte costs us 64 KiB.
-//! [`Decoder::held_bytes`] is what the decoder holds for the unfinished message; the
-//! connection charges it to the socket's budget.
+//! [`Decoder::held_bytes`] is what the decoder holds for the unfinished message (at most
+//! `max_message_size`, plus a command in progress between its parts, at most
+//! [`MAX_COMMAND_SIZE`]); the connection charges it to the socket's budget.
 //!
 //! Commands may arrive between the frames of a multi-part message (libzmq can put a PING
 //! there); they do not disturb the message being assembled.
@@ -67,7 +68,8 @@ impl Decoder {
         }
     }
 
-    /// Bytes held for the unfinished message: its finished frames and the body in progress.
+    /// Bytes held for the unfinished message: its finished frames and the body in progress (a
+    /// frame's or a command's).
     pub fn held_bytes(&self) -> usize {
         self.message_bytes + if let State::Body { body, .. } = &self.state { body.len() } else { 0 }
     }
