@@ -25,12 +25,22 @@ pub struct Budget {
 struct Inner {
     limit: usize,
     used: AtomicUsize,
+    /// Leases waiting in `grow`: a give notifies only when there are some, since
+    /// `Notify::notify_waiters` takes a lock and gives happen once per message.
+    waiting: AtomicUsize,
     freed: Notify,
 }
 
 impl Budget {
     pub fn new(limit: usize) -> Budget {
-        Budget { inner: Arc::new(Inner { limit, used: AtomicUsize::new(0), freed: Notify::new() }) }
+        Budget {
+            inner: Arc::new(Inner {
+                limit,
+                used: AtomicUsize::new(0),
+                waiting: AtomicUsize::new(0),
+                freed: Notify::new(),
+            }),
+        }
     }
 
     /// Bytes held right now.
@@ -54,12 +64,12 @@ impl Budget {
 
     fn try_take(&self, n: usize) -> bool {
         let inner = &*self.inner;
-        let mut used = inner.used.load(Ordering::Relaxed);
+        let mut used = inner.used.load(Ordering::SeqCst);
         loop {
             if used + n > inner.limit {
                 return false;
             }
-            match inner.used.compare_exchange_weak(used, used + n, Ordering::AcqRel, Ordering::Relaxed) {
+            match inner.used.compare_exchange_weak(used, used + n, Ordering::SeqCst, Ordering::SeqCst) {
                 Ok(_) => return true,
                 Err(now) => used = now,
             }
@@ -68,8 +78,32 @@ impl Budget {
 
     fn give(&self, n: usize) {
         if n > 0 {
-            self.inner.used.fetch_sub(n, Ordering::AcqRel);
-            self.inner.freed.notify_waiters();
+            // SeqCst pairs with `grow`: either we see its waiting count, or it sees our bytes.
+            self.inner.used.fetch_sub(n, Ordering::SeqCst);
+            if self.inner.waiting.load(Ordering::SeqCst) > 0 {
+                self.inner.freed.notify_waiters();
+            }
+        }
+    }
+}
+
+/// Counts a `grow` as waiting on its budgets for as long as it lives (a cancelled `grow`
+/// stops counting too).
+struct Waiting<'a>([Option<&'a Budget>; 2]);
+
+impl<'a> Waiting<'a> {
+    fn new(budgets: [Option<&'a Budget>; 2]) -> Waiting<'a> {
+        for b in budgets.iter().flatten() {
+            b.inner.waiting.fetch_add(1, Ordering::SeqCst);
+        }
+        Waiting(budgets)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        for b in self.0.iter().flatten() {
+            b.inner.waiting.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -90,7 +124,11 @@ impl Lease {
     /// Grows the lease by `n` bytes, waiting until the budget has them. Cancel-safe: a
     /// cancelled call has taken nothing.
     pub async fn grow(&mut self, n: usize) {
+        if self.try_grow(n) {
+            return;
+        }
         let (budget, source) = (self.budget.clone(), self.source.clone());
+        let _waiting = Waiting::new([Some(&budget), source.as_ref()]);
         loop {
             let freed = budget.inner.freed.notified();
             let source_freed = source.as_ref().map(|s| s.inner.freed.notified());

@@ -79,6 +79,8 @@ pub enum Reason {
     ListenerFull { limit: usize },
     #[error("listener already holds {limit} connections from this source")]
     SourceFull { limit: usize },
+    #[error("address not allowed to connect")]
+    NotAllowed,
 }
 
 impl Reason {
@@ -94,6 +96,7 @@ impl Reason {
             Reason::IdleTimeout => "idle_timeout",
             Reason::ListenerFull { .. } => "listener_full",
             Reason::SourceFull { .. } => "source_full",
+            Reason::NotAllowed => "not_allowed",
         }
     }
 

@@ -15,13 +15,14 @@ use crate::handshake::PeerInfo;
 use crate::peer::{ConnId, Peer};
 
 /// One received message. Its bytes count against the socket's in-flight budget until it is
-/// dropped: keep it only as long as the bytes are needed.
+/// dropped; a server that moves the frames into its own queue moves the `lease` along, so
+/// that queue is bounded by the same bytes.
 #[derive(Debug)]
 pub struct Message {
     pub conn: ConnId,
     pub peer: Arc<Peer>,
     pub frames: Vec<Bytes>,
-    pub(crate) lease: Lease,
+    pub lease: Lease,
 }
 
 impl Message {
@@ -40,7 +41,8 @@ pub enum Event {
         peer: Arc<Peer>,
         info: PeerInfo,
     },
-    /// A connected peer is gone; its next connection will have another id.
+    /// A connected peer is gone (its unfinished bytes are already back in the budget); its
+    /// next connection will have another id.
     Disconnected {
         conn: ConnId,
         peer: Arc<Peer>,

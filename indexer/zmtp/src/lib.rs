@@ -61,7 +61,7 @@ mod sub_listener;
 mod transport;
 
 pub use backoff::Backoff;
-pub use budget::Budget;
+pub use budget::{Budget, Lease};
 pub use command::Command;
 pub use dealer::Dealer;
 pub use endpoint::Endpoint;
@@ -72,4 +72,4 @@ pub use handshake::PeerInfo;
 pub use limits::Limits;
 pub use peer::{ConnId, Peer, Source};
 pub use sub_dialer::SubDialer;
-pub use sub_listener::SubListener;
+pub use sub_listener::{Admission, SubListener};

@@ -93,6 +93,7 @@ async fn dial_loop(
                     return;
                 }
                 let reason = pump(&mut conn, conn_id, &peer, &subscriptions, &events).await;
+                drop(conn); // its unfinished bytes go back to the budget before the server hears of it
                 if events.send(Event::Disconnected { conn: conn_id, peer, reason }).await.is_err() {
                     return;
                 }

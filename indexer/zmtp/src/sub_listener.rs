@@ -39,8 +39,14 @@ pub struct SubListener {
     _socket_file: Option<SocketFile>,
 }
 
+/// Decides, from its address alone, whether a peer may connect at all (the ZAP idea without
+/// ZAP): e.g. an allowlist of the engines' CIDRs. Refused peers are closed before the
+/// handshake and reported as [`Reason::NotAllowed`].
+pub type Admission = Arc<dyn Fn(&Peer) -> bool + Send + Sync>;
+
 struct Shared {
     limits: Limits,
+    admission: Option<Admission>,
     subscriptions: Vec<Bytes>,
     budget: Budget,
     sources: Mutex<Sources>,
@@ -80,6 +86,9 @@ impl Drop for Slot {
 impl Shared {
     /// Takes a slot for `peer` if the caps allow, with its source's byte budget.
     fn admit(self: &Arc<Self>, peer: &Peer) -> Result<(Slot, Budget), Reason> {
+        if self.admission.as_ref().is_some_and(|allowed| !allowed(peer)) {
+            return Err(Reason::NotAllowed);
+        }
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
         if sources.total >= self.limits.max_connections {
             return Err(Reason::ListenerFull { limit: self.limits.max_connections });
@@ -109,6 +118,16 @@ impl SubListener {
     /// subscribes every publisher that connects to `subscriptions` (topic prefixes; `b""` is
     /// everything). Must be called inside a tokio runtime.
     pub async fn bind(endpoint: &str, subscriptions: &[&[u8]], limits: Limits) -> Result<SubListener, Error> {
+        SubListener::bind_admitting(endpoint, subscriptions, limits, None).await
+    }
+
+    /// [`SubListener::bind`], refusing peers that `admission` does not allow.
+    pub async fn bind_admitting(
+        endpoint: &str,
+        subscriptions: &[&[u8]],
+        limits: Limits,
+        admission: Option<Admission>,
+    ) -> Result<SubListener, Error> {
         limits.validate().map_err(Error::Limits)?;
         let parsed = Endpoint::parse(endpoint)?;
         let (listener, socket_file) =
@@ -121,6 +140,7 @@ impl SubListener {
             subscriptions: subscriptions.iter().map(|s| Bytes::copy_from_slice(s)).collect(),
             budget: budget.clone(),
             limits,
+            admission,
             sources: Mutex::new(Sources::default()),
             events: tx,
         });
@@ -198,5 +218,6 @@ async fn serve(shared: Arc<Shared>, stream: Stream, peer: Arc<Peer>, slot: Slot,
         return;
     }
     let reason = pump(&mut conn, conn_id, &peer, &shared.subscriptions, &shared.events).await;
+    drop(conn); // its unfinished bytes go back to the budget before the server hears of it
     let _ = shared.events.send(Event::Disconnected { conn: conn_id, peer, reason }).await;
 }

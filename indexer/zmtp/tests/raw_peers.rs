@@ -328,3 +328,27 @@ fn silence_is_closed_by_the_handshake_and_idle_timeouts() {
     let ping = hex(b"\x04\x07\x04PING\x00\x00");
     assert_eq!(after["received"], format!("{}{ping}", hex(b"\x04\x0a\x09SUBSCRIBE")), "a SUBSCRIBE, then one PING");
 }
+
+#[test]
+fn an_admission_filter_refuses_other_addresses_before_the_handshake() {
+    let Some(mut py) = Peer::start() else { return };
+    let rt = runtime();
+    let only_loopback_1: kvindex_zmtp::Admission =
+        std::sync::Arc::new(|peer: &kvindex_zmtp::Peer| peer.source().to_string() == "127.0.0.1");
+    let listener = rt
+        .block_on(SubListener::bind_admitting("tcp://127.0.0.1:0", &[b""], Limits::default(), Some(only_loopback_1)))
+        .unwrap();
+    let endpoint = listener.endpoint().to_string();
+    let mut sub = Sub::Listener(listener);
+    py.cmd(json!({"op": "raw_connect", "name": "stranger", "endpoint": endpoint, "source": "127.0.0.2"}));
+    let (peer, _) = sub.wait_for(&rt, 20, "Rejected", |e| match e {
+        Event::Rejected { peer, reason: Reason::NotAllowed } => Some(peer.clone()),
+        _ => None,
+    });
+    assert_eq!(peer.source().to_string(), "127.0.0.2");
+    let closed = py.cmd(json!({"op": "raw_wait_closed", "name": "stranger"}));
+    assert_eq!((closed["closed"].clone(), closed["received"].clone()), (json!(true), json!("")), "not even a greeting");
+    py.cmd(json!({"op": "raw_connect", "name": "friend", "endpoint": endpoint, "source": "127.0.0.1"}));
+    py.cmd(json!({"op": "raw_handshake", "name": "friend"}));
+    connected(&mut sub, &rt);
+}
