@@ -183,7 +183,8 @@ fn a_dialer_keeps_trying_until_the_engine_is_up() {
 fn heartbeats_keep_quiet_libzmq_publishers_connected() {
     let Some(mut py) = Peer::start() else { return };
     let rt = runtime();
-    let limits = quick_limits(); // PING after 200 ms of silence, close after 1 s
+    // PING after 200 ms of silence, close after 1.5 s without a byte.
+    let limits = Limits { idle_timeout: Duration::from_millis(1500), ..quick_limits() };
     let listener = rt.block_on(SubListener::bind("tcp://127.0.0.1:0", &[b""], limits)).unwrap();
     let endpoint = listener.endpoint().to_string();
     let mut sub = Sub::Listener(listener);
@@ -194,8 +195,8 @@ fn heartbeats_keep_quiet_libzmq_publishers_connected() {
     let mut conns = vec![connected(&mut sub, &rt).0, connected(&mut sub, &rt).0];
     py.wait_subs("pinging", 1);
     py.wait_subs("silent", 1);
-    // Three of our idle timeouts and ten of its heartbeat timeouts without a message.
-    let events = sub.drain_for(&rt, Duration::from_millis(3000));
+    // Three of our idle timeouts and fifteen of its heartbeat timeouts without a message.
+    let events = sub.drain_for(&rt, Duration::from_millis(4500));
     assert!(events.is_empty(), "quiet 3.1 publishers that answer and send PINGs stay connected: {events:?}");
     py.publish("pinging", "kv@p", 1);
     py.publish("silent", "kv@s", 1);
