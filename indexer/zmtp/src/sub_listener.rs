@@ -1,0 +1,223 @@
+//! A bound SUB that engines dial (vLLM's default when its endpoint has no `*`: the engine
+//! connects, so one indexer address serves the whole fleet). Accepts many publishers, caps
+//! them per listener and per source, handshakes each under a timeout, and turns every
+//! connection into [`Event`]s on one queue.
+//!
+//! One task accepts; one task per connection reads. Connections are capped before the
+//! handshake starts (a refused one is closed at once and reported), so a flood of sockets from
+//! one address costs us a descriptor for microseconds, not for the handshake timeout. Dropping
+//! the listener stops the accept task and every connection task with it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::timeout;
+
+use crate::budget::Budget;
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Reason};
+use crate::event::Event;
+use crate::handshake::{self, SocketType};
+use crate::limits::Limits;
+use crate::peer::{ConnId, Peer, Source};
+use crate::sub::pump;
+use crate::transport::{Listener, SocketFile, Stream};
+
+/// Pause after a failed `accept` (typically EMFILE), so the loop does not spin.
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// A bound SUB socket: [`SubListener::recv`] yields its [`Event`]s.
+pub struct SubListener {
+    events: mpsc::Receiver<Event>,
+    endpoint: String,
+    budget: Budget,
+    accept_task: AbortHandle,
+    _socket_file: Option<SocketFile>,
+}
+
+/// Decides, from its address alone, whether a peer may connect at all (the ZAP idea without
+/// ZAP): e.g. an allowlist of the engines' CIDRs. Refused peers are closed before the
+/// handshake and reported as [`Reason::NotAllowed`].
+pub type Admission = Arc<dyn Fn(&Peer) -> bool + Send + Sync>;
+
+struct Shared {
+    limits: Limits,
+    admission: Option<Admission>,
+    subscriptions: Vec<Bytes>,
+    budget: Budget,
+    sources: Mutex<Sources>,
+    events: mpsc::Sender<Event>,
+}
+
+#[derive(Default)]
+struct Sources {
+    total: usize,
+    by_source: HashMap<Source, SourceEntry>,
+}
+
+struct SourceEntry {
+    connections: usize,
+    budget: Budget,
+}
+
+/// A connection's place in the caps; freed when the connection's task ends (or is aborted).
+struct Slot {
+    shared: Arc<Shared>,
+    source: Source,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut sources = self.shared.sources.lock().unwrap_or_else(|e| e.into_inner());
+        sources.total -= 1;
+        if let Some(entry) = sources.by_source.get_mut(&self.source) {
+            entry.connections -= 1;
+            if entry.connections == 0 && entry.budget.used() == 0 {
+                sources.by_source.remove(&self.source);
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// Takes a slot for `peer` if the caps allow, with its source's byte budget.
+    fn admit(self: &Arc<Self>, peer: &Peer) -> Result<(Slot, Budget), Reason> {
+        if self.admission.as_ref().is_some_and(|allowed| !allowed(peer)) {
+            return Err(Reason::NotAllowed);
+        }
+        let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        if sources.total >= self.limits.max_connections {
+            return Err(Reason::ListenerFull { limit: self.limits.max_connections });
+        }
+        let source = peer.source();
+        if sources.by_source.len() > 2 * self.limits.max_connections {
+            // Sources whose last connection left while their messages were still queued.
+            sources.by_source.retain(|_, e| e.connections > 0 || e.budget.used() > 0);
+        }
+        let per_source = self.limits.max_bytes_in_flight_per_source;
+        let entry = sources
+            .by_source
+            .entry(source)
+            .or_insert_with(|| SourceEntry { connections: 0, budget: Budget::new(per_source) });
+        if entry.connections >= self.limits.max_connections_per_source {
+            return Err(Reason::SourceFull { limit: self.limits.max_connections_per_source });
+        }
+        entry.connections += 1;
+        let budget = entry.budget.clone();
+        sources.total += 1;
+        Ok((Slot { shared: self.clone(), source }, budget))
+    }
+}
+
+impl SubListener {
+    /// Binds `endpoint` (`tcp://*:5557`, `tcp://10.0.0.2:0`, `ipc:///run/kv.sock`) and
+    /// subscribes every publisher that connects to `subscriptions` (topic prefixes; `b""` is
+    /// everything). Must be called inside a tokio runtime.
+    pub async fn bind(endpoint: &str, subscriptions: &[&[u8]], limits: Limits) -> Result<SubListener, Error> {
+        SubListener::bind_admitting(endpoint, subscriptions, limits, None).await
+    }
+
+    /// [`SubListener::bind`], refusing peers that `admission` does not allow.
+    pub async fn bind_admitting(
+        endpoint: &str,
+        subscriptions: &[&[u8]],
+        limits: Limits,
+        admission: Option<Admission>,
+    ) -> Result<SubListener, Error> {
+        limits.validate().map_err(Error::Limits)?;
+        let parsed = Endpoint::parse(endpoint)?;
+        let (listener, socket_file) =
+            Listener::bind(&parsed).await.map_err(|source| Error::Bind { endpoint: endpoint.to_string(), source })?;
+        let bound =
+            listener.local_endpoint().map_err(|source| Error::Bind { endpoint: endpoint.to_string(), source })?;
+        let (tx, rx) = mpsc::channel(limits.max_queued_events);
+        let budget = Budget::new(limits.max_bytes_in_flight);
+        let shared = Arc::new(Shared {
+            subscriptions: subscriptions.iter().map(|s| Bytes::copy_from_slice(s)).collect(),
+            budget: budget.clone(),
+            limits,
+            admission,
+            sources: Mutex::new(Sources::default()),
+            events: tx,
+        });
+        let accept_task = tokio::spawn(accept_loop(listener, shared)).abort_handle();
+        Ok(SubListener { events: rx, endpoint: bound, budget, accept_task, _socket_file: socket_file })
+    }
+
+    /// The endpoint as bound, with port 0 resolved (`tcp://0.0.0.0:40123`).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The next event; `None` only if the listener's tasks are gone.
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// Bytes held now (unfinished messages and undropped [`Message`]s), for a gauge.
+    pub fn bytes_in_flight(&self) -> usize {
+        self.budget.used()
+    }
+}
+
+impl Drop for SubListener {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
+    // Owned here so that aborting this task aborts every connection task too.
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => match shared.admit(&peer) {
+                    Ok((slot, source_budget)) => {
+                        connections.spawn(serve(shared.clone(), stream, Arc::new(peer), slot, source_budget));
+                    }
+                    Err(reason) => {
+                        drop(stream);
+                        if shared.events.send(Event::Rejected { peer: Arc::new(peer), reason }).await.is_err() {
+                            return;
+                        }
+                    }
+                },
+                Err(e) => {
+                    let event = Event::AcceptFailed { error: e.kind(), retry_in: ACCEPT_RETRY };
+                    if shared.events.send(event).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(ACCEPT_RETRY).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn serve(shared: Arc<Shared>, stream: Stream, peer: Arc<Peer>, slot: Slot, source_budget: Budget) {
+    let _slot = slot;
+    let lease = shared.budget.lease_with(source_budget);
+    let handshake = async {
+        let (mut conn, info) = handshake::handshake(stream, SocketType::Sub, &shared.limits, lease).await?;
+        handshake::subscribe(&mut conn, &shared.subscriptions).await?;
+        Ok::<_, Reason>((conn, info))
+    };
+    let (mut conn, info) = match timeout(shared.limits.handshake_timeout, handshake).await {
+        Ok(Ok(done)) => done,
+        Ok(Err(reason)) => return drop(shared.events.send(Event::Rejected { peer, reason }).await),
+        Err(_) => return drop(shared.events.send(Event::Rejected { peer, reason: Reason::HandshakeTimeout }).await),
+    };
+    let conn_id = ConnId::next();
+    if shared.events.send(Event::Connected { conn: conn_id, peer: peer.clone(), info }).await.is_err() {
+        return;
+    }
+    let reason = pump(&mut conn, conn_id, &peer, &shared.subscriptions, &shared.events).await;
+    drop(conn); // its unfinished bytes go back to the budget before the server hears of it
+    let _ = shared.events.send(Event::Disconnected { conn: conn_id, peer, reason }).await;
+}

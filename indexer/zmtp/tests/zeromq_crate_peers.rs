@@ -1,0 +1,152 @@
+//! Interop with a second independent implementation: the `zeromq` crate, a ZMTP 3.0-only peer
+//! (it announces 3.0, understands only `0x01 + prefix` subscription messages and drops a
+//! connection on any command but READY). Its PUB binds or dials us; its ROUTER answers our
+//! DEALER as vLLM's replay socket does.
+//!
+//! Each zeromq peer runs on its own current-thread runtime in its own thread (its fair queue
+//! loses wake-ups on a multi-threaded one), apart from our sockets' runtime.
+
+mod support;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kvindex_zmtp::{Backoff, Dealer, Event, Limits, SubDialer, SubListener};
+use support::{quick_limits, runtime, Sub};
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+/// Runs `f` on a fresh current-thread runtime in its own thread.
+fn peer_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    std::thread::spawn(f)
+}
+
+fn peer_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// A zeromq PUB that publishes `[kv@z, seq, payload]` every 20 ms (it drops messages until our
+/// subscription arrives), pausing 600 ms after seq 10, until told to stop; returns how many it
+/// sent.
+fn publisher(
+    bind: Option<String>,
+    connect: Option<String>,
+    bound: mpsc::Sender<String>,
+    stop: mpsc::Receiver<()>,
+) -> u64 {
+    peer_runtime().block_on(async move {
+        let mut pub_socket = zeromq::PubSocket::new();
+        if let Some(ep) = bind {
+            let ep = pub_socket.bind(&ep).await.unwrap();
+            bound.send(ep.to_string()).unwrap();
+        } else {
+            pub_socket.connect(&connect.unwrap()).await.unwrap();
+            bound.send(String::new()).unwrap();
+        }
+        let mut seq = 0u64;
+        while stop.try_recv().is_err() {
+            let mut msg = ZmqMessage::from(Bytes::from_static(b"kv@z"));
+            msg.push_back(Bytes::copy_from_slice(&seq.to_be_bytes()));
+            msg.push_back(Bytes::from(vec![seq as u8; 64]));
+            pub_socket.send(msg).await.unwrap();
+            // An unsubscribed topic: the PUB filters it out for us.
+            pub_socket.send(ZmqMessage::from(Bytes::from_static(b"other"))).await.unwrap();
+            seq += 1;
+            let pause = if seq == 11 { 600 } else { 20 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+        seq
+    })
+}
+
+/// Waits until seq 13 arrived, every message in order on one connection: the 600 ms pause
+/// is three heartbeat intervals of `quick_limits`, and a PING would make the 3.0 peer drop us.
+fn in_order_past_the_pause(sub: &mut Sub, rt: &tokio::runtime::Runtime) {
+    let (info, _) = sub.wait_for(rt, 20, "Connected", |e| match e {
+        Event::Connected { info, .. } => Some(info.clone()),
+        _ => None,
+    });
+    assert_eq!((info.version, info.socket_type.as_str()), ((3, 0), "PUB"));
+    let mut seqs = Vec::new();
+    while seqs.last() < Some(&13) {
+        match sub.next(rt, 20) {
+            Event::Message(m) => {
+                assert_eq!(m.frames[0], Bytes::from_static(b"kv@z"), "only the subscribed topic arrives");
+                seqs.push(u64::from_be_bytes(m.frames[1][..].try_into().unwrap()));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+}
+
+#[test]
+fn a_zeromq_crate_publisher_bound_and_dialling() {
+    let rt = runtime();
+    // It binds; we dial (3.0 peer: the subscription goes as a message).
+    let (bound_tx, bound_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let peer = peer_thread(move || publisher(Some("tcp://127.0.0.1:0".into()), None, bound_tx, stop_rx));
+    let endpoint = bound_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let _guard = rt.enter();
+    let mut sub = Sub::Dialer(SubDialer::connect(&endpoint, &[b"kv@"], quick_limits(), Backoff::default()).unwrap());
+    in_order_past_the_pause(&mut sub, &rt);
+    stop_tx.send(()).unwrap();
+    assert!(peer.join().unwrap() >= 14);
+
+    // It dials our bound SUB.
+    let listener = rt.block_on(SubListener::bind("tcp://127.0.0.1:0", &[b"kv@"], quick_limits())).unwrap();
+    let endpoint = listener.endpoint().to_string();
+    let mut sub = Sub::Listener(listener);
+    let (bound_tx, bound_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let peer = peer_thread(move || publisher(None, Some(endpoint), bound_tx, stop_rx));
+    bound_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    in_order_past_the_pause(&mut sub, &rt);
+    stop_tx.send(()).unwrap();
+    peer.join().unwrap();
+}
+
+#[test]
+fn a_zeromq_crate_router_answers_our_dealer() {
+    let rt = runtime();
+    let (bound_tx, bound_rx) = mpsc::channel();
+    let router = peer_thread(move || {
+        peer_runtime().block_on(async move {
+            let mut router = zeromq::RouterSocket::new();
+            let ep = router.bind("tcp://127.0.0.1:0").await.unwrap();
+            bound_tx.send(ep.to_string()).unwrap();
+            let request = router.recv().await.unwrap().into_vec();
+            let (identity, start) = (request[0].clone(), u64::from_be_bytes(request[2][..].try_into().unwrap()));
+            for seq in start..start + 3 {
+                let frames = vec![
+                    identity.clone(),
+                    Bytes::new(),
+                    Bytes::copy_from_slice(&seq.to_be_bytes()),
+                    Bytes::from(format!("batch-{seq}")),
+                ];
+                router.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+            }
+            let end = vec![identity, Bytes::new(), Bytes::from_static(&[0xff; 8]), Bytes::new()];
+            router.send(ZmqMessage::try_from(end).unwrap()).await.unwrap();
+            request.len()
+        })
+    });
+    let endpoint = bound_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let request = [Bytes::new(), Bytes::copy_from_slice(&7u64.to_be_bytes())];
+    let started = Instant::now();
+    let mut dealer = rt.block_on(Dealer::request(&endpoint, &request, &Limits::default(), deadline)).unwrap();
+    assert_eq!(dealer.peer_info().version, (3, 0));
+    let mut got = Vec::new();
+    loop {
+        let m = rt.block_on(dealer.recv()).unwrap();
+        if m.frames[1][..] == [0xff; 8] {
+            break;
+        }
+        got.push((u64::from_be_bytes(m.frames[1][..].try_into().unwrap()), m.frames[2].clone()));
+    }
+    assert_eq!(got, (7..10).map(|s| (s, Bytes::from(format!("batch-{s}")))).collect::<Vec<_>>());
+    assert_eq!(router.join().unwrap(), 3, "the ROUTER saw [identity, b\"\", seq]");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
