@@ -5,8 +5,12 @@ tokenizer when it runs with `--load-format dummy` (random weights). The config i
 Llama the CPU attention backend accepts (head_dim 64; block size 32 on the server side); the
 tokenizer is a byte-level BPE trained here on a built-in corpus, with ChatML special tokens and a
 ChatML chat template, so vLLM, transformers and kvindex-tokenizer all read the same directory.
+A second directory, tiny-model-hybrid/, holds a Gemma-3 text config with one sliding-window
+layer (window 64) and one full-attention layer and the same tokenizer: the smallest hybrid model
+(two KV-cache groups) for checking hybrid scoring against a real engine.
 
-Usage: python build_tiny_model.py [OUT_DIR]   (default: tiny-model/ beside this script)
+Usage: python build_tiny_model.py [OUT_PARENT]   (default: beside this script; writes
+OUT_PARENT/tiny-model and OUT_PARENT/tiny-model-hybrid)
 Needs `tokenizers` (the vLLM venv has it). Two runs give byte-identical files.
 """
 
@@ -38,6 +42,37 @@ CONFIG = {
     "mlp_bias": False,
     "tie_word_embeddings": False,
     "initializer_range": 0.02,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+# Gemma 3 text: layer 0 sliding window (64 tokens = 2 blocks of 32), layer 1 full attention.
+HYBRID_CONFIG = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "query_pre_attn_scalar": 64,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 4096,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-06,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+    },
+    "sliding_window": 64,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "attention_bias": False,
+    "final_logit_softcapping": None,
+    "attn_logit_softcapping": None,
+    "tie_word_embeddings": True,
     "torch_dtype": "bfloat16",
     "bos_token_id": 0,
     "eos_token_id": 2,
@@ -149,20 +184,25 @@ def write_json(path, value):
         f.write("\n")
 
 
-def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny-model")
+def write_model(out, tokenizer, config):
     os.makedirs(out, exist_ok=True)
+    tokenizer.save(os.path.join(out, "tokenizer.json"), pretty=True)
+    write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config(tokenizer))
+    write_json(os.path.join(out, "config.json"), config)
+    write_json(
+        os.path.join(out, "generation_config.json"),
+        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]},
+    )
+    print(f"tiny model written to {out}")
+
+
+def main():
+    parent = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     tokenizer = build_tokenizer()
     for token, want in zip(SPECIAL_TOKENS, range(3)):
         assert tokenizer.token_to_id(token) == want, token
-    tokenizer.save(os.path.join(out, "tokenizer.json"), pretty=True)
-    write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config(tokenizer))
-    write_json(os.path.join(out, "config.json"), CONFIG)
-    write_json(
-        os.path.join(out, "generation_config.json"),
-        {"bos_token_id": CONFIG["bos_token_id"], "eos_token_id": CONFIG["eos_token_id"]},
-    )
-    print(f"tiny model written to {out}")
+    write_model(os.path.join(parent, "tiny-model"), tokenizer, CONFIG)
+    write_model(os.path.join(parent, "tiny-model-hybrid"), tokenizer, HYBRID_CONFIG)
 
 
 if __name__ == "__main__":
