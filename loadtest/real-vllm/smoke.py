@@ -133,7 +133,9 @@ class Session:
         got = cached_tokens(response)
         predicted = self.index.predict(ids)
         self.requests.append({
-            "engine": self.name, "label": label, "endpoint": kind, "prompt_token_ids": ids,
+            "engine": self.name, "label": label, "endpoint": kind,
+            # The request as sent (synthetic text): lets a tokenizer be checked against the engine's ids.
+            "messages" if kind == "chat" else "prompt": payload, "prompt_token_ids": ids,
             "prompt_tokens": response["usage"]["prompt_tokens"], "cached_tokens": got,
             "predicted_cached_tokens": predicted, "live_messages_before": seq_before,
             "vllm_xargs": extra.get("vllm_xargs"),
@@ -268,25 +270,39 @@ def run_engine_b(args, structs, checks, records, requests):
         print(f"engine B ready in {ready:.1f} s, RSS {engine.rss() / 2**30:.2f} GiB", flush=True)
         s = Session(engine, capture, checks, "B")
         rng = random.Random(2)
-        prompts = [[rng.randrange(3, 1024) for _ in range(4 * BLOCK_SIZE + 1)] for _ in range(6)]
+        # Chains of 3 to 5 full blocks (plus one token): evictions do not fall on chain ends.
+        sizes = [5, 3, 4, 5, 3, 4]
+        prompts = [[rng.randrange(3, 1024) for _ in range(n * BLOCK_SIZE + 1)] for n in sizes]
         for i, p in enumerate(prompts):
-            s.send(f"distinct prompt {i}", "completion", p)
-        s.send("prompt 5 again (still held)", "completion", prompts[5], expect_cached=4 * BLOCK_SIZE)
-        for i in range(5):  # some fully evicted, some cut short (tail first), each re-store evicts more
+            s.send(f"distinct prompt {i} ({sizes[i]} blocks)", "completion", p)
+        s.send("prompt 5 again (still held)", "completion", prompts[5], expect_cached=sizes[5] * BLOCK_SIZE)
+        # Newest first: each repeat allocates a little and evicts from the oldest chain's tail, so
+        # older chains are found cut short (in oldest-first order each repeat would evict the next).
+        order = [4, 3, 2, 1, 0]
+        for i in order:
             s.send(f"prompt {i} again", "completion", prompts[i])
+        repeats = [(r["cached_tokens"], sizes[i] * BLOCK_SIZE) for i, r in zip(order, s.requests[-5:])]
         checks.check("B: some repeat was a partial hit (a chain cut short by tail-first eviction)",
-                     any(0 < r["cached_tokens"] < 4 * BLOCK_SIZE for r in s.requests),
-                     f"cached_tokens of the repeats: {[r['cached_tokens'] for r in s.requests[-5:]]}")
+                     any(0 < got < full for got, full in repeats), f"(cached, full) of the repeats: {repeats}")
         removed = [e for e in capture.events() if e["type"] == "BlockRemoved"]
         checks.check("B: evictions happened, one block per BlockRemoved",
                      bool(removed) and all(len(e["block_hashes"]) == 1 for e in removed), f"{len(removed)} BlockRemoved")
-        # Tail first: within one chain the removed order is the reverse of the stored order.
+        # Tail first: no block is evicted while the next block of its chain is still held, so what
+        # an engine holds of a chain is always a prefix of it.
         chains = [["0x%016x" % h for h in block_hashes(p)] for p in prompts]
-        order = [e["block_hashes"][0] for e in removed]
-        tail_first = all(
-            [h for h in order if h in chain] == [h for h in reversed(chain) if h in order] for chain in chains
-        )
-        checks.check("B: each chain is evicted tail first", tail_first)
+        position = {h: (c, k) for c, chain in enumerate(chains) for k, h in enumerate(chain)}
+        held, violations = set(), []
+        for e in capture.events():
+            if e["type"] == "BlockStored":
+                held.update(e["block_hashes"])
+            elif e["type"] == "BlockRemoved":
+                for h in e["block_hashes"]:
+                    c, k = position[h]
+                    if k + 1 < len(chains[c]) and chains[c][k + 1] in held:
+                        violations.append((c, k))
+                    held.discard(h)
+        checks.check("B: each chain is evicted tail first (what is held of a chain is a prefix of it)",
+                     not violations, f"violations (chain, block): {violations[:5]}")
         for f, x in capture.messages:
             records.append(kv_capture.record(f, x, base=args.base("evict", cfg), kind="live", socket="SUB"))
         requests.extend(s.requests)
