@@ -37,7 +37,7 @@ WINDOW = 64  # tokens: a hit needs cdiv(WINDOW - 1, BLOCK) = 2 contiguous SWA bl
 N_BLOCKS = 8  # prompt length 8 * 32 + 1 tokens: the longest possible hit is 8 blocks
 
 
-def make_manager():
+def make_manager(retention_interval=None):
     full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
     swa = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16,
                             sliding_window=WINDOW)
@@ -45,6 +45,9 @@ def make_manager():
         num_blocks=64,
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["layers.0.attn"], full), KVCacheGroupSpec(["layers.1.attn"], swa)],
+        # None: every sliding-window block is cached (dense). The engine's default is 0
+        # (--prefix-cache-retention-interval): only the window before each replay boundary.
+        prefix_cache_retention_interval=retention_interval,
     )
     return KVCacheManager(config, max_model_len=2048, scheduler_block_size=BLOCK, hash_block_size=BLOCK,
                           enable_caching=True, enable_kv_cache_events=True)
@@ -131,6 +134,23 @@ def main():
     print(f"repeat of the same prompt: {computed} tokens from cache, events after it: "
           f"{[describe(e) for e in events]}")
     failures += computed != N_BLOCKS * BLOCK
+
+    # The engine's default retention (0): the sliding-window group keeps only the window before
+    # the prompt's replay boundary, so a request sharing only an early part of the prompt gets
+    # no hit at all, though full attention holds that part.
+    manager = make_manager(retention_interval=0)
+    prefill(manager, make_request("sparse", tokens))
+    stored = manager.take_events()
+    print("retention 0 (engine default), events of the first prefill:", "; ".join(describe(e) for e in stored))
+    for name, query, want_blocks in [
+        ("same prompt", tokens, 8),
+        ("first 4 blocks + a new tail", tokens[: 4 * BLOCK] + [5] * (2 * BLOCK + 1), 0),
+    ]:
+        combined, per_group = hit(manager, query)
+        ok = combined == want_blocks * BLOCK
+        failures += not ok
+        print(f"{'ok ' if ok else 'BAD'} retention 0, {name}: hit {combined // BLOCK} blocks (want {want_blocks}); "
+              f"per group {[h // BLOCK for h in per_group]}")
     print("probe:", "all cases as expected" if failures == 0 else f"{failures} unexpected result(s)")
     return 1 if failures else 0
 
