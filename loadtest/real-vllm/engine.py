@@ -209,6 +209,16 @@ class Engine:
     def rss(self):
         return rss_bytes(self.pids())
 
+    def process_names(self):
+        names = []
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                continue
+        return names
+
     def stop(self, timeout_s=30.0):
         """SIGTERM the process group, SIGKILL it after the deadline; then no marked process may remain."""
         if self.proc is None:

@@ -11,8 +11,9 @@ engine's hit is the shortest of the groups, rounded to whole blocks and capped a
 prompt length - 1. The full-attention group alone is printed beside it to show where scoring
 one group would over-report.
 
-Run with the vLLM venv: python hybrid_engine_probe.py [--blocks 24]. Writes
-captures/frames-0.32.0-real-hybrid.jsonl. Exits non-zero when the engine's cached_tokens
+Run with the vLLM venv: python hybrid_engine_probe.py [--blocks 40] [--out DIR]. Writes
+DIR/frames-0.32.0-real-hybrid.jsonl and DIR/requests-0.32.0-real-hybrid.jsonl (default
+captures/). Exits non-zero when the engine's cached_tokens
 differs from the all-groups prediction.
 """
 
@@ -82,6 +83,7 @@ def main():
     p.add_argument("--kv-port", type=int, default=18757)
     p.add_argument("--blocks", type=int, default=40, help="--num-gpu-blocks-override (small: evictions)")
     p.add_argument("--start-timeout", type=float, default=300)
+    p.add_argument("--out", default=os.path.join(HERE, "captures"))
     args = p.parse_args()
     kv_cache_utils.init_none_hash(sha256_cbor)
     structs = kv_capture.EngineStructs()
@@ -140,7 +142,7 @@ def main():
     finally:
         engine.stop()
         capture.close()
-    out = os.path.join(HERE, "captures")
+    out = args.out
     os.makedirs(out, exist_ok=True)
     kv = cfg.kv_events_config()
     base_rec = {"version": "0.32.0", "run": "real-engine", "pythonhashseed": "0", "hash_algo": "sha256_cbor",

@@ -161,7 +161,8 @@ def run_engine_a(args, structs, checks, records, requests):
         engine.start()
         ready = engine.wait_healthy(args.start_timeout)
         rss = engine.rss()
-        print(f"engine A ready in {ready:.1f} s, RSS {rss / 2**30:.2f} GiB ({len(engine.pids())} process(es))", flush=True)
+        print(f"engine A ready in {ready:.1f} s, RSS {rss / 2**30:.2f} GiB (sum over processes {engine.process_names()})",
+              flush=True)
         s = Session(engine, capture, checks, "A")
         tok = AutoTokenizer.from_pretrained(cfg.model_dir)
         rng = random.Random(1)
