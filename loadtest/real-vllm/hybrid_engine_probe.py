@@ -31,7 +31,8 @@ from vllm.v1.core import kv_cache_utils  # noqa: E402
 
 import kv_capture  # noqa: E402
 from engine import BLOCK_SIZE, HERE, Engine, EngineConfig, cached_tokens  # noqa: E402
-from smoke import block_hashes  # noqa: E402
+from manager_replica import ManagerReplica  # noqa: E402
+from smoke import block_hashes, fence  # noqa: E402
 
 
 class GroupedIndex:
@@ -98,8 +99,12 @@ def main():
         ready = engine.wait_healthy(args.start_timeout)
         print(f"hybrid engine ready in {ready:.1f} s, RSS {engine.rss() / 2**30:.2f} GiB", flush=True)
         rng = random.Random(3)
+        fence_rng = random.Random("fence-hybrid")
+        sent = []
         base = [rng.randrange(3, 1024) for _ in range(6 * BLOCK_SIZE + 1)]
-        others = [[rng.randrange(3, 1024) for _ in range(5 * BLOCK_SIZE + 1)] for _ in range(4)]
+        # Three 5-block prompts evict base's sliding-window blocks but not its full-attention ones
+        # (with the fences in between; found by running the sequence through ManagerReplica).
+        others = [[rng.randrange(3, 1024) for _ in range(5 * BLOCK_SIZE + 1)] for _ in range(3)]
         workload = [("base", base), ("base again", base)]
         workload += [(f"other {i}", o) for i, o in enumerate(others)]
         workload += [("base after others", base), ("base + 1 block", base[:-1] + others[0][:BLOCK_SIZE] + [5]),
@@ -111,20 +116,13 @@ def main():
             before = capture.count()
             response = engine.completion(prompt, max_tokens=1)
             got = cached_tokens(response)
-            # Wait for this step's events: the full-attention group stores every full block, and
-            # all groups' events of one step travel in one batch, so once it holds the prompt's
-            # blocks the sliding-window group's events of that step are in too.
-            hashes = {"0x%016x" % h for h in block_hashes(prompt)}
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                index.apply(capture.events()[index.applied:])
-                full = [g for g, (kind, _) in index.spec.items() if kind == "full_attention"]
-                if full and all(hashes <= index.held.get(g, set()) for g in full):
-                    break
-                time.sleep(0.05)
-            else:
+            sent.append(("request", prompt, got))
+            fenced, fence_tokens = fence(engine, capture, fence_rng)
+            sent.append(("fence", fence_tokens, None))
+            if not fenced:  # after the fence, every event of this request is in
                 failures += 1
-                print(f"BAD {label}: the full-attention group's stores did not arrive within 20 s")
+                print(f"BAD {label}: the fence request's store did not arrive within 30 s")
+            index.apply(capture.events()[index.applied:])
             shapes = [{k: e.get(k) for k in ("type", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window")}
                       | {"n": len(e.get("block_hashes") or [])} for e in capture.events(since=before)]
             full_alone = max([n for g, n in per_group.items() if index.spec[g][0] == "full_attention"] or [0]) * BLOCK_SIZE
@@ -139,6 +137,20 @@ def main():
         kinds = sorted({(e.get("group_idx"), e.get("kv_cache_spec_kind"), e.get("kv_cache_spec_sliding_window"))
                         for e in capture.events() if e["type"] == "BlockStored"}, key=str)
         print(f"groups seen in BlockStored: {kinds}")
+        # vLLM's own manager and hybrid coordinator, fed the same prompts, with the groups the
+        # events announced (and the engine's default sparse retention).
+        replica = ManagerReplica([(kind, window) for _, kind, window in kinds], num_blocks=args.blocks)
+        diffs = []
+        labels = iter(label for label, _ in workload)
+        for kind, tokens, got in sent:
+            cached = replica.run(tokens)
+            if kind == "request":
+                label = next(labels)
+                if cached != got:
+                    diffs.append((label, cached, got))
+        failures += len(diffs)
+        print(f"{'ok ' if not diffs else 'BAD'} vLLM's KVCacheManager/HybridKVCacheCoordinator replica (no engine) "
+              f"gives the engine's cached_tokens for all {len(workload)} requests; differences: {diffs}")
     finally:
         engine.stop()
         capture.close()
