@@ -11,11 +11,7 @@ use serde_json::json;
 fn rss_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
         .unwrap_or(0)
 }
 
@@ -30,22 +26,17 @@ const PARAGRAPHS: [&str; 4] = [
 fn chat_of(registry: &TokenizerRegistry, target: usize) -> (ChatRequest, usize) {
     let mut turns = 1;
     loop {
-        let mut messages =
-            vec![json!({"role": "system", "content": "You are a careful assistant."})];
+        let mut messages = vec![json!({"role": "system", "content": "You are a careful assistant."})];
         for t in 0..turns {
-            let text: String = (0..8)
-                .map(|i| format!("[{t}.{i}] {}\n", PARAGRAPHS[(t + i) % PARAGRAPHS.len()]))
-                .collect();
+            let text: String =
+                (0..8).map(|i| format!("[{t}.{i}] {}\n", PARAGRAPHS[(t + i) % PARAGRAPHS.len()])).collect();
             messages.push(json!({"role": "user", "content": text}));
             messages.push(json!({"role": "assistant", "content": format!("Noted part {t}.")}));
         }
         messages.push(json!({"role": "user", "content": "Summarise all parts."}));
         let mut request = ChatRequest::from_messages(messages);
         request.add_generation_prompt = true;
-        let n = registry
-            .render_chat("deepseek", &request)
-            .expect("render")
-            .len();
+        let n = registry.render_chat("deepseek", &request).expect("render").len();
         if n >= target {
             return (request, n);
         }
@@ -64,12 +55,7 @@ fn main() {
     };
     let rss_before = rss_kib("VmRSS:");
     let mut config = RegistryConfig::default();
-    config
-        .add_model(
-            "deepseek",
-            std::path::Path::new(&fixtures).join("models/deepseek"),
-        )
-        .expect("deepseek model");
+    config.add_model("deepseek", std::path::Path::new(&fixtures).join("models/deepseek")).expect("deepseek model");
     let registry = Arc::new(TokenizerRegistry::new(config));
     let load_started = Instant::now();
     registry.initialize("deepseek").expect("load");
@@ -97,11 +83,7 @@ fn main() {
         std::hint::black_box(registry.tokenize("deepseek", &text, false).unwrap());
         tokenize_only.push(t.elapsed());
     }
-    for v in [
-        &mut render_and_tokenize,
-        &mut render_only,
-        &mut tokenize_only,
-    ] {
+    for v in [&mut render_and_tokenize, &mut render_only, &mut tokenize_only] {
         v.sort();
     }
 
@@ -109,22 +91,13 @@ fn main() {
     let workers = std::env::var("BENCH_WORKERS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-        });
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let window = Duration::from_secs(10);
     let handles: Vec<_> = (0..workers)
         .map(|_| {
-            let (registry, request, done, stop) = (
-                registry.clone(),
-                request.clone(),
-                done.clone(),
-                stop.clone(),
-            );
+            let (registry, request, done, stop) = (registry.clone(), request.clone(), done.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     std::hint::black_box(registry.render_chat("deepseek", &request).unwrap());
@@ -143,16 +116,8 @@ fn main() {
     let completed = done.load(Ordering::Relaxed) as f64;
 
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!(
-        "model: deepseek (129k vocab), tokenizer load {:.0} ms",
-        ms(load_time)
-    );
-    println!(
-        "chat: {} messages, {} prompt tokens, {} chars",
-        request.messages.len(),
-        tokens,
-        text.chars().count()
-    );
+    println!("model: deepseek (129k vocab), tokenizer load {:.0} ms", ms(load_time));
+    println!("chat: {} messages, {} prompt tokens, {} chars", request.messages.len(), tokens, text.chars().count());
     println!(
         "render+tokenize: p50 {:.2} ms  p99 {:.2} ms  ({} iterations, 1 thread)",
         ms(percentile(&render_and_tokenize, 0.5)),

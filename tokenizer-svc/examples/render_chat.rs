@@ -6,13 +6,9 @@ use std::io::Read;
 use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
 
 fn main() {
-    let dir = std::env::args()
-        .nth(1)
-        .expect("usage: render_chat <model-dir> < request.json");
+    let dir = std::env::args().nth(1).expect("usage: render_chat <model-dir> < request.json");
     let mut input = String::new();
-    std::io::stdin()
-        .read_to_string(&mut input)
-        .expect("read stdin");
+    std::io::stdin().read_to_string(&mut input).expect("read stdin");
     let request: ChatRequest = serde_json::from_str(&input).expect("request JSON");
     let mut config = RegistryConfig::default();
     config.add_model("m", &dir).expect("model dir");

@@ -23,35 +23,22 @@ pub fn render_chat(
     request: &ChatRequest,
 ) -> Result<String> {
     if request.messages.is_empty() {
-        return Err(TokenizerError::InvalidRequest(
-            "the conversation has no messages".into(),
-        ));
+        return Err(TokenizerError::InvalidRequest("the conversation has no messages".into()));
     }
     if request.continue_final_message && request.add_generation_prompt {
         return Err(TokenizerError::InvalidRequest(
             "continue_final_message and add_generation_prompt are mutually exclusive".into(),
         ));
     }
-    if let Some(key) = request
-        .template_kwargs
-        .keys()
-        .find(|k| RESERVED_CONTEXT.contains(&k.as_str()))
-    {
+    if let Some(key) = request.template_kwargs.keys().find(|k| RESERVED_CONTEXT.contains(&k.as_str())) {
         // HF raises a TypeError (duplicate keyword); silently picking one would hide a bug.
         return Err(TokenizerError::InvalidRequest(format!(
             "chat_template_kwargs may not set {key:?}; use the request field instead"
         )));
     }
-    let mut messages = request
-        .messages
-        .iter()
-        .map(normalize_message)
-        .collect::<Result<Vec<_>>>()?;
-    let final_text = if request.continue_final_message {
-        Some(mark_final_message(&mut messages, template_source)?)
-    } else {
-        None
-    };
+    let mut messages = request.messages.iter().map(normalize_message).collect::<Result<Vec<_>>>()?;
+    let final_text =
+        if request.continue_final_message { Some(mark_final_message(&mut messages, template_source)?) } else { None };
 
     let mut context = Map::new();
     for (name, token) in special_tokens {
@@ -61,22 +48,9 @@ pub fn render_chat(
         context.insert(key.clone(), value.clone());
     }
     context.insert("messages".into(), Json::Array(messages));
-    context.insert(
-        "tools".into(),
-        request.tools.clone().map(Json::Array).unwrap_or(Json::Null),
-    );
-    context.insert(
-        "documents".into(),
-        request
-            .documents
-            .clone()
-            .map(Json::Array)
-            .unwrap_or(Json::Null),
-    );
-    context.insert(
-        "add_generation_prompt".into(),
-        Json::Bool(request.add_generation_prompt),
-    );
+    context.insert("tools".into(), request.tools.clone().map(Json::Array).unwrap_or(Json::Null));
+    context.insert("documents".into(), request.documents.clone().map(Json::Array).unwrap_or(Json::Null));
+    context.insert("add_generation_prompt".into(), Json::Bool(request.add_generation_prompt));
 
     let rendered = template.render(Value::from_serialize(&context))?;
     match final_text {
@@ -88,15 +62,10 @@ pub fn render_chat(
 /// Drops `null`-valued keys and fills the reasoning aliases, as HF's normalisation does.
 fn normalize_message(message: &Json) -> Result<Json> {
     let Json::Object(map) = message else {
-        return Err(TokenizerError::InvalidRequest(
-            "every message must be a JSON object".into(),
-        ));
+        return Err(TokenizerError::InvalidRequest("every message must be a JSON object".into()));
     };
-    let map: Map<String, Json> = map
-        .iter()
-        .filter(|(_, v)| !v.is_null())
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let map: Map<String, Json> =
+        map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
     let reasoning = REASONING_FIELDS.iter().find_map(|f| map.get(*f).cloned());
     Ok(Json::Object(match reasoning {
         Some(reasoning) => {
@@ -115,10 +84,7 @@ fn normalize_message(message: &Json) -> Result<Json> {
 
 /// Appends the continue tag to the final message's text and returns that text.
 fn mark_final_message(messages: &mut [Json], template_source: &str) -> Result<String> {
-    let last = messages
-        .last_mut()
-        .and_then(Json::as_object_mut)
-        .expect("messages checked non-empty");
+    let last = messages.last_mut().and_then(Json::as_object_mut).expect("messages checked non-empty");
     let Some(content) = last.get_mut("content") else {
         return Err(TokenizerError::InvalidRequest(
             "continue_final_message is set but the final message has no content to continue".into(),
@@ -147,9 +113,7 @@ fn mark_final_message(messages: &mut [Json], template_source: &str) -> Result<St
                 "continue_final_message is set but the final message has no text part".into(),
             ))
         }
-        _ => Err(TokenizerError::InvalidRequest(
-            "continue_final_message: unsupported content type".into(),
-        )),
+        _ => Err(TokenizerError::InvalidRequest("continue_final_message: unsupported content type".into())),
     }
 }
 

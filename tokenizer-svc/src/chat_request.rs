@@ -26,9 +26,6 @@ pub struct ChatRequest {
 impl ChatRequest {
     /// A request with only messages, the common case.
     pub fn from_messages(messages: Vec<Json>) -> Self {
-        Self {
-            messages,
-            ..Default::default()
-        }
+        Self { messages, ..Default::default() }
     }
 }

@@ -14,11 +14,7 @@ pub enum TokenizerError {
     UnknownModel(String),
     /// A model directory lacks a file the model needs, or a file cannot be read.
     #[error("model {model:?}: cannot read {path}: {reason}")]
-    ModelFiles {
-        model: String,
-        path: PathBuf,
-        reason: String,
-    },
+    ModelFiles { model: String, path: PathBuf, reason: String },
     /// `tokenizer.json` could not be parsed or built.
     #[error("model {model:?}: invalid tokenizer: {reason}")]
     InvalidTokenizer { model: String, reason: String },
@@ -27,11 +23,7 @@ pub enum TokenizerError {
     NoChatTemplate(String),
     /// The template does not compile or fails while rendering (including `raise_exception`).
     #[error("chat template {template:?}{}: {reason}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
-    Template {
-        template: String,
-        line: Option<usize>,
-        reason: String,
-    },
+    Template { template: String, line: Option<usize>, reason: String },
     /// The request itself is malformed (bad JSON kwargs, empty conversation, ...).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -86,10 +78,7 @@ impl TokenizerError {
     pub fn is_client_error(&self) -> bool {
         matches!(
             self,
-            Self::UnknownModel(_)
-                | Self::NoChatTemplate(_)
-                | Self::Template { .. }
-                | Self::InvalidRequest(_)
+            Self::UnknownModel(_) | Self::NoChatTemplate(_) | Self::Template { .. } | Self::InvalidRequest(_)
         )
     }
 }
@@ -108,13 +97,7 @@ mod tests {
             line: Some(7),
             reason: "unknown system risk: my secret prompt".into(),
         };
-        assert!(
-            err.to_string().contains("my secret prompt"),
-            "the caller gets the full message"
-        );
-        assert_eq!(
-            err.log_summary(),
-            "template_error template=\"m/default\" line=7"
-        );
+        assert!(err.to_string().contains("my secret prompt"), "the caller gets the full message");
+        assert_eq!(err.log_summary(), "template_error template=\"m/default\" line=7");
     }
 }

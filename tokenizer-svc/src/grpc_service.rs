@@ -26,27 +26,16 @@ impl TokenizationGrpc {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        Self {
-            registry,
-            request_ids: Arc::new(AtomicU64::new(seed)),
-        }
+        Self { registry, request_ids: Arc::new(AtomicU64::new(seed)) }
     }
 
     fn next_request_id(&self) -> String {
-        format!(
-            "kvtok-{:016x}",
-            self.request_ids.fetch_add(1, Ordering::Relaxed)
-        )
+        format!("kvtok-{:016x}", self.request_ids.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Runs `work` on the blocking pool and records `kvindex_tokenizer_requests_total` and
     /// `kvindex_tokenizer_request_duration_seconds` for `method`.
-    async fn run<T, F>(
-        &self,
-        method: &'static str,
-        model: &str,
-        work: F,
-    ) -> Result<Result<T, TokenizerError>, Status>
+    async fn run<T, F>(&self, method: &'static str, model: &str, work: F) -> Result<Result<T, TokenizerError>, Status>
     where
         T: Send + 'static,
         F: FnOnce(&TokenizerRegistry) -> Result<T, TokenizerError> + Send + 'static,
@@ -73,16 +62,11 @@ impl TokenizationGrpc {
 
 #[tonic::async_trait]
 impl TokenizationService for TokenizationGrpc {
-    async fn tokenize(
-        &self,
-        request: Request<pb::TokenizeRequest>,
-    ) -> Result<Response<pb::TokenizeResponse>, Status> {
+    async fn tokenize(&self, request: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {
         let req = request.into_inner();
         let model = req.model_name.clone();
         let result = self
-            .run("Tokenize", &model, move |r| {
-                r.tokenize(&req.model_name, &req.input, req.add_special_tokens)
-            })
+            .run("Tokenize", &model, move |r| r.tokenize(&req.model_name, &req.input, req.add_special_tokens))
             .await?;
         Ok(Response::new(match result {
             Ok(t) => pb::TokenizeResponse {
@@ -91,11 +75,7 @@ impl TokenizationService for TokenizationGrpc {
                 success: true,
                 error_message: String::new(),
             },
-            Err(e) => pb::TokenizeResponse {
-                success: false,
-                error_message: e.to_string(),
-                ..Default::default()
-            },
+            Err(e) => pb::TokenizeResponse { success: false, error_message: e.to_string(), ..Default::default() },
         }))
     }
 
@@ -111,16 +91,10 @@ impl TokenizationService for TokenizationGrpc {
             })
             .await?;
         Ok(Response::new(match result {
-            Ok(rendered_prompt) => pb::ChatTemplateResponse {
-                rendered_prompt,
-                success: true,
-                error_message: String::new(),
-            },
-            Err(e) => pb::ChatTemplateResponse {
-                success: false,
-                error_message: e.to_string(),
-                ..Default::default()
-            },
+            Ok(rendered_prompt) => {
+                pb::ChatTemplateResponse { rendered_prompt, success: true, error_message: String::new() }
+            }
+            Err(e) => pb::ChatTemplateResponse { success: false, error_message: e.to_string(), ..Default::default() },
         }))
     }
 
@@ -130,20 +104,10 @@ impl TokenizationService for TokenizationGrpc {
     ) -> Result<Response<pb::InitializeTokenizerResponse>, Status> {
         let req = request.into_inner();
         let model = req.model_name.clone();
-        let result = self
-            .run("InitializeTokenizer", &model, move |r| {
-                r.initialize(&req.model_name)
-            })
-            .await?;
+        let result = self.run("InitializeTokenizer", &model, move |r| r.initialize(&req.model_name)).await?;
         Ok(Response::new(match result {
-            Ok(()) => pb::InitializeTokenizerResponse {
-                success: true,
-                error_message: String::new(),
-            },
-            Err(e) => pb::InitializeTokenizerResponse {
-                success: false,
-                error_message: e.to_string(),
-            },
+            Ok(()) => pb::InitializeTokenizerResponse { success: true, error_message: String::new() },
+            Err(e) => pb::InitializeTokenizerResponse { success: false, error_message: e.to_string() },
         }))
     }
 
@@ -183,19 +147,13 @@ impl TokenizationService for TokenizationGrpc {
     ) -> Result<Response<pb::RenderCompletionResponse>, Status> {
         let req = request.into_inner();
         let model = req.model_name.clone();
-        let result = self
-            .run("RenderCompletion", &model, move |r| {
-                r.render_completion(&req.model_name, &req.prompt)
-            })
-            .await?;
+        let result =
+            self.run("RenderCompletion", &model, move |r| r.render_completion(&req.model_name, &req.prompt)).await?;
         let request_id = self.next_request_id();
         Ok(Response::new(match result {
-            Ok(token_ids) => pb::RenderCompletionResponse {
-                request_id,
-                token_ids,
-                success: true,
-                error_message: String::new(),
-            },
+            Ok(token_ids) => {
+                pb::RenderCompletionResponse { request_id, token_ids, success: true, error_message: String::new() }
+            }
             Err(e) => pb::RenderCompletionResponse {
                 request_id,
                 success: false,

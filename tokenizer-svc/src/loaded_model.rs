@@ -36,18 +36,14 @@ const REQUEST_TEMPLATE_CACHE: usize = 8;
 
 impl std::fmt::Debug for LoadedModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedModel")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("LoadedModel").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
 impl LoadedModel {
     /// Loads `dir` as model `name`. Template syntax errors surface here, naming the template.
     pub fn load(name: &str, dir: &Path) -> Result<Self> {
-        let files = ModelDir {
-            dir: dir.to_path_buf(),
-        };
+        let files = ModelDir { dir: dir.to_path_buf() };
         let tokenizer_path = files.tokenizer_json();
         if !tokenizer_path.exists() {
             return Err(TokenizerError::ModelFiles {
@@ -56,31 +52,16 @@ impl LoadedModel {
                 reason: "file not found".into(),
             });
         }
-        let mut tokenizer = Tokenizer::from_file(&tokenizer_path).map_err(|e| {
-            TokenizerError::InvalidTokenizer {
-                model: name.into(),
-                reason: e.to_string(),
-            }
-        })?;
+        let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?;
         let config = files.read_config(name)?;
         apply_transformers_adjustments(name, &mut tokenizer, &config)?;
         let templates = config
             .chat_templates
             .iter()
-            .map(|t| {
-                Ok((
-                    t.clone(),
-                    ChatTemplate::compile(&format!("{name}/{}", t.name), &t.source)?,
-                ))
-            })
+            .map(|t| Ok((t.clone(), ChatTemplate::compile(&format!("{name}/{}", t.name), &t.source)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self {
-            name: name.into(),
-            tokenizer,
-            config,
-            templates,
-            request_templates: Mutex::new(Vec::new()),
-        })
+        Ok(Self { name: name.into(), tokenizer, config, templates, request_templates: Mutex::new(Vec::new()) })
     }
 
     pub fn name(&self) -> &str {
@@ -101,19 +82,9 @@ impl LoadedModel {
         let encoding = self
             .tokenizer
             .encode_char_offsets(text, add_special_tokens)
-            .map_err(|e| TokenizerError::Encode {
-                model: self.name.clone(),
-                reason: e.to_string(),
-            })?;
-        let offsets = encoding
-            .get_offsets()
-            .iter()
-            .map(|&(s, e)| (s as u32, e as u32))
-            .collect();
-        Ok(TokenizedText {
-            ids: encoding.get_ids().to_vec(),
-            offsets,
-        })
+            .map_err(|e| TokenizerError::Encode { model: self.name.clone(), reason: e.to_string() })?;
+        let offsets = encoding.get_offsets().iter().map(|&(s, e)| (s as u32, e as u32)).collect();
+        Ok(TokenizedText { ids: encoding.get_ids().to_vec(), offsets })
     }
 
     /// Renders the chat to text exactly as `apply_chat_template(..., tokenize=False)`.
@@ -131,27 +102,14 @@ impl LoadedModel {
             .iter()
             .find(|(t, _)| t.name == chosen.name)
             .expect("every configured template is compiled at load");
-        render_chat(
-            template,
-            &named.source,
-            &self.config.special_tokens,
-            request,
-        )
+        render_chat(template, &named.source, &self.config.special_tokens, request)
     }
 
     fn request_template(&self, source: &str) -> Result<Arc<ChatTemplate>> {
-        if let Some((_, t)) = self
-            .request_templates
-            .lock()
-            .iter()
-            .find(|(s, _)| s == source)
-        {
+        if let Some((_, t)) = self.request_templates.lock().iter().find(|(s, _)| s == source) {
             return Ok(t.clone());
         }
-        let compiled = Arc::new(ChatTemplate::compile(
-            &format!("{}/request", self.name),
-            source,
-        )?);
+        let compiled = Arc::new(ChatTemplate::compile(&format!("{}/request", self.name), source)?);
         let mut cache = self.request_templates.lock();
         if cache.len() >= REQUEST_TEMPLATE_CACHE {
             cache.remove(0);
@@ -177,11 +135,7 @@ impl LoadedModel {
 /// special tokens missing from the vocabulary are added as special tokens. BOS/EOS insertion is
 /// left to tokenizer.json's post-processor: with a tokenizer.json present, transformers v5 drops
 /// `add_bos_token`/`add_eos_token` from the config, and so do we.
-fn apply_transformers_adjustments(
-    name: &str,
-    tokenizer: &mut Tokenizer,
-    config: &TokenizerConfig,
-) -> Result<()> {
+fn apply_transformers_adjustments(name: &str, tokenizer: &mut Tokenizer, config: &TokenizerConfig) -> Result<()> {
     let missing: Vec<AddedToken> = config
         .special_tokens
         .iter()
@@ -191,10 +145,7 @@ fn apply_transformers_adjustments(
     if !missing.is_empty() {
         tokenizer
             .add_special_tokens(missing)
-            .map_err(|e| TokenizerError::InvalidTokenizer {
-                model: name.into(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| TokenizerError::InvalidTokenizer { model: name.into(), reason: e.to_string() })?;
     }
     Ok(())
 }

@@ -16,10 +16,7 @@ pub struct ModelCache {
 
 impl ModelCache {
     pub fn new(capacity: usize) -> Self {
-        Self {
-            capacity: capacity.max(1),
-            entries: Mutex::new(Vec::new()),
-        }
+        Self { capacity: capacity.max(1), entries: Mutex::new(Vec::new()) }
     }
 
     /// The cached model, marked as most recently used.

@@ -8,15 +8,8 @@ use serde_json::Value as Json;
 use crate::error::{Result, TokenizerError};
 
 /// The named special tokens HF exposes to chat templates (`special_tokens_map`).
-pub const SPECIAL_TOKEN_ATTRIBUTES: [&str; 7] = [
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-];
+pub const SPECIAL_TOKEN_ATTRIBUTES: [&str; 7] =
+    ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"];
 
 /// What `tokenizer_config.json` (plus `chat_template.jinja`) says about a model.
 #[derive(Debug, Clone, Default)]
@@ -37,10 +30,7 @@ pub struct NamedTemplate {
 impl TokenizerConfig {
     /// The value of a named special token such as `bos_token`.
     pub fn special_token(&self, attribute: &str) -> Option<&str> {
-        self.special_tokens
-            .iter()
-            .find(|(a, _)| a == attribute)
-            .map(|(_, t)| t.as_str())
+        self.special_tokens.iter().find(|(a, _)| a == attribute).map(|(_, t)| t.as_str())
     }
 
     /// HF's template choice: `tool_use` when tools are given and it exists, else `default`.
@@ -92,45 +82,31 @@ impl ModelDir {
         let jinja_path = self.dir.join("chat_template.jinja");
         if jinja_path.exists() {
             let source = read_text(model, &jinja_path)?;
-            config.chat_templates.push(NamedTemplate {
-                name: "default".into(),
-                source,
-            });
+            config.chat_templates.push(NamedTemplate { name: "default".into(), source });
         }
         let extra_dir = self.dir.join("additional_chat_templates");
         if let Ok(entries) = std::fs::read_dir(&extra_dir) {
             let mut files: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
             files.sort();
             for path in files {
-                let name = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .and_then(|n| n.strip_suffix(".jinja"));
+                let name = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".jinja"));
                 if let Some(name) = name {
                     let source = read_text(model, &path)?;
-                    config.chat_templates.push(NamedTemplate {
-                        name: name.to_string(),
-                        source,
-                    });
+                    config.chat_templates.push(NamedTemplate { name: name.to_string(), source });
                 }
             }
         }
         if config.chat_templates.is_empty() {
             match json.get("chat_template") {
-                Some(Json::String(source)) => config.chat_templates.push(NamedTemplate {
-                    name: "default".into(),
-                    source: source.clone(),
-                }),
+                Some(Json::String(source)) => {
+                    config.chat_templates.push(NamedTemplate { name: "default".into(), source: source.clone() })
+                }
                 Some(Json::Array(list)) => {
                     for entry in list {
-                        if let (Some(name), Some(source)) = (
-                            entry.get("name").and_then(Json::as_str),
-                            entry.get("template").and_then(Json::as_str),
-                        ) {
-                            config.chat_templates.push(NamedTemplate {
-                                name: name.into(),
-                                source: source.into(),
-                            });
+                        if let (Some(name), Some(source)) =
+                            (entry.get("name").and_then(Json::as_str), entry.get("template").and_then(Json::as_str))
+                        {
+                            config.chat_templates.push(NamedTemplate { name: name.into(), source: source.into() });
                         }
                     }
                 }
@@ -145,10 +121,7 @@ impl ModelDir {
 fn token_content(value: &Json) -> Option<String> {
     match value {
         Json::String(s) => Some(s.clone()),
-        Json::Object(map) => map
-            .get("content")
-            .and_then(Json::as_str)
-            .map(str::to_string),
+        Json::Object(map) => map.get("content").and_then(Json::as_str).map(str::to_string),
         _ => None,
     }
 }

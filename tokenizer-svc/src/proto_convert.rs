@@ -13,28 +13,14 @@ pub fn chat_completion_request(req: &pb::RenderChatCompletionRequest) -> Result<
         None | Some("") => Map::new(),
         Some(text) => match serde_json::from_str::<Json>(text) {
             Ok(Json::Object(map)) => map,
-            Ok(_) => {
-                return Err(TokenizerError::InvalidRequest(
-                    "chat_template_kwargs must be a JSON object".into(),
-                ))
-            }
+            Ok(_) => return Err(TokenizerError::InvalidRequest("chat_template_kwargs must be a JSON object".into())),
             Err(e) => {
-                return Err(TokenizerError::InvalidRequest(format!(
-                    "chat_template_kwargs is not valid JSON: {e}"
-                )))
+                return Err(TokenizerError::InvalidRequest(format!("chat_template_kwargs is not valid JSON: {e}")))
             }
         },
     };
-    let tools = if req.tools.is_empty() {
-        None
-    } else {
-        Some(
-            req.tools
-                .iter()
-                .map(tool_json)
-                .collect::<Result<Vec<_>>>()?,
-        )
-    };
+    let tools =
+        if req.tools.is_empty() { None } else { Some(req.tools.iter().map(tool_json).collect::<Result<Vec<_>>>()?) };
     Ok(ChatRequest {
         messages: req.messages.iter().map(message_json).collect(),
         tools,
@@ -49,24 +35,19 @@ pub fn chat_completion_request(req: &pb::RenderChatCompletionRequest) -> Result<
 /// Deprecated `ChatTemplateRequest` → `ChatRequest`. Turns are consecutive parts of one
 /// conversation, so their messages are concatenated.
 pub fn chat_template_request(req: &pb::ChatTemplateRequest) -> ChatRequest {
-    let struct_list =
-        |maps: Vec<&std::collections::HashMap<String, pb::Value>>| -> Option<Vec<Json>> {
-            if maps.is_empty() {
-                None
-            } else {
-                Some(maps.into_iter().map(map_json).collect())
-            }
-        };
+    let struct_list = |maps: Vec<&std::collections::HashMap<String, pb::Value>>| -> Option<Vec<Json>> {
+        if maps.is_empty() {
+            None
+        } else {
+            Some(maps.into_iter().map(map_json).collect())
+        }
+    };
     let template_kwargs = match map_json(&req.chat_template_kwargs) {
         Json::Object(map) => map,
         _ => Map::new(),
     };
     ChatRequest {
-        messages: req
-            .conversation_turns
-            .iter()
-            .flat_map(|t| t.messages.iter().map(message_json))
-            .collect(),
+        messages: req.conversation_turns.iter().flat_map(|t| t.messages.iter().map(message_json)).collect(),
         tools: struct_list(req.tools.iter().map(|t| &t.tool).collect()),
         documents: struct_list(req.documents.iter().map(|d| &d.document).collect()),
         chat_template: non_empty(&req.chat_template),
@@ -112,9 +93,10 @@ fn part_json(part: &pb::ContentPart) -> Json {
 /// OpenAI tool shape: `{"type": "function", "function": {"name", "description", "parameters"}}`;
 /// absent optional fields are omitted rather than rendered as `null`.
 fn tool_json(tool: &pb::ChatCompletionTool) -> Result<Json> {
-    let function = tool.function.as_ref().ok_or_else(|| {
-        TokenizerError::InvalidRequest("a tool has no function definition".into())
-    })?;
+    let function = tool
+        .function
+        .as_ref()
+        .ok_or_else(|| TokenizerError::InvalidRequest("a tool has no function definition".into()))?;
     let mut f = Map::new();
     f.insert("name".into(), Json::String(function.name.clone()));
     if let Some(description) = &function.description {
@@ -122,32 +104,21 @@ fn tool_json(tool: &pb::ChatCompletionTool) -> Result<Json> {
     }
     if let Some(parameters) = &function.parameters_json {
         let parsed: Json = serde_json::from_str(parameters).map_err(|e| {
-            TokenizerError::InvalidRequest(format!(
-                "tool {:?}: parameters_json is not valid JSON: {e}",
-                function.name
-            ))
+            TokenizerError::InvalidRequest(format!("tool {:?}: parameters_json is not valid JSON: {e}", function.name))
         })?;
         f.insert("parameters".into(), parsed);
     }
     if let Some(strict) = function.strict {
         f.insert("strict".into(), Json::Bool(strict));
     }
-    let kind = if tool.r#type.is_empty() {
-        "function".to_string()
-    } else {
-        tool.r#type.clone()
-    };
+    let kind = if tool.r#type.is_empty() { "function".to_string() } else { tool.r#type.clone() };
     Ok(serde_json::json!({ "type": kind, "function": Json::Object(f) }))
 }
 
 fn map_json(map: &std::collections::HashMap<String, pb::Value>) -> Json {
     let mut keys: Vec<&String> = map.keys().collect();
     keys.sort();
-    Json::Object(
-        keys.into_iter()
-            .map(|k| (k.clone(), value_json(&map[k])))
-            .collect(),
-    )
+    Json::Object(keys.into_iter().map(|k| (k.clone(), value_json(&map[k]))).collect())
 }
 
 /// Protobuf `Value` → JSON. Numbers are doubles on the wire, so they stay floats (as they
@@ -157,9 +128,7 @@ pub fn value_json(value: &pb::Value) -> Json {
     match &value.value {
         None => Json::Null,
         Some(V::StringValue(s)) => Json::String(s.clone()),
-        Some(V::NumberValue(n)) => serde_json::Number::from_f64(*n)
-            .map(Json::Number)
-            .unwrap_or(Json::Null),
+        Some(V::NumberValue(n)) => serde_json::Number::from_f64(*n).map(Json::Number).unwrap_or(Json::Null),
         Some(V::BoolValue(b)) => Json::Bool(*b),
         Some(V::ListValue(list)) => Json::Array(list.values.iter().map(value_json).collect()),
         Some(V::StructValue(s)) => map_json(&s.fields),

@@ -23,11 +23,7 @@ pub fn dumps(value: &Value, opts: &DumpOptions) -> Result<String, Error> {
         None => (", ".to_string(), ": ".to_string()),
     };
     let mut out = String::new();
-    let writer = Writer {
-        opts,
-        item_sep: &item_sep,
-        key_sep: &key_sep,
-    };
+    let writer = Writer { opts, item_sep: &item_sep, key_sep: &key_sep };
     writer.write(&mut out, value, 0)?;
     Ok(out)
 }
@@ -59,11 +55,9 @@ impl Writer<'_> {
             }
             ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
             ValueKind::Number => write_number(out, value),
-            ValueKind::String | ValueKind::Bytes => write_string(
-                out,
-                value.as_str().unwrap_or_default(),
-                self.opts.ensure_ascii,
-            ),
+            ValueKind::String | ValueKind::Bytes => {
+                write_string(out, value.as_str().unwrap_or_default(), self.opts.ensure_ascii)
+            }
             ValueKind::Map => self.write_map(out, value, depth)?,
             ValueKind::Seq | ValueKind::Iterable => self.write_seq(out, value, depth)?,
             _ => write_string(out, &value.to_string(), self.opts.ensure_ascii),
@@ -130,12 +124,7 @@ fn key_to_string(key: &Value) -> Result<String, Error> {
             write_number(&mut s, key);
             s
         }
-        _ => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                "keys must be str, int, float, bool or None",
-            ))
-        }
+        _ => return Err(Error::new(ErrorKind::InvalidOperation, "keys must be str, int, float, bool or None")),
     })
 }
 
@@ -155,18 +144,10 @@ pub fn python_float_repr(f: f64) -> String {
         return "NaN".into();
     }
     if f.is_infinite() {
-        return if f > 0.0 {
-            "Infinity".into()
-        } else {
-            "-Infinity".into()
-        };
+        return if f > 0.0 { "Infinity".into() } else { "-Infinity".into() };
     }
     if f == 0.0 {
-        return if f.is_sign_negative() {
-            "-0.0".into()
-        } else {
-            "0.0".into()
-        };
+        return if f.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
     }
     // `{:e}` gives the shortest round-trip digits, e.g. "1.2345e-5".
     let sci = format!("{:e}", f);
@@ -182,19 +163,11 @@ pub fn python_float_repr(f: f64) -> String {
         } else if (point as usize) >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!(
-                "{}.{}",
-                &digits[..point as usize],
-                &digits[point as usize..]
-            )
+            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
         };
         format!("{sign}{body}")
     } else {
-        let mant = if digits.len() == 1 {
-            digits.clone()
-        } else {
-            format!("{}.{}", &digits[..1], &digits[1..])
-        };
+        let mant = if digits.len() == 1 { digits.clone() } else { format!("{}.{}", &digits[..1], &digits[1..]) };
         let exp_sign = if exp < 0 { "-" } else { "+" };
         format!("{sign}{mant}e{exp_sign}{:02}", exp.abs())
     }
@@ -235,34 +208,21 @@ mod tests {
 
     #[test]
     fn matches_python_default_separators_and_key_order() {
-        let out = dumps(
-            &v(r#"{"b": [1, 2.5, true, null], "a": "é<>&'"}"#),
-            &DumpOptions::default(),
-        )
-        .unwrap();
+        let out = dumps(&v(r#"{"b": [1, 2.5, true, null], "a": "é<>&'"}"#), &DumpOptions::default()).unwrap();
         assert_eq!(out, r#"{"b": [1, 2.5, true, null], "a": "é<>&'"}"#);
     }
 
     #[test]
     fn indent_uses_compact_item_separator_like_python() {
-        let opts = DumpOptions {
-            indent: Some("    ".into()),
-            ..Default::default()
-        };
+        let opts = DumpOptions { indent: Some("    ".into()), ..Default::default() };
         let out = dumps(&v(r#"{"a": [1], "b": {}}"#), &opts).unwrap();
         assert_eq!(out, "{\n    \"a\": [\n        1\n    ],\n    \"b\": {}\n}");
     }
 
     #[test]
     fn ensure_ascii_escapes_astral_chars_as_surrogates() {
-        let opts = DumpOptions {
-            ensure_ascii: true,
-            ..Default::default()
-        };
-        assert_eq!(
-            dumps(&v(r#""é😀""#), &opts).unwrap(),
-            r#""\u00e9\ud83d\ude00""#
-        );
+        let opts = DumpOptions { ensure_ascii: true, ..Default::default() };
+        assert_eq!(dumps(&v(r#""é😀""#), &opts).unwrap(), r#""\u00e9\ud83d\ude00""#);
     }
 
     #[test]
@@ -278,14 +238,7 @@ mod tests {
 
     #[test]
     fn sort_keys_and_custom_separators() {
-        let opts = DumpOptions {
-            sort_keys: true,
-            separators: Some((",".into(), ":".into())),
-            ..Default::default()
-        };
-        assert_eq!(
-            dumps(&v(r#"{"b": 1, "a": 2}"#), &opts).unwrap(),
-            r#"{"a":2,"b":1}"#
-        );
+        let opts = DumpOptions { sort_keys: true, separators: Some((",".into(), ":".into())), ..Default::default() };
+        assert_eq!(dumps(&v(r#"{"b": 1, "a": 2}"#), &opts).unwrap(), r#"{"a":2,"b":1}"#);
     }
 }

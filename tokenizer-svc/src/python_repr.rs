@@ -10,9 +10,7 @@ use crate::python_json::python_float_repr;
 pub fn python_formatter(out: &mut Output, _state: &State, value: &Value) -> Result<(), Error> {
     match value.kind() {
         ValueKind::Undefined => Ok(()),
-        ValueKind::String => out
-            .write_str(value.as_str().unwrap_or_default())
-            .map_err(Error::from),
+        ValueKind::String => out.write_str(value.as_str().unwrap_or_default()).map_err(Error::from),
         _ => out.write_str(&python_str(value)).map_err(Error::from),
     }
 }
@@ -77,11 +75,7 @@ fn write_repr(out: &mut String, value: &Value) {
 
 /// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
 fn write_str_repr(out: &mut String, s: &str) {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
     out.push(quote);
     for c in s.chars() {
         match c {
@@ -93,9 +87,7 @@ fn write_str_repr(out: &mut String, s: &str) {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
             c => out.push(c),
         }
     }
@@ -109,10 +101,7 @@ mod tests {
     #[test]
     fn prints_like_python_str() {
         let v = Value::from_serialize(serde_json::json!({"a": [1, 2.0, true, null], "b": "it's"}));
-        assert_eq!(
-            python_str(&v),
-            r#"{'a': [1, 2.0, True, None], 'b': "it's"}"#
-        );
+        assert_eq!(python_str(&v), r#"{'a': [1, 2.0, True, None], 'b': "it's"}"#);
         assert_eq!(python_str(&Value::from(false)), "False");
         assert_eq!(python_str(&Value::from(())), "None");
     }

@@ -48,21 +48,13 @@ impl TokenizerRegistry {
         if let Some(model) = self.cache.get(name) {
             return Ok(model);
         }
-        let dir = self
-            .config
-            .models
-            .get(name)
-            .ok_or_else(|| TokenizerError::UnknownModel(name.to_string()))?;
+        let dir = self.config.models.get(name).ok_or_else(|| TokenizerError::UnknownModel(name.to_string()))?;
         let started = std::time::Instant::now();
         let loaded = LoadedModel::load(name, dir);
         metrics::counter!("kvindex_tokenizer_model_loads_total", "outcome" => if loaded.is_ok() { "ok" } else { "error" })
             .increment(1);
         let (model, evicted) = self.cache.insert(name, Arc::new(loaded?));
-        tracing::info!(
-            model = name,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "tokenizer loaded"
-        );
+        tracing::info!(model = name, elapsed_ms = started.elapsed().as_millis() as u64, "tokenizer loaded");
         for gone in evicted {
             metrics::counter!("kvindex_tokenizer_model_evictions_total").increment(1);
             tracing::info!(model = %gone, "tokenizer evicted from cache");
@@ -76,12 +68,7 @@ impl TokenizerRegistry {
     }
 
     /// Encodes plain text, with character offsets.
-    pub fn tokenize(
-        &self,
-        model: &str,
-        text: &str,
-        add_special_tokens: bool,
-    ) -> Result<TokenizedText> {
+    pub fn tokenize(&self, model: &str, text: &str, add_special_tokens: bool) -> Result<TokenizedText> {
         self.model(model)?.tokenize(text, add_special_tokens)
     }
 

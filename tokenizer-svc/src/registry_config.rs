@@ -18,10 +18,7 @@ pub struct RegistryConfig {
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        Self {
-            models: BTreeMap::new(),
-            max_loaded_models: DEFAULT_MAX_LOADED_MODELS,
-        }
+        Self { models: BTreeMap::new(), max_loaded_models: DEFAULT_MAX_LOADED_MODELS }
     }
 }
 
@@ -31,9 +28,7 @@ impl RegistryConfig {
         let (name, dir) = spec
             .split_once('=')
             .filter(|(n, d)| !n.is_empty() && !d.is_empty())
-            .ok_or_else(|| {
-                TokenizerError::Config(format!("--model expects <name>=<dir>, got {spec:?}"))
-            })?;
+            .ok_or_else(|| TokenizerError::Config(format!("--model expects <name>=<dir>, got {spec:?}")))?;
         self.add_model(name, dir)
     }
 
@@ -41,19 +36,10 @@ impl RegistryConfig {
     pub fn add_model(&mut self, name: &str, dir: impl AsRef<Path>) -> Result<()> {
         let dir = dir.as_ref();
         if !dir.join("tokenizer.json").is_file() {
-            return Err(TokenizerError::Config(format!(
-                "model {name:?}: {} has no tokenizer.json",
-                dir.display()
-            )));
+            return Err(TokenizerError::Config(format!("model {name:?}: {} has no tokenizer.json", dir.display())));
         }
-        if self
-            .models
-            .insert(name.to_string(), dir.to_path_buf())
-            .is_some()
-        {
-            return Err(TokenizerError::Config(format!(
-                "model {name:?} is configured twice"
-            )));
+        if self.models.insert(name.to_string(), dir.to_path_buf()).is_some() {
+            return Err(TokenizerError::Config(format!("model {name:?} is configured twice")));
         }
         Ok(())
     }

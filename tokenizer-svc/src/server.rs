@@ -49,12 +49,10 @@ pub async fn serve(
     listeners: BoundListeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let service = TokenizationServiceServer::new(TokenizationGrpc::new(registry))
-        .max_decoding_message_size(64 * 1024 * 1024);
+    let service =
+        TokenizationServiceServer::new(TokenizationGrpc::new(registry)).max_decoding_message_size(64 * 1024 * 1024);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<TokenizationServiceServer<TokenizationGrpc>>()
-        .await;
+    health_reporter.set_serving::<TokenizationServiceServer<TokenizationGrpc>>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvindex_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -85,8 +83,7 @@ pub async fn serve(
     let tcp = router().serve_with_incoming_shutdown(incoming, wait_stop(stop_rx.clone()));
     match listeners.uds {
         Some((uds, path)) => {
-            let unix = router()
-                .serve_with_incoming_shutdown(UnixListenerStream::new(uds), wait_stop(stop_rx));
+            let unix = router().serve_with_incoming_shutdown(UnixListenerStream::new(uds), wait_stop(stop_rx));
             let result = tokio::try_join!(tcp, unix);
             let _ = std::fs::remove_file(&path);
             result?;

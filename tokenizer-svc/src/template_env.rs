@@ -16,9 +16,7 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate")
-            .field("name", &self.name)
-            .finish()
+        f.debug_struct("ChatTemplate").field("name", &self.name).finish()
     }
 }
 
@@ -27,12 +25,8 @@ impl ChatTemplate {
     pub fn compile(name: &str, source: &str) -> Result<Self> {
         let mut env = hf_environment();
         let source = rewrite_jinja2_quirks(source);
-        env.add_template_owned(name.to_string(), source)
-            .map_err(|e| template_error(name, &e))?;
-        Ok(Self {
-            env,
-            name: name.to_string(),
-        })
+        env.add_template_owned(name.to_string(), source).map_err(|e| template_error(name, &e))?;
+        Ok(Self { env, name: name.to_string() })
     }
 
     pub fn name(&self) -> &str {
@@ -41,13 +35,8 @@ impl ChatTemplate {
 
     /// Renders with `context` as the template's globals.
     pub fn render(&self, context: Value) -> Result<String> {
-        let template = self
-            .env
-            .get_template(&self.name)
-            .map_err(|e| template_error(&self.name, &e))?;
-        template
-            .render(context)
-            .map_err(|e| template_error(&self.name, &e))
+        let template = self.env.get_template(&self.name).map_err(|e| template_error(&self.name, &e))?;
+        template.render(context).map_err(|e| template_error(&self.name, &e))
     }
 }
 
@@ -93,11 +82,7 @@ fn template_error(name: &str, err: &Error) -> TokenizerError {
         reason.push_str(&format!(" (caused by: {inner})"));
         source = inner.source();
     }
-    TokenizerError::Template {
-        template: name.to_string(),
-        line: err.line(),
-        reason,
-    }
+    TokenizerError::Template { template: name.to_string(), line: err.line(), reason }
 }
 
 /// Source rewrites for the two places where Jinja2's *syntax* handling differs from minijinja:
@@ -150,23 +135,16 @@ fn strict_for_loop(body: &str) -> Option<String> {
     let in_at = find_top_level_word(rest, "in")?;
     let targets = &rest[..in_at];
     let after_in = &rest[in_at + 2..];
-    let iter_end = [
-        find_top_level_word(after_in, "if"),
-        find_top_level_word(after_in, "recursive"),
-    ]
-    .into_iter()
-    .flatten()
-    .min()
-    .unwrap_or(after_in.len());
+    let iter_end = [find_top_level_word(after_in, "if"), find_top_level_word(after_in, "recursive")]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(after_in.len());
     let iterable = after_in[..iter_end].trim();
     if iterable.is_empty() {
         return None;
     }
-    Some(format!(
-        "for {}in ({iterable})|py_iter {}",
-        targets,
-        &after_in[iter_end..]
-    ))
+    Some(format!("for {}in ({iterable})|py_iter {}", targets, &after_in[iter_end..]))
 }
 
 /// Byte offset of `word` as a whole word outside strings and brackets.
@@ -206,10 +184,7 @@ fn is_ident(b: u8) -> bool {
 /// Python's `iter()`: `None` is not iterable; everything else is left to the loop.
 fn py_iter(value: Value) -> Result<Value, Error> {
     if value.is_none() {
-        return Err(Error::new(
-            ErrorKind::InvalidOperation,
-            "'NoneType' object is not iterable",
-        ));
+        return Err(Error::new(ErrorKind::InvalidOperation, "'NoneType' object is not iterable"));
     }
     Ok(value)
 }
@@ -254,12 +229,7 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
             ValueKind::None | ValueKind::Undefined => None,
             ValueKind::Number => Some(" ".repeat(indent.as_i64().unwrap_or(0).max(0) as usize)),
             ValueKind::String => Some(indent.as_str().unwrap_or_default().to_string()),
-            _ => {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    "tojson: indent must be an int or a string",
-                ))
-            }
+            _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")),
         };
     }
     if let Some(seps) = kwargs.get::<Option<Value>>("separators")? {
@@ -269,12 +239,7 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
                 [item, key] => {
                     opts.separators = Some((item.to_string(), key.to_string()));
                 }
-                _ => {
-                    return Err(Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be a pair",
-                    ))
-                }
+                _ => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair")),
             }
         }
     }
@@ -330,23 +295,16 @@ fn length(value: &Value) -> Result<usize, Error> {
     if value.is_undefined() {
         return Ok(0);
     }
-    value.len().ok_or_else(|| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            format!("object of type {} has no len()", value.kind()),
-        )
-    })
+    value
+        .len()
+        .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, format!("object of type {} has no len()", value.kind())))
 }
 
 /// Python's `iter()` succeeds for strings, lists, dicts (and Jinja2's Undefined), not for `None`.
 fn is_iterable(value: &Value) -> bool {
     matches!(
         value.kind(),
-        ValueKind::Seq
-            | ValueKind::Map
-            | ValueKind::Iterable
-            | ValueKind::String
-            | ValueKind::Undefined
+        ValueKind::Seq | ValueKind::Map | ValueKind::Iterable | ValueKind::String | ValueKind::Undefined
     )
 }
 
@@ -360,24 +318,12 @@ fn strftime_now(format: String) -> Result<String, Error> {
     use chrono::format::{Item, StrftimeItems};
     let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
     if items.iter().any(|i| matches!(i, Item::Error)) {
-        return Err(Error::new(
-            ErrorKind::InvalidOperation,
-            format!("strftime_now: unsupported format {format:?}"),
-        ));
+        return Err(Error::new(ErrorKind::InvalidOperation, format!("strftime_now: unsupported format {format:?}")));
     }
     let mut out = String::new();
     use std::fmt::Write;
-    write!(
-        out,
-        "{}",
-        chrono::Local::now().format_with_items(items.into_iter())
-    )
-    .map_err(|_| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            "strftime_now: formatting failed",
-        )
-    })?;
+    write!(out, "{}", chrono::Local::now().format_with_items(items.into_iter()))
+        .map_err(|_| Error::new(ErrorKind::InvalidOperation, "strftime_now: formatting failed"))?;
     Ok(out)
 }
 
@@ -401,18 +347,18 @@ mod tests {
 
     #[test]
     fn python_values_and_methods() {
-        let out = render("{{ x }} {{ n }} {{ ' hi '.strip() }} {{ d.items() | list | length }} {{ s.split(',')[1] }}",
-            serde_json::json!({"x": true, "n": null, "d": {"a": 1}, "s": "a,b"})).unwrap();
+        let out = render(
+            "{{ x }} {{ n }} {{ ' hi '.strip() }} {{ d.items() | list | length }} {{ s.split(',')[1] }}",
+            serde_json::json!({"x": true, "n": null, "d": {"a": 1}, "s": "a,b"}),
+        )
+        .unwrap();
         assert_eq!(out, "True None hi 1 b");
     }
 
     #[test]
     fn tojson_matches_hf() {
-        let out = render(
-            "{{ t | tojson }}|{{ t | tojson(indent=2) }}",
-            serde_json::json!({"t": {"a": "<é>"}}),
-        )
-        .unwrap();
+        let out =
+            render("{{ t | tojson }}|{{ t | tojson(indent=2) }}", serde_json::json!({"t": {"a": "<é>"}})).unwrap();
         assert_eq!(out, "{\"a\": \"<é>\"}|{\n  \"a\": \"<é>\"\n}");
     }
 
@@ -432,23 +378,17 @@ mod tests {
             ("{% raw %}{% generation %}{% endraw %}", "{% generation %}"),
         ];
         for (src, expected) in cases {
-            assert_eq!(
-                render(src, serde_json::json!({})).unwrap(),
-                expected,
-                "{src:?}"
-            );
+            assert_eq!(render(src, serde_json::json!({})).unwrap(), expected, "{src:?}");
         }
     }
 
     #[test]
     fn iterating_none_fails_like_python() {
         let ctx = serde_json::json!({"tools": null, "xs": [1, 2, 3]});
-        assert!(
-            render("{% for t in tools %}{{ t }}{% endfor %}", ctx.clone())
-                .unwrap_err()
-                .to_string()
-                .contains("NoneType")
-        );
+        assert!(render("{% for t in tools %}{{ t }}{% endfor %}", ctx.clone())
+            .unwrap_err()
+            .to_string()
+            .contains("NoneType"));
         assert_eq!(
             render("{%- for t in nothing -%}x{%- endfor -%}", ctx.clone()).unwrap(),
             "",
@@ -460,16 +400,9 @@ mod tests {
 
     #[test]
     fn raise_exception_names_template_and_line() {
-        let err = render(
-            "ok\n{{ raise_exception('Roles must alternate') }}",
-            serde_json::json!({}),
-        )
-        .unwrap_err();
+        let err = render("ok\n{{ raise_exception('Roles must alternate') }}", serde_json::json!({})).unwrap_err();
         let msg = err.to_string();
-        assert!(
-            msg.contains("\"t\" line 2") && msg.contains("Roles must alternate"),
-            "{msg}"
-        );
+        assert!(msg.contains("\"t\" line 2") && msg.contains("Roles must alternate"), "{msg}");
     }
 
     #[test]
@@ -495,12 +428,7 @@ mod tests {
 
     #[test]
     fn strftime_now_rejects_bad_format() {
-        assert!(
-            render("{{ strftime_now('%Y') }}", serde_json::json!({}))
-                .unwrap()
-                .len()
-                == 4
-        );
+        assert!(render("{{ strftime_now('%Y') }}", serde_json::json!({})).unwrap().len() == 4);
         assert!(render("{{ strftime_now('%Q%') }}", serde_json::json!({})).is_err());
     }
 }

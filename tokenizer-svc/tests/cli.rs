@@ -21,35 +21,17 @@ impl Drop for Running {
 }
 
 fn run_to_exit(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvindex-tokenizer"))
-        .args(args)
-        .output()
-        .expect("run binary");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = Command::new(env!("CARGO_BIN_EXE_kvindex-tokenizer")).args(args).output().expect("run binary");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[test]
 fn start_up_errors_are_clear_and_exit_non_zero() {
     let (ok, err) = run_to_exit(&["serve", "--grpc-addr", "127.0.0.1:0"]);
     assert!(!ok && err.contains("no models configured"), "{err}");
-    let (ok, err) = run_to_exit(&[
-        "serve",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--model",
-        "no-equals",
-    ]);
+    let (ok, err) = run_to_exit(&["serve", "--grpc-addr", "127.0.0.1:0", "--model", "no-equals"]);
     assert!(!ok && err.contains("<name>=<dir>"), "{err}");
-    let (ok, err) = run_to_exit(&[
-        "serve",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--model",
-        "m=/nonexistent/dir",
-    ]);
+    let (ok, err) = run_to_exit(&["serve", "--grpc-addr", "127.0.0.1:0", "--model", "m=/nonexistent/dir"]);
     assert!(!ok && err.contains("has no tokenizer.json"), "{err}");
     let (ok, err) = run_to_exit(&["serve", "--grpc-addr", "not-an-address", "--model", "m=/x"]);
     assert!(!ok && err.contains("--grpc-addr"), "{err}");
@@ -64,14 +46,7 @@ fn serves_models_dir_and_model_flags_then_stops_on_sigterm() {
     let uds = root.join("tok.sock");
     let mut child = Running(
         Command::new(env!("CARGO_BIN_EXE_kvindex-tokenizer"))
-            .args([
-                "serve",
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--preload",
-                "alpha,beta",
-                "--models-dir",
-            ])
+            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--preload", "alpha,beta", "--models-dir"])
             .arg(&models)
             .arg("--model")
             .arg(format!("beta={}", extra.display()))
@@ -89,30 +64,19 @@ fn serves_models_dir_and_model_flags_then_stops_on_sigterm() {
             let _ = tx.send(line);
         }
     });
-    let line = rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("announcement");
-    assert!(
-        line.starts_with("kvindex-tokenizer listening grpc=127.0.0.1:"),
-        "{line}"
-    );
+    let line = rx.recv_timeout(Duration::from_secs(30)).expect("announcement");
+    assert!(line.starts_with("kvindex-tokenizer listening grpc=127.0.0.1:"), "{line}");
     assert!(line.ends_with(&format!("uds={}", uds.display())), "{line}");
     assert!(uds.exists());
 
-    let status = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
+    let status = Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
     assert!(status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let exit = loop {
         if let Some(exit) = child.0.try_wait().unwrap() {
             break exit;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still running 30 s after SIGTERM"
-        );
+        assert!(std::time::Instant::now() < deadline, "still running 30 s after SIGTERM");
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(exit.success(), "{exit:?}");

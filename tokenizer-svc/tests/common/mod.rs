@@ -7,10 +7,7 @@ pub mod trained;
 use std::path::{Path, PathBuf};
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("crate lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("crate lives in the workspace").to_path_buf()
 }
 
 fn missing(what: &str, hint: &str) -> Option<PathBuf> {
@@ -29,25 +26,18 @@ pub fn fixtures() -> Option<PathBuf> {
     if dir.join("models/deepseek/tokenizer.json").is_file() {
         Some(dir)
     } else {
-        missing(
-            "fixtures",
-            "run tokenizer-svc/tests/fixtures/fetch.sh and set KVINDEX_FIXTURES",
-        )
+        missing("fixtures", "run tokenizer-svc/tests/fixtures/fetch.sh and set KVINDEX_FIXTURES")
     }
 }
 
 /// `$KVINDEX_PYTHON`, else `<repo>/.venv/bin/python`: a Python with transformers and grpcio.
 pub fn python() -> Option<PathBuf> {
-    let python = std::env::var_os("KVINDEX_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".venv/bin/python"));
+    let python =
+        std::env::var_os("KVINDEX_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/python"));
     if python.is_file() {
         Some(python)
     } else {
-        missing(
-            "Python oracle venv",
-            "see tokenizer-svc/CI.md and set KVINDEX_PYTHON",
-        )
+        missing("Python oracle venv", "see tokenizer-svc/CI.md and set KVINDEX_PYTHON")
     }
 }
 

@@ -14,8 +14,7 @@ pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + messa
 pub const TOOL_TEMPLATE: &str = "{{ bos_token }}TOOLS:{% for t in tools %}{{ t | tojson }}{% endfor %}\n{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
 pub const RAISING_TEMPLATE: &str = "{% for m in messages %}\n{% if m.role == 'system' %}\n{{ raise_exception('System role not supported') }}\n{% endif %}\n{{ m.content }}\n{% endfor %}";
 
-const CORPUS: &str =
-    "The prefix cache stores key and value blocks of prompts. A router that renders \
+const CORPUS: &str = "The prefix cache stores key and value blocks of prompts. A router that renders \
 chat templates like the engine finds the same blocks. Hello world! How are you today? \
 Tokenizers split text into pieces; byte-level BPE never fails on unicode like café or 🚀.\n";
 
@@ -30,12 +29,7 @@ pub fn train_tokenizer(dir: &Path) {
         .min_frequency(1)
         .show_progress(false)
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
-        .special_tokens(
-            specials
-                .iter()
-                .map(|s| AddedToken::from(*s, true))
-                .collect(),
-        )
+        .special_tokens(specials.iter().map(|s| AddedToken::from(*s, true)).collect())
         .build();
     let mut tokenizer: TokenizerImpl<
         BPE,
@@ -46,9 +40,7 @@ pub fn train_tokenizer(dir: &Path) {
     > = TokenizerImpl::new(BPE::default());
     tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     tokenizer.with_decoder(Some(ByteLevel::default()));
-    tokenizer
-        .train_from_files(&mut trainer, vec![corpus.to_string_lossy().into_owned()])
-        .unwrap();
+    tokenizer.train_from_files(&mut trainer, vec![corpus.to_string_lossy().into_owned()]).unwrap();
     let bos_id = tokenizer.token_to_id("<s>").unwrap();
     // Like Llama's tokenizer.json: completions get BOS from the post-processor.
     let processor = TemplateProcessing::builder()
