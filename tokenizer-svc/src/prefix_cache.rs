@@ -38,7 +38,7 @@ const MAX_SHARDS: usize = 16;
 
 /// Bookkeeping charged per node on top of its text, ids and offsets (map slot, recency entry,
 /// `Arc` header, boxed slices).
-const NODE_OVERHEAD_BYTES: usize = 160;
+const NODE_OVERHEAD_BYTES: usize = 256;
 
 /// One cached segment of a prefix: the text between two cut points and its token ids.
 pub(crate) struct Node {

@@ -125,15 +125,17 @@ fn check_turn(registry: &TokenizerRegistry, full_model: &LoadedModel, record: &J
         }
     }
     let text = record["text"].as_str().unwrap();
+    let (special_ids, special_offsets) = (u32s(&record["special_ids"]), pairs(&record["special_offsets"]));
     let special = registry.tokenize(model, text, true).unwrap();
-    if special.ids != u32s(&record["special_ids"]) || special.offsets != pairs(&record["special_offsets"]) {
+    if special.ids != special_ids || special.offsets != special_offsets {
         return Err(format!("{at}: tokenize(text, add_special_tokens=True) differs from transformers"));
     }
-    if registry.tokenize(model, text, false).unwrap().ids != expected {
-        return Err(format!("{at}: tokenize(text) differs from the chat ids"));
+    let plain = registry.tokenize(model, text, false).unwrap();
+    if plain.ids != expected || plain != full_model.tokenize(text, false).unwrap() {
+        return Err(format!("{at}: tokenize(text) differs from the chat ids or from full tokenization"));
     }
-    if let Some(problem) = text_mismatch(registry, model, text) {
-        return Err(format!("{at}: {problem}"));
+    if registry.render_completion(model, text).unwrap() != special_ids {
+        return Err(format!("{at}: render_completion(text) differs from transformers"));
     }
     Ok(true)
 }
