@@ -38,12 +38,15 @@
 //! would contain `m`'s content with more after it, which no cut token allows; one starting
 //! inside `m` loses to `m` when both are in the same scan (pass-1 `m`) and, for a pass-2 `m`
 //! that pass 1 does not see, would be a pass-1 token beginning with a proper suffix of `m`,
-//! excluded too. So every pick up to and including `m` is the same. The flag checks on those
+//! excluded too; and no pass-1 candidate lies inside a pass-2 `m`, or it would have split `m`'s
+//! text in `P`. So every pick up to and including `m` is the same. The flag checks on those
 //! picks read only characters of `P`: `single_word` reads one character on each side, and an
-//! `rstrip` cannot run past `m`, which starts with non-whitespace. (b) *After the cut.* Both
-//! scans restart right after `m` on the same text, and the checks that look back see `m`'s last
-//! character in both: `single_word` is excluded by the word-character rule when it exists,
-//! `lstrip` stops at `m`'s end (the previous split's end, and not whitespace anyway). (c)
+//! `rstrip` cannot run past `m`, which starts with non-whitespace. (b) *After the cut.* In
+//! `P + S` and in `m + S` (where `m`, at offset 0, is the longest candidate there since it lies
+//! inside no other token) nothing is picked inside or across `m`, so in both the next picks are
+//! the leftmost-longest candidates of the same text after `m`, and the checks that look back see
+//! `m`'s last character in both: `single_word` is excluded by the word-character rule when it
+//! exists, `lstrip` stops at `m`'s end (not whitespace, and the previous split's end). (c)
 //! Normalization (per pass-1 split, so untouched by a pass-1 cut, and the identity for a pass-2
 //! cut), pre-tokenization and the model act on one split at a time. The one component of 0.23
 //! that asks where a split lies is `Metaspace` with `prepend_scheme: first` (does the split
@@ -66,9 +69,10 @@
 //! **Fall-backs** (full tokenization, counted as `bypassed`): truncation or padding configured in
 //! `tokenizer.json`; a random model (BPE dropout, Unigram sampling); a post-processor that is not
 //! a frame; no cut token in the vocabulary; a text without any cut token (e.g. a completion
-//! prompt of plain text); offset requests on `trim_offsets` processors; the cache disabled. If a
-//! segment ever failed to start with its cut token (the claim rules it out), the request falls
-//! back to full tokenization and a warning without content is logged.
+//! prompt of plain text) or with more than 65,536 occurrences of cut tokens; offset requests on
+//! `trim_offsets` processors; the cache disabled. If a segment ever failed to start with its cut
+//! token (the claim rules it out), the request falls back to full tokenization and a warning
+//! without content is logged.
 use std::collections::HashSet;
 
 use aho_corasick::AhoCorasick;
@@ -86,6 +90,10 @@ const MIN_NODE_BYTES: usize = 512;
 
 /// Candidate cut points probed per lookup, longest first (bounds work on adversarial texts).
 const MAX_PROBES: usize = 1024;
+
+/// A text with more occurrences of cut tokens than this is tokenized in full: it bounds the
+/// memory a request can make the lookup allocate (about 32 bytes per candidate).
+const MAX_CANDIDATES: usize = 1 << 16;
 
 /// What a model's tokenizer allows: its cut tokens and its post-processor's frame.
 pub struct CutPlan {
@@ -337,8 +345,8 @@ pub(crate) fn encode(
     }
     // Candidates: every occurrence of a cut token's content (a superset of the cut points).
     let mut candidates: Vec<(usize, usize)> =
-        plan.finder.find_overlapping_iter(text).map(|m| (m.start(), m.end())).collect();
-    if candidates.is_empty() {
+        plan.finder.find_overlapping_iter(text).take(MAX_CANDIDATES + 1).map(|m| (m.start(), m.end())).collect();
+    if candidates.is_empty() || candidates.len() > MAX_CANDIDATES {
         return Ok(None);
     }
     candidates.sort_unstable_by_key(|&(_, end)| end);

@@ -215,6 +215,19 @@ fn truncation_and_unusable_vocabularies_fall_back_to_full_tokenization() {
 }
 
 #[test]
+fn a_text_full_of_cut_tokens_is_tokenized_in_full() {
+    let registry = &build_registry("many");
+    let text = "<s>".repeat(70_000);
+    let before = registry.prefix_cache_stats();
+    assert_eq!(
+        registry.render_completion("chatml", &text).unwrap(),
+        registry.model("chatml").unwrap().tokenize(&text, true).unwrap().ids
+    );
+    let after = registry.prefix_cache_stats();
+    assert_eq!((after.bypassed, after.misses), (before.bypassed + 1, before.misses));
+}
+
+#[test]
 fn trim_offsets_sends_offset_requests_to_full_tokenization() {
     let registry = &build_registry("trimming");
     let stats = || registry.prefix_cache_stats();
