@@ -1,7 +1,8 @@
 //! One model ready to serve: its tokenizer adjusted the way `transformers` v5 adjusts it on load
 //! (named special tokens from `tokenizer_config.json` added; BOS/EOS left to tokenizer.json's
-//! post-processor) and its chat templates compiled once.
+//! post-processor), its chat templates compiled once, and what incremental tokenization may cut.
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -11,7 +12,9 @@ use tokenizers::{AddedToken, Tokenizer};
 use crate::chat_render::render_chat;
 use crate::chat_request::ChatRequest;
 use crate::error::{Result, TokenizerError};
+use crate::incremental::{self, CutPlan};
 use crate::model_files::{ModelDir, NamedTemplate, TokenizerConfig};
+use crate::prefix_cache::PrefixCache;
 use crate::template_env::ChatTemplate;
 
 /// Token ids of a text and, per token, its `(start, end)` character offsets.
@@ -24,7 +27,11 @@ pub struct TokenizedText {
 /// A loaded model. Cheap to share behind an `Arc`; all methods take `&self`.
 pub struct LoadedModel {
     name: String,
+    /// Unique per load, so cached prefixes never outlive or cross models.
+    instance: u64,
     tokenizer: Tokenizer,
+    /// Where texts may be cut for incremental tokenization, or why they may not.
+    cuts: std::result::Result<CutPlan, String>,
     config: TokenizerConfig,
     templates: Vec<(NamedTemplate, ChatTemplate)>,
     /// Templates sent with requests (llm-d may send one on every call), compiled once each.
@@ -33,6 +40,8 @@ pub struct LoadedModel {
 
 /// How many distinct request-supplied templates stay compiled per model.
 const REQUEST_TEMPLATE_CACHE: usize = 8;
+
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 impl std::fmt::Debug for LoadedModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,7 +70,26 @@ impl LoadedModel {
             .iter()
             .map(|t| Ok((t.clone(), ChatTemplate::compile(&format!("{name}/{}", t.name), &t.source)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { name: name.into(), tokenizer, config, templates, request_templates: Mutex::new(Vec::new()) })
+        let cuts = CutPlan::analyze(&tokenizer);
+        match &cuts {
+            Ok(plan) => {
+                tracing::debug!(model = name, cut_tokens = plan.cut_token_count(), "incremental tokenization enabled")
+            }
+            Err(reason) => tracing::info!(
+                model = name,
+                reason = reason.as_str(),
+                "incremental tokenization disabled: every request is tokenized in full"
+            ),
+        }
+        Ok(Self {
+            name: name.into(),
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            tokenizer,
+            cuts,
+            config,
+            templates,
+            request_templates: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -77,14 +105,67 @@ impl LoadedModel {
         &self.config
     }
 
-    /// Encodes `text`; `add_special_tokens` applies tokenizer.json's post-processor (BOS/EOS).
+    pub(crate) fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    /// Why this model's texts are always tokenized in full (`None`: prefixes are reused).
+    pub fn incremental_disabled_reason(&self) -> Option<&str> {
+        self.cuts.as_ref().err().map(String::as_str)
+    }
+
+    fn encode_error(&self, e: tokenizers::Error) -> TokenizerError {
+        TokenizerError::Encode { model: self.name.clone(), reason: e.to_string() }
+    }
+
+    /// Encodes `text` in full, without the prefix cache; `add_special_tokens` applies
+    /// tokenizer.json's post-processor (BOS/EOS).
     pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<TokenizedText> {
-        let encoding = self
-            .tokenizer
-            .encode_char_offsets(text, add_special_tokens)
-            .map_err(|e| TokenizerError::Encode { model: self.name.clone(), reason: e.to_string() })?;
+        let encoding =
+            self.tokenizer.encode_char_offsets(text, add_special_tokens).map_err(|e| self.encode_error(e))?;
         let offsets = encoding.get_offsets().iter().map(|&(s, e)| (s as u32, e as u32)).collect();
         Ok(TokenizedText { ids: encoding.get_ids().to_vec(), offsets })
+    }
+
+    /// Ids of `text` in full, without the prefix cache (no offsets computed).
+    fn full_ids(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let encoding = self.tokenizer.encode_fast(text, add_special_tokens).map_err(|e| self.encode_error(e))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Like [`Self::tokenize`] (same ids and offsets), reusing prefixes stored in `cache` and
+    /// storing this text's (see [`crate::incremental`]).
+    pub fn tokenize_reusing(&self, cache: &PrefixCache, text: &str, add_special_tokens: bool) -> Result<TokenizedText> {
+        if let Some(done) = self.incremental(cache, text, add_special_tokens, true)? {
+            return Ok(done);
+        }
+        let full = self.tokenize(text, add_special_tokens)?;
+        cache.record_bypass(full.ids.len());
+        Ok(full)
+    }
+
+    /// The ids of [`Self::tokenize_reusing`], without computing offsets.
+    pub fn ids_reusing(&self, cache: &PrefixCache, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        if let Some(done) = self.incremental(cache, text, add_special_tokens, false)? {
+            return Ok(done.ids);
+        }
+        let ids = self.full_ids(text, add_special_tokens)?;
+        cache.record_bypass(ids.len());
+        Ok(ids)
+    }
+
+    fn incremental(
+        &self,
+        cache: &PrefixCache,
+        text: &str,
+        add_special_tokens: bool,
+        with_offsets: bool,
+    ) -> Result<Option<TokenizedText>> {
+        let Ok(plan) = &self.cuts else {
+            return Ok(None);
+        };
+        incremental::encode(plan, &self.tokenizer, cache, self.instance, text, add_special_tokens, with_offsets)
+            .map_err(|e| self.encode_error(e))
     }
 
     /// Renders the chat to text exactly as `apply_chat_template(..., tokenize=False)`.
@@ -119,15 +200,17 @@ impl LoadedModel {
     }
 
     /// Renders and tokenizes like `apply_chat_template(..., tokenize=True)` and vLLM's chat
-    /// endpoint: the template carries the special tokens, so none are added on top.
+    /// endpoint: the template carries the special tokens, so none are added on top. In full,
+    /// without the prefix cache (the registry's `render_chat` uses it).
     pub fn render_chat(&self, request: &ChatRequest) -> Result<Vec<u32>> {
         let text = self.render_chat_text(request)?;
-        Ok(self.tokenize(&text, false)?.ids)
+        self.full_ids(&text, false)
     }
 
-    /// Tokenizes a completion prompt as vLLM's completions endpoint does (special tokens added).
+    /// Tokenizes a completion prompt as vLLM's completions endpoint does (special tokens added),
+    /// in full, without the prefix cache.
     pub fn render_completion(&self, prompt: &str) -> Result<Vec<u32>> {
-        Ok(self.tokenize(prompt, true)?.ids)
+        self.full_ids(prompt, true)
     }
 }
 

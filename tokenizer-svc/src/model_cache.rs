@@ -30,8 +30,8 @@ impl ModelCache {
     }
 
     /// Inserts a freshly loaded model (or returns the one a concurrent loader inserted first),
-    /// evicting the least recently used beyond capacity. Returns the names evicted.
-    pub fn insert(&self, name: &str, model: Arc<LoadedModel>) -> (Arc<LoadedModel>, Vec<String>) {
+    /// evicting the least recently used beyond capacity. Returns the models evicted.
+    pub fn insert(&self, name: &str, model: Arc<LoadedModel>) -> (Arc<LoadedModel>, Vec<Arc<LoadedModel>>) {
         let mut entries = self.entries.lock();
         if let Some((_, existing)) = entries.iter().find(|(n, _)| n == name) {
             return (existing.clone(), Vec::new());
@@ -39,7 +39,7 @@ impl ModelCache {
         entries.push((name.to_string(), model.clone()));
         let mut evicted = Vec::new();
         while entries.len() > self.capacity {
-            evicted.push(entries.remove(0).0);
+            evicted.push(entries.remove(0).1);
         }
         (model, evicted)
     }

@@ -1,11 +1,14 @@
 //! The library's front door: model name in, token ids out. The gRPC service, the CLI and the
-//! indexer's in-process `GetPodScores` all go through `TokenizerRegistry`.
+//! indexer's in-process `GetPodScores` all go through `TokenizerRegistry`, and all get
+//! incremental tokenization from it: prefixes tokenized before are reused from a bounded cache
+//! (see [`crate::incremental`]), with the same ids as tokenizing in full.
 use std::sync::Arc;
 
 use crate::chat_request::ChatRequest;
 use crate::error::{Result, TokenizerError};
 use crate::loaded_model::{LoadedModel, TokenizedText};
 use crate::model_cache::ModelCache;
+use crate::prefix_cache::{PrefixCache, PrefixCacheStats};
 use crate::registry_config::RegistryConfig;
 
 /// Configured models, loaded lazily into a bounded cache. Share it as `Arc<TokenizerRegistry>`;
@@ -25,12 +28,20 @@ use crate::registry_config::RegistryConfig;
 pub struct TokenizerRegistry {
     config: RegistryConfig,
     cache: ModelCache,
+    prefixes: PrefixCache,
 }
 
 impl TokenizerRegistry {
     pub fn new(config: RegistryConfig) -> Self {
         let cache = ModelCache::new(config.max_loaded_models);
-        Self { config, cache }
+        let prefixes = PrefixCache::new(config.prefix_cache_bytes);
+        Self { config, cache, prefixes }
+    }
+
+    /// Prefix reuse so far (hits, misses, tokens reused vs tokenized) and the cache's size, for
+    /// metrics. Counts only: the cache's content never leaves it.
+    pub fn prefix_cache_stats(&self) -> PrefixCacheStats {
+        self.prefixes.stats()
     }
 
     /// Configured model names, sorted.
@@ -57,7 +68,8 @@ impl TokenizerRegistry {
         tracing::info!(model = name, elapsed_ms = started.elapsed().as_millis() as u64, "tokenizer loaded");
         for gone in evicted {
             metrics::counter!("kvindex_tokenizer_model_evictions_total").increment(1);
-            tracing::info!(model = %gone, "tokenizer evicted from cache");
+            tracing::info!(model = gone.name(), "tokenizer evicted from cache");
+            self.prefixes.purge_model(gone.instance());
         }
         Ok(model)
     }
@@ -69,7 +81,7 @@ impl TokenizerRegistry {
 
     /// Encodes plain text, with character offsets.
     pub fn tokenize(&self, model: &str, text: &str, add_special_tokens: bool) -> Result<TokenizedText> {
-        self.model(model)?.tokenize(text, add_special_tokens)
+        self.model(model)?.tokenize_reusing(&self.prefixes, text, add_special_tokens)
     }
 
     /// Renders a chat to prompt text (no tokenization).
@@ -79,11 +91,13 @@ impl TokenizerRegistry {
 
     /// Renders and tokenizes a chat exactly as vLLM's chat endpoint would.
     pub fn render_chat(&self, model: &str, request: &ChatRequest) -> Result<Vec<u32>> {
-        self.model(model)?.render_chat(request)
+        let model = self.model(model)?;
+        let text = model.render_chat_text(request)?;
+        model.ids_reusing(&self.prefixes, &text, false)
     }
 
     /// Tokenizes a completion prompt exactly as vLLM's completions endpoint would.
     pub fn render_completion(&self, model: &str, prompt: &str) -> Result<Vec<u32>> {
-        self.model(model)?.render_completion(prompt)
+        self.model(model)?.ids_reusing(&self.prefixes, prompt, true)
     }
 }

