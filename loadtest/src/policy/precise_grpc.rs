@@ -14,14 +14,13 @@ use std::time::{Duration, Instant};
 
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
-use serde_json::Value;
 use tokio::runtime::Runtime;
 use tonic::transport::Channel;
 
 use super::{pick_weighted, FleetView, Policy};
 use crate::engine::KvEvent;
 use crate::fleet::topic;
-use crate::kvindex_service::KvindexService;
+use crate::kvindex_service::{applied, KvindexService};
 use crate::wire::{PubEndpoint, Publisher, PublisherConfig, WireVersion};
 
 /// How long the service may take to apply what was published, or to see a new publisher.
@@ -164,25 +163,6 @@ async fn join(service: &KvindexService, pod: &GrpcPod) -> Result<(), String> {
             ));
         }
     }
-}
-
-/// Whether the service applied every seq below `next_seq` from `pod`, exactly, in `sources`
-/// (a `/debug/sources` listing).
-fn applied(sources: &[Value], pod: &str, next_seq: u64) -> Result<bool, String> {
-    if next_seq == 0 {
-        return Ok(true);
-    }
-    let Some(source) = sources.iter().find(|s| s["pod"] == pod) else {
-        return Ok(false);
-    };
-    let state = source["state"].as_str().unwrap_or("");
-    if state == "DEGRADED" {
-        // Scores now under-report; comparing hit rates would measure the loss, not routing.
-        return Err(format!("kvindex serve marked {pod} DEGRADED: {source}"));
-    }
-    // STALE only means silent for a while (an idle pod on the wall clock); its data is still
-    // exact.
-    Ok(source["last_seq"].as_u64() == Some(next_seq - 1) && matches!(state, "EXACT" | "STALE"))
 }
 
 /// Waits until the service applied everything every pod published.
