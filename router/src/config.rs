@@ -70,9 +70,12 @@ pub struct ServeArgs {
     /// Cost of one uncached prompt block.
     #[arg(long, default_value_t = 1.0)]
     pub prefill_weight: f64,
-    /// Cost of one queued or running request on the pod.
-    #[arg(long, default_value_t = 16.0)]
+    /// Cost of one running request on the pod (in uncached blocks).
+    #[arg(long, default_value_t = 2.0)]
     pub decode_weight: f64,
+    /// Cost of one waiting (queued) request on the pod (in uncached blocks).
+    #[arg(long, default_value_t = 64.0)]
+    pub queue_weight: f64,
     /// Pods at or above this KV-cache usage (0–1) are picked only when every pod is.
     #[arg(long, default_value_t = 0.95)]
     pub kv_cutoff: f64,
@@ -321,6 +324,7 @@ impl ServeArgs {
             weights: CostWeights {
                 prefill: self.prefill_weight,
                 decode: self.decode_weight,
+                queue: self.queue_weight,
                 kv_cutoff: self.kv_cutoff,
             },
             policy,

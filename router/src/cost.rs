@@ -1,11 +1,17 @@
 //! The placement rule, as a pure function of what the router knows about each pod, so it can be
 //! documented, tested exhaustively and replayed from a log line.
 //!
-//! **cost** (default): `prefill_weight × uncached prompt blocks + decode_weight × load`, where
-//! `load` = queued + running requests (scraped) + this router's requests sent since that scrape,
-//! and a pod's cached blocks are the larger of its exact matched prefix and its speculative
-//! credit. Lowest cost wins; equal costs go to the pod with the highest rendezvous weight of
-//! the prompt's first block key, so every replica breaks the tie the same way.
+//! **cost** (default):
+//! `prefill_weight × uncached prompt blocks + decode_weight × running + queue_weight × waiting`,
+//! where `running` = the pod's running requests (scraped) plus this router's requests sent
+//! since that scrape, `waiting` = its queued requests (scraped), and a pod's cached blocks are
+//! the larger of its exact matched prefix and its speculative credit. Lowest cost wins; equal
+//! costs go to the pod with the highest rendezvous weight of the prompt's first block key, so
+//! every replica breaks the tie the same way.
+//!
+//! The unit is the time to prefill one block. A running request slows every engine step a
+//! little (default 2 blocks); a waiting request means the pod is saturated and new work waits
+//! at least one typical prefill (default 64 blocks, 1k tokens at block size 16).
 //!
 //! **load-band** (option): among pods whose load is at most `band` above the least loaded, the
 //! longest cached prefix, then the lower load, then the pod this router picked least recently,
@@ -21,15 +27,17 @@ use serde::Serialize;
 pub struct CostWeights {
     /// Per uncached prompt block.
     pub prefill: f64,
-    /// Per queued or running request.
+    /// Per running request (scraped running + this router's requests since the scrape).
     pub decode: f64,
+    /// Per waiting (queued) request.
+    pub queue: f64,
     /// KV-cache usage (0–1) at or above which a pod is picked only if every pod is.
     pub kv_cutoff: f64,
 }
 
 impl Default for CostWeights {
     fn default() -> Self {
-        CostWeights { prefill: 1.0, decode: 16.0, kv_cutoff: 0.95 }
+        CostWeights { prefill: 1.0, decode: 2.0, queue: 64.0, kv_cutoff: 0.95 }
     }
 }
 
@@ -60,8 +68,10 @@ pub struct Candidate {
     pub matched_blocks: u32,
     /// Leading blocks credited speculatively after a recent pick (never in `matched_blocks`).
     pub speculative_blocks: u32,
-    /// Queued + running requests, including this router's requests not yet in a scrape.
-    pub load: f64,
+    /// Running requests, including this router's requests not yet in a scrape.
+    pub running: f64,
+    /// Queued requests.
+    pub waiting: f64,
     /// KV-cache usage 0–1, when known.
     pub kv_usage: Option<f64>,
     /// Whether the pod's `/metrics` answers.
@@ -80,6 +90,7 @@ pub struct Ranked {
     pub cost: f64,
     pub cached_blocks: u32,
     pub uncached_blocks: u32,
+    /// Running + waiting.
     pub load: f64,
     pub over_kv_cutoff: bool,
     pub reachable: bool,
@@ -98,10 +109,10 @@ pub fn rank(candidates: &[Candidate], total_blocks: u32, weights: &CostWeights, 
             let prefill = if policy == Policy::LoadOnly { 0.0 } else { weights.prefill * f64::from(uncached) };
             Ranked {
                 index,
-                cost: prefill + weights.decode * c.load,
+                cost: prefill + weights.decode * c.running + weights.queue * c.waiting,
                 cached_blocks: cached,
                 uncached_blocks: uncached,
-                load: c.load,
+                load: c.running + c.waiting,
                 over_kv_cutoff: c.kv_usage.is_some_and(|u| u >= weights.kv_cutoff),
                 reachable: c.reachable,
                 in_band: false,
@@ -143,11 +154,12 @@ pub fn rank(candidates: &[Candidate], total_blocks: u32, weights: &CostWeights, 
 mod tests {
     use super::*;
 
-    fn pod(matched: u32, load: f64, rendezvous: u64) -> Candidate {
+    fn pod(matched: u32, running: f64, rendezvous: u64) -> Candidate {
         Candidate {
             matched_blocks: matched,
             speculative_blocks: 0,
-            load,
+            running,
+            waiting: 0.0,
             kv_usage: Some(0.1),
             reachable: true,
             last_picked: 0,
@@ -161,11 +173,17 @@ mod tests {
 
     #[test]
     fn the_cached_prefix_wins_until_load_outweighs_it() {
-        // 100 blocks cached on pod 0 are worth 100 / 16 = 6.25 requests of load.
-        let pods = [pod(100, 6.0, 1), pod(0, 0.0, 2)];
+        // 100 blocks cached on pod 0 are worth 100 / 2 = 50 running requests, or 100 / 64
+        // waiting ones.
+        let pods = [pod(100, 49.0, 1), pod(0, 0.0, 2)];
         assert_eq!(order(&pods, 200, Policy::Cost)[0], 0);
-        let pods = [pod(100, 7.0, 1), pod(0, 0.0, 2)];
+        let pods = [pod(100, 51.0, 1), pod(0, 0.0, 2)];
         assert_eq!(order(&pods, 200, Policy::Cost)[0], 1);
+        let mut queued = pod(100, 0.0, 1);
+        queued.waiting = 1.0;
+        assert_eq!(order(&[queued, pod(0, 0.0, 2)], 200, Policy::Cost)[0], 0);
+        queued.waiting = 2.0;
+        assert_eq!(order(&[queued, pod(0, 0.0, 2)], 200, Policy::Cost)[0], 1);
     }
 
     #[test]

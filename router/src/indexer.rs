@@ -4,12 +4,13 @@
 //! (the last one that answered) is asked first; an endpoint that errors hands over to the next
 //! at once, and one that is merely slow gets the next asked beside it after the hedge delay;
 //! whatever has not answered by the deadline is abandoned and the request is placed by load
-//! only. An endpoint that failed or missed the deadline is taken out of rotation and probed
-//! in the background until it answers again, so a hung indexer (stopped, not dead) costs one
-//! deadline, not one per request. Connections are opened at start for the same reason: a cold
+//! only. An endpoint that fails, or misses the deadline several times in a row, is taken out of
+//! rotation and probed in the background until it answers again, so a hung indexer (stopped,
+//! not dead) costs a few deadlines, not one per request, while one slow answer under a burst
+//! does not cost the index for a whole probe interval. Connections are opened at start for the same reason: a cold
 //! HTTP/2 handshake does not fit in a few milliseconds.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,12 +48,16 @@ impl ScoreFailure {
 
 /// How long a background probe may take (it holds up no request).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Missed deadlines in a row that take an endpoint out of rotation.
+const TIMEOUTS_BEFORE_DOWN: u32 = 3;
 
 struct IndexerEndpoint {
     addr: String,
     client: IndexerClient<Channel>,
     /// Out of rotation until a probe succeeds.
     down: AtomicBool,
+    /// Deadlines missed since the last answer.
+    timeouts: AtomicU32,
     probing: Mutex<bool>,
 }
 
@@ -97,6 +102,7 @@ impl IndexerPool {
                     addr: addr.clone(),
                     client: IndexerClient::new(channel),
                     down: AtomicBool::new(false),
+                    timeouts: AtomicU32::new(0),
                     probing: Mutex::new(false),
                 }))
             })
@@ -153,6 +159,7 @@ impl IndexerPool {
                 }
             }
             *endpoint.probing.lock() = false;
+            endpoint.timeouts.store(0, Ordering::Relaxed);
             endpoint.down.store(false, Ordering::Relaxed);
             tracing::info!(indexer = %endpoint.addr, "indexer answering again");
         });
@@ -198,6 +205,7 @@ impl IndexerPool {
                     match joined {
                         Some(Ok((index, Ok(response)))) => {
                             let endpoint = &self.endpoints[index];
+                            endpoint.timeouts.store(0, Ordering::Relaxed);
                             self.preferred.store(index, Ordering::Relaxed);
                             metrics::counter!(m::SCORE_ATTEMPTS, "endpoint" => endpoint.addr.clone(), "outcome" => "ok").increment(1);
                             return Ok((response, endpoint.addr.as_str()));
@@ -228,7 +236,12 @@ impl IndexerPool {
                 }
                 _ = tokio::time::sleep_until(deadline_at) => {
                     for index in in_flight {
-                        self.mark_down(index, "timeout");
+                        let endpoint = &self.endpoints[index];
+                        if endpoint.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_DOWN {
+                            self.mark_down(index, "timeout");
+                        } else {
+                            metrics::counter!(m::SCORE_ATTEMPTS, "endpoint" => endpoint.addr.clone(), "outcome" => "timeout").increment(1);
+                        }
                     }
                     return Err(ScoreFailure::Timeout);
                 }

@@ -248,7 +248,8 @@ impl Router {
             candidates.push(Candidate {
                 matched_blocks: matched,
                 speculative_blocks: speculative,
-                load: load.load,
+                running: load.load - load.waiting.unwrap_or(0.0),
+                waiting: load.waiting.unwrap_or(0.0),
                 kv_usage: load.kv_usage,
                 reachable: load.reachable,
                 last_picked: pod.last_picked(),

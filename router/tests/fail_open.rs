@@ -1,7 +1,7 @@
 //! The index only improves placements, so losing it must never fail a request: with the
 //! indexer hung (SIGSTOP: connections open, no answers) or dead, every request still gets its
-//! answer, placed by load, within the score deadline; a hung indexer costs one deadline, not
-//! one per request; it is taken back once it answers; with two indexers the live one answers.
+//! answer, placed by load, within the score deadline; a hung indexer costs a few deadlines
+//! (three in a row take it out of rotation), not one per request; it is taken back once it answers; with two indexers the live one answers.
 
 mod support;
 
@@ -63,8 +63,9 @@ async fn a_hung_or_dead_indexer_fails_open_within_the_deadline() {
         outcomes.extend(outcome);
     }
     assert!(outcomes.iter().all(|o| o == "timeout" || o == "indexer_down"), "{outcomes:?}");
-    assert_eq!(outcomes.iter().filter(|o| *o == "timeout").count(), 1, "one deadline, then skipped: {outcomes:?}");
-    assert!(metric(&router.http, "kvindex_router_fail_open_total", &["reason=\"indexer_down\""]).await >= 15.0);
+    assert_eq!(outcomes.iter().filter(|o| *o == "timeout").count(), 3, "three deadlines, then skipped: {outcomes:?}");
+    assert!(outcomes[3..].iter().all(|o| o == "indexer_down"), "{outcomes:?}");
+    assert!(metric(&router.http, "kvindex_router_fail_open_total", &["reason=\"indexer_down\""]).await >= 13.0);
 
     stack.kv.process.signal("CONT").unwrap();
     wait_for("the indexer to be taken back", DEADLINE, || {
