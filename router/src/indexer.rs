@@ -137,6 +137,17 @@ impl IndexerPool {
         }
     }
 
+    /// Counts a missed deadline; several in a row take the endpoint out of rotation.
+    fn missed_deadline(&self, index: usize) {
+        let endpoint = &self.endpoints[index];
+        if endpoint.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_DOWN {
+            self.mark_down(index, "timeout");
+        } else {
+            metrics::counter!(m::SCORE_ATTEMPTS, "endpoint" => endpoint.addr.clone(), "outcome" => "timeout")
+                .increment(1);
+        }
+    }
+
     /// Takes an endpoint out of rotation and probes it every `retry_after` until it answers.
     fn mark_down(&self, index: usize, outcome: &'static str) {
         let endpoint = self.endpoints[index].clone();
@@ -199,6 +210,7 @@ impl IndexerPool {
         });
         tokio::pin!(hedge);
         let mut in_flight = vec![order[0]];
+        let mut hard_error = false;
         loop {
             tokio::select! {
                 joined = attempts.join_next() => {
@@ -210,9 +222,16 @@ impl IndexerPool {
                             metrics::counter!(m::SCORE_ATTEMPTS, "endpoint" => endpoint.addr.clone(), "outcome" => "ok").increment(1);
                             return Ok((response, endpoint.addr.as_str()));
                         }
-                        Some(Ok((index, Err(_status)))) => {
+                        Some(Ok((index, Err(status)))) => {
                             in_flight.retain(|&i| i != index);
-                            self.mark_down(index, "error");
+                            // The server enforcing our grpc-timeout is a slow answer, not a
+                            // broken indexer (e.g. catching up after a pause).
+                            if matches!(status.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled) {
+                                self.missed_deadline(index);
+                            } else {
+                                hard_error = true;
+                                self.mark_down(index, "error");
+                            }
                         }
                         Some(Err(_)) | None => {}
                     }
@@ -221,7 +240,7 @@ impl IndexerPool {
                         in_flight.push(order[next]);
                         next += 1;
                     } else if attempts.is_empty() {
-                        return Err(ScoreFailure::Error);
+                        return Err(if hard_error { ScoreFailure::Error } else { ScoreFailure::Timeout });
                     }
                 }
                 _ = &mut hedge, if next < order.len() => {
@@ -236,12 +255,7 @@ impl IndexerPool {
                 }
                 _ = tokio::time::sleep_until(deadline_at) => {
                     for index in in_flight {
-                        let endpoint = &self.endpoints[index];
-                        if endpoint.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_DOWN {
-                            self.mark_down(index, "timeout");
-                        } else {
-                            metrics::counter!(m::SCORE_ATTEMPTS, "endpoint" => endpoint.addr.clone(), "outcome" => "timeout").increment(1);
-                        }
+                        self.missed_deadline(index);
                     }
                     return Err(ScoreFailure::Timeout);
                 }
