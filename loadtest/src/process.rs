@@ -128,6 +128,24 @@ impl ChildProcess {
         status.success().then_some(()).ok_or_else(|| format!("kill -{signal} {} failed", self.pid()))
     }
 
+    /// Stops the child (SIGSTOP) and waits until the kernel reports it stopped, so nothing it
+    /// answers afterwards can have raced the signal.
+    pub fn stop(&self) -> Result<(), String> {
+        self.signal("STOP")?;
+        let deadline = std::time::Instant::now() + START_DEADLINE;
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+            if matches!(state, Some("T" | "t")) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("pid {} did not stop", self.pid()));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Kills the child now (it is reaped too).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

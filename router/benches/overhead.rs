@@ -164,7 +164,8 @@ fn main() {
         tokenizers.preload().await.unwrap();
         let deadline = Duration::from_millis(5);
         let indexer =
-            IndexerPool::new(&[service.grpc_addr.clone()], deadline, deadline / 2, Duration::from_secs(1)).unwrap();
+            IndexerPool::new(std::slice::from_ref(&service.grpc_addr), deadline, deadline / 2, Duration::from_secs(1))
+                .unwrap();
         indexer.warm_up();
         let router = Router::new(settings, tokenizers, indexer, fleet);
         let client = kvindex_loadtest::kvindex_service::http;
