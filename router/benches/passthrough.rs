@@ -1,12 +1,13 @@
 //! Throughput per core of the proxy with streamed answers: a release `kvindex-router` process in
 //! front of an upstream that answers every request with a 16-chunk SSE stream at once, scoring
 //! each 1k-token prompt against a real `kvindex serve`. Closed loop with `CONCURRENCY` clients
-//! for `SECONDS`; the router's CPU time comes from /proc, so the figure is requests per second
+//! for `BENCH_SECONDS`; the router's CPU time comes from /proc, so the figure is requests per second
 //! per core of router CPU even though client, upstream, indexer and router share the machine.
 //!
 //! ```sh
 //! cargo build --release -p kvindex --bin kvindex -p kvindex-router --bin kvindex-router
-//! cargo bench -p kvindex-router --bench passthrough        # CONCURRENCY=32 SECONDS=10
+//! cargo bench -p kvindex-router --bench passthrough        # CONCURRENCY=32 BENCH_SECONDS=10
+//! NO_INDEXER=1 cargo bench -p kvindex-router --bench passthrough   # the proxy alone, for comparison
 //! ```
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -78,12 +79,16 @@ fn main() {
             }
         };
     let concurrency = env_u64("CONCURRENCY", 32);
-    let seconds = env_u64("SECONDS", 10);
+    let seconds = env_u64("BENCH_SECONDS", 10);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async move {
         let service = KvindexService::start(&kvindex, 16).expect("kvindex serve");
         let pod = upstream().await;
-        let args = ["--indexer", &service.grpc_addr, "--pod", &format!("{pod}=http://{pod}")].map(String::from);
+        let mut args = vec!["--pod".to_string(), format!("{pod}=http://{pod}")];
+        let scored = std::env::var_os("NO_INDEXER").is_none();
+        if scored {
+            args.extend(["--indexer".to_string(), service.grpc_addr.clone()]);
+        }
         let router = RouterProcess::start(&router_bin, &args).expect("kvindex-router");
         let prompt: Vec<u32> = (0..1024).collect();
         let body = Bytes::from(serde_json::json!({"model": "m", "prompt": prompt, "stream": true}).to_string());
@@ -136,8 +141,9 @@ fn main() {
         let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize].as_secs_f64() * 1000.0;
         let n = done.load(Ordering::Relaxed) as f64;
         println!(
-            "streaming pass-through, {CHUNKS}+1 SSE chunks/answer, 1024-token prompts scored: {concurrency} clients, {elapsed:.1} s: \
+            "streaming pass-through, {CHUNKS}+1 SSE chunks/answer, 1024-token prompts {}: {concurrency} clients, {elapsed:.1} s: \
              {:.0} req/s, {:.1} MB/s; client latency p50 {:.2} ms p99 {:.2} ms; router CPU {:.2} cores → {:.0} req/s per core",
+            if scored { "scored by kvindex serve" } else { "not scored (no indexer)" },
             n / elapsed,
             bytes.load(Ordering::Relaxed) as f64 / elapsed / 1e6,
             pct(0.5),

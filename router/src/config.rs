@@ -76,6 +76,9 @@ pub struct ServeArgs {
     /// Cost of one waiting (queued) request on the pod (in uncached blocks).
     #[arg(long, default_value_t = 64.0)]
     pub queue_weight: f64,
+    /// Cost of a full KV cache (times the pod's KV usage, 0–1), in uncached blocks.
+    #[arg(long, default_value_t = 256.0)]
+    pub kv_weight: f64,
     /// Pods at or above this KV-cache usage (0–1) are picked only when every pod is.
     #[arg(long, default_value_t = 0.95)]
     pub kv_cutoff: f64,
@@ -325,6 +328,7 @@ impl ServeArgs {
                 prefill: self.prefill_weight,
                 decode: self.decode_weight,
                 queue: self.queue_weight,
+                kv: self.kv_weight,
                 kv_cutoff: self.kv_cutoff,
             },
             policy,

@@ -2,16 +2,19 @@
 //! documented, tested exhaustively and replayed from a log line.
 //!
 //! **cost** (default):
-//! `prefill_weight × uncached prompt blocks + decode_weight × running + queue_weight × waiting`,
-//! where `running` = the pod's running requests (scraped) plus this router's requests sent
-//! since that scrape, `waiting` = its queued requests (scraped), and a pod's cached blocks are
-//! the larger of its exact matched prefix and its speculative credit. Lowest cost wins; equal
-//! costs go to the pod with the highest rendezvous weight of the prompt's first block key, so
-//! every replica breaks the tie the same way.
+//! `prefill_weight × uncached prompt blocks + decode_weight × running + queue_weight × waiting
+//! + kv_weight × kv_usage`, where `running` = the pod's running requests (scraped) plus this
+//! router's requests sent since that scrape, `waiting` = its queued requests (scraped),
+//! `kv_usage` its KV-cache usage (0–1), and a pod's cached blocks are the larger of its exact
+//! matched prefix and its speculative credit. Lowest cost wins; equal costs go to the pod with
+//! the highest rendezvous weight of the prompt's first block key, so every replica breaks the
+//! tie the same way.
 //!
 //! The unit is the time to prefill one block. A running request slows every engine step a
 //! little (default 2 blocks); a waiting request means the pod is saturated and new work waits
-//! at least one typical prefill (default 64 blocks, 1k tokens at block size 16).
+//! at least one typical prefill (default 64 blocks, 1k tokens at block size 16); a fuller KV
+//! cache admits new work later and evicts what others will ask for (default 256 blocks for a
+//! full cache, so a conversation's long cached prefix still outweighs it).
 //!
 //! **load-band** (option): among pods whose load is at most `band` above the least loaded, the
 //! longest cached prefix, then the lower load, then the pod this router picked least recently,
@@ -31,13 +34,15 @@ pub struct CostWeights {
     pub decode: f64,
     /// Per waiting (queued) request.
     pub queue: f64,
+    /// Times the pod's KV-cache usage (0–1): a fuller cache admits new work later.
+    pub kv: f64,
     /// KV-cache usage (0–1) at or above which a pod is picked only if every pod is.
     pub kv_cutoff: f64,
 }
 
 impl Default for CostWeights {
     fn default() -> Self {
-        CostWeights { prefill: 1.0, decode: 2.0, queue: 64.0, kv_cutoff: 0.95 }
+        CostWeights { prefill: 1.0, decode: 2.0, queue: 64.0, kv: 256.0, kv_cutoff: 0.95 }
     }
 }
 
@@ -109,7 +114,10 @@ pub fn rank(candidates: &[Candidate], total_blocks: u32, weights: &CostWeights, 
             let prefill = if policy == Policy::LoadOnly { 0.0 } else { weights.prefill * f64::from(uncached) };
             Ranked {
                 index,
-                cost: prefill + weights.decode * c.running + weights.queue * c.waiting,
+                cost: prefill
+                    + weights.decode * c.running
+                    + weights.queue * c.waiting
+                    + weights.kv * c.kv_usage.unwrap_or(0.0),
                 cached_blocks: cached,
                 uncached_blocks: uncached,
                 load: c.running + c.waiting,
@@ -184,6 +192,17 @@ mod tests {
         assert_eq!(order(&[queued, pod(0, 0.0, 2)], 200, Policy::Cost)[0], 0);
         queued.waiting = 2.0;
         assert_eq!(order(&[queued, pod(0, 0.0, 2)], 200, Policy::Cost)[0], 1);
+    }
+
+    #[test]
+    fn a_fuller_kv_cache_costs_more_but_not_more_than_a_long_cached_prefix() {
+        let (mut emptier, mut fuller) = (pod(0, 0.0, 1), pod(0, 0.0, 2));
+        emptier.kv_usage = Some(0.2);
+        fuller.kv_usage = Some(0.6);
+        assert_eq!(order(&[fuller, emptier], 100, Policy::Cost), [1, 0]);
+        // 0.4 × 256 = 102.4 blocks: a pod holding 200 more blocks stays ahead.
+        fuller.matched_blocks = 200;
+        assert_eq!(order(&[fuller, emptier], 400, Policy::Cost), [0, 1]);
     }
 
     #[test]

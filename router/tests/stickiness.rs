@@ -120,8 +120,13 @@ async fn a_conversation_sticks_to_its_pod_until_load_makes_another_cheaper() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_leaves_a_pod_whose_kv_cache_is_nearly_full() {
     let Some(bins) = bins() else { return };
-    // 300 blocks of 16 per pod; the cutoff at 30%.
-    let Some((stack, router)) = start(&bins, &["--kv-blocks", "300"], &["--kv-cutoff", "0.3"]).await else { return };
+    // 300 blocks of 16 per pod; the cutoff at 30%; no KV term in the cost, so that only the
+    // cutoff can move the conversation.
+    let Some((stack, router)) =
+        start(&bins, &["--kv-blocks", "300"], &["--kv-cutoff", "0.3", "--kv-weight", "0"]).await
+    else {
+        return;
+    };
     let mut chat = Chat::new(2);
     let home = sticky_turns(&stack, &router.http, &mut chat, 0..3).await;
 
