@@ -34,9 +34,12 @@ fn router_processes_place_as_well_as_the_oracle_with_one_or_four_replicas() {
     };
     let round_robin = run(&mut RoundRobin::default(), &engine, PODS, &conversations).unwrap();
     let oracle = run(&mut Oracle::default(), &engine, PODS, &conversations).unwrap();
-    let mut one = RouterProcesses::new(&kvindex, &router, 1, PODS, BLOCK, "sim-model", &[]);
+    // Prompts are 16 times shorter than the defaults assume (a typical uncached prompt of 1k
+    // tokens): the load weights scale with them, as router/README.md says.
+    let weights: Vec<String> = ["--queue-weight", "4", "--kv-weight", "16"].map(String::from).into();
+    let mut one = RouterProcesses::new(&kvindex, &router, 1, PODS, BLOCK, "sim-model", &weights);
     let one = run(&mut one, &engine, PODS, &conversations).expect("1 router");
-    let mut four = RouterProcesses::new(&kvindex, &router, 4, PODS, BLOCK, "sim-model", &[]);
+    let mut four = RouterProcesses::new(&kvindex, &router, 4, PODS, BLOCK, "sim-model", &weights);
     let four = run(&mut four, &engine, PODS, &conversations).expect("4 routers");
     for r in [&round_robin, &oracle, &one, &four] {
         eprintln!(
