@@ -1,31 +1,29 @@
 #!/usr/bin/env python3
-"""The demo: `kvindex serve` and a simulated vLLM fleet (`kvindex-sim`) on this machine, with a
-precise router loop in between. Before every request it asks the indexer's ScoreTokens how many
-leading blocks each pod holds, routes to the best pod, prints why, and checks the engine's own
-`cached_tokens` against the prediction.
+"""The demo: `kvindex serve` indexing a simulated vLLM fleet (`kvindex-sim`, vLLM's exact event
+bytes) and `kvindex-router` in front of it. Multi-turn chats go to the router's OpenAI endpoint;
+the router tokenizes each chat exactly as the engines do (the DeepSeek tokenizer and template),
+asks the indexer which pod holds its prefix, adds load, and forwards. For every request the demo
+prints where it went and why (from the router's own decision log line and response headers) and
+checks the engine's `cached_tokens` against the router's prediction. Then two faults: the indexer
+hangs (the router places by load, no client error) and an engine's publisher restarts (the index
+drops that pod instead of guessing).
 
-Run through scripts/demo.sh, which builds the binaries and sets up the Python venv.
+Run through scripts/demo.sh, which builds the binaries and sets up the Python venv and fixtures.
 """
 
 import json
 import os
+import queue
 import random
-import socket
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = 16
-MODEL = "demo/llama-8b"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+MODEL = "demo/deepseek"
 
 
 def wait_for(what, check, timeout=30.0):
@@ -34,138 +32,189 @@ def wait_for(what, check, timeout=30.0):
         value = check()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(0.02)
     sys.exit(f"demo: timed out waiting for {what}")
 
 
-def http_json(url, body=None):
+def request(url, body=None):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())
+        return json.loads(resp.read()), resp.headers
 
 
-def http_ok(url):
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
+def listening(proc, prefix):
+    """Reads stdout until the `prefix key=value …` line; returns its pairs."""
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return dict(pair.split("=", 1) for pair in line[len(prefix):].split())
+    sys.exit(f"demo: process exited before printing {prefix!r}")
 
 
-def grpc_stubs():
-    from grpc_tools import protoc
+def applied(indexer_http, pod):
+    """Waits until the indexer applied every batch `pod` published."""
+    stats, _ = request(f"http://{pod['http']}/admin/stats")
+    next_seq = stats["ranks"][0]["publisher"]["next_seq"]
 
-    out = tempfile.mkdtemp(prefix="kvindex-demo-")
-    proto_root = os.path.join(ROOT, "proto")
-    rc = protoc.main(["protoc", f"-I{proto_root}", f"--python_out={out}", f"--grpc_python_out={out}",
-                      os.path.join(proto_root, "kvindex/v1/indexer.proto")])
-    if rc != 0:
-        sys.exit("demo: could not generate gRPC stubs")
-    sys.path.insert(0, out)
-    from kvindex.v1 import indexer_pb2, indexer_pb2_grpc  # noqa: E402
-    return indexer_pb2, indexer_pb2_grpc
+    def done():
+        sources, _ = request(f"http://{indexer_http}/debug/sources")
+        return next_seq == 0 or any(s["pod"] == pod["pod_id"] and s.get("last_seq") == next_seq - 1
+                                    for s in sources["sources"])
+    wait_for("the indexer to apply the pod's events", done)
+
+
+def why(decision):
+    """One line from the router's decision: what the chosen pod holds, against the runner-up."""
+    ranked = decision["candidates"].split(";")
+    parts = [dict(kv.split("=", 1) for kv in entry.split(",")[1:] if "=" in kv) | {"pod": entry.split(",")[0]}
+             for entry in ranked]
+    first = parts[0]["pod"]
+    chosen = first.rsplit(":", 1)[1]
+    if decision["score"] != "ok":
+        return f"indexer {decision['score']}: placed by load ({chosen}, load {parts[0].get('load')})"
+    if chosen.split("/")[0] == "0":
+        return f"nobody holds block 0: equal costs, rendezvous on the first block"
+    runner = parts[1]["pod"].rsplit(":", 1)[1] if len(parts) > 1 else "-"
+    return f"holds {chosen} blocks, cost {parts[0]['cost']} (next: {runner}, cost {parts[1]['cost'] if len(parts) > 1 else '-'})"
 
 
 def main():
-    import grpc
-
-    pb, pb_grpc = grpc_stubs()
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-    kvindex = os.path.join(target, "debug", "kvindex")
-    sim = os.path.join(target, "debug", "kvindex-sim")
-    grpc_port, http_port, zmq_port = free_port(), free_port(), free_port()
+    fixtures = os.environ.get("KVINDEX_FIXTURES")
+    tokenizer = os.path.join(fixtures or "", "models", "deepseek")
+    if not os.path.isfile(os.path.join(tokenizer, "tokenizer.json")):
+        sys.exit("demo: no tokenizer fixture; run scripts/demo.sh (it runs scripts/setup.sh)")
+    binary = lambda name: os.path.join(target, "debug", name)  # noqa: E731
     procs = []
     try:
-        procs.append(subprocess.Popen(
-            [kvindex, "serve", "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
-             "--block-size", str(BLOCK), "--zmq-bind", f"tcp://127.0.0.1:{zmq_port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_for("kvindex serve /readyz", lambda: http_ok(f"http://127.0.0.1:{http_port}/readyz"))
-        print(f"kvindex serve: gRPC 127.0.0.1:{grpc_port}, admin http://127.0.0.1:{http_port}, "
-              f"engines dial tcp://127.0.0.1:{zmq_port}")
+        indexer = subprocess.Popen(
+            [binary("kvindex"), "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+             "--block-size", str(BLOCK), "--zmq-bind", "tcp://127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        procs.append(indexer)
+        addrs = listening(indexer, "KVINDEX_LISTENING ")
+        print(f"kvindex serve: gRPC {addrs['grpc']}, admin http://{addrs['http']}, engines dial {addrs['zmq']}")
 
         fleet = subprocess.Popen(
-            [sim, "--pods", "3", "--model", MODEL, "--block-size", str(BLOCK), "--kv-blocks", "160",
-             "--http-base-port", "0", "--zmq-connect", f"tcp://127.0.0.1:{zmq_port}",
-             "--prefill-tokens-per-s", "16000", "--decode-ms-per-token", "2"],
+            [binary("kvindex-sim"), "--pods", "3", "--model", MODEL, "--block-size", str(BLOCK), "--kv-blocks", "400",
+             "--http-base-port", "0", "--zmq-connect", addrs["zmq"], "--replay-base-port", "0",
+             "--tokenizer", tokenizer, "--decode-ms-per-token", "2"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(fleet)
-        pods = []
-        for _ in range(3):
-            line = fleet.stdout.readline()
-            if not line:
-                sys.exit("demo: kvindex-sim exited early")
-            info = json.loads(line)
-            pods.append(info)
-        urls = {}
-        for info in pods:
-            port = info.get("http_port") or int(str(info.get("http", "")).rsplit(":", 1)[-1])
-            urls[f"127.0.0.1:{port}"] = f"http://127.0.0.1:{port}"
-        for url in urls.values():
-            wait_for(f"{url}/health", lambda u=url: http_ok(f"{u}/health"))
-        print(f"kvindex-sim: 3 simulated vLLM pods serving {MODEL}: {', '.join(urls)} "
-              f"(160 KV blocks of {BLOCK} tokens each)\n")
+        pods = [json.loads(fleet.stdout.readline()) for _ in range(3)]
+        for pod in pods:
+            request(f"http://{addrs['http']}/pods", {"pod": pod["pod_id"], "model": MODEL, "replay_endpoint": pod["replay"]})
+        print(f"kvindex-sim: 3 simulated vLLM pods serving {MODEL} (DeepSeek tokenizer and chat template): "
+              f"{', '.join(p['pod_id'] for p in pods)}, 400 KV blocks of {BLOCK} tokens each")
 
-        stub = pb_grpc.IndexerStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+        router = subprocess.Popen(
+            [binary("kvindex-router"), "serve", "--http-addr", "127.0.0.1:0", "--indexer", addrs["grpc"],
+             "--tokenizer", f"{MODEL}={tokenizer}", "--log-format", "json", "--score-deadline-ms", "50",
+             "--indexer-retry-after-ms", "300", "--scrape-interval-ms", "50"]
+            + [arg for p in pods for arg in ("--pod", f"{p['pod_id']}=http://{p['http']}")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(router)
+        router_http = listening(router, "KVINDEX_ROUTER_LISTENING ")["http"]
+        decisions = queue.Queue()
+
+        def read_log():
+            for line in router.stderr:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if entry.get("message") == "routed":
+                    decisions.put(entry)
+        threading.Thread(target=read_log, daemon=True).start()
+        wait_for("the router to scrape every pod", lambda: all(
+            p["load"]["scrape_age_ms"] is not None for p in request(f"http://{router_http}/debug/pods")[0]["pods"]))
+        print(f"kvindex-router: OpenAI API at http://{router_http}/v1 (tokenizes in process, scores against the indexer)\n")
+
         rng = random.Random(7)
-        # Three tenants, each with its own long system prompt; two conversations per tenant.
-        systems = [f"[tenant {t}] " + f"House rules of tenant {t}: answer briefly and cite sources. " * 8 for t in "ABC"]
-        conversations = [{"text": systems[i % 3] + f"User {i}: tell me about topic {i}.\n", "turn": 0} for i in range(6)]
-        prompt_tokens = cached_total = 0
-        mismatches = 0
-        rr = 0
-        print(f"{'request':<12} {'routed to':<16} {'why':<48} {'engine cached':>14}")
-        for step in range(18):
-            conv = conversations[rng.randrange(len(conversations))] if step >= 6 else conversations[step]
-            name = f"conv {conversations.index(conv)} turn {conv['turn']}"
-            ids = list(conv["text"].encode())
-            reply = stub.ScoreTokens(pb.ScoreTokensRequest(model=MODEL, token_ids=ids))
-            scores = {s.pod: s.matched_blocks for s in reply.scores}
-            best = max(scores.values(), default=0)
-            if best > 0:
-                pod = sorted(p for p, m in scores.items() if m == best)[0]
-                others = ", ".join(f"{p.split(':')[1]}={m}" for p, m in sorted(scores.items()) if p != pod) or "none"
-                why = f"holds {best}/{reply.total_blocks} leading blocks (others: {others})"
-            else:
-                pod = sorted(urls)[rr % len(urls)]
-                rr += 1
-                why = f"no pod holds block 0 of {reply.total_blocks}: round-robin"
-            out = http_json(f"{urls[pod]}/v1/completions",
-                            {"model": MODEL, "prompt": conv["text"], "max_tokens": 24})
-            cached = (out.get("usage", {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            predicted = min(best * BLOCK, ((len(ids) - 1) // BLOCK) * BLOCK)
-            mark = "ok" if cached == predicted else f"predicted {predicted}"
-            mismatches += cached != predicted
-            print(f"{name:<12} {pod:<16} {why:<48} {cached:>6}/{len(ids):<5} {mark}")
-            prompt_tokens += len(ids)
+        tenants = [f"You are the support assistant of tenant {t}. " + f"Tenant {t} rules: be brief, cite the manual, never guess, say which page. " * 12
+                   for t in "ABC"]
+        chats = [[{"role": "system", "content": tenants[i % 3]},
+                  {"role": "user", "content": f"User {i}: how do I set up feature {i}?"}] for i in range(6)]
+        turns = [0] * 6
+        prompt_total = cached_total = mismatches = 0
+        pod_of_chat = {}
+
+        def send(i, note=None):
+            nonlocal prompt_total, cached_total, mismatches
+            applied_all()
+            out, headers = request(f"http://{router_http}/v1/chat/completions",
+                                   {"model": MODEL, "messages": chats[i], "max_tokens": 12})
+            decision = decisions.get(timeout=10)
+            pod, matched = headers["x-kvindex-pod"], int(headers["x-kvindex-matched-blocks"])
+            usage = out["usage"]
+            cached, tokens = usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
+            predicted = min(matched * BLOCK, (tokens - 1) // BLOCK * BLOCK)
+            ok = "ok" if cached == predicted else f"predicted {predicted}"
+            if note is None:
+                mismatches += ok != "ok"
+            prompt_total += tokens
             cached_total += cached
-            conv["text"] += out["choices"][0]["text"] + f"\nUser: and then? ({conv['turn']})\n"
-            conv["turn"] += 1
-            # The engine has published this request's blocks; wait until the index shows them.
-            full = len(ids) // BLOCK
-            wait_for("the index to show the new blocks", lambda: any(
-                s.pod == pod and s.matched_blocks >= full for s in stub.ScoreTokens(
-                    pb.ScoreTokensRequest(model=MODEL, token_ids=ids, pods=[pod])).scores), timeout=10)
+            print(f"chat {i} turn {turns[i]:<2} {pod:<16} {why(decision):<74} {cached:>5}/{tokens:<5} {note or ok}")
+            chats[i].append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
+            chats[i].append({"role": "user", "content": f"And then? ({turns[i]})"})
+            turns[i] += 1
+            if headers["x-kvindex-score"] == "ok":
+                pod_of_chat[i] = pod
+            return headers
 
-        # A fault: one engine's publisher restarts (seq back to 0). The index cannot know what
-        # that engine holds any more, so it drops the pod rather than guess.
-        victim = pod
-        http_json(f"{urls[victim]}/admin/faults/restart-publisher", {})
-        probe = list(conversations[0]["text"].encode())
-        http_json(f"{urls[victim]}/v1/completions", {"model": MODEL, "prompt": "x" * 40, "max_tokens": 1})
-        wait_for("the restart to be detected", lambda: not any(
-            s.pod == victim and s.matched_blocks > 3 for s in stub.ScoreTokens(
-                pb.ScoreTokensRequest(model=MODEL, token_ids=probe, pods=[victim])).scores), timeout=10)
-        print(f"\npublisher of {victim} restarted (seq back to 0): the indexer cleared that pod instead of "
-              f"guessing; it is credited again only as new BlockStored events arrive.")
+        def applied_all():
+            for pod in pods:
+                applied(addrs["http"], pod)
 
-        sources = http_json(f"http://127.0.0.1:{http_port}/debug/sources")
-        print(f"\nhit rate {cached_total / prompt_tokens:.2f} (cached / prompt tokens); "
-              f"predictions that differed from the engine: {mismatches}")
-        print("indexer's view (/debug/sources):")
-        for src in sources if isinstance(sources, list) else sources.get("sources", []):
-            print("  " + json.dumps({k: src.get(k) for k in ("pod", "topic", "state", "last_seq", "blocks") if k in src}))
+        print(f"{'request':<14} {'routed to':<16} {'why (router decision log)':<74} {'engine cached':>13}")
+        for step in range(18):
+            send(step if step < 6 else rng.randrange(6))
+
+        # Fault 1: the indexer hangs (stopped, not dead). Requests still succeed, placed by load.
+        indexer.send_signal(19)  # SIGSTOP
+        wait_for("the indexer to stop", lambda: open(f"/proc/{indexer.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T")
+        print("\nindexer stopped (SIGSTOP): requests keep flowing, placed by load within the 50 ms score deadline")
+        for i in (0, 1, 2):
+            out, headers = request(f"http://{router_http}/v1/chat/completions",
+                                   {"model": MODEL, "messages": chats[i], "max_tokens": 4})
+            decision = decisions.get(timeout=10)
+            print(f"chat {i} (hung)  {headers['x-kvindex-pod']:<16} {why(decision):<74} status 200")
+        indexer.send_signal(18)  # SIGCONT
+        wait_for("the router to take the indexer back", lambda: request(
+            f"http://{router_http}/route/v1/chat/completions", {"model": MODEL, "messages": chats[0]})[0]["score"]["outcome"] == "scored")
+        print("indexer resumed: the router's background probe took it back\n")
+
+        # Fault 2: one engine's publisher restarts (seq back to 0). The index drops that pod
+        # rather than guess what it holds; the router sees 0 cached blocks there.
+        victim_chat = 0
+        victim = next(p for p in pods if p["pod_id"] == pod_of_chat[victim_chat])
+        request(f"http://{victim['http']}/admin/faults/restart-publisher", {})
+
+        probes = iter(range(1_000_000))
+
+        def victim_cleared():
+            # New batches from the new publisher (its first may be lost while it connects)
+            # show the indexer the sequence going back; each probe is a new prompt, so it
+            # stores new blocks and publishes.
+            request(f"http://{victim['http']}/v1/completions",
+                    {"model": MODEL, "prompt": f"probe {next(probes)} " * 12, "max_tokens": 1})
+            time.sleep(0.1)
+            decision, _ = request(f"http://{router_http}/route/v1/chat/completions", {"model": MODEL, "messages": chats[victim_chat]})
+            scored = decision["score"]["outcome"] == "scored"
+            return scored and next(c["matched_blocks"] for c in decision["ranked"] if c["pod"] == victim["pod_id"]) == 0
+        wait_for("the restart to be detected", victim_cleared)
+        print(f"publisher of {victim['pod_id']} restarted (seq back to 0): the indexer cleared that pod rather than "
+              f"guess; chat {victim_chat} now looks uncached everywhere (the engine kept its cache: under-reported, never over):")
+        send(victim_chat, note="under-reported after the restart")
+
+        print(f"\nhit rate {cached_total / prompt_total:.2f} (cached / prompt tokens, engines' own counts); "
+              f"router predictions that differed from the engine: {mismatches}")
+        metrics = urllib.request.urlopen(f"http://{router_http}/metrics", timeout=5).read().decode()
+        wanted = ("kvindex_router_fail_open_total", "kvindex_router_predicted_cached_blocks_total", "kvindex_router_prompt_blocks_total")
+        print("router metrics:")
+        for line in metrics.splitlines():
+            if line.startswith(wanted):
+                print("  " + line)
     finally:
         for p in procs:
             p.terminate()

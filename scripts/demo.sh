@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
-cargo build -q -p kvindex-server --bin kvindex -p kvindex-loadtest --bin kvindex-sim
+cargo build -q -p kvindex-server --bin kvindex -p kvindex-loadtest --bin kvindex-sim -p kvindex-router --bin kvindex-router
 exec "$KVINDEX_PYTHON" scripts/demo.py

@@ -1,26 +1,26 @@
-//! A real `kvindex serve` child process for the policy driver: started on loopback with
-//! OS-assigned ports, its addresses read from the `KVINDEX_LISTENING` line, killed on drop.
+//! A real `kvindex serve` child process for the policy driver, tests and benchmarks: started on
+//! loopback with OS-assigned ports, its addresses read from the `KVINDEX_LISTENING` line,
+//! killed on drop.
 //!
 //! It exists so the precise policy can be measured through the product itself (central ZeroMQ
 //! SUB, sequencer, apply queue, gRPC `ScoreTokens`) rather than only through the in-process
 //! `KvIndex`. The small HTTP/1.1 client is here because the driver needs one GET
 //! (`/debug/sources`) and one POST (`/pods`) on 127.0.0.1, not a general HTTP stack.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// How long the service may take to report its addresses (a debug build on a loaded box).
-const START_DEADLINE: Duration = Duration::from_secs(60);
+use crate::process::ChildProcess;
 
 /// A running `kvindex serve`; the process is killed and reaped on drop.
 pub struct KvindexService {
-    child: Child,
+    /// The child (for signals: a test stops it to hang the service).
+    pub process: ChildProcess,
     /// `host:port` of the gRPC server.
     pub grpc_addr: String,
     /// `host:port` of the HTTP admin server.
@@ -29,59 +29,24 @@ pub struct KvindexService {
     pub zmq_endpoint: String,
 }
 
-impl Drop for KvindexService {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl KvindexService {
     /// Starts `binary serve` with a bound central SUB and waits for its addresses.
     pub fn start(binary: &Path, block_size: usize) -> Result<KvindexService, String> {
-        let mut child = Command::new(binary)
-            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size"])
-            .arg(block_size.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-        let Some(stdout) = child.stdout.take() else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err("kvindex serve: no stdout pipe".into());
-        };
-        let (lines, received) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // Keeps draining after the first line so a chatty child never blocks on a full pipe.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = lines.send(line);
-            }
-        });
-        let mut service =
-            KvindexService { child, grpc_addr: String::new(), http_addr: String::new(), zmq_endpoint: String::new() };
-        loop {
-            let line = received.recv_timeout(START_DEADLINE).map_err(|_| {
-                format!("{} did not print KVINDEX_LISTENING within {START_DEADLINE:?}", binary.display())
-            })?;
-            let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") else {
-                continue;
-            };
-            for pair in rest.split_whitespace() {
-                match pair.split_once('=') {
-                    Some(("grpc", value)) => service.grpc_addr = value.to_string(),
-                    Some(("http", value)) => service.http_addr = value.to_string(),
-                    Some(("zmq", value)) => service.zmq_endpoint = value.to_string(),
-                    _ => {}
-                }
-            }
-            if service.grpc_addr.is_empty() || service.http_addr.is_empty() || service.zmq_endpoint.is_empty() {
-                return Err(format!("unexpected KVINDEX_LISTENING line: {line}"));
-            }
-            return Ok(service);
-        }
+        let process = ChildProcess::spawn(
+            Command::new(binary)
+                .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+                .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size"])
+                .arg(block_size.to_string()),
+        )?;
+        let addrs = process.listening("KVINDEX_LISTENING ")?;
+        let field =
+            |key: &str| addrs.get(key).cloned().ok_or_else(|| format!("KVINDEX_LISTENING without {key}=: {addrs:?}"));
+        Ok(KvindexService {
+            grpc_addr: field("grpc")?,
+            http_addr: field("http")?,
+            zmq_endpoint: field("zmq")?,
+            process,
+        })
     }
 
     /// Registers a pod with its replay endpoint, so a batch lost before the SUB's subscription
@@ -106,8 +71,51 @@ impl KvindexService {
     }
 }
 
-/// One HTTP/1.1 request with `Connection: close`; returns the status and the (de-chunked)
-/// body. Also the loadtest tests' client.
+/// Whether the service applied every seq below `next_seq` from `pod`, exactly, according to
+/// `sources` (a `/debug/sources` listing). `Err` when the pod is DEGRADED: its scores then
+/// under-report, and comparing placements would measure the loss, not routing.
+pub fn applied(sources: &[Value], pod: &str, next_seq: u64) -> Result<bool, String> {
+    if next_seq == 0 {
+        return Ok(true);
+    }
+    let Some(source) = sources.iter().find(|s| s["pod"] == pod) else {
+        return Ok(false);
+    };
+    let state = source["state"].as_str().unwrap_or("");
+    if state == "DEGRADED" {
+        return Err(format!("kvindex serve marked {pod} DEGRADED: {source}"));
+    }
+    // STALE only means silent for a while (an idle pod on the wall clock); its data is still
+    // exact.
+    Ok(source["last_seq"].as_u64() == Some(next_seq - 1) && matches!(state, "EXACT" | "STALE"))
+}
+
+impl KvindexService {
+    /// Waits until the service applied every batch below `next_seq` that `pod` published.
+    pub async fn wait_applied(&self, pod: &str, next_seq: u64, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if applied(&self.sources().await?, pod, next_seq)? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "kvindex serve did not apply {pod}'s batches below seq {next_seq} within {timeout:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// The next seq a `kvindex-sim` pod will publish (rank 0), from its `/admin/stats`.
+pub async fn sim_next_seq(sim_http: &str) -> Result<u64, String> {
+    let (status, text) = http(sim_http, "GET", "/admin/stats", None).await?;
+    let stats: Value = serde_json::from_str(&text).map_err(|e| format!("{sim_http}/admin/stats ({status}): {e}"))?;
+    stats["ranks"][0]["publisher"]["next_seq"].as_u64().ok_or_else(|| format!("{sim_http}/admin/stats: no next_seq"))
+}
+
+/// One request with `Connection: close`; returns the status and the (de-chunked) body.
 pub async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String), String> {
     let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
     let body = body.unwrap_or("");

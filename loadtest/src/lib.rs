@@ -7,6 +7,7 @@
 //! N pods; [`cli`] is the `kvindex-sim` command line. [`workload`], [`policy`] and [`driver`]
 //! compare routing policies on the same seeded request sequence, in process;
 //! [`kvindex_service`] runs a real `kvindex serve` for the policy that routes through it;
+//! [`process`] starts the workspace's binaries (simulator fleets, router replicas) for tests;
 //! [`plot`] draws the comparison as a PNG.
 
 pub mod cli;
@@ -18,5 +19,6 @@ pub mod kvindex_service;
 pub mod plot;
 pub mod pod;
 pub mod policy;
+pub mod process;
 pub mod wire;
 pub mod workload;

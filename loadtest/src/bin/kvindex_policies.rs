@@ -1,7 +1,9 @@
 //! `kvindex-policies`: a seeded workload (the reference scenario or llm-d's many-tenants
 //! benchmark, optionally scaled down) played under every routing policy in process, printing
 //! hit rate, TTFT percentiles and KV usage per policy. With `--kvindex <binary>` the precise
-//! policy also runs through a real `kvindex serve` (ZeroMQ events, gRPC `ScoreTokens`).
+//! policy also runs through a real `kvindex serve` (ZeroMQ events, gRPC `ScoreTokens`); with
+//! `--router <binary>` as well, real `kvindex-router` processes place the requests (1 replica and
+//! each `--replicas` count) over such a service.
 
 use std::path::PathBuf;
 
@@ -15,6 +17,7 @@ use kvindex_loadtest::policy::precise::Precise;
 use kvindex_loadtest::policy::precise_grpc::PreciseGrpc;
 use kvindex_loadtest::policy::replicated::Replicated;
 use kvindex_loadtest::policy::round_robin::RoundRobin;
+use kvindex_loadtest::policy::router_processes::RouterProcesses;
 use kvindex_loadtest::policy::Policy;
 use kvindex_loadtest::workload::{MultiTurnConfig, TenantsConfig};
 
@@ -67,6 +70,13 @@ struct Args {
     /// `kvindex serve` (events over ZeroMQ, scores over gRPC), which must match `precise`.
     #[arg(long)]
     kvindex: Option<PathBuf>,
+    /// Path to the `kvindex-router` binary (needs --kvindex): adds `kvindex-router`, real router
+    /// processes over a real `kvindex serve`, with 1 replica and each --replicas count.
+    #[arg(long, requires = "kvindex")]
+    router: Option<PathBuf>,
+    /// Extra flags for those routers, whitespace-separated (e.g. "--policy load-band").
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    router_args: String,
     /// Also draw hit rate and TTFT p50/p99 per policy into this PNG.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -141,14 +151,32 @@ fn main() -> std::process::ExitCode {
             .collect();
         policies.push(Box::new(Replicated::new(format!("approximate ×{count}"), replicas)));
     }
-    let reports: Vec<PolicyReport> =
-        match policies.iter_mut().map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations)).collect() {
-            Ok(reports) => reports,
-            Err(error) => {
-                eprintln!("kvindex-policies: {error}");
-                return std::process::ExitCode::FAILURE;
-            }
-        };
+    if let (Some(router), Some(kvindex)) = (&args.router, &args.kvindex) {
+        let extra: Vec<String> = args.router_args.split_whitespace().map(str::to_string).collect();
+        let counts = std::iter::once(1).chain(args.replicas.iter().copied().filter(|&count| count > 1));
+        for count in counts {
+            policies.push(Box::new(RouterProcesses::new(
+                kvindex,
+                router,
+                count,
+                args.pods,
+                args.block_size,
+                "sim-model",
+                &extra,
+            )));
+        }
+    }
+    let reports: Vec<PolicyReport> = match policies
+        .iter_mut()
+        .map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations))
+        .collect()
+    {
+        Ok(reports) => reports,
+        Err(error) => {
+            eprintln!("kvindex-policies: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     if args.json {
         for report in &reports {
             println!("{}", serde_json::to_string(report).unwrap_or_default());

@@ -5,6 +5,7 @@
 //! * [`approximate_prefix`]: where it sent each prefix before (GIE's `prefix` plugin);
 //! * [`precise`]: a `kvindex::KvIndex` fed with the pods' published KV events;
 //! * [`precise_grpc`]: the same through the real service (`kvindex serve`, ZeroMQ, gRPC);
+//! * [`router_processes`]: `kvindex-router` processes (its own cost model) over that service;
 //! * [`oracle`]: every pod's actual cache.
 //!
 //! Cache-aware policies combine their prefix signal with load the way llm-d's default
@@ -18,6 +19,8 @@ pub mod precise;
 pub mod precise_grpc;
 pub mod replicated;
 pub mod round_robin;
+pub mod router_processes;
+pub mod service_feed;
 
 use crate::engine::{Engine, EngineStats, KvEvent};
 

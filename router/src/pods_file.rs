@@ -1,0 +1,112 @@
+//! Pods from a file that deployment tooling rewrites (a ConfigMap, a service-discovery agent):
+//! a JSON array of `{"id", "url", "role"}`, re-read when its content changes. A file that
+//! cannot be read or parsed leaves the previous pods in place, logged and counted, so a
+//! half-written file never empties the fleet.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{normalize_url, PodSpec};
+use crate::fleet::{Fleet, Source};
+use crate::metrics as m;
+
+/// Largest pods file read.
+const MAX_FILE_BYTES: u64 = 8 << 20;
+
+/// Parses and validates a pods file.
+pub fn parse(text: &str) -> Result<Vec<PodSpec>, String> {
+    let specs: Vec<PodSpec> =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON array of {{id, url, role}}: {e}"))?;
+    let mut seen = std::collections::HashSet::new();
+    specs
+        .into_iter()
+        .map(|mut spec| {
+            if spec.id.trim().is_empty() {
+                return Err("a pod has an empty id".to_string());
+            }
+            if !seen.insert(spec.id.clone()) {
+                return Err(format!("pod {:?} is listed twice", spec.id));
+            }
+            spec.url = normalize_url("url", &spec.url).map_err(|e| format!("pod {:?}: {e}", spec.id))?;
+            Ok(spec)
+        })
+        .collect()
+}
+
+fn read(path: &Path) -> Result<String, String> {
+    let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    if len > MAX_FILE_BYTES {
+        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+/// Reads the file once (at start a broken file is a configuration error).
+pub fn load(fleet: &Fleet, path: &Path) -> Result<String, String> {
+    let text = read(path).map_err(|e| format!("--pods-file {}: {e}", path.display()))?;
+    let specs = parse(&text).map_err(|e| format!("--pods-file {}: {e}", path.display()))?;
+    let refused = fleet.replace_source(Source::File, &specs);
+    metrics::counter!(m::POD_CHANGES, "source" => "file", "op" => "load").increment(1);
+    if !refused.is_empty() {
+        tracing::warn!(?refused, "pods file names pods configured on the command line; ignored");
+    }
+    Ok(text)
+}
+
+/// Re-reads the file every `interval`, applying it when its content changed.
+pub async fn watch(fleet: Arc<Fleet>, path: PathBuf, interval: Duration, mut last: String) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let text = match read(&path) {
+            Ok(text) => text,
+            Err(error) => {
+                metrics::counter!(m::POD_CHANGES, "source" => "file", "op" => "error").increment(1);
+                tracing::warn!(path = %path.display(), %error, "pods file unreadable; keeping the current pods");
+                continue;
+            }
+        };
+        if text == last {
+            continue;
+        }
+        match parse(&text) {
+            Ok(specs) => {
+                fleet.replace_source(Source::File, &specs);
+                metrics::counter!(m::POD_CHANGES, "source" => "file", "op" => "load").increment(1);
+                tracing::info!(path = %path.display(), pods = specs.len(), "pods file applied");
+            }
+            Err(error) => {
+                metrics::counter!(m::POD_CHANGES, "source" => "file", "op" => "error").increment(1);
+                tracing::warn!(path = %path.display(), %error, "pods file invalid; keeping the current pods");
+            }
+        }
+        last = text;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::Role;
+
+    #[test]
+    fn parses_roles_and_refuses_bad_entries() {
+        let specs =
+            parse(r#"[{"id": "a:1", "url": "http://a:1/"}, {"id": "b:1", "url": "http://b:1", "role": "prefill"}]"#)
+                .unwrap();
+        assert_eq!(specs[0].role, Role::Both);
+        assert_eq!(specs[0].url, "http://a:1");
+        assert_eq!(specs[1].role, Role::Prefill);
+        for bad in [
+            "{}",
+            r#"[{"id": "a", "url": "http://a:1"}, {"id": "a", "url": "http://a:2"}]"#,
+            r#"[{"id": "", "url": "http://a:1"}]"#,
+            r#"[{"id": "a", "url": "https://a:1"}]"#,
+            r#"[{"id": "a", "url": "http://a:1", "role": "both-ish"}]"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! Assembles a running router from a validated configuration and bound listeners: pods (static,
+//! file, registration), the load scrapers, the pipeline and the HTTP servers, until `shutdown`.
+//! The binary and tests bind the listeners themselves, so a test can use port 0.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::fleet::{Fleet, Source};
+use crate::http::{self, App};
+use crate::pipeline::Router;
+use crate::{metrics as m, pods_file, scrape, upstream};
+
+pub struct Listeners {
+    pub http: TcpListener,
+    pub admin: Option<TcpListener>,
+}
+
+/// Serves until `shutdown` completes, then lets requests in flight finish.
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let prometheus = m::install();
+    let fleet = Arc::new(Fleet::new(config.load_stale_after));
+    for pod in &config.pods {
+        fleet.upsert(pod, Source::Static)?;
+    }
+    let pods_file_text = match &config.pods_file {
+        Some(path) => Some(pods_file::load(&fleet, path)?),
+        None => None,
+    };
+    let router = Arc::new(Router::from_config(&config, fleet.clone())?);
+    router.tokenizers().preload().await?;
+    router.indexer().warm_up();
+    let client = upstream::client(config.upstream_connect_timeout);
+    tokio::spawn(scrape::run(fleet.clone(), client.clone(), config.scrape_interval, config.scrape_timeout));
+    if let (Some(path), Some(text)) = (config.pods_file.clone(), pods_file_text) {
+        tokio::spawn(pods_file::watch(fleet.clone(), path, config.pods_file_interval, text));
+    }
+    let app = Arc::new(App {
+        router,
+        client,
+        prometheus,
+        max_body_bytes: config.max_body_bytes,
+        upstream_retries: config.upstream_retries,
+    });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let admin = listeners.admin.map(|listener| {
+        let app = http::admin::admin(app.clone());
+        let stopped = until(stopped.clone());
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+    });
+    tracing::info!(pods = fleet.snapshot().len(), indexers = config.indexers.len(), "kvindex-router serving");
+    axum::serve(listeners.http, http::public(app))
+        .with_graceful_shutdown(until(stopped))
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(admin) = admin {
+        let _ = admin.await;
+    }
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! Prompt → the token ids the engine will cache, exactly as vLLM computes them: in process
+//! through the tokenizer-svc library (`TokenizerRegistry`, CPU work moved off the async
+//! workers), or through a `kvindex-tokenizer` / llm-d tokenizer sidecar over gRPC.
+//!
+//! Tokens only steer placement, so a tokenizer that is missing or broken on our side places
+//! the request by load (counted) instead of failing it; a prompt the template rejects, or a
+//! model nobody serves, is the client's error.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvindex_proto::tokenization as tok;
+use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
+use serde_json::Value;
+use tok::tokenization_service_client::TokenizationServiceClient;
+use tonic::transport::Channel;
+
+use crate::metrics as m;
+use crate::request::Prompt;
+
+/// A remote tokenizer slower than this is treated as unavailable.
+const REMOTE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why the router has no token ids for a prompt (the request is then placed by load).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unavailable {
+    /// No tokenizer is configured for the model.
+    NoTokenizer,
+    /// The tokenizer failed on our side (model files, remote service down or slow).
+    TokenizerFailed,
+}
+
+impl Unavailable {
+    pub fn label(self) -> &'static str {
+        match self {
+            Unavailable::NoTokenizer => "no_tokenizer",
+            Unavailable::TokenizerFailed => "tokenizer_failed",
+        }
+    }
+}
+
+/// A prompt the client must fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenizeError {
+    #[error("the model `{0}` does not exist")]
+    UnknownModel(String),
+    /// Template or request error; the message is the tokenizer's (it may quote the request,
+    /// which goes back to its own sender only, never to logs).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Where tokens come from, per model.
+pub struct Tokenizers {
+    local: Option<Arc<TokenizerRegistry>>,
+    local_models: HashSet<String>,
+    remote: Option<TokenizationServiceClient<Channel>>,
+}
+
+impl Tokenizers {
+    /// `local`: `(model, dir)` pairs; `remote`: a tokenizer service `host:port`.
+    pub fn new(local: &[(String, std::path::PathBuf)], remote: Option<&str>) -> Result<Tokenizers, String> {
+        let registry = if local.is_empty() {
+            None
+        } else {
+            let mut config = RegistryConfig::default();
+            config.max_loaded_models = config.max_loaded_models.max(local.len());
+            for (model, dir) in local {
+                config.add_model(model, dir).map_err(|e| format!("--tokenizer {model}: {e}"))?;
+            }
+            Some(Arc::new(TokenizerRegistry::new(config)))
+        };
+        let remote = match remote {
+            None => None,
+            Some(addr) => {
+                let channel = Channel::from_shared(format!("http://{addr}"))
+                    .map_err(|e| format!("--tokenizer-endpoint {addr}: {e}"))?
+                    .connect_lazy();
+                Some(TokenizationServiceClient::new(channel))
+            }
+        };
+        Ok(Tokenizers { local: registry, local_models: local.iter().map(|(m, _)| m.clone()).collect(), remote })
+    }
+
+    /// The in-process registry, for preloading and its statistics.
+    pub fn registry(&self) -> Option<&Arc<TokenizerRegistry>> {
+        self.local.as_ref()
+    }
+
+    /// Loads every in-process tokenizer now rather than on the first request.
+    pub async fn preload(&self) -> Result<(), String> {
+        let Some(registry) = self.local.clone() else { return Ok(()) };
+        let models: Vec<String> = self.local_models.iter().cloned().collect();
+        tokio::task::spawn_blocking(move || {
+            for model in models {
+                registry.initialize(&model).map_err(|e| format!("--tokenizer {model}: {e}"))?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| format!("tokenizer preload: {e}"))?
+    }
+
+    /// Token ids of `prompt` for `model`, or why there are none.
+    pub async fn tokenize(&self, model: &str, prompt: &Prompt) -> Result<Result<Vec<u32>, Unavailable>, TokenizeError> {
+        if let Prompt::Tokens(ids) = prompt {
+            metrics::counter!(m::TOKENIZE, "where" => "ids", "outcome" => "ok").increment(1);
+            return Ok(Ok(ids.clone()));
+        }
+        let (place, result) = if let Some(registry) = self.local.as_ref().filter(|_| self.local_models.contains(model))
+        {
+            ("local", local(registry.clone(), model, prompt).await)
+        } else if let Some(client) = &self.remote {
+            ("remote", remote(client.clone(), model, prompt).await)
+        } else {
+            ("none", Ok(Err(Unavailable::NoTokenizer)))
+        };
+        let outcome = match &result {
+            Ok(Ok(_)) => "ok",
+            Ok(Err(u)) => u.label(),
+            Err(TokenizeError::UnknownModel(_)) => "unknown_model",
+            Err(TokenizeError::Invalid(_)) => "invalid",
+        };
+        metrics::counter!(m::TOKENIZE, "where" => place, "outcome" => outcome).increment(1);
+        result
+    }
+}
+
+async fn local(
+    registry: Arc<TokenizerRegistry>,
+    model: &str,
+    prompt: &Prompt,
+) -> Result<Result<Vec<u32>, Unavailable>, TokenizeError> {
+    let (model, prompt) = (model.to_string(), prompt.clone());
+    let joined = tokio::task::spawn_blocking(move || match &prompt {
+        Prompt::Text(text) => registry.render_completion(&model, text),
+        Prompt::Chat(chat) => registry.render_chat(&model, chat),
+        Prompt::Tokens(ids) => Ok(ids.clone()),
+    })
+    .await;
+    match joined {
+        Err(_) => Ok(Err(Unavailable::TokenizerFailed)),
+        Ok(Ok(ids)) => Ok(Ok(ids)),
+        Ok(Err(e)) if e.is_client_error() => Err(TokenizeError::Invalid(e.to_string())),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e.log_summary(), "in-process tokenizer failed; placing by load");
+            Ok(Err(Unavailable::TokenizerFailed))
+        }
+    }
+}
+
+async fn remote(
+    mut client: TokenizationServiceClient<Channel>,
+    model: &str,
+    prompt: &Prompt,
+) -> Result<Result<Vec<u32>, Unavailable>, TokenizeError> {
+    let reply = match prompt {
+        Prompt::Tokens(ids) => return Ok(Ok(ids.clone())),
+        Prompt::Text(text) => {
+            let mut request = tonic::Request::new(tok::RenderCompletionRequest {
+                model_name: model.to_string(),
+                prompt: text.clone(),
+            });
+            request.set_timeout(REMOTE_TIMEOUT);
+            tokio::time::timeout(REMOTE_TIMEOUT, client.render_completion(request))
+                .await
+                .map(|r| r.map(|r| r.into_inner()).map(|r| (r.success, r.error_message, r.token_ids)))
+        }
+        Prompt::Chat(chat) => {
+            let mut request = tonic::Request::new(chat_request(model, chat));
+            request.set_timeout(REMOTE_TIMEOUT);
+            tokio::time::timeout(REMOTE_TIMEOUT, client.render_chat_completion(request))
+                .await
+                .map(|r| r.map(|r| r.into_inner()).map(|r| (r.success, r.error_message, r.token_ids)))
+        }
+    };
+    match reply {
+        Err(_) | Ok(Err(_)) => {
+            tracing::warn!("remote tokenizer unavailable or slow; placing by load");
+            Ok(Err(Unavailable::TokenizerFailed))
+        }
+        Ok(Ok((true, _, ids))) => Ok(Ok(ids)),
+        Ok(Ok((false, message, _))) if message.starts_with("unknown model") => {
+            Err(TokenizeError::UnknownModel(model.to_string()))
+        }
+        Ok(Ok((false, message, _))) => Err(TokenizeError::Invalid(message)),
+    }
+}
+
+/// An OpenAI chat as llm-d's `RenderChatCompletionRequest`. The contract carries role, text
+/// or content parts, tools and kwargs; other message keys (e.g. `tool_calls`) and documents
+/// have no field there, so such chats may render differently from the engine (fewer matched
+/// blocks, never false ones).
+pub fn chat_request(model: &str, chat: &ChatRequest) -> tok::RenderChatCompletionRequest {
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    let messages = chat
+        .messages
+        .iter()
+        .map(|message| {
+            let role = text(message.get("role")).unwrap_or_default();
+            match message.get("content") {
+                Some(Value::Array(parts)) => tok::ChatMessage {
+                    role,
+                    content: None,
+                    content_parts: parts
+                        .iter()
+                        .map(|part| tok::ContentPart {
+                            r#type: text(part.get("type")).unwrap_or_default(),
+                            text: text(part.get("text")),
+                            image_url: part
+                                .get("image_url")
+                                .and_then(|u| text(u.get("url")))
+                                .map(|url| tok::ImageUrl { url }),
+                        })
+                        .collect(),
+                },
+                content => tok::ChatMessage { role, content: text(content), content_parts: Vec::new() },
+            }
+        })
+        .collect();
+    let tools = chat
+        .tools
+        .iter()
+        .flatten()
+        .map(|tool| {
+            let function = tool.get("function");
+            tok::ChatCompletionTool {
+                r#type: text(tool.get("type")).unwrap_or_else(|| "function".into()),
+                function: function.map(|f| tok::FunctionDefinition {
+                    name: text(f.get("name")).unwrap_or_default(),
+                    description: text(f.get("description")),
+                    parameters_json: f.get("parameters").map(Value::to_string),
+                    strict: f.get("strict").and_then(Value::as_bool),
+                }),
+            }
+        })
+        .collect();
+    tok::RenderChatCompletionRequest {
+        model_name: model.to_string(),
+        messages,
+        tools,
+        chat_template: chat.chat_template.clone().unwrap_or_default(),
+        add_generation_prompt: chat.add_generation_prompt,
+        continue_final_message: chat.continue_final_message,
+        chat_template_kwargs: (!chat.template_kwargs.is_empty())
+            .then(|| Value::Object(chat.template_kwargs.clone()).to_string()),
+    }
+}

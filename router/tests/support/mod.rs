@@ -1,0 +1,205 @@
+//! What the router's integration tests share: the real binaries (`kvindex serve`,
+//! `kvindex-sim`, `kvindex-router`, started through the loadtest crate's launchers), an HTTP
+//! client that keeps headers and streamed chunks, and scripted fake pods for the behaviours a
+//! simulator cannot be asked for (a recorded stream replayed byte for byte, a pod that hangs,
+//! dies before answering, or dies mid-stream).
+#![allow(dead_code, unused_imports)]
+
+pub mod fake_pod;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::HeaderMap;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+pub use kvindex_loadtest::kvindex_service::{sim_next_seq, KvindexService};
+pub use kvindex_loadtest::process::{binary_or_skip, ChildProcess, RouterProcess, SimFleet, SimPod};
+use serde_json::Value;
+
+pub const DEADLINE: Duration = Duration::from_secs(30);
+pub const BLOCK: usize = 16;
+
+/// The three binaries, or `None` (test skipped, failed under CI) when one is not built.
+pub struct Bins {
+    pub kvindex: PathBuf,
+    pub sim: PathBuf,
+    pub router: PathBuf,
+}
+
+pub fn bins() -> Option<Bins> {
+    Some(Bins {
+        kvindex: binary_or_skip("kvindex", "KVINDEX_BIN")?,
+        sim: binary_or_skip("kvindex-sim", "KVINDEX_SIM_BIN")?,
+        router: Some(PathBuf::from(env!("CARGO_BIN_EXE_kvindex-router")))?,
+    })
+}
+
+/// The deepseek tokenizer fixture (129k vocabulary, chat template), or `None` (skipped, failed
+/// under CI).
+pub fn deepseek_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("KVINDEX_FIXTURES").map(|root| PathBuf::from(root).join("models/deepseek"));
+    match dir {
+        Some(dir) if dir.join("tokenizer.json").is_file() => Some(dir),
+        _ => {
+            let message = "no deepseek tokenizer fixture under $KVINDEX_FIXTURES/models/deepseek \
+                           (run `source scripts/env.sh` after scripts/setup.sh)";
+            assert!(std::env::var_os("CI").is_none(), "{message}");
+            eprintln!("SKIPPED: {message}");
+            None
+        }
+    }
+}
+
+/// `kvindex serve` and a `kvindex-sim` fleet dialing it, every pod registered with its replay
+/// endpoint.
+pub struct Stack {
+    pub kv: KvindexService,
+    pub sim: SimFleet,
+}
+
+impl Stack {
+    pub async fn start(bins: &Bins, pods: usize, sim_args: &[&str]) -> Stack {
+        let kv = KvindexService::start(&bins.kvindex, BLOCK).expect("kvindex serve");
+        let mut args = vec!["--zmq-connect", &kv.zmq_endpoint, "--http-base-port", "0", "--replay-base-port", "0"];
+        args.extend_from_slice(sim_args);
+        let sim = SimFleet::start(&bins.sim, pods, &args).expect("kvindex-sim");
+        for pod in &sim.pods {
+            let model = sim_args.windows(2).find(|w| w[0] == "--model").map_or("sim/model", |w| w[1]);
+            kv.register_pod(&pod.pod_id, model, pod.replay.as_deref()).await.expect("register pod");
+        }
+        Stack { kv, sim }
+    }
+
+    /// Waits until the indexer applied everything every pod published so far.
+    pub async fn settle(&self) {
+        for pod in &self.sim.pods {
+            let next = sim_next_seq(&pod.http).await.expect("sim stats");
+            self.kv.wait_applied(&pod.pod_id, next, DEADLINE).await.expect("indexer caught up");
+        }
+    }
+
+    /// `--indexer … --pod …` for a router in front of this stack.
+    pub fn router_args(&self) -> Vec<String> {
+        let mut args = vec!["--indexer".to_string(), self.kv.grpc_addr.clone()];
+        for pod in &self.sim.pods {
+            args.push("--pod".into());
+            args.push(pod.router_spec());
+        }
+        args
+    }
+
+    pub fn pod(&self, id: &str) -> &SimPod {
+        self.sim.pods.iter().find(|p| p.pod_id == id).expect("known pod")
+    }
+}
+
+pub fn router(bins: &Bins, args: &[String]) -> RouterProcess {
+    RouterProcess::start(&bins.router, args).expect("kvindex-router")
+}
+
+/// An HTTP response read to the end.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The `x-kvindex-pod` header.
+    pub fn pod(&self) -> &str {
+        self.header("x-kvindex-pod").unwrap_or_else(|| panic!("no x-kvindex-pod: {} {:?}", self.status, self.body))
+    }
+
+    pub fn cached_tokens(&self) -> u64 {
+        self.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens")
+    }
+
+    pub fn prompt_tokens(&self) -> u64 {
+        self.json()["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens")
+    }
+}
+
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// A request; `body` = `None` sends a GET.
+pub async fn request(addr: &str, method: &str, path: &str, body: Option<Bytes>, headers: &[(&str, &str)]) -> Reply {
+    let mut builder = hyper::Request::builder().method(method).uri(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    if body.is_some() {
+        builder = builder.header("content-type", "application/json");
+    }
+    let request = builder.body(Full::new(body.unwrap_or_default())).expect("request");
+    let response = client().request(request).await.unwrap_or_else(|e| panic!("{method} {addr}{path}: {e:?}"));
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Reply { status: head.status.as_u16(), headers: head.headers, body }
+}
+
+pub async fn post(addr: &str, path: &str, body: &Value) -> Reply {
+    request(addr, "POST", path, Some(Bytes::from(body.to_string())), &[]).await
+}
+
+pub async fn get(addr: &str, path: &str) -> Reply {
+    request(addr, "GET", path, None, &[]).await
+}
+
+/// Polls `check` until it returns `Some`, failing the test at the deadline.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The router's view of one pod (`/debug/pods`).
+pub async fn router_pod(router: &str, id: &str) -> Value {
+    let pods = get(router, "/debug/pods").await.json();
+    pods["pods"].as_array().and_then(|p| p.iter().find(|p| p["id"] == id).cloned()).unwrap_or(Value::Null)
+}
+
+/// Waits until every listed pod has been scraped by the router.
+pub async fn wait_scraped(router: &str, ids: &[String]) {
+    for id in ids {
+        wait_for("the router to scrape the pod", DEADLINE, || async move {
+            router_pod(router, id).await["load"]["scrape_age_ms"].as_u64().map(|_| ())
+        })
+        .await;
+    }
+}
+
+/// A metric's value summed over label sets whose text contains every `labels` fragment.
+pub async fn metric(addr: &str, name: &str, labels: &[&str]) -> f64 {
+    let text = String::from_utf8_lossy(&get(addr, "/metrics").await.body).into_owned();
+    text.lines()
+        .filter(|l| {
+            l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && labels.iter().all(|f| l.contains(f))
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
