@@ -2,8 +2,8 @@
 //! documented, tested exhaustively and replayed from a log line.
 //!
 //! **cost** (default):
-//! `prefill_weight × uncached prompt blocks + decode_weight × running + queue_weight × waiting
-//! + kv_weight × kv_usage`, where `running` = the pod's running requests (scraped) plus this
+//! `prefill_weight × uncached prompt blocks + decode_weight × running + queue_weight × waiting +
+//! kv_weight × kv_usage`, where `running` = the pod's running requests (scraped) plus this
 //! router's requests sent since that scrape, `waiting` = its queued requests (scraped),
 //! `kv_usage` its KV-cache usage (0–1), and a pod's cached blocks are the larger of its exact
 //! matched prefix and its speculative credit. Lowest cost wins; equal costs go to the pod with

@@ -166,17 +166,14 @@ fn main() -> std::process::ExitCode {
             )));
         }
     }
-    let reports: Vec<PolicyReport> = match policies
-        .iter_mut()
-        .map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations))
-        .collect()
-    {
-        Ok(reports) => reports,
-        Err(error) => {
-            eprintln!("kvindex-policies: {error}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
+    let reports: Vec<PolicyReport> =
+        match policies.iter_mut().map(|policy| run(policy.as_mut(), &engine, args.pods, &conversations)).collect() {
+            Ok(reports) => reports,
+            Err(error) => {
+                eprintln!("kvindex-policies: {error}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
     if args.json {
         for report in &reports {
             println!("{}", serde_json::to_string(report).unwrap_or_default());
