@@ -28,9 +28,12 @@ mkdir -p "$out"
 profile="${PROFILE:-debug}"
 
 driver=""
+build=""
 cleanup() {
-  # agreement.py stops its engines and services itself; this is the backstop for a driver
-  # killed before its own cleanup ran: its process group, then anything carrying our markers.
+  if [ -n "$build" ] && kill -0 "$build" 2>/dev/null; then kill -TERM "$build" 2>/dev/null || true; fi
+  # agreement.py stops its engines and services itself (also on SIGTERM); this is the backstop:
+  # its process group, SIGKILL after 20 s. What it started (own process groups) has
+  # PR_SET_PDEATHSIG set, so it gets SIGTERM when the driver dies.
   if [ -n "$driver" ] && kill -0 "$driver" 2>/dev/null; then
     kill -TERM -- "-$driver" 2>/dev/null || true
     for _ in $(seq 1 100); do kill -0 "$driver" 2>/dev/null || break; sleep 0.2; done
@@ -41,14 +44,19 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-bash "$here/setup.sh"
-
+# The install (mostly downloads) and the build (CPU) overlap: on a fresh machine each takes minutes.
 if [ -n "${KVINDEX_BIN_DIR:-}" ]; then
   bin_dir="$KVINDEX_BIN_DIR"
 else
   flag=(); [ "$profile" = release ] && flag=(--release)
-  nice cargo build --quiet "${flag[@]}" -p kvindex-server -p kvindex-router -p kvindex-tokenizer --bins
+  nice cargo build --quiet "${flag[@]}" -p kvindex-server -p kvindex-router -p kvindex-tokenizer --bins &
+  build=$!
   bin_dir="$CARGO_TARGET_DIR/$profile"
+fi
+bash "$here/setup.sh"
+if [ -n "$build" ]; then
+  wait "$build" || { echo "run.sh: the build failed" >&2; build=""; exit 1; }
+  build=""
 fi
 echo "binaries from $bin_dir ($(( $(date +%s) - start )) s so far)"
 
