@@ -456,6 +456,10 @@ def main():
     log(f"kvindex-tokenizer: {tok.checked - tok.differ}/{tok.checked} text prompts tokenized as the engine did; "
         f"router total blocks wrong {router_blocks_bad}")
     log(f"hash cross-check: {hash_blocks:.0f} engine block hashes recomputed, {hash_mismatches:.0f} mismatches")
+    for src in sources.get("sources", []) if isinstance(sources, dict) else []:
+        log(f"source {src.get('pod')} ({src.get('mode')}): {src.get('state')}, restarts {src.get('restarts')}, "
+            f"gaps {src.get('gaps')}, clears {src.get('clears')}, blocks {src.get('blocks')}, hashes checked "
+            f"{src.get('hash_check_checked')}, mismatches {src.get('hash_check_mismatches')}")
     log(f"wall {time.monotonic() - started:.0f} s; rows in {args.out}/requests.jsonl")
     ok = (n > 0 and agreeing >= args.target * n and over == 0 and tok.differ == 0 and tok.checked > 0
           and router_blocks_bad == 0 and hash_blocks > 0 and hash_mismatches == 0)
