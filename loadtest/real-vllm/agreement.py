@@ -152,7 +152,7 @@ class TokenizerCheck:
             return f"error: {r.error_message}"
         return list(r.token_ids)
 
-    def check(self, kind, payload, engine_ids):
+    def check(self, label, kind, payload, engine_ids):
         if kind != "chat" and not isinstance(payload, str):
             return None  # token ids: nothing to tokenize
         self.checked += 1
@@ -160,14 +160,17 @@ class TokenizerCheck:
         same = ours == engine_ids
         if not same:
             self.differ += 1
+            first = next((i for i, (a, b) in enumerate(zip(ours, engine_ids)) if a != b), None) \
+                if isinstance(ours, list) else None
+            log(f"DIFF {label}: kvindex-tokenizer {ours if isinstance(ours, str) else len(ours)} ids, engine "
+                f"{len(engine_ids)}, first difference at {first}")
         return same
 
 
 # --- the run ---------------------------------------------------------------------------------
 
 class Fleet:
-    def __init__(self, args):
-        self.args = args
+    def __init__(self):
         self.engines = {}  # pod id -> Engine
         self.services = []
         self.router_url = None
@@ -241,7 +244,7 @@ class Run:
         got = cached_tokens(response)
         cap = (prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE  # the engine computes at least one token
         predicted = min(matched * BLOCK_SIZE, cap)
-        tokenizer_same = self.tok.check(kind, payload, ids)
+        tokenizer_same = self.tok.check(label, kind, payload, ids)
         row = {
             "label": label, "endpoint": kind, "pod": pod, "score": score, "matched_blocks": matched,
             "total_blocks": total_blocks, "prompt_tokens": prompt_tokens, "cached_tokens": got,
@@ -373,7 +376,7 @@ def main():
     base = args.base_port
     big_http, big_kv = base, base + 1  # per-pod mode: the engine binds its PUB (tcp://*), kvindex dials it
     small_http, central_zmq, small_replay = base + 10, base + 11, base + 12  # central mode: it dials kvindex
-    fleet = Fleet(args)
+    fleet = Fleet()
     big_pod, small_pod = fleet.pod_id(big_http), fleet.pod_id(small_http)
     big_cfg = EngineConfig(http_port=big_http, kv_port=big_kv, dev_mode=True,
                            log_path=os.path.join(args.out, "engine-big.log"))
