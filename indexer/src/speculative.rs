@@ -107,10 +107,13 @@ impl PodBook {
 
 const SHARDS: usize = 16;
 
+/// One shard: (block key, pod id) → expiry in milliseconds.
+type Shard = RwLock<FxHashMap<(u64, u32), u64>>;
+
 /// The bounded table of speculative credits: (block key, pod) → expiry.
 pub struct SpeculativeCredits {
     config: SpeculativeConfig,
-    shards: Box<[RwLock<FxHashMap<(u64, u32), u64>>]>,
+    shards: Box<[Shard]>,
     pods: Mutex<PodBook>,
     entries: AtomicUsize,
 }
@@ -170,7 +173,7 @@ impl SpeculativeCredits {
         CreditKeys(keys)
     }
 
-    fn shard(&self, key: u64) -> &RwLock<FxHashMap<(u64, u32), u64>> {
+    fn shard(&self, key: u64) -> &Shard {
         &self.shards[(key >> 59) as usize % SHARDS]
     }
 
