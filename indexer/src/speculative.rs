@@ -19,7 +19,7 @@
 //! about [`ENTRY_BYTES`] each); past a bound new credits are refused and counted, which can
 //! only under-predict. Time is passed in (milliseconds on the caller's monotonic clock).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -116,6 +116,8 @@ pub struct SpeculativeCredits {
     shards: Box<[Shard]>,
     pods: Mutex<PodBook>,
     entries: AtomicUsize,
+    /// When the last periodic sweep ran (caller's milliseconds).
+    last_sweep: AtomicU64,
 }
 
 impl SpeculativeCredits {
@@ -126,6 +128,7 @@ impl SpeculativeCredits {
             shards: (0..SHARDS).map(|_| RwLock::new(FxHashMap::default())).collect(),
             pods: Mutex::new(PodBook::default()),
             entries: AtomicUsize::new(0),
+            last_sweep: AtomicU64::new(0),
         }
     }
 
@@ -304,6 +307,17 @@ impl SpeculativeCredits {
         removed
     }
 
+    /// Sweeps when credits are held and the last sweep is at least `every_ms` old: for a caller
+    /// that ticks more often than a sweep (O(credits)) is worth. Returns credits dropped.
+    pub fn sweep_every(&self, every_ms: u64, now_ms: u64) -> usize {
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        if self.entries() == 0 || now_ms.saturating_sub(last) < every_ms {
+            return 0;
+        }
+        self.last_sweep.store(now_ms, Ordering::Relaxed);
+        self.sweep(now_ms)
+    }
+
     /// Drops expired credits. Returns how many.
     pub fn sweep(&self, now_ms: u64) -> usize {
         let mut book = self.pods.lock();
@@ -371,8 +385,13 @@ mod tests {
         let sibling = t.keys("m", None, &[0, 1, 2, 3, 4, 5, 99, 99]);
         assert_eq!(runs(&t, &sibling, 1_050, &[]), [("a".to_string(), 3)]);
         assert!(runs(&t, &keys, 1_100, &[]).is_empty(), "expired at now + ttl");
-        assert_eq!(t.sweep(1_100), 5);
+        assert_eq!(t.sweep_every(1_000, 1_100), 5);
         assert_eq!(t.entries(), 0);
+        t.record("a", &keys, 0, 10, 1_100);
+        assert_eq!(t.sweep_every(1_000, 1_500), 0, "not due: swept 400 ms ago");
+        assert_eq!(t.entries(), 5, "expired but not swept yet");
+        assert!(runs(&t, &keys, 1_500, &[]).is_empty(), "expired credit is ignored before any sweep");
+        assert_eq!(t.sweep_every(1_000, 2_100), 5);
     }
 
     #[test]

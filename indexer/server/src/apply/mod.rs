@@ -457,7 +457,8 @@ impl Worker {
             gauge!(m::READY).set(if self.state.readiness().is_ready() { 1.0 } else { 0.0 });
             gauge!(m::PODS).set(self.state.status().pods() as f64);
             let speculative = self.state.speculative();
-            speculative.sweep(self.state.now_ms());
+            // Expired credits are already ignored by scoring; sweeping reclaims their memory.
+            speculative.sweep_every(1_000, self.state.now_ms());
             gauge!(m::SPECULATIVE_ENTRIES).set(speculative.entries() as f64);
             gauge!(m::SPECULATIVE_BYTES).set(speculative.approx_bytes() as f64);
         }
