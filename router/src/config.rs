@@ -110,9 +110,14 @@ pub struct ServeArgs {
     pub upstream_retries: usize,
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     pub upstream_connect_timeout_ms: u64,
-    /// Speculative credit (RecordRoute) asked of the indexer after each pick; 0 turns it off.
+    /// Speculative credit (RecordRoute) asked of the indexer after each pick, so every replica
+    /// sees the pick before the engine's events arrive; 0 turns RecordRoute off.
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     pub speculative_ttl_ms: u64,
+    /// A RecordRoute call (sent in the background, never delaying the request) is abandoned
+    /// after this.
+    #[arg(long, default_value_t = 250, value_name = "MS")]
+    pub record_route_timeout_ms: u64,
     /// Log format: `text` or `json` (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -168,6 +173,7 @@ pub struct Config {
     pub upstream_retries: usize,
     pub upstream_connect_timeout: Duration,
     pub speculative_ttl: Duration,
+    pub record_route_timeout: Duration,
     pub log_format: LogFormat,
 }
 
@@ -341,6 +347,7 @@ impl ServeArgs {
             upstream_retries: self.upstream_retries,
             upstream_connect_timeout: positive_ms("--upstream-connect-timeout-ms", self.upstream_connect_timeout_ms)?,
             speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
+            record_route_timeout: positive_ms("--record-route-timeout-ms", self.record_route_timeout_ms)?,
             log_format: self.log_format,
         })
     }

@@ -22,6 +22,8 @@ pub const POD_LOAD: &str = "kvindex_router_pod_load";
 pub const SCRAPES: &str = "kvindex_router_scrapes_total";
 pub const POD_CHANGES: &str = "kvindex_router_pod_changes_total";
 pub const RECORD_ROUTE: &str = "kvindex_router_record_route_total";
+pub const TOKENIZER_CACHE_REQUESTS: &str = "kvindex_router_tokenizer_prefix_cache_requests";
+pub const TOKENIZER_CACHE_BYTES: &str = "kvindex_router_tokenizer_prefix_cache_bytes";
 
 /// Installs the global recorder; `None` when one is already installed (a second router in
 /// one process, e.g. a benchmark), which then records nothing of its own.
@@ -37,6 +39,18 @@ pub fn install() -> Option<PrometheusHandle> {
         .ok()?;
     describe();
     Some(handle)
+}
+
+/// Copies the in-process tokenizer's prefix-cache statistics (incremental tokenization) into
+/// gauges, when `/metrics` is scraped: reading them is a few atomic loads.
+pub fn record_tokenizer_cache(tokenizers: &crate::tokenize::Tokenizers) {
+    let Some(registry) = tokenizers.registry() else { return };
+    let stats = registry.prefix_cache_stats();
+    for (result, n) in [("hit", stats.hits), ("miss", stats.misses), ("bypass", stats.bypassed)] {
+        metrics::gauge!(TOKENIZER_CACHE_REQUESTS, "result" => result).set(n as f64);
+    }
+    metrics::gauge!(TOKENIZER_CACHE_BYTES, "kind" => "used").set(stats.bytes as f64);
+    metrics::gauge!(TOKENIZER_CACHE_BYTES, "kind" => "capacity").set(stats.capacity_bytes as f64);
 }
 
 fn describe() {
@@ -57,6 +71,11 @@ fn describe() {
     describe_gauge!(INFLIGHT, "Requests in flight per pod");
     describe_gauge!(PODS, "Pods by role");
     describe_gauge!(POD_LOAD, "Last scraped load per pod (waiting, running, kv_usage)");
+    describe_gauge!(
+        TOKENIZER_CACHE_REQUESTS,
+        "In-process tokenizations by prefix-cache result (hit, miss, bypass), since start"
+    );
+    describe_gauge!(TOKENIZER_CACHE_BYTES, Unit::Bytes, "In-process tokenizer prefix cache: bytes used and capacity");
     describe_counter!(SCRAPES, "Scrapes of pod /metrics by outcome");
     describe_counter!(POD_CHANGES, "Pod table changes by source and operation");
     describe_counter!(RECORD_ROUTE, "RecordRoute calls to the indexer by outcome");

@@ -9,6 +9,7 @@ use std::time::Instant;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio::sync::Semaphore;
 
+use kvindex::speculative::SpeculativeCredits;
 use kvindex::KvIndex;
 
 use crate::apply::Queues;
@@ -20,6 +21,8 @@ use crate::transport::ReplayClient;
 pub struct ServiceState {
     config: Config,
     index: KvIndex,
+    /// RecordRoute's predictions, kept apart from the index (never in `matched_blocks`).
+    speculative: SpeculativeCredits,
     start: Instant,
     registry: RwLock<Registry>,
     queues: Queues,
@@ -36,6 +39,7 @@ impl ServiceState {
         ServiceState {
             registry: RwLock::new(Registry::new(&config.topic_map, &config.replay)),
             replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
+            speculative: SpeculativeCredits::new(config.speculative.clone()),
             config,
             index,
             start: Instant::now(),
@@ -53,6 +57,19 @@ impl ServiceState {
 
     pub fn index(&self) -> &KvIndex {
         &self.index
+    }
+
+    pub fn speculative(&self) -> &SpeculativeCredits {
+        &self.speculative
+    }
+
+    /// Ends `pod`'s speculative credit (its blocks were cleared, its source degraded, or it
+    /// was removed), counting the credits dropped under `reason`.
+    pub fn end_speculation(&self, pod: &str, reason: &'static str) {
+        let dropped = self.speculative.clear_pod(pod);
+        if dropped > 0 {
+            metrics::counter!(crate::telemetry::SPECULATIVE_CLEARED, "reason" => reason).increment(dropped as u64);
+        }
     }
 
     /// Milliseconds since the service started: the sequencers' clock.

@@ -39,6 +39,11 @@ pub const HASH_MISMATCHES: &str = "kvindex_hash_check_mismatches_total";
 pub const HASH_CHECKED: &str = "kvindex_hash_check_blocks_total";
 pub const GET_POD_SCORES_REQUESTS: &str = "kvindex_get_pod_scores_requests_total";
 pub const GET_POD_SCORES_SECONDS: &str = "kvindex_get_pod_scores_seconds";
+pub const RECORD_ROUTE_REQUESTS: &str = "kvindex_record_route_requests_total";
+pub const SPECULATIVE_BLOCKS: &str = "kvindex_speculative_blocks_total";
+pub const SPECULATIVE_ENTRIES: &str = "kvindex_speculative_entries";
+pub const SPECULATIVE_BYTES: &str = "kvindex_speculative_bytes";
+pub const SPECULATIVE_CLEARED: &str = "kvindex_speculative_cleared_total";
 
 /// The process's Prometheus recorder, installed on first use. The `metrics` facade has one
 /// global recorder, so servers run in one process (tests) share it.
@@ -101,4 +106,12 @@ fn describe() {
     describe_counter!(HASH_CHECKED, "Engine block hashes recomputed by the sampled cross-check");
     describe_counter!(GET_POD_SCORES_REQUESTS, "llm-d GetPodScores requests, by outcome");
     describe_histogram!(GET_POD_SCORES_SECONDS, Unit::Seconds, "llm-d GetPodScores latency, tokenization included");
+    describe_counter!(RECORD_ROUTE_REQUESTS, "RecordRoute requests, by outcome");
+    describe_counter!(SPECULATIVE_BLOCKS, "Blocks credited / refused (table bound) by RecordRoute");
+    describe_gauge!(SPECULATIVE_ENTRIES, "Speculative credits held (block, pod)");
+    describe_gauge!(SPECULATIVE_BYTES, Unit::Bytes, "Approximate memory of the speculative credits");
+    describe_counter!(
+        SPECULATIVE_CLEARED,
+        "Speculative credits ended early, by reason (pod cleared, degraded, removed)"
+    );
 }

@@ -180,9 +180,11 @@ impl Worker {
                         }
                         self.state.status().remove(&k, &st.pod, st.seq.state());
                         any |= self.state.index().remove_pod(&st.pod);
+                        self.state.end_speculation(&st.pod, "removed");
                     }
                 }
                 any |= self.state.index().remove_pod(&pod);
+                self.state.end_speculation(&pod, "removed");
                 let _ = done.send(any);
             }
             Work::Stop => {}
@@ -335,6 +337,9 @@ impl Worker {
                     st.events[0].increment(report.stored_events);
                     st.events[1].increment(report.removed_events);
                     st.events[2].increment(report.cleared_events);
+                    if report.cleared_events > 0 {
+                        state.end_speculation(&st.pod, "all_blocks_cleared");
+                    }
                     st.events[3].increment(report.unknown_events);
                     self.blocks_stored.increment(report.stored_blocks);
                     self.blocks_removed.increment(report.removed_blocks);
@@ -354,6 +359,7 @@ impl Worker {
                 }
                 Step::Clear { reason } => {
                     let removed = state.index().clear_pod(&st.pod);
+                    state.end_speculation(&st.pod, reason.label());
                     counter!(m::CLEARS, "reason" => reason.label()).increment(1);
                     tracing::warn!(pod = %st.pod, reason = reason.label(), entries_removed = removed, "pod cleared");
                 }
@@ -450,12 +456,22 @@ impl Worker {
             gauge!(m::QUEUE_DEPTH).set(self.state.queues().depth().max(0) as f64);
             gauge!(m::READY).set(if self.state.readiness().is_ready() { 1.0 } else { 0.0 });
             gauge!(m::PODS).set(self.state.status().pods() as f64);
+            let speculative = self.state.speculative();
+            // Expired credits are already ignored by scoring; sweeping reclaims their memory.
+            speculative.sweep_every(1_000, self.state.now_ms());
+            gauge!(m::SPECULATIVE_ENTRIES).set(speculative.entries() as f64);
+            gauge!(m::SPECULATIVE_BYTES).set(speculative.approx_bytes() as f64);
         }
     }
 }
 
 fn transition(state: &ServiceState, pod: &str, from: SourceState, to: SourceState, reason: Reason) {
     state.status().transition(pod, from, to);
+    if matches!(to, SourceState::Degraded | SourceState::Stale) {
+        // A prediction about a pod whose events cannot be trusted would outlive what the index
+        // knows of it.
+        state.end_speculation(pod, "source_not_exact");
+    }
     counter!(m::TRANSITIONS, "from" => from.label(), "to" => to.label(), "reason" => reason.label()).increment(1);
     match to {
         SourceState::Degraded | SourceState::Stale => {

@@ -111,6 +111,18 @@ pub struct Settings {
     /// Largest gRPC request, in bytes.
     #[arg(long, env = "KVINDEX_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<i64>,
+    /// RecordRoute: TTL of a speculative credit when the request names none.
+    #[arg(long, env = "KVINDEX_SPECULATIVE_TTL_MS")]
+    pub speculative_ttl_ms: Option<i64>,
+    /// RecordRoute: longest TTL a request may ask for (longer is capped).
+    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_TTL_MS")]
+    pub speculative_max_ttl_ms: Option<i64>,
+    /// RecordRoute: speculative credits held at once, all pods together (0 = RecordRoute off).
+    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES")]
+    pub speculative_max_entries: Option<i64>,
+    /// RecordRoute: speculative credits held for one pod.
+    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_POD")]
+    pub speculative_max_entries_per_pod: Option<i64>,
     /// Watched file of `[[pods]]` (reloaded on change).
     #[arg(long, env = "KVINDEX_PODS_FILE")]
     pub pods_file: Option<PathBuf>,
@@ -165,6 +177,8 @@ pub struct Config {
     pub max_pending: usize,
     pub max_tokens: usize,
     pub max_message_bytes: usize,
+    /// RecordRoute's table of speculative credits (its block size is `block_size`).
+    pub speculative: kvindex::speculative::SpeculativeConfig,
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
     pub tier_weights: BTreeMap<String, f64>,
@@ -339,7 +353,7 @@ impl Config {
             return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
         }
 
-        let config = Config {
+        let mut config = Config {
             grpc_addr,
             http_addr,
             block_size: int("block_size", s.block_size, 16, 1, 1 << 16)? as usize,
@@ -361,6 +375,19 @@ impl Config {
             max_pending: int("max_pending", s.max_pending, 100_000, 1, 1 << 24)? as usize,
             max_tokens: int("max_tokens", s.max_tokens, 262_144, 1, 1 << 28)? as usize,
             max_message_bytes: int("max_message_bytes", s.max_message_bytes, 4 << 20, 1024, 1 << 30)? as usize,
+            speculative: kvindex::speculative::SpeculativeConfig {
+                block_size: 0, // set below from block_size
+                default_ttl_ms: int("speculative_ttl_ms", s.speculative_ttl_ms, 2_000, 1, 3_600_000)? as u64,
+                max_ttl_ms: int("speculative_max_ttl_ms", s.speculative_max_ttl_ms, 10_000, 1, 3_600_000)? as u64,
+                max_entries: int("speculative_max_entries", s.speculative_max_entries, 1 << 20, 0, 1 << 32)? as usize,
+                max_entries_per_pod: int(
+                    "speculative_max_entries_per_pod",
+                    s.speculative_max_entries_per_pod,
+                    1 << 16,
+                    1,
+                    1 << 32,
+                )? as usize,
+            },
             pods_file: s.pods_file,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
@@ -368,6 +395,10 @@ impl Config {
             topic_map,
             replay,
         };
+        config.speculative.block_size = config.block_size;
+        if config.speculative.default_ttl_ms > config.speculative.max_ttl_ms {
+            return Err(src.error("speculative_ttl_ms", "must not exceed speculative_max_ttl_ms"));
+        }
         if config.zmq_bind.is_none() && config.pods.iter().all(|p| p.endpoint.is_none()) && config.pods_file.is_none() {
             tracing::warn!(
                 "no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API"

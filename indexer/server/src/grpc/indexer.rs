@@ -1,4 +1,5 @@
-//! `kvindex.v1.Indexer`: ScoreTokens, and pod registration (RegisterPod, UnregisterPod).
+//! `kvindex.v1.Indexer`: ScoreTokens and RecordRoute (the read plane), and pod registration
+//! (RegisterPod, UnregisterPod).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +37,13 @@ impl Indexer for IndexerService {
         metrics::histogram!(m::SCORE_LATENCY).record(start.elapsed().as_secs_f64());
         metrics::counter!(m::SCORE_REQUESTS, "outcome" => "ok").increment(1);
         Ok(Response::new(resp))
+    }
+
+    async fn record_route(
+        &self,
+        request: Request<pb::RecordRouteRequest>,
+    ) -> Result<Response<pb::RecordRouteResponse>, Status> {
+        super::record_route::record_route(&self.state, request.get_ref()).map(Response::new)
     }
 
     async fn register_pod(

@@ -292,6 +292,7 @@ class Peer:
                     "weighted_score": s.weighted_score,
                     "matched_by_tier": dict(s.matched_by_tier),
                     "state": self.pb.SourceState.Name(s.state),
+                    "speculative_blocks": s.speculative_blocks,
                 }
                 for s in r.scores
             ],
@@ -310,6 +311,14 @@ class Peer:
         )
         replies = list(call(iter([b"\x3a\x00"]), timeout=10))
         return {"raw": b"".join(replies).decode("latin-1")}
+
+    def op_record_route(self, pod, model, tokens, ttl_ms=0, lora_name="", cache_salt=""):
+        req = self.pb.RecordRouteRequest(pod=pod, model=model, token_ids=tokens, ttl_ms=ttl_ms, lora_name=lora_name, cache_salt=cache_salt)
+        try:
+            r = self.stub.RecordRoute(req, timeout=10)
+        except grpc.RpcError as e:
+            return {"ok": False, "code": e.code().name, "details": e.details()}
+        return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms}
 
     def op_score_raw(self, model, n_tokens, pods=()):
         return self.op_score(model, list(range(n_tokens)), pods)
