@@ -15,7 +15,7 @@
 //! ```
 //!
 //! - [`config`]: the settings, declared once (flags, env vars, TOML file), validated into [`Config`].
-//! - [`transport`]: the ZeroMQ boundary (SUB streams, replay requests).
+//! - [`transport`]: the ZeroMQ boundary (`kvindex-zmtp`: SUB streams, replay requests, limits).
 //! - [`sources`]: live streams and the [`sources::registry`] of pods and topics.
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
 //! - [`apply`]: the apply workers and their bounded queues.

@@ -1,6 +1,6 @@
 //! The server, as mini-redis's `server::run`: [`bind`] the listeners of a [`Config`], then
 //! [`run`] the service on them until a shutdown future resolves. `run` wires the index, the
-//! apply workers, the live sources, the replay client, gRPC and the HTTP admin together, and
+//! apply workers, the live sources, replays, gRPC and the HTTP admin together, and
 //! shuts them down in order: stop listening and let requests in flight finish, stop the
 //! sources, then let the apply workers drain what they were given and return.
 
@@ -21,7 +21,7 @@ use crate::error::ServerError;
 use crate::grpc::tokenizer::PromptTokenizer;
 use crate::sources::registry;
 use crate::state::ServiceState;
-use crate::transport::{self, BoundSub, ReplayClient};
+use crate::transport::SubListener;
 use crate::{grpc, http, sources, telemetry};
 
 /// How long requests in flight may take to finish once shutdown starts.
@@ -32,7 +32,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct Listeners {
     grpc: TcpListener,
     http: TcpListener,
-    zmq: Option<BoundSub>,
+    zmq: Option<SubListener>,
 }
 
 impl Listeners {
@@ -46,7 +46,7 @@ impl Listeners {
 
     /// The central SUB's endpoint (`tcp://host:port`), in central mode.
     pub fn zmq_endpoint(&self) -> Option<&str> {
-        self.zmq.as_ref().map(BoundSub::endpoint)
+        self.zmq.as_ref().map(SubListener::endpoint)
     }
 }
 
@@ -58,7 +58,11 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
     let grpc = tcp("grpc_addr", config.grpc_addr).await?;
     let http = tcp("http_addr", config.http_addr).await?;
     let zmq = match &config.zmq_bind {
-        Some(endpoint) => Some(transport::bind_sub(endpoint).await.map_err(ServerError::ZmqBind)?),
+        Some(endpoint) => {
+            let filter = config.topic_filter.as_bytes();
+            let sub = SubListener::bind(endpoint, &[filter], config.zmq_limits.clone()).await;
+            Some(sub.map_err(ServerError::ZmqBind)?)
+        }
         None => None,
     };
     Ok(Listeners { grpc, http, zmq })
@@ -71,8 +75,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let tokenizer = PromptTokenizer::from_config(&config)?;
     let index = build_index(&config)?;
     let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
-    let replay_client = ReplayClient::new().map_err(|source| ServerError::Io { what: "replay client", source })?;
-    let state = Arc::new(ServiceState::new(config, index, queues, replay_client));
+    let state = Arc::new(ServiceState::new(config, index, queues));
     let mut workers = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
         let worker = Worker::new(state.clone(), i);

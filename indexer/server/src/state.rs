@@ -1,5 +1,5 @@
 //! The state the service's parts share: the configuration, the index, the registry of pods,
-//! the apply queues, the sources' status, readiness and the replay client. Owned by one
+//! the apply queues, the sources' status, readiness and the replay permits. Owned by one
 //! [`ServiceState`] behind an `Arc`; every part goes through its methods.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,7 +15,6 @@ use crate::apply::Queues;
 use crate::config::Config;
 use crate::sources::registry::Registry;
 use crate::status::SourceStatus;
-use crate::transport::ReplayClient;
 
 pub struct ServiceState {
     config: Config,
@@ -25,14 +24,13 @@ pub struct ServiceState {
     queues: Queues,
     status: SourceStatus,
     readiness: Readiness,
-    replay_client: ReplayClient,
     replay_permits: Arc<Semaphore>,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
 }
 
 impl ServiceState {
-    pub fn new(config: Config, index: KvIndex, queues: Queues, replay_client: ReplayClient) -> Self {
+    pub fn new(config: Config, index: KvIndex, queues: Queues) -> Self {
         ServiceState {
             registry: RwLock::new(Registry::new(&config.topic_map, &config.replay)),
             replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
@@ -42,7 +40,6 @@ impl ServiceState {
             queues,
             status: SourceStatus::default(),
             readiness: Readiness::default(),
-            replay_client,
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -78,10 +75,6 @@ impl ServiceState {
 
     pub fn readiness(&self) -> &Readiness {
         &self.readiness
-    }
-
-    pub fn replay_client(&self) -> &ReplayClient {
-        &self.replay_client
     }
 
     /// Bounds replays in flight (`max_concurrent_replays`).

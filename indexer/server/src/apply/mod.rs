@@ -41,8 +41,8 @@ struct Stream {
     startup_sync: Option<u64>,
     /// Registry generation `seq`'s replay flag was derived from.
     registry_generation: u64,
-    /// The live connection the last message came on (0: none yet).
-    conn: ConnId,
+    /// The live connection the last message came on.
+    conn: Option<ConnId>,
     events: [Counter; 4],
     gaps: Counter,
 }
@@ -76,7 +76,7 @@ impl Stream {
             endpoint: None,
             startup_sync: None,
             registry_generation: u64::MAX,
-            conn: 0,
+            conn: None,
         }
     }
 }
@@ -143,7 +143,10 @@ impl Worker {
 
     fn handle(&mut self, work: Work) {
         match work {
-            Work::Live { origin, conn, frames, at } => self.live(origin, conn, frames, at),
+            Work::Live { origin, conn, peer: _, frames, lease, at } => {
+                self.live(origin, conn, frames, at);
+                drop(lease); // the socket may read again
+            }
             Work::Replay { stream, id, item } => self.replay(stream, id, item),
             Work::InitialSync { stream, model, endpoint, startup } => {
                 let now = self.state.now_ms();
@@ -256,12 +259,12 @@ impl Worker {
             let mut steps = std::mem::take(&mut self.steps);
             let state = self.state.clone();
             let st = self.stream(&key, &model, mode);
-            if st.conn != conn {
-                if st.conn != 0 {
+            if st.conn != Some(conn) {
+                if st.conn.is_some() {
                     tracing::info!(pod = %st.pod, "publisher reconnected: resync from seq 0");
                     st.seq.on_reconnect();
                 }
-                st.conn = conn;
+                st.conn = Some(conn);
             }
             if st.registry_generation != generation {
                 // A registration changed: is there a replay endpoint for this stream now?

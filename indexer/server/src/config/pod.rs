@@ -138,17 +138,17 @@ pub fn pair(v: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Checks a ZeroMQ endpoint and rewrites `tcp://*:p` to `tcp://0.0.0.0:p` (`*` is ZeroMQ's
-/// "every interface", which a socket address cannot spell).
+/// Checks a ZeroMQ endpoint (`tcp://host:port` or `ipc://path`, as the ZeroMQ stack parses
+/// them) and rewrites `tcp://*:p` to `tcp://0.0.0.0:p` (`*` is ZeroMQ's "every interface").
 pub fn endpoint(v: &str) -> Result<String, String> {
-    let rest = v.strip_prefix("tcp://").ok_or_else(|| format!("endpoint must be tcp://host:port, got {v:?}"))?;
-    let (host, port) = rest.rsplit_once(':').ok_or_else(|| format!("endpoint has no port: {v:?}"))?;
-    port.parse::<u16>().map_err(|_| format!("endpoint port is not a number: {v:?}"))?;
-    if host.is_empty() {
-        return Err(format!("endpoint has no host: {v:?}"));
+    match kvindex_zmtp::Endpoint::parse(v) {
+        Ok(kvindex_zmtp::Endpoint::Tcp { host, port }) => {
+            let host = if host == "*" { "0.0.0.0" } else { host.as_str() };
+            Ok(format!("tcp://{host}:{port}"))
+        }
+        Ok(kvindex_zmtp::Endpoint::Ipc(_)) => Ok(v.to_string()),
+        Err(e) => Err(e.to_string()),
     }
-    let host = if host == "*" { "0.0.0.0" } else { host };
-    Ok(format!("tcp://{host}:{port}"))
 }
 
 /// vLLM's `offset_endpoint_port`: a tcp endpoint's port + rank (port 0 stays 0).

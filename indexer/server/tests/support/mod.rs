@@ -148,7 +148,7 @@ impl Peer {
     }
 
     /// Waits until the indexer has applied (or accounted for) every publisher's last seq.
-    pub fn settle(&mut self, server: &Server, names: &[&str]) {
+    pub fn settle(&mut self, server: &impl Admin, names: &[&str]) {
         assert!(
             self.try_settle(server, names, 30),
             "timed out after 30s waiting for the indexer to catch up with {names:?}"
@@ -156,7 +156,7 @@ impl Peer {
     }
 
     /// [`Peer::settle`] that reports a timeout instead of failing.
-    pub fn try_settle(&mut self, server: &Server, names: &[&str], secs: u64) -> bool {
+    pub fn try_settle(&mut self, server: &impl Admin, names: &[&str], secs: u64) -> bool {
         let info = self.cmd(json!({"op": "info", "names": names}));
         let deadline = std::time::Instant::now() + Duration::from_secs(secs);
         loop {
@@ -178,7 +178,7 @@ impl Peer {
 
     /// Waits until every named publisher's pod is caught up, in `state` and credited exactly;
     /// checks that nothing is over-credited.
-    pub fn wait_exact(&mut self, server: &Server, names: &[&str], model: &str, state: &str, secs: u64) -> Value {
+    pub fn wait_exact(&mut self, server: &impl Admin, names: &[&str], model: &str, state: &str, secs: u64) -> Value {
         self.settle(server, names);
         wait_until(&format!("{names:?} {state} and exact"), secs, || {
             let r = self.check(names, model);
@@ -237,29 +237,46 @@ impl Server {
     pub fn zmq(&self) -> String {
         self.zmq.clone().expect("central mode")
     }
+}
+
+impl Admin for Server {
+    fn http_addr(&self) -> &str {
+        &self.http
+    }
+}
+
+impl Admin for ServeProcess {
+    fn http_addr(&self) -> &str {
+        &self.http
+    }
+}
+
+/// The HTTP admin of a running server (in process or a child), for assertions.
+pub trait Admin {
+    fn http_addr(&self) -> &str;
 
     /// A plain HTTP/1.1 request to the admin server: (status, body).
-    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        http_request(&self.http, method, path, body)
+    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        http_request(self.http_addr(), method, path, body)
     }
 
-    pub fn get(&self, path: &str) -> (u16, String) {
+    fn get(&self, path: &str) -> (u16, String) {
         self.http("GET", path, None)
     }
 
-    pub fn sources(&self) -> Value {
+    fn sources(&self) -> Value {
         let (status, body) = self.get("/debug/sources");
         assert_eq!(status, 200, "{body}");
         serde_json::from_str(&body).unwrap()
     }
 
     /// The debug entry of the stream whose (DP-resolved) pod id is `pod`.
-    pub fn source(&self, pod: &str) -> Option<Value> {
+    fn source(&self, pod: &str) -> Option<Value> {
         self.sources()["sources"].as_array()?.iter().find(|s| s["pod"] == pod).cloned()
     }
 
     /// Sum of every sample of `name` whose label set contains all of `labels` (`k="v"`).
-    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+    fn metric(&self, name: &str, labels: &[&str]) -> f64 {
         let (_, body) = self.get("/metrics");
         body.lines()
             .filter(|l| !l.starts_with('#'))
