@@ -20,10 +20,12 @@
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
 //! - [`apply`]: the apply workers and their bounded queues.
 //! - [`state`], [`status`]: what the parts share, behind methods.
+//! - [`control`]: who may change what the index believes (registration auth).
 //! - [`grpc`], [`http`]: the servers. [`telemetry`]: metric names and the recorder.
 
 pub mod apply;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod grpc;
 pub mod http;

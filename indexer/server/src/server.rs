@@ -21,7 +21,7 @@ use crate::error::ServerError;
 use crate::grpc::tokenizer::PromptTokenizer;
 use crate::sources::registry;
 use crate::state::ServiceState;
-use crate::transport::SubListener;
+use crate::transport::{Admission, Peer, SubListener};
 use crate::{grpc, http, sources, telemetry};
 
 /// How long requests in flight may take to finish once shutdown starts.
@@ -60,7 +60,14 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
     let zmq = match &config.zmq_bind {
         Some(endpoint) => {
             let filter = config.topic_filter.as_bytes();
-            let sub = SubListener::bind(endpoint, &[filter], config.zmq_limits.clone()).await;
+            let admission: Option<Admission> = (!config.zmq_allow.is_empty()).then(|| {
+                let allow = config.zmq_allow.clone();
+                Arc::new(move |peer: &Peer| match peer {
+                    Peer::Tcp(addr) => allow.iter().any(|cidr| cidr.contains(addr.ip())),
+                    Peer::Ipc { .. } => true, // the socket file's permissions decide
+                }) as Admission
+            });
+            let sub = SubListener::bind_admitting(endpoint, &[filter], config.zmq_limits.clone(), admission).await;
             Some(sub.map_err(ServerError::ZmqBind)?)
         }
         None => None,

@@ -2,6 +2,7 @@
 //! the apply queues, the sources' status, readiness and the replay permits. Owned by one
 //! [`ServiceState`] behind an `Arc`; every part goes through its methods.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +16,7 @@ use crate::apply::Queues;
 use crate::config::Config;
 use crate::sources::registry::Registry;
 use crate::status::SourceStatus;
+use crate::transport::Source;
 
 pub struct ServiceState {
     config: Config,
@@ -25,6 +27,9 @@ pub struct ServiceState {
     status: SourceStatus,
     readiness: Readiness,
     replay_permits: Arc<Semaphore>,
+    /// Live connections on the central SUB per source address: a topic bound to a source
+    /// moves to another only once its source has none.
+    central_sources: parking_lot::Mutex<HashMap<Source, usize>>,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
 }
@@ -34,6 +39,7 @@ impl ServiceState {
         ServiceState {
             registry: RwLock::new(Registry::new(&config.topic_map, &config.replay)),
             replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
+            central_sources: parking_lot::Mutex::new(HashMap::new()),
             config,
             index,
             start: Instant::now(),
@@ -80,6 +86,25 @@ impl ServiceState {
     /// Bounds replays in flight (`max_concurrent_replays`).
     pub fn replay_permits(&self) -> Arc<Semaphore> {
         self.replay_permits.clone()
+    }
+
+    /// A connection from `source` to the central SUB opened (`true`) or closed.
+    pub(crate) fn central_connection(&self, source: Source, opened: bool) {
+        let mut sources = self.central_sources.lock();
+        let n = sources.entry(source).or_insert(0);
+        if opened {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                sources.remove(&source);
+            }
+        }
+    }
+
+    /// Whether `source` holds a live connection on the central SUB.
+    pub fn central_source_connected(&self, source: &Source) -> bool {
+        self.central_sources.lock().contains_key(source)
     }
 
     /// Runs `task` on the service's runtime (from an apply worker's thread, say).

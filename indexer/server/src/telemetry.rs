@@ -37,6 +37,9 @@ pub const RECONNECTIONS: &str = "kvindex_subscriber_reconnections_total";
 pub const REGISTRATIONS: &str = "kvindex_registrations_total";
 pub const CONFIG_ERRORS: &str = "kvindex_config_errors_total";
 pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
+pub const CONTROL_DENIED: &str = "kvindex_control_denied_total";
+pub const TOPIC_CONFLICTS: &str = "kvindex_topic_conflicts_total";
+pub const SOURCES_REFUSED: &str = "kvindex_sources_refused_total";
 pub const READY: &str = "kvindex_ready";
 pub const PODS: &str = "kvindex_pods";
 pub const HASH_MISMATCHES: &str = "kvindex_hash_check_mismatches_total";
@@ -109,6 +112,15 @@ fn describe() {
     describe_counter!(REGISTRATIONS, "Pod registrations and unregistrations, by origin");
     describe_counter!(CONFIG_ERRORS, "Rejected configuration (pods file, registration)");
     describe_counter!(HTTP_INVALID, "Rejected HTTP admin requests");
+    describe_counter!(
+        CONTROL_DENIED,
+        "Control-plane calls refused (registration disabled, bad token, operator pod), by api and reason"
+    );
+    describe_counter!(TOPIC_CONFLICTS, "Central-mode messages dropped: their topic is bound to another source address");
+    describe_counter!(
+        SOURCES_REFUSED,
+        "Messages dropped because they would start a source past max_sources, or name one too long"
+    );
     describe_gauge!(READY, "1 once the initial replays are done");
     describe_gauge!(PODS, "Pods with index state");
     describe_counter!(HASH_MISMATCHES, "Engine block hashes that differ from vLLM's recipe (sampled cross-check)");

@@ -176,3 +176,190 @@ fn attack_replay_router_declaring_a_huge_frame() {
     peer.check(&["a"], MODEL);
     assert!(server.metric("kvindex_clears_total", &["reason=\"replay_unavailable\""]) >= 1.0);
 }
+
+/// A central-mode server (the binary, `extra` flags on top) with publisher `a` for pod `pod-a`
+/// holding chain 0, and the peer's gRPC client on it.
+fn central_with_pod(py: &std::path::PathBuf, extra: &[&str]) -> (ServeProcess, Peer) {
+    let mut args = vec!["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let server = ServeProcess::start(&args, &[]);
+    let mut peer = Peer::start(py);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let zmq = server.zmq.clone().unwrap();
+    peer.cmd(
+        json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": zmq, "topic": format!("kv@pod-a@{MODEL}")}),
+    );
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "store", "name": "a", "chain": "c0", "tokens": chain(0, 4)}));
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
+    (server, peer)
+}
+
+/// `pod-a` still holds exactly chain 0, EXACT, and nothing else is indexed.
+fn assert_unchanged(server: &mut ServeProcess, peer: &mut Peer) {
+    assert_alive(server);
+    peer.check(&["a"], MODEL);
+    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pod-a"), (4, "EXACT".to_string()));
+    let pods: Vec<String> = server.sources()["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pod"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(pods, ["pod-a"]);
+}
+
+/// Issue 9, item 2, in the default configuration: registration and unregistration are
+/// refused to every client (loopback included) over HTTP and gRPC, and counted.
+#[test]
+fn attack_registration_is_off_by_default() {
+    let Some(py) = python() else { return };
+    let (mut server, mut peer) = central_with_pod(&py, &[]);
+    let evil = json!({"pod": "pod-a", "model": MODEL, "endpoint": "tcp://127.0.0.1:1"}).to_string();
+    for token in [None, Some(ADMIN_TOKEN)] {
+        let (status, body) = http_request_as(&server.http, "POST", "/pods", Some(&evil), token);
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("registration is disabled"), "{body}");
+        assert_eq!(http_request_as(&server.http, "DELETE", "/pods/pod-a", None, token).0, 403);
+    }
+    let r = peer.try_cmd(json!({"op": "register", "pod": "pod-a", "model": MODEL, "endpoint": "tcp://127.0.0.1:1"}));
+    assert_eq!(r["code"], "PERMISSION_DENIED", "{r}");
+    assert_eq!(peer.try_cmd(json!({"op": "unregister", "pod": "pod-a"}))["code"], "PERMISSION_DENIED");
+    assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"disabled\""]), 6.0);
+    assert_unchanged(&mut server, &mut peer);
+}
+
+/// With a token configured: no token or a wrong one is refused (401 / UNAUTHENTICATED), and
+/// even the right one cannot replace or remove a pod the operator configured.
+#[test]
+fn attack_registration_with_a_wrong_token_or_on_an_operator_pod() {
+    let Some(py) = python() else { return };
+    let token_file = admin_token_file();
+    let operator_pod = format!("pod-op,{MODEL},tcp://127.0.0.1:{}", free_port());
+    let (mut server, mut peer) =
+        central_with_pod(&py, &["--admin-token-file", token_file.to_str().unwrap(), "--pod", &operator_pod]);
+    let evil = json!({"pod": "pod-x", "model": MODEL, "endpoint": "tcp://127.0.0.1:1"}).to_string();
+    for token in [None, Some("kvindex-wrong-token-0123456789")] {
+        let (status, body) = http_request_as(&server.http, "POST", "/pods", Some(&evil), token);
+        assert_eq!(status, 401, "{body}");
+        assert_eq!(http_request_as(&server.http, "DELETE", "/pods/pod-op", None, token).0, 401);
+    }
+    for token in ["", "kvindex-wrong-token-0123456789"] {
+        let r = peer.try_cmd(json!({"op": "register", "pod": "pod-x", "model": MODEL, "token": token}));
+        assert_eq!(r["code"], "UNAUTHENTICATED", "{r}");
+        assert_eq!(
+            peer.try_cmd(json!({"op": "unregister", "pod": "pod-op", "token": token}))["code"],
+            "UNAUTHENTICATED"
+        );
+    }
+    assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"missing_token\""]), 4.0);
+    assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"wrong_token\""]), 4.0);
+    // The operator's pod is the operator's, token or not.
+    let replace = json!({"pod": "pod-op", "model": MODEL, "endpoint": "tcp://127.0.0.1:1"}).to_string();
+    assert_eq!(http_request_as(&server.http, "POST", "/pods", Some(&replace), Some(ADMIN_TOKEN)).0, 409);
+    assert_eq!(http_request_as(&server.http, "DELETE", "/pods/pod-op", None, Some(ADMIN_TOKEN)).0, 409);
+    let r = peer.try_cmd(json!({"op": "unregister", "pod": "pod-op"}));
+    assert_eq!(r["code"], "FAILED_PRECONDITION", "{r}");
+    let registered = server.sources()["registered_pods"].clone();
+    let op = registered.as_array().unwrap().iter().find(|p| p["pod"] == "pod-op").expect("pod-op still registered");
+    assert_eq!(op["endpoint"], format!("tcp://127.0.0.1:{}", operator_pod.rsplit(':').next().unwrap()));
+    // Names that would forge log lines or bloat metrics are refused, with the token too.
+    for id in ["pod\nINFO forged line".to_string(), "x".repeat(1 << 20)] {
+        let body = json!({"pod": id, "model": MODEL}).to_string();
+        let (status, resp) = http_request_as(&server.http, "POST", "/pods", Some(&body), Some(ADMIN_TOKEN));
+        assert_eq!(status, 400, "{}", &resp[..resp.len().min(200)]);
+    }
+    peer.check(&["a"], MODEL);
+    assert_alive(&mut server);
+}
+
+/// Issue 9, item 2, central mode: a PUB on another address publishing an existing pod's
+/// topic used to be taken for the pod reconnecting (clearing it) and its invented blocks were
+/// served as EXACT. Now the topic stays bound to the address it arrived from.
+#[test]
+fn attack_foreign_publisher_on_a_bound_topic() {
+    let Some(py) = python() else { return };
+    let (mut server, mut peer) = central_with_pod(&py, &[]);
+    // 127.0.0.2 is another address on the loopback interface (libzmq's source;destination form).
+    let zmq = server.zmq.clone().unwrap();
+    let from_elsewhere = format!("tcp://127.0.0.2:0;{}", zmq.trim_start_matches("tcp://"));
+    peer.cmd(json!({"op": "pub_start", "name": "evil", "pod": "pod-a", "connect": from_elsewhere, "topic": format!("kv@pod-a@{MODEL}")}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["evil"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "clear", "name": "evil"}));
+    peer.cmd(json!({"op": "store", "name": "evil", "chain": "fake", "tokens": chain(9, 4)}));
+    wait_until("both foreign messages dropped", 20, || {
+        (server.metric("kvindex_topic_conflicts_total", &[]) >= 2.0).then_some(())
+    });
+    assert_eq!(peer.score_pod(MODEL, &chain(9, 4), "pod-a").0, 0, "invented blocks must not be served");
+    assert_eq!(server.source("pod-a").unwrap()["restarts"], 0, "a foreign connection is not a reconnect");
+    // The real publisher goes on as before.
+    peer.cmd(json!({"op": "store", "name": "a", "chain": "c1", "tokens": chain(1, 4)}));
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
+    assert_eq!(peer.score_pod(MODEL, &chain(1, 4), "pod-a").0, 4);
+    assert_unchanged(&mut server, &mut peer);
+}
+
+/// The operator's allowlist (`zmq_allow`): a publisher outside it is refused before the
+/// handshake and counted; the allowed one is untouched.
+#[test]
+fn attack_publisher_outside_the_allowlist() {
+    let Some(py) = python() else { return };
+    let (mut server, mut peer) = central_with_pod(&py, &["--zmq-allow", "127.0.0.1/32"]);
+    let zmq = server.zmq.clone().unwrap();
+    let from_elsewhere = format!("tcp://127.0.0.2:0;{}", zmq.trim_start_matches("tcp://"));
+    peer.cmd(json!({"op": "pub_start", "name": "evil", "pod": "pod-b", "connect": from_elsewhere, "topic": format!("kv@pod-b@{MODEL}")}));
+    wait_until("the foreign address refused", 20, || {
+        (server.metric("kvindex_zmq_rejected_total", &["reason=\"not_allowed\""]) >= 1.0).then_some(())
+    });
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["evil"], "timeout": 1}))["subscribed"], false);
+    assert_unchanged(&mut server, &mut peer);
+}
+
+/// Issue 9, items 3 and 4: handshaken connections from one address are capped (the rest are
+/// refused at accept), so a flood can neither lock other publishers out nor starve gRPC and
+/// HTTP; topics too long or with control characters never become sources.
+#[test]
+fn attack_connection_flood_and_junk_topics() {
+    let Some(py) = python() else { return };
+    let (mut server, mut peer) = central_with_pod(&py, &["--zmq-max-connections-per-source", "8"]);
+    let zmq = server.zmq.clone().unwrap();
+    let addr = zmq.trim_start_matches("tcp://").to_string();
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(5)) else {
+            continue;
+        };
+        let mut hello = greeting();
+        hello.extend(ready("PUB"));
+        let _ = s.write_all(&hello);
+        flood.push(s);
+    }
+    wait_until("the flood beyond the per-source cap refused", 20, || {
+        (server.metric("kvindex_zmq_rejected_total", &["reason=\"source_full\""]) >= 30.0).then_some(())
+    });
+    // Another address still gets in, and gRPC and HTTP still answer.
+    let from_elsewhere = format!("tcp://127.0.0.2:0;{addr}");
+    peer.cmd(json!({"op": "pub_start", "name": "b", "pod": "pod-b", "connect": from_elsewhere, "topic": format!("kv@pod-b@{MODEL}")}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["b"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "store", "name": "b", "chain": "b0", "tokens": chain(5, 4)}));
+    peer.wait_exact(&server, &["b"], MODEL, "EXACT", 20);
+    drop(flood);
+
+    // Junk topics: a newline and an ANSI escape in the id, a 100 KB id.
+    let seq = hex(&0u64.to_be_bytes());
+    for topic in [format!("kv@evil\n\x1b[31m@{MODEL}"), format!("kv@{}@{MODEL}", "x".repeat(100_000))] {
+        peer.cmd(json!({"op": "raw", "name": "a", "frames_hex": [hex(topic.as_bytes()), seq, "90"]}));
+    }
+    wait_until("junk topics refused", 20, || {
+        (server.metric("kvindex_sources_refused_total", &["reason=\"name\""]) >= 2.0).then_some(())
+    });
+    let (_, metrics) = server.get("/metrics");
+    assert!(metrics.len() < 1 << 20, "/metrics is {} bytes", metrics.len());
+    assert!(!metrics.contains("evil"), "a refused topic reached a metric label");
+    peer.check(&["a", "b"], MODEL);
+    assert_alive(&mut server);
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -4,6 +4,7 @@
 //! where its value came from ([`ConfigError`]). docs/CONFIG.md lists every key
 //! (tests/config_docs.rs holds it to this file).
 
+pub mod cidr;
 pub mod error;
 pub mod pod;
 
@@ -16,6 +17,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Command, FromArgMatches};
 use serde::Deserialize;
 
+pub use self::cidr::Cidr;
 pub use self::error::{ConfigError, Origin};
 pub use self::pod::{offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
 
@@ -146,6 +148,18 @@ pub struct Settings {
     /// Largest gRPC request, in bytes.
     #[arg(long, env = "KVINDEX_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<i64>,
+    /// File holding the bearer token of the control plane (pod registration over HTTP and
+    /// gRPC). Unset: registration is disabled.
+    #[arg(long, env = "KVINDEX_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Central mode: source addresses allowed to connect, as CIDRs (`10.0.0.0/8`, `::1/128`;
+    /// repeatable). Empty: any address. Checked before the ZMTP handshake.
+    #[arg(long = "zmq-allow", value_name = "CIDR")]
+    pub zmq_allow: Vec<String>,
+    /// Most sources (topic or pod × DP rank) the index tracks; messages that would start
+    /// another are dropped and counted.
+    #[arg(long, env = "KVINDEX_MAX_SOURCES")]
+    pub max_sources: Option<i64>,
     /// Watched file of `[[pods]]` (reloaded on change).
     #[arg(long, env = "KVINDEX_PODS_FILE")]
     pub pods_file: Option<PathBuf>,
@@ -205,6 +219,11 @@ pub struct Config {
     pub max_message_bytes: usize,
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
+    /// The control plane's bearer token; `None`: registration is disabled.
+    pub admin_token: Option<crate::control::AdminToken>,
+    /// Central mode: the address ranges allowed to connect (empty: any).
+    pub zmq_allow: Vec<Cidr>,
+    pub max_sources: usize,
     pub tier_weights: BTreeMap<String, f64>,
     pub pods: Vec<PodConfig>,
     pub topic_map: Vec<TopicMapEntry>,
@@ -271,6 +290,22 @@ impl Config {
             v.parse().map_err(|e| src.error(key, format!("not a host:port socket address ({v:?}): {e}")))
         };
         let zmq_limits = zmq_limits(&s, src, &int)?;
+        let admin_token = match &s.admin_token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| src.error("admin_token_file", format!("cannot read {}: {e}", path.display())))?;
+                Some(crate::control::AdminToken::parse(&text).map_err(|m| src.error("admin_token_file", m))?)
+            }
+            None => None,
+        };
+        let mut zmq_allow = Vec::new();
+        for (entries, origin) in
+            [(&from_file.zmq_allow, src.file_origin()), (&from_flags.zmq_allow, src.flag_origin("zmq_allow"))]
+        {
+            for cidr in entries {
+                zmq_allow.push(Cidr::parse(cidr).map_err(|m| ConfigError::new("zmq_allow", origin.clone(), m))?);
+            }
+        }
         let grpc_addr = addr("grpc_addr", s.grpc_addr, "127.0.0.1:50051")?;
         let http_addr = addr("http_addr", s.http_addr, "127.0.0.1:9090")?;
         let zmq_bind = match s.zmq_bind {
@@ -402,6 +437,9 @@ impl Config {
             max_tokens: int("max_tokens", s.max_tokens, 262_144, 1, 1 << 28)? as usize,
             max_message_bytes: int("max_message_bytes", s.max_message_bytes, 4 << 20, 1024, 1 << 30)? as usize,
             pods_file: s.pods_file,
+            admin_token,
+            zmq_allow,
+            max_sources: int("max_sources", s.max_sources, 4096, 1, 1 << 20)? as usize,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
             pods,
@@ -491,6 +529,7 @@ struct Lists {
     replay: Vec<ReplayEntry>,
     tier_weights: Vec<TierWeight>,
     tokenizer_models: Vec<String>,
+    zmq_allow: Vec<String>,
 }
 
 impl Settings {
@@ -501,6 +540,7 @@ impl Settings {
             replay: std::mem::take(&mut self.replay),
             tier_weights: std::mem::take(&mut self.tier_weights),
             tokenizer_models: std::mem::take(&mut self.tokenizer_models),
+            zmq_allow: std::mem::take(&mut self.zmq_allow),
         }
     }
 }

@@ -60,6 +60,13 @@ impl PodConfig {
         if self.model.is_empty() {
             return Err(err("model", "must not be empty".into()));
         }
+        for (field, value) in
+            [("id", Some(&self.id)), ("model", Some(&self.model)), ("topic_id", self.topic_id.as_ref())]
+        {
+            if let Some(v) = value {
+                name(v).map_err(|m| err(field, m))?;
+            }
+        }
         if let Some(e) = &self.endpoint {
             self.endpoint = Some(endpoint(e).map_err(|m| err("endpoint", m))?);
         }
@@ -69,11 +76,29 @@ impl PodConfig {
         if self.topic_id.as_deref() == Some("") {
             self.topic_id = None;
         }
-        if !(1..=1024).contains(&self.dp_size) {
-            return Err(err("dp_size", format!("must be between 1 and 1024, got {}", self.dp_size)));
+        if !(1..=MAX_DP_SIZE).contains(&self.dp_size) {
+            return Err(err("dp_size", format!("must be between 1 and {MAX_DP_SIZE}, got {}", self.dp_size)));
         }
         Ok(self)
     }
+}
+
+/// Most data-parallel ranks behind one pod: each one is a dialer (per-pod mode) and a stream.
+pub const MAX_DP_SIZE: u32 = 128;
+
+/// Longest pod id, model name or topic id, in bytes (vLLM's are host:port and a model path).
+pub const MAX_NAME_LEN: usize = 256;
+
+/// Checks a peer- or operator-supplied name: bounded, no control characters (a newline or an
+/// ANSI escape in a pod id would forge log lines and metric labels).
+pub fn name(v: &str) -> Result<(), String> {
+    if v.len() > MAX_NAME_LEN {
+        return Err(format!("must be at most {MAX_NAME_LEN} bytes, got {}", v.len()));
+    }
+    if v.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(())
 }
 
 /// `[[topic_map]]`: the `<id>` of topic `kv@<id>@<model>` → the pod id scores use.

@@ -55,7 +55,14 @@ pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut s
                 };
                 queues.offer_live(worker, work);
             }
-            other => transport::note_event(SocketKind::Central, "-", &other),
+            other => {
+                match &other {
+                    Event::Connected { peer, .. } => state.central_connection(peer.source(), true),
+                    Event::Disconnected { peer, .. } => state.central_connection(peer.source(), false),
+                    _ => {}
+                }
+                transport::note_event(SocketKind::Central, "-", &other)
+            }
         }
     }
 }

@@ -13,8 +13,8 @@ use std::fmt;
 use bytes::Bytes;
 
 pub use kvindex_zmtp::{
-    Backoff, ConnId, Dealer, Error as ZmtpError, Event, Lease, Limits, Message, Peer, Reason, Source, SubDialer,
-    SubListener,
+    Admission, Backoff, ConnId, Dealer, Error as ZmtpError, Event, Lease, Limits, Message, Peer, Reason, Source,
+    SubDialer, SubListener,
 };
 
 use crate::telemetry as m;
