@@ -33,6 +33,8 @@ pub struct Listeners {
     grpc: TcpListener,
     http: TcpListener,
     zmq: Option<SubListener>,
+    /// Loaded before the server announces it listens, so a bad tokenizer dir fails `bind`.
+    tokenizer: Option<PromptTokenizer>,
 }
 
 impl Listeners {
@@ -50,11 +52,14 @@ impl Listeners {
     }
 }
 
-/// Binds `config`'s gRPC and HTTP addresses and, when `zmq_bind` is set, the central SUB.
+/// Loads the prompt tokenizers and binds `config`'s gRPC and HTTP addresses and, when
+/// `zmq_bind` is set, the central SUB: everything that can fail on a bad config, so that a
+/// caller announcing the listeners afterwards never announces a server that then exits.
 pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
     let tcp = |key, addr: SocketAddr| async move {
         TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { key, addr: addr.to_string(), source })
     };
+    let tokenizer = PromptTokenizer::from_config(config)?;
     let grpc = tcp("grpc_addr", config.grpc_addr).await?;
     let http = tcp("http_addr", config.http_addr).await?;
     let zmq = match &config.zmq_bind {
@@ -72,14 +77,15 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
         }
         None => None,
     };
-    Ok(Listeners { grpc, http, zmq })
+    Ok(Listeners { grpc, http, zmq, tokenizer })
 }
 
 /// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
 /// down gracefully. Metrics go to the process's Prometheus recorder (one per process).
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     let prometheus = telemetry::recorder()?;
-    let tokenizer = PromptTokenizer::from_config(&config)?;
+    let mut listeners = listeners;
+    let tokenizer = listeners.tokenizer.take();
     let index = build_index(&config)?;
     let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
     let state = Arc::new(ServiceState::new(config, index, queues));

@@ -353,6 +353,13 @@ fn attack_connection_flood_and_junk_topics() {
     wait_until("junk topics refused", 20, || {
         (server.metric("kvindex_sources_refused_total", &["reason=\"name\""]) >= 2.0).then_some(())
     });
+    // The end-of-replay seq on a live message (it overflowed the sequencer's cursor).
+    let own_topic = hex(format!("kv@pod-a@{MODEL}").as_bytes());
+    peer.cmd(json!({"op": "raw", "name": "a", "frames_hex": [own_topic, hex(&u64::MAX.to_be_bytes()), "90"]}));
+    wait_until("the end marker refused", 20, || {
+        (server.metric("kvindex_decode_errors_total", &["reason=\"seq_end_marker\""]) >= 1.0).then_some(())
+    });
+    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pod-a"), (4, "EXACT".to_string()));
     let (_, metrics) = server.get("/metrics");
     assert!(metrics.len() < 1 << 20, "/metrics is {} bytes", metrics.len());
     assert!(!metrics.contains("evil"), "a refused topic reached a metric label");

@@ -265,6 +265,10 @@ impl Worker {
             Ok(raw) => raw,
             Err(e) => return decode_error(e.reason(), "live frames"),
         };
+        if raw.seq == wire::END_OF_REPLAY_SEQ {
+            // The replay end marker is never a live seq.
+            return decode_error("seq_end_marker", "live message with the end-of-replay seq");
+        }
         let filter = self.state.config().topic_filter.as_bytes();
         let topic = raw.topic.unwrap_or_default();
         if !topic.starts_with(filter) {
