@@ -1,7 +1,8 @@
 //! The state the service's parts share: the configuration, the index, the registry of pods,
-//! the apply queues, the sources' status, readiness and the replay client. Owned by one
+//! the apply queues, the sources' status, readiness and the replay permits. Owned by one
 //! [`ServiceState`] behind an `Arc`; every part goes through its methods.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,7 +17,7 @@ use crate::apply::Queues;
 use crate::config::Config;
 use crate::sources::registry::Registry;
 use crate::status::SourceStatus;
-use crate::transport::ReplayClient;
+use crate::transport::Source;
 
 pub struct ServiceState {
     config: Config,
@@ -28,25 +29,27 @@ pub struct ServiceState {
     queues: Queues,
     status: SourceStatus,
     readiness: Readiness,
-    replay_client: ReplayClient,
     replay_permits: Arc<Semaphore>,
+    /// Live connections on the central SUB per source address: a topic bound to a source
+    /// moves to another only once its source has none.
+    central_sources: parking_lot::Mutex<HashMap<Source, usize>>,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
 }
 
 impl ServiceState {
-    pub fn new(config: Config, index: KvIndex, queues: Queues, replay_client: ReplayClient) -> Self {
+    pub fn new(config: Config, index: KvIndex, queues: Queues) -> Self {
         ServiceState {
             registry: RwLock::new(Registry::new(&config.topic_map, &config.replay)),
             replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
             speculative: SpeculativeCredits::new(config.speculative.clone()),
+            central_sources: parking_lot::Mutex::new(HashMap::new()),
             config,
             index,
             start: Instant::now(),
             queues,
             status: SourceStatus::default(),
             readiness: Readiness::default(),
-            replay_client,
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -97,13 +100,28 @@ impl ServiceState {
         &self.readiness
     }
 
-    pub fn replay_client(&self) -> &ReplayClient {
-        &self.replay_client
-    }
-
     /// Bounds replays in flight (`max_concurrent_replays`).
     pub fn replay_permits(&self) -> Arc<Semaphore> {
         self.replay_permits.clone()
+    }
+
+    /// A connection from `source` to the central SUB opened (`true`) or closed.
+    pub(crate) fn central_connection(&self, source: Source, opened: bool) {
+        let mut sources = self.central_sources.lock();
+        let n = sources.entry(source).or_insert(0);
+        if opened {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                sources.remove(&source);
+            }
+        }
+    }
+
+    /// Whether `source` holds a live connection on the central SUB.
+    pub fn central_source_connected(&self, source: &Source) -> bool {
+        self.central_sources.lock().contains_key(source)
     }
 
     /// Runs `task` on the service's runtime (from an apply worker's thread, say).

@@ -22,10 +22,11 @@ use kvindex::wire::{self, EventBatch};
 use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::SkipReason;
 
+use crate::config::pod;
 use crate::state::ServiceState;
 use crate::status::StreamDebug;
 use crate::telemetry as m;
-use crate::transport::ConnId;
+use crate::transport::{escape, escape_bytes, ConnId, Peer, Source};
 
 const TICK: Duration = Duration::from_millis(100);
 
@@ -41,10 +42,14 @@ struct Stream {
     startup_sync: Option<u64>,
     /// Registry generation `seq`'s replay flag was derived from.
     registry_generation: u64,
-    /// The live connection the last message came on (0: none yet).
-    conn: ConnId,
+    /// The live connection the last message came on.
+    conn: Option<ConnId>,
     events: [Counter; 4],
     gaps: Counter,
+    /// Central mode: the source address this stream's topic is bound to.
+    bound: Option<Source>,
+    /// Messages dropped because they came from another source.
+    conflicts: u64,
 }
 
 impl Stream {
@@ -76,10 +81,47 @@ impl Stream {
             endpoint: None,
             startup_sync: None,
             registry_generation: u64::MAX,
-            conn: 0,
+            conn: None,
+            bound: None,
+            conflicts: 0,
         }
     }
+
+    /// Binds this central-mode stream to the source address of its first publisher. A message
+    /// from another address is dropped and counted (never treated as a reconnect, so it can
+    /// neither clear the pod nor add blocks to it) while the bound source holds a connection
+    /// to the central SUB; once it holds none (an engine rescheduled to a new address), the
+    /// next source takes the stream over, which the sequencer sees as a reconnect (resync).
+    fn bind_source(&mut self, state: &ServiceState, peer: &Peer) -> bool {
+        let source = peer.source();
+        match self.bound {
+            None => self.bound = Some(source),
+            Some(bound) if bound == source => {}
+            Some(bound) if !state.central_source_connected(&bound) => {
+                tracing::warn!(pod = %escape(&self.pod), from = %bound, to = %source, "topic moved to a new source address");
+                self.bound = Some(source);
+            }
+            Some(bound) => {
+                self.conflicts += 1;
+                counter!(m::TOPIC_CONFLICTS).increment(1);
+                if self.conflicts.is_power_of_two() {
+                    tracing::warn!(
+                        pod = %escape(&self.pod),
+                        bound = %bound,
+                        foreign = %peer,
+                        dropped_total = self.conflicts,
+                        "message for a topic bound to another source address dropped"
+                    );
+                }
+                return false;
+            }
+        }
+        true
+    }
 }
+
+/// Longest topic accepted: `kv@` + an id and a model of [`pod::MAX_NAME_LEN`] each.
+const MAX_TOPIC_LEN: usize = 2 * pod::MAX_NAME_LEN + 8;
 
 /// Topics seen by a worker, resolved once per registry generation: (generation, pod, model).
 type TopicCache = HashMap<Vec<u8>, (u64, Arc<str>, Arc<str>)>;
@@ -98,12 +140,14 @@ pub struct Worker {
     live_msgs: Counter,
     replay_msgs: Counter,
     duplicates: Counter,
+    /// This worker's share of `max_sources`.
+    max_streams: usize,
+    refused: u64,
 }
 
 impl Worker {
     pub fn new(state: Arc<ServiceState>, index: usize) -> Self {
         Worker {
-            state,
             index,
             streams: HashMap::new(),
             topics: HashMap::new(),
@@ -115,6 +159,18 @@ impl Worker {
             live_msgs: counter!(m::MESSAGES, "socket" => "SUB"),
             replay_msgs: counter!(m::MESSAGES, "socket" => "DEALER"),
             duplicates: counter!(m::DUPLICATES),
+            max_streams: state.config().max_sources.div_ceil(state.config().apply_workers),
+            refused: 0,
+            state,
+        }
+    }
+
+    /// Drops a message that would start a source we refuse; counts it, logs now and then.
+    fn refuse_source(&mut self, reason: &'static str, why: &'static str, topic: &[u8]) {
+        counter!(m::SOURCES_REFUSED, "reason" => reason).increment(1);
+        self.refused += 1;
+        if self.refused.is_power_of_two() {
+            tracing::warn!(reason, topic = %escape_bytes(topic), refused_total = self.refused, "{why}: message dropped");
         }
     }
 
@@ -143,7 +199,10 @@ impl Worker {
 
     fn handle(&mut self, work: Work) {
         match work {
-            Work::Live { origin, conn, frames, at } => self.live(origin, conn, frames, at),
+            Work::Live { origin, conn, peer, frames, lease, at } => {
+                self.live(origin, conn, &peer, frames, at);
+                drop(lease); // the socket may read again
+            }
             Work::Replay { stream, id, item } => self.replay(stream, id, item),
             Work::InitialSync { stream, model, endpoint, startup } => {
                 let now = self.state.now_ms();
@@ -201,18 +260,25 @@ impl Worker {
         st
     }
 
-    fn live(&mut self, origin: Origin, conn: ConnId, frames: Vec<Bytes>, at: Instant) {
+    fn live(&mut self, origin: Origin, conn: ConnId, peer: &Peer, frames: Vec<Bytes>, at: Instant) {
         self.live_msgs.increment(1);
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let raw = match wire::parse_live(&refs) {
             Ok(raw) => raw,
             Err(e) => return decode_error(e.reason(), "live frames"),
         };
+        if raw.seq == wire::END_OF_REPLAY_SEQ {
+            // The replay end marker is never a live seq.
+            return decode_error("seq_end_marker", "live message with the end-of-replay seq");
+        }
         let filter = self.state.config().topic_filter.as_bytes();
         let topic = raw.topic.unwrap_or_default();
         if !topic.starts_with(filter) {
             // The publisher filters for us; this is the local safety net.
             return decode_error("topic_filtered", "topic does not match the filter");
+        }
+        if topic.len() > MAX_TOPIC_LEN {
+            return self.refuse_source("name", "topic too long", topic);
         }
         let generation = self.state.registry().generation();
         let (base, model, mode, endpoint): (Arc<str>, Arc<str>, &'static str, Option<Arc<str>>) = match &origin {
@@ -225,6 +291,13 @@ impl Worker {
                     let t = parse_topic(text);
                     if t.id.is_empty() {
                         return decode_error("topic_empty", "topic names no pod");
+                    }
+                    if pod::name(t.id).is_err() || pod::name(t.model).is_err() {
+                        return self.refuse_source(
+                            "name",
+                            "topic id or model too long or with control characters",
+                            topic,
+                        );
                     }
                     let base: Arc<str> = Arc::from(self.state.registry().pod_for_topic(t.id));
                     let model: Arc<str> = Arc::from(t.model);
@@ -254,16 +327,24 @@ impl Worker {
         };
         for rank in ranks {
             let key = StreamKey { base: base.clone(), rank };
+            if !self.streams.contains_key(&key) && self.streams.len() >= self.max_streams {
+                self.refuse_source("max_sources", "max_sources reached", topic);
+                continue;
+            }
             let now = self.state.now_ms();
             let mut steps = std::mem::take(&mut self.steps);
             let state = self.state.clone();
             let st = self.stream(&key, &model, mode);
-            if st.conn != conn {
-                if st.conn != 0 {
+            if mode == "central" && !st.bind_source(&state, peer) {
+                self.steps = steps;
+                continue;
+            }
+            if st.conn != Some(conn) {
+                if st.conn.is_some() {
                     tracing::info!(pod = %st.pod, "publisher reconnected: resync from seq 0");
                     st.seq.on_reconnect();
                 }
-                st.conn = conn;
+                st.conn = Some(conn);
             }
             if st.registry_generation != generation {
                 // A registration changed: is there a replay endpoint for this stream now?

@@ -323,15 +323,25 @@ class Peer:
     def op_score_raw(self, model, n_tokens, pods=()):
         return self.op_score(model, list(range(n_tokens)), pods)
 
-    def op_register(self, **kw):
+    @staticmethod
+    def auth(token):
+        """Call metadata for the control plane: the test's bearer token (KVPEER_ADMIN_TOKEN)
+        unless `token` says otherwise ("" = none)."""
+        token = os.environ.get("KVPEER_ADMIN_TOKEN", "") if token is None else token
+        return [("authorization", f"Bearer {token}")] if token else []
+
+    def op_register(self, token=None, **kw):
         try:
-            self.stub.RegisterPod(self.pb.RegisterPodRequest(**kw), timeout=10)
+            self.stub.RegisterPod(self.pb.RegisterPodRequest(**kw), timeout=10, metadata=self.auth(token))
         except grpc.RpcError as e:
             return {"ok": False, "code": e.code().name, "details": e.details()}
         return {}
 
-    def op_unregister(self, pod):
-        r = self.stub.UnregisterPod(self.pb.UnregisterPodRequest(pod=pod), timeout=10)
+    def op_unregister(self, pod, token=None):
+        try:
+            r = self.stub.UnregisterPod(self.pb.UnregisterPodRequest(pod=pod), timeout=10, metadata=self.auth(token))
+        except grpc.RpcError as e:
+            return {"ok": False, "code": e.code().name, "details": e.details()}
         return {"existed": r.existed}
 
     # --- publishers ------------------------------------------------------------------------
