@@ -6,7 +6,7 @@
 //! a pod does not hold; anything it cannot resolve exactly is skipped and counted.
 
 pub mod extra_keys;
-pub mod index;
+pub mod hybrid;
 pub mod ingest;
 pub mod keys;
 pub mod kv_index;
@@ -15,6 +15,7 @@ pub mod score;
 pub mod source;
 pub mod tiers;
 pub mod topic;
+pub mod tree;
 pub mod vllm_hash;
 pub mod wire;
 
