@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use roaring::RoaringBitmap;
 use rustc_hash::FxHashMap;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crossbeam_epoch::Guard;
 
@@ -19,7 +18,7 @@ use crate::extra_keys::encode_block_extras;
 use crate::keys::{block_key, namespace_root, BlockKey, Extras};
 use crate::pods::PodId;
 use crate::tiers::{TierId, Tiers, MAX_TIERS};
-use crate::tree::{EditStats, ParentKey, Pos, Tree};
+use crate::tree::{EditStats, ParentKey, Pos, Stored, Tree};
 use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
 use crate::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value};
 
@@ -192,6 +191,15 @@ pub struct PodIngest {
     exceptions: FxHashMap<u64, (Pos, u64)>,
     /// Engine blocks spanning several canonical blocks: how many.
     spans: FxHashMap<u64, u32>,
+    /// Canonical blocks (packed positions) that more than one of this pod's engine blocks
+    /// cover, with how many more: two engine blocks that agree on a canonical block and then
+    /// differ share it, and evicting one must not drop it. Rare, so a map.
+    covers: FxHashMap<u64, u32>,
+    /// The blocks that ended this pod's latest stores, as (scoped engine hash, position, the
+    /// segment's first key): a store's parent and an eviction's block are almost always one of
+    /// them, found without the engine table.
+    tails: [(u64, u64, u64); TAILS],
+    next_tail: usize,
     /// Scope seed per KV-cache group.
     scopes: Vec<u64>,
     /// Per KV-cache group: what the engine said about it (None = never seen).
@@ -215,6 +223,9 @@ impl PodIngest {
             segments: RoaringBitmap::new(),
             exceptions: FxHashMap::default(),
             spans: FxHashMap::default(),
+            covers: FxHashMap::default(),
+            tails: [(0, 0, 0); TAILS],
+            next_tail: 0,
             scopes: Vec::new(),
             groups: Vec::new(),
             groups_changed: false,
@@ -326,8 +337,12 @@ impl PodIngest {
             let group = self.scopes.len() as u32;
             self.scopes.push(namespace_root(&self.model, group) ^ SCOPE_SALT);
         }
-        // Never 0: the index reserves it for "no engine hash".
-        Some(xxh3_64_with_seed(&engine.to_le_bytes(), self.scopes[g]).max(1))
+        // A bijective mix of the hash and the scope: uniform bits for the engine table. Never
+        // 0: the index reserves it for "no engine hash".
+        let mut x = engine ^ self.scopes[g];
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Some((x ^ (x >> 31)).max(1))
     }
 
     /// Notes what an event says about its group: that it exists, its kind, its block size.
@@ -370,8 +385,44 @@ impl PodIngest {
         Some(tier)
     }
 
+    /// The block this pod holds for engine hash `engine` in any of its groups but `group`.
+    fn resolve_in_other_group(&mut self, tree: &Tree, guard: &Guard, group: i64, engine: u64) -> Option<Pos> {
+        for other in 0..self.groups.len() as i64 {
+            if other != group && self.groups[other as usize].is_some() {
+                let scoped = self.scoped(Some(other), engine)?;
+                if let Some(pos) = self.resolve(tree, guard, scoped) {
+                    return Some(pos);
+                }
+            }
+        }
+        None
+    }
+
+    /// Remembers that `scoped` names `pos` for this pod (replacing what it named before).
+    fn note_tail(&mut self, tree: &Tree, guard: &Guard, scoped: u64, pos: Pos) {
+        let first = tree.first_key(pos, guard).unwrap_or(0);
+        if let Some(t) = self.tails.iter_mut().find(|t| t.0 == scoped) {
+            *t = (scoped, pos.pack(), first);
+            return;
+        }
+        self.tails[self.next_tail] = (scoped, pos.pack(), first);
+        self.next_tail = (self.next_tail + 1) % TAILS;
+    }
+
+    fn forget_tail(&mut self, scoped: u64) {
+        if let Some(t) = self.tails.iter_mut().find(|t| t.0 == scoped) {
+            *t = (0, 0, 0);
+        }
+    }
+
     /// The block this pod holds for a scoped engine hash.
     fn resolve(&self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
+        if let Some(&(_, pos, first)) = self.tails.iter().find(|t| t.0 == scoped) {
+            let pos = Pos::unpack(pos);
+            if tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0 {
+                return Some(pos);
+            }
+        }
         if let Some(&(pos, first)) = self.exceptions.get(&scoped) {
             let live = tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0;
             return live.then_some(pos);
@@ -408,21 +459,36 @@ impl PodIngest {
         self.note_group(ev.group_idx, kind, engine_bs as u32);
         self.maybe_check_hashes(ctx, ev, tokens, engine_bs, report);
         let group = ev.group_idx.unwrap_or(0);
+        let root = ParentKey::Root(namespace_root(&namespace_of(&self.model, ev.lora_name, ev.lora_id), group as u32));
+        let mut keys = std::mem::take(&mut self.keys_scratch);
+        keys.clear();
         let parent = match &ev.parent_block_hash {
-            None => ParentKey::Root(namespace_root(&namespace_of(&self.model, ev.lora_name, ev.lora_id), group as u32)),
+            None => root,
             Some(h) => {
                 let scoped = self.scoped(ev.group_idx, h.key()).expect("group checked above");
                 match self.resolve(tree, guard, scoped) {
                     Some(pos) => ParentKey::Block(pos.pack()),
-                    None => return report.skip(SkipReason::ParentUnknown, blocks),
+                    // A sliding-window or Mamba group keeps blocks whose parents it dropped (or
+                    // never cached). vLLM hashes a prefix alike in every group, so another group
+                    // of this pod that holds the parent names the path; the new blocks hang off
+                    // it without this group holding the path.
+                    None => match self.resolve_in_other_group(tree, guard, group, h.key()) {
+                        Some(pos) => {
+                            keys.extend(tree.path_keys(pos, guard));
+                            root
+                        }
+                        None => {
+                            self.keys_scratch = keys;
+                            return report.skip(SkipReason::ParentUnknown, blocks);
+                        }
+                    },
                 }
             }
         };
+        let hold_from = keys.len();
         let per_block = engine_bs / ctx.block_size;
         let mut extras = std::mem::take(&mut self.extras);
-        let mut keys = std::mem::take(&mut self.keys_scratch);
         let mut ends = std::mem::take(&mut self.ends_scratch);
-        keys.clear();
         ends.clear();
         for (i, (hash, chunk)) in ev.block_hashes.iter().zip(tokens.chunks_exact(engine_bs)).enumerate() {
             extras.clear();
@@ -440,22 +506,31 @@ impl PodIngest {
                 keys.push(block_key(sub, if j == 0 { extras.as_bytes() } else { &[] }));
             }
             let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");
+            // Its engine-table slot is a cache miss when the store records it: start it now.
+            tree.prefetch_engine(scoped);
             ends.push((keys.len() - 1, scoped));
         }
-        let stored = tree.store(self.pod, tier.bit(), parent, &keys, &ends, guard);
+        let stored = tree.store(self.pod, tier.bit(), parent, &keys, hold_from, &ends, guard);
         self.note_stats(&stored.stats);
         for &seg in &stored.segments {
             self.segments.insert(seg);
         }
-        let whole = stored.applied / per_block;
-        if let (true, Some(last)) = (!stored.applied.is_multiple_of(per_block), stored.last) {
+        let applied = stored.applied.saturating_sub(hold_from);
+        let whole = applied / per_block;
+        if let (true, Some(last)) = (!applied.is_multiple_of(per_block), stored.last) {
             // The bound cut an engine block: without its last block the engine hash cannot
             // name it, so nothing could ever remove what was held of it. Let it go.
-            let (_, _, stats) = tree.release(self.pod, last, (stored.applied % per_block) as u32, tier.bit(), guard);
+            let (_, _, stats) = tree.release(self.pod, last, (applied % per_block) as u32, tier.bit(), guard);
             self.note_stats(&stats);
+        }
+        if per_block > 1 && !stored.held_before.is_empty() {
+            self.note_covers(tree, guard, &stored, hold_from, per_block, whole);
         }
         for (j, &(pos, recorded)) in stored.ends.iter().enumerate().take(whole) {
             self.claim(tree, guard, ends[j].1, pos, per_block as u32, recorded);
+        }
+        if let Some(j) = whole.checked_sub(1) {
+            self.note_tail(tree, guard, ends[j].1, stored.ends[j].0);
         }
         report.stored_blocks += whole as u64;
         report.skip(SkipReason::IndexFull, blocks - whole as u64);
@@ -464,13 +539,73 @@ impl PodIngest {
         self.ends_scratch = ends;
     }
 
+    /// Counts the canonical blocks of newly stored engine blocks that the pod already held
+    /// through another engine block (a store of the same engine block again adds nothing).
+    fn note_covers(
+        &mut self,
+        tree: &Tree,
+        guard: &Guard,
+        stored: &Stored,
+        hold_from: usize,
+        per_block: usize,
+        whole: usize,
+    ) {
+        let held = |i: usize| stored.held_before.iter().any(|&(a, b)| a <= i && i < b);
+        for (j, &(last, _)) in stored.ends.iter().enumerate().take(whole) {
+            let end = hold_from + (j + 1) * per_block - 1;
+            if held(end) {
+                continue;
+            }
+            let mut pos = Some(last);
+            for idx in (end + 1 - per_block..end).rev() {
+                pos = pos.and_then(|p| tree.previous(p, guard));
+                if let (true, Some(p)) = (held(idx), pos) {
+                    *self.covers.entry(p.pack()).or_default() += 1;
+                }
+            }
+        }
+    }
+
+    /// Removes `mask` from the `count` canonical blocks of an engine block ending at `last`,
+    /// keeping the ones another of this pod's engine blocks still covers. Returns the tiers of
+    /// `last` before and after.
+    fn release_block(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, mask: u8) -> (u8, u8) {
+        if count <= 1 || self.covers.is_empty() {
+            let (before, after, stats) = tree.release(self.pod, last, count, mask, guard);
+            self.note_stats(&stats);
+            return (before, after);
+        }
+        let (before, after, stats) = tree.release(self.pod, last, 1, mask, guard);
+        self.note_stats(&stats);
+        let mut pos = last;
+        for _ in 1..count {
+            let Some(p) = tree.previous(pos, guard) else { break };
+            pos = p;
+            if let Some(c) = self.covers.get_mut(&p.pack()) {
+                // Another engine block covers it: keep it. A block leaving entirely takes one
+                // cover away; one losing a tier leaves the covers as they are.
+                if after == 0 {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.covers.remove(&p.pack());
+                    }
+                }
+                continue;
+            }
+            let (_, _, stats) = tree.release(self.pod, p, 1, mask, guard);
+            self.note_stats(&stats);
+        }
+        (before, after)
+    }
+
     /// Settles what `scoped` names for this pod after a store put its engine block at `last`
     /// (`count` canonical blocks ending there). If the engine reused the hash for another
     /// block this pod held, that claim is dropped first.
     fn claim(&mut self, tree: &Tree, guard: &Guard, scoped: u64, last: Pos, count: u32, recorded: bool) {
         // The common case (a new block, or one the fleet already knows under this engine hash)
         // needs no more lookups.
-        if !recorded || self.exceptions.contains_key(&scoped) || self.spans.contains_key(&scoped) {
+        let known = |m: &FxHashMap<u64, _>| !m.is_empty() && m.contains_key(&scoped);
+        if !recorded || known(&self.exceptions) || (!self.spans.is_empty() && self.spans.contains_key(&scoped)) {
             let prior = match self.exceptions.get(&scoped) {
                 Some(&(pos, first)) => (tree.first_key(pos, guard) == Some(first)).then_some(pos),
                 None => tree.engine_block(scoped, guard),
@@ -478,8 +613,7 @@ impl PodIngest {
             .filter(|&p| p != last && tree.tiers_at(p, self.pod, guard) != 0);
             let prior_count = self.spans.get(&scoped).copied().unwrap_or(1);
             if let Some(old) = prior {
-                let (_, _, stats) = tree.release(self.pod, old, prior_count, 0xff, guard);
-                self.note_stats(&stats);
+                self.release_block(tree, guard, old, prior_count, 0xff);
             } else if prior_count > count {
                 // Same last block, fewer canonical blocks now: drop the ones no longer covered.
                 let mut first_old = Some(last);
@@ -496,10 +630,11 @@ impl PodIngest {
             } else if let Some(first) = tree.first_key(last, guard) {
                 self.exceptions.insert(scoped, (last, first));
             }
+            self.forget_tail(scoped);
         }
         if count > 1 {
             self.spans.insert(scoped, count);
-        } else {
+        } else if !self.spans.is_empty() {
             self.spans.remove(&scoped);
         }
     }
@@ -591,11 +726,11 @@ impl PodIngest {
     fn forget_block(&mut self, tree: &Tree, guard: &Guard, scoped: u64, tier_mask: u8) -> bool {
         let Some(last) = self.resolve(tree, guard, scoped) else { return false };
         let count = self.spans.get(&scoped).copied().unwrap_or(1);
-        let (_, left, stats) = tree.release(self.pod, last, count, tier_mask, guard);
-        self.note_stats(&stats);
+        let (_, left) = self.release_block(tree, guard, last, count, tier_mask);
         if left == 0 {
             self.exceptions.remove(&scoped);
             self.spans.remove(&scoped);
+            self.forget_tail(scoped);
             if !tree.holds_any(last.seg, self.pod, guard) {
                 self.segments.remove(last.seg);
             }
@@ -611,11 +746,16 @@ impl PodIngest {
         self.segments.clear();
         self.exceptions = FxHashMap::default();
         self.spans = FxHashMap::default();
+        self.covers = FxHashMap::default();
+        self.tails = [(0, 0, 0); TAILS];
         self.tier_blocks = [0; MAX_TIERS];
         self.blocks = 0;
         stats.lost
     }
 }
+
+/// Latest store ends a pod remembers (see `PodIngest::tails`).
+const TAILS: usize = 8;
 
 /// Separates engine-hash scopes from key namespaces derived from the same model name.
 const SCOPE_SALT: u64 = 0x656e_6769_6e65_5f68; // "engine_h"

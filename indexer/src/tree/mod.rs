@@ -72,9 +72,11 @@ pub struct Stored {
     pub applied: usize,
     /// For each engine block end given (in order) that was applied: its position, and whether
     /// its engine hash is the block's recorded one (else the caller keeps an exception).
-    pub ends: SmallVec<[(Pos, bool); 8]>,
+    pub ends: SmallVec<[(Pos, bool); 32]>,
     /// Position of the last block applied.
     pub last: Option<Pos>,
+    /// Ranges of `hashes` indices the pod already held (any tier) before this store.
+    pub held_before: SmallVec<[(usize, usize); 2]>,
     pub stats: EditStats,
     /// Segments the pod now holds something in (global numbers).
     pub segments: SmallVec<[u32; 4]>,
@@ -236,7 +238,7 @@ impl Tree {
         loop {
             let runs = seg.runs(&guard);
             let st = seg.storage(&guard);
-            let lim = runs.len.min(st.cap() as u32);
+            let lim = runs.len().min(st.cap() as u32);
             if lim == 0 {
                 return;
             }
@@ -246,7 +248,7 @@ impl Tree {
             let mut d = depth;
             loop {
                 let run = &runs.runs[j];
-                let end = run.end.min(lim);
+                let end = run.end().min(lim);
                 let (sp, sd) = (p, d);
                 p += 1;
                 d += 1;
@@ -300,12 +302,35 @@ impl Tree {
         self.segment(seg, guard).is_some_and(|s| s.runs(guard).holds_any(pod))
     }
 
+    /// Starts fetching the engine-table slot `engine` will be recorded in (a hint: callers
+    /// issue it as soon as they know the hash, so the miss overlaps their other work).
+    #[inline]
+    pub fn prefetch_engine(&self, engine: u64) {
+        self.engines.prefetch(engine);
+    }
+
     /// The block recorded for scoped engine hash `engine`, if any.
     pub fn engine_block(&self, engine: u64, guard: &Guard) -> Option<Pos> {
         if engine == 0 {
             return None;
         }
-        self.engines.get(engine, |b| self.engine_of(b, guard)).map(Pos::unpack)
+        self.engines.get(engine, |b| self.engine_of(b, guard), guard).map(Pos::unpack)
+    }
+
+    /// The keys of the chain from its namespace root to `pos` (inclusive).
+    pub fn path_keys(&self, pos: Pos, guard: &Guard) -> Vec<u64> {
+        let mut keys = Vec::new();
+        let mut at = Some(pos);
+        while let Some(p) = at {
+            let Some(seg) = self.segment(p.seg, guard) else { return Vec::new() };
+            let st = seg.storage(guard);
+            for off in (0..=p.off.min(st.cap() as u32 - 1)).rev() {
+                keys.push(st.hash(off as usize));
+            }
+            at = (!seg.from_root).then(|| Pos::unpack(seg.parent));
+        }
+        keys.reverse();
+        keys
     }
 
     /// The block before `pos` on its chain (None at a chain's first block).
@@ -337,14 +362,19 @@ impl Tree {
     }
 
     /// Records that `pod` holds, in tier `tier_bit`, the chain of `hashes` continuing `parent`
-    /// (a namespace root, or a block the caller checked the pod holds). `ends` lists, in order,
-    /// the index of each engine block's last canonical block and its scoped engine hash.
+    /// (a namespace root, or a block the caller checked the pod holds). The first `hold_from`
+    /// blocks are only followed (or created, unheld): a path the pod's block hangs off without
+    /// the pod holding it in this tree (a sliding-window or Mamba group keeps later blocks
+    /// without earlier ones). `ends` lists, in order, the index of each engine block's last
+    /// canonical block and its scoped engine hash.
+    #[allow(clippy::too_many_arguments)]
     pub fn store(
         &self,
         pod: PodId,
         tier_bit: u8,
         parent: ParentKey,
         hashes: &[u64],
+        hold_from: usize,
         ends: &[(usize, u64)],
         guard: &Guard,
     ) -> Stored {
@@ -368,7 +398,7 @@ impl Tree {
             if let ParentKey::Block(p) = cur {
                 let pos = Pos::unpack(p);
                 let seg = shard.dir.get(pos.local(), guard).expect("a held block's segment is live");
-                let lim = seg.runs(guard).len.min(seg.storage(guard).cap() as u32);
+                let lim = seg.runs(guard).len().min(seg.storage(guard).cap() as u32);
                 let st = seg.storage(guard);
                 let (start, first) = (pos.off + 1, i);
                 let mut o = start;
@@ -383,7 +413,7 @@ impl Tree {
                 }
             }
             let Some((local, seg)) = self.find_child(shard, cur, hashes[i], guard) else { break };
-            let lim = seg.runs(guard).len.min(seg.storage(guard).cap() as u32);
+            let lim = seg.runs(guard).len().min(seg.storage(guard).cap() as u32);
             let st = seg.storage(guard);
             let first = i;
             let mut o = 0;
@@ -402,9 +432,18 @@ impl Tree {
         // 2. Hold the existing blocks, in chain order, as far as the bound allows.
         let holder_bit = |t: u8| t | tier_bit;
         let mut refused = false;
-        for &(local, s, e, first) in &ranges {
+        for &(local, s0, e, first) in &ranges {
+            // Blocks before `hold_from` are walked, not held.
+            let s = s0 + hold_from.saturating_sub(first).min((e - s0) as usize) as u32;
+            let first = first + (s - s0) as usize;
+            if s == e {
+                continue;
+            }
             let seg = shard.dir.get(local, guard).expect("live");
             let runs = seg.runs(guard);
+            for (a, b) in runs.held_pieces(s, e, pod) {
+                out.held_before.push((first + (a - s) as usize, first + (b - s) as usize));
+            }
             let need = runs.unheld_by(s, e, pod);
             let grant = self.reserve(need);
             let cut = if grant < need { runs.cut_after_new(s, e, pod, grant) } else { e };
@@ -429,9 +468,11 @@ impl Tree {
         }
 
         // 3. The rest is new: grow the chain's segment in place, or start a branch (several,
-        //    past a segment's length limit).
+        //    past a segment's length limit). Blocks before `hold_from` are created unheld.
         if !refused && existing_end < n {
-            let add = self.reserve((n - existing_end) as u64) as usize;
+            let held_start = existing_end.max(hold_from.min(n));
+            let grant = self.reserve((n - held_start) as u64) as usize;
+            let add = if grant == 0 { 0 } else { held_start - existing_end + grant };
             let holder = Holder::new(pod, tier_bit);
             let mut done = 0;
             while done < add {
@@ -441,7 +482,7 @@ impl Tree {
                         let pos = Pos::unpack(p);
                         let seg = shard.dir.get(pos.local(), guard).expect("live");
                         let runs = seg.runs(guard);
-                        let len = runs.len as usize;
+                        let len = runs.len() as usize;
                         let k = (add - done).min(MAX_OFFSET as usize - len);
                         let new = &hashes[first..first + k];
                         let st = seg.storage(guard);
@@ -453,12 +494,17 @@ impl Tree {
                         } else {
                             write_hashes(st, len, new);
                         }
-                        seg.set_runs(runs.extended(k as u32, holder), guard);
+                        let unheld = held_start.saturating_sub(first).min(k) as u32;
+                        if unheld > 0 || !runs.grow_in_place(k as u32, holder) {
+                            seg.set_runs(runs.extended(unheld, k as u32 - unheld, holder), guard);
+                        }
                         (pos.local(), len as u32, k)
                     }
                     _ => {
                         let k = (add - done).min(MAX_OFFSET as usize);
-                        match self.new_segment(shard_idx, &mut w, cur, &hashes[first..first + k], holder, guard) {
+                        let unheld = held_start.saturating_sub(first).min(k) as u32;
+                        let new = &hashes[first..first + k];
+                        match self.new_segment(shard_idx, &mut w, cur, new, unheld, holder, guard) {
                             Some(local) => (local, 0, k),
                             None => break,
                         }
@@ -469,13 +515,14 @@ impl Tree {
                 push_unique(&mut out.segments, global(shard_idx, local));
                 done += len;
             }
-            if done < add {
-                self.entries.fetch_sub((add - done) as u64, Ordering::Relaxed);
+            let held = (existing_end + done).saturating_sub(held_start);
+            if held < grant {
+                self.entries.fetch_sub((grant - held) as u64, Ordering::Relaxed);
             }
-            self.keys.fetch_add(done as u64, Ordering::Relaxed);
-            out.stats.gained += done as u64;
-            out.stats.became_held += done as u64;
-            out.stats.tier_gained[tier_bit.trailing_zeros() as usize] += done as u64;
+            self.keys.fetch_add(held as u64, Ordering::Relaxed);
+            out.stats.gained += held as u64;
+            out.stats.became_held += held as u64;
+            out.stats.tier_gained[tier_bit.trailing_zeros() as usize] += held as u64;
             out.applied = existing_end + done;
         }
         self.finish_store(shard_idx, out, &ranges, ends, guard)
@@ -522,6 +569,7 @@ impl Tree {
                 pos.pack(),
                 |b| self.engine_of(b, guard),
                 || st.set_engine(pos.off as usize, engine),
+                guard,
             ),
             _ => false,
         }
@@ -530,15 +578,17 @@ impl Tree {
     fn can_extend(&self, shard: &Shard, w: &ShardWriter, pos: Pos, guard: &Guard) -> bool {
         let Some(seg) = shard.dir.get(pos.local(), guard) else { return false };
         let meta_sealed = w.meta.get(pos.local() as usize).is_some_and(|m| m.sealed);
-        !meta_sealed && pos.off + 1 == seg.runs(guard).len && pos.off + 1 < MAX_OFFSET
+        !meta_sealed && pos.off + 1 == seg.runs(guard).len() && pos.off + 1 < MAX_OFFSET
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn new_segment(
         &self,
         shard_idx: usize,
         w: &mut ShardWriter,
         parent: ParentKey,
         hashes: &[u64],
+        unheld: u32,
         holder: Holder,
         guard: &Guard,
     ) -> Option<u32> {
@@ -568,7 +618,7 @@ impl Tree {
                 from_root,
                 first: hashes[0],
                 storage: Atomic::new(st),
-                runs: Atomic::new(Runs::new_held(hashes.len() as u32, holder)),
+                runs: Atomic::new(Runs::new_held(unheld, hashes.len() as u32 - unheld, holder)),
             },
         );
         if let ParentKey::Block(p) = parent {
@@ -689,7 +739,7 @@ impl Tree {
                 let Some(seg) = shard.dir.get(local, guard) else { continue };
                 let runs = seg.runs(guard);
                 if runs.holds_any(pod) {
-                    self.edit_segment(shard_idx, &mut w, local, 0, runs.len, pod, |_| 0, &mut stats, guard);
+                    self.edit_segment(shard_idx, &mut w, local, 0, runs.len(), pod, |_| 0, &mut stats, guard);
                 }
             }
         }
@@ -729,7 +779,7 @@ impl Tree {
                 for off in a..b.min(storage.cap() as u32) {
                     let engine = storage.engine(off as usize);
                     if engine != 0 {
-                        self.engines.remove(engine, Pos { seg: global(shard_idx, local), off }.pack());
+                        self.engines.remove(engine, Pos { seg: global(shard_idx, local), off }.pack(), guard);
                         storage.set_engine(off as usize, 0);
                     }
                 }
@@ -750,7 +800,7 @@ impl Tree {
             let meta = &mut w.meta[local as usize];
             let kid_end = meta.kids.last().map_or(0, |&(o, _)| o + 1);
             let keep = runs.held_end().max(kid_end);
-            if keep >= runs.len {
+            if keep >= runs.len() {
                 return;
             }
             meta.sealed = true;
@@ -822,7 +872,7 @@ impl Tree {
                     shape.segments += 1;
                     let runs = seg.runs(&guard);
                     shape.runs += runs.runs.len() as u64;
-                    shape.positions += u64::from(runs.len);
+                    shape.positions += u64::from(runs.len());
                 }
             }
         }

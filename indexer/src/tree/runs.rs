@@ -1,9 +1,14 @@
 //! A segment's runs: its blocks split into maximal ranges that the same holders (pod and tier
 //! bits) hold, so a chain held by the same pods is one run however long it is.
 //!
-//! A run list is immutable once published; every change builds a new list (copy-on-write)
-//! that the tree swaps in, so a reader always sees one consistent list. The functions here are
-//! pure: they take a list and return the edited list and what changed, per position.
+//! A published run list changes in one way only: a chain's only holder appending to it grows
+//! the last run and the length in place (the new blocks' hashes are written first, then the
+//! run's end, then the length, so a reader that sees a length sees everything before it).
+//! Every other change builds a new list (copy-on-write) that the tree swaps in, so a reader
+//! always sees one consistent list. The functions here are pure: they take a list and return
+//! the edited list and what changed, per position.
+
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use smallvec::SmallVec;
 
@@ -32,17 +37,53 @@ pub type Holders = SmallVec<[Holder; 2]>;
 
 /// Positions `[previous run's end, end)` of a segment, held by `holders` (possibly none: a
 /// block kept only because later blocks or children hang off it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Run {
-    pub end: u32,
+    end: AtomicU32,
     pub holders: Holders,
 }
 
+impl Run {
+    fn new(end: u32, holders: Holders) -> Self {
+        Run { end: AtomicU32::new(end), holders }
+    }
+
+    /// End of the run (may exceed the list's `len()` while an append is under way).
+    #[inline]
+    pub fn end(&self) -> u32 {
+        self.end.load(Ordering::Acquire)
+    }
+}
+
+impl Clone for Run {
+    fn clone(&self) -> Self {
+        Run::new(self.end(), self.holders.clone())
+    }
+}
+
+impl PartialEq for Run {
+    fn eq(&self, other: &Self) -> bool {
+        self.end() == other.end() && self.holders == other.holders
+    }
+}
+
 /// A segment's visible length and its runs (covering `[0, len)`, adjacent runs differ).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Runs {
-    pub len: u32,
+    len: AtomicU32,
     pub runs: SmallVec<[Run; 1]>,
+}
+
+impl Clone for Runs {
+    fn clone(&self) -> Self {
+        Runs { len: AtomicU32::new(self.len()), runs: self.runs.clone() }
+    }
+}
+
+impl PartialEq for Runs {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.runs == other.runs
+    }
 }
 
 /// What an edit changed, counted in positions (blocks) of the edited pod, plus the ranges
@@ -76,16 +117,43 @@ impl EditStats {
 }
 
 impl Runs {
-    /// A new segment of `len` blocks, all held by `holder`.
-    pub fn new_held(len: u32, holder: Holder) -> Self {
-        let mut holders = Holders::new();
-        holders.push(holder);
-        Runs { len, runs: SmallVec::from_elem(Run { end: len, holders }, 1) }
+    fn empty(len: u32) -> Self {
+        Runs { len: AtomicU32::new(len), runs: SmallVec::new() }
+    }
+
+    /// A new segment of `unheld` blocks nobody holds, then `held` blocks held by `holder`.
+    pub fn new_held(unheld: u32, held: u32, holder: Holder) -> Self {
+        Runs::empty(0).extended(unheld, held, holder)
+    }
+
+    /// Visible length: positions `[0, len)` are described and their hashes written.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends `add` positions held by `holder` in place, when the last run is exactly
+    /// `holder`'s (the caller wrote their hashes and holds the segment's writer lock).
+    /// Returns false (changing nothing) otherwise.
+    pub fn grow_in_place(&self, add: u32, holder: Holder) -> bool {
+        match self.runs.last() {
+            Some(last) if last.holders.len() == 1 && last.holders[0] == holder => {
+                let len = self.len();
+                last.end.store(len + add, Ordering::Release);
+                self.len.store(len + add, Ordering::Release);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Index of the run holding position `pos` (< len).
     pub fn run_at(&self, pos: u32) -> usize {
-        self.runs.partition_point(|r| r.end <= pos)
+        self.runs.partition_point(|r| r.end() <= pos)
     }
 
     /// Start of run `i`.
@@ -93,13 +161,13 @@ impl Runs {
         if i == 0 {
             0
         } else {
-            self.runs[i - 1].end
+            self.runs[i - 1].end()
         }
     }
 
     /// The tiers `pod` holds position `pos` in (0 = not held, or past the end).
     pub fn tiers_at(&self, pos: u32, pod: PodId) -> u8 {
-        if pos >= self.len {
+        if pos >= self.len() {
             return 0;
         }
         tiers_in(&self.runs[self.run_at(pos)].holders, pod)
@@ -114,7 +182,7 @@ impl Runs {
     pub fn held_end(&self) -> u32 {
         for i in (0..self.runs.len()).rev() {
             if !self.runs[i].holders.is_empty() {
-                return self.runs[i].end;
+                return self.runs[i].end().min(self.len());
             }
         }
         0
@@ -129,6 +197,20 @@ impl Runs {
             }
         });
         n
+    }
+
+    /// The sub-ranges of `[start, end)` that `pod` holds (in any tier).
+    pub fn held_pieces(&self, start: u32, end: u32, pod: PodId) -> SmallVec<[(u32, u32); 2]> {
+        let mut out: SmallVec<[(u32, u32); 2]> = SmallVec::new();
+        self.for_each_piece(start, end, |s, e, hs| {
+            if tiers_in(hs, pod) != 0 {
+                match out.last_mut() {
+                    Some(last) if last.1 == s => last.1 = e,
+                    _ => out.push((s, e)),
+                }
+            }
+        });
+        out
     }
 
     /// The end `e` ≤ `end` such that `[start, e)` holds exactly `grant` positions `pod` does not
@@ -153,14 +235,14 @@ impl Runs {
     }
 
     fn for_each_piece(&self, start: u32, end: u32, mut f: impl FnMut(u32, u32, &Holders)) {
-        let end = end.min(self.len);
+        let end = end.min(self.len());
         if start >= end {
             return;
         }
         let mut i = self.run_at(start);
         let mut s = start;
         while s < end {
-            let e = self.runs[i].end.min(end);
+            let e = self.runs[i].end().min(end);
             f(s, e, &self.runs[i].holders);
             s = e;
             i += 1;
@@ -169,11 +251,12 @@ impl Runs {
 
     /// The list with `pod`'s tiers `t` replaced by `change(t)` on `[start, end)`.
     pub fn edit(&self, start: u32, end: u32, pod: PodId, change: impl Fn(u8) -> u8, stats: &mut EditStats) -> Runs {
-        let end = end.min(self.len);
-        let mut out = Runs { len: self.len, runs: SmallVec::new() };
+        let len = self.len();
+        let end = end.min(len);
+        let mut out = Runs::empty(len);
         let mut s = 0;
         for run in &self.runs {
-            let (rs, re) = (s, run.end);
+            let (rs, re) = (s, run.end().min(len));
             s = re;
             if re <= start || rs >= end {
                 push_run(&mut out, re, run.holders.clone());
@@ -220,24 +303,31 @@ impl Runs {
         out
     }
 
-    /// The list grown by `add` positions held by `holder`.
-    pub fn extended(&self, add: u32, holder: Holder) -> Runs {
-        let mut out = self.clone();
-        out.len += add;
-        let mut holders = Holders::new();
-        holders.push(holder);
-        push_run(&mut out, self.len + add, holders);
+    /// The list grown by `unheld` positions nobody holds, then `held` positions held by
+    /// `holder`.
+    pub fn extended(&self, unheld: u32, held: u32, holder: Holder) -> Runs {
+        let len = self.len();
+        let mut out = self.truncated(len);
+        *out.len.get_mut() = len + unheld + held;
+        if unheld > 0 {
+            push_run(&mut out, len + unheld, Holders::new());
+        }
+        if held > 0 {
+            let mut holders = Holders::new();
+            holders.push(holder);
+            push_run(&mut out, len + unheld + held, holders);
+        }
         out
     }
 
     /// The list cut to its first `len` positions.
     pub fn truncated(&self, len: u32) -> Runs {
-        let mut out = Runs { len, runs: SmallVec::new() };
+        let mut out = Runs::empty(len);
         for run in &self.runs {
-            if out.runs.last().is_some_and(|r| r.end >= len) {
+            if out.runs.last().is_some_and(|r| r.end() >= len) {
                 break;
             }
-            push_run(&mut out, run.end.min(len), run.holders.clone());
+            push_run(&mut out, run.end().min(len), run.holders.clone());
         }
         out
     }
@@ -246,15 +336,15 @@ impl Runs {
 /// Appends a run ending at `end`, merging it into the previous one when the holders are equal.
 fn push_run(out: &mut Runs, end: u32, holders: Holders) {
     if let Some(last) = out.runs.last_mut() {
-        if last.end >= end {
+        if *last.end.get_mut() >= end {
             return;
         }
         if last.holders == holders {
-            last.end = end;
+            *last.end.get_mut() = end;
             return;
         }
     }
-    out.runs.push(Run { end, holders });
+    out.runs.push(Run::new(end, holders));
 }
 
 /// The tiers `pod` holds in a sorted holder list (0 = none).
@@ -284,12 +374,12 @@ mod tests {
     const CPU: u8 = 2;
 
     fn pods(runs: &Runs) -> Vec<(u32, Vec<(u32, u8)>)> {
-        runs.runs.iter().map(|r| (r.end, r.holders.iter().map(|h| (h.pod().0, h.tiers())).collect())).collect()
+        runs.runs.iter().map(|r| (r.end(), r.holders.iter().map(|h| (h.pod().0, h.tiers())).collect())).collect()
     }
 
     #[test]
     fn a_removal_inside_a_shared_run_splits_it_and_a_refill_merges_it_back() {
-        let a = Runs::new_held(10, Holder::new(PodId(1), GPU));
+        let a = Runs::new_held(0, 10, Holder::new(PodId(1), GPU));
         let mut st = EditStats::default();
         let b = a.edit(0, 10, PodId(2), |t| t | GPU, &mut st);
         assert_eq!(pods(&b), vec![(10, vec![(1, GPU), (2, GPU)])]);
@@ -306,7 +396,7 @@ mod tests {
 
     #[test]
     fn tier_moves_split_runs_and_count_per_tier() {
-        let a = Runs::new_held(6, Holder::new(PodId(0), GPU));
+        let a = Runs::new_held(0, 6, Holder::new(PodId(0), GPU));
         let mut st = EditStats::default();
         let b = a.edit(2, 4, PodId(0), |t| t | CPU, &mut st);
         assert_eq!(pods(&b), vec![(2, vec![(0, GPU)]), (4, vec![(0, GPU | CPU)]), (6, vec![(0, GPU)])]);
@@ -317,21 +407,24 @@ mod tests {
 
     #[test]
     fn last_holder_leaving_reports_unheld_ranges_and_truncation_keeps_the_rest() {
-        let a = Runs::new_held(8, Holder::new(PodId(3), GPU));
+        let a = Runs::new_held(0, 8, Holder::new(PodId(3), GPU));
         let mut st = EditStats::default();
         let b = a.edit(5, 8, PodId(3), |_| 0, &mut st);
         assert_eq!(st.became_unheld.as_slice(), &[(5, 8)]);
         assert_eq!(b.held_end(), 5);
         let c = b.truncated(5);
         assert_eq!(pods(&c), vec![(5, vec![(3, GPU)])]);
-        assert_eq!(c.len, 5);
-        let d = c.extended(2, Holder::new(PodId(3), GPU));
+        assert_eq!(c.len(), 5);
+        let d = c.extended(0, 2, Holder::new(PodId(3), GPU));
         assert_eq!(pods(&d), vec![(7, vec![(3, GPU)])], "an extension by the same holder merges");
+        assert!(c.grow_in_place(3, Holder::new(PodId(3), GPU)), "the only holder appends in place");
+        assert_eq!((pods(&c), c.len()), (vec![(8, vec![(3, GPU)])], 8));
+        assert!(!c.grow_in_place(1, Holder::new(PodId(4), GPU)), "another holder needs a new list");
     }
 
     #[test]
     fn cut_after_new_grants_exactly_the_new_positions() {
-        let a = Runs::new_held(4, Holder::new(PodId(1), GPU)).extended(4, Holder::new(PodId(2), GPU));
+        let a = Runs::new_held(0, 4, Holder::new(PodId(1), GPU)).extended(0, 4, Holder::new(PodId(2), GPU));
         // Pod 1 holds [0,4); new to it: [4,8).
         assert_eq!(a.unheld_by(0, 8, PodId(1)), 4);
         assert_eq!(a.cut_after_new(0, 8, PodId(1), 2), 6);
