@@ -25,15 +25,16 @@
 //! Phases of one process (`--only NAME`): fill to N residencies in chunks of stores, timing
 //! only the index calls (store rate); quiet queries (p50/p99) and memory (RSS delta); then,
 //! with `--writers W`, a further `--extra` residencies applied by W writer threads while
-//! `--readers R` threads query without pause (writer rate, reader p50/p99 under ingest).
+//! `--readers R` threads query at `--read-rate` queries/s each (open loop; 0 = without pause):
+//! writer rate, reader p50/p99 under ingest.
 //!
 //! `kvindex-dynamo-compare [--entries N] [--workers P] [--queries Q] [--extra E] [--readers R]
-//! [--concurrency 1,2,4]` runs every process and prints the ratios.
+//! [--read-rate QPS] [--concurrency 1,2,4]` runs every process and prints the ratios.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dynamo_kv_router::concurrent_radix_tree_compressed::ConcurrentRadixTreeCompressed;
 use dynamo_kv_router::indexer::{SyncIndexer, ThreadPoolIndexer};
@@ -419,6 +420,7 @@ fn concurrent(
     trace: &Trace,
     writers: usize,
     readers: usize,
+    read_rate: u64,
 ) -> (f64, f64, f64, f64) {
     // Kvindex writers are the caller's threads; Dynamo's are its own event threads, fed here
     // by the same number of producer threads.
@@ -442,12 +444,23 @@ fn concurrent(
                     let mut lat = Vec::new();
                     start.wait();
                     let mut q = r;
+                    let interval = (read_rate > 0).then(|| Duration::from_secs_f64(1.0 / read_rate as f64));
+                    let mut due = Instant::now();
                     while !stop.load(Ordering::Relaxed) {
                         let prompt = &prompts[q % prompts.len()];
                         let t = Instant::now();
                         std::hint::black_box(indexer.score(prompt));
                         lat.push(t.elapsed().as_secs_f64());
                         q += 1;
+                        // Open loop: the next query is due one interval later, whatever this
+                        // one cost (sleep granularity makes the achieved rate approximate).
+                        if let Some(interval) = interval {
+                            due += interval;
+                            let now = Instant::now();
+                            if due > now {
+                                std::thread::sleep(due - now);
+                            }
+                        }
                     }
                     lat
                 })
@@ -530,6 +543,8 @@ struct Options {
     queries: usize,
     extra: u64,
     readers: usize,
+    /// Queries per second per reader in the concurrent phase (0 = as fast as possible).
+    read_rate: u64,
     writers: usize,
     concurrency: Vec<usize>,
 }
@@ -547,6 +562,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         queries: number(args, "--queries", 10_000)?.max(1) as usize,
         extra: number(args, "--extra", 2_000_000)?,
         readers: number(args, "--readers", 1)? as usize,
+        read_rate: number(args, "--read-rate", 20_000)?,
         writers: number(args, "--writers", 0)? as usize,
         concurrency,
     })
@@ -572,7 +588,7 @@ fn run_one(name: &str, o: &Options) -> std::process::ExitCode {
             eprintln!("kvindex-dynamo-compare: RadixTree is single-threaded; no concurrent phase");
             return std::process::ExitCode::from(2);
         }
-        let (wrate, rp50, rp99, qps) = concurrent(name, indexer.as_ref(), &trace, o.writers, o.readers);
+        let (wrate, rp50, rp99, qps) = concurrent(name, indexer.as_ref(), &trace, o.writers, o.readers, o.read_rate);
         println!(
             "{{\"indexer\":\"{name}\",\"writers\":{},\"readers\":{},\"write_ops_per_s\":{wrate:.0},\"read_p50_us\":{rp50:.2},\"read_p99_us\":{rp99:.2},\"reads_per_s\":{qps:.0}}}",
             o.writers, o.readers
@@ -589,6 +605,7 @@ fn child(me: &std::path::Path, o: &Options, name: &str, writers: usize) -> Resul
         .args(["--queries", &o.queries.to_string()])
         .args(["--extra", &o.extra.to_string()])
         .args(["--readers", &o.readers.to_string()])
+        .args(["--read-rate", &o.read_rate.to_string()])
         .args(["--writers", &writers.to_string()])
         .output()
         .map_err(|e| format!("cannot run {name}: {e}"))?;
@@ -662,8 +679,9 @@ fn main() -> std::process::ExitCode {
     for &w in &o.concurrency {
         if let (Some(ours), Some(theirs)) = (find("kvindex", Some(w)), find("dynamo-crtc", Some(w))) {
             println!(
-                "ratios kvindex/dynamo-crtc, {w} writer(s) + {} reader(s): write ops/s {:.2}x, read p50 {:.2}x, read p99 {:.2}x",
+                "ratios kvindex/dynamo-crtc, {w} writer(s) + {} reader(s) at {}/s: write ops/s {:.2}x, read p50 {:.2}x, read p99 {:.2}x",
                 o.readers,
+                o.read_rate,
                 field(ours, "write_ops_per_s") / field(theirs, "write_ops_per_s"),
                 field(ours, "read_p50_us") / field(theirs, "read_p50_us"),
                 field(ours, "read_p99_us") / field(theirs, "read_p99_us"),
