@@ -195,11 +195,16 @@ pub struct PodIngest {
     /// cover, with how many more: two engine blocks that agree on a canonical block and then
     /// differ share it, and evicting one must not drop it. Rare, so a map.
     covers: FxHashMap<u64, u32>,
-    /// The blocks that ended this pod's latest stores, as (scoped engine hash, position, the
-    /// segment's first key): a store's parent and an eviction's block are almost always one of
-    /// them, found without the engine table.
-    tails: [(u64, u64, u64); TAILS],
-    next_tail: usize,
+    /// This pod's chain ends: scoped engine hash → (position, the segment's first key) of the
+    /// last block of each store, and of the block before each evicted one (one entry per store,
+    /// not per block). A store's parent is the end of an earlier store, and vLLM evicts a chain
+    /// from its end (LRU, tail first), so these resolve nearly every lookup without the engine
+    /// table.
+    ends: FxHashMap<u64, (u64, u64)>,
+    /// Whether this pod's blocks are in the engine table: once a lookup misses its chain ends
+    /// (an eviction out of chain order, a tier re-announcement of an inner block), its blocks
+    /// are indexed in one pass and every later store indexes its own.
+    indexed: bool,
     /// Scope seed per KV-cache group.
     scopes: Vec<u64>,
     /// Per KV-cache group: what the engine said about it (None = never seen).
@@ -224,8 +229,8 @@ impl PodIngest {
             exceptions: FxHashMap::default(),
             spans: FxHashMap::default(),
             covers: FxHashMap::default(),
-            tails: [(0, 0, 0); TAILS],
-            next_tail: 0,
+            ends: FxHashMap::default(),
+            indexed: false,
             scopes: Vec::new(),
             groups: Vec::new(),
             groups_changed: false,
@@ -398,26 +403,29 @@ impl PodIngest {
         None
     }
 
-    /// Remembers that `scoped` names `pos` for this pod (replacing what it named before).
-    fn note_tail(&mut self, tree: &Tree, guard: &Guard, scoped: u64, pos: Pos) {
+    /// Remembers that `scoped` names the chain end `pos` for this pod.
+    fn note_end(&mut self, tree: &Tree, guard: &Guard, scoped: u64, pos: Pos) {
         let first = tree.first_key(pos, guard).unwrap_or(0);
-        if let Some(t) = self.tails.iter_mut().find(|t| t.0 == scoped) {
-            *t = (scoped, pos.pack(), first);
-            return;
-        }
-        self.tails[self.next_tail] = (scoped, pos.pack(), first);
-        self.next_tail = (self.next_tail + 1) % TAILS;
+        self.ends.insert(scoped, (pos.pack(), first));
     }
 
-    fn forget_tail(&mut self, scoped: u64) {
-        if let Some(t) = self.tails.iter_mut().find(|t| t.0 == scoped) {
-            *t = (0, 0, 0);
+    /// The block this pod holds for a scoped engine hash; when nothing but the engine table
+    /// could know it and this pod's blocks are not in it yet, indexes them first.
+    fn resolve_or_index(&mut self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
+        if let Some(pos) = self.resolve(tree, guard, scoped) {
+            return Some(pos);
         }
+        if self.indexed {
+            return None;
+        }
+        tree.index_pod(self.pod, self.segments.iter(), guard);
+        self.indexed = true;
+        self.resolve(tree, guard, scoped)
     }
 
     /// The block this pod holds for a scoped engine hash.
     fn resolve(&self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
-        if let Some(&(_, pos, first)) = self.tails.iter().find(|t| t.0 == scoped) {
+        if let Some(&(pos, first)) = self.ends.get(&scoped) {
             let pos = Pos::unpack(pos);
             if tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0 {
                 return Some(pos);
@@ -466,7 +474,8 @@ impl PodIngest {
             None => root,
             Some(h) => {
                 let scoped = self.scoped(ev.group_idx, h.key()).expect("group checked above");
-                match self.resolve(tree, guard, scoped) {
+                match self.resolve_or_index(tree, guard, scoped) {
+                    // It stays a known end: the pod may continue it again (a shared prefix).
                     Some(pos) => ParentKey::Block(pos.pack()),
                     // A sliding-window or Mamba group keeps blocks whose parents it dropped (or
                     // never cached). vLLM hashes a prefix alike in every group, so another group
@@ -506,11 +515,13 @@ impl PodIngest {
                 keys.push(block_key(sub, if j == 0 { extras.as_bytes() } else { &[] }));
             }
             let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");
-            // Its engine-table slot is a cache miss when the store records it: start it now.
-            tree.prefetch_engine(scoped);
+            if self.indexed {
+                // Its engine-table slot is a cache miss when the store records it: start it now.
+                tree.prefetch_engine(scoped);
+            }
             ends.push((keys.len() - 1, scoped));
         }
-        let stored = tree.store(self.pod, tier.bit(), parent, &keys, hold_from, &ends, guard);
+        let stored = tree.store(self.pod, tier.bit(), parent, &keys, hold_from, &ends, self.indexed, guard);
         self.note_stats(&stored.stats);
         for &seg in &stored.segments {
             self.segments.insert(seg);
@@ -530,7 +541,7 @@ impl PodIngest {
             self.claim(tree, guard, ends[j].1, pos, per_block as u32, recorded);
         }
         if let Some(j) = whole.checked_sub(1) {
-            self.note_tail(tree, guard, ends[j].1, stored.ends[j].0);
+            self.note_end(tree, guard, ends[j].1, stored.ends[j].0);
         }
         report.stored_blocks += whole as u64;
         report.skip(SkipReason::IndexFull, blocks - whole as u64);
@@ -606,9 +617,13 @@ impl PodIngest {
         // needs no more lookups.
         let known = |m: &FxHashMap<u64, _>| !m.is_empty() && m.contains_key(&scoped);
         if !recorded || known(&self.exceptions) || (!self.spans.is_empty() && self.spans.contains_key(&scoped)) {
-            let prior = match self.exceptions.get(&scoped) {
-                Some(&(pos, first)) => (tree.first_key(pos, guard) == Some(first)).then_some(pos),
-                None => tree.engine_block(scoped, guard),
+            let prior = match (self.exceptions.get(&scoped), self.ends.get(&scoped)) {
+                (Some(&(pos, first)), _) => (tree.first_key(pos, guard) == Some(first)).then_some(pos),
+                (None, Some(&(pos, first))) => {
+                    let pos = Pos::unpack(pos);
+                    (tree.first_key(pos, guard) == Some(first)).then_some(pos)
+                }
+                (None, None) => tree.engine_block(scoped, guard),
             }
             .filter(|&p| p != last && tree.tiers_at(p, self.pod, guard) != 0);
             let prior_count = self.spans.get(&scoped).copied().unwrap_or(1);
@@ -630,7 +645,7 @@ impl PodIngest {
             } else if let Some(first) = tree.first_key(last, guard) {
                 self.exceptions.insert(scoped, (last, first));
             }
-            self.forget_tail(scoped);
+            self.ends.remove(&scoped);
         }
         if count > 1 {
             self.spans.insert(scoped, count);
@@ -685,7 +700,7 @@ impl PodIngest {
     ) {
         for hash in &ev.block_hashes {
             let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked by caller");
-            let Some(last) = self.resolve(tree, guard, scoped) else {
+            let Some(last) = self.resolve_or_index(tree, guard, scoped) else {
                 report.skip(SkipReason::UnknownBlock, 1);
                 continue;
             };
@@ -724,18 +739,37 @@ impl PodIngest {
     /// Removes `tier_mask` of one engine block; forgets its engine hash once no tier holds it.
     /// Returns whether the block was known.
     fn forget_block(&mut self, tree: &Tree, guard: &Guard, scoped: u64, tier_mask: u8) -> bool {
-        let Some(last) = self.resolve(tree, guard, scoped) else { return false };
+        let Some(last) = self.resolve_or_index(tree, guard, scoped) else { return false };
         let count = self.spans.get(&scoped).copied().unwrap_or(1);
+        // The engine block before this one: the chain's end once this one is gone.
+        let mut before = Some(last);
+        for _ in 0..count {
+            before = before.and_then(|p| tree.previous(p, guard));
+        }
         let (_, left) = self.release_block(tree, guard, last, count, tier_mask);
         if left == 0 {
             self.exceptions.remove(&scoped);
             self.spans.remove(&scoped);
-            self.forget_tail(scoped);
+            self.ends.remove(&scoped);
             if !tree.holds_any(last.seg, self.pod, guard) {
                 self.segments.remove(last.seg);
             }
+            if let Some(p) = before.filter(|&p| tree.tiers_at(p, self.pod, guard) != 0) {
+                if let Some(key) = self.engine_hash_of(tree, guard, p) {
+                    self.note_end(tree, guard, key, p);
+                }
+            }
         }
         true
+    }
+
+    /// The scoped engine hash this pod knows the block at `pos` by: its exception's, else the
+    /// block's recorded one.
+    fn engine_hash_of(&self, tree: &Tree, guard: &Guard, pos: Pos) -> Option<u64> {
+        if let Some((&scoped, _)) = self.exceptions.iter().find(|(_, &(p, _))| p == pos) {
+            return Some(scoped);
+        }
+        Some(tree.engine_at(pos, guard)).filter(|&e| e != 0)
     }
 
     /// Drops everything this pod holds: `AllBlocksCleared`, a restart, an unrecoverable gap,
@@ -747,15 +781,13 @@ impl PodIngest {
         self.exceptions = FxHashMap::default();
         self.spans = FxHashMap::default();
         self.covers = FxHashMap::default();
-        self.tails = [(0, 0, 0); TAILS];
+        self.ends = FxHashMap::default();
+        self.indexed = false;
         self.tier_blocks = [0; MAX_TIERS];
         self.blocks = 0;
         stats.lost
     }
 }
-
-/// Latest store ends a pod remembers (see `PodIngest::tails`).
-const TAILS: usize = 8;
 
 /// Separates engine-hash scopes from key namespaces derived from the same model name.
 const SCOPE_SALT: u64 = 0x656e_6769_6e65_5f68; // "engine_h"

@@ -130,7 +130,7 @@ mod tests {
 
     fn store(tree: &Tree, pod: u32, tier: u8, keys: &[u64]) {
         let guard = tree.pin();
-        tree.store(PodId(pod), tier, ParentKey::Root(ROOT), keys, 0, &[], &guard);
+        tree.store(PodId(pod), tier, ParentKey::Root(ROOT), keys, 0, &[], true, &guard);
     }
 
     fn run(tree: &Tree, query: &[u64], filter: PodFilter<'_>) -> Vec<PodMatch> {
@@ -145,7 +145,7 @@ mod tests {
         store(&tree, 0, GPU, &[10, 11, 12]);
         store(&tree, 1, GPU, &[10, 11, 12]);
         let guard = tree.pin();
-        let eleven = tree.store(PodId(2), GPU, ParentKey::Root(ROOT), &[10, 11], 0, &[], &guard).last.unwrap();
+        let eleven = tree.store(PodId(2), GPU, ParentKey::Root(ROOT), &[10, 11], 0, &[], true, &guard).last.unwrap();
         tree.release(PodId(1), eleven, 1, GPU, &guard);
         let got = run(&tree, &[10, 11, 12, 13], PodFilter::All);
         let summary: Vec<(u32, u32)> = got.iter().map(|m| (m.pod.0, m.matched_blocks)).collect();

@@ -444,3 +444,33 @@ fn a_canonical_block_two_engine_blocks_cover_stays_until_both_leave() {
     assert_eq!((matched(&a), matched(&b)), (0, 0));
     assert_eq!((index.index().entries(), index.index().keys()), (0, 0));
 }
+
+/// An eviction out of chain order (not a chain end) and a tier re-announcement of an inner
+/// block resolve through the engine table, which a pod's blocks enter on that first miss.
+#[test]
+fn lookups_past_the_chain_ends_index_the_pod_and_stay_exact() {
+    RATIO.with(|r| r.set(1));
+    let index = KvIndex::new(KvIndexConfig { block_size: BS, shards: 2, ..Default::default() });
+    let tokens: Vec<u32> = (0..4 * BS as u32).collect();
+    let prefix = |n: usize| tokens[..n * BS].to_vec();
+    let hashes: Vec<u64> = (1..=4).map(|n| engine_hash(0, &prefix(n))).collect();
+    apply(
+        &index,
+        0,
+        &OwnedEvent::Stored { hashes: hashes.clone(), parent: None, tokens: tokens.clone(), medium: "GPU" },
+    );
+    let score = |q: &[u32]| index_score(&index, q).get(&pod_name(0)).copied();
+    assert_eq!(score(&tokens).map(|m| m.0), Some(4));
+    // Block 2 is inside the store: only the engine table can name it.
+    apply(&index, 0, &OwnedEvent::Stored { hashes: vec![hashes[1]], parent: None, tokens: vec![], medium: "CPU" });
+    assert_eq!(score(&tokens).map(|m| (m.0, m.3)), Some((4, 1)), "CPU tier on block 2");
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[1], medium: "GPU" });
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[1], medium: "CPU" });
+    assert_eq!(score(&tokens).map(|m| m.0), Some(1), "a hole after block 1");
+    // The chain's end and the rest still resolve, now through the table too.
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[3], medium: "GPU" });
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[2], medium: "GPU" });
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[0], medium: "GPU" });
+    assert_eq!(score(&tokens), None);
+    assert_eq!((index.index().entries(), index.index().keys()), (0, 0));
+}

@@ -86,6 +86,8 @@ pub struct Stored {
 struct SegMeta {
     /// Grown in place no more (it lost its tail once).
     sealed: bool,
+    /// Some of its blocks may be in the engine table (see `Tree::store`'s `index`).
+    indexed: bool,
     /// Offsets that branches hang off, with how many, sorted by offset.
     kids: SmallVec<[(u32, u32); 1]>,
 }
@@ -366,7 +368,9 @@ impl Tree {
     /// blocks are only followed (or created, unheld): a path the pod's block hangs off without
     /// the pod holding it in this tree (a sliding-window or Mamba group keeps later blocks
     /// without earlier ones). `ends` lists, in order, the index of each engine block's last
-    /// canonical block and its scoped engine hash.
+    /// canonical block and its scoped engine hash: each block records the first engine hash it
+    /// is stored under, and with `index` also enters the engine table (a pod whose lookups the
+    /// engine table serves; see `index_pod`).
     #[allow(clippy::too_many_arguments)]
     pub fn store(
         &self,
@@ -376,6 +380,7 @@ impl Tree {
         hashes: &[u64],
         hold_from: usize,
         ends: &[(usize, u64)],
+        index: bool,
         guard: &Guard,
     ) -> Stored {
         let mut out = Stored::default();
@@ -525,16 +530,19 @@ impl Tree {
             out.stats.tier_gained[tier_bit.trailing_zeros() as usize] += held as u64;
             out.applied = existing_end + done;
         }
-        self.finish_store(shard_idx, out, &ranges, ends, guard)
+        self.finish_store(shard_idx, &mut w, out, &ranges, ends, index, guard)
     }
 
     /// Resolves the engine block ends of a store to positions and records their engine hashes.
+    #[allow(clippy::too_many_arguments)]
     fn finish_store(
         &self,
         shard_idx: usize,
+        w: &mut ShardWriter,
         mut out: Stored,
         ranges: &[(u32, u32, u32, usize)],
         ends: &[(usize, u64)],
+        index: bool,
         guard: &Guard,
     ) -> Stored {
         let position = |idx: usize| {
@@ -547,32 +555,76 @@ impl Tree {
                 break;
             }
             let pos = position(idx);
-            let recorded = self.record_engine(pos, engine, guard);
+            let recorded = self.record_engine(w, pos, engine, index, guard);
             out.ends.push((pos, recorded));
         }
         out.last = out.applied.checked_sub(1).map(position);
         out
     }
 
-    /// Makes `engine` name the block at `pos` unless it names another block already, or the
-    /// block has another recorded hash. The caller holds the block's shard lock.
-    fn record_engine(&self, pos: Pos, engine: u64, guard: &Guard) -> bool {
+    /// Records `engine` as the block's engine hash unless it has another one (false: the caller
+    /// keeps an exception). With `index`, also makes the engine table name the block, unless the
+    /// hash names another block already. The caller holds the block's shard lock.
+    fn record_engine(&self, w: &mut ShardWriter, pos: Pos, engine: u64, index: bool, guard: &Guard) -> bool {
         if engine == 0 {
             return false;
         }
         let Some(seg) = self.segment(pos.seg, guard) else { return false };
         let st = seg.storage(guard);
-        match st.engine(pos.off as usize) {
-            e if e == engine => true,
-            0 => self.engines.insert(
-                engine,
-                pos.pack(),
-                |b| self.engine_of(b, guard),
-                || st.set_engine(pos.off as usize, engine),
-                guard,
-            ),
-            _ => false,
+        let recorded = st.engine(pos.off as usize);
+        if recorded != 0 && recorded != engine {
+            return false;
         }
+        if !index {
+            st.set_engine(pos.off as usize, engine);
+            return true;
+        }
+        w.meta[pos.local() as usize].indexed = true;
+        self.engines.insert(
+            engine,
+            pos.pack(),
+            |b| self.engine_of(b, guard),
+            || st.set_engine(pos.off as usize, engine),
+            guard,
+        ) || self.engines.get(engine, |b| self.engine_of(b, guard), guard) == Some(pos.pack())
+    }
+
+    /// Enters into the engine table every block of `segments` that `pod` holds and that has a
+    /// recorded engine hash: what a pod's lookups need once they cannot rely on its chain ends
+    /// (see `ingest`). Costs O(the pod's blocks) once.
+    pub fn index_pod(&self, pod: PodId, segments: impl IntoIterator<Item = u32>, guard: &Guard) {
+        for seg in segments {
+            let p = Pos { seg, off: 0 };
+            let Some(shard) = self.shards.get(p.shard()) else { continue };
+            let mut w = shard.writer.lock();
+            let Some(segment) = shard.dir.get(p.local(), guard) else { continue };
+            let runs = segment.runs(guard);
+            let st = segment.storage(guard);
+            let mut start = 0;
+            let mut any = false;
+            for run in &runs.runs {
+                let end = run.end().min(runs.len()).min(st.cap() as u32);
+                if runs::tiers_in(&run.holders, pod) != 0 {
+                    for off in start..end {
+                        let engine = st.engine(off as usize);
+                        if engine != 0 {
+                            any = true;
+                            let pos = Pos { seg, off }.pack();
+                            self.engines.insert(engine, pos, |b| self.engine_of(b, guard), || {}, guard);
+                        }
+                    }
+                }
+                start = end;
+            }
+            if any {
+                w.meta[p.local() as usize].indexed = true;
+            }
+        }
+    }
+
+    /// The engine hash recorded for the block at `pos` (0 = none).
+    pub fn engine_at(&self, pos: Pos, guard: &Guard) -> u64 {
+        self.engine_of(pos.pack(), guard)
     }
 
     fn can_extend(&self, shard: &Shard, w: &ShardWriter, pos: Pos, guard: &Guard) -> bool {
@@ -773,13 +825,16 @@ impl Tree {
         self.entries.fetch_sub(st.lost, Ordering::Relaxed);
         if !st.became_unheld.is_empty() {
             let storage = seg.storage(guard);
+            let indexed = w.meta[local as usize].indexed;
             let mut unheld = 0;
             for &(a, b) in &st.became_unheld {
                 unheld += u64::from(b - a);
                 for off in a..b.min(storage.cap() as u32) {
                     let engine = storage.engine(off as usize);
                     if engine != 0 {
-                        self.engines.remove(engine, Pos { seg: global(shard_idx, local), off }.pack(), guard);
+                        if indexed {
+                            self.engines.remove(engine, Pos { seg: global(shard_idx, local), off }.pack(), guard);
+                        }
                         storage.set_engine(off as usize, 0);
                     }
                 }

@@ -9,7 +9,7 @@ const ROOT: u64 = 0xabc;
 
 fn store(tree: &Tree, pod: u32, parent: ParentKey, keys: &[u64], ends: &[(usize, u64)]) -> Stored {
     let guard = tree.pin();
-    tree.store(PodId(pod), GPU, parent, keys, 0, ends, &guard)
+    tree.store(PodId(pod), GPU, parent, keys, 0, ends, true, &guard)
 }
 
 /// Every block of the whole chain as (pod, matched) pairs, walking from the root.
