@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use roaring::RoaringBitmap;
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use crossbeam_epoch::Guard;
 
@@ -220,12 +221,21 @@ impl PodIngest {
     pub fn apply_batch(&mut self, ctx: &IngestContext<'_>, tree: &Tree, batch: &EventBatch<'_>) -> ApplyReport {
         let mut report = ApplyReport::default();
         let guard = tree.pin();
-        for event in &batch.events {
-            self.apply_event(ctx, tree, &guard, event, &mut report);
+        for (i, event) in batch.events.iter().enumerate() {
+            match event {
+                Event::BlockStored(s) if is_sparse(s) => {
+                    report.stored_events += 1;
+                    let dense = dense_sibling(&batch.events, i, s);
+                    self.apply_stored(ctx, tree, &guard, s, dense, &mut report);
+                }
+                _ => self.apply_event(ctx, tree, &guard, event, &mut report),
+            }
         }
         report
     }
 
+    /// Applies one event on its own. A sparse store (see [`dense_sibling`]) needs its batch,
+    /// so here it is skipped as `token_count_mismatch`.
     pub fn apply_event(
         &mut self,
         ctx: &IngestContext<'_>,
@@ -237,7 +247,7 @@ impl PodIngest {
         match event {
             Event::BlockStored(s) => {
                 report.stored_events += 1;
-                self.apply_stored(ctx, tree, guard, s, report);
+                self.apply_stored(ctx, tree, guard, s, None, report);
             }
             Event::BlockRemoved(r) => {
                 report.removed_events += 1;
@@ -361,6 +371,7 @@ impl PodIngest {
         tree: &Tree,
         guard: &Guard,
         ev: &BlockStored<'_>,
+        dense: Option<&BlockStored<'_>>,
         report: &mut ApplyReport,
     ) {
         let blocks = ev.block_hashes.len() as u64;
@@ -378,11 +389,21 @@ impl PodIngest {
         if engine_bs % ctx.block_size != 0 {
             return report.skip(SkipReason::BlockSizeMismatch, blocks);
         }
-        if Some(tokens.len()) != ev.block_hashes.len().checked_mul(engine_bs) {
-            return report.skip(SkipReason::TokenCountMismatch, blocks);
-        }
+        // Which blocks of the event's token range it holds: all of them, or for a sparse store
+        // (a sliding-window group's, which names only the blocks it kept) the ones its hashes
+        // name in the dense store of another group that covers the same tokens.
+        let mut held: SmallVec<[usize; 16]> = SmallVec::new();
+        let layout = if Some(tokens.len()) == ev.block_hashes.len().checked_mul(engine_bs) {
+            held.extend(0..ev.block_hashes.len());
+            self.maybe_check_hashes(ctx, ev, tokens, engine_bs, report);
+            ev
+        } else {
+            match dense.and_then(|d| sparse_positions(ev, d, &mut held).then_some(d)) {
+                Some(d) => d,
+                None => return report.skip(SkipReason::TokenCountMismatch, blocks),
+            }
+        };
         self.note_group(ev.group_idx, kind, engine_bs as u32);
-        self.maybe_check_hashes(ctx, ev, tokens, engine_bs, report);
         let group = ev.group_idx.unwrap_or(0);
         let root = ParentKey::Root(namespace_root(&namespace_of(&self.model, ev.lora_name, ev.lora_id), group as u32));
         let mut keys = std::mem::take(&mut self.keys_scratch);
@@ -411,17 +432,16 @@ impl PodIngest {
                 }
             }
         };
-        let hold_from = keys.len();
+        let prefix = keys.len();
         let per_block = engine_bs / ctx.block_size;
+        let last_held = held.last().copied().unwrap_or(0);
         let mut extras = std::mem::take(&mut self.extras);
-        let mut ends = std::mem::take(&mut self.ends_scratch);
-        ends.clear();
-        for (i, (hash, chunk)) in ev.block_hashes.iter().zip(tokens.chunks_exact(engine_bs)).enumerate() {
+        for (i, chunk) in tokens.chunks_exact(engine_bs).take(last_held + 1).enumerate() {
             extras.clear();
-            if let Some(entry) = ev.extra_keys.as_ref().and_then(|e| e.get(i)) {
-                encode_block_extras(entry, ev.lora_name, ev.lora_id, &mut extras);
+            if let Some(entry) = layout.extra_keys.as_ref().and_then(|e| e.get(i)) {
+                encode_block_extras(entry, layout.lora_name, layout.lora_id, &mut extras);
             }
-            if let Some(lookahead) = ev.lookahead_token_ids.as_ref().and_then(|l| l.get(i)) {
+            if let Some(lookahead) = layout.lookahead_token_ids.as_ref().and_then(|l| l.get(i)) {
                 // Lookahead hashing makes the engine's block depend on tokens past it; a query
                 // cannot reproduce that, so such blocks must never match a plain prefix.
                 extras.push_tokens(lookahead);
@@ -431,14 +451,58 @@ impl PodIngest {
                 // them to the rest.
                 keys.push(block_key(sub, if j == 0 { extras.as_bytes() } else { &[] }));
             }
-            let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");
-            if self.indexed {
-                // Its engine-table slot is a cache miss when the store records it: start it now.
-                tree.prefetch_engine(scoped);
-            }
-            ends.push((keys.len() - 1, scoped));
         }
-        let stored = tree.store(self.pod, tier.bit(), parent, &keys, hold_from, &ends, self.indexed, guard);
+        self.extras = extras;
+        let mut ends = std::mem::take(&mut self.ends_scratch);
+        let mut stored_blocks = 0u64;
+        let mut run_start = 0;
+        // One tree store per run of consecutive held blocks; the blocks between runs are path
+        // this group does not hold.
+        while run_start < held.len() {
+            let mut run_end = run_start + 1;
+            while run_end < held.len() && held[run_end] == held[run_end - 1] + 1 {
+                run_end += 1;
+            }
+            ends.clear();
+            for (k, &i) in held.iter().enumerate().take(run_end).skip(run_start) {
+                let scoped = self.scoped(ev.group_idx, ev.block_hashes[k].key()).expect("group checked above");
+                if self.indexed {
+                    // Its engine-table slot is a cache miss when the store records it: start it now.
+                    tree.prefetch_engine(scoped);
+                }
+                ends.push((prefix + (i + 1) * per_block - 1, scoped));
+            }
+            let hold_from = prefix + held[run_start] * per_block;
+            let upto = prefix + (held[run_end - 1] + 1) * per_block;
+            let whole = self.store_run(tree, guard, tier, parent, &keys[..upto], hold_from, &ends, per_block);
+            stored_blocks += whole as u64;
+            if whole < run_end - run_start {
+                break;
+            }
+            run_start = run_end;
+        }
+        report.stored_blocks += stored_blocks;
+        report.skip(SkipReason::IndexFull, blocks - stored_blocks);
+        self.keys_scratch = keys;
+        self.ends_scratch = ends;
+    }
+
+    /// Stores `keys[hold_from..]` for this pod (the keys before it are path it need not
+    /// hold), engine blocks of `per_block` canonical blocks ending at `ends`; settles what
+    /// their engine hashes name. Returns the engine blocks applied.
+    #[allow(clippy::too_many_arguments)]
+    fn store_run(
+        &mut self,
+        tree: &Tree,
+        guard: &Guard,
+        tier: TierId,
+        parent: ParentKey,
+        keys: &[u64],
+        hold_from: usize,
+        ends: &[(usize, u64)],
+        per_block: usize,
+    ) -> usize {
+        let stored = tree.store(self.pod, tier.bit(), parent, keys, hold_from, ends, self.indexed, guard);
         self.note_stats(&stored.stats);
         for &seg in &stored.segments {
             self.segments.insert(seg);
@@ -460,11 +524,7 @@ impl PodIngest {
         if let Some(j) = whole.checked_sub(1) {
             self.note_end(tree, guard, ends[j].1, stored.ends[j].0);
         }
-        report.stored_blocks += whole as u64;
-        report.skip(SkipReason::IndexFull, blocks - whole as u64);
-        self.extras = extras;
-        self.keys_scratch = keys;
-        self.ends_scratch = ends;
+        whole
     }
 
     /// Counts the canonical blocks of newly stored engine blocks that the pod already held
@@ -715,4 +775,54 @@ fn published<'a>(h: &EngineHash<'a>) -> PublishedHash<'a> {
         EngineHash::Int(v) => PublishedHash::Int(v as u64),
         EngineHash::Bytes(b) => PublishedHash::Bytes(b),
     }
+}
+
+/// Whether a store names fewer blocks than its tokens cover: a sliding-window (or Mamba) group
+/// of a hybrid model keeps only some blocks of the range it caches, and vLLM sends the hashes
+/// of those alone with the token ids of the whole range (`parent_block_hash` names the block
+/// before the range, as for a dense store).
+fn is_sparse(s: &BlockStored<'_>) -> bool {
+    let tokens = s.token_ids.as_ref().map_or(0, Vec::len);
+    match usize::try_from(s.block_size.unwrap_or(0)) {
+        Ok(bs) if bs > 0 && tokens > 0 && tokens.is_multiple_of(bs) => s.block_hashes.len() < tokens / bs,
+        _ => false,
+    }
+}
+
+/// The dense store of another KV-cache group in the same batch that covers exactly the same
+/// tokens after the same parent: vLLM caches a request's blocks in every group in the same
+/// step, and a block's hash is the same in every group, so its hash list says which blocks of
+/// the range a sparse store's hashes are.
+fn dense_sibling<'b, 'a>(events: &'b [Event<'a>], at: usize, sparse: &BlockStored<'_>) -> Option<&'b BlockStored<'a>> {
+    let tokens = sparse.token_ids.as_deref()?;
+    let bs = usize::try_from(sparse.block_size?).ok().filter(|&b| b > 0)?;
+    let parent = sparse.parent_block_hash.as_ref().map(EngineHash::key);
+    events.iter().enumerate().find_map(|(i, e)| match e {
+        Event::BlockStored(d)
+            if i != at
+                && d.group_idx.unwrap_or(0) != sparse.group_idx.unwrap_or(0)
+                && d.block_size == sparse.block_size
+                && d.lora_name == sparse.lora_name
+                && d.lora_id == sparse.lora_id
+                && d.block_hashes.len().checked_mul(bs) == Some(tokens.len())
+                && d.parent_block_hash.as_ref().map(EngineHash::key) == parent
+                && d.token_ids.as_deref() == Some(tokens) =>
+        {
+            Some(d)
+        }
+        _ => None,
+    })
+}
+
+/// The block indices (in `dense`'s order) of `sparse`'s hashes, into `held`; false unless
+/// every hash is found, in increasing order.
+fn sparse_positions(sparse: &BlockStored<'_>, dense: &BlockStored<'_>, held: &mut SmallVec<[usize; 16]>) -> bool {
+    held.clear();
+    let mut from = 0;
+    for h in &sparse.block_hashes {
+        let Some(i) = dense.block_hashes[from..].iter().position(|d| d.key() == h.key()) else { return false };
+        held.push(from + i);
+        from += i + 1;
+    }
+    !held.is_empty()
 }
