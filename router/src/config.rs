@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cost::{CostWeights, Policy};
+use crate::extproc::{ExtProcArgs, ExtProcConfig};
 use crate::fleet::Role;
 
 /// `kvindex-router serve` flags.
@@ -116,6 +117,8 @@ pub struct ServeArgs {
     /// Log format: `text` or `json` (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub ext_proc: ExtProcArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -169,6 +172,8 @@ pub struct Config {
     pub upstream_connect_timeout: Duration,
     pub speculative_ttl: Duration,
     pub log_format: LogFormat,
+    /// The Gateway API endpoint picker (`--ext-proc-*`), when `--ext-proc-addr` is given.
+    pub ext_proc: Option<ExtProcConfig>,
 }
 
 /// A configuration mistake, naming the flag.
@@ -342,6 +347,7 @@ impl ServeArgs {
             upstream_connect_timeout: positive_ms("--upstream-connect-timeout-ms", self.upstream_connect_timeout_ms)?,
             speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
             log_format: self.log_format,
+            ext_proc: self.ext_proc.into_config(check_host_port, self.max_body_bytes)?,
         })
     }
 }
