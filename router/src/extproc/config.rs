@@ -78,3 +78,41 @@ impl ExtProcArgs {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::ServeArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<Option<ExtProcConfig>, String> {
+        let base = ["kvindex-router", "--http-addr", "127.0.0.1:8080", "--pod", "10.0.0.1:8000=http://10.0.0.1:8000"];
+        let cli = Cli::try_parse_from(base.iter().chain(extra)).map_err(|e| e.to_string())?;
+        cli.args.into_config().map(|c| c.ext_proc).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_picker_is_off_unless_its_address_is_given_and_mistakes_name_the_flag() {
+        assert!(parse(&[]).unwrap().is_none());
+        let on = parse(&["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-mode", "prefilter"]).unwrap().unwrap();
+        assert_eq!((on.addr.as_str(), on.mode, on.health_addr), ("0.0.0.0:9002", Mode::Prefilter, None));
+        let cases: &[(&[&str], &str)] = &[
+            (&["--ext-proc-addr", "9002"], "--ext-proc-addr: expected <host>:<port>"),
+            (&["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-health-addr", "x"], "--ext-proc-health-addr"),
+            (&["--ext-proc-health-addr", "0.0.0.0:9003"], "--ext-proc-addr"),
+            (&["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-max-buffered-bytes", "1024"], "--max-body-bytes"),
+            (&["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-mode", "both"], "--ext-proc-mode"),
+        ];
+        for (args, expected) in cases {
+            let error = parse(args).expect_err(expected);
+            assert!(error.contains(expected), "{args:?}: {error}");
+        }
+    }
+}
