@@ -184,3 +184,30 @@ async fn a_bodiless_request_is_placed_by_load_and_the_subset_still_binds() {
     stream.send(with_subset(headers(&[(":method", "GET"), (":path", "/v1/models")], true), &[])).await;
     assert_eq!(immediate_status(&stream.recv().await.unwrap().unwrap()), Some(503));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_ending_on_trailers_is_answered_before_its_trailers() {
+    let Some(bins) = bins() else { return };
+    let Some((stack, dir)) = stack(&bins).await else { return };
+    let epp = picker(&bins, &stack, &dir, &[]);
+    let mut client = connect(&epp.ext_proc).await;
+    let mut stream = Stream::open(&mut client).await;
+    stream.send(post_headers("/v1/completions")).await;
+    let whole = completion(3, 32);
+    stream.send(body(&whole, false)).await;
+    stream.send(trailers()).await;
+    let answer = stream.recv().await.unwrap().expect("headers answer");
+    assert!(destination(&answer).is_some());
+    let Some(processing_response::Response::RequestBody(chunk)) = stream.recv().await.unwrap().unwrap().response else {
+        panic!("the body next")
+    };
+    let mutation = chunk.response.unwrap().body_mutation.unwrap().mutation.unwrap();
+    let envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation::StreamedResponse(streamed) = mutation
+    else {
+        panic!("streamed")
+    };
+    assert_eq!(streamed.body, whole);
+    assert!(!streamed.end_of_stream, "the trailers end the request, not the body");
+    let last = stream.recv().await.unwrap().unwrap();
+    assert!(matches!(last.response, Some(processing_response::Response::RequestTrailers(_))));
+}

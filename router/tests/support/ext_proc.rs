@@ -173,3 +173,12 @@ pub fn response_headers(status: &str) -> ProcessingRequest {
     }
     message
 }
+
+pub fn trailers() -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(processing_request::Request::RequestTrailers(
+            envoy_types::pb::envoy::service::ext_proc::v3::HttpTrailers { trailers: Some(HeaderMap::default()) },
+        )),
+        ..Default::default()
+    }
+}
