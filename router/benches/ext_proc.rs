@@ -183,7 +183,7 @@ fn main() {
         let mut client = ExternalProcessorClient::new(channel);
         let http = kvindex_loadtest::kvindex_service::http;
 
-        let (mut library, mut ext_proc) = (Vec::new(), Vec::new());
+        let (mut library, mut ext_proc, mut tokens, mut matched) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for seed in 0..3 {
             let body = json!({"model": MODEL, "messages": chat(10_000 + seed, 27_000)}).to_string();
             let _ = through_ext_proc(&mut client, body.as_bytes()).await;
@@ -204,14 +204,20 @@ fn main() {
                 if seed % 2 == 0 {
                     let start = Instant::now();
                     let parsed = request::parse(Endpoint::ChatCompletions, next_turn.as_bytes()).unwrap();
-                    router.route(&parsed).await.expect("route");
+                    let decision = router.route(&parsed).await.expect("route");
                     library.push(start.elapsed().as_secs_f64() * 1000.0);
+                    tokens.push(decision.prompt_tokens.unwrap_or(0) as f64);
+                    matched.push(decision.ranked.first().map_or(0.0, |c| f64::from(c.matched_blocks)));
                 } else {
                     ext_proc.push(through_ext_proc(&mut client, next_turn.as_bytes()).await.as_secs_f64() * 1000.0);
                 }
             }
         }
-        println!("next turn of ~8k-token chats, DeepSeek 129k tokenizer, kvindex serve on loopback");
+        println!(
+            "next turn of chats of {:.0} tokens (median; {:.0} blocks matched), DeepSeek 129k tokenizer, kvindex serve on loopback",
+            pct(&mut tokens, 0.5),
+            pct(&mut matched, 0.5)
+        );
         for (name, samples) in
             [("library (parse + route)", &mut library), ("ext_proc (body in → destination)", &mut ext_proc)]
         {

@@ -211,3 +211,17 @@ async fn a_request_ending_on_trailers_is_answered_before_its_trailers() {
     let last = stream.recv().await.unwrap().unwrap();
     assert!(matches!(last.response, Some(processing_response::Response::RequestTrailers(_))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_indexer_gone_the_picker_still_picks_by_load() {
+    let Some(bins) = bins() else { return };
+    let Some((mut stack, dir)) = stack(&bins).await else { return };
+    let epp = picker(&bins, &stack, &dir, &[]);
+    let mut client = connect(&epp.ext_proc).await;
+    stack.kv.process.kill();
+    for seed in 10..14 {
+        let answers = pick(&mut client, "/v1/completions", &completion(seed, 64)).await;
+        assert!(destination(&answers[0]).is_some(), "fail open: a pick without the index");
+    }
+    assert!(metric(&epp.http, "kvindex_router_fail_open_total", &[]).await >= 4.0);
+}
