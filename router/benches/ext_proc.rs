@@ -9,7 +9,7 @@
 //! ```sh
 //! source scripts/env.sh
 //! cargo build --release -p kvindex --bin kvindex -p kvindex-loadtest --bin kvindex-sim
-//! cargo bench -p kvindex-router --bench ext_proc            # CHATS=24 TURNS=4 to change the sample
+//! cargo bench -p kvindex-router --bench ext_proc    # CHATS=24 TURNS=4 SCORE_DEADLINE_MS=5 to change
 //! ```
 
 use std::path::PathBuf;
@@ -162,7 +162,8 @@ fn main() {
         };
         let tokenizers = Tokenizers::new(&[(MODEL.to_string(), dir.clone())], None).unwrap();
         tokenizers.preload().await.unwrap();
-        let deadline = Duration::from_millis(5);
+        // The proxy's default; a debug build on a loaded box needs more (SCORE_DEADLINE_MS).
+        let deadline = Duration::from_millis(env_usize("SCORE_DEADLINE_MS", 5) as u64);
         let indexer =
             IndexerPool::new(std::slice::from_ref(&service.grpc_addr), deadline, deadline / 2, Duration::from_secs(1))
                 .unwrap();
