@@ -207,7 +207,7 @@ impl State {
                 Ok(responses)
             }
             (Request::ResponseHeaders(h), Phase::Answered) => {
-                let served = envoy::served_endpoint(message_metadata(&self.metadata));
+                let served = envoy::served_endpoint(self.metadata.as_ref());
                 let set = self.account_served(served);
                 self.phase = if h.end_of_stream { Phase::Done } else { Phase::ResponseBody };
                 if h.end_of_stream {
@@ -237,7 +237,7 @@ impl State {
     }
 
     fn subset(&self) -> Option<Vec<String>> {
-        envoy::subset_hint(message_metadata(&self.metadata))
+        envoy::subset_hint(self.metadata.as_ref())
     }
 
     /// The body is complete: place the request, then answer the headers and re-emit the body
@@ -369,10 +369,6 @@ impl State {
             None => Vec::new(),
         }
     }
-}
-
-fn message_metadata(metadata: &Option<Metadata>) -> Option<&Metadata> {
-    metadata.as_ref()
 }
 
 /// Pods by load alone (no prompt to score), best first, within the subset if any.
