@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cost::{CostWeights, Policy};
+use crate::extproc::{ExtProcArgs, ExtProcConfig};
 use crate::fleet::Role;
 
 /// `kvindex-router serve` flags.
@@ -121,6 +122,8 @@ pub struct ServeArgs {
     /// Log format: `text` or `json` (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub ext_proc: ExtProcArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -175,6 +178,8 @@ pub struct Config {
     pub speculative_ttl: Duration,
     pub record_route_timeout: Duration,
     pub log_format: LogFormat,
+    /// The Gateway API endpoint picker (`--ext-proc-*`), when `--ext-proc-addr` is given.
+    pub ext_proc: Option<ExtProcConfig>,
 }
 
 /// A configuration mistake, naming the flag.
@@ -349,6 +354,7 @@ impl ServeArgs {
             speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
             record_route_timeout: positive_ms("--record-route-timeout-ms", self.record_route_timeout_ms)?,
             log_format: self.log_format,
+            ext_proc: self.ext_proc.into_config(check_host_port, self.max_body_bytes)?,
         })
     }
 }

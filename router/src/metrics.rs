@@ -24,6 +24,10 @@ pub const POD_CHANGES: &str = "kvindex_router_pod_changes_total";
 pub const RECORD_ROUTE: &str = "kvindex_router_record_route_total";
 pub const TOKENIZER_CACHE_REQUESTS: &str = "kvindex_router_tokenizer_prefix_cache_requests";
 pub const TOKENIZER_CACHE_BYTES: &str = "kvindex_router_tokenizer_prefix_cache_bytes";
+pub const EXTPROC_STREAMS: &str = "kvindex_router_extproc_streams_total";
+pub const EXTPROC_PROTOCOL_ERRORS: &str = "kvindex_router_extproc_protocol_errors_total";
+pub const EXTPROC_PICK_SECONDS: &str = "kvindex_router_extproc_pick_seconds";
+pub const PREFILTER: &str = "kvindex_router_prefilter_total";
 
 /// Installs the global recorder; `None` when one is already installed (a second router in
 /// one process, e.g. a benchmark), which then records nothing of its own.
@@ -32,6 +36,8 @@ pub fn install() -> Option<PrometheusHandle> {
     let slow = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(ROUTE_SECONDS.into()), &fast)
+        .ok()?
+        .set_buckets_for_metric(Matcher::Full(EXTPROC_PICK_SECONDS.into()), &fast)
         .ok()?
         .set_buckets_for_metric(Matcher::Full(UPSTREAM_FIRST_BYTE.into()), &slow)
         .ok()?
@@ -79,4 +85,8 @@ fn describe() {
     describe_counter!(SCRAPES, "Scrapes of pod /metrics by outcome");
     describe_counter!(POD_CHANGES, "Pod table changes by source and operation");
     describe_counter!(RECORD_ROUTE, "RecordRoute calls to the indexer by outcome");
+    describe_counter!(EXTPROC_STREAMS, "ext_proc streams (gateway requests) by how they ended");
+    describe_counter!(EXTPROC_PROTOCOL_ERRORS, "ext_proc streams ended for breaking the protocol, by reason");
+    describe_histogram!(EXTPROC_PICK_SECONDS, Unit::Seconds, "ext_proc: first request body byte in to destination out");
+    describe_counter!(PREFILTER, "Pre-filter answers: hint, miss (no hint) or error (no hint, request passed on)");
 }
