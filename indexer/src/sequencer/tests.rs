@@ -275,6 +275,43 @@ fn reconnect_before_any_data_is_nothing() {
 }
 
 #[test]
+fn disconnect_clears_and_the_next_publisher_starts_over() {
+    let mut s = exact_from_zero(false);
+    let mut out = Vec::new();
+    s.on_disconnect(&mut out);
+    assert_eq!(actions(&out), ["clear disconnect"]);
+    assert!(out.contains(&Step::Transition { from: Exact, to: Connecting, reason: Reason::Disconnect }));
+    assert_eq!((s.last_seq(), s.last_live_seq(), s.stats().disconnects), (None, None, 1));
+    // The new process starts at seq 0: applied at once, no second clear.
+    let out = live(&mut s, 0, 1);
+    assert_eq!(actions(&out), ["apply 0 L"]);
+    assert_eq!(s.state(), Exact);
+}
+
+#[test]
+fn disconnect_then_a_publisher_ahead_replays_from_zero() {
+    let mut s = exact_from_zero(true);
+    let mut out = Vec::new();
+    s.on_disconnect(&mut out);
+    assert_eq!(actions(&live(&mut s, 5, 1)), ["replay 0"]);
+    assert_eq!(s.state(), Replaying);
+}
+
+#[test]
+fn disconnect_during_replay_abandons_it() {
+    let mut s = exact_from_zero(true);
+    let id = replay_id(&live(&mut s, 6, 1));
+    let mut out = Vec::new();
+    s.on_disconnect(&mut out);
+    assert!(out.contains(&Step::ReplayDone { id, outcome: ReplayOutcome::Abandoned }));
+    assert_eq!(actions(&out), ["clear disconnect"]);
+    assert_eq!((s.state(), s.pending()), (Connecting, 0));
+    let mut late = Vec::new();
+    s.on_replay_message(id, 3, b("R"), 2, &mut late);
+    assert!(late.is_empty());
+}
+
+#[test]
 fn restart_during_replay_abandons_it() {
     let mut s = exact_from_zero(true);
     let id = replay_id(&live(&mut s, 6, 1));
