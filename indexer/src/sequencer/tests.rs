@@ -473,13 +473,25 @@ fn randomized_never_guesses() {
         for _ in 0..60 {
             now += 1;
             let mut out = Vec::new();
+            let mut disconnected = false;
             match rand(20) {
                 0 => {
-                    // A restart is a new process on a new connection.
+                    // A restart is a new process on a new connection; the old connection's
+                    // close is seen first (it clears at once), or only the new connection is.
                     proc_id += 1;
                     published.clear();
-                    restarted = true;
-                    s.on_reconnect();
+                    if rand(2) == 0 {
+                        s.on_disconnect(&mut out);
+                        disconnected = true;
+                    } else {
+                        restarted = true;
+                        s.on_reconnect();
+                    }
+                }
+                18 => {
+                    // A network blip seen as a close: same process, new connection.
+                    s.on_disconnect(&mut out);
+                    disconnected = true;
                 }
                 19 => s.on_reconnect(), // a network blip: same process, new connection
                 1 => s.on_tick(now + 10_000, &mut out),
@@ -519,6 +531,10 @@ fn randomized_never_guesses() {
                     s.on_replay_message(id, seq, item, now, &mut out);
                 }
                 s.on_replay_end(id, now, &mut out);
+            }
+            if disconnected {
+                assert!(applied.is_empty(), "a disconnect keeps nothing of the connection");
+                assert_eq!(s.state(), Connecting);
             }
             if !restarted && (s.state() == Exact || (s.state() == Stale && !s.is_degraded())) {
                 let last = s.last_seq().expect("exact implies a cursor");
