@@ -43,15 +43,34 @@ fn close_and_see_cleared(server: &Server, peer: &mut Peer, name: &str, pod: &str
     assert!(server.metric("kvindex_source_transitions_total", &["to=\"CONNECTING\"", "reason=\"disconnect\""]) >= 1.0);
 }
 
+/// The speculative credit (RecordRoute) of `pod` for `tokens`.
+fn credit(peer: &mut Peer, tokens: &[u32], pod: &str) -> u64 {
+    peer.score(MODEL, tokens, &[pod])["scores"][0]["speculative_blocks"].as_u64().unwrap()
+}
+
 #[test]
 fn service_central_disconnect_clears_the_pod_until_the_next_publisher() {
     let Some(py) = python() else { return };
-    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]);
+    let server = Server::start(&[
+        "--zmq-bind",
+        "tcp://127.0.0.1:0",
+        "--block-size",
+        "16",
+        "--speculative-ttl-ms",
+        "60000",
+        "--speculative-max-ttl-ms",
+        "60000",
+    ]);
     let mut peer = peer_for(&py, &server);
     let topic = format!("kv@pod-a@{MODEL}");
     peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": server.zmq(), "topic": topic}));
     store_and_see(&server, &mut peer, "a", "pod-a", 0);
+    let routed = chain(7, 4);
+    let r = peer.cmd(json!({"op": "record_route", "pod": "pod-a", "model": MODEL, "tokens": routed}));
+    assert_eq!(r["credited_blocks"], 4, "{r}");
+    assert_eq!(credit(&mut peer, &routed, "pod-a"), 4);
     close_and_see_cleared(&server, &mut peer, "a", "pod-a", 0);
+    assert_eq!(credit(&mut peer, &routed, "pod-a"), 0, "the speculative credit goes with the blocks");
     // A new process for the same pod, from seq 0, is indexed again.
     peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": server.zmq(), "topic": topic}));
     store_and_see(&server, &mut peer, "a", "pod-a", 10);
