@@ -59,5 +59,8 @@ async fn four_replicas_hit_as_well_as_one() {
     let four = run(&bins, 4).await;
     eprintln!("hit rate: 1 replica {one:.4}, 4 replicas {four:.4}");
     assert!(one > 0.6, "the conversations hit their prefixes: {one}");
-    assert!((one - four).abs() <= 0.02 * one, "1 replica {one:.4} vs 4 replicas {four:.4}");
+    // The claim is that adding replicas loses nothing. Four replicas doing better than one is
+    // not a regression: it happens when the single router's burst of a round meets a slow
+    // scrape on a loaded machine (seen once: 0.7413 vs 0.7733; both are 0.7733 when quiet).
+    assert!(four >= one - 0.02 * one, "1 replica {one:.4} vs 4 replicas {four:.4}");
 }
