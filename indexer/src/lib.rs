@@ -18,4 +18,7 @@ pub mod sequencer;
 pub mod vllm_hash;
 pub mod wire;
 
-pub use index::{ApplyReport, HashCheck, KvIndex, KvIndexConfig, PodStats, ScoreQuery, ScoreResult, SkipReason};
+pub use index::{
+    ApplyReport, BlockExport, HashCheck, ImportReport, KvIndex, KvIndexConfig, PodExport, PodStats, ScoreQuery,
+    ScoreResult, SkipReason,
+};

@@ -424,6 +424,39 @@ impl PodIngest {
         true
     }
 
+    /// What the export facade (`index::export`) reads: every slot held, the engine hashes
+    /// resolved through an exception, and the leading slots of engine blocks spanning several
+    /// canonical blocks.
+    pub(super) fn residency_parts(&self) -> ResidencyParts<'_> {
+        (&self.slots, &self.exceptions, &self.leading)
+    }
+
+    /// Restores one engine block for the export facade: `keys` in chain order with this pod's
+    /// tier bits; the last carries the scoped engine hash `scoped` (0: held without one).
+    /// Returns false when the entry bound refused a residency (what was held stays held: the
+    /// pod did hold it, so this can only under-report).
+    pub(super) fn restore_block(&mut self, w: &mut Writer<'_>, scoped: u64, keys: &[(PrefixKey, u8)]) -> bool {
+        let mut leading = Vec::new();
+        for (i, &(key, tiers)) in keys.iter().enumerate() {
+            let last = i + 1 == keys.len();
+            let engine = if last { scoped } else { 0 };
+            for tier in (0..MAX_TIERS as u8).map(TierId).filter(|t| tiers & t.bit() != 0) {
+                let Some(ins) = w.insert(key, engine, self.pod, tier.bit()) else { return false };
+                self.note_held(ins.slot, ins.prev_tiers, tier);
+                if last && scoped != 0 && !ins.engine_recorded {
+                    self.exceptions.insert(scoped, ins.slot);
+                }
+                if !last && leading.last() != Some(&ins.slot) {
+                    leading.push(ins.slot);
+                }
+            }
+        }
+        if scoped != 0 && !leading.is_empty() {
+            self.leading.insert(scoped, leading.into_boxed_slice());
+        }
+        true
+    }
+
     /// Drops everything this pod holds: `AllBlocksCleared`, a restart, an unrecoverable gap,
     /// or unregistration. Costs O(this pod's blocks). Returns the entries removed.
     pub fn clear(&mut self, w: &mut Writer<'_>) -> u64 {
@@ -440,6 +473,9 @@ impl PodIngest {
         entries
     }
 }
+
+/// A pod's held slots, exception engine hashes and leading slots (see `residency_parts`).
+pub(super) type ResidencyParts<'a> = (&'a RoaringBitmap, &'a FxHashMap<u64, SlotId>, &'a FxHashMap<u64, Box<[SlotId]>>);
 
 /// Separates engine-hash scopes from key namespaces derived from the same model name.
 const SCOPE_SALT: u64 = 0x656e_6769_6e65_5f68; // "engine_h"

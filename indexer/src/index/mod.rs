@@ -7,6 +7,7 @@
 //! There is no I/O, async or clock here: the service shell decides when to apply, clear or
 //! drop a pod, and this type does it exactly.
 
+pub mod export;
 pub mod ingest;
 pub mod pods;
 pub mod report;
@@ -28,6 +29,7 @@ use crate::keys::{namespace_of, namespace_root, prompt_keys};
 use crate::vllm_hash::Verification;
 use crate::wire::EventBatch;
 
+pub use self::export::{BlockExport, ImportReport, PodExport};
 pub use self::ingest::HashCheck;
 pub use self::report::{ApplyReport, SkipReason};
 

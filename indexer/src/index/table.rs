@@ -280,6 +280,11 @@ impl Writer<'_> {
         engines.by_engine.find(engine, |&s| engines.engine(bits, SlotId(s)) == engine).map(|&s| SlotId(s))
     }
 
+    /// The scoped engine hash recorded for a slot (0 = none).
+    pub fn engine_of(&self, slot: SlotId) -> u64 {
+        self.engines.engine(self.table.shard_bits, slot)
+    }
+
     /// The key of a live slot.
     pub fn key_of(&self, slot: SlotId) -> Option<PrefixKey> {
         let (shard, local) = split(self.table.shard_bits, slot);
