@@ -19,6 +19,7 @@
 //! The one rule: never guess. A seq that can no longer be obtained (dropped beyond the replay
 //! buffer, replay unavailable, malformed payload) clears the pod and marks it DEGRADED.
 
+mod resume;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -128,6 +129,8 @@ pub struct Sequencer<P> {
     pending: VecDeque<(u64, Item<P>)>,
     /// The live connection changed since the last live message.
     reconnected: bool,
+    /// Restored from a snapshot's cursor and no batch applied since (see `resume`).
+    resumed: bool,
     stats: SequencerStats,
 }
 
@@ -145,6 +148,7 @@ impl<P> Sequencer<P> {
             cooldown_until: 0,
             pending: VecDeque::new(),
             reconnected: false,
+            resumed: false,
             stats: SequencerStats::default(),
         }
     }
@@ -248,6 +252,7 @@ impl<P> Sequencer<P> {
     /// Applies `item` at `seq` == `next`.
     fn apply(&mut self, seq: u64, item: Item<P>, out: &mut Vec<Step<P>>) {
         self.next = Some(seq + 1);
+        self.resumed = false;
         match item {
             Item::Batch(batch) => {
                 self.stats.applied += 1;
@@ -275,7 +280,7 @@ impl<P> Sequencer<P> {
             let to = self.settled();
             self.set_state(to, Reason::Data, out);
         }
-        if self.last_live.is_some_and(|last| seq <= last) {
+        if self.last_live.is_some_and(|last| seq <= last) || self.resumed_behind(seq) {
             self.restart(Reason::Restart, out);
         } else if std::mem::take(&mut self.reconnected) && self.last_live.is_some() {
             // A new connection whose seq moved forward: the same process after a network
@@ -357,6 +362,7 @@ impl<P> Sequencer<P> {
         }
         self.pending.clear();
         self.clear(reason, out);
+        self.resumed = false;
         self.degraded = false;
         self.next = None;
         self.set_state(SourceState::Connecting, reason, out);
