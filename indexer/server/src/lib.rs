@@ -19,6 +19,7 @@
 //! - [`sources`]: live streams and the [`sources::registry`] of pods and topics.
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
 //! - [`apply`]: the apply workers and their bounded queues.
+//! - [`snapshot`]: warm restarts from an embedded RocksDB.
 //! - [`state`], [`status`]: what the parts share, behind methods.
 //! - [`grpc`], [`http`]: the servers. [`telemetry`]: metric names and the recorder.
 
@@ -29,6 +30,7 @@ pub mod grpc;
 pub mod http;
 pub mod replay;
 pub mod server;
+pub mod snapshot;
 pub mod sources;
 pub mod state;
 pub mod status;

@@ -22,7 +22,7 @@ use crate::grpc::tokenizer::PromptTokenizer;
 use crate::sources::registry;
 use crate::state::ServiceState;
 use crate::transport::{self, BoundSub, ReplayClient};
-use crate::{grpc, http, sources, telemetry};
+use crate::{grpc, http, snapshot, sources, telemetry};
 
 /// How long requests in flight may take to finish once shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -73,6 +73,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
     let replay_client = ReplayClient::new().map_err(|source| ServerError::Io { what: "replay client", source })?;
     let state = Arc::new(ServiceState::new(config, index, queues, replay_client));
+    let snapshots = snapshot::open(&state).map_err(ServerError::Snapshot)?;
     let mut workers = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
         let worker = Worker::new(state.clone(), i);
@@ -87,6 +88,9 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     if let Some(sub) = listeners.zmq {
         tasks.push(tokio::spawn(sources::serve_central(state.clone(), sub, stopping.clone())));
+    }
+    if let Some(store) = &snapshots {
+        tasks.push(tokio::spawn(snapshot::periodic(state.clone(), store.clone(), stopping.clone())));
     }
     registry::register_static(&state).await;
     if let Some(path) = state.config().pods_file.clone() {
@@ -119,6 +123,13 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     }
     for task in tasks {
         let _ = task.await;
+    }
+    if let Some(store) = &snapshots {
+        // The sources are stopped: this snapshot is where every stream ended.
+        match snapshot::take(&state, store, true).await.and_then(|()| store.flush().map_err(|e| e.to_string())) {
+            Ok(()) => {}
+            Err(e) => tracing::error!(error = %e, "final snapshot failed"),
+        }
     }
     for worker in 0..state.queues().workers() {
         state.queues().send(worker, Work::Stop).await;

@@ -13,6 +13,7 @@ use kvindex::KvIndex;
 
 use crate::apply::Queues;
 use crate::config::Config;
+use crate::snapshot::Restored;
 use crate::sources::registry::Registry;
 use crate::status::SourceStatus;
 use crate::transport::ReplayClient;
@@ -27,6 +28,7 @@ pub struct ServiceState {
     readiness: Readiness,
     replay_client: ReplayClient,
     replay_permits: Arc<Semaphore>,
+    restored: Restored,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
 }
@@ -43,6 +45,7 @@ impl ServiceState {
             status: SourceStatus::default(),
             readiness: Readiness::default(),
             replay_client,
+            restored: Restored::default(),
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -87,6 +90,11 @@ impl ServiceState {
     /// Bounds replays in flight (`max_concurrent_replays`).
     pub fn replay_permits(&self) -> Arc<Semaphore> {
         self.replay_permits.clone()
+    }
+
+    /// Snapshot records loaded at start and not yet picked up by their streams.
+    pub fn restored(&self) -> &Restored {
+        &self.restored
     }
 
     /// Runs `task` on the service's runtime (from an apply worker's thread, say).

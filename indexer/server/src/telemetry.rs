@@ -39,6 +39,14 @@ pub const HASH_MISMATCHES: &str = "kvindex_hash_check_mismatches_total";
 pub const HASH_CHECKED: &str = "kvindex_hash_check_blocks_total";
 pub const GET_POD_SCORES_REQUESTS: &str = "kvindex_get_pod_scores_requests_total";
 pub const GET_POD_SCORES_SECONDS: &str = "kvindex_get_pod_scores_seconds";
+pub const SNAPSHOT_WRITES: &str = "kvindex_snapshot_writes_total";
+pub const SNAPSHOT_SECONDS: &str = "kvindex_snapshot_seconds";
+pub const SNAPSHOT_BYTES: &str = "kvindex_snapshot_bytes";
+pub const SNAPSHOT_RESIDENCIES: &str = "kvindex_snapshot_residencies";
+pub const SNAPSHOT_LOADS: &str = "kvindex_snapshot_loads_total";
+pub const SNAPSHOT_LOAD_ERRORS: &str = "kvindex_snapshot_load_errors_total";
+pub const SNAPSHOT_LOAD_SECONDS: &str = "kvindex_snapshot_load_seconds";
+pub const SNAPSHOT_RESTORES: &str = "kvindex_snapshot_restored_pods_total";
 
 /// The process's Prometheus recorder, installed on first use. The `metrics` facade has one
 /// global recorder, so servers run in one process (tests) share it.

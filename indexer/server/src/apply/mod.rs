@@ -22,6 +22,7 @@ use kvindex::wire::{self, EventBatch};
 use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::SkipReason;
 
+use crate::snapshot::format::StreamRecord;
 use crate::state::ServiceState;
 use crate::status::StreamDebug;
 use crate::telemetry as m;
@@ -45,6 +46,10 @@ struct Stream {
     conn: ConnId,
     events: [Counter; 4],
     gaps: Counter,
+    /// The pod's snapshot record, imported once the stream continues from its cursor.
+    restore: Option<StreamRecord>,
+    /// The record's cursor, until the sequencer has been resumed from it.
+    resume_at: Option<u64>,
 }
 
 impl Stream {
@@ -65,6 +70,9 @@ impl Stream {
         let ev = |t: &'static str| counter!(m::EVENTS, "type" => t, "source" => pod.to_string());
         state.status().add(&pod);
         tracing::info!(pod = %pod, model = %model, mode, "new source");
+        // A record for another model is of no use: the pod's blocks are in another namespace.
+        let restore = state.restored().take(&pod).filter(|r| r.model == *model && r.rank == key.rank);
+        let resume_at = restore.as_ref().map(|r| r.cursor);
         Stream {
             seq,
             events: [ev("BlockStored"), ev("BlockRemoved"), ev("AllBlocksCleared"), ev("unknown")],
@@ -77,6 +85,8 @@ impl Stream {
             startup_sync: None,
             registry_generation: u64::MAX,
             conn: 0,
+            restore,
+            resume_at,
         }
     }
 }
@@ -152,7 +162,10 @@ impl Worker {
                 let st = self.stream(&stream, &model, "per-pod");
                 st.endpoint = Some(endpoint);
                 st.seq.set_replay(replay);
-                st.seq.start_initial_sync(now, &mut steps);
+                match st.resume_at.take() {
+                    Some(cursor) => st.seq.resume(cursor, now, &mut steps),
+                    None => st.seq.start_initial_sync(now, &mut steps),
+                }
                 if startup {
                     st.startup_sync = steps.iter().find_map(|s| match s {
                         Step::RequestReplay { id, .. } => Some(*id),
@@ -184,6 +197,9 @@ impl Worker {
                 }
                 any |= self.state.index().remove_pod(&pod);
                 let _ = done.send(any);
+            }
+            Work::Snapshot { reply } => {
+                let _ = reply.send(self.snapshot_records());
             }
             Work::Stop => {}
         }
@@ -268,6 +284,9 @@ impl Worker {
                 st.seq.set_replay(state.registry().replay_endpoint(&base, rank).is_some());
                 st.registry_generation = generation;
             }
+            if let Some(cursor) = st.resume_at.take() {
+                st.seq.resume(cursor, now, &mut steps);
+            }
             if st.topic.is_none() && mode == "central" {
                 st.topic = Some(String::from_utf8_lossy(topic).into_owned());
             }
@@ -317,6 +336,10 @@ impl Worker {
             let Some(st) = self.streams.get_mut(key) else { return };
             match step {
                 Step::Apply { seq: _, batch } => {
+                    if let Some(record) = st.restore.take() {
+                        // The stream continued from the snapshot's cursor: its residencies hold.
+                        restore_pod(&state, &record);
+                    }
                     let report = match current {
                         // The batch this call decoded: do not decode it again.
                         Some((bytes, decoded, at))
@@ -353,6 +376,10 @@ impl Worker {
                     }
                 }
                 Step::Clear { reason } => {
+                    if st.restore.take().is_some() {
+                        counter!(m::SNAPSHOT_RESTORES, "outcome" => "dropped").increment(1);
+                        tracing::warn!(pod = %st.pod, reason = reason.label(), "snapshot record dropped: the stream did not continue from its cursor");
+                    }
                     let removed = state.index().clear_pod(&st.pod);
                     counter!(m::CLEARS, "reason" => reason.label()).increment(1);
                     tracing::warn!(pod = %st.pod, reason = reason.label(), entries_removed = removed, "pod cleared");
@@ -452,6 +479,44 @@ impl Worker {
             gauge!(m::PODS).set(self.state.status().pods() as f64);
         }
     }
+}
+
+impl Worker {
+    /// This worker's streams for a snapshot: each pod's residencies at its last applied seq,
+    /// or, for a stream still waiting to prove its snapshot record, that record again.
+    fn snapshot_records(&self) -> Vec<StreamRecord> {
+        let mut out = Vec::with_capacity(self.streams.len());
+        for (key, st) in &self.streams {
+            if let Some(record) = &st.restore {
+                out.push(record.clone());
+                continue;
+            }
+            let Some(cursor) = st.seq.last_seq() else { continue };
+            let export = self.state.index().export_pod(&st.pod).unwrap_or_else(|| kvindex::PodExport {
+                pod: st.pod.to_string(),
+                model: st.model.to_string(),
+                ..Default::default()
+            });
+            if export.model != *st.model {
+                continue;
+            }
+            out.push(StreamRecord::new(&key.base, key.rank, cursor, export));
+        }
+        out
+    }
+}
+
+/// Imports a pod's snapshot record into the index (its stream has just proven continuity).
+fn restore_pod(state: &ServiceState, record: &StreamRecord) {
+    let report = state.index().import_pod(&record.export());
+    counter!(m::SNAPSHOT_RESTORES, "outcome" => "imported").increment(1);
+    tracing::info!(
+        pod = %record.pod,
+        cursor = record.cursor,
+        blocks = report.blocks,
+        refused = report.refused,
+        "snapshot record restored: the stream continued from its cursor"
+    );
 }
 
 fn transition(state: &ServiceState, pod: &str, from: SourceState, to: SourceState, reason: Reason) {

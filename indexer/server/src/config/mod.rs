@@ -117,6 +117,14 @@ pub struct Settings {
     /// How often the pods file is checked for changes.
     #[arg(long, env = "KVINDEX_PODS_FILE_POLL_MS")]
     pub pods_file_poll_ms: Option<i64>,
+    /// Directory of the RocksDB snapshot for warm restarts (unset = no snapshots): loaded at
+    /// start, written periodically and on graceful shutdown. Holds prefix keys and pods, never
+    /// token ids.
+    #[arg(long, env = "KVINDEX_SNAPSHOT_DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// Seconds between snapshots (with `snapshot_dir`; default 60).
+    #[arg(long, env = "KVINDEX_SNAPSHOT_INTERVAL")]
+    pub snapshot_interval: Option<i64>,
     /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
     #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
     #[serde(deserialize_with = "TierWeight::table")]
@@ -168,6 +176,9 @@ pub struct Config {
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
     pub tier_weights: BTreeMap<String, f64>,
+    /// Warm-restart snapshots (`snapshot_dir`), when enabled.
+    pub snapshot_dir: Option<PathBuf>,
+    pub snapshot_interval_ms: u64,
     pub pods: Vec<PodConfig>,
     pub topic_map: Vec<TopicMapEntry>,
     pub replay: Vec<ReplayEntry>,
@@ -364,6 +375,8 @@ impl Config {
             pods_file: s.pods_file,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
+            snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
+            snapshot_interval_ms: int("snapshot_interval", s.snapshot_interval, 60, 1, 1 << 31)? as u64 * 1000,
             pods,
             topic_map,
             replay,
