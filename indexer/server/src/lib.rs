@@ -19,12 +19,13 @@
 //! - [`sources`]: live streams and the [`sources::registry`] of pods and topics.
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
 //! - [`apply`]: the apply workers and their bounded queues.
-//! - [`snapshot`]: warm restarts from an embedded RocksDB.
+//! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
 //! - [`state`], [`status`]: what the parts share, behind methods.
 //! - [`grpc`], [`http`]: the servers. [`telemetry`]: metric names and the recorder.
 
 pub mod apply;
 pub mod config;
+pub mod dump;
 pub mod error;
 pub mod grpc;
 pub mod http;

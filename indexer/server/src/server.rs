@@ -17,6 +17,7 @@ use kvindex::{HashCheck, KvIndex, KvIndexConfig};
 
 use crate::apply::{Queues, Work, Worker};
 use crate::config::Config;
+use crate::dump::recorder::Recorder;
 use crate::error::ServerError;
 use crate::grpc::tokenizer::PromptTokenizer;
 use crate::sources::registry;
@@ -72,7 +73,20 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let index = build_index(&config)?;
     let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
     let replay_client = ReplayClient::new().map_err(|source| ServerError::Io { what: "replay client", source })?;
-    let state = Arc::new(ServiceState::new(config, index, queues, replay_client));
+    let record = config.record.clone();
+    let mut state = ServiceState::new(config, index, queues, replay_client);
+    let recorder = match record {
+        Some(r) => {
+            let recorder = Recorder::new(&r.path, r.retention)
+                .map_err(|source| ServerError::Io { what: "record --out", source })?;
+            tracing::warn!(path = %r.path.display(), "recording every message (with token ids) to a dump");
+            let recorder = Arc::new(recorder);
+            state.set_recorder(recorder.clone());
+            Some(recorder)
+        }
+        None => None,
+    };
+    let state = Arc::new(state);
     let snapshots = snapshot::open(&state).map_err(ServerError::Snapshot)?;
     let mut workers = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
@@ -135,6 +149,11 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         state.queues().send(worker, Work::Stop).await;
     }
     let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+    if let Some(recorder) = recorder {
+        if let Err(e) = recorder.finish() {
+            tracing::error!(error = %e, "dump not finished cleanly");
+        }
+    }
     tracing::info!("stopped");
     outcome
 }

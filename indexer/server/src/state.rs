@@ -13,6 +13,7 @@ use kvindex::KvIndex;
 
 use crate::apply::Queues;
 use crate::config::Config;
+use crate::dump::recorder::Recorder;
 use crate::snapshot::Restored;
 use crate::sources::registry::Registry;
 use crate::status::SourceStatus;
@@ -29,6 +30,7 @@ pub struct ServiceState {
     replay_client: ReplayClient,
     replay_permits: Arc<Semaphore>,
     restored: Restored,
+    recorder: Option<Arc<Recorder>>,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
 }
@@ -46,6 +48,7 @@ impl ServiceState {
             readiness: Readiness::default(),
             replay_client,
             restored: Restored::default(),
+            recorder: None,
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -95,6 +98,15 @@ impl ServiceState {
     /// Snapshot records loaded at start and not yet picked up by their streams.
     pub fn restored(&self) -> &Restored {
         &self.restored
+    }
+
+    /// The dump being recorded (`kvindex record`), if any.
+    pub fn recorder(&self) -> Option<&Recorder> {
+        self.recorder.as_deref()
+    }
+
+    pub(crate) fn set_recorder(&mut self, recorder: Arc<Recorder>) {
+        self.recorder = Some(recorder);
     }
 
     /// Runs `task` on the service's runtime (from an apply worker's thread, say).

@@ -46,6 +46,9 @@ pub const SNAPSHOT_RESIDENCIES: &str = "kvindex_snapshot_residencies";
 pub const SNAPSHOT_LOADS: &str = "kvindex_snapshot_loads_total";
 pub const SNAPSHOT_LOAD_ERRORS: &str = "kvindex_snapshot_load_errors_total";
 pub const SNAPSHOT_LOAD_SECONDS: &str = "kvindex_snapshot_load_seconds";
+pub const DUMP_RECORDS: &str = "kvindex_dump_records_total";
+pub const DUMP_ERRORS: &str = "kvindex_dump_write_errors_total";
+pub const DUMP_ROTATIONS: &str = "kvindex_dump_rotations_total";
 pub const SNAPSHOT_RESTORES: &str = "kvindex_snapshot_restored_pods_total";
 
 /// The process's Prometheus recorder, installed on first use. The `metrics` facade has one

@@ -217,6 +217,15 @@ impl Worker {
 
     fn live(&mut self, origin: Origin, conn: ConnId, frames: Vec<Bytes>, at: Instant) {
         self.live_msgs.increment(1);
+        if let Some(recorder) = self.state.recorder() {
+            let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+            match &origin {
+                Origin::Central => recorder.record("live", None, None, Some("central"), &refs),
+                Origin::Pod { id, model, endpoint } => {
+                    recorder.record("live", Some(id), Some(model), Some(endpoint), &refs)
+                }
+            }
+        }
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let raw = match wire::parse_live(&refs) {
             Ok(raw) => raw,
@@ -304,6 +313,11 @@ impl Worker {
     fn replay(&mut self, key: StreamKey, id: u64, item: ReplayItem) {
         let now = self.state.now_ms();
         let Some(st) = self.streams.get_mut(&key) else { return };
+        if let (Some(recorder), ReplayItem::Message { seq, payload }) = (self.state.recorder(), &item) {
+            // The replay reply as a DEALER sees it (vLLM 0.26+ layout, topic left empty).
+            let seq = seq.to_be_bytes();
+            recorder.record("replay", Some(&key.base), Some(&st.model), None, &[b"", b"", &seq, payload]);
+        }
         let mut steps = std::mem::take(&mut self.steps);
         match item {
             ReplayItem::Message { seq, payload } => {

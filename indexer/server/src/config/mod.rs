@@ -179,9 +179,19 @@ pub struct Config {
     /// Warm-restart snapshots (`snapshot_dir`), when enabled.
     pub snapshot_dir: Option<PathBuf>,
     pub snapshot_interval_ms: u64,
+    /// `kvindex record`: every message the sources deliver is appended to this dump. Not a
+    /// `serve` setting: recording holds token ids, so only the `record` command turns it on.
+    pub record: Option<RecordConfig>,
     pub pods: Vec<PodConfig>,
     pub topic_map: Vec<TopicMapEntry>,
     pub replay: Vec<ReplayEntry>,
+}
+
+/// Where `kvindex record` writes, and how much it keeps.
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    pub path: PathBuf,
+    pub retention: crate::dump::recorder::Retention,
 }
 
 #[derive(Debug, Clone)]
@@ -377,6 +387,7 @@ impl Config {
             tier_weights,
             snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
             snapshot_interval_ms: int("snapshot_interval", s.snapshot_interval, 60, 1, 1 << 31)? as u64 * 1000,
+            record: None,
             pods,
             topic_map,
             replay,
