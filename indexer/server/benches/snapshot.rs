@@ -15,9 +15,10 @@ use kvindex_server::snapshot::store::Store;
 const PODS: u64 = 256;
 const BLOCKS_PER_STORE: u64 = 32;
 
-fn store(pod: u64, chain: u64) -> EventBatch<'static> {
+fn store(chain: u64) -> EventBatch<'static> {
     let tokens: Vec<u32> = (0..BLOCKS_PER_STORE * 16).map(|j| (chain * 7919 + j) as u32 % 150_000).collect();
-    let hashes = (0..BLOCKS_PER_STORE).map(|b| EngineHash::Uint((pod << 40) ^ (chain << 8) ^ b ^ 1)).collect();
+    // One hash configuration fleet-wide (as in production): the same tokens, the same hashes.
+    let hashes = (0..BLOCKS_PER_STORE).map(|b| EngineHash::Uint((chain << 8) ^ b ^ 1)).collect();
     EventBatch {
         ts: 0.0,
         events: vec![Event::BlockStored(BlockStored {
@@ -46,7 +47,7 @@ fn main() {
         for c in 0..chains_per_pod {
             // A quarter of each pod's chains are shared fleet-wide (system prompts, few-shot).
             let chain = if c % 4 == 0 { c } else { pod * 1_000_000 + c };
-            index.apply(&name, "m", &store(pod, chain));
+            index.apply(&name, "m", &store(chain));
         }
     }
     println!(
