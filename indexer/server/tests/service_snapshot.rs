@@ -31,6 +31,10 @@ fn serve_args(pub_port: u16, replay_port: u16, dir: &Path) -> Vec<String> {
         "1",
         "--replay-timeout-ms",
         "3000",
+        // The publisher starts after the server: its first (failed) replay must not hold gaps
+        // off for long.
+        "--replay-cooldown-ms",
+        "100",
     ]
     .map(String::from)
     .to_vec()
@@ -85,6 +89,13 @@ fn publisher(py: &std::path::PathBuf, pub_port: u16, replay_port: u16) -> Peer {
     peer
 }
 
+/// Seq 0, applied before the burst: the server's start-up replay (sent before the publisher
+/// was up) must not race a burst past the 20-message buffer.
+fn first_batch(peer: &mut Peer, http: &str) {
+    ingest(peer, 0, 1);
+    assert_eq!(settle(peer, http, 30), "EXACT");
+}
+
 fn ingest(peer: &mut Peer, from: u32, to: u32) {
     for k in from..to {
         peer.cmd(json!({"op": "store", "name": "a", "chain": format!("c{k}"), "tokens": chain(k, 4)}));
@@ -103,7 +114,8 @@ fn service_warm_restart_after_sigkill_catches_up_exactly_from_the_snapshot() {
     let mut server = start(&args);
     let mut peer = publisher(&py, pub_port, replay_port);
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
-    ingest(&mut peer, 0, 30);
+    first_batch(&mut peer, &server.http);
+    ingest(&mut peer, 1, 30);
     assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
     wait_snapshot(&server.http);
     // Heavy ingest, then SIGKILL with messages in flight; more are published while it is down.
@@ -136,7 +148,8 @@ fn service_warm_restart_with_a_too_short_replay_buffer_degrades_without_false_po
     let mut server = start(&args);
     let mut peer = publisher(&py, pub_port, replay_port);
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
-    ingest(&mut peer, 0, 10);
+    first_batch(&mut peer, &server.http);
+    ingest(&mut peer, 1, 10);
     assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
     wait_snapshot(&server.http);
     server.child.kill().unwrap();
@@ -167,7 +180,8 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     let mut peer = publisher(&py, pub_port, replay_port);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
-    ingest(&mut peer, 0, 30);
+    first_batch(&mut peer, &server.http);
+    ingest(&mut peer, 1, 30);
     assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
     let before: Vec<Value> = (0..30).map(|k| peer.score(MODEL, &chain(k, 4), &[])["scores"].clone()).collect();
     // SIGTERM: graceful, with a final snapshot.
