@@ -15,8 +15,10 @@ import json
 import os
 import queue
 import random
+import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -36,9 +38,12 @@ def wait_for(what, check, timeout=30.0):
     sys.exit(f"demo: timed out waiting for {what}")
 
 
-def request(url, body=None):
+def request(url, body=None, token=None):
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read()), resp.headers
 
@@ -86,10 +91,15 @@ def main():
         sys.exit("demo: no tokenizer fixture; run scripts/demo.sh (it runs scripts/setup.sh)")
     binary = lambda name: os.path.join(target, "debug", name)  # noqa: E731
     procs = []
+    # Pod registration is off unless kvindex serve has a bearer token (docs/SECURITY.md).
+    token = secrets.token_urlsafe(24)
+    token_file = tempfile.NamedTemporaryFile("w", prefix="kvindex-demo-token-", delete=False)
+    token_file.write(token)
+    token_file.close()
     try:
         indexer = subprocess.Popen(
             [binary("kvindex"), "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-             "--block-size", str(BLOCK), "--zmq-bind", "tcp://127.0.0.1:0"],
+             "--block-size", str(BLOCK), "--zmq-bind", "tcp://127.0.0.1:0", "--admin-token-file", token_file.name],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(indexer)
         addrs = listening(indexer, "KVINDEX_LISTENING ")
@@ -103,7 +113,8 @@ def main():
         procs.append(fleet)
         pods = [json.loads(fleet.stdout.readline()) for _ in range(3)]
         for pod in pods:
-            request(f"http://{addrs['http']}/pods", {"pod": pod["pod_id"], "model": MODEL, "replay_endpoint": pod["replay"]})
+            request(f"http://{addrs['http']}/pods", {"pod": pod["pod_id"], "model": MODEL, "replay_endpoint": pod["replay"]},
+                    token=token)
         print(f"kvindex-sim: 3 simulated vLLM pods serving {MODEL} (DeepSeek tokenizer and chat template): "
               f"{', '.join(p['pod_id'] for p in pods)}, 400 KV blocks of {BLOCK} tokens each")
 
@@ -223,6 +234,7 @@ def main():
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
+        os.unlink(token_file.name)
 
 
 if __name__ == "__main__":

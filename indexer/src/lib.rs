@@ -10,15 +10,17 @@
 //! ```
 //!
 //! [`KvIndex`] ties the index together. The one rule: the index never claims a block a pod
-//! does not hold; anything it cannot resolve exactly is skipped and counted.
+//! does not hold; anything it cannot resolve exactly is skipped and counted. Routers'
+//! predictions (RecordRoute) live apart, in [`speculative`], so a prediction never becomes a claim.
 
 pub mod index;
 pub mod keys;
 pub mod sequencer;
+pub mod speculative;
 pub mod vllm_hash;
 pub mod wire;
 
 pub use index::{
-    ApplyReport, BlockExport, HashCheck, ImportReport, KvIndex, KvIndexConfig, PodExport, PodStats, ScoreQuery,
-    ScoreResult, SkipReason,
+    ApplyReport, BlockExport, ChainParent, HashCheck, ImportReport, KvIndex, KvIndexConfig, PodExport, PodStats,
+    ScoreQuery, ScoreResult, SkipReason,
 };

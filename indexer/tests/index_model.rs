@@ -281,6 +281,31 @@ fn check_sequential(ops: &[Op]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Runs of blocks with the same holders split and merge: a removal inside a chain two pods
+/// share, the hole refilled, a pod leaving one branch of two, then everyone leaving.
+#[test]
+fn runs_split_and_merge_against_the_reference() {
+    let store = |pod, parent, contents: &[u8]| Op::Store { pod, parent, contents: contents.to_vec(), cpu: false };
+    // A pod's known prefixes sort by length along one chain, so `which` = prefix length - 1.
+    let ops = vec![
+        store(0, None, &[0, 1, 2, 3]),
+        store(1, None, &[0, 1, 2, 3]),
+        Op::Remove { pod: 0, which: 1, cpu: false }, // inside the shared run: it splits in three
+        store(0, Some(0), &[1]),                     // refilled: the runs merge back
+        store(1, Some(1), &[3, 3]),                  // a second branch after block 2 for pod 1
+        Op::Remove { pod: 1, which: 4, cpu: false }, // pod 1 leaves the new branch's last block
+        Op::Remove { pod: 1, which: 3, cpu: false },
+        Op::Offload { pod: 0, which: 2 }, // a tier move splits runs by tier
+        Op::Remove { pod: 0, which: 3, cpu: false },
+        Op::Clear { pod: 1 },
+        Op::Remove { pod: 0, which: 0, cpu: false },
+    ];
+    for ratio in [1, 2] {
+        RATIO.with(|r| r.set(ratio));
+        check_sequential(&ops).unwrap();
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -395,4 +420,57 @@ proptest! {
         reader.join().expect("reader saw no false positive");
         assert_same(&index, &model)?;
     }
+}
+
+/// Two engine blocks of one pod that agree on their first canonical block share it: evicting
+/// one keeps it while the other still covers it (the engine still holds those tokens' KV).
+#[test]
+fn a_canonical_block_two_engine_blocks_cover_stays_until_both_leave() {
+    RATIO.with(|r| r.set(2));
+    let index = KvIndex::new(KvIndexConfig { block_size: BS, shards: 2, ..Default::default() });
+    let shared: Vec<u32> = (0..BS as u32).collect();
+    let block =
+        |tail: u32| -> Vec<u32> { shared.iter().copied().chain((0..BS as u32).map(|i| tail * 100 + i)).collect() };
+    let (a, b) = (block(1), block(2));
+    apply(&index, 0, &OwnedEvent::Stored { hashes: vec![11], parent: None, tokens: a.clone(), medium: "GPU" });
+    apply(&index, 0, &OwnedEvent::Stored { hashes: vec![22], parent: None, tokens: b.clone(), medium: "GPU" });
+    apply(&index, 0, &OwnedEvent::Stored { hashes: vec![22], parent: None, tokens: b.clone(), medium: "GPU" });
+    let matched = |q: &[u32]| index_score(&index, q).get(&pod_name(0)).map_or(0, |m| m.0);
+    assert_eq!((matched(&a), matched(&b)), (2, 2));
+    apply(&index, 0, &OwnedEvent::Removed { hash: 11, medium: "GPU" });
+    assert_eq!(matched(&b), 2, "B still covers the shared canonical block");
+    assert_eq!(matched(&a), 1, "A's own canonical block is gone; the shared one is held");
+    apply(&index, 0, &OwnedEvent::Removed { hash: 22, medium: "GPU" });
+    assert_eq!((matched(&a), matched(&b)), (0, 0));
+    assert_eq!((index.table().entries(), index.table().keys()), (0, 0));
+}
+
+/// An eviction out of chain order (not a chain end) and a tier re-announcement of an inner
+/// block resolve through the engine table, which a pod's blocks enter on that first miss.
+#[test]
+fn lookups_past_the_chain_ends_index_the_pod_and_stay_exact() {
+    RATIO.with(|r| r.set(1));
+    let index = KvIndex::new(KvIndexConfig { block_size: BS, shards: 2, ..Default::default() });
+    let tokens: Vec<u32> = (0..4 * BS as u32).collect();
+    let prefix = |n: usize| tokens[..n * BS].to_vec();
+    let hashes: Vec<u64> = (1..=4).map(|n| engine_hash(0, &prefix(n))).collect();
+    apply(
+        &index,
+        0,
+        &OwnedEvent::Stored { hashes: hashes.clone(), parent: None, tokens: tokens.clone(), medium: "GPU" },
+    );
+    let score = |q: &[u32]| index_score(&index, q).get(&pod_name(0)).copied();
+    assert_eq!(score(&tokens).map(|m| m.0), Some(4));
+    // Block 2 is inside the store: only the engine table can name it.
+    apply(&index, 0, &OwnedEvent::Stored { hashes: vec![hashes[1]], parent: None, tokens: vec![], medium: "CPU" });
+    assert_eq!(score(&tokens).map(|m| (m.0, m.3)), Some((4, 1)), "CPU tier on block 2");
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[1], medium: "GPU" });
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[1], medium: "CPU" });
+    assert_eq!(score(&tokens).map(|m| m.0), Some(1), "a hole after block 1");
+    // The chain's end and the rest still resolve, now through the table too.
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[3], medium: "GPU" });
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[2], medium: "GPU" });
+    apply(&index, 0, &OwnedEvent::Removed { hash: hashes[0], medium: "GPU" });
+    assert_eq!(score(&tokens), None);
+    assert_eq!((index.table().entries(), index.table().keys()), (0, 0));
 }

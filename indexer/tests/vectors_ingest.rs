@@ -1,10 +1,13 @@
 //! Applying vLLM's own captured streams to the index gives exactly the prefixes the engine
 //! holds: checked after every message against a reference built independently from the
-//! events' token prefixes (no hashing, no shared code with the index).
+//! events' token prefixes (no hashing, no shared code with the index). A stream whose engine
+//! publishes several KV-cache groups (or a group that is not full attention) is scored as
+//! vLLM's coordinator serves it: the reference tries every length from the longest down and
+//! takes the first every group can serve.
 
 mod support;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kvindex::wire::{self, Event};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
@@ -19,13 +22,16 @@ const BLOCK: usize = 16;
 #[derive(Default)]
 struct Reference {
     blocks: HashMap<u64, RefBlock>,
+    /// KV-cache groups the engine published: kind, sliding window, largest block size stored.
+    groups: BTreeMap<u32, (Option<String>, Option<i64>, usize)>,
 }
 
 struct RefBlock {
     /// Token prefix (from the start of the sequence) ending at each canonical block.
     prefixes: Vec<Vec<u32>>,
-    /// Namespace tag: None = plain model text; Some(..) = LoRA, salt, mm, lookahead, group≠0.
+    /// Namespace tag: None = plain model text; Some(..) = LoRA, salt, mm, lookahead.
     special: Option<String>,
+    group: u32,
     tiers: HashSet<String>,
 }
 
@@ -33,6 +39,13 @@ impl Reference {
     fn apply(&mut self, event: &Event<'_>) {
         match event {
             Event::BlockStored(s) => {
+                let group = self.groups.entry(s.group_idx.unwrap_or(0) as u32).or_default();
+                if let Some(kind) = s.kv_cache_spec_kind {
+                    *group = (Some(kind.to_string()), s.kv_cache_spec_sliding_window, group.2);
+                }
+                if s.token_ids.as_ref().is_some_and(|t| !t.is_empty()) {
+                    group.2 = group.2.max(s.block_size.unwrap_or(0) as usize);
+                }
                 let tier = s.medium.unwrap_or("GPU").to_ascii_uppercase();
                 let tokens = s.token_ids.clone().unwrap_or_default();
                 if tokens.is_empty() {
@@ -54,9 +67,6 @@ impl Reference {
                 if let Some(name) = s.lora_name.or(s.lora_id.map(|_| "lora-id")) {
                     special.get_or_insert_with(|| format!("lora:{name}"));
                 }
-                if s.group_idx.unwrap_or(0) != 0 {
-                    special.get_or_insert_with(|| "group".into());
-                }
                 for (i, h) in s.block_hashes.iter().enumerate() {
                     let extra = s.extra_keys.as_ref().and_then(|e| e.get(i)).filter(|e| !matches!(e, wire::Value::Nil));
                     let lora_only = matches!(extra, Some(wire::Value::Array(items))
@@ -74,10 +84,12 @@ impl Reference {
                         prefixes.push(prefix.clone());
                     }
                     let tiers = HashSet::from([tier.clone()]);
-                    self.blocks.insert(h.key(), RefBlock { prefixes, special: special.clone(), tiers });
+                    let group = s.group_idx.unwrap_or(0) as u32;
+                    self.blocks.insert(h.key(), RefBlock { prefixes, special: special.clone(), group, tiers });
                 }
             }
             Event::BlockRemoved(r) => {
+                self.groups.entry(r.group_idx.unwrap_or(0) as u32).or_default();
                 let tier = r.medium.unwrap_or("GPU").to_ascii_uppercase();
                 for h in &r.block_hashes {
                     if let Some(b) = self.blocks.get_mut(&h.key()) {
@@ -93,18 +105,69 @@ impl Reference {
         }
     }
 
-    /// Plain prefixes held (any tier), for exact-match checks.
-    fn plain_prefixes(&self) -> HashSet<Vec<u32>> {
-        self.blocks.values().filter(|b| b.special.is_none()).flat_map(|b| b.prefixes.iter().cloned()).collect()
+    /// Plain prefixes held (any tier) in KV-cache group `group`, for exact-match checks.
+    fn plain_prefixes(&self, group: u32) -> HashSet<Vec<u32>> {
+        self.blocks
+            .values()
+            .filter(|b| b.special.is_none() && b.group == group)
+            .flat_map(|b| b.prefixes.iter().cloned())
+            .collect()
+    }
+
+    /// Whether group 0, as full attention, decides the score.
+    fn plain(&self) -> bool {
+        let full = |k: &Option<String>| matches!(k.as_deref(), None | Some("full_attention"));
+        self.groups.keys().all(|&g| g == 0) && self.groups.get(&0).is_none_or(|g| full(&g.0))
     }
 
     /// Expected matched blocks for a plain query.
-    fn expected(&self, held: &HashSet<Vec<u32>>, query: &[u32]) -> u32 {
-        let mut n = 0;
-        while (n + 1) * BLOCK <= query.len() && held.contains(&query[..(n + 1) * BLOCK]) {
-            n += 1;
+    fn expected(&self, query: &[u32]) -> u32 {
+        if self.plain() {
+            let held = self.plain_prefixes(0);
+            let mut n = 0;
+            while (n + 1) * BLOCK <= query.len() && held.contains(&query[..(n + 1) * BLOCK]) {
+                n += 1;
+            }
+            return n as u32;
         }
-        n as u32
+        // vLLM caps a hit at the prompt's tokens minus one and serves the longest length every
+        // group can serve; lengths are multiples of every group's block.
+        let ratio = |g: &(Option<String>, Option<i64>, usize)| (g.2 / BLOCK).max(1);
+        let step = self.groups.values().map(ratio).fold(1, |a, r| a * r / gcd(a, r));
+        let held: BTreeMap<u32, HashSet<Vec<u32>>> = self.groups.keys().map(|&g| (g, self.plain_prefixes(g))).collect();
+        let has = |g: u32, l: usize| l == 0 || held[&g].contains(&query[..l * BLOCK]);
+        let cap = query.len().saturating_sub(1) / BLOCK;
+        'lengths: for l in (0..=cap).rev().filter(|l| l % step == 0) {
+            for (&g, spec) in &self.groups {
+                let ok = match spec.0.as_deref() {
+                    None
+                    | Some("full_attention" | "mla_attention" | "sink_full_attention" | "chunked_local_attention") => {
+                        (1..=l).all(|k| has(g, k))
+                    }
+                    Some("sliding_window" | "sliding_window_mla") => {
+                        let Some(window) = spec.1.filter(|w| *w > 0) else { return 0 };
+                        let group_block = ratio(spec) * BLOCK;
+                        let need = (window as usize - 1).div_ceil(group_block) * ratio(spec);
+                        (l.saturating_sub(need) + 1..=l).all(|k| has(g, k))
+                    }
+                    Some("mamba") => has(g, l),
+                    Some(_) => return 0, // a kind vLLM's coordinator we do not model: not scored
+                };
+                if !ok {
+                    continue 'lengths;
+                }
+            }
+            return l as u32;
+        }
+        0
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -150,11 +213,15 @@ fn live_streams_index_exactly_what_the_engine_holds() {
                 // Every plain prefix the reference holds must score exactly; anything else
                 // (e.g. the prompts of LoRA, salted or multimodal stores, queried as plain
                 // text) must never score more than the reference allows.
-                let held = reference.plain_prefixes();
-                let mut queries: Vec<Vec<u32>> = held.iter().cloned().collect();
+                let mut queries: Vec<Vec<u32>> =
+                    reference.groups.keys().flat_map(|&g| reference.plain_prefixes(g)).collect();
                 queries.extend(all_prompts.iter().cloned());
+                // The same prompts one token longer: vLLM serves a hit of at most the prompt's
+                // tokens minus one.
+                let longer: Vec<Vec<u32>> = queries.iter().map(|q| [q.as_slice(), &[7]].concat()).collect();
+                queries.extend(longer);
                 for q in &queries {
-                    let want = reference.expected(&held, q);
+                    let want = reference.expected(q);
                     let got = score(&index, &pod, q, None, None);
                     assert_eq!(got, want, "{} {scenario} seq {}: query of {} tokens", path.display(), msg.seq, q.len());
                 }
@@ -236,6 +303,14 @@ fn cpu_tier_reannouncement_and_large_engine_blocks() {
         let frames: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let batch = wire::decode_batch(wire::parse_live(&frames).unwrap().payload).unwrap();
         let report = index.apply("10.0.0.7:8000", "Qwen/Qwen3-0.6B", &batch);
+        // The same engine without its sliding-window group: plain full attention.
+        let mut group0 = batch.clone();
+        group0.events.retain(|e| match e {
+            Event::BlockStored(s) => s.group_idx.unwrap_or(0) == 0,
+            Event::BlockRemoved(r) => r.group_idx.unwrap_or(0) == 0,
+            _ => true,
+        });
+        index.apply("plain:8000", "Qwen/Qwen3-0.6B", &group0);
         for e in &batch.events {
             match e {
                 Event::BlockStored(s) if s.medium == Some("CPU") => {
@@ -251,9 +326,16 @@ fn cpu_tier_reannouncement_and_large_engine_blocks() {
         }
         if let Some(tokens) = bs64_tokens.take() {
             assert_eq!(
-                score(&index, "10.0.0.7:8000", &tokens, None, None),
+                score(&index, "plain:8000", &tokens, None, None),
                 8,
                 "2 engine blocks of 64 = 8 canonical blocks"
+            );
+            // The full stream's engine also has a sliding-window group (4096 tokens) holding none
+            // of these blocks: vLLM would serve none of them.
+            assert_eq!(
+                score(&index, "10.0.0.7:8000", &tokens, None, None),
+                0,
+                "hybrid: the window group holds nothing"
             );
         }
     }

@@ -5,7 +5,8 @@
 //! It exists so the precise policy can be measured through the product itself (central ZeroMQ
 //! SUB, sequencer, apply queue, gRPC `ScoreTokens`) rather than only through the in-process
 //! `KvIndex`. The small HTTP/1.1 client is here because the driver needs one GET
-//! (`/debug/sources`) and one POST (`/pods`) on 127.0.0.1, not a general HTTP stack.
+//! (`/debug/sources`) and one POST (`/pods`, with the service's bearer token) on 127.0.0.1,
+//! not a general HTTP stack.
 
 use std::path::Path;
 use std::process::Command;
@@ -27,16 +28,35 @@ pub struct KvindexService {
     pub http_addr: String,
     /// The central SUB's bound endpoint (`tcp://127.0.0.1:<port>`) that publishers dial.
     pub zmq_endpoint: String,
+    /// The control plane's bearer token (registration is off without one).
+    admin_token: String,
+    admin_token_file: std::path::PathBuf,
+}
+
+impl Drop for KvindexService {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.admin_token_file);
+    }
 }
 
 impl KvindexService {
     /// Starts `binary serve` with a bound central SUB and waits for its addresses.
+    /// Pod registration is enabled with a bearer token of its own, in a file only this
+    /// process's user can read.
     pub fn start(binary: &Path, block_size: usize) -> Result<KvindexService, String> {
+        static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let admin_token = format!("kvindex-loadtest-{}-{n}-{nanos:x}", std::process::id());
+        let admin_token_file = std::env::temp_dir().join(format!("kvindex-loadtest-token-{}-{n}", std::process::id()));
+        write_private(&admin_token_file, &admin_token)?;
         let process = ChildProcess::spawn(
             Command::new(binary)
                 .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
                 .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size"])
-                .arg(block_size.to_string()),
+                .arg(block_size.to_string())
+                .arg("--admin-token-file")
+                .arg(&admin_token_file),
         )?;
         let addrs = process.listening("KVINDEX_LISTENING ")?;
         let field =
@@ -46,6 +66,8 @@ impl KvindexService {
             http_addr: field("http")?,
             zmq_endpoint: field("zmq")?,
             process,
+            admin_token,
+            admin_token_file,
         })
     }
 
@@ -53,7 +75,9 @@ impl KvindexService {
     /// took effect is replayed instead of losing the pod's state.
     pub async fn register_pod(&self, pod: &str, model: &str, replay_endpoint: Option<&str>) -> Result<(), String> {
         let body = serde_json::json!({"pod": pod, "model": model, "replay_endpoint": replay_endpoint});
-        let (status, text) = http(&self.http_addr, "POST", "/pods", Some(&body.to_string())).await?;
+        let bearer = format!("Bearer {}", self.admin_token);
+        let (status, text) =
+            http_with(&self.http_addr, "POST", "/pods", Some(&body.to_string()), &[("Authorization", &bearer)]).await?;
         if status != 200 {
             return Err(format!("POST /pods for {pod}: {status} {text}"));
         }
@@ -115,12 +139,38 @@ pub async fn sim_next_seq(sim_http: &str) -> Result<u64, String> {
     stats["ranks"][0]["publisher"]["next_seq"].as_u64().ok_or_else(|| format!("{sim_http}/admin/stats: no next_seq"))
 }
 
+/// Writes `text` to a new file at `path` that only this user can read (a token).
+fn write_private(path: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    file.write_all(text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// One request with `Connection: close`; returns the status and the (de-chunked) body.
 pub async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String), String> {
+    http_with(addr, method, path, body, &[]).await
+}
+
+/// [`http`] with extra request headers (e.g. `Authorization`).
+pub async fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Result<(u16, String), String> {
     let mut stream = TcpStream::connect(addr).await.map_err(|e| format!("connect {addr}: {e}"))?;
     let body = body.unwrap_or("");
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await.map_err(|e| format!("write to {addr}: {e}"))?;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
 use serde_json::{json, Value};
-use support::{http, kvindex_binary, post_json, wait_for, Process};
+use support::{http, kvindex_binary, post_json, post_json_as, wait_for, Process};
 
 const MODEL: &str = "sim/model";
 const BLOCK: usize = 16;
@@ -69,13 +69,15 @@ async fn kvindex_serve_scores_predict_the_simulators_cached_tokens() {
         return;
     };
     let (mut grpc, mut kv_http, mut zmq) = (String::new(), String::new(), String::new());
+    // Pod registration is off unless kvindex serve is given a bearer token.
+    let token = format!("kvindex-loadtest-test-token-{}", std::process::id());
+    let token_file = std::env::temp_dir().join(format!("kvindex-loadtest-test-token-{}", std::process::id()));
+    std::fs::write(&token_file, &token).expect("token file");
     let _server = spawn_reading(
-        Command::new(binary).args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]).args([
-            "--zmq-bind",
-            "tcp://127.0.0.1:0",
-            "--block-size",
-            "16",
-        ]),
+        Command::new(binary)
+            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--admin-token-file"])
+            .arg(&token_file),
         |line| {
             let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") else {
                 return false;
@@ -103,7 +105,7 @@ async fn kvindex_serve_scores_predict_the_simulators_cached_tokens() {
     );
     for pod in &pods {
         let body = json!({"pod": pod["pod_id"], "model": MODEL, "replay_endpoint": pod["replay"]});
-        let registered = post_json(&kv_http, "/pods", &body).await;
+        let registered = post_json_as(&kv_http, "/pods", &body, &token).await;
         assert_eq!(registered.status, 200, "{}", registered.body);
     }
     let mut client = IndexerClient::connect(format!("http://{grpc}")).await.expect("gRPC connect");

@@ -440,23 +440,26 @@ async fn pods_dial_a_central_sub_with_zmq_connect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wall_clock_ttft_follows_the_timing_model() {
-    // 16 000 uncached prompt tokens at 16 000 tokens/s is 1 simulated second; at time scale 4
-    // the answer (one token) takes ~0.25 s of wall time.
-    let sim = spawn_sim(1, &["--kv-blocks", "2000", "--time-scale", "4"]);
+    // 16 000 uncached prompt tokens at 16 000 tokens/s is 1 simulated second; at time scale 1
+    // the answer (one token) takes at least 1 s of wall time: the step sleeps until its
+    // simulated end, so that lower bound holds on any machine.
+    let sim = spawn_sim(1, &["--kv-blocks", "2000", "--time-scale", "1"]);
     let addr = sim.http(0);
     let prompt: Vec<u32> = (0..16_000).map(|i| 100_000 + i).collect();
     let started = std::time::Instant::now();
     let response = complete(&addr, &prompt, 1).await;
     let uncached = started.elapsed().as_secs_f64();
     assert_eq!(response["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    // The step sleeps until its simulated end; the upper bound leaves room for a busy machine.
-    assert!((0.245..2.0).contains(&uncached), "uncached: {uncached:.3} s of wall time");
-    // The same prompt again: 15 984 tokens cached, 16 computed: almost immediate.
+    // The upper bound leaves room for a busy machine.
+    assert!((0.99..6.0).contains(&uncached), "uncached: {uncached:.3} s of wall time");
+    // The same prompt again: 15 984 tokens cached, 16 computed: 1 ms of simulated time. Both
+    // requests carry the same HTTP and JSON overhead, so the difference is the model's: a
+    // loaded machine adds overhead to both, not to the difference.
     let started = std::time::Instant::now();
     let response = complete(&addr, &prompt, 1).await;
     let cached = started.elapsed().as_secs_f64();
     assert_eq!(response["usage"]["prompt_tokens_details"]["cached_tokens"], 15_984);
-    assert!(cached < 0.5 * uncached, "cached: {cached:.3} s vs uncached {uncached:.3} s of wall time");
+    assert!(uncached - cached > 0.6, "cached: {cached:.3} s vs uncached {uncached:.3} s of wall time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@
 //!
 //! ```sh
 //! source scripts/env.sh
-//! cargo build --release -p kvindex --bin kvindex -p kvindex-loadtest --bin kvindex-sim
+//! cargo build --release -p kvindex-server --bin kvindex -p kvindex-loadtest --bin kvindex-sim
 //! cargo bench -p kvindex-router --bench overhead            # CHATS=24 TURNS=4 to change the sample
 //! ```
 
@@ -157,6 +157,7 @@ fn main() {
             block_size: 16,
             max_prompt_tokens: 262_144,
             speculative_ttl: Duration::ZERO,
+            record_route_timeout: Duration::from_millis(250),
             models: [MODEL.to_string()].into(),
             loras: Default::default(),
         };

@@ -5,7 +5,7 @@
 //! per core of router CPU even though client, upstream, indexer and router share the machine.
 //!
 //! ```sh
-//! cargo build --release -p kvindex --bin kvindex -p kvindex-router --bin kvindex-router
+//! cargo build --release -p kvindex-server --bin kvindex -p kvindex-router --bin kvindex-router
 //! cargo bench -p kvindex-router --bench passthrough        # CONCURRENCY=32 BENCH_SECONDS=10
 //! NO_INDEXER=1 cargo bench -p kvindex-router --bench passthrough   # the proxy alone, for comparison
 //! ```

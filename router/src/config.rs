@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cost::{CostWeights, Policy};
+use crate::extproc::{ExtProcArgs, ExtProcConfig};
 use crate::fleet::Role;
 
 /// `kvindex-router serve` flags.
@@ -110,12 +111,19 @@ pub struct ServeArgs {
     pub upstream_retries: usize,
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     pub upstream_connect_timeout_ms: u64,
-    /// Speculative credit (RecordRoute) asked of the indexer after each pick; 0 turns it off.
+    /// Speculative credit (RecordRoute) asked of the indexer after each pick, so every replica
+    /// sees the pick before the engine's events arrive; 0 turns RecordRoute off.
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     pub speculative_ttl_ms: u64,
+    /// A RecordRoute call (sent in the background, never delaying the request) is abandoned
+    /// after this.
+    #[arg(long, default_value_t = 250, value_name = "MS")]
+    pub record_route_timeout_ms: u64,
     /// Log format: `text` or `json` (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub ext_proc: ExtProcArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -168,7 +176,10 @@ pub struct Config {
     pub upstream_retries: usize,
     pub upstream_connect_timeout: Duration,
     pub speculative_ttl: Duration,
+    pub record_route_timeout: Duration,
     pub log_format: LogFormat,
+    /// The Gateway API endpoint picker (`--ext-proc-*`), when `--ext-proc-addr` is given.
+    pub ext_proc: Option<ExtProcConfig>,
 }
 
 /// A configuration mistake, naming the flag.
@@ -341,7 +352,9 @@ impl ServeArgs {
             upstream_retries: self.upstream_retries,
             upstream_connect_timeout: positive_ms("--upstream-connect-timeout-ms", self.upstream_connect_timeout_ms)?,
             speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
+            record_route_timeout: positive_ms("--record-route-timeout-ms", self.record_route_timeout_ms)?,
             log_format: self.log_format,
+            ext_proc: self.ext_proc.into_config(check_host_port, self.max_body_bytes)?,
         })
     }
 }

@@ -2,8 +2,8 @@
 //! holds the longest exact prefix of its prompt, unless load says otherwise.
 //!
 //! The per-request work is a pipeline independent of HTTP, so every front door (the
-//! OpenAI-compatible proxy in [`http`], and the Gateway API endpoint picker built on the same
-//! library) makes the same decision:
+//! OpenAI-compatible proxy in [`http`], and the Gateway API endpoint picker over Envoy's
+//! ext_proc in [`extproc`]) makes the same decision:
 //!
 //! ```text
 //! request body ─▶ request (parse) ─▶ tokenize ─▶ indexer (ScoreTokens, deadline, failover)
@@ -16,6 +16,7 @@
 pub mod config;
 pub mod cost;
 pub mod decision;
+pub mod extproc;
 pub mod fleet;
 pub mod http;
 pub mod indexer;

@@ -1,6 +1,7 @@
 //! `kvindex-router`: the thin command line over the router library. `serve` binds the
-//! listeners, prints `KVINDEX_ROUTER_LISTENING http=<addr> [admin=<addr>]` (so scripts and
-//! tests using port 0 learn the addresses), and runs until SIGINT or SIGTERM.
+//! listeners, prints `KVINDEX_ROUTER_LISTENING http=<addr> [admin=<addr>] [ext_proc=<addr>]
+//! [ext_proc_health=<addr>]` (so scripts and tests using port 0 learn the addresses), and runs
+//! until SIGINT or SIGTERM.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -18,7 +19,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the OpenAI-compatible proxy.
+    /// Serve the OpenAI-compatible proxy (and, with --ext-proc-addr, the Gateway API endpoint picker).
     Serve(Box<ServeArgs>),
 }
 
@@ -56,14 +57,31 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--admin-addr {addr}: {e}"))?),
         None => None,
     };
+    let (ext_proc, ext_proc_health) = match &config.ext_proc {
+        Some(e) => {
+            let listener = bind("--ext-proc-addr", &e.addr).await?;
+            let health = match &e.health_addr {
+                Some(addr) => Some(bind("--ext-proc-health-addr", addr).await?),
+                None => None,
+            };
+            (Some(listener), health)
+        }
+        None => (None, None),
+    };
     let mut line = format!("KVINDEX_ROUTER_LISTENING http={}", http.local_addr().map_err(|e| e.to_string())?);
-    if let Some(admin) = &admin {
-        line.push_str(&format!(" admin={}", admin.local_addr().map_err(|e| e.to_string())?));
+    for (name, listener) in [("admin", &admin), ("ext_proc", &ext_proc), ("ext_proc_health", &ext_proc_health)] {
+        if let Some(listener) = listener {
+            line.push_str(&format!(" {name}={}", listener.local_addr().map_err(|e| e.to_string())?));
+        }
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}").and_then(|_| out.flush()).map_err(|e| e.to_string())?;
     drop(out);
-    serve::run(config, Listeners { http, admin }, shutdown_signal()).await
+    serve::run(config, Listeners { http, admin, ext_proc, ext_proc_health }, shutdown_signal()).await
+}
+
+async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("{flag} {addr}: {e}"))
 }
 
 fn main() -> ExitCode {

@@ -22,6 +22,12 @@ pub const POD_LOAD: &str = "kvindex_router_pod_load";
 pub const SCRAPES: &str = "kvindex_router_scrapes_total";
 pub const POD_CHANGES: &str = "kvindex_router_pod_changes_total";
 pub const RECORD_ROUTE: &str = "kvindex_router_record_route_total";
+pub const TOKENIZER_CACHE_REQUESTS: &str = "kvindex_router_tokenizer_prefix_cache_requests";
+pub const TOKENIZER_CACHE_BYTES: &str = "kvindex_router_tokenizer_prefix_cache_bytes";
+pub const EXTPROC_STREAMS: &str = "kvindex_router_extproc_streams_total";
+pub const EXTPROC_PROTOCOL_ERRORS: &str = "kvindex_router_extproc_protocol_errors_total";
+pub const EXTPROC_PICK_SECONDS: &str = "kvindex_router_extproc_pick_seconds";
+pub const PREFILTER: &str = "kvindex_router_prefilter_total";
 
 /// Installs the global recorder; `None` when one is already installed (a second router in
 /// one process, e.g. a benchmark), which then records nothing of its own.
@@ -31,12 +37,26 @@ pub fn install() -> Option<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(ROUTE_SECONDS.into()), &fast)
         .ok()?
+        .set_buckets_for_metric(Matcher::Full(EXTPROC_PICK_SECONDS.into()), &fast)
+        .ok()?
         .set_buckets_for_metric(Matcher::Full(UPSTREAM_FIRST_BYTE.into()), &slow)
         .ok()?
         .install_recorder()
         .ok()?;
     describe();
     Some(handle)
+}
+
+/// Copies the in-process tokenizer's prefix-cache statistics (incremental tokenization) into
+/// gauges, when `/metrics` is scraped: reading them is a few atomic loads.
+pub fn record_tokenizer_cache(tokenizers: &crate::tokenize::Tokenizers) {
+    let Some(registry) = tokenizers.registry() else { return };
+    let stats = registry.prefix_cache_stats();
+    for (result, n) in [("hit", stats.hits), ("miss", stats.misses), ("bypass", stats.bypassed)] {
+        metrics::gauge!(TOKENIZER_CACHE_REQUESTS, "result" => result).set(n as f64);
+    }
+    metrics::gauge!(TOKENIZER_CACHE_BYTES, "kind" => "used").set(stats.bytes as f64);
+    metrics::gauge!(TOKENIZER_CACHE_BYTES, "kind" => "capacity").set(stats.capacity_bytes as f64);
 }
 
 fn describe() {
@@ -57,7 +77,16 @@ fn describe() {
     describe_gauge!(INFLIGHT, "Requests in flight per pod");
     describe_gauge!(PODS, "Pods by role");
     describe_gauge!(POD_LOAD, "Last scraped load per pod (waiting, running, kv_usage)");
+    describe_gauge!(
+        TOKENIZER_CACHE_REQUESTS,
+        "In-process tokenizations by prefix-cache result (hit, miss, bypass), since start"
+    );
+    describe_gauge!(TOKENIZER_CACHE_BYTES, Unit::Bytes, "In-process tokenizer prefix cache: bytes used and capacity");
     describe_counter!(SCRAPES, "Scrapes of pod /metrics by outcome");
     describe_counter!(POD_CHANGES, "Pod table changes by source and operation");
     describe_counter!(RECORD_ROUTE, "RecordRoute calls to the indexer by outcome");
+    describe_counter!(EXTPROC_STREAMS, "ext_proc streams (gateway requests) by how they ended");
+    describe_counter!(EXTPROC_PROTOCOL_ERRORS, "ext_proc streams ended for breaking the protocol, by reason");
+    describe_histogram!(EXTPROC_PICK_SECONDS, Unit::Seconds, "ext_proc: first request body byte in to destination out");
+    describe_counter!(PREFILTER, "Pre-filter answers: hint, miss (no hint) or error (no hint, request passed on)");
 }

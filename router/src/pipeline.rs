@@ -4,7 +4,7 @@
 //! (RecordRoute), so the next sibling request routed by any replica sees it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,9 @@ pub struct RouterSettings {
     pub load_band: f64,
     pub block_size: usize,
     pub max_prompt_tokens: usize,
+    /// RecordRoute's TTL; zero = RecordRoute off.
     pub speculative_ttl: Duration,
+    pub record_route_timeout: Duration,
     /// Served model names; empty = any.
     pub models: HashSet<String>,
     /// adapter → base model.
@@ -73,6 +75,7 @@ impl RouterSettings {
             block_size: config.block_size,
             max_prompt_tokens: config.max_prompt_tokens,
             speculative_ttl: config.speculative_ttl,
+            record_route_timeout: config.record_route_timeout,
             models: config.served_models().into_iter().collect(),
             loras: config.loras.iter().cloned().collect(),
         }
@@ -86,7 +89,12 @@ pub struct Router {
     fleet: Arc<Fleet>,
     next_id: AtomicU64,
     block_size_warned: AtomicBool,
+    /// RecordRoute calls in flight (bounded: a slow indexer must not pile them up).
+    recording: Arc<AtomicUsize>,
 }
+
+/// Most RecordRoute calls in flight at once; past it a pick is not recorded (counted).
+const MAX_RECORDING: usize = 1024;
 
 fn micros(d: Duration) -> u64 {
     d.as_micros() as u64
@@ -110,6 +118,7 @@ impl Router {
             fleet,
             next_id: AtomicU64::new(0),
             block_size_warned: AtomicBool::new(false),
+            recording: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -244,7 +253,7 @@ impl Router {
             let load = pod.load(now, stale);
             let found = by_pod.get(pod.id.as_str());
             let matched = found.map_or(0, |p| p.matched_blocks);
-            let speculative = 0; // RecordRoute credit: PodScore.speculative_blocks, once the indexer serves it
+            let speculative = found.map_or(0, |p| p.speculative_blocks);
             candidates.push(Candidate {
                 matched_blocks: matched,
                 speculative_blocks: speculative,
@@ -347,7 +356,47 @@ impl Router {
         Some(guards)
     }
 
-    /// Asks the indexer to credit `pod` with the prompt's blocks for the speculative TTL, in
-    /// the background (the answer does not matter to this request).
-    fn record_route(&self, _decision: &Decision, _pod: &str) {}
+    /// Asks the indexer to credit `pod` with the prompt's blocks for the speculative TTL
+    /// (RecordRoute), in the background: the request never waits for it, and a failure only
+    /// costs the prediction (counted in `kvindex_router_record_route_total`).
+    fn record_route(&self, decision: &Decision, pod: &str) {
+        let ttl = self.settings.speculative_ttl;
+        if ttl.is_zero() || decision.total_blocks == 0 {
+            return;
+        }
+        // Placed by load only: the indexer did not answer in time, so don't queue more on it.
+        let (Some(tokens), ScoreOutcome::Scored { .. }) = (&decision.tokens, &decision.score) else { return };
+        let Some(mut client) = self.indexer.preferred_client() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if self.recording.fetch_add(1, Ordering::AcqRel) >= MAX_RECORDING {
+            self.recording.fetch_sub(1, Ordering::AcqRel);
+            metrics::counter!(m::RECORD_ROUTE, "outcome" => "overloaded").increment(1);
+            return;
+        }
+        let request = pb::RecordRouteRequest {
+            pod: pod.to_string(),
+            model: decision.base_model.clone(),
+            token_ids: tokens.as_ref().clone(),
+            lora_name: decision.lora_name.clone().unwrap_or_default(),
+            cache_salt: decision.cache_salt.clone().unwrap_or_default(),
+            ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
+        };
+        let timeout = self.settings.record_route_timeout;
+        let recording = self.recording.clone();
+        runtime.spawn(async move {
+            let mut call = tonic::Request::new(request);
+            call.set_timeout(timeout);
+            let outcome = match tokio::time::timeout(timeout, client.record_route(call)).await {
+                Ok(Ok(_)) => "ok",
+                Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => "timeout",
+                Ok(Err(status)) => {
+                    tracing::debug!(code = ?status.code(), message = status.message(), "RecordRoute refused");
+                    "error"
+                }
+                Err(_) => "timeout",
+            };
+            recording.fetch_sub(1, Ordering::AcqRel);
+            metrics::counter!(m::RECORD_ROUTE, "outcome" => outcome).increment(1);
+        });
+    }
 }

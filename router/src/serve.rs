@@ -1,5 +1,6 @@
 //! Assembles a running router from a validated configuration and bound listeners: pods (static,
-//! file, registration), the load scrapers, the pipeline and the HTTP servers, until `shutdown`.
+//! file, registration), the load scrapers, the pipeline, the HTTP servers and the ext_proc
+//! endpoint picker, until `shutdown`.
 //! The binary and tests bind the listeners themselves, so a test can use port 0.
 
 use std::future::Future;
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
+use crate::extproc;
 use crate::fleet::{Fleet, Source};
 use crate::http::{self, App};
 use crate::pipeline::Router;
@@ -16,6 +18,9 @@ use crate::{metrics as m, pods_file, scrape, upstream};
 pub struct Listeners {
     pub http: TcpListener,
     pub admin: Option<TcpListener>,
+    /// The Gateway API endpoint picker (`--ext-proc-addr`) and its optional health address.
+    pub ext_proc: Option<TcpListener>,
+    pub ext_proc_health: Option<TcpListener>,
 }
 
 /// Serves until `shutdown` completes, then lets requests in flight finish.
@@ -41,6 +46,14 @@ pub async fn run(
     if let (Some(path), Some(text)) = (config.pods_file.clone(), pods_file_text) {
         tokio::spawn(pods_file::watch(fleet.clone(), path, config.pods_file_interval, text));
     }
+    let ext_proc_settings = config.ext_proc.as_ref().map(|e| extproc::Settings {
+        mode: e.mode,
+        max_body_bytes: config.max_body_bytes,
+        max_buffered_bytes: e.max_buffered_bytes,
+        fallbacks: config.upstream_retries,
+        load_band: config.load_band,
+    });
+    let ext_proc_router = router.clone();
     let app = Arc::new(App {
         router,
         client,
@@ -61,6 +74,14 @@ pub async fn run(
         let stopped = until(stopped.clone());
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
     });
+    let ext_proc = match (listeners.ext_proc, ext_proc_settings) {
+        (Some(listener), Some(settings)) => {
+            let stopped = until(stopped.clone());
+            let health = listeners.ext_proc_health;
+            Some(tokio::spawn(extproc::serve(ext_proc_router, settings, listener, health, stopped)))
+        }
+        _ => None,
+    };
     tracing::info!(pods = fleet.snapshot().len(), indexers = config.indexers.len(), "kvindex-router serving");
     axum::serve(listeners.http, http::public(app))
         .with_graceful_shutdown(until(stopped))
@@ -68,6 +89,9 @@ pub async fn run(
         .map_err(|e| e.to_string())?;
     if let Some(admin) = admin {
         let _ = admin.await;
+    }
+    if let Some(ext_proc) = ext_proc {
+        ext_proc.await.map_err(|e| e.to_string())??;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! or HTTP 4xx answers where they happen.
 
 use crate::config::ConfigError;
-use crate::transport::TransportError;
+use crate::transport::ZmtpError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -12,7 +12,7 @@ pub enum ServerError {
     #[error("{key}: cannot bind {addr}: {source}")]
     Bind { key: &'static str, addr: String, source: std::io::Error },
     #[error("zmq_bind: {0}")]
-    ZmqBind(TransportError),
+    ZmqBind(ZmtpError),
     #[error("{key}: {message}")]
     Tokenizer { key: &'static str, message: String },
     #[error("tier_weights.{0}: too many tiers")]

@@ -1,11 +1,12 @@
 //! HTTP admin: `/metrics`, `/healthz`, `/readyz`, `/debug/sources`, and pod registration
-//! (`POST /pods`, `DELETE /pods/{pod}`).
+//! (`POST /pods`, `DELETE /pods/{pod}`), which only answers a bearer token ([`control`]).
 
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -16,6 +17,7 @@ use serde_json::json;
 use kvindex::index::tiers::TierId;
 
 use crate::config::PodConfig;
+use crate::control::{self, Denied};
 use crate::sources::registry;
 use crate::state::ServiceState;
 use crate::telemetry as m;
@@ -127,7 +129,24 @@ fn bad_request(reason: &'static str, message: String) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({"error": message}))).into_response()
 }
 
-async fn register(State(s): State<AppState>, body: Result<Json<RegisterBody>, JsonRejection>) -> Response {
+/// The control plane's gate: `None` to go on, or the refusal as 403 (registration disabled)
+/// or 401 (token).
+fn refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let authorization = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let denied = control::authorize(&s.state, "http", authorization).err()?;
+    let status = if denied == Denied::Disabled { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
+    let body = Json(json!({"error": denied.to_string()}));
+    Some((status, [(WWW_AUTHENTICATE, "Bearer")], body).into_response())
+}
+
+async fn register(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Json<RegisterBody>, JsonRejection>,
+) -> Response {
+    if let Some(refusal) = refused(&s, &headers) {
+        return refusal;
+    }
     let b = match body {
         Ok(Json(b)) => b,
         Err(e) => return bad_request("body", e.body_text()),
@@ -140,13 +159,22 @@ async fn register(State(s): State<AppState>, body: Result<Json<RegisterBody>, Js
         topic_id: b.topic_id.filter(|e| !e.is_empty()),
         dp_size: b.dp_size.unwrap_or(1),
     };
+    if let Err(message) = control::may_change(&s.state, "http", &cfg.id) {
+        return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();
+    }
     match registry::register(&s.state, cfg, "http", false).await {
         Ok(()) => (StatusCode::OK, Json(json!({"registered": true}))).into_response(),
         Err(e) => bad_request("config", e.to_string()),
     }
 }
 
-async fn unregister(State(s): State<AppState>, Path(pod): Path<String>) -> Response {
+async fn unregister(State(s): State<AppState>, headers: HeaderMap, Path(pod): Path<String>) -> Response {
+    if let Some(refusal) = refused(&s, &headers) {
+        return refusal;
+    }
+    if let Err(message) = control::may_change(&s.state, "http", &pod) {
+        return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();
+    }
     let existed = registry::unregister(&s.state, &pod, "http").await;
     (StatusCode::OK, Json(json!({"existed": existed}))).into_response()
 }

@@ -15,16 +15,18 @@
 //! ```
 //!
 //! - [`config`]: the settings, declared once (flags, env vars, TOML file), validated into [`Config`].
-//! - [`transport`]: the ZeroMQ boundary (SUB streams, replay requests).
+//! - [`transport`]: the ZeroMQ boundary (`kvindex-zmtp`: SUB streams, replay requests, limits).
 //! - [`sources`]: live streams and the [`sources::registry`] of pods and topics.
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
 //! - [`apply`]: the apply workers and their bounded queues.
 //! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
 //! - [`state`], [`status`]: what the parts share, behind methods.
+//! - [`control`]: who may change what the index believes (registration auth).
 //! - [`grpc`], [`http`]: the servers. [`telemetry`]: metric names and the recorder.
 
 pub mod apply;
 pub mod config;
+pub mod control;
 pub mod dump;
 pub mod error;
 pub mod grpc;

@@ -1,20 +1,22 @@
 //! Replay requests: ask an engine's replay ROUTER for every buffered batch from a seq, and hand
-//! the replies to the stream's apply worker. Bounded by the replay timeout and by
-//! `max_concurrent_replays`; the cooldown after a failure is the sequencer's. The DEALER
-//! itself is [`crate::transport::ReplayClient`].
+//! the replies to the stream's apply worker. Bounded by the replay timeout, by
+//! `max_concurrent_replays` and by the ZeroMQ limits (a ROUTER declaring a huge frame is
+//! refused on the header, counted, and the replay fails: the sequencer then drops or degrades
+//! the pod, never guesses). The cooldown after a failure is the sequencer's. The DEALER is
+//! [`crate::transport::Dealer`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::time::{timeout_at, Instant};
 
 use kvindex::wire::{self, ReplayReply};
 
 use crate::apply::{ReplayItem, StreamKey, Work};
-use crate::sources::transport_error;
 use crate::state::ServiceState;
 use crate::telemetry as m;
-use crate::transport::TransportError;
+use crate::transport::{Dealer, TransportError, ZmtpError};
 
 /// Runs replay `id` of `stream` from `from` against `endpoint`; always ends with an `End` or
 /// a `Failed` item for the worker.
@@ -30,8 +32,16 @@ pub async fn run(state: Arc<ServiceState>, worker: usize, stream: StreamKey, id:
 enum Failure {
     /// No end marker before the deadline.
     Timeout,
-    /// No capacity, or the endpoint could not be used.
+    /// No capacity, the endpoint could not be used, or the peer broke the protocol or a bound.
     Unavailable,
+}
+
+fn failed(operation: &'static str, endpoint: &str, error: &ZmtpError) -> Failure {
+    TransportError::from_zmtp(operation, endpoint, error).record();
+    match error {
+        ZmtpError::Deadline { .. } => Failure::Timeout,
+        _ => Failure::Unavailable,
+    }
 }
 
 async fn fetch(
@@ -43,38 +53,19 @@ async fn fetch(
     endpoint: &str,
     deadline: Instant,
 ) -> Result<(), Failure> {
-    let unavailable = |operation, message: &str| {
-        transport_error(&TransportError::new(operation, endpoint, message));
-        Failure::Unavailable
-    };
     let Ok(Ok(_permit)) = timeout_at(deadline, state.replay_permits().acquire_owned()).await else {
-        return Err(unavailable("replay-capacity", "too many concurrent replays"));
+        TransportError::new("replay", "capacity", endpoint, "too many concurrent replays").record();
+        return Err(Failure::Unavailable);
     };
-    let mut replies = state.replay_client().request(endpoint, from, deadline);
+    // A replay holds one message at a time: a source's share of the budget is plenty.
+    let mut limits = state.config().zmq_limits.clone();
+    limits.max_bytes_in_flight = limits.max_bytes_in_flight_per_source;
+    let request = [Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())];
+    let mut dealer =
+        Dealer::request(endpoint, &request, &limits, deadline).await.map_err(|e| failed("replay", endpoint, &e))?;
     loop {
-        let reply = match timeout_at(deadline, replies.next()).await {
-            Ok(reply) => reply,
-            // A transport error due at the same deadline (connect, send) says more than the timeout.
-            Err(_) => match replies.try_next() {
-                Some(Err(e)) => Some(Err(e)),
-                _ => {
-                    transport_error(&TransportError::new(
-                        "replay-incomplete",
-                        endpoint,
-                        "no end marker before the replay timeout",
-                    ));
-                    return Err(Failure::Timeout);
-                }
-            },
-        };
-        let frames = match reply {
-            Some(Ok(frames)) => frames,
-            Some(Err(e)) => {
-                transport_error(&e);
-                return Err(Failure::Unavailable);
-            }
-            None => return Err(unavailable("replay-recv", "the replay task ended without a reply")),
-        };
+        let reply = dealer.recv().await.map_err(|e| failed("replay", endpoint, &e))?;
+        let frames = reply.frames;
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let item = match wire::parse_replay(&refs) {
             Ok(ReplayReply::End { .. }) => ReplayItem::End,

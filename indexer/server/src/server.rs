@@ -1,6 +1,6 @@
 //! The server, as mini-redis's `server::run`: [`bind`] the listeners of a [`Config`], then
 //! [`run`] the service on them until a shutdown future resolves. `run` wires the index, the
-//! apply workers, the live sources, the replay client, gRPC and the HTTP admin together, and
+//! apply workers, the live sources, replays, gRPC and the HTTP admin together, and
 //! shuts them down in order: stop listening and let requests in flight finish, stop the
 //! sources, then let the apply workers drain what they were given and return.
 
@@ -22,7 +22,7 @@ use crate::error::ServerError;
 use crate::grpc::tokenizer::PromptTokenizer;
 use crate::sources::registry;
 use crate::state::ServiceState;
-use crate::transport::{self, BoundSub, ReplayClient};
+use crate::transport::{Admission, Peer, SubListener};
 use crate::{grpc, http, snapshot, sources, telemetry};
 
 /// How long requests in flight may take to finish once shutdown starts.
@@ -33,7 +33,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct Listeners {
     grpc: TcpListener,
     http: TcpListener,
-    zmq: Option<BoundSub>,
+    zmq: Option<SubListener>,
+    /// Loaded before the server announces it listens, so a bad tokenizer dir fails `bind`.
+    tokenizer: Option<PromptTokenizer>,
 }
 
 impl Listeners {
@@ -47,34 +49,48 @@ impl Listeners {
 
     /// The central SUB's endpoint (`tcp://host:port`), in central mode.
     pub fn zmq_endpoint(&self) -> Option<&str> {
-        self.zmq.as_ref().map(BoundSub::endpoint)
+        self.zmq.as_ref().map(SubListener::endpoint)
     }
 }
 
-/// Binds `config`'s gRPC and HTTP addresses and, when `zmq_bind` is set, the central SUB.
+/// Loads the prompt tokenizers and binds `config`'s gRPC and HTTP addresses and, when
+/// `zmq_bind` is set, the central SUB: everything that can fail on a bad config, so that a
+/// caller announcing the listeners afterwards never announces a server that then exits.
 pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
     let tcp = |key, addr: SocketAddr| async move {
         TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { key, addr: addr.to_string(), source })
     };
+    let tokenizer = PromptTokenizer::from_config(config)?;
     let grpc = tcp("grpc_addr", config.grpc_addr).await?;
     let http = tcp("http_addr", config.http_addr).await?;
     let zmq = match &config.zmq_bind {
-        Some(endpoint) => Some(transport::bind_sub(endpoint).await.map_err(ServerError::ZmqBind)?),
+        Some(endpoint) => {
+            let filter = config.topic_filter.as_bytes();
+            let admission: Option<Admission> = (!config.zmq_allow.is_empty()).then(|| {
+                let allow = config.zmq_allow.clone();
+                Arc::new(move |peer: &Peer| match peer {
+                    Peer::Tcp(addr) => allow.iter().any(|cidr| cidr.contains(addr.ip())),
+                    Peer::Ipc { .. } => true, // the socket file's permissions decide
+                }) as Admission
+            });
+            let sub = SubListener::bind_admitting(endpoint, &[filter], config.zmq_limits.clone(), admission).await;
+            Some(sub.map_err(ServerError::ZmqBind)?)
+        }
         None => None,
     };
-    Ok(Listeners { grpc, http, zmq })
+    Ok(Listeners { grpc, http, zmq, tokenizer })
 }
 
 /// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
 /// down gracefully. Metrics go to the process's Prometheus recorder (one per process).
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     let prometheus = telemetry::recorder()?;
-    let tokenizer = PromptTokenizer::from_config(&config)?;
+    let mut listeners = listeners;
+    let tokenizer = listeners.tokenizer.take();
     let index = build_index(&config)?;
     let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
-    let replay_client = ReplayClient::new().map_err(|source| ServerError::Io { what: "replay client", source })?;
     let record = config.record.clone();
-    let mut state = ServiceState::new(config, index, queues, replay_client);
+    let mut state = ServiceState::new(config, index, queues);
     let recorder = match record {
         Some(r) => {
             let recorder = Recorder::new(&r.path, r.retention)

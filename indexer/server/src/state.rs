@@ -1,7 +1,8 @@
 //! The state the service's parts share: the configuration, the index, the registry of pods,
-//! the apply queues, the sources' status, readiness and the replay client. Owned by one
+//! the apply queues, the sources' status, readiness and the replay permits. Owned by one
 //! [`ServiceState`] behind an `Arc`; every part goes through its methods.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,6 +10,7 @@ use std::time::Instant;
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio::sync::Semaphore;
 
+use kvindex::speculative::SpeculativeCredits;
 use kvindex::KvIndex;
 
 use crate::apply::Queues;
@@ -17,36 +19,41 @@ use crate::dump::recorder::Recorder;
 use crate::snapshot::Restored;
 use crate::sources::registry::Registry;
 use crate::status::SourceStatus;
-use crate::transport::ReplayClient;
+use crate::transport::Source;
 
 pub struct ServiceState {
     config: Config,
     index: KvIndex,
+    /// RecordRoute's predictions, kept apart from the index (never in `matched_blocks`).
+    speculative: SpeculativeCredits,
     start: Instant,
     registry: RwLock<Registry>,
     queues: Queues,
     status: SourceStatus,
     readiness: Readiness,
-    replay_client: ReplayClient,
     replay_permits: Arc<Semaphore>,
     restored: Restored,
     recorder: Option<Arc<Recorder>>,
+    /// Live connections on the central SUB per source address: a topic bound to a source
+    /// moves to another only once its source has none.
+    central_sources: parking_lot::Mutex<HashMap<Source, usize>>,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
 }
 
 impl ServiceState {
-    pub fn new(config: Config, index: KvIndex, queues: Queues, replay_client: ReplayClient) -> Self {
+    pub fn new(config: Config, index: KvIndex, queues: Queues) -> Self {
         ServiceState {
             registry: RwLock::new(Registry::new(&config.topic_map, &config.replay)),
             replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
+            speculative: SpeculativeCredits::new(config.speculative.clone()),
+            central_sources: parking_lot::Mutex::new(HashMap::new()),
             config,
             index,
             start: Instant::now(),
             queues,
             status: SourceStatus::default(),
             readiness: Readiness::default(),
-            replay_client,
             restored: Restored::default(),
             recorder: None,
             runtime: tokio::runtime::Handle::current(),
@@ -59,6 +66,19 @@ impl ServiceState {
 
     pub fn index(&self) -> &KvIndex {
         &self.index
+    }
+
+    pub fn speculative(&self) -> &SpeculativeCredits {
+        &self.speculative
+    }
+
+    /// Ends `pod`'s speculative credit (its blocks were cleared, its source degraded, or it
+    /// was removed), counting the credits dropped under `reason`.
+    pub fn end_speculation(&self, pod: &str, reason: &'static str) {
+        let dropped = self.speculative.clear_pod(pod);
+        if dropped > 0 {
+            metrics::counter!(crate::telemetry::SPECULATIVE_CLEARED, "reason" => reason).increment(dropped as u64);
+        }
     }
 
     /// Milliseconds since the service started: the sequencers' clock.
@@ -86,10 +106,6 @@ impl ServiceState {
         &self.readiness
     }
 
-    pub fn replay_client(&self) -> &ReplayClient {
-        &self.replay_client
-    }
-
     /// Bounds replays in flight (`max_concurrent_replays`).
     pub fn replay_permits(&self) -> Arc<Semaphore> {
         self.replay_permits.clone()
@@ -107,6 +123,25 @@ impl ServiceState {
 
     pub(crate) fn set_recorder(&mut self, recorder: Arc<Recorder>) {
         self.recorder = Some(recorder);
+    }
+
+    /// A connection from `source` to the central SUB opened (`true`) or closed.
+    pub(crate) fn central_connection(&self, source: Source, opened: bool) {
+        let mut sources = self.central_sources.lock();
+        let n = sources.entry(source).or_insert(0);
+        if opened {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                sources.remove(&source);
+            }
+        }
+    }
+
+    /// Whether `source` holds a live connection on the central SUB.
+    pub fn central_source_connected(&self, source: &Source) -> bool {
+        self.central_sources.lock().contains_key(source)
     }
 
     /// Runs `task` on the service's runtime (from an apply worker's thread, say).

@@ -29,10 +29,17 @@ pub const RECEIVE_TO_VISIBLE: &str = "kvindex_receive_to_visible_seconds";
 pub const SCORE_REQUESTS: &str = "kvindex_score_requests_total";
 pub const SCORE_LATENCY: &str = "kvindex_score_latency_seconds";
 pub const ZMQ_ERRORS: &str = "kvindex_zmq_errors_total";
+pub const ZMQ_CONNECTIONS: &str = "kvindex_zmq_connections_total";
+pub const ZMQ_DISCONNECTS: &str = "kvindex_zmq_disconnects_total";
+pub const ZMQ_REJECTED: &str = "kvindex_zmq_rejected_total";
+pub const ZMQ_BYTES_IN_FLIGHT: &str = "kvindex_zmq_bytes_in_flight";
 pub const RECONNECTIONS: &str = "kvindex_subscriber_reconnections_total";
 pub const REGISTRATIONS: &str = "kvindex_registrations_total";
 pub const CONFIG_ERRORS: &str = "kvindex_config_errors_total";
 pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
+pub const CONTROL_DENIED: &str = "kvindex_control_denied_total";
+pub const TOPIC_CONFLICTS: &str = "kvindex_topic_conflicts_total";
+pub const SOURCES_REFUSED: &str = "kvindex_sources_refused_total";
 pub const READY: &str = "kvindex_ready";
 pub const PODS: &str = "kvindex_pods";
 pub const HASH_MISMATCHES: &str = "kvindex_hash_check_mismatches_total";
@@ -50,6 +57,11 @@ pub const DUMP_RECORDS: &str = "kvindex_dump_records_total";
 pub const DUMP_ERRORS: &str = "kvindex_dump_write_errors_total";
 pub const DUMP_ROTATIONS: &str = "kvindex_dump_rotations_total";
 pub const SNAPSHOT_RESTORES: &str = "kvindex_snapshot_restored_pods_total";
+pub const RECORD_ROUTE_REQUESTS: &str = "kvindex_record_route_requests_total";
+pub const SPECULATIVE_BLOCKS: &str = "kvindex_speculative_blocks_total";
+pub const SPECULATIVE_ENTRIES: &str = "kvindex_speculative_entries";
+pub const SPECULATIVE_BYTES: &str = "kvindex_speculative_bytes";
+pub const SPECULATIVE_CLEARED: &str = "kvindex_speculative_cleared_total";
 
 /// The process's Prometheus recorder, installed on first use. The `metrics` facade has one
 /// global recorder, so servers run in one process (tests) share it.
@@ -101,15 +113,42 @@ fn describe() {
     describe_histogram!(RECEIVE_TO_VISIBLE, Unit::Seconds, "Socket receive to applied");
     describe_counter!(SCORE_REQUESTS, "ScoreTokens requests, by outcome");
     describe_histogram!(SCORE_LATENCY, Unit::Seconds, "ScoreTokens handling time");
-    describe_counter!(ZMQ_ERRORS, "ZeroMQ errors, by operation");
+    describe_counter!(
+        ZMQ_ERRORS,
+        "ZeroMQ failures outside a connection (connect, accept, replay), by operation and reason"
+    );
+    describe_counter!(ZMQ_CONNECTIONS, "Publisher connections that finished the ZMTP handshake, by socket");
+    describe_counter!(ZMQ_DISCONNECTS, "Publisher connections closed, by socket and reason");
+    describe_counter!(
+        ZMQ_REJECTED,
+        "Connections refused by the central SUB (caps, allowlist, bad handshake), by reason"
+    );
+    describe_gauge!(ZMQ_BYTES_IN_FLIGHT, Unit::Bytes, "Bytes held by ZeroMQ sockets: unfinished and queued messages");
     describe_counter!(RECONNECTIONS, "Per-pod subscriber reconnections");
     describe_counter!(REGISTRATIONS, "Pod registrations and unregistrations, by origin");
     describe_counter!(CONFIG_ERRORS, "Rejected configuration (pods file, registration)");
     describe_counter!(HTTP_INVALID, "Rejected HTTP admin requests");
+    describe_counter!(
+        CONTROL_DENIED,
+        "Control-plane calls refused (registration disabled, bad token, operator pod), by api and reason"
+    );
+    describe_counter!(TOPIC_CONFLICTS, "Central-mode messages dropped: their topic is bound to another source address");
+    describe_counter!(
+        SOURCES_REFUSED,
+        "Messages dropped because they would start a source past max_sources, or name one too long"
+    );
     describe_gauge!(READY, "1 once the initial replays are done");
     describe_gauge!(PODS, "Pods with index state");
     describe_counter!(HASH_MISMATCHES, "Engine block hashes that differ from vLLM's recipe (sampled cross-check)");
     describe_counter!(HASH_CHECKED, "Engine block hashes recomputed by the sampled cross-check");
     describe_counter!(GET_POD_SCORES_REQUESTS, "llm-d GetPodScores requests, by outcome");
     describe_histogram!(GET_POD_SCORES_SECONDS, Unit::Seconds, "llm-d GetPodScores latency, tokenization included");
+    describe_counter!(RECORD_ROUTE_REQUESTS, "RecordRoute requests, by outcome");
+    describe_counter!(SPECULATIVE_BLOCKS, "Blocks credited / refused (table bound) by RecordRoute");
+    describe_gauge!(SPECULATIVE_ENTRIES, "Speculative credits held (block, pod)");
+    describe_gauge!(SPECULATIVE_BYTES, Unit::Bytes, "Approximate memory of the speculative credits");
+    describe_counter!(
+        SPECULATIVE_CLEARED,
+        "Speculative credits ended early, by reason (pod cleared, degraded, removed)"
+    );
 }

@@ -37,8 +37,11 @@ fn ids(tokens: &[u32]) -> String {
 
 /// `kvindex record` in central mode; its `KVINDEX_LISTENING` line gives its addresses.
 fn start_record(out: &Path) -> (std::process::Child, String, String, String) {
+    // Registration (the peer's `register`) needs the admin token (issue 9).
+    let token = admin_token_file();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
         .args(["record", "--out", out.to_str().unwrap(), "--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"])
+        .args(["--admin-token-file", token.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

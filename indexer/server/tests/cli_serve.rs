@@ -19,6 +19,8 @@ fn serve_fails(args: &[&str], env: &[(&str, &str)]) -> String {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{args:?} {env:?} should fail with status 1");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("KVINDEX_LISTENING"), "{args:?}: announced it listens, then failed: {stdout}");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -64,7 +66,10 @@ fn serve_config_errors_name_the_key_and_its_origin() {
     assert!(e.contains("block_size (flag --block-size)"), "{e}");
     assert!(serve_fails(&["--grpc-addr", "nope"], &[]).contains("grpc_addr"));
     assert!(serve_fails(&["--pod", "a,m"], &[]).contains("pods (flag --pod)"));
-    assert!(serve_fails(&["--zmq-bind", "ipc:///tmp/x"], &[]).contains("zmq_bind"));
+    assert!(serve_fails(&["--zmq-bind", "udp://127.0.0.1:1"], &[]).contains("zmq_bind"));
+    assert!(serve_fails(&["--zmq-max-parts", "0"], &[]).contains("zmq_max_parts (flag --zmq-max-parts)"));
+    let e = serve_fails(&["--admin-token-file", "/nonexistent/token"], &[]);
+    assert!(e.contains("admin_token_file (flag --admin-token-file)"), "{e}");
     let dir = std::env::temp_dir().join(format!("kvindex-cfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("bad.toml");
@@ -76,6 +81,9 @@ fn serve_config_errors_name_the_key_and_its_origin() {
     std::fs::write(&f, "block_size = 0\n").unwrap();
     let e = serve_fails(&[], &[("KVINDEX_CONFIG", f.to_str().unwrap())]);
     assert!(e.contains(&format!("block_size (file {})", f.display())), "{e}");
+    // A tokenizer that cannot load fails before the server announces it listens.
+    let e = serve_fails(&["--tokenizer-model", &format!("m={}", dir.join("no-such-model").display())], &[]);
+    assert!(e.contains("tokenizer_models"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

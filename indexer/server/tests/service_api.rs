@@ -43,7 +43,7 @@ fn service_score_contract_and_limits() {
     assert_eq!(r["scores"][0]["state"], "EXACT");
     assert_eq!(
         r["scores"][1],
-        json!({"pod": "nope:1", "matched_blocks": 0, "weighted_score": 0.0, "matched_by_tier": {}, "state": "SOURCE_STATE_UNSPECIFIED"})
+        json!({"pod": "nope:1", "matched_blocks": 0, "weighted_score": 0.0, "matched_by_tier": {}, "state": "SOURCE_STATE_UNSPECIFIED", "speculative_blocks": 0})
     );
     // Unknown model: an empty answer, not an error.
     let r = peer.score("other-model", &chain(0, 6), &[]);

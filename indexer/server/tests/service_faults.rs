@@ -197,7 +197,9 @@ fn service_64_publishers_concurrently() {
     let names: Vec<String> = (0..64).map(|i| format!("p{i}")).collect();
     let pods: Vec<String> = (0..64).map(|i| format!("10.0.1.{i}:8000")).collect();
     let pubs: Vec<(&str, &str)> = names.iter().map(String::as_str).zip(pods.iter().map(String::as_str)).collect();
-    let Some((server, mut peer)) = central(&[], &pubs, true, 10_000) else { return };
+    // Every publisher dials from 127.0.0.1 here; in a fleet each engine has its own address.
+    let per_source = ["--zmq-max-connections-per-source", "64"];
+    let Some((server, mut peer)) = central(&per_source, &pubs, true, 10_000) else { return };
     let names: Vec<&str> = pubs.iter().map(|p| p.0).collect();
     let r = peer.cmd(json!({"op": "burst", "names": names, "chains": 40, "blocks": 8, "model": MODEL}));
     assert_eq!(r["sent"], 64 * 40);

@@ -53,7 +53,24 @@ fn run(version: &str) {
         let s = server.source(POD)?;
         (s["last_seq"] == long_seq && s["state"] == "EXACT").then_some(())
     });
-    assert_eq!(peer.score_pod(MODEL, &long_tokens, POD), (64, "EXACT".to_string()), "{version}: 64-block chain");
+    // Streams that also store in a sliding-window group (group 1 of the newer vectors) make the
+    // pod hybrid: vLLM serves a prefix only where every group can, and that group holds none of
+    // these chains, so the exact answer is 0 (issue 13). The chain is still held: the source
+    // counts its blocks.
+    let hybrid = |records: &[Value]| {
+        records.iter().any(|r| {
+            r["expect"]["events"]
+                .as_array()
+                .is_some_and(|es| es.iter().any(|e| e["group_idx"].as_i64().unwrap_or(0) > 0))
+        })
+    };
+    let long_expected = if hybrid(&live[..long_at]) { 0 } else { 64 };
+    assert_eq!(
+        peer.score_pod(MODEL, &long_tokens, POD),
+        (long_expected, "EXACT".to_string()),
+        "{version}: 64-block chain"
+    );
+    assert!(server.source(POD).unwrap()["blocks"].as_u64().unwrap() >= 64, "{version}: the chain is held");
 
     for r in &live[long_at + 1..] {
         send(&mut peer, r, false);
@@ -64,10 +81,14 @@ fn run(version: &str) {
         (s["last_seq"] == last_seq && s["state"] == "EXACT").then_some(())
     });
     let r = peer.score(MODEL, &last_tokens, &[]);
-    assert_eq!(r["scores"][0]["pod"], POD, "{version}: {r}");
-    assert_eq!(r["scores"][0]["matched_blocks"], 2, "{version}: {r}");
-    assert_eq!(r["scores"][0]["matched_by_tier"]["GPU"], 2, "{version}: {r}");
-    assert_eq!(r["scores"][0]["state"], "EXACT");
+    if hybrid(&live) {
+        assert_eq!(peer.score_pod(MODEL, &last_tokens, POD), (0, "EXACT".to_string()), "{version}: {r}");
+    } else {
+        assert_eq!(r["scores"][0]["pod"], POD, "{version}: {r}");
+        assert_eq!(r["scores"][0]["matched_blocks"], 2, "{version}: {r}");
+        assert_eq!(r["scores"][0]["matched_by_tier"]["GPU"], 2, "{version}: {r}");
+        assert_eq!(r["scores"][0]["state"], "EXACT");
+    }
     assert_eq!(r["block_size"], 16);
     // Cleared by AllBlocksCleared.
     assert_eq!(peer.score_pod(MODEL, &long_tokens, POD).0, 0, "{version}: cleared chain still credited");

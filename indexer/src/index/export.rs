@@ -1,22 +1,29 @@
 //! The index's logical content, out and back in: what snapshots persist for warm restarts.
 //!
 //! A pod's residencies are exported as *engine blocks*: the scoped engine hash a pod's events
-//! name the block by (0 for a block held without one), and its canonical prefix keys in chain
-//! order with the tiers the pod holds each in. That is what the events established, independent
-//! of how the index lays it out in memory, so a snapshot written by one layout loads into
-//! another. Keys chain (each key hashes its parent's), so the parent links are in the keys;
-//! token ids are never part of it.
+//! name the block by, its canonical block keys (key recipe 2: each covers only its own tokens)
+//! in chain order with the tiers the pod holds each in, and where its chain continues: a
+//! namespace root, or an earlier engine block of the same export, with the keys of any path
+//! between them that the pod does not hold as an engine block of its own. That is what the
+//! events established, independent of how the tree lays it out in memory (segment numbers,
+//! branch links), so a snapshot written by one process loads into another. Token ids are never
+//! part of it.
 //!
-//! Importing is replaying that content through the same writer the events use: the entry bound
-//! still holds (a refused residency is counted and only under-reports), and engine-hash
-//! resolution (for later `parent_block_hash` and `BlockRemoved`) comes back as it was.
+//! Importing replays that content through the store the events use (`PodIngest::store_run`):
+//! the entry bound still holds (a refused block is counted and only under-reports), a block
+//! whose parent was refused is refused too, and engine-hash resolution (for later
+//! `parent_block_hash` and `BlockRemoved`) comes back as it was.
+//!
+//! Only pods with one plain full-attention KV-cache group are exported: a hybrid engine's
+//! group structure (sliding-window or Mamba groups holding blocks off paths they do not hold)
+//! is not carried, so such pods are left out of snapshots and start cold.
 
-use roaring::RoaringBitmap;
+use rustc_hash::FxHashMap;
 
-use super::table::SlotId;
 use super::tiers::{TierId, MAX_TIERS};
+use super::tree::{ParentKey, Pos};
 use super::KvIndex;
-use crate::keys::PrefixKey;
+use crate::keys::BlockKey;
 
 /// One pod's residencies, as events established them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -25,22 +32,36 @@ pub struct PodExport {
     pub model: String,
     /// Tier names by bit position of the masks in `blocks`.
     pub tiers: Vec<String>,
+    /// Engine blocks, every block after the one its `parent` names.
     pub blocks: Vec<BlockExport>,
 }
 
-/// One engine block: its scoped engine hash (0 = held without one) and its canonical blocks in
-/// chain order, each with the pod's tier mask.
+/// Where an engine block's chain continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainParent {
+    /// A namespace root (`keys::namespace_root` of the model or LoRA, group 0).
+    Root(u64),
+    /// The last block of an earlier engine block of the same export, by index.
+    Block(u32),
+}
+
+/// One engine block: its scoped engine hash, where its chain continues, the block keys of the
+/// path from there that the pod does not hold through an engine block (usually none), and its
+/// canonical blocks in chain order, each with the pod's tier mask.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockExport {
     pub engine: u64,
-    pub keys: Vec<(PrefixKey, u8)>,
+    pub parent: ChainParent,
+    pub path: Vec<BlockKey>,
+    pub keys: Vec<(BlockKey, u8)>,
 }
 
 /// What an import restored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ImportReport {
     pub blocks: u64,
-    /// Engine blocks the entry bound (or an unnameable tier) refused, whole or in part.
+    /// Engine blocks the entry bound, an unnameable tier or a refused parent refused, whole
+    /// or in part.
     pub refused: u64,
 }
 
@@ -51,49 +72,93 @@ impl PodExport {
     }
 }
 
+/// An engine block's export, before its parent's index is known.
+struct Planned {
+    keys: Vec<(BlockKey, u8)>,
+    path: Vec<BlockKey>,
+    parent: Result<u64, usize>,
+}
+
 impl KvIndex {
-    /// The residencies of `pod`, or `None` if it has no ingest state. Holds the pod's lock and
-    /// the table's writer while it runs: the export is one point in the pod's event order.
+    /// The residencies of `pod`, or `None` if it has no ingest state or its engine has other
+    /// than one plain full-attention KV-cache group (not exported; see the module doc). Holds
+    /// the pod's lock while it runs: the export is one point in the pod's event order.
     pub fn export_pod(&self, pod: &str) -> Option<PodExport> {
         let id = self.pods.get(pod)?;
         let state = self.states.read().get(&id).cloned()?;
         let state = state.lock();
-        let w = self.table.writer();
-        let (slots, exceptions, leading) = state.residency_parts();
-        let entry = |slot: SlotId| w.key_of(slot).map(|key| (key, self.table.tiers_of(key, id)));
-        let mut covered = RoaringBitmap::new();
-        let mut blocks = Vec::new();
-        let mut engine_block = |engine: u64, last: SlotId| {
-            let mut keys = Vec::new();
-            for &slot in leading.get(&engine).into_iter().flatten().chain(std::iter::once(&last)) {
-                if let Some(e) = entry(slot) {
-                    covered.insert(slot.0);
-                    keys.push(e);
+        if !state.is_plain() {
+            return None;
+        }
+        let tree = &self.tree;
+        let guard = tree.pin();
+        let ends = state.engine_blocks(tree, &guard);
+        let by_end: FxHashMap<Pos, usize> = ends.iter().enumerate().map(|(i, &(_, pos, _))| (pos, i)).collect();
+        let plan = |i: usize| -> Option<Planned> {
+            let (_, last, count) = ends[i];
+            let mut keys = Vec::with_capacity(count as usize);
+            let mut at = last;
+            for n in 0..count {
+                keys.push((tree.key_at(at, &guard)?, tree.tiers_at(at, id, &guard)));
+                if n + 1 < count {
+                    at = tree.previous(at, &guard)?;
                 }
             }
-            if !keys.is_empty() {
-                blocks.push(BlockExport { engine, keys });
-            }
+            keys.reverse();
+            let mut path = Vec::new();
+            let mut first = at;
+            let parent = loop {
+                match tree.previous(first, &guard) {
+                    None => break Ok(tree.root_of(first.seg, &guard)?),
+                    Some(p) => match by_end.get(&p) {
+                        Some(&j) => break Err(j),
+                        None => {
+                            path.push(tree.key_at(p, &guard)?);
+                            first = p;
+                        }
+                    },
+                }
+            };
+            path.reverse();
+            Some(Planned { keys, path, parent })
         };
-        for slot in slots.iter().map(SlotId) {
-            let engine = w.engine_of(slot);
-            if engine != 0 && !exceptions.contains_key(&engine) {
-                engine_block(engine, slot);
-            }
-        }
-        for (&engine, &slot) in exceptions {
-            engine_block(engine, slot);
-        }
-        for slot in slots.iter().filter(|s| !covered.contains(*s)).map(SlotId) {
-            if let Some(e) = entry(slot) {
-                blocks.push(BlockExport { engine: 0, keys: vec![e] });
+        // Depth first, so that a block's parent is exported before it.
+        let mut index: Vec<Option<u32>> = vec![None; ends.len()];
+        let mut visiting = vec![false; ends.len()];
+        let mut blocks = Vec::with_capacity(ends.len());
+        for start in 0..ends.len() {
+            let mut stack = vec![start];
+            while let Some(&i) = stack.last() {
+                if index[i].is_some() {
+                    stack.pop();
+                    continue;
+                }
+                visiting[i] = true;
+                let planned = plan(i);
+                let parent = match planned.as_ref().map(|p| p.parent) {
+                    Some(Ok(root)) => Some(ChainParent::Root(root)),
+                    Some(Err(j)) => match index[j] {
+                        Some(at) => Some(ChainParent::Block(at)),
+                        None if !visiting[j] => {
+                            stack.push(j);
+                            continue;
+                        }
+                        None => None, // not a chain (never the case): left out
+                    },
+                    None => None,
+                };
+                stack.pop();
+                if let (Some(parent), Some(p)) = (parent, planned) {
+                    index[i] = Some(blocks.len() as u32);
+                    blocks.push(BlockExport { engine: ends[i].0, parent, path: p.path, keys: p.keys });
+                }
             }
         }
         let tiers = (0..self.tiers.count() as u8).map(|t| self.tiers.name(TierId(t))).collect();
         Some(PodExport { pod: pod.to_string(), model: state.model().to_string(), tiers, blocks })
     }
 
-    /// Every pod's residencies, by pod name.
+    /// Every exported pod's residencies (see `export_pod`), by pod name.
     pub fn export_all(&self) -> Vec<PodExport> {
         self.pod_names().iter().filter_map(|p| self.export_pod(p)).collect()
     }
@@ -111,25 +176,52 @@ impl KvIndex {
             export.tiers.iter().take(MAX_TIERS).map(|n| self.tiers.intern(Some(n)).map(TierId::bit)).collect();
         let known = ((1u16 << remap.len()) - 1) as u8;
         let mut state = state.lock();
-        let mut w = self.table.writer();
+        let tree = &self.tree;
+        let id = state.pod();
+        // Where each imported block's last block went, with its segment's first key (a check
+        // that it is still the block this pod holds before a child hangs off it).
+        let mut placed: Vec<Option<(Pos, u64)>> = Vec::with_capacity(export.blocks.len());
         let mut keys = Vec::new();
         for block in &export.blocks {
-            keys.clear();
             let mut lost_tier = false;
-            for &(key, mask) in &block.keys {
+            let mut mask = if block.keys.is_empty() { 0 } else { 0xff };
+            for &(_, m) in &block.keys {
                 let mut tiers = 0;
                 for (bit, to) in remap.iter().enumerate() {
-                    if mask & (1 << bit) != 0 {
+                    if m & (1 << bit) != 0 {
                         match to {
                             Some(to) => tiers |= to,
                             None => lost_tier = true,
                         }
                     }
                 }
-                lost_tier |= mask & !known != 0;
-                keys.push((key, tiers));
+                lost_tier |= m & !known != 0;
+                // A tier held for only some of the engine block's blocks is left out.
+                mask &= tiers;
             }
-            if state.restore_block(&mut w, block.engine, &keys) && !lost_tier {
+            let guard = tree.pin();
+            let parent = match block.parent {
+                ChainParent::Root(root) => Some(ParentKey::Root(root)),
+                ChainParent::Block(i) => placed
+                    .get(i as usize)
+                    .copied()
+                    .flatten()
+                    .filter(|&(p, first)| tree.first_key(p, &guard) == Some(first) && tree.tiers_at(p, id, &guard) != 0)
+                    .map(|(p, _)| ParentKey::Block(p.pack())),
+            };
+            drop(guard);
+            keys.clear();
+            keys.extend_from_slice(&block.path);
+            keys.extend(block.keys.iter().map(|&(k, _)| k));
+            let (last, whole) = match parent {
+                Some(parent) if mask != 0 => {
+                    state.restore_block(tree, parent, &keys, block.path.len(), block.engine, mask)
+                }
+                _ => (None, false),
+            };
+            let guard = tree.pin();
+            placed.push(last.and_then(|p| tree.first_key(p, &guard).map(|f| (p, f))));
+            if last.is_some() && whole && !lost_tier {
                 report.blocks += 1;
             } else {
                 report.refused += 1;
@@ -200,6 +292,10 @@ mod tests {
         index.apply("b", "m", &batch(vec![stored(&[101, 102, 103], None, t(0, 6), 2, None)]));
         index.apply("b", "m", &batch(vec![removed(&[103], None)]));
         index.apply("c", "m", &batch(vec![stored(&[1], None, t(0, 4), 4, Some("STORAGE"))]));
+        // Hashing differently from b, and evicting out of chain order: 203 continues a path
+        // (202's block) the pod no longer holds.
+        index.apply("d", "m", &batch(vec![stored(&[201, 202, 203], None, t(0, 6), 2, None)]));
+        index.apply("d", "m", &batch(vec![removed(&[202], None)]));
     }
 
     /// Events after the restore that only resolve if engine hashes came back.
@@ -209,6 +305,7 @@ mod tests {
         index.apply("b", "m", &batch(vec![stored(&[104], Some(102), t(4, 2), 2, None)]));
         index.apply("a", "m", &batch(vec![removed(&[2], Some("CPU"))]));
         index.apply("c", "m", &batch(vec![removed(&[1], Some("STORAGE"))]));
+        index.apply("d", "m", &batch(vec![stored(&[204], Some(203), t(6, 2), 2, None), removed(&[201], None)]));
     }
 
     #[test]
@@ -225,7 +322,7 @@ mod tests {
         }
         assert_eq!(scores(&restored, &prompts), scores(&original, &prompts));
         assert_eq!(restored.table().entries(), original.table().entries());
-        for pod in ["a", "b", "c"] {
+        for pod in ["a", "b", "c", "d"] {
             assert_eq!(restored.pod_stats(pod).map(|s| s.blocks), original.pod_stats(pod).map(|s| s.blocks));
         }
         later(&original);
@@ -253,5 +350,51 @@ mod tests {
                 assert!(m.matched_blocks <= f.matched_blocks);
             }
         }
+    }
+
+    #[test]
+    fn a_chain_gap_is_carried_as_path() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        history(&index);
+        let d = index.export_pod("d").expect("d has state");
+        assert_eq!(d.blocks.len(), 2);
+        assert!(matches!(d.blocks[0].parent, ChainParent::Root(_)));
+        assert_eq!(d.blocks[1].parent, ChainParent::Block(0));
+        assert_eq!(d.blocks[1].path.len(), 1, "202's block: path d no longer holds");
+        assert_eq!(d.residencies(), 2);
+    }
+
+    #[test]
+    fn hybrid_pods_are_left_out() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        history(&index);
+        let t: Vec<u32> = (0..2).collect();
+        let mut two = stored(&[7], None, t.clone(), 2, None);
+        let mut one = stored(&[8], None, t, 2, None);
+        if let (Event::BlockStored(a), Event::BlockStored(b)) = (&mut two, &mut one) {
+            a.group_idx = Some(0);
+            b.group_idx = Some(1);
+        }
+        index.apply("h", "m", &batch(vec![two, one]));
+        assert!(index.pod_stats("h").is_some_and(|s| s.blocks > 0));
+        assert_eq!(index.export_pod("h"), None);
+        assert!(index.export_all().iter().all(|p| p.pod != "h"));
+    }
+
+    #[test]
+    fn malformed_parents_are_refused_not_guessed() {
+        let original = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        history(&original);
+        let mut d = original.export_pod("d").expect("d has state");
+        d.pod = "e".into();
+        for b in &mut d.blocks {
+            b.parent = ChainParent::Block(7);
+        }
+        d.blocks[0].parent = ChainParent::Block(0); // itself: not earlier
+        let restored = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        let r = restored.import_pod(&d);
+        assert_eq!(r, ImportReport { blocks: 0, refused: d.blocks.len() as u64 });
+        assert_eq!(restored.pod_stats("e").map(|s| s.blocks), Some(0));
+        assert_eq!(restored.table().entries(), 0);
     }
 }

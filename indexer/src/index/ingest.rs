@@ -1,8 +1,9 @@
 //! Applying one pod's decoded events to the index.
 //!
-//! Each pod resolves the engine's block hashes (per KV-cache group) to the index's block slots,
-//! for `parent_block_hash` and `BlockRemoved`, and keeps the set of slots it holds as its reverse
-//! index: clearing a pod walks only that pod's blocks. Nothing is guessed: a store whose
+//! Each pod resolves the engine's block hashes (per KV-cache group) to the tree's block
+//! positions, for `parent_block_hash` and `BlockRemoved`, and keeps the set of segments it holds
+//! blocks in as its reverse index: clearing a pod walks only that pod's segments. It also
+//! records what the engine says about its KV-cache groups, which hybrid scoring needs. Nothing is guessed: a store whose
 //! parent is unknown, whose sizes disagree, or whose tier cannot be named is skipped and
 //! counted, which can only under-report.
 
@@ -10,14 +11,17 @@ use std::sync::Arc;
 
 use roaring::RoaringBitmap;
 use rustc_hash::FxHashMap;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use smallvec::SmallVec;
 
+use crossbeam_epoch::Guard;
+
+use super::hybrid::GroupPlan;
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
-use super::table::{SlotId, Writer};
 use super::tiers::{TierId, Tiers, MAX_TIERS};
+use super::tree::{EditStats, ParentKey, Pos, Stored, Tree};
 use crate::keys::extra_keys::encode_block_extras;
-use crate::keys::{block_key, namespace_of, namespace_root, Extras, PrefixKey};
+use crate::keys::{block_key, namespace_of, namespace_root, BlockKey, Extras};
 use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
 use crate::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value};
 
@@ -45,8 +49,52 @@ pub struct IngestContext<'a> {
     pub hash_check: Option<&'a HashCheck>,
 }
 
-/// One pod's view of its engine: which blocks it holds, how its engine hashes resolve, and
-/// per-tier block counts.
+/// A KV-cache group's attention kind, as the engine names it (`kv_cache_spec_kind`, vLLM
+/// 0.22+). It decides which blocks of a prefix the group needs for vLLM to serve it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupKind {
+    /// Every block of the prefix (`full_attention`, `mla_attention`, `sink_full_attention`).
+    Full,
+    /// The blocks of the window before the cut (`sliding_window`, `sliding_window_mla`).
+    SlidingWindow { tokens: u32 },
+    /// The block just before the cut (`mamba`).
+    Mamba,
+    /// Named kinds vLLM serves no less than a fully held prefix of (`chunked_local_attention`),
+    /// and groups whose kind the engine does not publish (before 0.22): scored as full
+    /// attention, which can only under-report.
+    AsFull,
+    /// Kinds kvindex does not model (`cross_attention`, `encoder_only_attention`, `unknown`,
+    /// anything new): a pod with such a group is not scored at all rather than guessed.
+    Unscored,
+}
+
+impl GroupKind {
+    /// The kind an event's `kv_cache_spec_kind` (and window) names. A group whose events name
+    /// no kind stays [`GroupKind::AsFull`].
+    fn from_event(kind: &str, window: Option<i64>) -> GroupKind {
+        match kind {
+            "full_attention" | "mla_attention" | "sink_full_attention" => GroupKind::Full,
+            "sliding_window" | "sliding_window_mla" => match window.and_then(|w| u32::try_from(w).ok()) {
+                Some(tokens) if tokens > 0 => GroupKind::SlidingWindow { tokens },
+                _ => GroupKind::Unscored,
+            },
+            "mamba" => GroupKind::Mamba,
+            "chunked_local_attention" => GroupKind::AsFull,
+            _ => GroupKind::Unscored,
+        }
+    }
+}
+
+/// What a pod's engine said about one KV-cache group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupSpec {
+    pub kind: GroupKind,
+    /// The group's block size in tokens (the largest full block seen; 0 = none stored yet).
+    pub block_tokens: u32,
+}
+
+/// One pod's view of its engine: which segments it holds blocks in, how its engine hashes
+/// resolve, its KV-cache groups, and per-tier block counts.
 ///
 /// Engine hashes are scoped by the pod's model and KV-cache group (`scope`) before they reach
 /// the index's shared engine table, so two models that happen to hash the same tokens alike
@@ -54,19 +102,39 @@ pub struct IngestContext<'a> {
 pub struct PodIngest {
     pod: PodId,
     model: Arc<str>,
-    /// Every slot this pod holds in at least one tier: the reverse index for clears.
-    slots: RoaringBitmap,
-    /// Scoped engine hashes whose slot recorded another engine hash (a pod hashing differently
-    /// from the first holder, or a LoRA path the key does not see).
-    exceptions: FxHashMap<u64, SlotId>,
-    /// Engine blocks spanning several canonical blocks: every slot but the last.
-    leading: FxHashMap<u64, Box<[SlotId]>>,
+    /// Every segment this pod holds a block in (a superset: the reverse index for clears).
+    segments: RoaringBitmap,
+    /// Scoped engine hashes whose block recorded another engine hash (a pod hashing
+    /// differently from the first holder, or a LoRA path the key does not see), with the
+    /// block's segment's first key as a guard against a reused segment number.
+    exceptions: FxHashMap<u64, (Pos, u64)>,
+    /// Engine blocks spanning several canonical blocks: how many.
+    spans: FxHashMap<u64, u32>,
+    /// Canonical blocks (packed positions) that more than one of this pod's engine blocks
+    /// cover, with how many more: two engine blocks that agree on a canonical block and then
+    /// differ share it, and evicting one must not drop it. Rare, so a map.
+    covers: FxHashMap<u64, u32>,
+    /// This pod's chain ends: scoped engine hash → (position, the segment's first key) of the
+    /// last block of each store, and of the block before each evicted one (one entry per store,
+    /// not per block). A store's parent is the end of an earlier store, and vLLM evicts a chain
+    /// from its end (LRU, tail first), so these resolve nearly every lookup without the engine
+    /// table.
+    ends: FxHashMap<u64, (u64, u64)>,
+    /// Whether this pod's blocks are in the engine table: once a lookup misses its chain ends
+    /// (an eviction out of chain order, a tier re-announcement of an inner block), its blocks
+    /// are indexed in one pass and every later store indexes its own.
+    indexed: bool,
     /// Scope seed per KV-cache group.
     scopes: Vec<u64>,
-    /// Canonical blocks resident per tier (for `/debug/sources`).
+    /// Per KV-cache group: what the engine said about it (None = never seen).
+    groups: Vec<Option<GroupSpec>>,
+    groups_changed: bool,
+    /// Canonical blocks resident per tier and in any tier (for `/debug/sources`).
     tier_blocks: [u64; MAX_TIERS],
+    blocks: u64,
     extras: Extras,
-    keys_scratch: Vec<PrefixKey>,
+    keys_scratch: Vec<BlockKey>,
+    ends_scratch: Vec<(usize, u64)>,
     stores_seen: u64,
     hash_check: Verification,
 }
@@ -76,13 +144,20 @@ impl PodIngest {
         PodIngest {
             pod,
             model,
-            slots: RoaringBitmap::new(),
+            segments: RoaringBitmap::new(),
             exceptions: FxHashMap::default(),
-            leading: FxHashMap::default(),
+            spans: FxHashMap::default(),
+            covers: FxHashMap::default(),
+            ends: FxHashMap::default(),
+            indexed: false,
             scopes: Vec::new(),
+            groups: Vec::new(),
+            groups_changed: false,
             tier_blocks: [0; MAX_TIERS],
+            blocks: 0,
             extras: Extras::new(),
             keys_scratch: Vec::new(),
+            ends_scratch: Vec::new(),
             stores_seen: 0,
             hash_check: Verification::default(),
         }
@@ -108,37 +183,80 @@ impl PodIngest {
 
     /// Canonical blocks this pod holds in any tier.
     pub fn blocks(&self) -> u64 {
-        self.slots.len()
+        self.blocks
+    }
+
+    /// The KV-cache groups the engine has published, by index.
+    pub fn groups(&self) -> &[Option<GroupSpec>] {
+        &self.groups
+    }
+
+    /// Whether `groups()` changed since the last call.
+    pub fn take_groups_changed(&mut self) -> bool {
+        std::mem::take(&mut self.groups_changed)
+    }
+
+    /// Notes the KV-cache groups a batch's events name (and their kinds and block sizes)
+    /// without applying anything, so they are known before any of the batch's blocks are.
+    pub fn note_groups(&mut self, block_size: usize, batch: &EventBatch<'_>) {
+        for event in &batch.events {
+            let (group, kind, tokens) = match event {
+                Event::BlockStored(s) => {
+                    let kind = s.kv_cache_spec_kind.map(|k| GroupKind::from_event(k, s.kv_cache_spec_sliding_window));
+                    let bs = s.block_size.and_then(|b| u32::try_from(b).ok()).unwrap_or(0);
+                    let full = s.token_ids.as_ref().is_some_and(|t| !t.is_empty())
+                        && bs > 0
+                        && (bs as usize).is_multiple_of(block_size.max(1));
+                    (s.group_idx, kind, if full { bs } else { 0 })
+                }
+                Event::BlockRemoved(r) => (r.group_idx, None, 0),
+                _ => continue,
+            };
+            if usize::try_from(group.unwrap_or(0)).is_ok_and(|g| g < MAX_GROUPS) {
+                self.note_group(group, kind, tokens);
+            }
+        }
     }
 
     /// Applies a batch's events in order.
-    pub fn apply_batch(&mut self, ctx: &IngestContext<'_>, w: &mut Writer<'_>, batch: &EventBatch<'_>) -> ApplyReport {
+    pub fn apply_batch(&mut self, ctx: &IngestContext<'_>, tree: &Tree, batch: &EventBatch<'_>) -> ApplyReport {
         let mut report = ApplyReport::default();
-        for event in &batch.events {
-            self.apply_event(ctx, w, event, &mut report);
+        let guard = tree.pin();
+        for (i, event) in batch.events.iter().enumerate() {
+            match event {
+                Event::BlockStored(s) if is_sparse(s) => {
+                    report.stored_events += 1;
+                    let dense = dense_sibling(&batch.events, i, s);
+                    self.apply_stored(ctx, tree, &guard, s, dense, &mut report);
+                }
+                _ => self.apply_event(ctx, tree, &guard, event, &mut report),
+            }
         }
         report
     }
 
+    /// Applies one event on its own. A sparse store (see [`dense_sibling`]) needs its batch,
+    /// so here it is skipped as `token_count_mismatch`.
     pub fn apply_event(
         &mut self,
         ctx: &IngestContext<'_>,
-        w: &mut Writer<'_>,
+        tree: &Tree,
+        guard: &Guard,
         event: &Event<'_>,
         report: &mut ApplyReport,
     ) {
         match event {
             Event::BlockStored(s) => {
                 report.stored_events += 1;
-                self.apply_stored(ctx, w, s, report);
+                self.apply_stored(ctx, tree, guard, s, None, report);
             }
             Event::BlockRemoved(r) => {
                 report.removed_events += 1;
-                self.apply_removed(ctx, w, r, report);
+                self.apply_removed(ctx, tree, guard, r, report);
             }
             Event::AllBlocksCleared { .. } => {
                 report.cleared_events += 1;
-                self.clear(w);
+                self.clear(tree);
             }
             Event::Unknown { .. } => report.unknown_events += 1,
         }
@@ -152,8 +270,31 @@ impl PodIngest {
             let group = self.scopes.len() as u32;
             self.scopes.push(namespace_root(&self.model, group) ^ SCOPE_SALT);
         }
-        // Never 0: the index reserves it for "no engine hash".
-        Some(xxh3_64_with_seed(&engine.to_le_bytes(), self.scopes[g]).max(1))
+        // A bijective mix of the hash and the scope: uniform bits for the engine table. Never
+        // 0: the index reserves it for "no engine hash".
+        let mut x = engine ^ self.scopes[g];
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Some((x ^ (x >> 31)).max(1))
+    }
+
+    /// Notes what an event says about its group: that it exists, its kind, its block size.
+    fn note_group(&mut self, group_idx: Option<i64>, kind: Option<GroupKind>, block_tokens: u32) {
+        let g = group_idx.unwrap_or(0) as usize;
+        if self.groups.len() <= g {
+            self.groups.resize(g + 1, None);
+            self.groups_changed = true;
+        }
+        let old = self.groups[g];
+        let mut spec = old.unwrap_or(GroupSpec { kind: GroupKind::AsFull, block_tokens: 0 });
+        if let Some(kind) = kind {
+            spec.kind = kind;
+        }
+        spec.block_tokens = spec.block_tokens.max(block_tokens);
+        if old != Some(spec) {
+            self.groups[g] = Some(spec);
+            self.groups_changed = true;
+        }
     }
 
     /// The tier of an event's `medium`, after checking its tier and group can be recorded;
@@ -177,26 +318,70 @@ impl PodIngest {
         Some(tier)
     }
 
-    /// The slot this pod holds for a scoped engine hash.
-    fn resolve(&self, w: &Writer<'_>, scoped: u64) -> Option<SlotId> {
-        if let Some(&slot) = self.exceptions.get(&scoped) {
-            return Some(slot);
+    /// The block this pod holds for engine hash `engine` in any of its groups but `group`.
+    fn resolve_in_other_group(&mut self, tree: &Tree, guard: &Guard, group: i64, engine: u64) -> Option<Pos> {
+        for other in 0..self.groups.len() as i64 {
+            if other != group && self.groups[other as usize].is_some() {
+                let scoped = self.scoped(Some(other), engine)?;
+                if let Some(pos) = self.resolve(tree, guard, scoped) {
+                    return Some(pos);
+                }
+            }
         }
-        w.slot_of_engine(scoped).filter(|s| self.slots.contains(s.0))
+        None
+    }
+
+    /// Remembers that `scoped` names the chain end `pos` for this pod.
+    fn note_end(&mut self, tree: &Tree, guard: &Guard, scoped: u64, pos: Pos) {
+        let first = tree.first_key(pos, guard).unwrap_or(0);
+        self.ends.insert(scoped, (pos.pack(), first));
+    }
+
+    /// The block this pod holds for a scoped engine hash; when nothing but the engine table
+    /// could know it and this pod's blocks are not in it yet, indexes them first.
+    fn resolve_or_index(&mut self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
+        if let Some(pos) = self.resolve(tree, guard, scoped) {
+            return Some(pos);
+        }
+        if self.indexed {
+            return None;
+        }
+        tree.index_pod(self.pod, self.segments.iter(), guard);
+        self.indexed = true;
+        self.resolve(tree, guard, scoped)
+    }
+
+    /// The block this pod holds for a scoped engine hash.
+    fn resolve(&self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
+        if let Some(&(pos, first)) = self.ends.get(&scoped) {
+            let pos = Pos::unpack(pos);
+            if tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0 {
+                return Some(pos);
+            }
+        }
+        if let Some(&(pos, first)) = self.exceptions.get(&scoped) {
+            let live = tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0;
+            return live.then_some(pos);
+        }
+        tree.engine_block(scoped, guard).filter(|&p| tree.tiers_at(p, self.pod, guard) != 0)
     }
 
     fn apply_stored(
         &mut self,
         ctx: &IngestContext<'_>,
-        w: &mut Writer<'_>,
+        tree: &Tree,
+        guard: &Guard,
         ev: &BlockStored<'_>,
+        dense: Option<&BlockStored<'_>>,
         report: &mut ApplyReport,
     ) {
         let blocks = ev.block_hashes.len() as u64;
         let Some(tier) = self.event_tier(ctx, ev.medium, ev.group_idx, blocks, report) else { return };
+        let kind = ev.kv_cache_spec_kind.map(|k| GroupKind::from_event(k, ev.kv_cache_spec_sliding_window));
         let tokens = ev.token_ids.as_deref().unwrap_or(&[]);
         if tokens.is_empty() {
-            return self.apply_reannounce(w, ev, tier, report);
+            self.note_group(ev.group_idx, kind, 0);
+            return self.apply_reannounce(tree, guard, ev, tier, report);
         }
         let engine_bs = match usize::try_from(ev.block_size.unwrap_or(0)) {
             Ok(bs) if bs > 0 => bs,
@@ -205,49 +390,253 @@ impl PodIngest {
         if engine_bs % ctx.block_size != 0 {
             return report.skip(SkipReason::BlockSizeMismatch, blocks);
         }
-        if Some(tokens.len()) != ev.block_hashes.len().checked_mul(engine_bs) {
-            return report.skip(SkipReason::TokenCountMismatch, blocks);
-        }
-        self.maybe_check_hashes(ctx, ev, tokens, engine_bs, report);
+        // Which blocks of the event's token range it holds: all of them, or for a sparse store
+        // (a sliding-window group's, which names only the blocks it kept) the ones its hashes
+        // name in the dense store of another group that covers the same tokens.
+        let mut held: SmallVec<[usize; 16]> = SmallVec::new();
+        let layout = if Some(tokens.len()) == ev.block_hashes.len().checked_mul(engine_bs) {
+            held.extend(0..ev.block_hashes.len());
+            self.maybe_check_hashes(ctx, ev, tokens, engine_bs, report);
+            ev
+        } else {
+            match dense.and_then(|d| sparse_positions(ev, d, &mut held).then_some(d)) {
+                Some(d) => d,
+                None => return report.skip(SkipReason::TokenCountMismatch, blocks),
+            }
+        };
+        self.note_group(ev.group_idx, kind, engine_bs as u32);
         let group = ev.group_idx.unwrap_or(0);
-        let mut parent = match &ev.parent_block_hash {
-            None => namespace_root(&namespace_of(&self.model, ev.lora_name, ev.lora_id), group as u32),
+        let root = ParentKey::Root(namespace_root(&namespace_of(&self.model, ev.lora_name, ev.lora_id), group as u32));
+        let mut keys = std::mem::take(&mut self.keys_scratch);
+        keys.clear();
+        let parent = match &ev.parent_block_hash {
+            None => root,
             Some(h) => {
                 let scoped = self.scoped(ev.group_idx, h.key()).expect("group checked above");
-                match self.resolve(w, scoped).and_then(|s| w.key_of(s)) {
-                    Some(key) => key,
-                    None => return report.skip(SkipReason::ParentUnknown, blocks),
+                match self.resolve_or_index(tree, guard, scoped) {
+                    // It stays a known end: the pod may continue it again (a shared prefix).
+                    Some(pos) => ParentKey::Block(pos.pack()),
+                    // A sliding-window or Mamba group keeps blocks whose parents it dropped (or
+                    // never cached). vLLM hashes a prefix alike in every group, so another group
+                    // of this pod that holds the parent names the path; the new blocks hang off
+                    // it without this group holding the path.
+                    None => match self.resolve_in_other_group(tree, guard, group, h.key()) {
+                        Some(pos) => {
+                            keys.extend(tree.path_keys(pos, guard));
+                            root
+                        }
+                        None => {
+                            self.keys_scratch = keys;
+                            return report.skip(SkipReason::ParentUnknown, blocks);
+                        }
+                    },
                 }
             }
         };
+        let prefix = keys.len();
+        let per_block = engine_bs / ctx.block_size;
+        let last_held = held.last().copied().unwrap_or(0);
         let mut extras = std::mem::take(&mut self.extras);
-        let mut keys = std::mem::take(&mut self.keys_scratch);
-        for (i, (hash, chunk)) in ev.block_hashes.iter().zip(tokens.chunks_exact(engine_bs)).enumerate() {
+        for (i, chunk) in tokens.chunks_exact(engine_bs).take(last_held + 1).enumerate() {
             extras.clear();
-            if let Some(entry) = ev.extra_keys.as_ref().and_then(|e| e.get(i)) {
-                encode_block_extras(entry, ev.lora_name, ev.lora_id, &mut extras);
+            if let Some(entry) = layout.extra_keys.as_ref().and_then(|e| e.get(i)) {
+                encode_block_extras(entry, layout.lora_name, layout.lora_id, &mut extras);
             }
-            if let Some(lookahead) = ev.lookahead_token_ids.as_ref().and_then(|l| l.get(i)) {
+            if let Some(lookahead) = layout.lookahead_token_ids.as_ref().and_then(|l| l.get(i)) {
                 // Lookahead hashing makes the engine's block depend on tokens past it; a query
                 // cannot reproduce that, so such blocks must never match a plain prefix.
                 extras.push_tokens(lookahead);
             }
-            keys.clear();
             for (j, sub) in chunk.chunks_exact(ctx.block_size).enumerate() {
-                // Extras fold into the engine block's first canonical block; the chain carries
+                // Extras fold into the engine block's first canonical block; the tree carries
                 // them to the rest.
-                parent = block_key(parent, sub, if j == 0 { extras.as_bytes() } else { &[] });
-                keys.push(parent);
-            }
-            let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");
-            if self.record(w, scoped, &keys, tier) {
-                report.stored_blocks += 1;
-            } else {
-                report.skip(SkipReason::IndexFull, 1);
+                keys.push(block_key(sub, if j == 0 { extras.as_bytes() } else { &[] }));
             }
         }
         self.extras = extras;
+        let mut ends = std::mem::take(&mut self.ends_scratch);
+        let mut stored_blocks = 0u64;
+        let mut run_start = 0;
+        // One tree store per run of consecutive held blocks; the blocks between runs are path
+        // this group does not hold.
+        while run_start < held.len() {
+            let mut run_end = run_start + 1;
+            while run_end < held.len() && held[run_end] == held[run_end - 1] + 1 {
+                run_end += 1;
+            }
+            ends.clear();
+            for (k, &i) in held.iter().enumerate().take(run_end).skip(run_start) {
+                let scoped = self.scoped(ev.group_idx, ev.block_hashes[k].key()).expect("group checked above");
+                if self.indexed {
+                    // Its engine-table slot is a cache miss when the store records it: start it now.
+                    tree.prefetch_engine(scoped);
+                }
+                ends.push((prefix + (i + 1) * per_block - 1, scoped));
+            }
+            let hold_from = prefix + held[run_start] * per_block;
+            let upto = prefix + (held[run_end - 1] + 1) * per_block;
+            let whole = self.store_run(tree, guard, tier, parent, &keys[..upto], hold_from, &ends, per_block);
+            stored_blocks += whole as u64;
+            if whole < run_end - run_start {
+                break;
+            }
+            run_start = run_end;
+        }
+        report.stored_blocks += stored_blocks;
+        report.skip(SkipReason::IndexFull, blocks - stored_blocks);
         self.keys_scratch = keys;
+        self.ends_scratch = ends;
+    }
+
+    /// Stores `keys[hold_from..]` for this pod (the keys before it are path it need not
+    /// hold), engine blocks of `per_block` canonical blocks ending at `ends`; settles what
+    /// their engine hashes name. Returns the engine blocks applied.
+    #[allow(clippy::too_many_arguments)]
+    fn store_run(
+        &mut self,
+        tree: &Tree,
+        guard: &Guard,
+        tier: TierId,
+        parent: ParentKey,
+        keys: &[u64],
+        hold_from: usize,
+        ends: &[(usize, u64)],
+        per_block: usize,
+    ) -> usize {
+        let stored = tree.store(self.pod, tier.bit(), parent, keys, hold_from, ends, self.indexed, guard);
+        self.note_stats(&stored.stats);
+        for &seg in &stored.segments {
+            self.segments.insert(seg);
+        }
+        let applied = stored.applied.saturating_sub(hold_from);
+        let whole = applied / per_block;
+        if let (true, Some(last)) = (!applied.is_multiple_of(per_block), stored.last) {
+            // The bound cut an engine block: without its last block the engine hash cannot
+            // name it, so nothing could ever remove what was held of it. Let it go.
+            let (_, _, stats) = tree.release(self.pod, last, (applied % per_block) as u32, tier.bit(), guard);
+            self.note_stats(&stats);
+        }
+        if per_block > 1 && !stored.held_before.is_empty() {
+            self.note_covers(tree, guard, &stored, hold_from, per_block, whole);
+        }
+        for (j, &(pos, recorded)) in stored.ends.iter().enumerate().take(whole) {
+            self.claim(tree, guard, ends[j].1, pos, per_block as u32, recorded);
+        }
+        if let Some(j) = whole.checked_sub(1) {
+            self.note_end(tree, guard, ends[j].1, stored.ends[j].0);
+        }
+        whole
+    }
+
+    /// Counts the canonical blocks of newly stored engine blocks that the pod already held
+    /// through another engine block (a store of the same engine block again adds nothing).
+    fn note_covers(
+        &mut self,
+        tree: &Tree,
+        guard: &Guard,
+        stored: &Stored,
+        hold_from: usize,
+        per_block: usize,
+        whole: usize,
+    ) {
+        let held = |i: usize| stored.held_before.iter().any(|&(a, b)| a <= i && i < b);
+        for (j, &(last, _)) in stored.ends.iter().enumerate().take(whole) {
+            let end = hold_from + (j + 1) * per_block - 1;
+            if held(end) {
+                continue;
+            }
+            let mut pos = Some(last);
+            for idx in (end + 1 - per_block..end).rev() {
+                pos = pos.and_then(|p| tree.previous(p, guard));
+                if let (true, Some(p)) = (held(idx), pos) {
+                    *self.covers.entry(p.pack()).or_default() += 1;
+                }
+            }
+        }
+    }
+
+    /// Removes `mask` from the `count` canonical blocks of an engine block ending at `last`,
+    /// keeping the ones another of this pod's engine blocks still covers. Returns the tiers of
+    /// `last` before and after.
+    fn release_block(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, mask: u8) -> (u8, u8) {
+        if count <= 1 || self.covers.is_empty() {
+            let (before, after, stats) = tree.release(self.pod, last, count, mask, guard);
+            self.note_stats(&stats);
+            return (before, after);
+        }
+        let (before, after, stats) = tree.release(self.pod, last, 1, mask, guard);
+        self.note_stats(&stats);
+        let mut pos = last;
+        for _ in 1..count {
+            let Some(p) = tree.previous(pos, guard) else { break };
+            pos = p;
+            if let Some(c) = self.covers.get_mut(&p.pack()) {
+                // Another engine block covers it: keep it. A block leaving entirely takes one
+                // cover away; one losing a tier leaves the covers as they are.
+                if after == 0 {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.covers.remove(&p.pack());
+                    }
+                }
+                continue;
+            }
+            let (_, _, stats) = tree.release(self.pod, p, 1, mask, guard);
+            self.note_stats(&stats);
+        }
+        (before, after)
+    }
+
+    /// Settles what `scoped` names for this pod after a store put its engine block at `last`
+    /// (`count` canonical blocks ending there). If the engine reused the hash for another
+    /// block this pod held, that claim is dropped first.
+    fn claim(&mut self, tree: &Tree, guard: &Guard, scoped: u64, last: Pos, count: u32, recorded: bool) {
+        // The common case (a new block, or one the fleet already knows under this engine hash)
+        // needs no more lookups.
+        let known = |m: &FxHashMap<u64, _>| !m.is_empty() && m.contains_key(&scoped);
+        if !recorded || known(&self.exceptions) || (!self.spans.is_empty() && self.spans.contains_key(&scoped)) {
+            let prior = match (self.exceptions.get(&scoped), self.ends.get(&scoped)) {
+                (Some(&(pos, first)), _) => (tree.first_key(pos, guard) == Some(first)).then_some(pos),
+                (None, Some(&(pos, first))) => {
+                    let pos = Pos::unpack(pos);
+                    (tree.first_key(pos, guard) == Some(first)).then_some(pos)
+                }
+                (None, None) => tree.engine_block(scoped, guard),
+            }
+            .filter(|&p| p != last && tree.tiers_at(p, self.pod, guard) != 0);
+            let prior_count = self.spans.get(&scoped).copied().unwrap_or(1);
+            if let Some(old) = prior {
+                self.release_block(tree, guard, old, prior_count, 0xff);
+            } else if prior_count > count {
+                // Same last block, fewer canonical blocks now: drop the ones no longer covered.
+                let mut first_old = Some(last);
+                for _ in 0..count {
+                    first_old = first_old.and_then(|p| tree.previous(p, guard));
+                }
+                if let Some(p) = first_old {
+                    let (_, _, stats) = tree.release(self.pod, p, prior_count - count, 0xff, guard);
+                    self.note_stats(&stats);
+                }
+            }
+            if recorded {
+                self.exceptions.remove(&scoped);
+            } else if let Some(first) = tree.first_key(last, guard) {
+                self.exceptions.insert(scoped, (last, first));
+            }
+            self.ends.remove(&scoped);
+        }
+        if count > 1 {
+            self.spans.insert(scoped, count);
+        } else if !self.spans.is_empty() {
+            self.spans.remove(&scoped);
+        }
+    }
+
+    fn note_stats(&mut self, stats: &EditStats) {
+        self.blocks = (self.blocks + stats.gained).saturating_sub(stats.lost);
+        for (i, count) in self.tier_blocks.iter_mut().enumerate() {
+            *count = (*count + stats.tier_gained[i]).saturating_sub(stats.tier_lost[i]);
+        }
     }
 
     fn maybe_check_hashes(
@@ -278,111 +667,25 @@ impl PodIngest {
         report.hash_check.merge(&v);
     }
 
-    /// Records one engine block (its canonical keys, in order) for this pod. A different
-    /// block this pod held under the same engine hash is dropped first. Returns false when the
-    /// index's entry bound refused a block (then the engine hash is left unresolvable).
-    fn record(&mut self, w: &mut Writer<'_>, scoped: u64, keys: &[PrefixKey], tier: TierId) -> bool {
-        let Some((&last, leading_keys)) = keys.split_last() else { return true };
-        let mut leading = Vec::with_capacity(leading_keys.len());
-        for &key in leading_keys {
-            match self.hold(w, key, 0, tier) {
-                Some(slot) => leading.push(slot),
-                None => {
-                    self.release(w, &leading, tier.bit());
-                    return false;
-                }
-            }
-        }
-        let Some(ins) = w.insert(last, scoped, self.pod, tier.bit()) else {
-            self.release(w, &leading, tier.bit());
-            return false;
-        };
-        // The common case (a new block, or one the fleet already knows under this engine hash)
-        // needs no more lookups. Otherwise this pod may hold an older, different block under
-        // the same engine hash (the engine reused it): drop that claim.
-        if !ins.engine_recorded || self.exceptions.contains_key(&scoped) || self.leading.contains_key(&scoped) {
-            let prior = self
-                .exceptions
-                .get(&scoped)
-                .copied()
-                .or_else(|| w.slot_of_engine(scoped).filter(|s| *s != ins.slot && self.slots.contains(s.0)));
-            let prior_leading = self.leading.get(&scoped).map(|l| l.to_vec()).unwrap_or_default();
-            if prior.is_some_and(|p| p != ins.slot) || prior_leading != leading {
-                if let Some(old) = prior.filter(|p| *p != ins.slot) {
-                    self.drop_tiers(w, old, 0xff);
-                }
-                let stale: Vec<SlotId> = prior_leading.into_iter().filter(|s| !leading.contains(s)).collect();
-                self.release(w, &stale, 0xff);
-                self.leading.remove(&scoped);
-            }
-            if ins.engine_recorded {
-                self.exceptions.remove(&scoped);
-            } else {
-                self.exceptions.insert(scoped, ins.slot);
-            }
-        }
-        self.note_held(ins.slot, ins.prev_tiers, tier);
-        if !leading.is_empty() {
-            self.leading.insert(scoped, leading.into_boxed_slice());
-        }
-        true
-    }
-
-    /// Holds one canonical block without an engine hash of its own.
-    fn hold(&mut self, w: &mut Writer<'_>, key: PrefixKey, engine: u64, tier: TierId) -> Option<SlotId> {
-        let ins = w.insert(key, engine, self.pod, tier.bit())?;
-        self.note_held(ins.slot, ins.prev_tiers, tier);
-        Some(ins.slot)
-    }
-
-    fn note_held(&mut self, slot: SlotId, prev_tiers: u8, tier: TierId) {
-        if prev_tiers & tier.bit() == 0 {
-            self.tier_blocks[tier.0 as usize] += 1;
-        }
-        if prev_tiers == 0 {
-            self.slots.insert(slot.0);
-        }
-    }
-
-    /// Undoes `hold` for blocks of an engine block that could not be recorded whole.
-    fn release(&mut self, w: &mut Writer<'_>, slots: &[SlotId], tier_mask: u8) {
-        for &slot in slots {
-            self.drop_tiers(w, slot, tier_mask);
-        }
-    }
-
-    /// Removes tiers of one slot; returns the tiers left.
-    fn drop_tiers(&mut self, w: &mut Writer<'_>, slot: SlotId, tier_mask: u8) -> u8 {
-        let (prev, left) = w.remove(slot, self.pod, tier_mask);
-        let gone = prev & !left;
-        for (i, count) in self.tier_blocks.iter_mut().enumerate() {
-            if gone & (1 << i) != 0 {
-                *count = count.saturating_sub(1);
-            }
-        }
-        if prev != 0 && left == 0 {
-            self.slots.remove(slot.0);
-        }
-        left
-    }
-
     /// A store without tokens re-announces known blocks in another tier (vLLM's CPU offload).
-    fn apply_reannounce(&mut self, w: &mut Writer<'_>, ev: &BlockStored<'_>, tier: TierId, report: &mut ApplyReport) {
+    fn apply_reannounce(
+        &mut self,
+        tree: &Tree,
+        guard: &Guard,
+        ev: &BlockStored<'_>,
+        tier: TierId,
+        report: &mut ApplyReport,
+    ) {
         for hash in &ev.block_hashes {
             let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked by caller");
-            let Some(last) = self.resolve(w, scoped) else {
+            let Some(last) = self.resolve_or_index(tree, guard, scoped) else {
                 report.skip(SkipReason::UnknownBlock, 1);
                 continue;
             };
-            let leading: Vec<SlotId> = self.leading.get(&scoped).map(|s| s.to_vec()).unwrap_or_default();
-            let mut full = false;
-            for slot in leading.into_iter().chain(std::iter::once(last)) {
-                match w.key_of(slot).and_then(|key| w.insert(key, 0, self.pod, tier.bit())) {
-                    Some(ins) => self.note_held(ins.slot, ins.prev_tiers, tier),
-                    None => full = true,
-                }
-            }
-            if full {
+            let count = self.spans.get(&scoped).copied().unwrap_or(1);
+            let (stats, refused) = tree.retier(self.pod, last, count, tier.bit(), guard);
+            self.note_stats(&stats);
+            if refused > 0 {
                 report.skip(SkipReason::IndexFull, 1);
             } else {
                 report.stored_blocks += 1;
@@ -393,15 +696,17 @@ impl PodIngest {
     fn apply_removed(
         &mut self,
         ctx: &IngestContext<'_>,
-        w: &mut Writer<'_>,
+        tree: &Tree,
+        guard: &Guard,
         ev: &BlockRemoved<'_>,
         report: &mut ApplyReport,
     ) {
         let blocks = ev.block_hashes.len() as u64;
         let Some(tier) = self.event_tier(ctx, ev.medium, ev.group_idx, blocks, report) else { return };
+        self.note_group(ev.group_idx, None, 0);
         for hash in &ev.block_hashes {
             let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");
-            if self.forget_block(w, scoped, tier.bit()) {
+            if self.forget_block(tree, guard, scoped, tier.bit()) {
                 report.removed_blocks += 1;
             } else {
                 report.removed_unknown += 1;
@@ -411,71 +716,125 @@ impl PodIngest {
 
     /// Removes `tier_mask` of one engine block; forgets its engine hash once no tier holds it.
     /// Returns whether the block was known.
-    fn forget_block(&mut self, w: &mut Writer<'_>, scoped: u64, tier_mask: u8) -> bool {
-        let Some(last) = self.resolve(w, scoped) else { return false };
-        let leading: Vec<SlotId> = self.leading.get(&scoped).map(|s| s.to_vec()).unwrap_or_default();
-        for slot in leading {
-            self.drop_tiers(w, slot, tier_mask);
+    fn forget_block(&mut self, tree: &Tree, guard: &Guard, scoped: u64, tier_mask: u8) -> bool {
+        let Some(last) = self.resolve_or_index(tree, guard, scoped) else { return false };
+        let count = self.spans.get(&scoped).copied().unwrap_or(1);
+        // The engine block before this one: the chain's end once this one is gone.
+        let mut before = Some(last);
+        for _ in 0..count {
+            before = before.and_then(|p| tree.previous(p, guard));
         }
-        if self.drop_tiers(w, last, tier_mask) == 0 {
+        let (_, left) = self.release_block(tree, guard, last, count, tier_mask);
+        if left == 0 {
             self.exceptions.remove(&scoped);
-            self.leading.remove(&scoped);
-        }
-        true
-    }
-
-    /// What the export facade (`index::export`) reads: every slot held, the engine hashes
-    /// resolved through an exception, and the leading slots of engine blocks spanning several
-    /// canonical blocks.
-    pub(super) fn residency_parts(&self) -> ResidencyParts<'_> {
-        (&self.slots, &self.exceptions, &self.leading)
-    }
-
-    /// Restores one engine block for the export facade: `keys` in chain order with this pod's
-    /// tier bits; the last carries the scoped engine hash `scoped` (0: held without one).
-    /// Returns false when the entry bound refused a residency (what was held stays held: the
-    /// pod did hold it, so this can only under-report).
-    pub(super) fn restore_block(&mut self, w: &mut Writer<'_>, scoped: u64, keys: &[(PrefixKey, u8)]) -> bool {
-        let mut leading = Vec::new();
-        for (i, &(key, tiers)) in keys.iter().enumerate() {
-            let last = i + 1 == keys.len();
-            let engine = if last { scoped } else { 0 };
-            for tier in (0..MAX_TIERS as u8).map(TierId).filter(|t| tiers & t.bit() != 0) {
-                let Some(ins) = w.insert(key, engine, self.pod, tier.bit()) else { return false };
-                self.note_held(ins.slot, ins.prev_tiers, tier);
-                if last && scoped != 0 && !ins.engine_recorded {
-                    self.exceptions.insert(scoped, ins.slot);
-                }
-                if !last && leading.last() != Some(&ins.slot) {
-                    leading.push(ins.slot);
+            self.spans.remove(&scoped);
+            self.ends.remove(&scoped);
+            if !tree.holds_any(last.seg, self.pod, guard) {
+                self.segments.remove(last.seg);
+            }
+            if let Some(p) = before.filter(|&p| tree.tiers_at(p, self.pod, guard) != 0) {
+                if let Some(key) = self.engine_hash_of(tree, guard, p) {
+                    self.note_end(tree, guard, key, p);
                 }
             }
         }
-        if scoped != 0 && !leading.is_empty() {
-            self.leading.insert(scoped, leading.into_boxed_slice());
-        }
         true
+    }
+
+    /// Whether this pod's engine has one plain full-attention KV-cache group: the only kind
+    /// the export facade (`index::export`) carries.
+    pub(super) fn is_plain(&self) -> bool {
+        GroupPlan::is_plain(&self.groups)
+    }
+
+    /// For the export facade: this pod's engine blocks, as (scoped engine hash, position of
+    /// its last canonical block, canonical blocks it spans), each block held by the pod.
+    pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, Pos, u32)> {
+        let live = |pos: Pos, first: u64| {
+            tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0
+        };
+        let mut out = Vec::new();
+        let mut named = rustc_hash::FxHashSet::default();
+        for (&scoped, &(pos, first)) in &self.exceptions {
+            if live(pos, first) {
+                named.insert(pos);
+                out.push((scoped, pos, self.spans.get(&scoped).copied().unwrap_or(1)));
+            }
+        }
+        for seg in &self.segments {
+            for (pos, _) in tree.held_in(seg, self.pod, guard) {
+                let engine = tree.engine_at(pos, guard);
+                // Another pod's hash recorded on a block this pod holds inside one of its own
+                // engine blocks (one block size per plain engine: its multi-block engine
+                // blocks are all in `spans`) is not a name this pod uses.
+                let ours = self.spans.is_empty() || self.spans.contains_key(&engine);
+                if engine != 0 && ours && !named.contains(&pos) && !self.exceptions.contains_key(&engine) {
+                    out.push((engine, pos, self.spans.get(&engine).copied().unwrap_or(1)));
+                }
+            }
+        }
+        out
+    }
+
+    /// For the export facade's import: stores one engine block, `keys[hold_from..]` continuing
+    /// `parent` (the keys before are path the pod does not hold), named by `scoped`, in the
+    /// tiers of `mask`, through the same store the events use. Returns the position of its last
+    /// block (None when the bound refused it: what was held stays held, so this can only
+    /// under-report) and whether every tier was restored.
+    pub(super) fn restore_block(
+        &mut self,
+        tree: &Tree,
+        parent: ParentKey,
+        keys: &[u64],
+        hold_from: usize,
+        scoped: u64,
+        mask: u8,
+    ) -> (Option<Pos>, bool) {
+        let guard = tree.pin();
+        let mut tiers = (0..MAX_TIERS as u8).map(TierId).filter(|t| mask & t.bit() != 0);
+        let (Some(first), true, true) = (tiers.next(), scoped != 0, hold_from < keys.len()) else {
+            return (None, false);
+        };
+        let count = keys.len() - hold_from;
+        let ends = [(keys.len() - 1, scoped)];
+        if self.store_run(tree, &guard, first, parent, keys, hold_from, &ends, count) != 1 {
+            return (None, false);
+        }
+        let Some(last) = self.resolve(tree, &guard, scoped) else { return (None, false) };
+        let mut whole = true;
+        for tier in tiers {
+            let (stats, refused) = tree.retier(self.pod, last, count as u32, tier.bit(), &guard);
+            self.note_stats(&stats);
+            whole &= refused == 0;
+        }
+        (Some(last), whole)
+    }
+
+    /// The scoped engine hash this pod knows the block at `pos` by: its exception's, else the
+    /// block's recorded one.
+    fn engine_hash_of(&self, tree: &Tree, guard: &Guard, pos: Pos) -> Option<u64> {
+        if let Some((&scoped, _)) = self.exceptions.iter().find(|(_, &(p, _))| p == pos) {
+            return Some(scoped);
+        }
+        Some(tree.engine_at(pos, guard)).filter(|&e| e != 0)
     }
 
     /// Drops everything this pod holds: `AllBlocksCleared`, a restart, an unrecoverable gap,
-    /// or unregistration. Costs O(this pod's blocks). Returns the entries removed.
-    pub fn clear(&mut self, w: &mut Writer<'_>) -> u64 {
-        let mut entries = 0;
-        for slot in &self.slots {
-            if w.remove(SlotId(slot), self.pod, 0xff).0 != 0 {
-                entries += 1;
-            }
-        }
-        self.slots.clear();
+    /// or unregistration. Costs O(this pod's segments). Returns the entries removed.
+    pub fn clear(&mut self, tree: &Tree) -> u64 {
+        let guard = tree.pin();
+        let stats = tree.clear_pod(self.pod, self.segments.iter(), &guard);
+        self.segments.clear();
         self.exceptions = FxHashMap::default();
-        self.leading = FxHashMap::default();
+        self.spans = FxHashMap::default();
+        self.covers = FxHashMap::default();
+        self.ends = FxHashMap::default();
+        self.indexed = false;
         self.tier_blocks = [0; MAX_TIERS];
-        entries
+        self.blocks = 0;
+        stats.lost
     }
 }
-
-/// A pod's held slots, exception engine hashes and leading slots (see `residency_parts`).
-pub(super) type ResidencyParts<'a> = (&'a RoaringBitmap, &'a FxHashMap<u64, SlotId>, &'a FxHashMap<u64, Box<[SlotId]>>);
 
 /// Separates engine-hash scopes from key namespaces derived from the same model name.
 const SCOPE_SALT: u64 = 0x656e_6769_6e65_5f68; // "engine_h"
@@ -486,4 +845,54 @@ fn published<'a>(h: &EngineHash<'a>) -> PublishedHash<'a> {
         EngineHash::Int(v) => PublishedHash::Int(v as u64),
         EngineHash::Bytes(b) => PublishedHash::Bytes(b),
     }
+}
+
+/// Whether a store names fewer blocks than its tokens cover: a sliding-window (or Mamba) group
+/// of a hybrid model keeps only some blocks of the range it caches, and vLLM sends the hashes
+/// of those alone with the token ids of the whole range (`parent_block_hash` names the block
+/// before the range, as for a dense store).
+fn is_sparse(s: &BlockStored<'_>) -> bool {
+    let tokens = s.token_ids.as_ref().map_or(0, Vec::len);
+    match usize::try_from(s.block_size.unwrap_or(0)) {
+        Ok(bs) if bs > 0 && tokens > 0 && tokens.is_multiple_of(bs) => s.block_hashes.len() < tokens / bs,
+        _ => false,
+    }
+}
+
+/// The dense store of another KV-cache group in the same batch that covers exactly the same
+/// tokens after the same parent: vLLM caches a request's blocks in every group in the same
+/// step, and a block's hash is the same in every group, so its hash list says which blocks of
+/// the range a sparse store's hashes are.
+fn dense_sibling<'b, 'a>(events: &'b [Event<'a>], at: usize, sparse: &BlockStored<'_>) -> Option<&'b BlockStored<'a>> {
+    let tokens = sparse.token_ids.as_deref()?;
+    let bs = usize::try_from(sparse.block_size?).ok().filter(|&b| b > 0)?;
+    let parent = sparse.parent_block_hash.as_ref().map(EngineHash::key);
+    events.iter().enumerate().find_map(|(i, e)| match e {
+        Event::BlockStored(d)
+            if i != at
+                && d.group_idx.unwrap_or(0) != sparse.group_idx.unwrap_or(0)
+                && d.block_size == sparse.block_size
+                && d.lora_name == sparse.lora_name
+                && d.lora_id == sparse.lora_id
+                && d.block_hashes.len().checked_mul(bs) == Some(tokens.len())
+                && d.parent_block_hash.as_ref().map(EngineHash::key) == parent
+                && d.token_ids.as_deref() == Some(tokens) =>
+        {
+            Some(d)
+        }
+        _ => None,
+    })
+}
+
+/// The block indices (in `dense`'s order) of `sparse`'s hashes, into `held`; false unless
+/// every hash is found, in increasing order.
+fn sparse_positions(sparse: &BlockStored<'_>, dense: &BlockStored<'_>, held: &mut SmallVec<[usize; 16]>) -> bool {
+    held.clear();
+    let mut from = 0;
+    for h in &sparse.block_hashes {
+        let Some(i) = dense.block_hashes[from..].iter().position(|d| d.key() == h.key()) else { return false };
+        held.push(from + i);
+        from += i + 1;
+    }
+    !held.is_empty()
 }

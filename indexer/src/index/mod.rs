@@ -1,35 +1,40 @@
-//! The index: [`KvIndex`], the pure core's entry point, over the [`table`] of block residencies.
-//! Events reach the table through per-pod [`ingest`] and prompts are answered by [`score`];
-//! [`pods`] and [`tiers`] intern the names a residency records.
+//! The index: [`KvIndex`], the pure core's entry point, over the chain [`tree`] of block
+//! residencies. Events reach the tree through per-pod [`ingest`] and prompts are answered by
+//! [`score`] (and, for engines with several KV-cache groups, by [`hybrid`]); [`pods`] and
+//! [`tiers`] intern the names a residency records.
 //!
 //! Writers apply one pod's batches under that pod's lock, so a source's operations apply in its
-//! order while different pods proceed in parallel; readers score without taking any pod lock.
+//! order while different pods proceed in parallel; readers score without taking any lock.
 //! There is no I/O, async or clock here: the service shell decides when to apply, clear or
 //! drop a pod, and this type does it exactly.
 
 pub mod export;
+pub mod hybrid;
 pub mod ingest;
 pub mod pods;
 pub mod report;
 pub mod score;
-pub mod table;
 pub mod tiers;
+pub mod tree;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use crossbeam_epoch::{self as epoch, Atomic, Owned};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
-use self::ingest::{IngestContext, PodIngest};
+use self::hybrid::{coordinate, GroupPlan, Held};
+use self::ingest::{GroupSpec, IngestContext, PodIngest};
 use self::pods::{PodId, Pods};
 use self::score::{score, PodFilter, PodMatch};
-use self::table::BlockTable;
 use self::tiers::{Tiers, MAX_TIERS};
-use crate::keys::{namespace_of, namespace_root, prompt_keys};
+use self::tree::{BlockHashes, Tree};
+use crate::keys::{namespace_of, namespace_root, PromptKeys};
 use crate::vllm_hash::Verification;
 use crate::wire::EventBatch;
 
-pub use self::export::{BlockExport, ImportReport, PodExport};
+pub use self::export::{BlockExport, ChainParent, ImportReport, PodExport};
 pub use self::ingest::HashCheck;
 pub use self::report::{ApplyReport, SkipReason};
 
@@ -84,20 +89,37 @@ pub struct PodStats {
 
 pub struct KvIndex {
     config: KvIndexConfig,
-    table: BlockTable,
+    tree: Tree,
     pods: Pods,
     tiers: Tiers,
     states: RwLock<FxHashMap<PodId, Arc<Mutex<PodIngest>>>>,
+    /// KV-cache groups of pods whose engine is not plain full attention in group 0, for
+    /// scoring without taking any pod's lock (replaced whole when a pod's groups change).
+    plans: Atomic<FxHashMap<PodId, GroupPlan>>,
+    plans_writer: Mutex<()>,
+    any_plan: AtomicBool,
+}
+
+impl Drop for KvIndex {
+    fn drop(&mut self) {
+        // SAFETY: dropping the index: no reader remains.
+        unsafe {
+            drop(self.plans.load(Ordering::Relaxed, epoch::unprotected()).try_into_owned());
+        }
+    }
 }
 
 impl KvIndex {
     pub fn new(config: KvIndexConfig) -> Self {
         assert!(config.block_size > 0, "block_size must be positive");
         KvIndex {
-            table: BlockTable::new(config.shards, config.max_entries),
+            tree: Tree::new(config.shards, config.max_entries),
             pods: Pods::new(),
             tiers: Tiers::new(),
             states: RwLock::new(FxHashMap::default()),
+            plans: Atomic::new(FxHashMap::default()),
+            plans_writer: Mutex::new(()),
+            any_plan: AtomicBool::new(false),
             config,
         }
     }
@@ -106,9 +128,9 @@ impl KvIndex {
         self.config.block_size
     }
 
-    /// The block table, for its size figures (entries, keys, bytes).
-    pub fn table(&self) -> &BlockTable {
-        &self.table
+    /// The residency tree, for its size figures (entries, keys, bytes).
+    pub fn table(&self) -> &Tree {
+        &self.tree
     }
 
     pub fn pods(&self) -> &Pods {
@@ -142,7 +164,9 @@ impl KvIndex {
             if old.model() == model {
                 return Some(states[&id].clone());
             }
-            old.clear(&mut self.table.writer());
+            old.clear(&self.tree);
+            drop(old);
+            self.publish_plan(id, None);
         }
         let state = Arc::new(Mutex::new(PodIngest::new(id, Arc::from(model))));
         states.insert(id, state.clone());
@@ -155,14 +179,41 @@ impl KvIndex {
             return ApplyReport::default();
         };
         let mut state = state.lock();
-        state.apply_batch(&self.context(), &mut self.table.writer(), batch)
+        // A hybrid engine's groups must be known before any of its blocks can be scored, so
+        // the batch's group specs are published first.
+        state.note_groups(self.config.block_size, batch);
+        if state.take_groups_changed() {
+            self.publish_plan(state.pod(), Some(state.groups()));
+        }
+        state.apply_batch(&self.context(), &self.tree, batch)
+    }
+
+    /// Records (or with `None`, forgets) a pod's KV-cache groups for scoring.
+    fn publish_plan(&self, pod: PodId, groups: Option<&[Option<GroupSpec>]>) {
+        let _writer = self.plans_writer.lock();
+        let guard = epoch::pin();
+        // SAFETY: replaced only below (swap + defer_destroy), never null.
+        let current = unsafe { self.plans.load(Ordering::Acquire, &guard).deref() };
+        let plan = groups.filter(|g| !GroupPlan::is_plain(g)).map(|g| GroupPlan { groups: g.to_vec() });
+        if current.get(&pod) == plan.as_ref() {
+            return;
+        }
+        let mut next = current.clone();
+        match plan {
+            Some(plan) => next.insert(pod, plan),
+            None => next.remove(&pod),
+        };
+        self.any_plan.store(!next.is_empty(), Ordering::Release);
+        let old = self.plans.swap(Owned::new(next), Ordering::AcqRel, &guard);
+        // SAFETY: unlinked by the swap; readers that loaded it are pinned.
+        unsafe { guard.defer_destroy(old) };
     }
 
     /// Drops everything `pod` holds; its ingest state starts empty. Returns entries removed.
     pub fn clear_pod(&self, pod: &str) -> u64 {
         let Some(id) = self.pods.get(pod) else { return 0 };
         let state = self.states.read().get(&id).cloned();
-        state.map_or(0, |s| s.lock().clear(&mut self.table.writer()))
+        state.map_or(0, |s| s.lock().clear(&self.tree))
     }
 
     /// Clears `pod` and forgets its state. Returns whether it was known.
@@ -171,7 +222,8 @@ impl KvIndex {
         let state = self.states.write().remove(&id);
         match state {
             Some(s) => {
-                s.lock().clear(&mut self.table.writer());
+                s.lock().clear(&self.tree);
+                self.publish_plan(id, None);
                 true
             }
             None => false,
@@ -204,7 +256,9 @@ impl KvIndex {
         let bs = self.config.block_size;
         let total_blocks = (q.token_ids.len() / bs) as u32;
         let namespace = namespace_of(q.model, q.lora_name, None);
-        let keys = prompt_keys(namespace_root(&namespace, 0), q.token_ids, bs, q.cache_salt);
+        let root = namespace_root(&namespace, 0);
+        let mut keys = PromptQuery(PromptKeys::new(q.token_ids, bs, q.cache_salt));
+        let weights = self.tiers.weights();
         let filter_ids: Option<Vec<PodId>> = q.pods.map(|names| {
             let mut ids: Vec<PodId> = names.iter().filter_map(|n| self.pods.get(n)).collect();
             ids.sort_unstable();
@@ -215,12 +269,83 @@ impl KvIndex {
             None => PodFilter::All,
             Some(ids) => PodFilter::Only(ids),
         };
-        let matches = if matches!(filter, PodFilter::Only(ids) if ids.is_empty()) {
+        let mut matches = if matches!(filter, PodFilter::Only(ids) if ids.is_empty()) {
             Vec::new()
         } else {
-            score(&self.table, &keys, filter, &self.tiers.weights())
+            score(&self.tree, root, &mut keys, filter, &weights)
         };
+        if self.any_plan.load(Ordering::Acquire) {
+            self.score_hybrid(&namespace, q.token_ids.len(), &mut keys, filter, &weights, &mut matches);
+        }
         ScoreResult { total_blocks, matches }
+    }
+
+    /// Replaces the matches of pods with hybrid engines by what vLLM's coordinator would serve
+    /// them: per group, what they hold along the prompt's chain, then the longest prefix every
+    /// group can serve (capped, as vLLM caps it, at the prompt's tokens minus one).
+    fn score_hybrid(
+        &self,
+        namespace: &str,
+        tokens: usize,
+        keys: &mut PromptQuery<'_>,
+        filter: PodFilter<'_>,
+        weights: &[f64; MAX_TIERS],
+        matches: &mut Vec<PodMatch>,
+    ) {
+        let guard = epoch::pin();
+        // SAFETY: replaced by swap + defer_destroy only, never null.
+        let plans = unsafe { self.plans.load(Ordering::Acquire, &guard).deref() };
+        let mut pods: Vec<(PodId, &GroupPlan, Vec<u32>)> = plans
+            .iter()
+            .filter(|(pod, _)| filter.admits(**pod))
+            .map(|(pod, plan)| (*pod, plan, plan.order()))
+            .collect();
+        if pods.is_empty() {
+            return;
+        }
+        pods.sort_unstable_by_key(|p| p.0);
+        matches.retain(|m| pods.binary_search_by_key(&m.pod, |p| p.0).is_err());
+        let bs = self.config.block_size;
+        let cap = (tokens.saturating_sub(1) / bs) as u32;
+        let mut groups: Vec<u32> = pods.iter().flat_map(|p| p.2.iter().copied()).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        let slot: FxHashMap<PodId, usize> = pods.iter().enumerate().map(|(i, p)| (p.0, i)).collect();
+        // held[pod][group index in `groups`]
+        let mut held: Vec<Vec<Held>> = vec![vec![Held::default(); groups.len()]; pods.len()];
+        for (gi, &g) in groups.iter().enumerate() {
+            self.tree.walk(namespace_root(namespace, g), keys, |span| {
+                for h in span.holders {
+                    if let Some(&i) = slot.get(&h.pod()) {
+                        held[i][gi].push(&span, h.tiers());
+                    }
+                }
+                span.depth + span.len < cap
+            });
+        }
+        for (i, (pod, plan, order)) in pods.iter().enumerate() {
+            let mine: Vec<Held> =
+                order.iter().map(|g| held[i][groups.binary_search(g).expect("collected")].clone()).collect();
+            if let Some(m) = coordinate(*pod, plan, &mine, cap, bs as u32, weights) {
+                if m.matched_blocks > 0 {
+                    matches.push(m);
+                }
+            }
+        }
+        matches.sort_unstable_by_key(|m| m.pod);
+    }
+}
+
+/// A prompt's block keys as the tree walk asks for them.
+struct PromptQuery<'a>(PromptKeys<'a>);
+
+impl BlockHashes for PromptQuery<'_> {
+    fn len(&self) -> usize {
+        self.0.blocks()
+    }
+    #[inline]
+    fn get(&mut self, i: usize) -> u64 {
+        self.0.key(i)
     }
 }
 

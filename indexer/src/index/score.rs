@@ -1,14 +1,14 @@
 //! Scoring: each pod's longest run of consecutive blocks from block 0.
 //!
-//! The walk keeps the set of pods that still hold every block so far, intersects it with each
-//! next block's holders (both sorted by pod), and stops as soon as no pod remains, so a prompt
-//! nobody has cached costs one lookup. A block counts at the largest weight among the tiers the
-//! pod holds it in; per-tier counts are independent (a block on GPU and CPU counts in both).
+//! The tree walk yields the prompt's chain one run of same-holder blocks at a time; scoring
+//! keeps the set of pods that still hold every block so far, intersects it with each run's
+//! holders (both sorted by pod), and stops as soon as no pod remains, so a prompt nobody has
+//! cached costs one hash and one lookup. A block counts at the largest weight among the tiers
+//! the pod holds it in; per-tier counts are independent (a block on GPU and CPU counts in both).
 
 use super::pods::PodId;
-use super::table::{BlockTable, Holder};
 use super::tiers::{Tiers, MAX_TIERS};
-use crate::keys::PrefixKey;
+use super::tree::{BlockHashes, Holder, Span, Tree};
 
 /// One pod's match for a prompt.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,18 +23,17 @@ pub struct PodMatch {
 }
 
 impl PodMatch {
-    fn start(holder: Holder, weights: &[f64; MAX_TIERS]) -> Self {
-        let mut m = PodMatch { pod: holder.pod(), matched_blocks: 0, weighted_score: 0.0, by_tier: [0; MAX_TIERS] };
-        m.extend(holder.tiers(), weights);
-        m
+    pub(crate) fn new(pod: PodId) -> Self {
+        PodMatch { pod, matched_blocks: 0, weighted_score: 0.0, by_tier: [0; MAX_TIERS] }
     }
 
-    fn extend(&mut self, tiers: u8, weights: &[f64; MAX_TIERS]) {
-        self.matched_blocks += 1;
-        self.weighted_score += Tiers::best_weight(weights, tiers);
+    /// Counts `blocks` more blocks held in `tiers`.
+    pub(crate) fn extend(&mut self, tiers: u8, blocks: u32, weights: &[f64; MAX_TIERS]) {
+        self.matched_blocks += blocks;
+        self.weighted_score += f64::from(blocks) * Tiers::best_weight(weights, tiers);
         for (i, count) in self.by_tier.iter_mut().enumerate() {
             if tiers & (1 << i) != 0 {
-                *count += 1;
+                *count += blocks;
             }
         }
     }
@@ -49,7 +48,7 @@ pub enum PodFilter<'a> {
 }
 
 impl PodFilter<'_> {
-    fn admits(&self, pod: PodId) -> bool {
+    pub(crate) fn admits(&self, pod: PodId) -> bool {
         match self {
             PodFilter::All => true,
             PodFilter::Only(pods) => pods.binary_search(&pod).is_ok(),
@@ -57,91 +56,131 @@ impl PodFilter<'_> {
     }
 }
 
-/// Matches of every pod holding at least block 0 of `keys`, sorted by pod id.
-pub fn score(
-    table: &BlockTable,
-    keys: &[PrefixKey],
+/// Matches of every pod holding at least block 0 of the chain `root` → `query`, sorted by pod.
+///
+/// The walk visits one span per run of blocks with the same holders: the active pods are
+/// intersected with each span's holders (both sorted) and advanced by the span's length, and
+/// the walk stops as soon as no pod remains, so blocks past the longest match are never
+/// hashed.
+pub fn score<Q: BlockHashes>(
+    tree: &Tree,
+    root: u64,
+    query: &mut Q,
     filter: PodFilter<'_>,
     weights: &[f64; MAX_TIERS],
 ) -> Vec<PodMatch> {
     let mut done: Vec<PodMatch> = Vec::new();
-    let Some((&first, rest)) = keys.split_first() else { return done };
-    let mut active: Vec<PodMatch> = table.with_holders(first, |holders| {
-        holders.iter().filter(|h| filter.admits(h.pod())).map(|&h| PodMatch::start(h, weights)).collect()
-    });
-    let mut next: Vec<PodMatch> = Vec::with_capacity(active.len());
-    for &key in rest {
-        if active.is_empty() {
-            break;
-        }
-        table.with_holders(key, |holders| {
-            let mut hi = holders.iter().peekable();
-            for mut m in active.drain(..) {
-                while hi.next_if(|h| h.pod() < m.pod).is_some() {}
-                match hi.peek() {
-                    Some(h) if h.pod() == m.pod => {
-                        m.extend(h.tiers(), weights);
-                        next.push(m);
-                    }
-                    _ => done.push(m),
-                }
+    let mut active: Vec<PodMatch> = Vec::new();
+    let mut next: Vec<PodMatch> = Vec::new();
+    let mut started = false;
+    tree.walk(root, query, |span: Span<'_>| {
+        if !started {
+            started = true;
+            for &h in span.holders.iter().filter(|h| filter.admits(h.pod())) {
+                let mut m = PodMatch::new(h.pod());
+                m.extend(h.tiers(), span.len, weights);
+                active.push(m);
             }
-        });
+            return !active.is_empty();
+        }
+        intersect(&mut active, &mut next, &mut done, span.holders, span.len, weights);
         std::mem::swap(&mut active, &mut next);
-    }
+        !active.is_empty()
+    });
     done.append(&mut active);
     done.sort_unstable_by_key(|m| m.pod);
     done
 }
 
+/// Moves the matches of `active` whose pod holds the span into `next` (extended by `len`
+/// blocks), and the others into `done`.
+fn intersect(
+    active: &mut Vec<PodMatch>,
+    next: &mut Vec<PodMatch>,
+    done: &mut Vec<PodMatch>,
+    holders: &[Holder],
+    len: u32,
+    weights: &[f64; MAX_TIERS],
+) {
+    let mut hi = holders.iter().peekable();
+    for mut m in active.drain(..) {
+        while hi.next_if(|h| h.pod() < m.pod).is_some() {}
+        match hi.peek() {
+            Some(h) if h.pod() == m.pod => {
+                m.extend(h.tiers(), len, weights);
+                next.push(m);
+            }
+            _ => done.push(m),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::tree::ParentKey;
 
     const GPU: u8 = 1;
     const CPU: u8 = 2;
+    const ROOT: u64 = 99;
 
     fn weights() -> [f64; MAX_TIERS] {
         Tiers::new().weights()
     }
 
+    fn store(tree: &Tree, pod: u32, tier: u8, keys: &[u64]) {
+        let guard = tree.pin();
+        tree.store(PodId(pod), tier, ParentKey::Root(ROOT), keys, 0, &[], true, &guard);
+    }
+
+    fn run(tree: &Tree, query: &[u64], filter: PodFilter<'_>) -> Vec<PodMatch> {
+        let mut q = query;
+        score(tree, ROOT, &mut q, filter, &weights())
+    }
+
     #[test]
     fn longest_consecutive_run_from_block_zero() {
-        let idx = BlockTable::new(4, u64::MAX);
-        // pod 0 holds 10, 11, 12; pod 1 holds 10 and 12 (a hole at 11); pod 2 holds only 11.
-        for k in [10, 11, 12] {
-            idx.writer().insert(k, 0, PodId(0), GPU);
-        }
-        idx.writer().insert(10, 0, PodId(1), GPU);
-        idx.writer().insert(12, 0, PodId(1), GPU);
-        idx.writer().insert(11, 0, PodId(2), GPU);
-        let got = score(&idx, &[10, 11, 12, 13], PodFilter::All, &weights());
+        let tree = Tree::new(4, u64::MAX);
+        // pod 0 holds 10, 11, 12; pod 1 holds 10 and then 10, 11 but drops 11 (a hole).
+        store(&tree, 0, GPU, &[10, 11, 12]);
+        store(&tree, 1, GPU, &[10, 11, 12]);
+        let guard = tree.pin();
+        let eleven = tree.store(PodId(2), GPU, ParentKey::Root(ROOT), &[10, 11], 0, &[], true, &guard).last.unwrap();
+        tree.release(PodId(1), eleven, 1, GPU, &guard);
+        let got = run(&tree, &[10, 11, 12, 13], PodFilter::All);
         let summary: Vec<(u32, u32)> = got.iter().map(|m| (m.pod.0, m.matched_blocks)).collect();
-        assert_eq!(summary, [(0, 3), (1, 1)]);
+        assert_eq!(summary, [(0, 3), (1, 1), (2, 2)]);
     }
 
     #[test]
     fn tier_weights_and_counts() {
-        let idx = BlockTable::new(4, u64::MAX);
-        idx.writer().insert(1, 0, PodId(0), GPU);
-        idx.writer().insert(2, 0, PodId(0), CPU);
-        idx.writer().insert(3, 0, PodId(0), GPU);
-        idx.writer().insert(3, 0, PodId(0), CPU);
-        let m = &score(&idx, &[1, 2, 3], PodFilter::All, &weights())[0];
+        let tree = Tree::new(4, u64::MAX);
+        store(&tree, 0, GPU, &[1]);
+        store(&tree, 0, CPU, &[1, 2]);
+        store(&tree, 0, GPU, &[1, 2, 3]);
+        store(&tree, 0, CPU, &[1, 2, 3]);
+        let m = &run(&tree, &[1, 2, 3], PodFilter::All)[0];
         assert_eq!(m.matched_blocks, 3);
-        assert!((m.weighted_score - 2.8).abs() < 1e-9);
-        assert_eq!(&m.by_tier[..2], &[2, 2]);
+        // block 1: GPU+CPU (1.0), block 2: GPU+CPU (1.0), block 3: GPU+CPU (1.0)
+        assert!((m.weighted_score - 3.0).abs() < 1e-9);
+        assert_eq!(&m.by_tier[..2], &[3, 3]);
+        let tree = Tree::new(4, u64::MAX);
+        store(&tree, 0, CPU, &[1, 2]);
+        store(&tree, 0, GPU, &[1]);
+        let m = &run(&tree, &[1, 2], PodFilter::All)[0];
+        assert!((m.weighted_score - 1.8).abs() < 1e-9);
+        assert_eq!(&m.by_tier[..2], &[1, 2]);
     }
 
     #[test]
     fn filter_limits_pods() {
-        let idx = BlockTable::new(4, u64::MAX);
+        let tree = Tree::new(4, u64::MAX);
         for p in 0..4 {
-            idx.writer().insert(7, 0, PodId(p), GPU);
+            store(&tree, p, GPU, &[7]);
         }
         let only = [PodId(1), PodId(3)];
-        let got = score(&idx, &[7], PodFilter::Only(&only), &weights());
+        let got = run(&tree, &[7], PodFilter::Only(&only));
         assert_eq!(got.iter().map(|m| m.pod).collect::<Vec<_>>(), only);
-        assert!(score(&idx, &[], PodFilter::All, &weights()).is_empty());
+        assert!(run(&tree, &[], PodFilter::All).is_empty());
     }
 }

@@ -251,7 +251,9 @@ impl<P> Sequencer<P> {
 
     /// Applies `item` at `seq` == `next`.
     fn apply(&mut self, seq: u64, item: Item<P>, out: &mut Vec<Step<P>>) {
-        self.next = Some(seq + 1);
+        // u64::MAX is vLLM's end-of-replay marker, never a live seq; a peer sending it must not
+        // overflow the cursor (it only makes later batches look like duplicates: under-report).
+        self.next = Some(seq.saturating_add(1));
         self.resumed = false;
         match item {
             Item::Batch(batch) => {

@@ -508,3 +508,12 @@ fn randomized_never_guesses() {
         }
     }
 }
+
+#[test]
+fn the_largest_seq_does_not_overflow_the_cursor() {
+    // A debug build panicked on `seq + 1` here; the gap is lost (no replay), never guessed.
+    let mut s = exact_from_zero(false);
+    let out = live(&mut s, u64::MAX, 1);
+    assert_eq!(actions(&out), ["clear replay_unavailable", &format!("apply {} L", u64::MAX)]);
+    assert_eq!(s.state(), Degraded);
+}

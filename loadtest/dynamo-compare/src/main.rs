@@ -1,5 +1,5 @@
-//! Side by side: kvindex's index and Dynamo's `dynamo-kv-router` `RadixTree`, fed the same
-//! event trace and the same queries, in separate processes so each one's memory is its own.
+//! Side by side: kvindex's index and Dynamo's `dynamo-kv-router` indexers, fed the same event
+//! trace and the same queries, each in its own process so each one's memory is its own.
 //!
 //! It exists because a figure for our index means little without the best open peer measured
 //! on the same machine, trace and queries. The trace follows the recipe in
@@ -10,21 +10,37 @@
 //! block; fill to N residencies; then queries of 512 blocks = a planted 300-block chain + 212
 //! fresh blocks, measured after a warm-up.
 //!
-//! Both indexes get what an engine sends: token ids per block. kvindex hashes them itself (its
-//! keys are its own); for Dynamo the tokens are hashed with its `compute_block_hash_for_seq`,
-//! as its event listener does for a vLLM `BlockStored`, inside the timed region. Queries are
-//! token ids for both (hashing included), and Dynamo's lookup is also reported with the block
-//! hashes given.
+//! Three indexers:
+//! - `kvindex`: `KvIndex::apply` / `KvIndex::score` (one writer thread, or W threads over
+//!   disjoint pods);
+//! - `dynamo`: Dynamo's plain single-threaded `RadixTree`;
+//! - `dynamo-crtc`: Dynamo's default `ThreadPoolIndexer<ConcurrentRadixTreeCompressed>` (what a
+//!   Dynamo user runs), W event threads fed by the caller, lookups inline on reader threads.
 //!
-//! `kvindex-dynamo-compare [--entries N] [--workers W] [--queries Q]` runs both and prints the
-//! ratios; `--only kvindex|dynamo` runs one and prints its JSON line (what the parent reads).
+//! All get what an engine sends: token ids per block. kvindex hashes them itself (its keys are
+//! its own); for Dynamo the tokens are hashed with its `compute_block_hash_for_seq`, as its
+//! event listener does for a vLLM `BlockStored`, inside the timed region. Queries are token
+//! ids for all (hashing included).
+//!
+//! Phases of one process (`--only NAME`): fill to N residencies in chunks of stores, timing
+//! only the index calls (store rate); quiet queries (p50/p99) and memory (RSS delta); then,
+//! with `--writers W`, a further `--extra` residencies applied by W writer threads while
+//! `--readers R` threads query at `--read-rate` queries/s each (open loop; 0 = without pause):
+//! writer rate, reader p50/p99 under ingest.
+//!
+//! `kvindex-dynamo-compare [--entries N] [--workers P] [--queries Q] [--extra E] [--readers R]
+//! [--read-rate QPS] [--concurrency 1,2,4]` runs every process and prints the ratios.
 
 use std::process::Command;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
 
+use dynamo_kv_router::concurrent_radix_tree_compressed::ConcurrentRadixTreeCompressed;
+use dynamo_kv_router::indexer::{SyncIndexer, ThreadPoolIndexer};
 use dynamo_kv_router::protocols::{
-    compute_block_hash_for_seq, BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent,
-    KvCacheEventData, KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash, RouterEvent,
+    compute_block_hash_for_seq, BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData,
+    KvCacheStoreData, KvCacheStoredBlockData, RouterEvent,
 };
 use dynamo_kv_router::RadixTree;
 use kvindex::wire::{BlockStored, EngineHash, Event, EventBatch};
@@ -37,6 +53,9 @@ const FRESH_BLOCKS: usize = 212;
 const PLANTED_HOLDERS: usize = 4;
 const PLANTED_CHUNK: usize = 64;
 const WARMUP_QUERIES: usize = 1_000;
+/// Stores per timed chunk: event inputs are built outside the timed region, a chunk at a time,
+/// small enough that a chunk's token ids are still in cache, as a just-decoded event's are.
+const CHUNK: usize = 256;
 
 struct SplitMix(u64);
 
@@ -63,28 +82,27 @@ struct Store {
 }
 
 struct Trace {
-    /// Block ids of each conversation (its prefix's, then its own).
+    /// Block ids of each conversation (its prefix's, then its own); the last is the planted one.
     conversations: Vec<Vec<u64>>,
-    stores: Vec<Store>,
+    /// The fill: every store up to N residencies, the planted chain's stores last.
+    fill: Vec<Store>,
+    /// Stores after the fill, for the concurrent phase.
+    extra: Vec<Store>,
     residencies: u64,
 }
 
-/// The anchors.md recipe, as plain store events; ends once `entries` residencies are stored.
-fn trace(workers: usize, entries: u64, seed: u64) -> Trace {
+/// The anchors.md recipe, as plain store events: `entries` residencies for the fill, then
+/// `extra` more.
+fn trace(workers: usize, entries: u64, extra: u64, seed: u64) -> Trace {
     let mut rng = SplitMix(seed);
-    let prefixes: Vec<Vec<u64>> = (0..200u64)
-        .map(|p| (0..rng.range(8, 64)).map(|i| (p << 40) | i).collect())
-        .collect();
+    let prefixes: Vec<Vec<u64>> = (0..200u64).map(|p| (0..rng.range(8, 64)).map(|i| (p << 40) | i).collect()).collect();
     let weights: Vec<f64> = (1..=prefixes.len()).map(|r| 1.0 / r as f64).collect();
     let total: f64 = weights.iter().sum();
     let mut has_prefix = vec![vec![false; prefixes.len()]; workers];
-    let mut out = Trace {
-        conversations: Vec::new(),
-        stores: Vec::new(),
-        residencies: 0,
-    };
+    let mut out = Trace { conversations: Vec::new(), fill: Vec::new(), extra: Vec::new(), residencies: 0 };
     let mut next_conversation = 1u64;
-    while out.residencies < entries {
+    let mut stored = 0u64;
+    while stored < entries + extra {
         let mut x = (rng.next() % 1_000_000) as f64 / 1_000_000.0 * total;
         let prefix = weights
             .iter()
@@ -97,11 +115,7 @@ fn trace(workers: usize, entries: u64, seed: u64) -> Trace {
         let mut blocks = prefixes[prefix].clone();
         blocks.extend((0..suffix_len).map(|i| (1 << 63) | (next_conversation << 24) | i));
         next_conversation += 1;
-        let copies = if rng.next().is_multiple_of(10) {
-            rng.range(2, 4) as usize
-        } else {
-            1
-        };
+        let copies = if rng.next().is_multiple_of(10) { rng.range(2, 4) as usize } else { 1 };
         let mut holders = Vec::new();
         while holders.len() < copies.min(workers) {
             let worker = (rng.next() % workers as u64) as usize;
@@ -111,50 +125,41 @@ fn trace(workers: usize, entries: u64, seed: u64) -> Trace {
         }
         let conversation = out.conversations.len() as u32;
         let prefix_len = prefixes[prefix].len();
+        let phase_fill = stored < entries;
         for &worker in &holders {
+            let mut push = |store: Store| {
+                stored += u64::from(store.to - store.from);
+                if phase_fill {
+                    out.fill.push(store);
+                } else {
+                    out.extra.push(store);
+                }
+            };
             if !has_prefix[worker][prefix] {
                 has_prefix[worker][prefix] = true;
-                out.stores.push(Store {
-                    worker: worker as u32,
-                    conversation,
-                    from: 0,
-                    to: prefix_len as u32,
-                });
-                out.residencies += prefix_len as u64;
+                push(Store { worker: worker as u32, conversation, from: 0, to: prefix_len as u32 });
             }
             let mut start = prefix_len;
             while start < blocks.len() {
                 let chunk = (rng.range(1, 32) as usize).min(blocks.len() - start);
-                out.stores.push(Store {
-                    worker: worker as u32,
-                    conversation,
-                    from: start as u32,
-                    to: (start + chunk) as u32,
-                });
-                out.residencies += chunk as u64;
+                push(Store { worker: worker as u32, conversation, from: start as u32, to: (start + chunk) as u32 });
                 start += chunk;
             }
         }
         out.conversations.push(blocks);
     }
-    // The planted chain every query starts with, held by a few workers.
-    let planted: Vec<u64> = (0..PLANTED_BLOCKS as u64)
-        .map(|i| (0x7777u64 << 40) | i)
-        .collect();
+    // The planted chain every query starts with, held by a few workers, stored in chained
+    // 64-block events as the core benchmarks plant it (BENCHMARKS.md).
+    let planted: Vec<u64> = (0..PLANTED_BLOCKS as u64).map(|i| (0x7777u64 << 40) | i).collect();
     let conversation = out.conversations.len() as u32;
     out.conversations.push(planted);
-    // Stored in chained 64-block events, as the core benchmarks plant it (BENCHMARKS.md).
     for worker in 0..PLANTED_HOLDERS.min(workers) {
         for from in (0..PLANTED_BLOCKS).step_by(PLANTED_CHUNK) {
             let to = (from + PLANTED_CHUNK).min(PLANTED_BLOCKS);
-            out.stores.push(Store {
-                worker: worker as u32,
-                conversation,
-                from: from as u32,
-                to: to as u32,
-            });
+            out.fill.push(Store { worker: worker as u32, conversation, from: from as u32, to: to as u32 });
         }
     }
+    out.residencies = out.fill.iter().map(|s| u64::from(s.to - s.from)).sum::<u64>();
     out
 }
 
@@ -201,146 +206,194 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[(((p / 100.0) * (sorted.len() - 1) as f64).round() as usize).min(sorted.len() - 1)]
 }
 
-/// The two indexes behind one interface: apply a store from token ids, score a prompt.
-trait Indexer {
-    fn store(
-        &mut self,
-        worker: u32,
-        blocks: &[u64],
-        hashes: &[u64],
-        parent: Option<u64>,
-        tokens: &[u32],
-    );
-    /// Matched blocks of the best worker, hashing the prompt's tokens included.
-    fn score(&mut self, tokens: &[u32]) -> u32;
+/// What an engine sends for one store, decoded: engine hashes, the parent's, and the token
+/// ids, as the `BlockStored` kvindex's decoder yields (built outside the timed region).
+struct StoreInput {
+    worker: u32,
+    hashes: Vec<u64>,
+    parent: Option<u64>,
+    batch: EventBatch<'static>,
 }
 
-struct Kvindex(KvIndex, Vec<String>);
-
-impl Indexer for Kvindex {
-    fn store(
-        &mut self,
-        worker: u32,
-        _blocks: &[u64],
-        hashes: &[u64],
-        parent: Option<u64>,
-        tokens: &[u32],
-    ) {
+impl StoreInput {
+    fn build(trace: &Trace, store: &Store) -> StoreInput {
+        let chain = &trace.conversations[store.conversation as usize];
+        let (from, to) = (store.from as usize, store.to as usize);
+        let hashes_all = engine_hashes(&chain[..to]);
+        let mut tokens = Vec::with_capacity((to - from) * BLOCK_SIZE);
+        for &id in &chain[from..to] {
+            block_tokens(id, &mut tokens);
+        }
+        let hashes = hashes_all[from..to].to_vec();
+        let parent = (from > 0).then(|| hashes_all[from - 1]);
         let event = BlockStored {
             block_hashes: hashes.iter().map(|&h| EngineHash::Uint(h)).collect(),
             parent_block_hash: parent.map(EngineHash::Uint),
-            token_ids: Some(tokens.to_vec()),
+            token_ids: Some(tokens),
             block_size: Some(BLOCK_SIZE as i64),
             medium: Some("GPU"),
             group_idx: Some(0),
             ..Default::default()
         };
-        let batch = EventBatch {
-            ts: 0.0,
-            events: vec![Event::BlockStored(event)],
-            data_parallel_rank: Some(0),
-        };
-        self.0.apply(&self.1[worker as usize], MODEL, &batch);
+        StoreInput {
+            worker: store.worker,
+            hashes,
+            parent,
+            batch: EventBatch { ts: 0.0, events: vec![Event::BlockStored(event)], data_parallel_rank: Some(0) },
+        }
     }
 
-    fn score(&mut self, tokens: &[u32]) -> u32 {
-        let result = self.0.score(&ScoreQuery {
+    fn tokens(&self) -> &[u32] {
+        match &self.batch.events[0] {
+            Event::BlockStored(s) => s.token_ids.as_deref().unwrap_or(&[]),
+            _ => &[],
+        }
+    }
+}
+
+/// The indexers behind one interface. `store` and `score` are the timed calls; `sync` waits
+/// for queued work (Dynamo's event threads) and is timed too.
+trait Indexer: Send + Sync {
+    fn store(&self, input: &StoreInput);
+    fn sync(&self) {}
+    /// Matched blocks of the best worker, hashing the prompt's tokens included.
+    fn score(&self, tokens: &[u32]) -> u32;
+}
+
+struct Kvindex {
+    index: KvIndex,
+    names: Vec<String>,
+}
+
+impl Indexer for Kvindex {
+    fn store(&self, input: &StoreInput) {
+        self.index.apply(&self.names[input.worker as usize], MODEL, &input.batch);
+    }
+
+    fn score(&self, tokens: &[u32]) -> u32 {
+        let result = self.index.score(&ScoreQuery {
             model: MODEL,
             lora_name: None,
             cache_salt: None,
             token_ids: tokens,
             pods: None,
         });
-        result
-            .matches
-            .iter()
-            .map(|m| m.matched_blocks)
-            .max()
-            .unwrap_or(0)
+        result.matches.iter().map(|m| m.matched_blocks).max().unwrap_or(0)
     }
 }
 
-struct Dynamo(RadixTree, u64);
+fn dynamo_event(input: &StoreInput, id: u64) -> RouterEvent {
+    let local = compute_block_hash_for_seq(input.tokens(), BLOCK_SIZE as u32, BlockHashOptions::default());
+    let blocks = input
+        .hashes
+        .iter()
+        .zip(local)
+        .map(|(&hash, tokens_hash)| KvCacheStoredBlockData {
+            block_hash: ExternalSequenceBlockHash(hash),
+            tokens_hash,
+            mm_extra_info: None,
+        })
+        .collect();
+    let event = KvCacheEvent {
+        event_id: id,
+        data: KvCacheEventData::Stored(KvCacheStoreData {
+            parent_hash: input.parent.map(ExternalSequenceBlockHash),
+            start_position: None,
+            blocks,
+        }),
+        dp_rank: 0,
+    };
+    RouterEvent::new(u64::from(input.worker), event)
+}
 
-impl Indexer for Dynamo {
-    fn store(
-        &mut self,
-        worker: u32,
-        _blocks: &[u64],
-        hashes: &[u64],
-        parent: Option<u64>,
-        tokens: &[u32],
-    ) {
-        let local =
-            compute_block_hash_for_seq(tokens, BLOCK_SIZE as u32, BlockHashOptions::default());
-        let blocks = hashes
-            .iter()
-            .zip(local)
-            .map(|(&hash, tokens_hash)| KvCacheStoredBlockData {
-                block_hash: ExternalSequenceBlockHash(hash),
-                tokens_hash,
-                mm_extra_info: None,
-            })
-            .collect();
-        self.1 += 1;
-        let event = KvCacheEvent {
-            event_id: self.1,
-            data: KvCacheEventData::Stored(KvCacheStoreData {
-                parent_hash: parent.map(ExternalSequenceBlockHash),
-                start_position: None,
-                blocks,
-            }),
-            dp_rank: 0,
-        };
-        if let Err(error) = self
-            .0
-            .apply_event(RouterEvent::new(u64::from(worker), event))
-        {
+/// Dynamo's `RadixTree` is single-threaded (`Rc`/`RefCell`); the mutex only satisfies the
+/// trait and is uncontended (this side never runs the concurrent phase).
+struct DynamoRadix(std::sync::Mutex<(RadixTree, u64)>);
+
+// SAFETY: the tree is only ever touched by the thread that holds the mutex, one at a time, and
+// this side never shares the indexer across threads (no concurrent phase for `dynamo`).
+unsafe impl Send for DynamoRadix {}
+unsafe impl Sync for DynamoRadix {}
+
+impl Indexer for DynamoRadix {
+    fn store(&self, input: &StoreInput) {
+        let mut guard = self.0.lock().expect("uncontended");
+        guard.1 += 1;
+        let event = dynamo_event(input, guard.1);
+        if let Err(error) = guard.0.apply_event(event) {
             eprintln!("dynamo apply_event: {error:?}");
         }
     }
 
-    fn score(&mut self, tokens: &[u32]) -> u32 {
-        let hashes =
-            compute_block_hash_for_seq(tokens, BLOCK_SIZE as u32, BlockHashOptions::default());
-        self.0
-            .find_matches(hashes, false)
-            .scores
-            .values()
-            .copied()
-            .max()
-            .unwrap_or(0)
+    fn score(&self, tokens: &[u32]) -> u32 {
+        let hashes = compute_block_hash_for_seq(tokens, BLOCK_SIZE as u32, BlockHashOptions::default());
+        let guard = self.0.lock().expect("uncontended");
+        guard.0.find_matches(hashes, false).scores.values().copied().max().unwrap_or(0)
     }
 }
 
-/// Fills `indexer` with the trace, then times queries; one JSON line of figures.
-fn measure(name: &str, indexer: &mut dyn Indexer, trace: &Trace, queries: usize) -> String {
-    let before = rss_bytes();
-    let mut tokens = Vec::new();
-    let mut block_ops = 0u64;
-    let mut apply_s = 0.0f64;
-    for store in &trace.stores {
-        let chain = &trace.conversations[store.conversation as usize];
-        let (from, to) = (store.from as usize, store.to as usize);
-        // The engine's view of the event, built outside the timed region.
-        let hashes_all = engine_hashes(&chain[..to]);
-        tokens.clear();
-        for &id in &chain[from..to] {
-            block_tokens(id, &mut tokens);
+struct DynamoCrtc {
+    pool: ThreadPoolIndexer<ConcurrentRadixTreeCompressed>,
+    next_id: AtomicU64,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Indexer for DynamoCrtc {
+    fn store(&self, input: &StoreInput) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Err(error) = self.pool.enqueue_event(dynamo_event(input, id)) {
+            eprintln!("dynamo enqueue_event: {error:?}");
         }
-        let parent = (from > 0).then(|| hashes_all[from - 1]);
-        let started = Instant::now();
-        indexer.store(
-            store.worker,
-            &chain[from..to],
-            &hashes_all[from..to],
-            parent,
-            &tokens,
-        );
-        apply_s += started.elapsed().as_secs_f64();
-        block_ops += (to - from) as u64;
     }
-    let memory = rss_bytes().saturating_sub(before);
+
+    fn sync(&self) {
+        if let Err(error) = self.runtime.block_on(self.pool.flush_and_wait()) {
+            eprintln!("dynamo flush: {error:?}");
+        }
+    }
+
+    fn score(&self, tokens: &[u32]) -> u32 {
+        let hashes = compute_block_hash_for_seq(tokens, BLOCK_SIZE as u32, BlockHashOptions::default());
+        self.pool.backend().find_matches(&hashes, false).scores.values().copied().max().unwrap_or(0)
+    }
+}
+
+fn make(name: &str, workers: usize, threads: usize) -> Box<dyn Indexer> {
+    match name {
+        "kvindex" => Box::new(Kvindex {
+            index: KvIndex::new(KvIndexConfig { block_size: BLOCK_SIZE, ..KvIndexConfig::default() }),
+            names: (0..workers).map(|w| format!("10.1.{}.{}:8000", w / 250, w % 250)).collect(),
+        }),
+        "dynamo" => Box::new(DynamoRadix(std::sync::Mutex::new((RadixTree::new(), 0)))),
+        "dynamo-crtc" => Box::new(DynamoCrtc {
+            pool: ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), threads.max(1), BLOCK_SIZE as u32),
+            next_id: AtomicU64::new(0),
+            runtime: tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime"),
+        }),
+        other => panic!("unknown indexer {other}"),
+    }
+}
+
+/// Fills with the trace in chunks (inputs built outside the timed region); returns the store
+/// rate in block ops/s and the RSS delta.
+fn fill(indexer: &dyn Indexer, trace: &Trace) -> (f64, u64, u64) {
+    let before = rss_bytes();
+    let mut applied_s = 0.0;
+    let mut ops = 0u64;
+    for chunk in trace.fill.chunks(CHUNK) {
+        let inputs: Vec<StoreInput> = chunk.iter().map(|s| StoreInput::build(trace, s)).collect();
+        let started = Instant::now();
+        for input in &inputs {
+            indexer.store(input);
+        }
+        indexer.sync();
+        applied_s += started.elapsed().as_secs_f64();
+        ops += inputs.iter().map(|i| i.hashes.len() as u64).sum::<u64>();
+    }
+    (ops as f64 / applied_s.max(1e-9), rss_bytes().saturating_sub(before), ops)
+}
+
+fn quiet_queries(indexer: &dyn Indexer, trace: &Trace, queries: usize) -> (f64, f64, u32) {
     let planted = trace.conversations.last().map(Vec::as_slice).unwrap_or(&[]);
     let mut latencies = Vec::with_capacity(queries);
     let mut matched = u32::MAX;
@@ -355,97 +408,123 @@ fn measure(name: &str, indexer: &mut dyn Indexer, trace: &Trace, queries: usize)
         }
     }
     latencies.sort_by(f64::total_cmp);
-    format!(
-        "{{\"indexer\":\"{name}\",\"residencies\":{},\"block_ops\":{block_ops},\"apply_ops_per_s\":{:.0},\"query_p50_us\":{:.2},\"query_p99_us\":{:.2},\"rss_delta_bytes\":{memory},\"bytes_per_residency\":{:.1},\"min_matched_blocks\":{matched}}}",
-        trace.residencies + (PLANTED_HOLDERS * PLANTED_BLOCKS) as u64,
-        block_ops as f64 / apply_s.max(1e-9),
+    (percentile(&latencies, 50.0) * 1e6, percentile(&latencies, 99.0) * 1e6, matched)
+}
+
+/// The extra stores applied by `writers` threads (disjoint workers, each worker's stores in
+/// order) while `readers` threads query; returns writer block ops/s, reader p50/p99 and
+/// queries/s.
+fn concurrent(
+    name: &str,
+    indexer: &dyn Indexer,
+    trace: &Trace,
+    writers: usize,
+    readers: usize,
+    read_rate: u64,
+) -> (f64, f64, f64, f64) {
+    // Kvindex writers are the caller's threads; Dynamo's are its own event threads, fed here
+    // by the same number of producer threads.
+    let _ = name;
+    let mut parts: Vec<Vec<StoreInput>> = (0..writers).map(|_| Vec::new()).collect();
+    for store in &trace.extra {
+        parts[store.worker as usize % writers].push(StoreInput::build(trace, store));
+    }
+    let ops: u64 = parts.iter().flatten().map(|i| i.hashes.len() as u64).sum();
+    let planted = trace.conversations.last().cloned().unwrap_or_default();
+    let prompts: Vec<Vec<u32>> = (0..64).map(|q| query_tokens(&planted, q)).collect();
+    let stop = AtomicBool::new(false);
+    let start = Barrier::new(writers + readers + 1);
+    let mut latencies: Vec<f64> = Vec::new();
+    let mut elapsed = 0.0;
+    std::thread::scope(|scope| {
+        let reader_handles: Vec<_> = (0..readers)
+            .map(|r| {
+                let (stop, start, prompts) = (&stop, &start, &prompts);
+                scope.spawn(move || {
+                    let mut lat = Vec::new();
+                    start.wait();
+                    let mut q = r;
+                    let interval = (read_rate > 0).then(|| Duration::from_secs_f64(1.0 / read_rate as f64));
+                    let mut due = Instant::now();
+                    while !stop.load(Ordering::Relaxed) {
+                        let prompt = &prompts[q % prompts.len()];
+                        let t = Instant::now();
+                        std::hint::black_box(indexer.score(prompt));
+                        lat.push(t.elapsed().as_secs_f64());
+                        q += 1;
+                        // Open loop: the next query is due one interval later, whatever this
+                        // one cost (sleep granularity makes the achieved rate approximate).
+                        if let Some(interval) = interval {
+                            due += interval;
+                            let now = Instant::now();
+                            if due > now {
+                                std::thread::sleep(due - now);
+                            }
+                        }
+                    }
+                    lat
+                })
+            })
+            .collect();
+        let writer_handles: Vec<_> = parts
+            .iter()
+            .map(|part| {
+                let start = &start;
+                scope.spawn(move || {
+                    start.wait();
+                    for input in part {
+                        indexer.store(input);
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let t = Instant::now();
+        for w in writer_handles {
+            w.join().expect("writer");
+        }
+        indexer.sync();
+        elapsed = t.elapsed().as_secs_f64();
+        stop.store(true, Ordering::Relaxed);
+        for r in reader_handles {
+            latencies.extend(r.join().expect("reader"));
+        }
+    });
+    latencies.sort_by(f64::total_cmp);
+    (
+        ops as f64 / elapsed.max(1e-9),
         percentile(&latencies, 50.0) * 1e6,
         percentile(&latencies, 99.0) * 1e6,
-        memory as f64 / block_ops.max(1) as f64,
+        latencies.len() as f64 / elapsed.max(1e-9),
     )
 }
 
-/// How much of a kvindex query is deriving its 512 chained block keys from the tokens.
+/// How much of a kvindex query is deriving its block keys from the tokens (all 512).
 fn kvindex_keys_only(trace: &Trace, queries: usize) -> (f64, f64) {
     let planted = trace.conversations.last().map(Vec::as_slice).unwrap_or(&[]);
-    let root = kvindex::keys::namespace_root(MODEL, 0);
     let mut latencies = Vec::new();
     for query in 0..(WARMUP_QUERIES + queries) as u64 {
         let tokens = query_tokens(planted, query);
         let started = Instant::now();
-        let mut key = root;
-        for block in tokens.chunks_exact(BLOCK_SIZE) {
-            key = kvindex::keys::block_key(key, block, &[]);
-        }
+        let keys = kvindex::keys::PromptKeys::new(&tokens, BLOCK_SIZE, None).all();
         let elapsed = started.elapsed().as_secs_f64();
-        std::hint::black_box(key);
+        std::hint::black_box(keys);
         if query as usize >= WARMUP_QUERIES {
             latencies.push(elapsed);
         }
     }
     latencies.sort_by(f64::total_cmp);
-    (
-        percentile(&latencies, 50.0) * 1e6,
-        percentile(&latencies, 99.0) * 1e6,
-    )
-}
-
-fn dynamo_lookup_only(trace: &Trace, queries: usize) -> (f64, f64) {
-    // Dynamo's own figure is a lookup with the block hashes given; measured on a fresh tree.
-    let mut tree = Dynamo(RadixTree::new(), 0);
-    let mut tokens = Vec::new();
-    for store in &trace.stores {
-        let chain = &trace.conversations[store.conversation as usize];
-        let (from, to) = (store.from as usize, store.to as usize);
-        let hashes_all = engine_hashes(&chain[..to]);
-        tokens.clear();
-        for &id in &chain[from..to] {
-            block_tokens(id, &mut tokens);
-        }
-        tree.store(
-            store.worker,
-            &chain[from..to],
-            &hashes_all[from..to],
-            (from > 0).then(|| hashes_all[from - 1]),
-            &tokens,
-        );
-    }
-    let planted = trace.conversations.last().map(Vec::as_slice).unwrap_or(&[]);
-    let mut latencies = Vec::new();
-    for query in 0..(WARMUP_QUERIES + queries) as u64 {
-        let hashes: Vec<LocalBlockHash> = compute_block_hash_for_seq(
-            &query_tokens(planted, query),
-            BLOCK_SIZE as u32,
-            BlockHashOptions::default(),
-        );
-        let started = Instant::now();
-        let scores = tree.0.find_matches(hashes, false);
-        let elapsed = started.elapsed().as_secs_f64();
-        std::hint::black_box(scores);
-        if query as usize >= WARMUP_QUERIES {
-            latencies.push(elapsed);
-        }
-    }
-    latencies.sort_by(f64::total_cmp);
-    (
-        percentile(&latencies, 50.0) * 1e6,
-        percentile(&latencies, 99.0) * 1e6,
-    )
+    (percentile(&latencies, 50.0) * 1e6, percentile(&latencies, 99.0) * 1e6)
 }
 
 fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
 }
 
 fn number(args: &[String], name: &str, default: u64) -> Result<u64, String> {
     match flag(args, name) {
         None => Ok(default),
-        Some(text) => text
-            .parse()
-            .map_err(|_| format!("{name} expects a number, got {text:?}")),
+        Some(text) => text.parse().map_err(|_| format!("{name} expects a number, got {text:?}")),
     }
 }
 
@@ -458,107 +537,156 @@ fn field(line: &str, key: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+struct Options {
+    entries: u64,
+    workers: usize,
+    queries: usize,
+    extra: u64,
+    readers: usize,
+    /// Queries per second per reader in the concurrent phase (0 = as fast as possible).
+    read_rate: u64,
+    writers: usize,
+    concurrency: Vec<usize>,
+}
+
+fn options(args: &[String]) -> Result<Options, String> {
+    let concurrency = flag(args, "--concurrency")
+        .unwrap_or_else(|| "1,2,4".into())
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| format!("--concurrency expects numbers, got {s:?}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Options {
+        entries: number(args, "--entries", 10_000_000)?,
+        workers: number(args, "--workers", 256)?.max(PLANTED_HOLDERS as u64) as usize,
+        queries: number(args, "--queries", 10_000)?.max(1) as usize,
+        extra: number(args, "--extra", 2_000_000)?,
+        readers: number(args, "--readers", 1)? as usize,
+        read_rate: number(args, "--read-rate", 20_000)?,
+        writers: number(args, "--writers", 0)? as usize,
+        concurrency,
+    })
+}
+
+/// One indexer in this process: fill, quiet queries, then the concurrent phase if asked.
+fn run_one(name: &str, o: &Options) -> std::process::ExitCode {
+    let trace = trace(o.workers, o.entries, o.extra, 42);
+    let indexer = make(name, o.workers, o.writers.max(1));
+    let (rate, memory, ops) = fill(indexer.as_ref(), &trace);
+    let (p50, p99, matched) = quiet_queries(indexer.as_ref(), &trace, o.queries);
+    println!(
+        "{{\"indexer\":\"{name}\",\"residencies\":{},\"block_ops\":{ops},\"apply_ops_per_s\":{rate:.0},\"query_p50_us\":{p50:.2},\"query_p99_us\":{p99:.2},\"rss_delta_bytes\":{memory},\"bytes_per_residency\":{:.1},\"min_matched_blocks\":{matched}}}",
+        trace.residencies,
+        memory as f64 / ops.max(1) as f64,
+    );
+    if name == "kvindex" && o.writers == 0 {
+        let (p50, p99) = kvindex_keys_only(&trace, o.queries);
+        println!("{{\"indexer\":\"kvindex, key derivation only (all 512 blocks, no index)\",\"query_p50_us\":{p50:.2},\"query_p99_us\":{p99:.2}}}");
+    }
+    if o.writers > 0 {
+        if name == "dynamo" {
+            eprintln!("kvindex-dynamo-compare: RadixTree is single-threaded; no concurrent phase");
+            return std::process::ExitCode::from(2);
+        }
+        let (wrate, rp50, rp99, qps) = concurrent(name, indexer.as_ref(), &trace, o.writers, o.readers, o.read_rate);
+        println!(
+            "{{\"indexer\":\"{name}\",\"writers\":{},\"readers\":{},\"write_ops_per_s\":{wrate:.0},\"read_p50_us\":{rp50:.2},\"read_p99_us\":{rp99:.2},\"reads_per_s\":{qps:.0}}}",
+            o.writers, o.readers
+        );
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+fn child(me: &std::path::Path, o: &Options, name: &str, writers: usize) -> Result<String, String> {
+    let output = Command::new(me)
+        .args(["--only", name])
+        .args(["--entries", &o.entries.to_string()])
+        .args(["--workers", &o.workers.to_string()])
+        .args(["--queries", &o.queries.to_string()])
+        .args(["--extra", &o.extra.to_string()])
+        .args(["--readers", &o.readers.to_string()])
+        .args(["--read-rate", &o.read_rate.to_string()])
+        .args(["--writers", &writers.to_string()])
+        .output()
+        .map_err(|e| format!("cannot run {name}: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("{name} failed: {}", String::from_utf8_lossy(&output.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let parsed = (|| {
-        Ok::<_, String>((
-            number(&args, "--entries", 10_000_000)?,
-            number(&args, "--workers", 256)?.max(PLANTED_HOLDERS as u64) as usize,
-            number(&args, "--queries", 10_000)?.max(1) as usize,
-        ))
-    })();
-    let (entries, workers, queries) = match parsed {
-        Ok(values) => values,
+    let o = match options(&args) {
+        Ok(o) => o,
         Err(error) => {
             eprintln!("kvindex-dynamo-compare: {error}");
             return std::process::ExitCode::from(2);
         }
     };
-    match flag(&args, "--only").as_deref() {
-        Some("kvindex") => {
-            let trace = trace(workers, entries, 42);
-            let names = (0..workers)
-                .map(|w| format!("10.1.{}.{}:8000", w / 250, w % 250))
-                .collect();
-            let mut index = Kvindex(
-                KvIndex::new(KvIndexConfig {
-                    block_size: BLOCK_SIZE,
-                    ..KvIndexConfig::default()
-                }),
-                names,
-            );
-            println!("{}", measure("kvindex", &mut index, &trace, queries));
-            let (p50, p99) = kvindex_keys_only(&trace, queries);
-            println!("{{\"indexer\":\"kvindex, key derivation only (no index probe)\",\"query_p50_us\":{p50:.2},\"query_p99_us\":{p99:.2}}}");
-            std::process::ExitCode::SUCCESS
+    if let Some(name) = flag(&args, "--only") {
+        if !["kvindex", "dynamo", "dynamo-crtc"].contains(&name.as_str()) {
+            eprintln!("kvindex-dynamo-compare: --only expects kvindex, dynamo or dynamo-crtc, got {name:?}");
+            return std::process::ExitCode::from(2);
         }
-        Some("dynamo") => {
-            let trace = trace(workers, entries, 42);
-            let mut tree = Dynamo(RadixTree::new(), 0);
-            println!(
-                "{}",
-                measure("dynamo RadixTree", &mut tree, &trace, queries)
-            );
-            drop(tree);
-            let (p50, p99) = dynamo_lookup_only(&trace, queries);
-            println!("{{\"indexer\":\"dynamo RadixTree, lookup only (hashes given)\",\"query_p50_us\":{p50:.2},\"query_p99_us\":{p99:.2}}}");
-            std::process::ExitCode::SUCCESS
-        }
-        Some(other) => {
-            eprintln!("kvindex-dynamo-compare: --only expects kvindex or dynamo, got {other:?}");
-            std::process::ExitCode::from(2)
-        }
-        None => {
-            let Ok(me) = std::env::current_exe() else {
-                eprintln!("kvindex-dynamo-compare: cannot find its own binary");
+        return run_one(&name, &o);
+    }
+    let Ok(me) = std::env::current_exe() else {
+        eprintln!("kvindex-dynamo-compare: cannot find its own binary");
+        return std::process::ExitCode::FAILURE;
+    };
+    let mut lines = Vec::new();
+    let mut runs: Vec<(&str, usize)> = vec![("kvindex", 0), ("dynamo", 0), ("dynamo-crtc", 0)];
+    for &w in &o.concurrency {
+        runs.push(("kvindex", w));
+        runs.push(("dynamo-crtc", w));
+    }
+    for (name, writers) in runs {
+        match child(&me, &o, name, writers) {
+            Ok(text) => {
+                print!("{text}");
+                lines.extend(text.lines().map(str::to_string));
+            }
+            Err(error) => {
+                eprintln!("kvindex-dynamo-compare: {error}");
                 return std::process::ExitCode::FAILURE;
-            };
-            let mut lines = Vec::new();
-            for which in ["kvindex", "dynamo"] {
-                let output = Command::new(&me)
-                    .args(["--only", which, "--entries", &entries.to_string()])
-                    .args([
-                        "--workers",
-                        &workers.to_string(),
-                        "--queries",
-                        &queries.to_string(),
-                    ])
-                    .output();
-                match output {
-                    Ok(output) if output.status.success() => {
-                        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-                        print!("{text}");
-                        lines.extend(text.lines().map(str::to_string));
-                    }
-                    Ok(output) => {
-                        eprintln!(
-                            "kvindex-dynamo-compare: {which} failed: {}",
-                            String::from_utf8_lossy(&output.stderr)
-                        );
-                        return std::process::ExitCode::FAILURE;
-                    }
-                    Err(error) => {
-                        eprintln!("kvindex-dynamo-compare: cannot run {which}: {error}");
-                        return std::process::ExitCode::FAILURE;
-                    }
-                }
             }
-            let find = |name: &str| {
-                let tag = format!("\"indexer\":\"{name}\"");
-                lines.iter().find(|line| line.contains(&tag))
-            };
-            if let (Some(ours), Some(theirs)) = (find("kvindex"), find("dynamo RadixTree")) {
-                println!(
-                    "ratios kvindex/dynamo: apply ops/s {:.2}x, query p50 {:.2}x, query p99 {:.2}x, bytes per residency {:.2}x (matched blocks {} vs {})",
-                    field(ours, "apply_ops_per_s") / field(theirs, "apply_ops_per_s"),
-                    field(ours, "query_p50_us") / field(theirs, "query_p50_us"),
-                    field(ours, "query_p99_us") / field(theirs, "query_p99_us"),
-                    field(ours, "bytes_per_residency") / field(theirs, "bytes_per_residency"),
-                    field(ours, "min_matched_blocks"),
-                    field(theirs, "min_matched_blocks"),
-                );
-            }
-            std::process::ExitCode::SUCCESS
         }
     }
+    let find = |name: &str, writers: Option<usize>| {
+        let tag = format!("\"indexer\":\"{name}\"");
+        lines.iter().find(|line| {
+            line.contains(&tag)
+                && match writers {
+                    None => !line.contains("\"writers\""),
+                    Some(w) => line.contains(&format!("\"writers\":{w},")),
+                }
+        })
+    };
+    for peer in ["dynamo", "dynamo-crtc"] {
+        if let (Some(ours), Some(theirs)) = (find("kvindex", None), find(peer, None)) {
+            println!(
+                "ratios kvindex/{peer}: apply ops/s {:.2}x, query p50 {:.2}x, query p99 {:.2}x, bytes per residency {:.2}x (matched blocks {} vs {})",
+                field(ours, "apply_ops_per_s") / field(theirs, "apply_ops_per_s"),
+                field(ours, "query_p50_us") / field(theirs, "query_p50_us"),
+                field(ours, "query_p99_us") / field(theirs, "query_p99_us"),
+                field(ours, "bytes_per_residency") / field(theirs, "bytes_per_residency"),
+                field(ours, "min_matched_blocks"),
+                field(theirs, "min_matched_blocks"),
+            );
+        }
+    }
+    for &w in &o.concurrency {
+        if let (Some(ours), Some(theirs)) = (find("kvindex", Some(w)), find("dynamo-crtc", Some(w))) {
+            println!(
+                "ratios kvindex/dynamo-crtc, {w} writer(s) + {} reader(s) at {}/s: write ops/s {:.2}x, read p50 {:.2}x, read p99 {:.2}x",
+                o.readers,
+                o.read_rate,
+                field(ours, "write_ops_per_s") / field(theirs, "write_ops_per_s"),
+                field(ours, "read_p50_us") / field(theirs, "read_p50_us"),
+                field(ours, "read_p99_us") / field(theirs, "read_p99_us"),
+            );
+        }
+    }
+    std::process::ExitCode::SUCCESS
 }

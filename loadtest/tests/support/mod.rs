@@ -78,6 +78,21 @@ pub async fn post_json(addr: &str, path: &str, body: &Value) -> HttpResponse {
     http(addr, "POST", path, Some(&body.to_string())).await
 }
 
+/// [`post_json`] presenting `token` as a bearer token (kvindex's control plane).
+pub async fn post_json_as(addr: &str, path: &str, body: &Value, token: &str) -> HttpResponse {
+    let bearer = format!("Bearer {token}");
+    let (status, body) = kvindex_loadtest::kvindex_service::http_with(
+        addr,
+        "POST",
+        path,
+        Some(&body.to_string()),
+        &[("Authorization", &bearer)],
+    )
+    .await
+    .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    HttpResponse { status, body }
+}
+
 /// Polls `check` until it returns `Some`, failing the test at the deadline.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where

@@ -62,6 +62,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
+    crate::metrics::record_tokenizer_cache(app.router.tokenizers());
     let text = app.prometheus.as_ref().map(PrometheusHandle::render).unwrap_or_default();
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }

@@ -5,6 +5,7 @@
 //! dies before answering, or dies mid-stream).
 #![allow(dead_code, unused_imports)]
 
+pub mod ext_proc;
 pub mod fake_pod;
 
 use std::path::PathBuf;

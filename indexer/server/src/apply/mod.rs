@@ -22,11 +22,12 @@ use kvindex::wire::{self, EventBatch};
 use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::SkipReason;
 
+use crate::config::pod;
 use crate::snapshot::format::StreamRecord;
 use crate::state::ServiceState;
 use crate::status::StreamDebug;
 use crate::telemetry as m;
-use crate::transport::ConnId;
+use crate::transport::{escape, escape_bytes, ConnId, Peer, Source};
 
 const TICK: Duration = Duration::from_millis(100);
 
@@ -42,14 +43,18 @@ struct Stream {
     startup_sync: Option<u64>,
     /// Registry generation `seq`'s replay flag was derived from.
     registry_generation: u64,
-    /// The live connection the last message came on (0: none yet).
-    conn: ConnId,
+    /// The live connection the last message came on.
+    conn: Option<ConnId>,
     events: [Counter; 4],
     gaps: Counter,
     /// The pod's snapshot record, imported once the stream continues from its cursor.
     restore: Option<StreamRecord>,
     /// The record's cursor, until the sequencer has been resumed from it.
     resume_at: Option<u64>,
+    /// Central mode: the source address this stream's topic is bound to.
+    bound: Option<Source>,
+    /// Messages dropped because they came from another source.
+    conflicts: u64,
 }
 
 impl Stream {
@@ -84,12 +89,49 @@ impl Stream {
             endpoint: None,
             startup_sync: None,
             registry_generation: u64::MAX,
-            conn: 0,
+            conn: None,
+            bound: None,
+            conflicts: 0,
             restore,
             resume_at,
         }
     }
+
+    /// Binds this central-mode stream to the source address of its first publisher. A message
+    /// from another address is dropped and counted (never treated as a reconnect, so it can
+    /// neither clear the pod nor add blocks to it) while the bound source holds a connection
+    /// to the central SUB; once it holds none (an engine rescheduled to a new address), the
+    /// next source takes the stream over, which the sequencer sees as a reconnect (resync).
+    fn bind_source(&mut self, state: &ServiceState, peer: &Peer) -> bool {
+        let source = peer.source();
+        match self.bound {
+            None => self.bound = Some(source),
+            Some(bound) if bound == source => {}
+            Some(bound) if !state.central_source_connected(&bound) => {
+                tracing::warn!(pod = %escape(&self.pod), from = %bound, to = %source, "topic moved to a new source address");
+                self.bound = Some(source);
+            }
+            Some(bound) => {
+                self.conflicts += 1;
+                counter!(m::TOPIC_CONFLICTS).increment(1);
+                if self.conflicts.is_power_of_two() {
+                    tracing::warn!(
+                        pod = %escape(&self.pod),
+                        bound = %bound,
+                        foreign = %peer,
+                        dropped_total = self.conflicts,
+                        "message for a topic bound to another source address dropped"
+                    );
+                }
+                return false;
+            }
+        }
+        true
+    }
 }
+
+/// Longest topic accepted: `kv@` + an id and a model of [`pod::MAX_NAME_LEN`] each.
+const MAX_TOPIC_LEN: usize = 2 * pod::MAX_NAME_LEN + 8;
 
 /// Topics seen by a worker, resolved once per registry generation: (generation, pod, model).
 type TopicCache = HashMap<Vec<u8>, (u64, Arc<str>, Arc<str>)>;
@@ -108,12 +150,14 @@ pub struct Worker {
     live_msgs: Counter,
     replay_msgs: Counter,
     duplicates: Counter,
+    /// This worker's share of `max_sources`.
+    max_streams: usize,
+    refused: u64,
 }
 
 impl Worker {
     pub fn new(state: Arc<ServiceState>, index: usize) -> Self {
         Worker {
-            state,
             index,
             streams: HashMap::new(),
             topics: HashMap::new(),
@@ -125,6 +169,18 @@ impl Worker {
             live_msgs: counter!(m::MESSAGES, "socket" => "SUB"),
             replay_msgs: counter!(m::MESSAGES, "socket" => "DEALER"),
             duplicates: counter!(m::DUPLICATES),
+            max_streams: state.config().max_sources.div_ceil(state.config().apply_workers),
+            refused: 0,
+            state,
+        }
+    }
+
+    /// Drops a message that would start a source we refuse; counts it, logs now and then.
+    fn refuse_source(&mut self, reason: &'static str, why: &'static str, topic: &[u8]) {
+        counter!(m::SOURCES_REFUSED, "reason" => reason).increment(1);
+        self.refused += 1;
+        if self.refused.is_power_of_two() {
+            tracing::warn!(reason, topic = %escape_bytes(topic), refused_total = self.refused, "{why}: message dropped");
         }
     }
 
@@ -153,7 +209,10 @@ impl Worker {
 
     fn handle(&mut self, work: Work) {
         match work {
-            Work::Live { origin, conn, frames, at } => self.live(origin, conn, frames, at),
+            Work::Live { origin, conn, peer, frames, lease, at } => {
+                self.live(origin, conn, &peer, frames, at);
+                drop(lease); // the socket may read again
+            }
             Work::Replay { stream, id, item } => self.replay(stream, id, item),
             Work::InitialSync { stream, model, endpoint, startup } => {
                 let now = self.state.now_ms();
@@ -193,9 +252,11 @@ impl Worker {
                         }
                         self.state.status().remove(&k, &st.pod, st.seq.state());
                         any |= self.state.index().remove_pod(&st.pod);
+                        self.state.end_speculation(&st.pod, "removed");
                     }
                 }
                 any |= self.state.index().remove_pod(&pod);
+                self.state.end_speculation(&pod, "removed");
                 let _ = done.send(any);
             }
             Work::Snapshot { reply } => {
@@ -215,7 +276,7 @@ impl Worker {
         st
     }
 
-    fn live(&mut self, origin: Origin, conn: ConnId, frames: Vec<Bytes>, at: Instant) {
+    fn live(&mut self, origin: Origin, conn: ConnId, peer: &Peer, frames: Vec<Bytes>, at: Instant) {
         self.live_msgs.increment(1);
         if let Some(recorder) = self.state.recorder() {
             let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
@@ -231,11 +292,18 @@ impl Worker {
             Ok(raw) => raw,
             Err(e) => return decode_error(e.reason(), "live frames"),
         };
+        if raw.seq == wire::END_OF_REPLAY_SEQ {
+            // The replay end marker is never a live seq.
+            return decode_error("seq_end_marker", "live message with the end-of-replay seq");
+        }
         let filter = self.state.config().topic_filter.as_bytes();
         let topic = raw.topic.unwrap_or_default();
         if !topic.starts_with(filter) {
             // The publisher filters for us; this is the local safety net.
             return decode_error("topic_filtered", "topic does not match the filter");
+        }
+        if topic.len() > MAX_TOPIC_LEN {
+            return self.refuse_source("name", "topic too long", topic);
         }
         let generation = self.state.registry().generation();
         let (base, model, mode, endpoint): (Arc<str>, Arc<str>, &'static str, Option<Arc<str>>) = match &origin {
@@ -248,6 +316,13 @@ impl Worker {
                     let t = parse_topic(text);
                     if t.id.is_empty() {
                         return decode_error("topic_empty", "topic names no pod");
+                    }
+                    if pod::name(t.id).is_err() || pod::name(t.model).is_err() {
+                        return self.refuse_source(
+                            "name",
+                            "topic id or model too long or with control characters",
+                            topic,
+                        );
                     }
                     let base: Arc<str> = Arc::from(self.state.registry().pod_for_topic(t.id));
                     let model: Arc<str> = Arc::from(t.model);
@@ -277,16 +352,24 @@ impl Worker {
         };
         for rank in ranks {
             let key = StreamKey { base: base.clone(), rank };
+            if !self.streams.contains_key(&key) && self.streams.len() >= self.max_streams {
+                self.refuse_source("max_sources", "max_sources reached", topic);
+                continue;
+            }
             let now = self.state.now_ms();
             let mut steps = std::mem::take(&mut self.steps);
             let state = self.state.clone();
             let st = self.stream(&key, &model, mode);
-            if st.conn != conn {
-                if st.conn != 0 {
+            if mode == "central" && !st.bind_source(&state, peer) {
+                self.steps = steps;
+                continue;
+            }
+            if st.conn != Some(conn) {
+                if st.conn.is_some() {
                     tracing::info!(pod = %st.pod, "publisher reconnected: resync from seq 0");
                     st.seq.on_reconnect();
                 }
-                st.conn = conn;
+                st.conn = Some(conn);
             }
             if st.registry_generation != generation {
                 // A registration changed: is there a replay endpoint for this stream now?
@@ -372,6 +455,9 @@ impl Worker {
                     st.events[0].increment(report.stored_events);
                     st.events[1].increment(report.removed_events);
                     st.events[2].increment(report.cleared_events);
+                    if report.cleared_events > 0 {
+                        state.end_speculation(&st.pod, "all_blocks_cleared");
+                    }
                     st.events[3].increment(report.unknown_events);
                     self.blocks_stored.increment(report.stored_blocks);
                     self.blocks_removed.increment(report.removed_blocks);
@@ -395,6 +481,7 @@ impl Worker {
                         tracing::warn!(pod = %st.pod, reason = reason.label(), "snapshot record dropped: the stream did not continue from its cursor");
                     }
                     let removed = state.index().clear_pod(&st.pod);
+                    state.end_speculation(&st.pod, reason.label());
                     counter!(m::CLEARS, "reason" => reason.label()).increment(1);
                     tracing::warn!(pod = %st.pod, reason = reason.label(), entries_removed = removed, "pod cleared");
                 }
@@ -491,6 +578,11 @@ impl Worker {
             gauge!(m::QUEUE_DEPTH).set(self.state.queues().depth().max(0) as f64);
             gauge!(m::READY).set(if self.state.readiness().is_ready() { 1.0 } else { 0.0 });
             gauge!(m::PODS).set(self.state.status().pods() as f64);
+            let speculative = self.state.speculative();
+            // Expired credits are already ignored by scoring; sweeping reclaims their memory.
+            speculative.sweep_every(1_000, self.state.now_ms());
+            gauge!(m::SPECULATIVE_ENTRIES).set(speculative.entries() as f64);
+            gauge!(m::SPECULATIVE_BYTES).set(speculative.approx_bytes() as f64);
         }
     }
 }
@@ -506,11 +598,16 @@ impl Worker {
                 continue;
             }
             let Some(cursor) = st.seq.last_seq() else { continue };
-            let export = self.state.index().export_pod(&st.pod).unwrap_or_else(|| kvindex::PodExport {
-                pod: st.pod.to_string(),
-                model: st.model.to_string(),
-                ..Default::default()
-            });
+            let index = self.state.index();
+            let export = match index.export_pod(&st.pod) {
+                Some(export) => export,
+                // A hybrid (multi-group) engine's pod is not exported: no record, so it starts
+                // cold after a restart rather than resuming with what it held missing.
+                None if index.pod_stats(&st.pod).is_some() => continue,
+                None => {
+                    kvindex::PodExport { pod: st.pod.to_string(), model: st.model.to_string(), ..Default::default() }
+                }
+            };
             if export.model != *st.model {
                 continue;
             }
@@ -535,6 +632,11 @@ fn restore_pod(state: &ServiceState, record: &StreamRecord) {
 
 fn transition(state: &ServiceState, pod: &str, from: SourceState, to: SourceState, reason: Reason) {
     state.status().transition(pod, from, to);
+    if matches!(to, SourceState::Degraded | SourceState::Stale) {
+        // A prediction about a pod whose events cannot be trusted would outlive what the index
+        // knows of it.
+        state.end_speculation(pod, "source_not_exact");
+    }
     counter!(m::TRANSITIONS, "from" => from.label(), "to" => to.label(), "reason" => reason.label()).increment(1);
     match to {
         SourceState::Degraded | SourceState::Stale => {

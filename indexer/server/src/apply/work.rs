@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::transport::{ConnId, Frames};
+use crate::transport::{ConnId, Frames, Lease, Peer};
 
 /// One sequenced stream: a source (topic id mapped to a pod, or a dialled pod) and a DP rank.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -39,7 +39,11 @@ pub enum Work {
     Live {
         origin: Origin,
         conn: ConnId,
+        /// The publisher's address (central mode binds a topic to its source).
+        peer: Arc<Peer>,
         frames: Frames,
+        /// The frames' bytes, counted against their socket's budget until this work is done.
+        lease: Lease,
         at: Instant,
     },
     Replay {

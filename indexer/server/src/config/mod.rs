@@ -4,6 +4,7 @@
 //! where its value came from ([`ConfigError`]). docs/CONFIG.md lists every key
 //! (tests/config_docs.rs holds it to this file).
 
+pub mod cidr;
 pub mod error;
 pub mod pod;
 
@@ -16,6 +17,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Command, FromArgMatches};
 use serde::Deserialize;
 
+pub use self::cidr::Cidr;
 pub use self::error::{ConfigError, Origin};
 pub use self::pod::{offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
 
@@ -78,6 +80,41 @@ pub struct Settings {
     /// SUB subscription prefix.
     #[arg(long, env = "KVINDEX_TOPIC_FILTER")]
     pub topic_filter: Option<String>,
+    /// Largest ZeroMQ frame accepted from any peer (live and replay); a bigger declared frame
+    /// closes the connection before anything is allocated. Default 16 MiB.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_FRAME_BYTES")]
+    pub zmq_max_frame_bytes: Option<i64>,
+    /// Largest ZeroMQ message (all its frames), also the most an unfinished multi-part message
+    /// may hold. Default 16 MiB.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_MESSAGE_BYTES")]
+    pub zmq_max_message_bytes: Option<i64>,
+    /// Most frames in one ZeroMQ message (vLLM sends 3 or 4). Default 16.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_PARTS")]
+    pub zmq_max_parts: Option<i64>,
+    /// Bytes the central SUB may hold at once: unfinished messages plus messages waiting in the
+    /// apply queue. At the cap its connections stop reading. Default 512 MiB.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_BYTES_IN_FLIGHT")]
+    pub zmq_max_bytes_in_flight: Option<i64>,
+    /// The same per source address on the central SUB, and per dialled pod socket.
+    /// Default 64 MiB.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_BYTES_IN_FLIGHT_PER_SOURCE")]
+    pub zmq_max_bytes_in_flight_per_source: Option<i64>,
+    /// Most connections the central SUB holds (handshaking ones included). Default: 1024, or
+    /// less when the descriptor limit (RLIMIT_NOFILE) is low, keeping room for gRPC and HTTP.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS")]
+    pub zmq_max_connections: Option<i64>,
+    /// Most connections the central SUB holds from one source address. Default 32.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS_PER_SOURCE")]
+    pub zmq_max_connections_per_source: Option<i64>,
+    /// Time a ZeroMQ peer has to finish its handshake. Default 10000.
+    #[arg(long, env = "KVINDEX_ZMQ_HANDSHAKE_TIMEOUT_MS")]
+    pub zmq_handshake_timeout_ms: Option<i64>,
+    /// Silence after which a ZMTP 3.1 peer is PINGed. Default 10000.
+    #[arg(long, env = "KVINDEX_ZMQ_HEARTBEAT_INTERVAL_MS")]
+    pub zmq_heartbeat_interval_ms: Option<i64>,
+    /// Silence (no byte, no PONG) after which a ZeroMQ connection is closed. Default 60000.
+    #[arg(long, env = "KVINDEX_ZMQ_IDLE_TIMEOUT_MS")]
+    pub zmq_idle_timeout_ms: Option<i64>,
     /// Index shards.
     #[arg(long, env = "KVINDEX_SHARDS")]
     pub shards: Option<i64>,
@@ -111,6 +148,30 @@ pub struct Settings {
     /// Largest gRPC request, in bytes.
     #[arg(long, env = "KVINDEX_MAX_MESSAGE_BYTES")]
     pub max_message_bytes: Option<i64>,
+    /// RecordRoute: TTL of a speculative credit when the request names none.
+    #[arg(long, env = "KVINDEX_SPECULATIVE_TTL_MS")]
+    pub speculative_ttl_ms: Option<i64>,
+    /// RecordRoute: longest TTL a request may ask for (longer is capped).
+    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_TTL_MS")]
+    pub speculative_max_ttl_ms: Option<i64>,
+    /// RecordRoute: speculative credits held at once, all pods together (0 = RecordRoute off).
+    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES")]
+    pub speculative_max_entries: Option<i64>,
+    /// RecordRoute: speculative credits held for one pod.
+    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_POD")]
+    pub speculative_max_entries_per_pod: Option<i64>,
+    /// File holding the bearer token of the control plane (pod registration over HTTP and
+    /// gRPC). Unset: registration is disabled.
+    #[arg(long, env = "KVINDEX_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Central mode: source addresses allowed to connect, as CIDRs (`10.0.0.0/8`, `::1/128`;
+    /// repeatable). Empty: any address. Checked before the ZMTP handshake.
+    #[arg(long = "zmq-allow", value_name = "CIDR")]
+    pub zmq_allow: Vec<String>,
+    /// Most sources (topic or pod × DP rank) the index tracks; messages that would start
+    /// another are dropped and counted.
+    #[arg(long, env = "KVINDEX_MAX_SOURCES")]
+    pub max_sources: Option<i64>,
     /// Watched file of `[[pods]]` (reloaded on change).
     #[arg(long, env = "KVINDEX_PODS_FILE")]
     pub pods_file: Option<PathBuf>,
@@ -162,6 +223,9 @@ pub struct Config {
     pub dp_naming_topic: bool,
     pub zmq_bind: Option<String>,
     pub topic_filter: String,
+    /// Bounds of every ZeroMQ socket (the central SUB; dialled pods and replays take the
+    /// per-source byte budget as theirs).
+    pub zmq_limits: kvindex_zmtp::Limits,
     pub shards: usize,
     pub max_entries: u64,
     pub queue_capacity: usize,
@@ -173,8 +237,15 @@ pub struct Config {
     pub max_pending: usize,
     pub max_tokens: usize,
     pub max_message_bytes: usize,
+    /// RecordRoute's table of speculative credits (its block size is `block_size`).
+    pub speculative: kvindex::speculative::SpeculativeConfig,
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
+    /// The control plane's bearer token; `None`: registration is disabled.
+    pub admin_token: Option<crate::control::AdminToken>,
+    /// Central mode: the address ranges allowed to connect (empty: any).
+    pub zmq_allow: Vec<Cidr>,
+    pub max_sources: usize,
     pub tier_weights: BTreeMap<String, f64>,
     /// Warm-restart snapshots (`snapshot_dir`), when enabled.
     pub snapshot_dir: Option<PathBuf>,
@@ -253,6 +324,23 @@ impl Config {
             let v = v.unwrap_or_else(|| default.to_string());
             v.parse().map_err(|e| src.error(key, format!("not a host:port socket address ({v:?}): {e}")))
         };
+        let zmq_limits = zmq_limits(&s, src, &int)?;
+        let admin_token = match &s.admin_token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| src.error("admin_token_file", format!("cannot read {}: {e}", path.display())))?;
+                Some(crate::control::AdminToken::parse(&text).map_err(|m| src.error("admin_token_file", m))?)
+            }
+            None => None,
+        };
+        let mut zmq_allow = Vec::new();
+        for (entries, origin) in
+            [(&from_file.zmq_allow, src.file_origin()), (&from_flags.zmq_allow, src.flag_origin("zmq_allow"))]
+        {
+            for cidr in entries {
+                zmq_allow.push(Cidr::parse(cidr).map_err(|m| ConfigError::new("zmq_allow", origin.clone(), m))?);
+            }
+        }
         let grpc_addr = addr("grpc_addr", s.grpc_addr, "127.0.0.1:50051")?;
         let http_addr = addr("http_addr", s.http_addr, "127.0.0.1:9090")?;
         let zmq_bind = match s.zmq_bind {
@@ -360,7 +448,8 @@ impl Config {
             return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
         }
 
-        let config = Config {
+        let mut config = Config {
+            zmq_limits,
             grpc_addr,
             http_addr,
             block_size: int("block_size", s.block_size, 16, 1, 1 << 16)? as usize,
@@ -382,7 +471,23 @@ impl Config {
             max_pending: int("max_pending", s.max_pending, 100_000, 1, 1 << 24)? as usize,
             max_tokens: int("max_tokens", s.max_tokens, 262_144, 1, 1 << 28)? as usize,
             max_message_bytes: int("max_message_bytes", s.max_message_bytes, 4 << 20, 1024, 1 << 30)? as usize,
+            speculative: kvindex::speculative::SpeculativeConfig {
+                block_size: 0, // set below from block_size
+                default_ttl_ms: int("speculative_ttl_ms", s.speculative_ttl_ms, 2_000, 1, 3_600_000)? as u64,
+                max_ttl_ms: int("speculative_max_ttl_ms", s.speculative_max_ttl_ms, 10_000, 1, 3_600_000)? as u64,
+                max_entries: int("speculative_max_entries", s.speculative_max_entries, 1 << 20, 0, 1 << 32)? as usize,
+                max_entries_per_pod: int(
+                    "speculative_max_entries_per_pod",
+                    s.speculative_max_entries_per_pod,
+                    1 << 16,
+                    1,
+                    1 << 32,
+                )? as usize,
+            },
             pods_file: s.pods_file,
+            admin_token,
+            zmq_allow,
+            max_sources: int("max_sources", s.max_sources, 4096, 1, 1 << 20)? as usize,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
             snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
@@ -392,12 +497,82 @@ impl Config {
             topic_map,
             replay,
         };
+        config.speculative.block_size = config.block_size;
+        if config.speculative.default_ttl_ms > config.speculative.max_ttl_ms {
+            return Err(src.error("speculative_ttl_ms", "must not exceed speculative_max_ttl_ms"));
+        }
         if config.zmq_bind.is_none() && config.pods.iter().all(|p| p.endpoint.is_none()) && config.pods_file.is_none() {
             tracing::warn!(
                 "no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API"
             );
         }
         Ok(config)
+    }
+}
+
+/// Checks an integer setting: (key, value, default, min, max) → the value or the default.
+type IntCheck<'a> = dyn Fn(&str, Option<i64>, i64, i64, i64) -> Result<i64, ConfigError> + 'a;
+
+/// The `zmq_*` settings as the ZeroMQ stack's [`kvindex_zmtp::Limits`], checked as a whole.
+fn zmq_limits(s: &Settings, src: &Sources<'_>, int: &IntCheck<'_>) -> Result<kvindex_zmtp::Limits, ConfigError> {
+    use std::time::Duration;
+    const GIB: i64 = 1 << 30;
+    let bytes = |key, v, default| int(key, v, default, 1, 64 * GIB).map(|v| v as usize);
+    let ms = |key, v, default| int(key, v, default, 1, 86_400_000).map(|v| Duration::from_millis(v as u64));
+    let limits = kvindex_zmtp::Limits {
+        max_frame_size: bytes("zmq_max_frame_bytes", s.zmq_max_frame_bytes, 16 << 20)?,
+        max_message_size: bytes("zmq_max_message_bytes", s.zmq_max_message_bytes, 16 << 20)?,
+        max_parts: int("zmq_max_parts", s.zmq_max_parts, 16, 1, 1024)? as usize,
+        max_bytes_in_flight: bytes("zmq_max_bytes_in_flight", s.zmq_max_bytes_in_flight, 512 << 20)?,
+        max_bytes_in_flight_per_source: bytes(
+            "zmq_max_bytes_in_flight_per_source",
+            s.zmq_max_bytes_in_flight_per_source,
+            64 << 20,
+        )?,
+        max_connections: int("zmq_max_connections", s.zmq_max_connections, default_max_connections(), 1, 1 << 20)?
+            as usize,
+        max_connections_per_source: int(
+            "zmq_max_connections_per_source",
+            s.zmq_max_connections_per_source,
+            32,
+            1,
+            1 << 20,
+        )? as usize,
+        handshake_timeout: ms("zmq_handshake_timeout_ms", s.zmq_handshake_timeout_ms, 10_000)?,
+        heartbeat_interval: ms("zmq_heartbeat_interval_ms", s.zmq_heartbeat_interval_ms, 10_000)?,
+        idle_timeout: ms("zmq_idle_timeout_ms", s.zmq_idle_timeout_ms, 60_000)?,
+        ..kvindex_zmtp::Limits::default()
+    };
+    // The stack's own check names the field at fault first (`max_parts must be ...`).
+    limits.validate().map_err(|message| {
+        let field = message.split_whitespace().next().unwrap_or_default();
+        let key = match field {
+            "max_frame_size" => "zmq_max_frame_bytes",
+            "max_message_size" => "zmq_max_message_bytes",
+            "max_bytes_in_flight" => "zmq_max_bytes_in_flight",
+            "max_bytes_in_flight_per_source" => "zmq_max_bytes_in_flight_per_source",
+            "heartbeat_interval" => "zmq_heartbeat_interval_ms",
+            _ => "zmq_limits",
+        };
+        src.error(key, message)
+    })?;
+    Ok(limits)
+}
+
+/// Descriptors kept for everything but the central SUB: gRPC and HTTP clients, dialled pods,
+/// replays, files.
+const DESCRIPTORS_KEPT: i64 = 256;
+
+/// The central SUB's default connection cap: 1024, or half of what the descriptor limit leaves
+/// after [`DESCRIPTORS_KEPT`], so a flood of publishers cannot starve the APIs of descriptors.
+fn default_max_connections() -> i64 {
+    let soft = std::fs::read_to_string("/proc/self/limits").ok().and_then(|limits| {
+        let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+        line.split_whitespace().nth(3)?.parse::<i64>().ok()
+    });
+    match soft {
+        Some(soft) => ((soft - DESCRIPTORS_KEPT) / 2).clamp(16, 1024),
+        None => 1024,
     }
 }
 
@@ -409,6 +584,7 @@ struct Lists {
     replay: Vec<ReplayEntry>,
     tier_weights: Vec<TierWeight>,
     tokenizer_models: Vec<String>,
+    zmq_allow: Vec<String>,
 }
 
 impl Settings {
@@ -419,6 +595,7 @@ impl Settings {
             replay: std::mem::take(&mut self.replay),
             tier_weights: std::mem::take(&mut self.tier_weights),
             tokenizer_models: std::mem::take(&mut self.tokenizer_models),
+            zmq_allow: std::mem::take(&mut self.zmq_allow),
         }
     }
 }
@@ -543,6 +720,33 @@ mod tests {
         assert_eq!(c.zmq_bind.as_deref(), Some("tcp://0.0.0.0:5557"));
         assert_eq!((c.tier_weights["CPU"], c.tier_weights["DISK"]), (0.25, 0.1));
         assert_eq!(c.topic_map.iter().map(|t| t.pod.as_str()).collect::<Vec<_>>(), ["b", "d"]);
+    }
+
+    #[test]
+    fn zmq_limits_are_checked_as_a_whole_and_name_the_key() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.zmq_limits.max_frame_size, 16 << 20);
+        assert!(c.zmq_limits.max_connections >= 16 && c.zmq_limits.max_connections <= 1024);
+        let c = config(&[
+            "--zmq-max-connections-per-source",
+            "4",
+            "--zmq-idle-timeout-ms",
+            "3000",
+            "--zmq-heartbeat-interval-ms",
+            "1000",
+        ])
+        .unwrap();
+        assert_eq!(c.zmq_limits.max_connections_per_source, 4);
+        assert_eq!(c.zmq_limits.idle_timeout, std::time::Duration::from_secs(3));
+        assert_eq!(config(&["--zmq-max-parts", "0"]).unwrap_err().key, "zmq_max_parts");
+        let e = config(&["--zmq-max-frame-bytes", "33554432"]).unwrap_err();
+        assert_eq!(e.key, "zmq_max_message_bytes", "{e}");
+        let e = config(&["--zmq-idle-timeout-ms", "5000"]).unwrap_err();
+        assert_eq!((e.key.as_str(), &e.origin), ("zmq_heartbeat_interval_ms", &Origin::Default), "{e}");
+        assert_eq!(
+            config(&["--pod", "p,m,ipc:///run/engine.sock"]).unwrap().pods[0].endpoint.as_deref(),
+            Some("ipc:///run/engine.sock")
+        );
     }
 
     #[test]

@@ -60,6 +60,13 @@ impl PodConfig {
         if self.model.is_empty() {
             return Err(err("model", "must not be empty".into()));
         }
+        for (field, value) in
+            [("id", Some(&self.id)), ("model", Some(&self.model)), ("topic_id", self.topic_id.as_ref())]
+        {
+            if let Some(v) = value {
+                name(v).map_err(|m| err(field, m))?;
+            }
+        }
         if let Some(e) = &self.endpoint {
             self.endpoint = Some(endpoint(e).map_err(|m| err("endpoint", m))?);
         }
@@ -69,11 +76,29 @@ impl PodConfig {
         if self.topic_id.as_deref() == Some("") {
             self.topic_id = None;
         }
-        if !(1..=1024).contains(&self.dp_size) {
-            return Err(err("dp_size", format!("must be between 1 and 1024, got {}", self.dp_size)));
+        if !(1..=MAX_DP_SIZE).contains(&self.dp_size) {
+            return Err(err("dp_size", format!("must be between 1 and {MAX_DP_SIZE}, got {}", self.dp_size)));
         }
         Ok(self)
     }
+}
+
+/// Most data-parallel ranks behind one pod: each one is a dialer (per-pod mode) and a stream.
+pub const MAX_DP_SIZE: u32 = 128;
+
+/// Longest pod id, model name or topic id, in bytes (vLLM's are host:port and a model path).
+pub const MAX_NAME_LEN: usize = 256;
+
+/// Checks a peer- or operator-supplied name: bounded, no control characters (a newline or an
+/// ANSI escape in a pod id would forge log lines and metric labels).
+pub fn name(v: &str) -> Result<(), String> {
+    if v.len() > MAX_NAME_LEN {
+        return Err(format!("must be at most {MAX_NAME_LEN} bytes, got {}", v.len()));
+    }
+    if v.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(())
 }
 
 /// `[[topic_map]]`: the `<id>` of topic `kv@<id>@<model>` → the pod id scores use.
@@ -138,17 +163,17 @@ pub fn pair(v: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Checks a ZeroMQ endpoint and rewrites `tcp://*:p` to `tcp://0.0.0.0:p` (`*` is ZeroMQ's
-/// "every interface", which a socket address cannot spell).
+/// Checks a ZeroMQ endpoint (`tcp://host:port` or `ipc://path`, as the ZeroMQ stack parses
+/// them) and rewrites `tcp://*:p` to `tcp://0.0.0.0:p` (`*` is ZeroMQ's "every interface").
 pub fn endpoint(v: &str) -> Result<String, String> {
-    let rest = v.strip_prefix("tcp://").ok_or_else(|| format!("endpoint must be tcp://host:port, got {v:?}"))?;
-    let (host, port) = rest.rsplit_once(':').ok_or_else(|| format!("endpoint has no port: {v:?}"))?;
-    port.parse::<u16>().map_err(|_| format!("endpoint port is not a number: {v:?}"))?;
-    if host.is_empty() {
-        return Err(format!("endpoint has no host: {v:?}"));
+    match kvindex_zmtp::Endpoint::parse(v) {
+        Ok(kvindex_zmtp::Endpoint::Tcp { host, port }) => {
+            let host = if host == "*" { "0.0.0.0" } else { host.as_str() };
+            Ok(format!("tcp://{host}:{port}"))
+        }
+        Ok(kvindex_zmtp::Endpoint::Ipc(_)) => Ok(v.to_string()),
+        Err(e) => Err(e.to_string()),
     }
-    let host = if host == "*" { "0.0.0.0" } else { host };
-    Ok(format!("tcp://{host}:{port}"))
 }
 
 /// vLLM's `offset_endpoint_port`: a tcp endpoint's port + rank (port 0 stays 0).

@@ -11,7 +11,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kvindex::keys::{namespace_of, namespace_root, prompt_keys, PrefixKey};
 use kvindex::sequencer::{Item, Sequencer, SequencerConfig, Step};
 use kvindex::wire::{self, dp_pod_id, parse_topic, ReplayReply};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery, ScoreResult};
@@ -92,7 +91,8 @@ struct Stream {
 
 struct Explain {
     pod: String,
-    keys: Vec<PrefixKey>,
+    model: String,
+    tokens: Vec<u32>,
     held: Vec<bool>,
     events: Vec<ExplainEvent>,
 }
@@ -133,10 +133,9 @@ impl Offline {
 
     /// Follow `tokens` in `model` for `pod` (call before feeding records).
     pub fn explain(&mut self, pod: &str, model: &str, tokens: &[u32]) {
-        let ns = namespace_of(model, None, None);
-        let keys = prompt_keys(namespace_root(&ns, 0), tokens, self.index.block_size(), None);
-        let held = vec![false; keys.len()];
-        self.explain = Some(Explain { pod: pod.to_string(), keys, held, events: Vec::new() });
+        let held = vec![false; tokens.len() / self.index.block_size()];
+        let (pod, model, tokens) = (pod.to_string(), model.to_string(), tokens.to_vec());
+        self.explain = Some(Explain { pod, model, tokens, held, events: Vec::new() });
     }
 
     pub fn explained(&self) -> &[ExplainEvent] {
@@ -270,9 +269,19 @@ impl Offline {
     /// Records changes of the explained prompt's blocks for `pod` after a step.
     fn note(&mut self, pod: &str, seq: u64, t: f64, cause: &str) {
         let Some(ex) = self.explain.as_mut().filter(|e| e.pod == pod) else { return };
-        let Some(id) = self.index.pods().get(pod) else { return };
-        for (i, key) in ex.keys.iter().enumerate() {
-            let now = self.index.table().tiers_of(*key, id) != 0;
+        // The chain tree answers held prefixes: a block counts as held while the pod holds it
+        // and every block before it (what a request would reuse).
+        let pods = [pod];
+        let q = ScoreQuery {
+            model: &ex.model,
+            lora_name: None,
+            cache_salt: None,
+            token_ids: &ex.tokens,
+            pods: Some(&pods),
+        };
+        let matched = self.index.score(&q).matches.first().map_or(0, |m| m.matched_blocks as usize);
+        for i in 0..ex.held.len() {
+            let now = i < matched;
             if now != ex.held[i] {
                 ex.held[i] = now;
                 let change = if now { "stored" } else { "removed" };

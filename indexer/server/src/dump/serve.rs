@@ -13,7 +13,6 @@ use crate::apply::Queues;
 use crate::config::Config;
 use crate::error::ServerError;
 use crate::state::ServiceState;
-use crate::transport::ReplayClient;
 
 /// Serves `index` at `addr` until `shutdown`; `on_bound` gets the bound address.
 pub async fn serve_index(
@@ -31,8 +30,7 @@ pub async fn serve_index(
     })?;
     on_bound(listener.local_addr().map_err(|source| ServerError::Io { what: "grpc listener", source })?);
     let (queues, _no_workers) = Queues::new(1, 1);
-    let replay = ReplayClient::new().map_err(|source| ServerError::Io { what: "replay client", source })?;
-    let state = Arc::new(ServiceState::new(config, index, queues, replay));
+    let state = Arc::new(ServiceState::new(config, index, queues));
     state.readiness().set_listening();
     crate::grpc::serve(state, None, listener, shutdown).await
 }

@@ -1,4 +1,5 @@
-//! `kvindex.v1.Indexer`: ScoreTokens, and pod registration (RegisterPod, UnregisterPod).
+//! `kvindex.v1.Indexer`: ScoreTokens and RecordRoute (the read plane), and pod registration
+//! (RegisterPod, UnregisterPod), which only answers a bearer token ([`crate::control`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,6 +11,7 @@ use pb::indexer_server::Indexer;
 
 use super::score::Scorer;
 use crate::config::PodConfig;
+use crate::control::{self, Denied};
 use crate::sources::registry;
 use crate::state::ServiceState;
 use crate::telemetry as m;
@@ -25,6 +27,16 @@ impl IndexerService {
     }
 }
 
+/// The control plane's gate: PERMISSION_DENIED while registration is disabled,
+/// UNAUTHENTICATED without the right bearer token (`authorization` metadata).
+fn authorize<T>(state: &ServiceState, request: &Request<T>) -> Result<(), Status> {
+    let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
+    control::authorize(state, "grpc", authorization).map_err(|denied| match denied {
+        Denied::Disabled => Status::permission_denied(denied.to_string()),
+        _ => Status::unauthenticated(denied.to_string()),
+    })
+}
+
 #[tonic::async_trait]
 impl Indexer for IndexerService {
     async fn score_tokens(
@@ -38,11 +50,20 @@ impl Indexer for IndexerService {
         Ok(Response::new(resp))
     }
 
+    async fn record_route(
+        &self,
+        request: Request<pb::RecordRouteRequest>,
+    ) -> Result<Response<pb::RecordRouteResponse>, Status> {
+        super::record_route::record_route(&self.state, request.get_ref()).map(Response::new)
+    }
+
     async fn register_pod(
         &self,
         request: Request<pb::RegisterPodRequest>,
     ) -> Result<Response<pb::RegisterPodResponse>, Status> {
+        authorize(&self.state, &request)?;
         let r = request.into_inner();
+        control::may_change(&self.state, "grpc", &r.pod).map_err(Status::failed_precondition)?;
         let cfg = PodConfig {
             id: r.pod,
             model: r.model,
@@ -61,7 +82,9 @@ impl Indexer for IndexerService {
         &self,
         request: Request<pb::UnregisterPodRequest>,
     ) -> Result<Response<pb::UnregisterPodResponse>, Status> {
+        authorize(&self.state, &request)?;
         let pod = request.into_inner().pod;
+        control::may_change(&self.state, "grpc", &pod).map_err(Status::failed_precondition)?;
         if pod.is_empty() {
             metrics::counter!(m::CONFIG_ERRORS, "source" => "grpc").increment(1);
             return Err(Status::invalid_argument("pod must not be empty"));

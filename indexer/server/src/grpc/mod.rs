@@ -4,6 +4,7 @@
 
 pub mod indexer;
 pub mod llmd;
+pub mod record_route;
 pub mod score;
 pub mod tokenizer;
 

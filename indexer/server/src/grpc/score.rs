@@ -1,5 +1,6 @@
 //! ScoreTokens, shared by both gRPC contracts: checks a request's limits, asks the index, and
-//! answers with each pod's matched blocks, tier counts and source state.
+//! answers with each pod's matched blocks, tier counts and source state, plus the speculative
+//! run RecordRoute credited (in its own field, never in `matched_blocks`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +28,21 @@ pub fn wire_state(state: Option<SourceState>) -> pb::SourceState {
         Some(SourceState::Degraded) => pb::SourceState::Degraded,
         Some(SourceState::Stale | SourceState::Replaying | SourceState::Connecting) => pb::SourceState::Stale,
         None => pb::SourceState::Unspecified,
+    }
+}
+
+/// Whether a pod in `state` may carry speculative credit: not one whose events cannot be
+/// trusted right now (DEGRADED, STALE).
+pub fn may_speculate(state: Option<SourceState>) -> bool {
+    matches!(state, Some(SourceState::Exact | SourceState::Connecting | SourceState::Replaying))
+}
+
+/// The namespace speculative credit is keyed in: the LoRA adapter, else the model.
+pub fn speculative_namespace<'a>(model: &'a str, lora_name: &'a str) -> &'a str {
+    if lora_name.is_empty() {
+        model
+    } else {
+        lora_name
     }
 }
 
@@ -93,11 +109,34 @@ impl Scorer {
                     weighted_score: mt.weighted_score,
                     matched_by_tier,
                     state: wire_state(states.get(&*name).copied()) as i32,
+                    speculative_blocks: 0,
                 },
             );
         }
+        let speculative = self.state.speculative();
+        if speculative.entries() > 0 {
+            let keys = speculative.keys(
+                speculative_namespace(&req.model, &req.lora_name),
+                (!req.cache_salt.is_empty()).then_some(req.cache_salt.as_str()),
+                &req.token_ids,
+            );
+            let runs = speculative.runs(&keys, self.state.now_ms(), |pod| {
+                let admitted = req.pods.is_empty() || req.pods.iter().any(|p| p == pod);
+                (admitted && may_speculate(states.get(pod).copied()))
+                    .then(|| by_name.get(pod).map_or(0, |s| s.matched_blocks))
+            });
+            for (pod, run) in runs {
+                let score = by_name.entry(pod.to_string()).or_insert_with(|| pb::PodScore {
+                    pod: pod.to_string(),
+                    state: wire_state(states.get(&*pod).copied()) as i32,
+                    ..Default::default()
+                });
+                score.speculative_blocks = run;
+            }
+        }
         let scores = if req.pods.is_empty() {
-            let mut v: Vec<pb::PodScore> = by_name.into_values().filter(|s| s.matched_blocks > 0).collect();
+            let mut v: Vec<pb::PodScore> =
+                by_name.into_values().filter(|s| s.matched_blocks > 0 || s.speculative_blocks > 0).collect();
             v.sort_by(|a, b| b.matched_blocks.cmp(&a.matched_blocks).then_with(|| a.pod.cmp(&b.pod)));
             v
         } else {
@@ -112,6 +151,7 @@ impl Scorer {
                         weighted_score: 0.0,
                         matched_by_tier: HashMap::new(),
                         state: wire_state(states.get(p.as_str()).copied()) as i32,
+                        speculative_blocks: 0,
                     })
                 })
                 .collect()

@@ -11,10 +11,12 @@
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
-use kvindex::{BlockExport, PodExport};
+use kvindex::{BlockExport, ChainParent, PodExport};
 
 /// Bumped on any change to the records below or their framing.
-pub const FORMAT_VERSION: u8 = 1;
+/// Version 2: engine blocks carry block keys of key recipe 2 and where their chain continues
+/// (the chain tree of issue 13), instead of version 1's chained prefix keys.
+pub const FORMAT_VERSION: u8 = 2;
 const MAGIC: &[u8; 3] = b"KVS";
 const HEADER: usize = 3 + 1 + 8;
 
@@ -41,8 +43,22 @@ pub struct StreamRecord {
     /// The last seq applied to the residencies below.
     pub cursor: u64,
     pub tiers: Vec<String>,
-    /// Engine blocks: scoped engine hash (0 = none), and (prefix key, tier mask) in chain order.
-    pub blocks: Vec<(u64, Vec<(u64, u8)>)>,
+    /// Engine blocks, each after the one it continues.
+    pub blocks: Vec<BlockRecord>,
+}
+
+/// One engine block (see `kvindex::index::export::BlockExport`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockRecord {
+    /// Scoped engine hash.
+    pub engine: u64,
+    /// The namespace root the chain hangs off, or the index of the earlier block it continues.
+    pub root: Option<u64>,
+    pub parent: Option<u32>,
+    /// Block keys of the path between the parent and this block that the pod does not hold.
+    pub path: Vec<u64>,
+    /// (block key, tier mask) in chain order.
+    pub keys: Vec<(u64, u8)>,
 }
 
 impl StreamRecord {
@@ -54,7 +70,17 @@ impl StreamRecord {
             model: export.model,
             cursor,
             tiers: export.tiers,
-            blocks: export.blocks.into_iter().map(|b| (b.engine, b.keys)).collect(),
+            blocks: export
+                .blocks
+                .into_iter()
+                .map(|b| {
+                    let (root, parent) = match b.parent {
+                        ChainParent::Root(r) => (Some(r), None),
+                        ChainParent::Block(i) => (None, Some(i)),
+                    };
+                    BlockRecord { engine: b.engine, root, parent, path: b.path, keys: b.keys }
+                })
+                .collect(),
         }
     }
 
@@ -66,13 +92,22 @@ impl StreamRecord {
             blocks: self
                 .blocks
                 .iter()
-                .map(|(engine, keys)| BlockExport { engine: *engine, keys: keys.clone() })
+                .map(|b| BlockExport {
+                    engine: b.engine,
+                    // A record naming neither is malformed: an out-of-range parent, refused on import.
+                    parent: match (b.root, b.parent) {
+                        (Some(r), _) => ChainParent::Root(r),
+                        (None, p) => ChainParent::Block(p.unwrap_or(u32::MAX)),
+                    },
+                    path: b.path.clone(),
+                    keys: b.keys.clone(),
+                })
                 .collect(),
         }
     }
 
     pub fn residencies(&self) -> u64 {
-        self.blocks.iter().flat_map(|(_, k)| k).map(|(_, t)| u64::from(t.count_ones())).sum()
+        self.blocks.iter().flat_map(|b| &b.keys).map(|(_, t)| u64::from(t.count_ones())).sum()
     }
 }
 
@@ -144,7 +179,13 @@ mod tests {
             model: "m".into(),
             cursor: 7,
             tiers: vec!["GPU".into()],
-            blocks: vec![(9, vec![(1, 1), (2, 1)])],
+            blocks: vec![BlockRecord {
+                engine: 9,
+                root: None,
+                parent: Some(0),
+                path: vec![3],
+                keys: vec![(1, 1), (2, 1)],
+            }],
         }
     }
 

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{Options, WriteBatch, WriteOptions, DB};
 
+#[cfg(test)]
+use super::format::BlockRecord;
 use super::format::{self, FormatError, Header, StreamRecord};
 
 const HEADER_KEY: &[u8] = b"header";
@@ -161,7 +163,7 @@ mod tests {
             model: "m".into(),
             cursor: 3,
             tiers: vec!["GPU".into()],
-            blocks: vec![(5, vec![(10, 1)])],
+            blocks: vec![BlockRecord { engine: 5, root: Some(7), parent: None, path: vec![], keys: vec![(10, 1)] }],
         }
     }
 

@@ -2,7 +2,8 @@
 //! per-pod SUBs (we dial each engine's PUB), and the [`registry`] of pods that decides which
 //! exist. The ZeroMQ side is [`crate::transport`]; here every message becomes work for its
 //! apply worker, without ever blocking on index application: a full queue drops the message,
-//! counts it, and the seq gap it leaves is replayed.
+//! counts it, and the seq gap it leaves is replayed. A queued message keeps its lease on its
+//! socket's byte budget, so the apply queue is bounded in bytes as well as in messages.
 //!
 //! Every message carries its connection id: a stream whose messages come on a new connection
 //! is resynced from seq 0 (a restarted engine may already be past our cursor). Topic
@@ -10,75 +11,108 @@
 
 pub mod registry;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use crate::apply::{Origin, Work};
 use crate::state::ServiceState;
 use crate::telemetry as m;
-use crate::transport::{self, BoundSub, SubEvent, TransportError};
+use crate::transport::{self, Backoff, Event, SocketKind, SubDialer, SubListener, TransportError};
 
-/// Counts and logs a transport error (`kvindex_zmq_errors_total{operation}`).
-pub(crate) fn transport_error(error: &TransportError) {
-    metrics::counter!(m::ZMQ_ERRORS, "operation" => error.operation).increment(1);
-    tracing::warn!(operation = error.operation, endpoint = %error.endpoint, error = %error.message, "zeromq error");
-}
+/// How often the bytes-in-flight gauge of a socket is refreshed.
+const GAUGE_PERIOD: Duration = Duration::from_secs(1);
 
 /// Serves the bound central SUB until `stop` is set.
-pub async fn serve_central(state: Arc<ServiceState>, sub: BoundSub, stop: watch::Receiver<bool>) {
-    tracing::info!(endpoint = %sub.endpoint(), filter = %state.config().topic_filter, "central SUB bound");
-    let filter = state.config().topic_filter.clone();
-    let on_event = move |event| match event {
-        SubEvent::Message { conn, frames } => {
-            let queues = state.queues();
-            let worker = queues.worker_for(frames.first().map_or(&[][..], |f| f.as_ref()));
-            queues.offer_live(worker, Work::Live { origin: Origin::Central, conn, frames, at: Instant::now() });
-        }
-        SubEvent::Connected { peer, .. } => tracing::info!(peer = %peer, "publisher connected to the central SUB"),
-        SubEvent::Disconnected { peer, error, .. } => {
-            if let Some(e) = &error {
-                transport_error(e);
+pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut stop: watch::Receiver<bool>) {
+    tracing::info!(endpoint = %sub.endpoint(), filter = %transport::escape(&state.config().topic_filter), "central SUB bound");
+    let gauge = metrics::gauge!(m::ZMQ_BYTES_IN_FLIGHT, "socket" => SocketKind::Central.label());
+    let mut refresh = tokio::time::interval(GAUGE_PERIOD);
+    loop {
+        let event = tokio::select! {
+            event = sub.recv() => match event {
+                Some(event) => event,
+                None => return,
+            },
+            _ = refresh.tick() => {
+                gauge.set(sub.bytes_in_flight() as f64);
+                continue;
             }
-            tracing::info!(peer = %peer, "publisher disconnected from the central SUB");
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        match event {
+            Event::Message(msg) => {
+                let queues = state.queues();
+                let worker = queues.worker_for(msg.frames.first().map_or(&[][..], |f| f.as_ref()));
+                let work = Work::Live {
+                    origin: Origin::Central,
+                    conn: msg.conn,
+                    peer: msg.peer,
+                    frames: msg.frames,
+                    lease: msg.lease,
+                    at: Instant::now(),
+                };
+                queues.offer_live(worker, work);
+            }
+            other => {
+                match &other {
+                    Event::Connected { peer, .. } => state.central_connection(peer.source(), true),
+                    Event::Disconnected { peer, .. } => state.central_connection(peer.source(), false),
+                    _ => {}
+                }
+                transport::note_event(SocketKind::Central, "-", &other)
+            }
         }
-        SubEvent::Failed(e) => transport_error(&e),
-    };
-    sub.serve(filter, on_event, stop).await;
+    }
 }
 
-/// Dials one pod's PUB endpoint until `stop` is set; re-dials after a disconnect.
+/// Dials one pod's PUB endpoint until `stop` is set; re-dials (with backoff) after a refused
+/// connect or a disconnect.
 pub async fn dial_pod(
     state: Arc<ServiceState>,
     id: Arc<str>,
     model: Arc<str>,
     endpoint: Arc<str>,
-    stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let worker = state.queues().worker_for(id.as_bytes());
     let origin = Origin::Pod { id: id.clone(), model, endpoint: endpoint.clone() };
     let filter = state.config().topic_filter.clone();
-    let target = endpoint.to_string();
-    let connected_before = AtomicBool::new(false);
-    let on_event = move |event| match event {
-        SubEvent::Message { conn, frames } => {
-            state.queues().offer_live(worker, Work::Live { origin: origin.clone(), conn, frames, at: Instant::now() })
-        }
-        SubEvent::Connected { .. } => {
-            if connected_before.swap(true, Ordering::Relaxed) {
-                metrics::counter!(m::RECONNECTIONS, "pod" => id.to_string()).increment(1);
-            }
-            tracing::info!(pod = %id, endpoint = %endpoint, "connected to engine PUB");
-        }
-        SubEvent::Disconnected { error, .. } => {
-            if let Some(e) = &error {
-                transport_error(e);
-            }
-            tracing::warn!(pod = %id, endpoint = %endpoint, "engine PUB disconnected; re-dialling");
-        }
-        SubEvent::Failed(e) => transport_error(&e),
+    // One pod's socket holds at most a source's share, not the central SUB's whole budget.
+    let mut limits = state.config().zmq_limits.clone();
+    limits.max_bytes_in_flight = limits.max_bytes_in_flight_per_source;
+    let mut sub = match SubDialer::connect(&endpoint, &[filter.as_bytes()], limits, Backoff::default()) {
+        Ok(sub) => sub,
+        Err(e) => return TransportError::from_zmtp("connect", &endpoint, &e).record(),
     };
-    transport::dial_sub(target, filter, on_event, stop).await;
+    let mut connected_before = false;
+    loop {
+        let event = tokio::select! {
+            event = sub.recv() => match event {
+                Some(event) => event,
+                None => return,
+            },
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        match event {
+            Event::Message(msg) => {
+                let work = Work::Live {
+                    origin: origin.clone(),
+                    conn: msg.conn,
+                    peer: msg.peer,
+                    frames: msg.frames,
+                    lease: msg.lease,
+                    at: Instant::now(),
+                };
+                state.queues().offer_live(worker, work);
+            }
+            other => {
+                if matches!(other, Event::Connected { .. }) && std::mem::replace(&mut connected_before, true) {
+                    metrics::counter!(m::RECONNECTIONS, "pod" => id.to_string()).increment(1);
+                }
+                transport::note_event(SocketKind::Pod, &id, &other);
+            }
+        }
+    }
 }

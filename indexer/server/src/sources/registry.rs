@@ -136,6 +136,11 @@ impl Registry {
             .collect()
     }
 
+    /// Where a registered pod came from (config, pods_file, grpc, http).
+    pub fn origin_of(&self, pod: &str) -> Option<&'static str> {
+        self.pods.get(pod).map(|p| p.origin)
+    }
+
     fn ids_with_origin(&self, origin: &str) -> Vec<String> {
         self.pods.iter().filter(|(_, p)| p.origin == origin).map(|(id, _)| id.clone()).collect()
     }

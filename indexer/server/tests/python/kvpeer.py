@@ -292,6 +292,7 @@ class Peer:
                     "weighted_score": s.weighted_score,
                     "matched_by_tier": dict(s.matched_by_tier),
                     "state": self.pb.SourceState.Name(s.state),
+                    "speculative_blocks": s.speculative_blocks,
                 }
                 for s in r.scores
             ],
@@ -311,18 +312,36 @@ class Peer:
         replies = list(call(iter([b"\x3a\x00"]), timeout=10))
         return {"raw": b"".join(replies).decode("latin-1")}
 
+    def op_record_route(self, pod, model, tokens, ttl_ms=0, lora_name="", cache_salt=""):
+        req = self.pb.RecordRouteRequest(pod=pod, model=model, token_ids=tokens, ttl_ms=ttl_ms, lora_name=lora_name, cache_salt=cache_salt)
+        try:
+            r = self.stub.RecordRoute(req, timeout=10)
+        except grpc.RpcError as e:
+            return {"ok": False, "code": e.code().name, "details": e.details()}
+        return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms}
+
     def op_score_raw(self, model, n_tokens, pods=()):
         return self.op_score(model, list(range(n_tokens)), pods)
 
-    def op_register(self, **kw):
+    @staticmethod
+    def auth(token):
+        """Call metadata for the control plane: the test's bearer token (KVPEER_ADMIN_TOKEN)
+        unless `token` says otherwise ("" = none)."""
+        token = os.environ.get("KVPEER_ADMIN_TOKEN", "") if token is None else token
+        return [("authorization", f"Bearer {token}")] if token else []
+
+    def op_register(self, token=None, **kw):
         try:
-            self.stub.RegisterPod(self.pb.RegisterPodRequest(**kw), timeout=10)
+            self.stub.RegisterPod(self.pb.RegisterPodRequest(**kw), timeout=10, metadata=self.auth(token))
         except grpc.RpcError as e:
             return {"ok": False, "code": e.code().name, "details": e.details()}
         return {}
 
-    def op_unregister(self, pod):
-        r = self.stub.UnregisterPod(self.pb.UnregisterPodRequest(pod=pod), timeout=10)
+    def op_unregister(self, pod, token=None):
+        try:
+            r = self.stub.UnregisterPod(self.pb.UnregisterPodRequest(pod=pod), timeout=10, metadata=self.auth(token))
+        except grpc.RpcError as e:
+            return {"ok": False, "code": e.code().name, "details": e.details()}
         return {"existed": r.existed}
 
     # --- publishers ------------------------------------------------------------------------

@@ -92,6 +92,7 @@ impl Peer {
         let mut child = Command::new(python)
             .arg(script)
             .arg(proto)
+            .env("KVPEER_ADMIN_TOKEN", ADMIN_TOKEN)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -148,7 +149,7 @@ impl Peer {
     }
 
     /// Waits until the indexer has applied (or accounted for) every publisher's last seq.
-    pub fn settle(&mut self, server: &Server, names: &[&str]) {
+    pub fn settle(&mut self, server: &impl Admin, names: &[&str]) {
         assert!(
             self.try_settle(server, names, 30),
             "timed out after 30s waiting for the indexer to catch up with {names:?}"
@@ -156,7 +157,7 @@ impl Peer {
     }
 
     /// [`Peer::settle`] that reports a timeout instead of failing.
-    pub fn try_settle(&mut self, server: &Server, names: &[&str], secs: u64) -> bool {
+    pub fn try_settle(&mut self, server: &impl Admin, names: &[&str], secs: u64) -> bool {
         let info = self.cmd(json!({"op": "info", "names": names}));
         let deadline = std::time::Instant::now() + Duration::from_secs(secs);
         loop {
@@ -178,7 +179,7 @@ impl Peer {
 
     /// Waits until every named publisher's pod is caught up, in `state` and credited exactly;
     /// checks that nothing is over-credited.
-    pub fn wait_exact(&mut self, server: &Server, names: &[&str], model: &str, state: &str, secs: u64) -> Value {
+    pub fn wait_exact(&mut self, server: &impl Admin, names: &[&str], model: &str, state: &str, secs: u64) -> Value {
         self.settle(server, names);
         wait_until(&format!("{names:?} {state} and exact"), secs, || {
             let r = self.check(names, model);
@@ -213,7 +214,11 @@ impl Server {
 
     pub fn try_start(args: &[&str]) -> Result<Server, String> {
         init_logs();
+        let token_file = admin_token_file();
         let mut argv = vec!["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"];
+        if !args.contains(&"--admin-token-file") {
+            argv.extend_from_slice(&["--admin-token-file", token_file.to_str().unwrap()]);
+        }
         argv.extend_from_slice(args);
         let config = kvindex_server::Config::from_args(&argv).map_err(|e| e.to_string())?;
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
@@ -237,29 +242,47 @@ impl Server {
     pub fn zmq(&self) -> String {
         self.zmq.clone().expect("central mode")
     }
+}
 
-    /// A plain HTTP/1.1 request to the admin server: (status, body).
-    pub fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-        http_request(&self.http, method, path, body)
+impl Admin for Server {
+    fn http_addr(&self) -> &str {
+        &self.http
+    }
+}
+
+impl Admin for ServeProcess {
+    fn http_addr(&self) -> &str {
+        &self.http
+    }
+}
+
+/// The HTTP admin of a running server (in process or a child), for assertions.
+pub trait Admin {
+    fn http_addr(&self) -> &str;
+
+    /// A plain HTTP/1.1 request to the admin server with the test's bearer token:
+    /// (status, body).
+    fn http(&self, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+        http_request_as(self.http_addr(), method, path, body, Some(ADMIN_TOKEN))
     }
 
-    pub fn get(&self, path: &str) -> (u16, String) {
+    fn get(&self, path: &str) -> (u16, String) {
         self.http("GET", path, None)
     }
 
-    pub fn sources(&self) -> Value {
+    fn sources(&self) -> Value {
         let (status, body) = self.get("/debug/sources");
         assert_eq!(status, 200, "{body}");
         serde_json::from_str(&body).unwrap()
     }
 
     /// The debug entry of the stream whose (DP-resolved) pod id is `pod`.
-    pub fn source(&self, pod: &str) -> Option<Value> {
+    fn source(&self, pod: &str) -> Option<Value> {
         self.sources()["sources"].as_array()?.iter().find(|s| s["pod"] == pod).cloned()
     }
 
     /// Sum of every sample of `name` whose label set contains all of `labels` (`k="v"`).
-    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+    fn metric(&self, name: &str, labels: &[&str]) -> f64 {
         let (_, body) = self.get("/metrics");
         body.lines()
             .filter(|l| !l.starts_with('#'))
@@ -270,14 +293,35 @@ impl Server {
     }
 }
 
-/// A plain HTTP/1.1 request (no client crate needed): (status, body).
+/// The bearer token of the servers the tests start (`--admin-token-file`, see
+/// [`admin_token_file`]); the Python peer presents it too (`KVPEER_ADMIN_TOKEN`).
+pub const ADMIN_TOKEN: &str = "kvindex-test-admin-token-0123456789";
+
+/// A file holding [`ADMIN_TOKEN`], written once per test process.
+pub fn admin_token_file() -> PathBuf {
+    static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("kvindex-test-admin-token-{}", std::process::id()));
+        std::fs::write(&path, ADMIN_TOKEN).unwrap();
+        path
+    })
+    .clone()
+}
+
+/// A plain HTTP/1.1 request without credentials (no client crate needed): (status, body).
 pub fn http_request(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    http_request_as(addr, method, path, body, None)
+}
+
+/// A plain HTTP/1.1 request presenting `token` as a bearer token, if any: (status, body).
+pub fn http_request_as(addr: &str, method: &str, path: &str, body: Option<&str>, token: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect http");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let body = body.unwrap_or("");
+    let auth = token.map_or_else(String::new, |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         addr,
         body.len()
     )

@@ -1,0 +1,113 @@
+//! The control plane: who may change what the index believes through an API. Registration
+//! (`POST /pods`, `DELETE /pods/{pod}`, gRPC `RegisterPod` / `UnregisterPod`) re-points or
+//! erases pods, so it is off unless the operator configures a bearer token
+//! (`admin_token_file`), and then every call must present it. Pods the operator configured
+//! (config file, `--pod`, pods file) cannot be replaced or removed through the API at all.
+//! Reads (ScoreTokens, GetPodScores, health, `/metrics`, `/debug`) are not gated here.
+
+use std::fmt;
+
+use crate::state::ServiceState;
+use crate::telemetry as m;
+
+/// The operator's bearer token for the control plane. Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// Fewest bytes a token may have (a guessable token is no lock).
+    pub const MIN_LEN: usize = 16;
+
+    /// The token in `text` (a file's content; surrounding whitespace ignored).
+    pub fn parse(text: &str) -> Result<AdminToken, String> {
+        let token = text.trim();
+        if token.len() < Self::MIN_LEN {
+            return Err(format!("the token must have at least {} characters", Self::MIN_LEN));
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the token must be printable ASCII without spaces".into());
+        }
+        Ok(AdminToken(token.to_string()))
+    }
+
+    /// Whether `presented` is this token, in time independent of where they differ.
+    fn matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+/// Why a control-plane call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    #[error("pod registration is disabled: start kvindex serve with admin_token_file to enable it")]
+    Disabled,
+    #[error("missing bearer token (Authorization: Bearer <token>)")]
+    MissingToken,
+    #[error("wrong bearer token")]
+    WrongToken,
+}
+
+impl Denied {
+    pub fn label(self) -> &'static str {
+        match self {
+            Denied::Disabled => "disabled",
+            Denied::MissingToken => "missing_token",
+            Denied::WrongToken => "wrong_token",
+        }
+    }
+}
+
+/// Checks a control-plane call on `api` (`http` or `grpc`) that presented the `authorization`
+/// value (header or metadata); counts and logs a refusal.
+pub fn authorize(state: &ServiceState, api: &'static str, authorization: Option<&str>) -> Result<(), Denied> {
+    let outcome = match &state.config().admin_token {
+        None => Err(Denied::Disabled),
+        Some(token) => match authorization.and_then(|v| v.strip_prefix("Bearer ")) {
+            None => Err(Denied::MissingToken),
+            Some(presented) if token.matches(presented.trim()) => Ok(()),
+            Some(_) => Err(Denied::WrongToken),
+        },
+    };
+    if let Err(denied) = outcome {
+        metrics::counter!(m::CONTROL_DENIED, "api" => api, "reason" => denied.label()).increment(1);
+        tracing::warn!(api, reason = denied.label(), "control-plane call refused");
+    }
+    outcome
+}
+
+/// Refuses an API change to a pod the operator configured (config file, `--pod`, pods file).
+pub fn may_change(state: &ServiceState, api: &'static str, pod: &str) -> Result<(), String> {
+    let origin = state.registry().origin_of(pod);
+    match origin {
+        Some(origin @ ("config" | "pods_file")) => {
+            metrics::counter!(m::CONTROL_DENIED, "api" => api, "reason" => "operator_pod").increment(1);
+            tracing::warn!(api, pod = %crate::transport::escape(pod), origin, "API change to an operator-configured pod refused");
+            Err(format!("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it"))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_checked_whole_and_never_printed() {
+        assert!(AdminToken::parse("short").is_err());
+        assert!(AdminToken::parse("has a space inside it").is_err());
+        let t = AdminToken::parse("  0123456789abcdef\n").unwrap();
+        assert!(t.matches("0123456789abcdef"));
+        assert!(!t.matches("0123456789abcdeF"));
+        assert!(!t.matches("0123456789abcdef0"));
+        assert!(!t.matches(""));
+        assert!(!format!("{t:?}").contains("0123"));
+    }
+}
