@@ -182,6 +182,8 @@ impl KvIndex {
         // that it is still the block this pod holds before a child hangs off it).
         let mut placed: Vec<Option<(Pos, u64)>> = Vec::with_capacity(export.blocks.len());
         let mut keys = Vec::new();
+        // Blocks that an imported block continues directly: not chain ends (see `forget_end`).
+        let mut continued = vec![false; export.blocks.len()];
         for block in &export.blocks {
             let mut lost_tier = false;
             let mut mask = if block.keys.is_empty() { 0 } else { 0xff };
@@ -220,12 +222,18 @@ impl KvIndex {
                 _ => (None, false),
             };
             let guard = tree.pin();
+            if let (Some(_), ChainParent::Block(i), true) = (last, block.parent, block.path.is_empty()) {
+                continued[i as usize] = true;
+            }
             placed.push(last.and_then(|p| tree.first_key(p, &guard).map(|f| (p, f))));
             if last.is_some() && whole && !lost_tier {
                 report.blocks += 1;
             } else {
                 report.refused += 1;
             }
+        }
+        for (block, _) in export.blocks.iter().zip(&continued).filter(|(_, c)| **c) {
+            state.forget_end(block.engine);
         }
         report
     }

@@ -810,6 +810,13 @@ impl PodIngest {
         (Some(last), whole)
     }
 
+    /// For the export facade's import: `scoped` is no longer one of this pod's chain ends (a
+    /// block another imported block continues), so `ends` stays as small as live ingest keeps
+    /// it; a lookup that needs it falls back to indexing the pod, as it would live.
+    pub(super) fn forget_end(&mut self, scoped: u64) {
+        self.ends.remove(&scoped);
+    }
+
     /// The scoped engine hash this pod knows the block at `pos` by: its exception's, else the
     /// block's recorded one.
     fn engine_hash_of(&self, tree: &Tree, guard: &Guard, pos: Pos) -> Option<u64> {
