@@ -157,6 +157,7 @@ fn main() {
             block_size: 16,
             max_prompt_tokens: 262_144,
             speculative_ttl: Duration::ZERO,
+            record_route_timeout: Duration::from_millis(250),
             models: [MODEL.to_string()].into(),
             loras: Default::default(),
         };

@@ -32,6 +32,8 @@ pub struct StreamDebug {
     pub gaps: u64,
     pub duplicates: u64,
     pub restarts: u64,
+    /// Live connections that closed and cleared this stream.
+    pub disconnects: u64,
     pub malformed: u64,
     pub clears: u64,
     pub replays_started: u64,

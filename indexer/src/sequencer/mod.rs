@@ -11,6 +11,7 @@
 //!      │                  │                 └──not covered / failed / timeout──▶ DEGRADED (pod cleared)
 //!      └──seq > 0──▶ replay from 0 (or DEGRADED without replay)
 //!                         ├──seq goes back (restart), or a new connection──▶ clear, replay from 0 ──▶ EXACT | DEGRADED
+//!                         ├──its connection closes──▶ clear ──▶ CONNECTING (from any state)
 //!                         └──silent > stale_after──▶ STALE (back on data)
 //! DEGRADED keeps applying new batches (scores only under-report) and becomes EXACT again only
 //! after a full resync: a replay from seq 0 whose first reply is seq 0 (after a restart).
@@ -94,6 +95,8 @@ pub struct SequencerStats {
     pub gaps: u64,
     pub duplicates: u64,
     pub restarts: u64,
+    /// Live connections that closed while the stream held their state.
+    pub disconnects: u64,
     pub malformed: u64,
     pub clears: u64,
     pub replays_started: u64,
@@ -354,6 +357,24 @@ impl<P> Sequencer<P> {
     /// connection change). The next live message then resyncs from seq 0 (see `on_live`).
     pub fn on_reconnect(&mut self) {
         self.reconnected = true;
+    }
+
+    /// The live connection this stream's messages came on closed. The publisher may be gone
+    /// (a restarted engine publishes nothing until it serves a request), so nothing it sent
+    /// is claimed any more: clear, abandon any replay, and go back to CONNECTING so that the
+    /// next connection starts over as a new stream (seq 0 applies; a later seq replays from 0).
+    pub fn on_disconnect(&mut self, out: &mut Vec<Step<P>>) {
+        self.stats.disconnects += 1;
+        if self.replay.is_some() {
+            self.end_replay(ReplayOutcome::Abandoned, out);
+        }
+        self.pending.clear();
+        self.clear(Reason::Disconnect, out);
+        self.degraded = false;
+        self.next = None;
+        self.last_live = None;
+        self.reconnected = false;
+        self.set_state(SourceState::Connecting, Reason::Disconnect, out);
     }
 
     /// The publisher restarted (or may have): its new process holds nothing we know.

@@ -64,6 +64,10 @@ pub enum Reason {
     /// The publisher's connection was replaced: it may have restarted with its seq already
     /// past ours, so its history is re-read from seq 0 instead of trusted.
     Reconnect,
+    /// The publisher's live connection closed: what came on it is no longer claimed (a
+    /// restarted engine publishes nothing until it serves a request), and the next
+    /// connection resyncs from seq 0.
+    Disconnect,
     /// A payload could not be decoded; its seq is lost.
     Malformed,
     /// Silent for longer than `stale_after`.
@@ -86,6 +90,7 @@ impl Reason {
             Reason::PendingOverflow => "pending_overflow",
             Reason::Restart => "restart",
             Reason::Reconnect => "reconnect",
+            Reason::Disconnect => "disconnect",
             Reason::Malformed => "malformed",
             Reason::Silent => "silent",
             Reason::Data => "data",

@@ -275,6 +275,43 @@ fn reconnect_before_any_data_is_nothing() {
 }
 
 #[test]
+fn disconnect_clears_and_the_next_publisher_starts_over() {
+    let mut s = exact_from_zero(false);
+    let mut out = Vec::new();
+    s.on_disconnect(&mut out);
+    assert_eq!(actions(&out), ["clear disconnect"]);
+    assert!(out.contains(&Step::Transition { from: Exact, to: Connecting, reason: Reason::Disconnect }));
+    assert_eq!((s.last_seq(), s.last_live_seq(), s.stats().disconnects), (None, None, 1));
+    // The new process starts at seq 0: applied at once, no second clear.
+    let out = live(&mut s, 0, 1);
+    assert_eq!(actions(&out), ["apply 0 L"]);
+    assert_eq!(s.state(), Exact);
+}
+
+#[test]
+fn disconnect_then_a_publisher_ahead_replays_from_zero() {
+    let mut s = exact_from_zero(true);
+    let mut out = Vec::new();
+    s.on_disconnect(&mut out);
+    assert_eq!(actions(&live(&mut s, 5, 1)), ["replay 0"]);
+    assert_eq!(s.state(), Replaying);
+}
+
+#[test]
+fn disconnect_during_replay_abandons_it() {
+    let mut s = exact_from_zero(true);
+    let id = replay_id(&live(&mut s, 6, 1));
+    let mut out = Vec::new();
+    s.on_disconnect(&mut out);
+    assert!(out.contains(&Step::ReplayDone { id, outcome: ReplayOutcome::Abandoned }));
+    assert_eq!(actions(&out), ["clear disconnect"]);
+    assert_eq!((s.state(), s.pending()), (Connecting, 0));
+    let mut late = Vec::new();
+    s.on_replay_message(id, 3, b("R"), 2, &mut late);
+    assert!(late.is_empty());
+}
+
+#[test]
 fn restart_during_replay_abandons_it() {
     let mut s = exact_from_zero(true);
     let id = replay_id(&live(&mut s, 6, 1));
@@ -436,13 +473,25 @@ fn randomized_never_guesses() {
         for _ in 0..60 {
             now += 1;
             let mut out = Vec::new();
+            let mut disconnected = false;
             match rand(20) {
                 0 => {
-                    // A restart is a new process on a new connection.
+                    // A restart is a new process on a new connection; the old connection's
+                    // close is seen first (it clears at once), or only the new connection is.
                     proc_id += 1;
                     published.clear();
-                    restarted = true;
-                    s.on_reconnect();
+                    if rand(2) == 0 {
+                        s.on_disconnect(&mut out);
+                        disconnected = true;
+                    } else {
+                        restarted = true;
+                        s.on_reconnect();
+                    }
+                }
+                18 => {
+                    // A network blip seen as a close: same process, new connection.
+                    s.on_disconnect(&mut out);
+                    disconnected = true;
                 }
                 19 => s.on_reconnect(), // a network blip: same process, new connection
                 1 => s.on_tick(now + 10_000, &mut out),
@@ -482,6 +531,10 @@ fn randomized_never_guesses() {
                     s.on_replay_message(id, seq, item, now, &mut out);
                 }
                 s.on_replay_end(id, now, &mut out);
+            }
+            if disconnected {
+                assert!(applied.is_empty(), "a disconnect keeps nothing of the connection");
+                assert_eq!(s.state(), Connecting);
             }
             if !restarted && (s.state() == Exact || (s.state() == Stale && !s.is_degraded())) {
                 let last = s.last_seq().expect("exact implies a cursor");

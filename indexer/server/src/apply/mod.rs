@@ -237,6 +237,7 @@ impl Worker {
                 self.execute(&stream, &mut steps, None);
                 self.steps = steps;
             }
+            Work::Disconnected { origin, conn } => self.disconnected(&origin, conn),
             Work::RemovePod { pod, done } => {
                 let keys: Vec<StreamKey> = self
                     .streams
@@ -263,6 +264,39 @@ impl Worker {
                 let _ = reply.send(self.snapshot_records());
             }
             Work::Stop => {}
+        }
+    }
+
+    /// Clears every stream the closed connection `conn` carried: a restarted engine publishes
+    /// nothing until it serves a request, so the old process's blocks must not wait for that.
+    fn disconnected(&mut self, origin: &Origin, conn: ConnId) {
+        let keys: Vec<StreamKey> = self
+            .streams
+            .iter()
+            .filter(|(key, st)| match st.conn {
+                Some(c) => c == conn,
+                // A dialled pod's stream filled by its start-up replay before any live message
+                // came: the dialer's connection is the only one that pod has.
+                None => match origin {
+                    Origin::Pod { id, endpoint, .. } => {
+                        key.base == *id
+                            && st.endpoint.as_ref() == Some(endpoint)
+                            && st.seq.state() != SourceState::Connecting
+                    }
+                    Origin::Central => false,
+                },
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in keys {
+            let mut steps = std::mem::take(&mut self.steps);
+            if let Some(st) = self.streams.get_mut(&key) {
+                st.conn = None;
+                st.seq.on_disconnect(&mut steps);
+                tracing::info!(pod = %st.pod, %conn, "publisher disconnected: pod cleared until its next connection");
+            }
+            self.execute(&key, &mut steps, None);
+            self.steps = steps;
         }
     }
 
@@ -558,6 +592,7 @@ impl Worker {
                     gaps: s.gaps,
                     duplicates: s.duplicates,
                     restarts: s.restarts,
+                    disconnects: s.disconnects,
                     malformed: s.malformed,
                     clears: s.clears,
                     replays_started: s.replays_started,

@@ -58,6 +58,13 @@ pub enum Work {
         endpoint: Arc<str>,
         startup: bool,
     },
+    /// A publisher's live connection closed: every stream whose messages came on it is
+    /// cleared and back to CONNECTING (its next connection resyncs). Only the connection that
+    /// carried a stream clears it; a foreign one (central mode) never did, so it cannot.
+    Disconnected {
+        origin: Origin,
+        conn: ConnId,
+    },
     /// Drop every stream of this pod and everything it holds; answer when done.
     RemovePod {
         pod: String,

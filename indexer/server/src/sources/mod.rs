@@ -6,7 +6,10 @@
 //! socket's byte budget, so the apply queue is bounded in bytes as well as in messages.
 //!
 //! Every message carries its connection id: a stream whose messages come on a new connection
-//! is resynced from seq 0 (a restarted engine may already be past our cursor). Topic
+//! is resynced from seq 0 (a restarted engine may already be past our cursor). A closed
+//! connection clears, at once, every stream it carried: a restarted vLLM publishes nothing
+//! until it serves a request, so its old process's blocks must not wait for that message.
+//! The disconnect is queued behind that connection's messages, so it clears after them. Topic
 //! filtering is done by the publisher from our subscription; the worker re-checks the prefix.
 
 pub mod registry;
@@ -58,7 +61,14 @@ pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut s
             other => {
                 match &other {
                     Event::Connected { peer, .. } => state.central_connection(peer.source(), true),
-                    Event::Disconnected { peer, .. } => state.central_connection(peer.source(), false),
+                    Event::Disconnected { conn, peer, .. } => {
+                        state.central_connection(peer.source(), false);
+                        // Any worker may hold a stream of this connection (one per topic).
+                        let queues = state.queues();
+                        for worker in 0..queues.workers() {
+                            queues.send(worker, Work::Disconnected { origin: Origin::Central, conn: *conn }).await;
+                        }
+                    }
                     _ => {}
                 }
                 transport::note_event(SocketKind::Central, "-", &other)
@@ -110,6 +120,9 @@ pub async fn dial_pod(
             other => {
                 if matches!(other, Event::Connected { .. }) && std::mem::replace(&mut connected_before, true) {
                     metrics::counter!(m::RECONNECTIONS, "pod" => id.to_string()).increment(1);
+                }
+                if let Event::Disconnected { conn, .. } = &other {
+                    state.queues().send(worker, Work::Disconnected { origin: origin.clone(), conn: *conn }).await;
                 }
                 transport::note_event(SocketKind::Pod, &id, &other);
             }
