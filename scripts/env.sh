@@ -6,3 +6,7 @@
 : "${KVINDEX_FIXTURES:=/var/tmp/kvindex-fixtures}"
 export CARGO_TARGET_DIR KVINDEX_VENV KVINDEX_FIXTURES
 export KVINDEX_PYTHON="$KVINDEX_VENV/bin/python"
+# The system RocksDB the `rocksdb` crate links (Debian's librocksdb-dev; .cargo/config.toml
+# sets the same default for plain cargo commands).
+: "${ROCKSDB_LIB_DIR:=/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)}"
+export ROCKSDB_LIB_DIR

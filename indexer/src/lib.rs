@@ -20,4 +20,7 @@ pub mod speculative;
 pub mod vllm_hash;
 pub mod wire;
 
-pub use index::{ApplyReport, HashCheck, KvIndex, KvIndexConfig, PodStats, ScoreQuery, ScoreResult, SkipReason};
+pub use index::{
+    ApplyReport, BlockExport, ChainParent, HashCheck, ImportReport, KvIndex, KvIndexConfig, PodExport, PodStats,
+    ScoreQuery, ScoreResult, SkipReason,
+};

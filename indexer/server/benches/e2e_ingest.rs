@@ -10,7 +10,8 @@
 //!    Reports client-side p50/p99.
 //!
 //! Run: `cargo bench -p kvindex-server --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
-//! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`).
+//! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`,
+//! `E2E_SERVE_ARGS` = extra `serve` flags, e.g. `--snapshot-dir /tmp/s --snapshot-interval 1`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -80,6 +81,8 @@ impl Server {
             ])
             .args(["--block-size", "16"])
             .args(extra)
+            // Extra `serve` flags for a comparison run, e.g. E2E_SERVE_ARGS="--snapshot-dir /tmp/s".
+            .args(std::env::var("E2E_SERVE_ARGS").unwrap_or_default().split_whitespace())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

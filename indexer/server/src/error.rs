@@ -27,6 +27,8 @@ pub enum ServerError {
     Stopped { server: &'static str, reason: String },
     #[error("HTTP server: {0}")]
     Http(std::io::Error),
+    #[error("snapshot_dir: {0}")]
+    Snapshot(String),
     #[error("{what}: {source}")]
     Io { what: &'static str, source: std::io::Error },
 }

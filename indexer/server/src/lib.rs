@@ -19,6 +19,7 @@
 //! - [`sources`]: live streams and the [`sources::registry`] of pods and topics.
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
 //! - [`apply`]: the apply workers and their bounded queues.
+//! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
 //! - [`state`], [`status`]: what the parts share, behind methods.
 //! - [`control`]: who may change what the index believes (registration auth).
 //! - [`grpc`], [`http`]: the servers. [`telemetry`]: metric names and the recorder.
@@ -26,11 +27,13 @@
 pub mod apply;
 pub mod config;
 pub mod control;
+pub mod dump;
 pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod replay;
 pub mod server;
+pub mod snapshot;
 pub mod sources;
 pub mod state;
 pub mod status;

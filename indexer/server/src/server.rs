@@ -17,12 +17,13 @@ use kvindex::{HashCheck, KvIndex, KvIndexConfig};
 
 use crate::apply::{Queues, Work, Worker};
 use crate::config::Config;
+use crate::dump::recorder::Recorder;
 use crate::error::ServerError;
 use crate::grpc::tokenizer::PromptTokenizer;
 use crate::sources::registry;
 use crate::state::ServiceState;
 use crate::transport::{Admission, Peer, SubListener};
-use crate::{grpc, http, sources, telemetry};
+use crate::{grpc, http, snapshot, sources, telemetry};
 
 /// How long requests in flight may take to finish once shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -88,7 +89,21 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let tokenizer = listeners.tokenizer.take();
     let index = build_index(&config)?;
     let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
-    let state = Arc::new(ServiceState::new(config, index, queues));
+    let record = config.record.clone();
+    let mut state = ServiceState::new(config, index, queues);
+    let recorder = match record {
+        Some(r) => {
+            let recorder = Recorder::new(&r.path, r.retention)
+                .map_err(|source| ServerError::Io { what: "record --out", source })?;
+            tracing::warn!(path = %r.path.display(), "recording every message (with token ids) to a dump");
+            let recorder = Arc::new(recorder);
+            state.set_recorder(recorder.clone());
+            Some(recorder)
+        }
+        None => None,
+    };
+    let state = Arc::new(state);
+    let snapshots = snapshot::open(&state).map_err(ServerError::Snapshot)?;
     let mut workers = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
         let worker = Worker::new(state.clone(), i);
@@ -103,6 +118,9 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     if let Some(sub) = listeners.zmq {
         tasks.push(tokio::spawn(sources::serve_central(state.clone(), sub, stopping.clone())));
+    }
+    if let Some(store) = &snapshots {
+        tasks.push(tokio::spawn(snapshot::periodic(state.clone(), store.clone(), stopping.clone())));
     }
     registry::register_static(&state).await;
     if let Some(path) = state.config().pods_file.clone() {
@@ -136,10 +154,22 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     for task in tasks {
         let _ = task.await;
     }
+    if let Some(store) = &snapshots {
+        // The sources are stopped: this snapshot is where every stream ended.
+        match snapshot::take(&state, store, true).await.and_then(|()| store.flush().map_err(|e| e.to_string())) {
+            Ok(()) => {}
+            Err(e) => tracing::error!(error = %e, "final snapshot failed"),
+        }
+    }
     for worker in 0..state.queues().workers() {
         state.queues().send(worker, Work::Stop).await;
     }
     let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
+    if let Some(recorder) = recorder {
+        if let Err(e) = recorder.finish() {
+            tracing::error!(error = %e, "dump not finished cleanly");
+        }
+    }
     tracing::info!("stopped");
     outcome
 }

@@ -15,6 +15,8 @@ use kvindex::KvIndex;
 
 use crate::apply::Queues;
 use crate::config::Config;
+use crate::dump::recorder::Recorder;
+use crate::snapshot::Restored;
 use crate::sources::registry::Registry;
 use crate::status::SourceStatus;
 use crate::transport::Source;
@@ -30,6 +32,8 @@ pub struct ServiceState {
     status: SourceStatus,
     readiness: Readiness,
     replay_permits: Arc<Semaphore>,
+    restored: Restored,
+    recorder: Option<Arc<Recorder>>,
     /// Live connections on the central SUB per source address: a topic bound to a source
     /// moves to another only once its source has none.
     central_sources: parking_lot::Mutex<HashMap<Source, usize>>,
@@ -50,6 +54,8 @@ impl ServiceState {
             queues,
             status: SourceStatus::default(),
             readiness: Readiness::default(),
+            restored: Restored::default(),
+            recorder: None,
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -103,6 +109,20 @@ impl ServiceState {
     /// Bounds replays in flight (`max_concurrent_replays`).
     pub fn replay_permits(&self) -> Arc<Semaphore> {
         self.replay_permits.clone()
+    }
+
+    /// Snapshot records loaded at start and not yet picked up by their streams.
+    pub fn restored(&self) -> &Restored {
+        &self.restored
+    }
+
+    /// The dump being recorded (`kvindex record`), if any.
+    pub fn recorder(&self) -> Option<&Recorder> {
+        self.recorder.as_deref()
+    }
+
+    pub(crate) fn set_recorder(&mut self, recorder: Arc<Recorder>) {
+        self.recorder = Some(recorder);
     }
 
     /// A connection from `source` to the central SUB opened (`true`) or closed.

@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 
 use crossbeam_epoch::Guard;
 
+use super::hybrid::GroupPlan;
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, Tiers, MAX_TIERS};
@@ -738,6 +739,82 @@ impl PodIngest {
             }
         }
         true
+    }
+
+    /// Whether this pod's engine has one plain full-attention KV-cache group: the only kind
+    /// the export facade (`index::export`) carries.
+    pub(super) fn is_plain(&self) -> bool {
+        GroupPlan::is_plain(&self.groups)
+    }
+
+    /// For the export facade: this pod's engine blocks, as (scoped engine hash, position of
+    /// its last canonical block, canonical blocks it spans), each block held by the pod.
+    pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, Pos, u32)> {
+        let live = |pos: Pos, first: u64| {
+            tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0
+        };
+        let mut out = Vec::new();
+        let mut named = rustc_hash::FxHashSet::default();
+        for (&scoped, &(pos, first)) in &self.exceptions {
+            if live(pos, first) {
+                named.insert(pos);
+                out.push((scoped, pos, self.spans.get(&scoped).copied().unwrap_or(1)));
+            }
+        }
+        for seg in &self.segments {
+            for (pos, _) in tree.held_in(seg, self.pod, guard) {
+                let engine = tree.engine_at(pos, guard);
+                // Another pod's hash recorded on a block this pod holds inside one of its own
+                // engine blocks (one block size per plain engine: its multi-block engine
+                // blocks are all in `spans`) is not a name this pod uses.
+                let ours = self.spans.is_empty() || self.spans.contains_key(&engine);
+                if engine != 0 && ours && !named.contains(&pos) && !self.exceptions.contains_key(&engine) {
+                    out.push((engine, pos, self.spans.get(&engine).copied().unwrap_or(1)));
+                }
+            }
+        }
+        out
+    }
+
+    /// For the export facade's import: stores one engine block, `keys[hold_from..]` continuing
+    /// `parent` (the keys before are path the pod does not hold), named by `scoped`, in the
+    /// tiers of `mask`, through the same store the events use. Returns the position of its last
+    /// block (None when the bound refused it: what was held stays held, so this can only
+    /// under-report) and whether every tier was restored.
+    pub(super) fn restore_block(
+        &mut self,
+        tree: &Tree,
+        parent: ParentKey,
+        keys: &[u64],
+        hold_from: usize,
+        scoped: u64,
+        mask: u8,
+    ) -> (Option<Pos>, bool) {
+        let guard = tree.pin();
+        let mut tiers = (0..MAX_TIERS as u8).map(TierId).filter(|t| mask & t.bit() != 0);
+        let (Some(first), true, true) = (tiers.next(), scoped != 0, hold_from < keys.len()) else {
+            return (None, false);
+        };
+        let count = keys.len() - hold_from;
+        let ends = [(keys.len() - 1, scoped)];
+        if self.store_run(tree, &guard, first, parent, keys, hold_from, &ends, count) != 1 {
+            return (None, false);
+        }
+        let Some(last) = self.resolve(tree, &guard, scoped) else { return (None, false) };
+        let mut whole = true;
+        for tier in tiers {
+            let (stats, refused) = tree.retier(self.pod, last, count as u32, tier.bit(), &guard);
+            self.note_stats(&stats);
+            whole &= refused == 0;
+        }
+        (Some(last), whole)
+    }
+
+    /// For the export facade's import: `scoped` is no longer one of this pod's chain ends (a
+    /// block another imported block continues), so `ends` stays as small as live ingest keeps
+    /// it; a lookup that needs it falls back to indexing the pod, as it would live.
+    pub(super) fn forget_end(&mut self, scoped: u64) {
+        self.ends.remove(&scoped);
     }
 
     /// The scoped engine hash this pod knows the block at `pos` by: its exception's, else the

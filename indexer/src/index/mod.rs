@@ -8,6 +8,7 @@
 //! There is no I/O, async or clock here: the service shell decides when to apply, clear or
 //! drop a pod, and this type does it exactly.
 
+pub mod export;
 pub mod hybrid;
 pub mod ingest;
 pub mod pods;
@@ -33,6 +34,7 @@ use crate::keys::{namespace_of, namespace_root, PromptKeys};
 use crate::vllm_hash::Verification;
 use crate::wire::EventBatch;
 
+pub use self::export::{BlockExport, ChainParent, ImportReport, PodExport};
 pub use self::ingest::HashCheck;
 pub use self::report::{ApplyReport, SkipReason};
 

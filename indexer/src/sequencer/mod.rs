@@ -20,6 +20,7 @@
 //! The one rule: never guess. A seq that can no longer be obtained (dropped beyond the replay
 //! buffer, replay unavailable, malformed payload) clears the pod and marks it DEGRADED.
 
+mod resume;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -131,6 +132,8 @@ pub struct Sequencer<P> {
     pending: VecDeque<(u64, Item<P>)>,
     /// The live connection changed since the last live message.
     reconnected: bool,
+    /// Restored from a snapshot's cursor and no batch applied since (see `resume`).
+    resumed: bool,
     stats: SequencerStats,
 }
 
@@ -148,6 +151,7 @@ impl<P> Sequencer<P> {
             cooldown_until: 0,
             pending: VecDeque::new(),
             reconnected: false,
+            resumed: false,
             stats: SequencerStats::default(),
         }
     }
@@ -253,6 +257,7 @@ impl<P> Sequencer<P> {
         // u64::MAX is vLLM's end-of-replay marker, never a live seq; a peer sending it must not
         // overflow the cursor (it only makes later batches look like duplicates: under-report).
         self.next = Some(seq.saturating_add(1));
+        self.resumed = false;
         match item {
             Item::Batch(batch) => {
                 self.stats.applied += 1;
@@ -280,7 +285,7 @@ impl<P> Sequencer<P> {
             let to = self.settled();
             self.set_state(to, Reason::Data, out);
         }
-        if self.last_live.is_some_and(|last| seq <= last) {
+        if self.last_live.is_some_and(|last| seq <= last) || self.resumed_behind(seq) {
             self.restart(Reason::Restart, out);
         } else if std::mem::take(&mut self.reconnected) && self.last_live.is_some() {
             // A new connection whose seq moved forward: the same process after a network
@@ -380,6 +385,7 @@ impl<P> Sequencer<P> {
         }
         self.pending.clear();
         self.clear(reason, out);
+        self.resumed = false;
         self.degraded = false;
         self.next = None;
         self.set_state(SourceState::Connecting, reason, out);

@@ -23,6 +23,7 @@ use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::SkipReason;
 
 use crate::config::pod;
+use crate::snapshot::format::StreamRecord;
 use crate::state::ServiceState;
 use crate::status::StreamDebug;
 use crate::telemetry as m;
@@ -46,6 +47,10 @@ struct Stream {
     conn: Option<ConnId>,
     events: [Counter; 4],
     gaps: Counter,
+    /// The pod's snapshot record, imported once the stream continues from its cursor.
+    restore: Option<StreamRecord>,
+    /// The record's cursor, until the sequencer has been resumed from it.
+    resume_at: Option<u64>,
     /// Central mode: the source address this stream's topic is bound to.
     bound: Option<Source>,
     /// Messages dropped because they came from another source.
@@ -70,6 +75,9 @@ impl Stream {
         let ev = |t: &'static str| counter!(m::EVENTS, "type" => t, "source" => pod.to_string());
         state.status().add(&pod);
         tracing::info!(pod = %pod, model = %model, mode, "new source");
+        // A record for another model is of no use: the pod's blocks are in another namespace.
+        let restore = state.restored().take(&pod).filter(|r| r.model == *model && r.rank == key.rank);
+        let resume_at = restore.as_ref().map(|r| r.cursor);
         Stream {
             seq,
             events: [ev("BlockStored"), ev("BlockRemoved"), ev("AllBlocksCleared"), ev("unknown")],
@@ -84,6 +92,8 @@ impl Stream {
             conn: None,
             bound: None,
             conflicts: 0,
+            restore,
+            resume_at,
         }
     }
 
@@ -211,7 +221,10 @@ impl Worker {
                 let st = self.stream(&stream, &model, "per-pod");
                 st.endpoint = Some(endpoint);
                 st.seq.set_replay(replay);
-                st.seq.start_initial_sync(now, &mut steps);
+                match st.resume_at.take() {
+                    Some(cursor) => st.seq.resume(cursor, now, &mut steps),
+                    None => st.seq.start_initial_sync(now, &mut steps),
+                }
                 if startup {
                     st.startup_sync = steps.iter().find_map(|s| match s {
                         Step::RequestReplay { id, .. } => Some(*id),
@@ -246,6 +259,9 @@ impl Worker {
                 any |= self.state.index().remove_pod(&pod);
                 self.state.end_speculation(&pod, "removed");
                 let _ = done.send(any);
+            }
+            Work::Snapshot { reply } => {
+                let _ = reply.send(self.snapshot_records());
             }
             Work::Stop => {}
         }
@@ -296,6 +312,15 @@ impl Worker {
 
     fn live(&mut self, origin: Origin, conn: ConnId, peer: &Peer, frames: Vec<Bytes>, at: Instant) {
         self.live_msgs.increment(1);
+        if let Some(recorder) = self.state.recorder() {
+            let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+            match &origin {
+                Origin::Central => recorder.record("live", None, None, Some("central"), &refs),
+                Origin::Pod { id, model, endpoint } => {
+                    recorder.record("live", Some(id), Some(model), Some(endpoint), &refs)
+                }
+            }
+        }
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let raw = match wire::parse_live(&refs) {
             Ok(raw) => raw,
@@ -385,6 +410,9 @@ impl Worker {
                 st.seq.set_replay(state.registry().replay_endpoint(&base, rank).is_some());
                 st.registry_generation = generation;
             }
+            if let Some(cursor) = st.resume_at.take() {
+                st.seq.resume(cursor, now, &mut steps);
+            }
             if st.topic.is_none() && mode == "central" {
                 st.topic = Some(String::from_utf8_lossy(topic).into_owned());
             }
@@ -402,6 +430,11 @@ impl Worker {
     fn replay(&mut self, key: StreamKey, id: u64, item: ReplayItem) {
         let now = self.state.now_ms();
         let Some(st) = self.streams.get_mut(&key) else { return };
+        if let (Some(recorder), ReplayItem::Message { seq, payload }) = (self.state.recorder(), &item) {
+            // The replay reply as a DEALER sees it (vLLM 0.26+ layout, topic left empty).
+            let seq = seq.to_be_bytes();
+            recorder.record("replay", Some(&key.base), Some(&st.model), None, &[b"", b"", &seq, payload]);
+        }
         let mut steps = std::mem::take(&mut self.steps);
         match item {
             ReplayItem::Message { seq, payload } => {
@@ -434,6 +467,10 @@ impl Worker {
             let Some(st) = self.streams.get_mut(key) else { return };
             match step {
                 Step::Apply { seq: _, batch } => {
+                    if let Some(record) = st.restore.take() {
+                        // The stream continued from the snapshot's cursor: its residencies hold.
+                        restore_pod(&state, &record);
+                    }
                     let report = match current {
                         // The batch this call decoded: do not decode it again.
                         Some((bytes, decoded, at))
@@ -473,6 +510,10 @@ impl Worker {
                     }
                 }
                 Step::Clear { reason } => {
+                    if st.restore.take().is_some() {
+                        counter!(m::SNAPSHOT_RESTORES, "outcome" => "dropped").increment(1);
+                        tracing::warn!(pod = %st.pod, reason = reason.label(), "snapshot record dropped: the stream did not continue from its cursor");
+                    }
                     let removed = state.index().clear_pod(&st.pod);
                     state.end_speculation(&st.pod, reason.label());
                     counter!(m::CLEARS, "reason" => reason.label()).increment(1);
@@ -579,6 +620,49 @@ impl Worker {
             gauge!(m::SPECULATIVE_BYTES).set(speculative.approx_bytes() as f64);
         }
     }
+}
+
+impl Worker {
+    /// This worker's streams for a snapshot: each pod's residencies at its last applied seq,
+    /// or, for a stream still waiting to prove its snapshot record, that record again.
+    fn snapshot_records(&self) -> Vec<StreamRecord> {
+        let mut out = Vec::with_capacity(self.streams.len());
+        for (key, st) in &self.streams {
+            if let Some(record) = &st.restore {
+                out.push(record.clone());
+                continue;
+            }
+            let Some(cursor) = st.seq.last_seq() else { continue };
+            let index = self.state.index();
+            let export = match index.export_pod(&st.pod) {
+                Some(export) => export,
+                // A hybrid (multi-group) engine's pod is not exported: no record, so it starts
+                // cold after a restart rather than resuming with what it held missing.
+                None if index.pod_stats(&st.pod).is_some() => continue,
+                None => {
+                    kvindex::PodExport { pod: st.pod.to_string(), model: st.model.to_string(), ..Default::default() }
+                }
+            };
+            if export.model != *st.model {
+                continue;
+            }
+            out.push(StreamRecord::new(&key.base, key.rank, cursor, export));
+        }
+        out
+    }
+}
+
+/// Imports a pod's snapshot record into the index (its stream has just proven continuity).
+fn restore_pod(state: &ServiceState, record: &StreamRecord) {
+    let report = state.index().import_pod(&record.export());
+    counter!(m::SNAPSHOT_RESTORES, "outcome" => "imported").increment(1);
+    tracing::info!(
+        pod = %record.pod,
+        cursor = record.cursor,
+        blocks = report.blocks,
+        refused = report.refused,
+        "snapshot record restored: the stream continued from its cursor"
+    );
 }
 
 fn transition(state: &ServiceState, pod: &str, from: SourceState, to: SourceState, reason: Reason) {

@@ -70,6 +70,10 @@ pub enum Work {
         pod: String,
         done: tokio::sync::oneshot::Sender<bool>,
     },
+    /// Export every stream's pod and cursor for a snapshot (`crate::snapshot`).
+    Snapshot {
+        reply: tokio::sync::oneshot::Sender<Vec<crate::snapshot::format::StreamRecord>>,
+    },
     /// The server is shutting down: the worker returns.
     Stop,
 }

@@ -178,6 +178,14 @@ pub struct Settings {
     /// How often the pods file is checked for changes.
     #[arg(long, env = "KVINDEX_PODS_FILE_POLL_MS")]
     pub pods_file_poll_ms: Option<i64>,
+    /// Directory of the RocksDB snapshot for warm restarts (unset = no snapshots): loaded at
+    /// start, written periodically and on graceful shutdown. Holds prefix keys and pods, never
+    /// token ids.
+    #[arg(long, env = "KVINDEX_SNAPSHOT_DIR")]
+    pub snapshot_dir: Option<PathBuf>,
+    /// Seconds between snapshots (with `snapshot_dir`; default 60).
+    #[arg(long, env = "KVINDEX_SNAPSHOT_INTERVAL")]
+    pub snapshot_interval: Option<i64>,
     /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
     #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
     #[serde(deserialize_with = "TierWeight::table")]
@@ -239,9 +247,22 @@ pub struct Config {
     pub zmq_allow: Vec<Cidr>,
     pub max_sources: usize,
     pub tier_weights: BTreeMap<String, f64>,
+    /// Warm-restart snapshots (`snapshot_dir`), when enabled.
+    pub snapshot_dir: Option<PathBuf>,
+    pub snapshot_interval_ms: u64,
+    /// `kvindex record`: every message the sources deliver is appended to this dump. Not a
+    /// `serve` setting: recording holds token ids, so only the `record` command turns it on.
+    pub record: Option<RecordConfig>,
     pub pods: Vec<PodConfig>,
     pub topic_map: Vec<TopicMapEntry>,
     pub replay: Vec<ReplayEntry>,
+}
+
+/// Where `kvindex record` writes, and how much it keeps.
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    pub path: PathBuf,
+    pub retention: crate::dump::recorder::Retention,
 }
 
 #[derive(Debug, Clone)]
@@ -469,6 +490,9 @@ impl Config {
             max_sources: int("max_sources", s.max_sources, 4096, 1, 1 << 20)? as usize,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
+            snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
+            snapshot_interval_ms: int("snapshot_interval", s.snapshot_interval, 60, 1, 1 << 31)? as u64 * 1000,
+            record: None,
             pods,
             topic_map,
             replay,

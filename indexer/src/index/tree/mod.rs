@@ -344,6 +344,37 @@ impl Tree {
         (!seg.from_root).then(|| Pos::unpack(seg.parent))
     }
 
+    /// The block key at `pos` (None if its segment is gone or the offset is past its end).
+    pub fn key_at(&self, pos: Pos, guard: &Guard) -> Option<u64> {
+        let seg = self.segment(pos.seg, guard)?;
+        let st = seg.storage(guard);
+        ((pos.off as usize) < st.cap() && pos.off < seg.runs(guard).len()).then(|| st.hash(pos.off as usize))
+    }
+
+    /// The namespace root a chain starting at segment `seg`'s first block hangs off (None if
+    /// the segment continues another block, or is gone).
+    pub fn root_of(&self, seg: u32, guard: &Guard) -> Option<u64> {
+        self.segment(seg, guard).filter(|s| s.from_root).map(|s| s.parent)
+    }
+
+    /// The blocks of segment `seg` that `pod` holds, with its tiers of each (for exports).
+    pub fn held_in(&self, seg: u32, pod: PodId, guard: &Guard) -> Vec<(Pos, u8)> {
+        let Some(segment) = self.segment(seg, guard) else { return Vec::new() };
+        let runs = segment.runs(guard);
+        let cap = segment.storage(guard).cap() as u32;
+        let mut out = Vec::new();
+        let mut start = 0;
+        for run in &runs.runs {
+            let end = run.end().min(runs.len()).min(cap);
+            let tiers = runs::tiers_in(&run.holders, pod);
+            if tiers != 0 {
+                out.extend((start..end).map(|off| (Pos { seg, off }, tiers)));
+            }
+            start = end;
+        }
+        out
+    }
+
     // ---- writers ------------------------------------------------------------------------
 
     fn reserve(&self, want: u64) -> u64 {

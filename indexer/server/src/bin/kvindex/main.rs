@@ -1,10 +1,12 @@
 //! `kvindex`: the command line over the kvindex library and its server.
 //!
-//! Subcommands: `serve` (the indexer service, `kvindex_server::run`), `decode` (captured frames
-//! → normalized events) and `vllm-hash` (vLLM's own block hashes, for cross-checking an
+//! Subcommands: `serve` (the indexer service, `kvindex_server::run`), `record` / `replay` (KV-event
+//! dumps), `decode` (captured frames → normalized events) and `vllm-hash` (vLLM's own block hashes, for cross-checking an
 //! engine's configuration). Exit status 1 on any error, with one line on stderr.
 
 mod decode;
+mod record;
+mod replay;
 mod vllm_hash;
 
 use std::ffi::OsString;
@@ -31,6 +33,10 @@ enum Command {
     Decode,
     /// Compute vLLM's own block hashes for `hashes.jsonl`-shaped records from stdin.
     VllmHash,
+    /// Run the sources like `serve`, appending every message (with token ids) to a dump.
+    Record(Box<record::RecordArgs>),
+    /// Rebuild an index offline from a dump: statistics, scores, explain, read-only gRPC.
+    Replay(Box<replay::ReplayArgs>),
 }
 
 fn main() -> ExitCode {
@@ -50,8 +56,17 @@ fn main() -> ExitCode {
             Err(e) => fail("kvindex serve", &e),
         };
     }
+    if let Command::Record(args) = &cli.command {
+        init_logs();
+        let record_matches = matches.subcommand_matches("record").expect("the record subcommand matched");
+        return match record::config(record_matches, args).and_then(run_service) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail("kvindex record", &e),
+        };
+    }
     let result = match cli.command {
-        Command::Serve(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Record(_) => unreachable!("handled above"),
+        Command::Replay(args) => replay::run(&args).context("replay"),
         Command::Decode => {
             decode::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock())).context("decode")
         }
@@ -74,10 +89,19 @@ fn fail(what: &str, error: &anyhow::Error) -> ExitCode {
 /// `kvindex serve`: binds, prints one machine-readable line for scripts and tests that start it
 /// on port 0, and runs until SIGINT or SIGTERM.
 fn serve(matches: &ArgMatches) -> anyhow::Result<()> {
+    init_logs();
+    let config = Config::from_matches(matches).map_err(|e| anyhow::anyhow!("{e}"))?;
+    run_service(config)
+}
+
+fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).with_ansi(false).try_init();
-    let config = Config::from_matches(matches).map_err(|e| anyhow::anyhow!("{e}"))?;
+}
+
+/// Runs the service (`serve`, or `record`) until SIGINT or SIGTERM.
+fn run_service(config: Config) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("kvindex-rpc").build()?;
     runtime.block_on(async {
         let listeners = kvindex_server::bind(&config).await?;
@@ -89,6 +113,22 @@ fn serve(matches: &ArgMatches) -> anyhow::Result<()> {
         kvindex_server::run(config, listeners, shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// `kvindex replay --grpc-addr`: the rebuilt index behind the gRPC API until SIGINT/SIGTERM.
+fn serve_read_only(offline: kvindex_server::dump::offline::Offline, addr: &str) -> anyhow::Result<()> {
+    init_logs();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(kvindex_server::dump::serve::serve_index(
+        offline.into_index(),
+        addr,
+        |bound| {
+            println!("KVINDEX_LISTENING grpc={bound} http=- zmq=-");
+            let _ = io::stdout().flush();
+        },
+        shutdown_signal(),
+    ))?;
+    Ok(())
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

@@ -1,0 +1,36 @@
+//! `kvindex replay --grpc-addr`: a rebuilt index behind the normal gRPC API, read-only.
+//!
+//! Nothing feeds it: there are no sources, and the apply queues have no workers, so requests
+//! that would change what the index believes (UnregisterPod) change nothing.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use kvindex::KvIndex;
+
+use crate::apply::Queues;
+use crate::config::Config;
+use crate::error::ServerError;
+use crate::state::ServiceState;
+
+/// Serves `index` at `addr` until `shutdown`; `on_bound` gets the bound address.
+pub async fn serve_index(
+    index: KvIndex,
+    addr: &str,
+    on_bound: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let block_size = index.block_size().to_string();
+    let config = Config::from_args(["--grpc-addr", addr, "--http-addr", "127.0.0.1:0", "--block-size", &block_size])?;
+    let listener = tokio::net::TcpListener::bind(config.grpc_addr).await.map_err(|source| ServerError::Bind {
+        key: "grpc_addr",
+        addr: addr.to_string(),
+        source,
+    })?;
+    on_bound(listener.local_addr().map_err(|source| ServerError::Io { what: "grpc listener", source })?);
+    let (queues, _no_workers) = Queues::new(1, 1);
+    let state = Arc::new(ServiceState::new(config, index, queues));
+    state.readiness().set_listening();
+    crate::grpc::serve(state, None, listener, shutdown).await
+}

@@ -1,0 +1,202 @@
+//! `kvindex record` and `kvindex replay`, as the binary: a recording of independent pyzmq
+//! publishers with injected faults (a frame lost on the wire and recovered by replay, a
+//! malformed payload, removals, a publisher restart) replays offline to the answers the live
+//! (recording) indexer gave; `--explain` is checked on a constructed case; damaged dumps give
+//! clear errors.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+use support::*;
+
+const MODEL: &str = "m";
+
+fn kvindex(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvindex")).args(args).output().expect("run kvindex");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn replay(file: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["replay", file.to_str().unwrap(), "--quiet"];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = kvindex(&args);
+    assert!(ok, "kvindex replay failed: {stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("replay output {stdout:?}: {e}"))
+}
+
+fn ids(tokens: &[u32]) -> String {
+    tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// `kvindex record` in central mode; its `KVINDEX_LISTENING` line gives its addresses.
+fn start_record(out: &Path) -> (std::process::Child, String, String, String) {
+    // Registration (the peer's `register`) needs the admin token (issue 9).
+    let token = admin_token_file();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args(["record", "--out", out.to_str().unwrap(), "--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"])
+        .args(["--admin-token-file", token.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn kvindex record");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    let rest = line.trim().strip_prefix("KVINDEX_LISTENING ").unwrap_or_else(|| panic!("{line:?}")).to_string();
+    let field = |name: &str| {
+        rest.split_whitespace().find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')).map(str::to_string).unwrap()
+    };
+    (child, field("grpc"), field("http"), field("zmq"))
+}
+
+fn source(http: &str, pod: &str) -> Option<Value> {
+    let (_, body) = http_request(http, "GET", "/debug/sources", None);
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["sources"].as_array()?.iter().find(|s| s["pod"] == pod).cloned()
+}
+
+#[test]
+fn cli_record_then_replay_gives_the_live_answers_and_explains_a_constructed_case() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("events.jsonl.gz");
+    let (mut child, grpc, http, zmq) = start_record(&dump);
+    let mut peer = Peer::start(&py);
+    peer.cmd(json!({"op": "grpc", "addr": grpc}));
+    for (name, pod) in [("a", "pod-a"), ("b", "pod-b")] {
+        let p = peer.cmd(json!({"op": "pub_start", "name": name, "pod": pod, "connect": zmq,
+            "topic": format!("kv@{pod}@{MODEL}"), "replay": "tcp://127.0.0.1:0"}));
+        peer.cmd(json!({"op": "register", "pod": pod, "model": MODEL, "replay_endpoint": p["replay_endpoint"]}));
+    }
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a", "b"]}))["subscribed"], true);
+    // The constructed case: chain 50 stored at s1 (4 blocks), its blocks 2 and 3 removed at s2.
+    let s1 =
+        peer.cmd(json!({"op": "store", "name": "a", "chain": "e", "tokens": chain(50, 4)}))["seq"].as_u64().unwrap();
+    for k in 0..6 {
+        peer.cmd(json!({"op": "store", "name": "a", "chain": format!("a{k}"), "tokens": chain(k, 3)}));
+        peer.cmd(json!({"op": "store", "name": "b", "chain": format!("b{k}"), "tokens": chain(k + 20, 2)}));
+    }
+    // Faults: a store lost on the wire (recovered by replay), a malformed payload on b.
+    peer.cmd(json!({"op": "store", "name": "a", "chain": "lost", "tokens": chain(30, 2), "drop": true}));
+    let s2 = peer.cmd(json!({"op": "remove", "name": "a", "tokens": chain(50, 4), "blocks": [2, 3]}))["seq"]
+        .as_u64()
+        .unwrap();
+    peer.cmd(json!({"op": "malformed", "name": "b"}));
+    peer.cmd(json!({"op": "store", "name": "b", "chain": "after", "tokens": chain(31, 2)}));
+    let info = peer.cmd(json!({"op": "info", "names": ["a", "b"]}));
+    wait_until("the recorder caught up", 30, || {
+        ["a", "b"]
+            .iter()
+            .all(|n| {
+                let p = &info["pubs"][n];
+                source(&http, p["pod"].as_str().unwrap())
+                    .is_some_and(|s| s["last_seq"] == p["last_seq"] && s["state"] != "REPLAYING")
+            })
+            .then_some(())
+    });
+    peer.check(&["a", "b"], MODEL);
+    let queries: Vec<Vec<u32>> = (0..6)
+        .map(|k| chain(k, 3))
+        .chain((0..6).map(|k| chain(k + 20, 2)))
+        .chain([chain(30, 2), chain(31, 2), chain(50, 4)])
+        .collect();
+    let live: Vec<Vec<(String, u64)>> = queries
+        .iter()
+        .map(|q| {
+            let r = peer.score(MODEL, q, &[]);
+            r["scores"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| (s["pod"].as_str().unwrap().to_string(), s["matched_blocks"].as_u64().unwrap()))
+                .collect()
+        })
+        .collect();
+    assert!(live.iter().any(|l| l.iter().any(|(p, n)| p == "pod-a" && *n > 0)));
+    // SIGTERM: the recorder finishes its gzip member.
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    assert!(child.wait().unwrap().success());
+
+    let score_args: Vec<String> = queries.iter().map(|q| format!("{MODEL}:{}", ids(q))).collect();
+    let mut args: Vec<&str> = Vec::new();
+    for s in &score_args {
+        args.extend(["--score", s.as_str()]);
+    }
+    let explain = format!("{MODEL}:{}", ids(&chain(50, 4)));
+    args.extend(["--explain", &explain, "--pod", "pod-a"]);
+    let report = replay(&dump, &args);
+    let offline: Vec<Vec<(String, u64)>> = report["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r["matches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| (m["pod"].as_str().unwrap().to_string(), m["matched_blocks"].as_u64().unwrap()))
+                .collect()
+        })
+        .collect();
+    assert_eq!(offline, live, "replay of the recording answers as the live indexer did: {report:#}");
+    assert!(report["totals"]["replay"].as_u64().unwrap() >= 1, "the replay reply was recorded: {report:#}");
+    let a = report["sources"].as_array().unwrap().iter().find(|s| s["pod"] == "pod-a").unwrap().clone();
+    assert_eq!((a["gaps"].as_u64(), a["replays_filled"].as_u64()), (Some(1), Some(1)), "{a}");
+
+    let ex = &report["explain"];
+    assert_eq!(ex["matched_blocks"], 2, "{ex:#}");
+    assert_eq!(ex["breaks_at"], 2);
+    let blocks = ex["blocks"].as_array().unwrap();
+    for (i, b) in blocks.iter().enumerate() {
+        let (change, seq) = if i < 2 { ("stored", s1) } else { ("removed", s2) };
+        assert_eq!(b["last_change"]["change"], change, "{b}");
+        assert_eq!(b["last_change"]["seq"], seq, "{b}");
+    }
+    assert_eq!(blocks.len(), 4);
+
+    // Up to s2 - 1 (before the removal, which is past the lost seq): all four blocks held.
+    let until = (s2 - 2).to_string();
+    let early = replay(&dump, &["--until", &until, "--explain", &explain, "--pod", "pod-a"]);
+    assert_eq!(early["explain"]["matched_blocks"], 4, "{:#}", early["explain"]);
+}
+
+#[test]
+fn cli_replay_reads_vectors_and_reports_damaged_dumps_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    // A vector file replays as a dump: one captured engine, decoded and indexed.
+    let vectors = workspace().join("testdata/vllm-vectors/frames-0.33.0.jsonl");
+    let report = replay(&vectors, &[]);
+    assert!(report["totals"]["live"].as_u64().unwrap() > 0, "{report:#}");
+    let sources = report["sources"].as_array().unwrap();
+    assert!(sources.iter().any(|s| s["pod"] == "10.0.0.7:8000" && s["model"] == "Qwen/Qwen3-0.6B"), "{report:#}");
+    assert!(sources.iter().map(|s| s["stored_blocks"].as_u64().unwrap()).sum::<u64>() > 0, "{report:#}");
+
+    // A bad line is counted and named; the rest replays.
+    let text = std::fs::read_to_string(&vectors).unwrap();
+    let mut lines: Vec<&str> = text.lines().take(5).collect();
+    lines.insert(2, "{not json");
+    let damaged = dir.path().join("damaged.jsonl");
+    std::fs::write(&damaged, lines.join("\n")).unwrap();
+    let report = replay(&damaged, &[]);
+    assert_eq!(report["bad_lines"], 1, "{report:#}");
+    assert!(report["first_bad_line"].as_str().unwrap().starts_with("line 3"), "{report:#}");
+
+    // A truncated gzip dump: a clear error naming the file, exit status 1, no panic.
+    let gz = dir.path().join("cut.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, text.as_bytes()).unwrap();
+    let bytes = enc.finish().unwrap();
+    std::fs::write(&gz, &bytes[..bytes.len() / 2]).unwrap();
+    let (ok, _, stderr) = kvindex(&["replay", gz.to_str().unwrap(), "--quiet"]);
+    assert!(!ok);
+    assert!(stderr.contains("cut.jsonl.gz") && !stderr.contains("panicked"), "{stderr}");
+    let (ok, _, stderr) = kvindex(&["replay", "/nonexistent/dump", "--quiet"]);
+    assert!(!ok && stderr.contains("/nonexistent/dump"), "{stderr}");
+}

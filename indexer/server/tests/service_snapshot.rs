@@ -1,0 +1,224 @@
+//! Warm restarts from RocksDB snapshots, against independent pyzmq/msgspec publishers whose
+//! replay buffers (`buffer_steps`) no longer reach seq 0, so only the snapshot can bring the
+//! index back exact. The real `kvindex` binary is killed with SIGKILL mid-ingest; the one rule
+//! is checked before, during and after catch-up.
+
+mod support;
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use support::*;
+
+const MODEL: &str = "m";
+const POD: &str = "warm:8000";
+
+/// The `kvindex serve` flags of a per-pod server over a publisher at fixed ports.
+fn serve_args(pub_port: u16, replay_port: u16, dir: &Path) -> Vec<String> {
+    let flag = format!("{POD},{MODEL},tcp://127.0.0.1:{pub_port},tcp://127.0.0.1:{replay_port}");
+    [
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--block-size",
+        "16",
+        "--pod",
+        &flag,
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+        "--snapshot-interval",
+        "1",
+        "--replay-timeout-ms",
+        "3000",
+        // The publisher starts after the server: its first (failed) replay must not hold gaps
+        // off for long.
+        "--replay-cooldown-ms",
+        "100",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn start(args: &[String]) -> ServeProcess {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ServeProcess::start(&args, &[])
+}
+
+fn source(http: &str) -> Option<Value> {
+    let (status, body) = http_request(http, "GET", "/debug/sources", None);
+    if status != 200 {
+        return None;
+    }
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["sources"].as_array()?.iter().find(|s| s["pod"] == POD).cloned()
+}
+
+fn metric(http: &str, name: &str, labels: &[&str]) -> f64 {
+    let (_, body) = http_request(http, "GET", "/metrics", None);
+    body.lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|kv| l.contains(kv)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the server has applied the publisher's last seq; returns the source's state.
+fn settle(peer: &mut Peer, http: &str, secs: u64) -> String {
+    let info = peer.cmd(json!({"op": "info", "names": ["a"]}));
+    let last = info["pubs"]["a"]["last_seq"].clone();
+    wait_until("caught up with the publisher", secs, || {
+        let s = source(http)?;
+        (s["last_seq"] == last && s["state"] != "REPLAYING").then(|| s["state"].as_str().unwrap().to_string())
+    })
+}
+
+/// Waits for a snapshot that covers the publisher's last seq (two writes after catching up).
+fn wait_snapshot(http: &str) {
+    let before = metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]);
+    wait_until("two more snapshots", 20, || {
+        (metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]) >= before + 2.0).then_some(())
+    });
+}
+
+/// A publisher with a 20-message replay buffer, and 30 stores (seqs 0..29): seq 0 is gone.
+fn publisher(py: &std::path::PathBuf, pub_port: u16, replay_port: u16) -> Peer {
+    let mut peer = Peer::start(py);
+    peer.cmd(json!({"op": "pub_start", "name": "a", "pod": POD, "bind": format!("tcp://127.0.0.1:{pub_port}"),
+        "replay": format!("tcp://127.0.0.1:{replay_port}"), "buffer_steps": 20, "topic": format!("kv@{POD}@{MODEL}")}));
+    peer
+}
+
+/// Seq 0, applied before the burst: the server's start-up replay (sent before the publisher
+/// was up) must not race a burst past the 20-message buffer.
+fn first_batch(peer: &mut Peer, http: &str) {
+    ingest(peer, 0, 1);
+    assert_eq!(settle(peer, http, 30), "EXACT");
+}
+
+fn ingest(peer: &mut Peer, from: u32, to: u32) {
+    for k in from..to {
+        peer.cmd(json!({"op": "store", "name": "a", "chain": format!("c{k}"), "tokens": chain(k, 4)}));
+        if k % 7 == 3 {
+            peer.cmd(json!({"op": "remove", "name": "a", "tokens": chain(k - 2, 4), "blocks": [2, 3]}));
+        }
+    }
+}
+
+#[test]
+fn service_warm_restart_after_sigkill_catches_up_exactly_from_the_snapshot() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (pub_port, replay_port) = (free_port(), free_port());
+    let args = serve_args(pub_port, replay_port, dir.path());
+    let mut server = start(&args);
+    let mut peer = publisher(&py, pub_port, replay_port);
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
+    first_batch(&mut peer, &server.http);
+    ingest(&mut peer, 1, 30);
+    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
+    wait_snapshot(&server.http);
+    // Heavy ingest, then SIGKILL with messages in flight; more are published while it is down.
+    ingest(&mut peer, 30, 36);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    ingest(&mut peer, 36, 40);
+
+    let server = start(&args);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    // During catch-up: never a block the publisher does not hold.
+    while source(&server.http).is_none_or(|s| s["state"] == "REPLAYING" || s["state"] == "CONNECTING") {
+        peer.check(&["a"], MODEL);
+    }
+    ingest(&mut peer, 40, 42);
+    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT", "{:?}", source(&server.http));
+    let r = peer.check(&["a"], MODEL);
+    assert_eq!(r["mismatches"], json!([]), "after catch-up the index equals the publisher's full stream: {r}");
+    assert!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]) >= 1.0);
+    // A chain stored before the restart, long out of the replay buffer, is credited in full.
+    assert_eq!(peer.score_pod(MODEL, &chain(5, 4), POD), (4, "EXACT".to_string()));
+}
+
+#[test]
+fn service_warm_restart_with_a_too_short_replay_buffer_degrades_without_false_positives() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (pub_port, replay_port) = (free_port(), free_port());
+    let args = serve_args(pub_port, replay_port, dir.path());
+    let mut server = start(&args);
+    let mut peer = publisher(&py, pub_port, replay_port);
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
+    first_batch(&mut peer, &server.http);
+    ingest(&mut peer, 1, 10);
+    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
+    wait_snapshot(&server.http);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    // 30 messages while it is down: the 20-message buffer no longer reaches the cursor.
+    for k in 0..10 {
+        peer.cmd(json!({"op": "remove", "name": "a", "tokens": chain(k, 4), "blocks": [0, 1, 2, 3]}));
+    }
+    ingest(&mut peer, 10, 30);
+
+    let server = start(&args);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    ingest(&mut peer, 30, 31);
+    assert_eq!(settle(&mut peer, &server.http, 30), "DEGRADED");
+    let r = peer.check(&["a"], MODEL);
+    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), POD).0, 0, "removed while we were away: {r}");
+    assert_eq!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 0.0);
+    assert_eq!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"dropped\""]), 1.0);
+}
+
+#[test]
+fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (pub_port, replay_port) = (free_port(), free_port());
+    let args = serve_args(pub_port, replay_port, dir.path());
+    let mut server = start(&args);
+    let mut peer = publisher(&py, pub_port, replay_port);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
+    first_batch(&mut peer, &server.http);
+    ingest(&mut peer, 1, 30);
+    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
+    let before: Vec<Value> = (0..30).map(|k| peer.score(MODEL, &chain(k, 4), &[])["scores"].clone()).collect();
+    // SIGTERM: graceful, with a final snapshot.
+    let pid = server.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(server.child.wait().unwrap().success());
+
+    server = start(&args);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    wait_until("ready", 20, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
+    peer.check(&["a"], MODEL);
+    // The next message proves the stream continued from the cursor; the pod comes back whole.
+    peer.cmd(json!({"op": "store", "name": "a", "chain": "next", "tokens": chain(99, 1)}));
+    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
+    let after: Vec<Value> = (0..30).map(|k| peer.score(MODEL, &chain(k, 4), &[])["scores"].clone()).collect();
+    assert_eq!(after, before, "scores after a warm restart equal those before it");
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+
+    // Damage every file of the store: the next start refuses it, starts clean and says why.
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let len = std::fs::metadata(&path).unwrap().len();
+        if len > 64 {
+            let mut bytes = std::fs::read(&path).unwrap();
+            for b in bytes.iter_mut().skip(len as usize / 3).take(32) {
+                *b ^= 0x5a;
+            }
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
+    let server = start(&args);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    assert_eq!(metric(&server.http, "kvindex_snapshot_loads_total", &["outcome=\"refused\""]), 1.0);
+    assert!(metric(&server.http, "kvindex_snapshot_load_errors_total", &[]) >= 1.0);
+    peer.cmd(json!({"op": "store", "name": "a", "chain": "next2", "tokens": chain(98, 1)}));
+    settle(&mut peer, &server.http, 30);
+    peer.check(&["a"], MODEL);
+    assert_eq!(peer.score_pod(MODEL, &chain(1, 4), POD).0, 0, "nothing from the refused snapshot");
+}

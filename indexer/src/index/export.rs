@@ -1,0 +1,408 @@
+//! The index's logical content, out and back in: what snapshots persist for warm restarts.
+//!
+//! A pod's residencies are exported as *engine blocks*: the scoped engine hash a pod's events
+//! name the block by, its canonical block keys (key recipe 2: each covers only its own tokens)
+//! in chain order with the tiers the pod holds each in, and where its chain continues: a
+//! namespace root, or an earlier engine block of the same export, with the keys of any path
+//! between them that the pod does not hold as an engine block of its own. That is what the
+//! events established, independent of how the tree lays it out in memory (segment numbers,
+//! branch links), so a snapshot written by one process loads into another. Token ids are never
+//! part of it.
+//!
+//! Importing replays that content through the store the events use (`PodIngest::store_run`):
+//! the entry bound still holds (a refused block is counted and only under-reports), a block
+//! whose parent was refused is refused too, and engine-hash resolution (for later
+//! `parent_block_hash` and `BlockRemoved`) comes back as it was.
+//!
+//! Only pods with one plain full-attention KV-cache group are exported: a hybrid engine's
+//! group structure (sliding-window or Mamba groups holding blocks off paths they do not hold)
+//! is not carried, so such pods are left out of snapshots and start cold.
+
+use rustc_hash::FxHashMap;
+
+use super::tiers::{TierId, MAX_TIERS};
+use super::tree::{ParentKey, Pos};
+use super::KvIndex;
+use crate::keys::BlockKey;
+
+/// One pod's residencies, as events established them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodExport {
+    pub pod: String,
+    pub model: String,
+    /// Tier names by bit position of the masks in `blocks`.
+    pub tiers: Vec<String>,
+    /// Engine blocks, every block after the one its `parent` names.
+    pub blocks: Vec<BlockExport>,
+}
+
+/// Where an engine block's chain continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainParent {
+    /// A namespace root (`keys::namespace_root` of the model or LoRA, group 0).
+    Root(u64),
+    /// The last block of an earlier engine block of the same export, by index.
+    Block(u32),
+}
+
+/// One engine block: its scoped engine hash, where its chain continues, the block keys of the
+/// path from there that the pod does not hold through an engine block (usually none), and its
+/// canonical blocks in chain order, each with the pod's tier mask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockExport {
+    pub engine: u64,
+    pub parent: ChainParent,
+    pub path: Vec<BlockKey>,
+    pub keys: Vec<(BlockKey, u8)>,
+}
+
+/// What an import restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImportReport {
+    pub blocks: u64,
+    /// Engine blocks the entry bound, an unnameable tier or a refused parent refused, whole
+    /// or in part.
+    pub refused: u64,
+}
+
+impl PodExport {
+    /// Canonical (block, tier) residencies, counted once per key and tier bit.
+    pub fn residencies(&self) -> u64 {
+        self.blocks.iter().flat_map(|b| &b.keys).map(|(_, t)| u64::from(t.count_ones())).sum()
+    }
+}
+
+/// An engine block's export, before its parent's index is known.
+struct Planned {
+    keys: Vec<(BlockKey, u8)>,
+    path: Vec<BlockKey>,
+    parent: Result<u64, usize>,
+}
+
+impl KvIndex {
+    /// The residencies of `pod`, or `None` if it has no ingest state or its engine has other
+    /// than one plain full-attention KV-cache group (not exported; see the module doc). Holds
+    /// the pod's lock while it runs: the export is one point in the pod's event order.
+    pub fn export_pod(&self, pod: &str) -> Option<PodExport> {
+        let id = self.pods.get(pod)?;
+        let state = self.states.read().get(&id).cloned()?;
+        let state = state.lock();
+        if !state.is_plain() {
+            return None;
+        }
+        let tree = &self.tree;
+        let guard = tree.pin();
+        let ends = state.engine_blocks(tree, &guard);
+        let by_end: FxHashMap<Pos, usize> = ends.iter().enumerate().map(|(i, &(_, pos, _))| (pos, i)).collect();
+        let plan = |i: usize| -> Option<Planned> {
+            let (_, last, count) = ends[i];
+            let mut keys = Vec::with_capacity(count as usize);
+            let mut at = last;
+            for n in 0..count {
+                keys.push((tree.key_at(at, &guard)?, tree.tiers_at(at, id, &guard)));
+                if n + 1 < count {
+                    at = tree.previous(at, &guard)?;
+                }
+            }
+            keys.reverse();
+            let mut path = Vec::new();
+            let mut first = at;
+            let parent = loop {
+                match tree.previous(first, &guard) {
+                    None => break Ok(tree.root_of(first.seg, &guard)?),
+                    Some(p) => match by_end.get(&p) {
+                        Some(&j) => break Err(j),
+                        None => {
+                            path.push(tree.key_at(p, &guard)?);
+                            first = p;
+                        }
+                    },
+                }
+            };
+            path.reverse();
+            Some(Planned { keys, path, parent })
+        };
+        // Depth first, so that a block's parent is exported before it.
+        let mut index: Vec<Option<u32>> = vec![None; ends.len()];
+        let mut visiting = vec![false; ends.len()];
+        let mut blocks = Vec::with_capacity(ends.len());
+        for start in 0..ends.len() {
+            let mut stack = vec![start];
+            while let Some(&i) = stack.last() {
+                if index[i].is_some() {
+                    stack.pop();
+                    continue;
+                }
+                visiting[i] = true;
+                let planned = plan(i);
+                let parent = match planned.as_ref().map(|p| p.parent) {
+                    Some(Ok(root)) => Some(ChainParent::Root(root)),
+                    Some(Err(j)) => match index[j] {
+                        Some(at) => Some(ChainParent::Block(at)),
+                        None if !visiting[j] => {
+                            stack.push(j);
+                            continue;
+                        }
+                        None => None, // not a chain (never the case): left out
+                    },
+                    None => None,
+                };
+                stack.pop();
+                if let (Some(parent), Some(p)) = (parent, planned) {
+                    index[i] = Some(blocks.len() as u32);
+                    blocks.push(BlockExport { engine: ends[i].0, parent, path: p.path, keys: p.keys });
+                }
+            }
+        }
+        let tiers = (0..self.tiers.count() as u8).map(|t| self.tiers.name(TierId(t))).collect();
+        Some(PodExport { pod: pod.to_string(), model: state.model().to_string(), tiers, blocks })
+    }
+
+    /// Every exported pod's residencies (see `export_pod`), by pod name.
+    pub fn export_all(&self) -> Vec<PodExport> {
+        self.pod_names().iter().filter_map(|p| self.export_pod(p)).collect()
+    }
+
+    /// Replaces what `export.pod` holds with `export`'s residencies.
+    pub fn import_pod(&self, export: &PodExport) -> ImportReport {
+        let mut report = ImportReport::default();
+        self.clear_pod(&export.pod);
+        let Some(state) = self.state(&export.pod, &export.model) else {
+            report.refused = export.blocks.len() as u64;
+            return report;
+        };
+        // Tier bits of the export, renamed to this index's bits (`None`: no room for the tier).
+        let remap: Vec<Option<u8>> =
+            export.tiers.iter().take(MAX_TIERS).map(|n| self.tiers.intern(Some(n)).map(TierId::bit)).collect();
+        let known = ((1u16 << remap.len()) - 1) as u8;
+        let mut state = state.lock();
+        let tree = &self.tree;
+        let id = state.pod();
+        // Where each imported block's last block went, with its segment's first key (a check
+        // that it is still the block this pod holds before a child hangs off it).
+        let mut placed: Vec<Option<(Pos, u64)>> = Vec::with_capacity(export.blocks.len());
+        let mut keys = Vec::new();
+        // Blocks that an imported block continues directly: not chain ends (see `forget_end`).
+        let mut continued = vec![false; export.blocks.len()];
+        for block in &export.blocks {
+            let mut lost_tier = false;
+            let mut mask = if block.keys.is_empty() { 0 } else { 0xff };
+            for &(_, m) in &block.keys {
+                let mut tiers = 0;
+                for (bit, to) in remap.iter().enumerate() {
+                    if m & (1 << bit) != 0 {
+                        match to {
+                            Some(to) => tiers |= to,
+                            None => lost_tier = true,
+                        }
+                    }
+                }
+                lost_tier |= m & !known != 0;
+                // A tier held for only some of the engine block's blocks is left out.
+                mask &= tiers;
+            }
+            let guard = tree.pin();
+            let parent = match block.parent {
+                ChainParent::Root(root) => Some(ParentKey::Root(root)),
+                ChainParent::Block(i) => placed
+                    .get(i as usize)
+                    .copied()
+                    .flatten()
+                    .filter(|&(p, first)| tree.first_key(p, &guard) == Some(first) && tree.tiers_at(p, id, &guard) != 0)
+                    .map(|(p, _)| ParentKey::Block(p.pack())),
+            };
+            drop(guard);
+            keys.clear();
+            keys.extend_from_slice(&block.path);
+            keys.extend(block.keys.iter().map(|&(k, _)| k));
+            let (last, whole) = match parent {
+                Some(parent) if mask != 0 => {
+                    state.restore_block(tree, parent, &keys, block.path.len(), block.engine, mask)
+                }
+                _ => (None, false),
+            };
+            let guard = tree.pin();
+            if let (Some(_), ChainParent::Block(i), true) = (last, block.parent, block.path.is_empty()) {
+                continued[i as usize] = true;
+            }
+            placed.push(last.and_then(|p| tree.first_key(p, &guard).map(|f| (p, f))));
+            if last.is_some() && whole && !lost_tier {
+                report.blocks += 1;
+            } else {
+                report.refused += 1;
+            }
+        }
+        for (block, _) in export.blocks.iter().zip(&continued).filter(|(_, c)| **c) {
+            state.forget_end(block.engine);
+        }
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch};
+    use crate::{KvIndexConfig, ScoreQuery};
+
+    fn batch(events: Vec<Event<'static>>) -> EventBatch<'static> {
+        EventBatch { ts: 0.0, events, data_parallel_rank: None }
+    }
+
+    fn stored(
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        bs: i64,
+        medium: Option<&'static str>,
+    ) -> Event<'static> {
+        Event::BlockStored(BlockStored {
+            block_hashes: hashes.iter().map(|&h| EngineHash::Uint(h)).collect(),
+            parent_block_hash: parent.map(EngineHash::Uint),
+            token_ids: (!tokens.is_empty()).then_some(tokens),
+            block_size: Some(bs),
+            medium,
+            ..Default::default()
+        })
+    }
+
+    fn removed(hashes: &[u64], medium: Option<&'static str>) -> Event<'static> {
+        Event::BlockRemoved(BlockRemoved {
+            block_hashes: hashes.iter().map(|&h| EngineHash::Uint(h)).collect(),
+            medium,
+            ..Default::default()
+        })
+    }
+
+    fn scores(index: &KvIndex, prompts: &[Vec<u32>]) -> Vec<String> {
+        prompts
+            .iter()
+            .map(|p| {
+                let q = ScoreQuery { model: "m", lora_name: None, cache_salt: None, token_ids: p, pods: None };
+                let r = index.score(&q);
+                let names: Vec<String> = r
+                    .matches
+                    .iter()
+                    .map(|m| format!("{}:{}:{}", index.pods().name(m.pod).unwrap(), m.matched_blocks, m.weighted_score))
+                    .collect();
+                format!("{}/{}", r.total_blocks, names.join(","))
+            })
+            .collect()
+    }
+
+    /// Two pods sharing a chain, one hashing differently, engine blocks of two canonical
+    /// blocks, a CPU copy, a removal.
+    fn history(index: &KvIndex) {
+        let t = |a: u32, n: u32| (a..a + n).collect::<Vec<u32>>();
+        index.apply("a", "m", &batch(vec![stored(&[1, 2], None, t(0, 8), 4, None)]));
+        index.apply("a", "m", &batch(vec![stored(&[3], Some(2), t(8, 4), 4, None)]));
+        index.apply("a", "m", &batch(vec![stored(&[2], None, vec![], 4, Some("CPU"))]));
+        index.apply("b", "m", &batch(vec![stored(&[101, 102, 103], None, t(0, 6), 2, None)]));
+        index.apply("b", "m", &batch(vec![removed(&[103], None)]));
+        index.apply("c", "m", &batch(vec![stored(&[1], None, t(0, 4), 4, Some("STORAGE"))]));
+        // Hashing differently from b, and evicting out of chain order: 203 continues a path
+        // (202's block) the pod no longer holds.
+        index.apply("d", "m", &batch(vec![stored(&[201, 202, 203], None, t(0, 6), 2, None)]));
+        index.apply("d", "m", &batch(vec![removed(&[202], None)]));
+    }
+
+    /// Events after the restore that only resolve if engine hashes came back.
+    fn later(index: &KvIndex) {
+        let t = |a: u32, n: u32| (a..a + n).collect::<Vec<u32>>();
+        index.apply("a", "m", &batch(vec![stored(&[4], Some(3), t(12, 4), 4, None), removed(&[1], None)]));
+        index.apply("b", "m", &batch(vec![stored(&[104], Some(102), t(4, 2), 2, None)]));
+        index.apply("a", "m", &batch(vec![removed(&[2], Some("CPU"))]));
+        index.apply("c", "m", &batch(vec![removed(&[1], Some("STORAGE"))]));
+        index.apply("d", "m", &batch(vec![stored(&[204], Some(203), t(6, 2), 2, None), removed(&[201], None)]));
+    }
+
+    #[test]
+    fn export_then_import_answers_as_before_and_resolves_later_events() {
+        let config = KvIndexConfig { block_size: 2, shards: 4, ..Default::default() };
+        let prompts: Vec<Vec<u32>> = (0..=16).map(|n| (0..n).collect()).collect();
+        let original = KvIndex::new(config.clone());
+        history(&original);
+        let restored = KvIndex::new(config);
+        restored.tiers().intern(Some("DISK")); // tier bits need not line up
+        for pod in original.export_all() {
+            let r = restored.import_pod(&pod);
+            assert_eq!(r.refused, 0, "{pod:?}");
+        }
+        assert_eq!(scores(&restored, &prompts), scores(&original, &prompts));
+        assert_eq!(restored.table().entries(), original.table().entries());
+        for pod in ["a", "b", "c", "d"] {
+            assert_eq!(restored.pod_stats(pod).map(|s| s.blocks), original.pod_stats(pod).map(|s| s.blocks));
+        }
+        later(&original);
+        later(&restored);
+        assert_eq!(scores(&restored, &prompts), scores(&original, &prompts));
+        assert_eq!(restored.table().entries(), original.table().entries());
+    }
+
+    #[test]
+    fn import_respects_the_entry_bound_and_only_under_reports() {
+        let original = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        history(&original);
+        let small = KvIndex::new(KvIndexConfig { block_size: 2, max_entries: 3, ..Default::default() });
+        let refused: u64 = original.export_all().iter().map(|p| small.import_pod(p).refused).sum();
+        assert!(refused > 0);
+        assert!(small.table().entries() <= 3);
+        let prompts: Vec<Vec<u32>> = (0..=16).map(|n| (0..n).collect()).collect();
+        for p in &prompts {
+            let q = ScoreQuery { model: "m", lora_name: None, cache_salt: None, token_ids: p, pods: None };
+            let full = original.score(&q);
+            for m in small.score(&q).matches {
+                let name = small.pods().name(m.pod);
+                let f =
+                    full.matches.iter().find(|f| original.pods().name(f.pod) == name).expect("a pod the original has");
+                assert!(m.matched_blocks <= f.matched_blocks);
+            }
+        }
+    }
+
+    #[test]
+    fn a_chain_gap_is_carried_as_path() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        history(&index);
+        let d = index.export_pod("d").expect("d has state");
+        assert_eq!(d.blocks.len(), 2);
+        assert!(matches!(d.blocks[0].parent, ChainParent::Root(_)));
+        assert_eq!(d.blocks[1].parent, ChainParent::Block(0));
+        assert_eq!(d.blocks[1].path.len(), 1, "202's block: path d no longer holds");
+        assert_eq!(d.residencies(), 2);
+    }
+
+    #[test]
+    fn hybrid_pods_are_left_out() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        history(&index);
+        let t: Vec<u32> = (0..2).collect();
+        let mut two = stored(&[7], None, t.clone(), 2, None);
+        let mut one = stored(&[8], None, t, 2, None);
+        if let (Event::BlockStored(a), Event::BlockStored(b)) = (&mut two, &mut one) {
+            a.group_idx = Some(0);
+            b.group_idx = Some(1);
+        }
+        index.apply("h", "m", &batch(vec![two, one]));
+        assert!(index.pod_stats("h").is_some_and(|s| s.blocks > 0));
+        assert_eq!(index.export_pod("h"), None);
+        assert!(index.export_all().iter().all(|p| p.pod != "h"));
+    }
+
+    #[test]
+    fn malformed_parents_are_refused_not_guessed() {
+        let original = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        history(&original);
+        let mut d = original.export_pod("d").expect("d has state");
+        d.pod = "e".into();
+        for b in &mut d.blocks {
+            b.parent = ChainParent::Block(7);
+        }
+        d.blocks[0].parent = ChainParent::Block(0); // itself: not earlier
+        let restored = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        let r = restored.import_pod(&d);
+        assert_eq!(r, ImportReport { blocks: 0, refused: d.blocks.len() as u64 });
+        assert_eq!(restored.pod_stats("e").map(|s| s.blocks), Some(0));
+        assert_eq!(restored.table().entries(), 0);
+    }
+}
