@@ -8,7 +8,7 @@
 //!
 //! ```sh
 //! source scripts/env.sh
-//! cargo build --release -p kvindex --bin kvindex -p kvindex-loadtest --bin kvindex-sim
+//! cargo build --release -p kvindex-server --bin kvindex -p kvindex-loadtest --bin kvindex-sim
 //! cargo bench -p kvindex-router --bench ext_proc    # CHATS=24 TURNS=4 SCORE_DEADLINE_MS=5 to change
 //! ```
 
