@@ -43,7 +43,12 @@ async fn run(bins: &Bins, replicas: usize) -> f64 {
     let stack = Stack::start(bins, 4, &["--model", "sim/model", "--time-scale", "100"]).await;
     let mut args = stack.router_args();
     // A generous deadline: this test is about placement, not a debug build's latency under a burst.
-    args.extend(["--scrape-interval-ms", "20", "--score-deadline-ms", "500"].map(String::from));
+    // RecordRoute off: its credit is recorded in the background, so whether a request of the
+    // same concurrent round sees a sibling's credit is a race, which moved both runs by ±3%.
+    // What this test measures is the shared exact index; sibling_burst.rs tests the credit.
+    args.extend(
+        ["--scrape-interval-ms", "20", "--score-deadline-ms", "500", "--speculative-ttl-ms", "0"].map(String::from),
+    );
     let routers: Vec<RouterProcess> = (0..replicas).map(|_| router(bins, &args)).collect();
     let ids: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
     for router in &routers {
@@ -59,8 +64,5 @@ async fn four_replicas_hit_as_well_as_one() {
     let four = run(&bins, 4).await;
     eprintln!("hit rate: 1 replica {one:.4}, 4 replicas {four:.4}");
     assert!(one > 0.6, "the conversations hit their prefixes: {one}");
-    // The claim is that adding replicas loses nothing. Four replicas doing better than one is
-    // not a regression: it happens when the single router's burst of a round meets a slow
-    // scrape on a loaded machine (seen once: 0.7413 vs 0.7733; both are 0.7733 when quiet).
-    assert!(four >= one - 0.02 * one, "1 replica {one:.4} vs 4 replicas {four:.4}");
+    assert!((one - four).abs() <= 0.02 * one, "1 replica {one:.4} vs 4 replicas {four:.4}");
 }
