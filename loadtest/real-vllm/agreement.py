@@ -175,6 +175,7 @@ class Fleet:
         self.services = []
         self.router_url = None
         self.kvindex_http = None
+        self.recorder_http = None
 
     def pod_id(self, http_port):
         return f"127.0.0.1:{http_port}"
@@ -227,8 +228,23 @@ class Run:
 
     # Requests ---------------------------------------------------------------------------
 
+    def last_seq(self, http_url, pod):
+        """The last seq a kvindex (serve or record) applied for `pod`, from /debug/sources."""
+        status, _, sources = http("GET", http_url + "/debug/sources")
+        if status != 200:
+            raise RuntimeError(f"/debug/sources answered {status}")
+        for src in sources.get("sources", []):
+            if src.get("pod") == pod:
+                return src.get("last_seq")
+        return None
+
     def send(self, label, kind, payload, max_tokens=1, **extra):
         self.level()
+        # What the index holds now is what the router scores this request against. /debug/sources
+        # is refreshed on the apply thread's tick, so its seq is only a lower bound of what was
+        # applied; the recorder's receive times against `sent_at` give the cut (make_fixture.py).
+        applied_at_least = self.last_seq(self.fleet.kvindex_http, self.args.record_pod)
+        sent_at = time.time()
         body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True, **extra}
         body["messages" if kind == "chat" else "prompt"] = payload
         path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
@@ -252,6 +268,7 @@ class Run:
             "agree": predicted == got, "over": predicted > got,
             "router_blocks_ok": total_blocks == prompt_tokens // BLOCK_SIZE,
             "tokenizer_same": tokenizer_same, "vllm_xargs": extra.get("vllm_xargs"),
+            "sent_at": sent_at, "applied_at_least": applied_at_least, "prompt_token_ids": ids,
         }
         self.rows.append(row)
         self.out.write(json.dumps(row) + "\n")
@@ -378,6 +395,7 @@ def main():
     small_http, central_zmq, small_replay = base + 10, base + 11, base + 12  # central mode: it dials kvindex
     fleet = Fleet()
     big_pod, small_pod = fleet.pod_id(big_http), fleet.pod_id(small_http)
+    args.record_pod = big_pod
     big_cfg = EngineConfig(http_port=big_http, kv_port=big_kv, dev_mode=True,
                            log_path=os.path.join(args.out, "engine-big.log"))
     small_cfg = EngineConfig(http_port=small_http, kv_port=central_zmq, replay_port=small_replay, pub_bind=False,
@@ -394,6 +412,16 @@ def main():
         ], os.path.join(args.out, "kvindex.log"), "KVINDEX_LISTENING")
         fleet.services.append(kvindex)
         fleet.kvindex_http = "http://" + kvindex.addrs["http"]
+        # Item 6: `kvindex record` of the per-pod engine's stream (its PUB takes any number of
+        # SUBs; the central engine dials one address, ours). The dump and the rows that name
+        # `until_seq` make a replay fixture (make_fixture.py).
+        recorder = Service("kvindex record", [
+            f"{b}/kvindex", "record", "--out", os.path.join(args.out, "big-engine.jsonl.gz"),
+            "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--block-size", str(BLOCK_SIZE),
+            "--pod", f"{big_pod},{MODEL},tcp://127.0.0.1:{big_kv},tcp://127.0.0.1:{big_kv + 1}",
+        ], os.path.join(args.out, "record.log"), "KVINDEX_LISTENING")
+        fleet.services.append(recorder)
+        fleet.recorder_http = "http://" + recorder.addrs["http"]
         tokenizer = Service("kvindex-tokenizer", [
             f"{b}/kvindex-tokenizer", "serve", "--grpc-addr", "127.0.0.1:0", "--model", f"{MODEL}={MODEL_DIR}",
         ], os.path.join(args.out, "tokenizer.log"), "listening")
@@ -434,6 +462,13 @@ def main():
 
         workload(run, fleet, small_pod, big_pod, restart_small)
         run.level()
+        final_seq = run.last_seq(fleet.kvindex_http, big_pod)
+        deadline = time.monotonic() + 60
+        while (run.last_seq(fleet.recorder_http, big_pod) or -1) < (final_seq or 0):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kvindex record never reached seq {final_seq} of {big_pod}")
+            time.sleep(0.05)
+        log(f"kvindex record holds {big_pod} up to seq {final_seq}: {args.out}/big-engine.jsonl.gz")
 
         text = metrics_text(fleet.kvindex_http + "/metrics")
         hash_blocks = metric_sum(text, "kvindex_hash_check_blocks_total")

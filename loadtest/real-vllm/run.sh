@@ -77,7 +77,9 @@ wait "$driver"
 rc=$?
 set -e
 
-# HOOK(issue 15 item 6, waits on the durability issue): record this run with `kvindex record`
-# once it exists, and keep a small real-engine dump as a replay test fixture, e.g.
-#   "$bin_dir/kvindex" record --out "$out/dump" ...   (started beside `kvindex serve` above)
+# Item 6: agreement.py recorded the per-pod engine with `kvindex record` ($out/big-engine.jsonl.gz).
+# KEEP_FIXTURE=1 turns a passing run into the replay fixture indexer/server/tests/real_engine_dump.rs reads.
+if [ "$rc" = 0 ] && [ -n "${KEEP_FIXTURE:-}" ]; then
+  "$venv/bin/python" "$here/make_fixture.py" "$out" "$repo/testdata/real-vllm"
+fi
 exit "$rc"

@@ -57,6 +57,9 @@ pub struct StreamStats {
     pub replays_failed: u64,
     pub stored_blocks: u64,
     pub removed_blocks: u64,
+    /// `AllBlocksCleared` events the engine published (a prefix-cache reset), as opposed to
+    /// `clears`, which the stream's sequencer decided (restart, unfillable gap).
+    pub engine_clears: u64,
 }
 
 /// Whole-dump figures.
@@ -229,6 +232,7 @@ impl Offline {
                         stream.stats.applied += 1;
                         stream.stats.stored_blocks += r.stored_blocks;
                         stream.stats.removed_blocks += r.removed_blocks;
+                        stream.stats.engine_clears += r.cleared_events;
                         self.note(pod, seq, t, "batch");
                     }
                 }
