@@ -8,7 +8,8 @@ without a cluster:
   deploy/tests/crd-schemas/ (and, with --upstream-crds DIR, against the upstream CRD files);
 - what the API server or the controllers would reject or silently ignore: a Deployment whose
   selector does not match its pod template, a Service or PodDisruptionBudget selecting no pod of
-  the render, an embedded Envoy/Prometheus YAML that does not parse;
+  the render (unless annotated kvindex.io/selects-external: "true": it selects the pods of an
+  existing EPP that a patch adds labels to), an embedded Envoy/Prometheus YAML that does not parse;
 - with --bin-dir DIR: every `--flag` given to kvindex, kvindex-router and kvindex-tokenizer is
   one the binary's `serve --help` lists.
 
@@ -164,7 +165,8 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
             sel = spec.get("selector") or {}
             sel = sel.get("matchLabels", sel) if kind == "PodDisruptionBudget" else sel
             hit = [d for d, t in templates if selects(sel, (t.get("metadata") or {}).get("labels") or {})]
-            if sel and not hit:
+            external = ((doc.get("metadata") or {}).get("annotations") or {}).get("kvindex.io/selects-external") == "true"
+            if sel and not hit and not external:
                 problems.append(f"{where}: selector {sel} matches no pod template of this render")
         if kind == "ConfigMap":
             for k, v in (doc.get("data") or {}).items():

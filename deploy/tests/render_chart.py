@@ -1,0 +1,122 @@
+"""Renders deploy/helm/kvindex with Helm's own engine and validates every object.
+
+Why: no Helm binary (and no Go toolchain) is reachable from this project's package registries.
+helm-python-sdk (PyPI) ships libhelm_c, a C ABI over Helm v4's Go SDK, loaded with ctypes: the
+chart goes through Helm's real loader, template engine (text/template + Sprig), values
+coalescing, values.schema.json validation and linter, offline. Its limits: `lookup` returns
+nothing and no cluster capabilities are discovered (.Capabilities are Helm's defaults), as with
+`helm template`.
+
+For the default values and every file in examples/: lint (strict), validate the values against
+values.schema.json, render, then run validate.py on the objects. The epp-sidecar patch that the
+chart ships in a ConfigMap is applied to a stand-in EPP Deployment and validated as well, so its
+containers (flags included) are checked like the rest. Values that break the schema must be
+refused (a self-check that the schema is enforced).
+
+Usage: render_chart.py [--bin-dir DIR] [--upstream-crds DIR] [--out DIR]
+"""
+
+import argparse
+import copy
+import pathlib
+import sys
+
+import yaml
+
+import helm_python as helm
+
+HERE = pathlib.Path(__file__).resolve().parent
+CHART = HERE.parent / "helm" / "kvindex"
+sys.path.insert(0, str(HERE))
+import validate  # noqa: E402
+
+STAND_IN_EPP = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "stand-in-epp"},
+    "spec": {
+        "selector": {"matchLabels": {"app": "llm-d-epp"}},
+        "template": {
+            "metadata": {"labels": {"app": "llm-d-epp"}},
+            "spec": {"containers": [{"name": "epp", "image": "ghcr.io/llm-d/llm-d-router:v0.10.0"}]},
+        },
+    },
+}
+
+
+def apply_sidecar_patch(patch):
+    """A strategic merge of the chart's patch into the stand-in (containers and volumes by name)."""
+    d = copy.deepcopy(STAND_IN_EPP)
+    tpl = d["spec"]["template"]
+    ptpl = patch["spec"]["template"]
+    tpl["metadata"]["labels"].update(ptpl["metadata"].get("labels", {}))
+    tpl["metadata"].setdefault("annotations", {}).update(ptpl["metadata"].get("annotations") or {})
+    for key in ("containers", "volumes"):
+        have = {c["name"]: c for c in tpl["spec"].get(key, [])}
+        for c in ptpl["spec"].get(key, []):
+            have[c["name"]] = c
+        tpl["spec"][key] = list(have.values())
+    return d
+
+
+def render(chart, values, name):
+    chart.validate_schema(values)
+    manifests = chart.render(values=values, name="kvindex", namespace="llm")
+    docs = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                docs.append((f"{name}:{path.split('/', 1)[1]}", doc))
+    for src, doc in list(docs):
+        if doc["kind"] == "ConfigMap" and "patch.yaml" in (doc.get("data") or {}):
+            docs.append((f"{src}[patch applied to a stand-in EPP]", apply_sidecar_patch(yaml.safe_load(doc["data"]["patch.yaml"]))))
+    return docs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir")
+    ap.add_argument("--upstream-crds")
+    ap.add_argument("--out", help="write each rendering here as <name>.yaml")
+    a = ap.parse_args()
+
+    report = helm.lint(str(CHART), strict=True)
+    errors = [m for m in report["messages"] if m["severity"] >= 2] + [{"error": e} for e in report["errors"]]
+    if errors:
+        raise SystemExit(f"helm lint: {errors}")
+
+    chart = helm.Chart.load(str(CHART))
+    cases = [("default", {})] + [(p.stem, yaml.safe_load(p.read_text()) or {}) for p in sorted((CHART / "examples").glob("*.yaml"))]
+    problems = []
+    for name, values in cases:
+        try:
+            docs = render(chart, values, name)
+        except helm.HelmError as err:
+            problems.append(f"{name}: {err}")
+            continue
+        if a.out:
+            pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(a.out) / f"{name}.yaml").write_text(yaml.safe_dump_all([d for _, d in docs], sort_keys=False))
+        found = validate.validate(docs, "1.32.0", a.bin_dir, a.upstream_crds)
+        problems += found
+        kinds = sorted({d["kind"] for _, d in docs})
+        print(f"{name}: {len(docs)} objects ({', '.join(kinds)}){' INVALID' if found else ''}")
+
+    for bad in ({"layout": "sidecar"}, {"blockSize": 0}, {"indexer": {"replicas": "two"}}, {"no_such_key": 1},
+                {"endpointPicker": {"inferencePool": {"failureMode": "FailSometimes"}}}):
+        try:
+            chart.validate_schema(bad)
+        except helm.HelmValuesError:
+            continue
+        problems.append(f"values.schema.json accepted invalid values {bad}")
+
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        raise SystemExit(f"render_chart.py: {len(problems)} problem(s)")
+    print(f"chart: lint clean, {len(cases)} value sets rendered and valid, 5 invalid value sets refused")
+
+
+if __name__ == "__main__":
+    main()
