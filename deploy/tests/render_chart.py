@@ -7,7 +7,7 @@ coalescing, values.schema.json validation and linter, offline. Its limits: `look
 nothing and no cluster capabilities are discovered (.Capabilities are Helm's defaults), as with
 `helm template`.
 
-For the default values and every file in examples/: lint (strict), validate the values against
+For the default values, every file in examples/ and each layout with every optional part off: lint (strict), validate the values against
 values.schema.json, render, then run validate.py on the objects. The epp-sidecar patch that the
 chart ships in a ConfigMap is applied to a stand-in EPP Deployment and validated as well, so its
 containers (flags included) are checked like the rest. Values that break the schema must be
@@ -88,7 +88,13 @@ def main():
         raise SystemExit(f"helm lint: {errors}")
 
     chart = helm.Chart.load(str(CHART))
-    cases = [("default", {})] + [(p.stem, yaml.safe_load(p.read_text()) or {}) for p in sorted((CHART / "examples").glob("*.yaml"))]
+    extras_off = {"metrics": {"podAnnotations": False, "scrapeConfig": False}, "networkPolicy": {"enabled": False},
+                  "tokenizer": {"enabled": False}, "indexer": {"podDisruptionBudget": {"enabled": False}},
+                  "router": {"podDisruptionBudget": {"enabled": False}}, "engines": {"pythonHashSeed": ""}}
+    cases = [("default", {})]
+    cases += [(f"{layout}-extras-off", dict(extras_off, layout=layout, eppSidecar={"renderEpp": True}))
+              for layout in ("standalone", "endpoint-picker", "epp-sidecar")]
+    cases += [(p.stem, yaml.safe_load(p.read_text()) or {}) for p in sorted((CHART / "examples").glob("*.yaml"))]
     problems = []
     for name, values in cases:
         try:
