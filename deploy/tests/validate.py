@@ -6,10 +6,19 @@ without a cluster:
   unknown field is an error, as with `kubectl apply --validate=strict`);
 - the custom resources (InferencePool, EnvoyExtensionPolicy, EnvoyFilter) against
   deploy/tests/crd-schemas/ (and, with --upstream-crds DIR, against the upstream CRD files);
+- the Envoy configuration they carry (bootstraps in ConfigMaps, the HTTP filters an EnvoyFilter
+  inserts or merges) against Envoy's own published protos (envoy-data-plane, the package the
+  router's ext_proc tests use as their independent gateway): an unknown field, a wrong type or
+  an enum value Envoy does not have is an error, as `envoy --mode validate` would say;
 - what the API server or the controllers would reject or silently ignore: a Deployment whose
   selector does not match its pod template, a Service or PodDisruptionBudget selecting no pod of
   the render (unless annotated kvindex.io/selects-external: "true": it selects the pods of an
   existing EPP that a patch adds labels to), an embedded Envoy/Prometheus YAML that does not parse;
+- when engines (vLLM) and kvindex are rendered together, that they agree: block size (the
+  engines' a multiple of the index's), PYTHONHASHSEED and hash algorithm (the indexer's
+  cross-check), model, serving port (topic, discovery, InferencePool), the KV-event ports
+  (discovery's or the central SUB's Service), the discovery label selector and the
+  InferencePool selector matching the engine pods;
 - with --bin-dir DIR: every `--flag` given to kvindex, kvindex-router and kvindex-tokenizer is
   one the binary's `serve --help` lists.
 
@@ -127,6 +136,167 @@ def check_flags(doc, bin_dir, problems):
                 problems.append(f"{name_of(doc)} container {c['name']}: {binary} serve has no flag {flag}")
 
 
+ENVOY_MODULES = (
+    "envoy.config.bootstrap.v3",
+    "envoy.extensions.filters.network.http_connection_manager.v3",
+    "envoy.extensions.filters.http.ext_proc.v3",
+    "envoy.extensions.filters.http.router.v3",
+    "envoy.extensions.upstreams.http.v3",
+)
+
+
+def envoy_messages():
+    """Envoy's Bootstrap and HttpFilter messages, with the typed_config types we use registered."""
+    import importlib
+
+    mods = [importlib.import_module("envoy_data_plane." + m) for m in ENVOY_MODULES]
+    return mods[0].Bootstrap, mods[1].HttpFilter
+
+
+def unpack_all(message):
+    """Decodes every nested google.protobuf.Any (typed_config), which checks its contents too."""
+    if hasattr(message, "type_url") and hasattr(message, "unpack"):
+        unpack_all(message.unpack())
+        return
+    for name in getattr(message, "__dataclass_fields__", {}):
+        value = getattr(message, name, None)
+        for v in value if isinstance(value, list) else (value.values() if isinstance(value, dict) else [value]):
+            if hasattr(v, "__dataclass_fields__"):
+                unpack_all(v)
+
+
+def check_envoy(where, doc, problems):
+    if "envoy.yaml" not in (doc.get("data") or {}) and doc.get("kind") != "EnvoyFilter":
+        return  # Envoy's protos take a second or two of CPU to import: only when needed
+    bootstrap, http_filter = envoy_messages()
+    if doc.get("kind") == "ConfigMap":
+        for key, text in (doc.get("data") or {}).items():
+            if key == "envoy.yaml":
+                try:
+                    unpack_all(bootstrap.from_dict(yaml.safe_load(text)))
+                except Exception as err:  # betterproto raises KeyError/ValueError/TypeError
+                    problems.append(f"{where}: data[{key}] is not a valid Envoy bootstrap: {type(err).__name__}: {err}")
+    if doc.get("kind") == "EnvoyFilter":
+        for i, patch in enumerate((doc.get("spec") or {}).get("configPatches") or []):
+            if patch.get("applyTo") == "HTTP_FILTER" and "value" in (patch.get("patch") or {}):
+                try:
+                    unpack_all(http_filter.from_dict(patch["patch"]["value"]))
+                except Exception as err:
+                    problems.append(f"{where}: configPatches[{i}] is not a valid Envoy HttpFilter: {type(err).__name__}: {err}")
+
+
+def containers(doc):
+    spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+    labels = (((doc.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+    annotations = (((doc.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    for c in spec.get("containers") or []:
+        yield c, labels, annotations
+
+
+def expand(value, env):
+    """Kubernetes' $(VAR) expansion of args, from the container's literal env values."""
+    for k, v in env.items():
+        value = value.replace(f"$({k})", v)
+    return value
+
+
+def flag_values(args, env):
+    """--flag=value and --flag value pairs (the last wins), expanded."""
+    out = {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            if "=" in a:
+                k, v = a.split("=", 1)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                k, v = a, args[i + 1]
+            else:
+                k, v = a, ""
+            out[k] = expand(v, env)
+    return out
+
+
+def coherence(docs):
+    """Engines and kvindex in one render must agree (see the module doc)."""
+    problems = []
+    engines, indexers, routers = [], [], []
+    for _, doc in docs:
+        if doc.get("kind") != "Deployment":
+            continue
+        for c, labels, annotations in containers(doc):
+            env = {e["name"]: str(e["value"]) for e in c.get("env") or [] if "value" in e}
+            cmd = pathlib.PurePath((c.get("command") or [""])[0]).name
+            args = c.get("args") or []
+            entry = (name_of(doc), c, labels, annotations, env, flag_values(args, env), args)
+            if cmd == "vllm":
+                engines.append(entry)
+            elif cmd == "kvindex":
+                indexers.append(entry)
+            elif cmd == "kvindex-router":
+                routers.append(entry)
+    if not engines or not (indexers or routers):
+        return problems
+    services = {d["metadata"]["name"]: d for _, d in docs if d.get("kind") == "Service"}
+    for ename, c, labels, annotations, env, ef, args in engines:
+        model = args[1] if len(args) > 1 and args[0] == "serve" else None
+        port = ef.get("--port", "8000")
+        block = int(ef.get("--block-size", "16"))
+        try:
+            kv = json.loads(ef.get("--kv-events-config", "{}").replace("$(POD_IP)", "10.0.0.1"))
+        except json.JSONDecodeError as err:
+            problems.append(f"{ename}: --kv-events-config is not JSON: {err}")
+            continue
+        for key, want in (("enable_kv_cache_events", True), ("publisher", "zmq")):
+            if kv.get(key) != want:
+                problems.append(f"{ename}: kv-events-config {key} must be {want!r}, got {kv.get(key)!r}")
+        topic = kv.get("topic", "")
+        parts = topic.split("@")
+        if len(parts) != 3 or parts[0] != "kv" or parts[1] != f"10.0.0.1:{port}" or parts[2] != model:
+            problems.append(f"{ename}: topic {topic!r} must be kv@$(POD_IP):{port}@{model}")
+        for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details"):
+            if flag not in ef:
+                problems.append(f"{ename}: missing {flag}")
+        endpoint, replay = kv.get("endpoint", ""), kv.get("replay_endpoint", "")
+        for iname, ic, _, _, ienv, f, _ in indexers + routers:
+            who = f"{ename} vs {iname}/{ic['name']}"
+            if "--block-size" in f and block % int(f["--block-size"]):
+                problems.append(f"{who}: engine block size {block} is not a multiple of {f['--block-size']}")
+            if "--discovery-model" in f and annotations.get("kvindex.io/model", model) != f["--discovery-model"]:
+                problems.append(f"{who}: model {model} vs --discovery-model {f['--discovery-model']}")
+            if "--model" in f and f["--model"] != model:
+                problems.append(f"{who}: model {model} vs --model {f['--model']}")
+            if "--discovery-http-port" in f and f["--discovery-http-port"] != port:
+                problems.append(f"{who}: serving port {port} vs --discovery-http-port {f['--discovery-http-port']}")
+            if "--discovery-label-selector" in f:
+                sel = dict(kv_.split("=", 1) for kv_ in f["--discovery-label-selector"].split(","))
+                if not selects(sel, labels):
+                    problems.append(f"{who}: --discovery-label-selector {sel} does not select the engine pods {labels}")
+            if "--hash-seed" in f and env.get("PYTHONHASHSEED") != f["--hash-seed"]:
+                problems.append(f"{who}: engine PYTHONHASHSEED {env.get('PYTHONHASHSEED')!r} vs --hash-seed {f['--hash-seed']!r}")
+            if "--hash-algo" in f and ef.get("--prefix-caching-hash-algo") != f["--hash-algo"]:
+                problems.append(f"{who}: engine hash {ef.get('--prefix-caching-hash-algo')} vs --hash-algo {f['--hash-algo']}")
+            if "--discovery-pub-port" in f and endpoint != f"tcp://*:{f['--discovery-pub-port']}":
+                problems.append(f"{who}: engine endpoint {endpoint!r}: discovery dials port {f['--discovery-pub-port']}, the engine must bind it")
+            if "--discovery-replay-port" in f and replay != f"tcp://*:{f['--discovery-replay-port']}":
+                problems.append(f"{who}: engine replay endpoint {replay!r} vs --discovery-replay-port {f['--discovery-replay-port']}")
+            if "--zmq-bind" in f:
+                bind_port = f["--zmq-bind"].rsplit(":", 1)[-1]
+                host, _, svc_port = endpoint.removeprefix("tcp://").rpartition(":")
+                svc = services.get(host.split(".")[0])
+                if svc is None or not any(str(p.get("port")) == svc_port and str(p.get("targetPort", p.get("port"))) == bind_port
+                                          for p in svc["spec"].get("ports", [])):
+                    problems.append(f"{who}: engine endpoint {endpoint!r} does not reach the central SUB (--zmq-bind port {bind_port}) through a Service of this render")
+    for _, doc in docs:
+        if doc.get("kind") == "InferencePool":
+            sel = doc["spec"]["selector"]["matchLabels"]
+            pool_ports = {str(p["number"]) for p in doc["spec"]["targetPorts"]}
+            for ename, c, labels, annotations, env, ef, args in engines:
+                if not selects(sel, labels):
+                    problems.append(f"{name_of(doc)}: selector {sel} does not select {ename}'s pods")
+                elif ef.get("--port", "8000") not in pool_ports:
+                    problems.append(f"{name_of(doc)}: targetPorts {pool_ports} miss {ename}'s --port")
+    return problems
+
+
 def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
     problems = []
     templates = list(pod_templates(docs))
@@ -168,6 +338,8 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
             external = ((doc.get("metadata") or {}).get("annotations") or {}).get("kvindex.io/selects-external") == "true"
             if sel and not hit and not external:
                 problems.append(f"{where}: selector {sel} matches no pod template of this render")
+        if kind in ("ConfigMap", "EnvoyFilter"):
+            check_envoy(where, doc, problems)
         if kind == "ConfigMap":
             for k, v in (doc.get("data") or {}).items():
                 if k.endswith((".yaml", ".yml")):
@@ -175,6 +347,7 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
                         yaml.safe_load(v)
                     except yaml.YAMLError as err:
                         problems.append(f"{where}: data[{k}] is not YAML: {err}")
+    problems += coherence(docs)
     return problems
 
 
@@ -226,6 +399,41 @@ def self_test(k8s_version, bin_dir=None):
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
            "spec": {"selector": {"app": "nobody"}, "ports": [{"port": 1}]}}
     broken.append(("service selecting nothing", svc))
+    bootstrap = {"static_resources": {"clusters": [{"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+                 "original_dst_lb_config": {"use_http_header": True, "http_header_name": "x-gateway-destination-endpoint"}}]}}
+    assert not validate([("ok", deployment), ("ok", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "e"},
+                        "data": {"envoy.yaml": yaml.safe_dump(bootstrap)}})], k8s_version), "valid Envoy bootstrap rejected"
+    engine = copy.deepcopy(deployment)
+    engine["spec"]["template"]["metadata"]["labels"]["llm-d.ai/inference-serving"] = "true"
+    engine["spec"]["template"]["spec"]["containers"][0].update(
+        command=["vllm"],
+        args=["serve", "m", "--port=8000", "--block-size=16", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+              "--kv-events-config", '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557",'
+              '"replay_endpoint":"tcp://*:5558","topic":"kv@$(POD_IP):8000@m"}'],
+        env=[{"name": "PYTHONHASHSEED", "value": "0"}])
+    indexer = copy.deepcopy(deployment)
+    indexer["metadata"]["name"] = "i"
+    indexer["spec"]["template"]["spec"]["containers"][0].update(
+        command=["kvindex"], args=["serve", "--block-size=16", "--hash-seed=0", "--discovery-model=m",
+                                   "--discovery-label-selector=llm-d.ai/inference-serving=true", "--discovery-pub-port=5557"])
+    assert not coherence([("ok", engine), ("ok", indexer)]), "coherent engine and indexer rejected"
+    missed = []
+    for what, arg in (("seed", "--hash-seed=1"), ("block size", "--block-size=32"), ("model", "--discovery-model=n"),
+                      ("selector", "--discovery-label-selector=app=other"), ("pub port", "--discovery-pub-port=6000")):
+        i = copy.deepcopy(indexer)
+        i["spec"]["template"]["spec"]["containers"][0]["args"].append(arg)
+        if not coherence([("x", engine), ("x", i)]):
+            missed.append(f"incoherent {what}")
+    for what, mutate in (
+        ("envoy: misspelt field", lambda c: c["original_dst_lb_config"].update(use_http_headr=True)),
+        ("envoy: unknown enum value", lambda c: c.update(type="ORIGINAL_DEST")),
+        ("envoy: unregistered typed_config", lambda c: c.update(typed_extension_protocol_options={
+            "x": {"@type": "type.googleapis.com/envoy.example.Nope"}})),
+    ):
+        b = copy.deepcopy(bootstrap)
+        mutate(b["static_resources"]["clusters"][0])
+        broken.append((what, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "e"},
+                              "data": {"envoy.yaml": yaml.safe_dump(b)}}))
     if bin_dir:
         d = copy.deepcopy(deployment)
         d["spec"]["template"]["spec"]["containers"][0].update(
@@ -233,9 +441,9 @@ def self_test(k8s_version, bin_dir=None):
         )
         broken.append(("unknown kvindex flag", d))
     failures = [what for what, obj in broken if not validate([(what, deployment), (what, obj)], k8s_version, bin_dir)]
-    if failures:
-        raise SystemExit(f"self-test: these broken objects were accepted: {failures}")
-    print(f"self-test: {len(broken)} broken objects rejected, valid ones accepted")
+    if failures or missed:
+        raise SystemExit(f"self-test: these broken objects were accepted: {failures + missed}")
+    print(f"self-test: {len(broken)} broken objects and 5 incoherent engine/indexer pairs rejected, valid ones accepted")
 
 
 def main():

@@ -1,6 +1,7 @@
 //! The kustomize overlays and the Helm chart render, and every object they produce passes
 //! deploy/tests/validate.py (Kubernetes' schemas via kubernetes-validate, the CRD schemas,
-//! selectors, and every kvindex flag against the binaries' `serve --help`). The renderers are
+//! Envoy's protos for the gateway config, selectors, engines and kvindex agreeing with each
+//! other, and every kvindex flag against the binaries' `serve --help`). The renderers are
 //! the real ones: kubectl's built-in kustomize, and Helm's Go engine through helm-python-sdk
 //! (deploy/tests/render_chart.py says why and its limits).
 
@@ -11,11 +12,17 @@ use kvindex_deploy_tests::tools::{bin_dir, kubectl, python, repo_root, run_ok};
 
 const OVERLAYS: [&str; 4] = ["endpoint-picker", "epp-sidecar", "standalone", "vllm"];
 
-/// `kubectl kustomize <dir>`, validated; returns the rendered YAML.
-fn render_and_validate(dir: &str) -> String {
+/// `kubectl kustomize <dir>` for each dir, validated together (so engines and kvindex are
+/// checked against each other); returns the rendered YAML.
+fn render_and_validate(dirs: &[&str]) -> String {
     let root = repo_root();
-    let out = run_ok(Command::new(kubectl()).arg("kustomize").arg(root.join(dir)));
-    let yaml = String::from_utf8(out.stdout).expect("utf-8");
+    let mut yaml = String::new();
+    for dir in dirs {
+        let out = run_ok(Command::new(kubectl()).arg("kustomize").arg(root.join(dir)));
+        yaml.push_str("---\n");
+        yaml.push_str(&String::from_utf8(out.stdout).expect("utf-8"));
+    }
+    let dir = dirs.join(" + ");
     let mut child = Command::new(python())
         .arg(root.join("deploy/tests/validate.py"))
         .arg("--bin-dir")
@@ -49,13 +56,13 @@ fn every_overlay_is_tested() {
 
 #[test]
 fn base_renders_and_validates() {
-    let y = render_and_validate("deploy/kustomize/base");
+    let y = render_and_validate(&["deploy/kustomize/base"]);
     assert!(y.contains("verbs:\n  - get\n  - list\n  - watch"), "discovery RBAC: {y}");
 }
 
 #[test]
 fn standalone_renders_and_validates() {
-    let y = render_and_validate("deploy/kustomize/overlays/standalone");
+    let y = render_and_validate(&["deploy/kustomize/overlays/standalone", "deploy/kustomize/overlays/vllm"]);
     for needed in [
         "kind: PodDisruptionBudget",
         "kind: NetworkPolicy",
@@ -71,7 +78,7 @@ fn standalone_renders_and_validates() {
 
 #[test]
 fn endpoint_picker_renders_and_validates() {
-    let y = render_and_validate("deploy/kustomize/overlays/endpoint-picker");
+    let y = render_and_validate(&["deploy/kustomize/overlays/endpoint-picker", "deploy/kustomize/overlays/vllm"]);
     for needed in [
         "kind: InferencePool",
         "failureMode: FailOpen",
@@ -85,7 +92,7 @@ fn endpoint_picker_renders_and_validates() {
 
 #[test]
 fn epp_sidecar_renders_and_validates() {
-    let y = render_and_validate("deploy/kustomize/overlays/epp-sidecar");
+    let y = render_and_validate(&["deploy/kustomize/overlays/epp-sidecar"]);
     for needed in [
         "--ext-proc-mode=prefilter",
         "--zmq-bind=tcp://*:5557",
@@ -101,7 +108,7 @@ fn epp_sidecar_renders_and_validates() {
 
 #[test]
 fn vllm_snippet_has_the_exact_flags() {
-    let y = render_and_validate("deploy/kustomize/overlays/vllm");
+    let y = render_and_validate(&["deploy/kustomize/overlays/vllm"]);
     for needed in [
         "- --enable-prefix-caching",
         "- --prefix-caching-hash-algo=sha256_cbor",
