@@ -10,16 +10,18 @@ nothing and no cluster capabilities are discovered (.Capabilities are Helm's def
 For the default values, every file in examples/ and each layout with every optional part off: lint (strict), validate the values against
 values.schema.json, render, then run validate.py on the objects. The epp-sidecar patch that the
 chart ships in a ConfigMap is applied to a stand-in EPP Deployment and validated as well, so its
-containers (flags included) are checked like the rest. Values that break the schema must be
+containers (flags included) are checked like the rest; kubectl applies it (`patch --local`). Values that break the schema must be
 refused (a self-check that the schema is enforced).
 
-Usage: render_chart.py [--bin-dir DIR] [--upstream-crds DIR] [--out DIR]
+Usage: render_chart.py [--bin-dir DIR] [--upstream-crds DIR] [--out DIR] [--kubectl PATH]
 """
 
 import argparse
-import copy
+import json
 import pathlib
+import subprocess
 import sys
+import tempfile
 
 import yaml
 
@@ -44,22 +46,21 @@ STAND_IN_EPP = {
 }
 
 
-def apply_sidecar_patch(patch):
-    """A strategic merge of the chart's patch into the stand-in (containers and volumes by name)."""
-    d = copy.deepcopy(STAND_IN_EPP)
-    tpl = d["spec"]["template"]
-    ptpl = patch["spec"]["template"]
-    tpl["metadata"]["labels"].update(ptpl["metadata"].get("labels", {}))
-    tpl["metadata"].setdefault("annotations", {}).update(ptpl["metadata"].get("annotations") or {})
-    for key in ("containers", "volumes"):
-        have = {c["name"]: c for c in tpl["spec"].get(key, [])}
-        for c in ptpl["spec"].get(key, []):
-            have[c["name"]] = c
-        tpl["spec"][key] = list(have.values())
-    return d
+def apply_sidecar_patch(kubectl, patch_yaml):
+    """The chart's patch applied to a stand-in EPP by kubectl's own strategic merge, offline
+    (`kubectl patch --local`): the command NOTES.txt tells operators to run, minus the cluster."""
+    with tempfile.TemporaryDirectory() as tmp:
+        target, patch = pathlib.Path(tmp, "epp.yaml"), pathlib.Path(tmp, "patch.yaml")
+        target.write_text(yaml.safe_dump(STAND_IN_EPP))
+        patch.write_text(patch_yaml)
+        out = subprocess.run(
+            [kubectl, "patch", "--local", "-f", str(target), "--type", "strategic", "--patch-file", str(patch), "-o", "json"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    return json.loads(out)
 
 
-def render(chart, values, name):
+def render(chart, values, name, kubectl):
     chart.validate_schema(values)
     manifests = chart.render(values=values, name="kvindex", namespace="llm")
     docs = []
@@ -71,7 +72,8 @@ def render(chart, values, name):
                 docs.append((f"{name}:{path.split('/', 1)[1]}", doc))
     for src, doc in list(docs):
         if doc["kind"] == "ConfigMap" and "patch.yaml" in (doc.get("data") or {}):
-            docs.append((f"{src}[patch applied to a stand-in EPP]", apply_sidecar_patch(yaml.safe_load(doc["data"]["patch.yaml"]))))
+            patched = apply_sidecar_patch(kubectl, doc["data"]["patch.yaml"])
+            docs.append((f"{src}[patch applied to a stand-in EPP]", patched))
     return docs
 
 
@@ -80,6 +82,7 @@ def main():
     ap.add_argument("--bin-dir")
     ap.add_argument("--upstream-crds")
     ap.add_argument("--out", help="write each rendering here as <name>.yaml")
+    ap.add_argument("--kubectl", default="kubectl", help="applies the epp-sidecar patch (strategic merge)")
     a = ap.parse_args()
 
     report = helm.lint(str(CHART), strict=True)
@@ -98,7 +101,7 @@ def main():
     problems = []
     for name, values in cases:
         try:
-            docs = render(chart, values, name)
+            docs = render(chart, values, name, a.kubectl)
         except helm.HelmError as err:
             problems.append(f"{name}: {err}")
             continue
