@@ -10,6 +10,9 @@ without a cluster:
   inserts or merges) against Envoy's own published protos (envoy-data-plane, the package the
   router's ext_proc tests use as their independent gateway): an unknown field, a wrong type or
   an enum value Envoy does not have is an error, as `envoy --mode validate` would say;
+- kvindex containers riding in another workload's pod (the EPP) carrying a readiness probe: a
+  pod is ready only when every container is, and the fail-open pre-filter must never take the
+  EPP out of its Service;
 - what the API server or the controllers would reject or silently ignore: a Deployment whose
   selector does not match its pod template, a Service or PodDisruptionBudget selecting no pod of
   the render (unless annotated kvindex.io/selects-external: "true": it selects the pods of an
@@ -331,6 +334,12 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
                 problems.append(f"{where}: selector {sel} does not match its pod template's labels {labels}")
             if bin_dir:
                 check_flags(doc, bin_dir, problems)
+            # kvindex as sidecars of another workload (the EPP): they must not gate its readiness.
+            ours = [c for c, _, _ in containers(doc) if pathlib.PurePath((c.get("command") or [""])[0]).name in BINARIES]
+            if ours and len(ours) < len(list(containers(doc))):
+                for c in ours:
+                    if "readinessProbe" in c:
+                        problems.append(f"{where}: sidecar {c['name']} has a readinessProbe: it would take the host pod out of its Service")
         if kind in ("Service", "PodDisruptionBudget"):
             sel = spec.get("selector") or {}
             sel = sel.get("matchLabels", sel) if kind == "PodDisruptionBudget" else sel
@@ -434,6 +443,11 @@ def self_test(k8s_version, bin_dir=None):
         mutate(b["static_resources"]["clusters"][0])
         broken.append((what, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "e"},
                               "data": {"envoy.yaml": yaml.safe_dump(b)}}))
+    d = copy.deepcopy(deployment)
+    d["spec"]["template"]["spec"]["containers"].append(
+        {"name": "kvindex", "image": "i", "command": ["kvindex"], "args": ["serve"],
+         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9190}}})
+    broken.append(("sidecar gating its host's readiness", d))
     if bin_dir:
         d = copy.deepcopy(deployment)
         d["spec"]["template"]["spec"]["containers"][0].update(

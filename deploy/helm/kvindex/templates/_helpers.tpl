@@ -75,7 +75,9 @@ prometheus.io/path: /metrics
 {{- end -}}
 
 {{/* The sidecar containers of the epp-sidecar layout (indexer in central mode, router as
-     pre-filter, tokenizer), all on ports clear of the EPP's. */}}
+     pre-filter, tokenizer), all on ports clear of the EPP's. No readiness probes: a pod is ready
+     only when all its containers are, and the fail-open pre-filter must never take the EPP out
+     of its Service; liveness probes restart a hung sidecar alone. */}}
 {{- define "kvindex.eppSidecarContainers" -}}
 {{- $p := .Values.eppSidecar.ports -}}
 - name: kvindex
@@ -105,11 +107,6 @@ prometheus.io/path: /metrics
     containerPort: {{ $p.events }}
   - name: kvindex-http
     containerPort: {{ $p.indexerHttp }}
-  readinessProbe:
-    httpGet:
-      path: /readyz
-      port: {{ $p.indexerHttp }}
-    periodSeconds: 5
   livenessProbe:
     httpGet:
       path: /healthz
@@ -154,11 +151,6 @@ prometheus.io/path: /metrics
     containerPort: {{ $p.prefilterHealth }}
   - name: router-http
     containerPort: {{ $p.routerHttp }}
-  readinessProbe:
-    httpGet:
-      path: /readyz
-      port: {{ $p.routerHttp }}
-    periodSeconds: 5
   livenessProbe:
     httpGet:
       path: /healthz
