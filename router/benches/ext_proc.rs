@@ -12,58 +12,17 @@
 //! cargo bench -p kvindex-router --bench ext_proc    # CHATS=24 TURNS=4 SCORE_DEADLINE_MS=5 to change
 //! ```
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, HttpBody, HttpHeaders, ProcessingRequest};
-use kvindex_loadtest::kvindex_service::{sim_next_seq, KvindexService};
-use kvindex_loadtest::process::{workspace_binary, SimFleet};
-use kvindex_router::config::PodSpec;
-use kvindex_router::cost::{CostWeights, Policy};
 use kvindex_router::extproc::{self, Mode};
-use kvindex_router::fleet::{Fleet, Role, Source};
-use kvindex_router::indexer::IndexerPool;
-use kvindex_router::pipeline::{Router, RouterSettings};
 use kvindex_router::request::{self, Endpoint};
-use kvindex_router::tokenize::Tokenizers;
-use serde_json::{json, Value};
-
-const MODEL: &str = "deepseek";
-
-/// A chat of about `target_chars` characters (~8k tokens at 27k), unique to `seed`.
-fn chat(seed: usize, target_chars: usize) -> Vec<Value> {
-    let mut messages = vec![json!({"role": "system", "content": format!("Session {seed}: a precise assistant.")})];
-    let mut chars = 0;
-    let mut turn = 0;
-    while chars < target_chars {
-        let text: String = (0..6)
-            .map(|i| {
-                format!(
-                    "({turn}.{i}) Point {} of session {seed}: the scheduler, the cache and the router.\n",
-                    turn * 6 + i
-                )
-            })
-            .collect();
-        chars += text.len();
-        messages.push(json!({"role": "user", "content": text}));
-        messages.push(json!({"role": "assistant", "content": format!("Understood, point {turn} noted.")}));
-        turn += 1;
-    }
-    messages.push(json!({"role": "user", "content": "Now summarise everything above."}));
-    messages
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
+use serde_json::json;
+use support::{chat, env_usize, pct, World, MODEL};
 
 fn message(request: processing_request::Request) -> ProcessingRequest {
     ProcessingRequest { request: Some(request), ..Default::default() }
@@ -109,67 +68,14 @@ async fn through_ext_proc(client: &mut ExternalProcessorClient<tonic::transport:
 }
 
 fn main() {
-    let Some(fixtures) = std::env::var_os("KVINDEX_FIXTURES") else {
-        eprintln!("KVINDEX_FIXTURES is not set: `source scripts/env.sh` after scripts/setup.sh");
-        return;
-    };
-    let dir = PathBuf::from(fixtures).join("models/deepseek");
-    let (kvindex, sim) =
-        match (workspace_binary("kvindex", "KVINDEX_BIN"), workspace_binary("kvindex-sim", "KVINDEX_SIM_BIN")) {
-            (Ok(k), Ok(s)) => (k, s),
-            (Err(e), _) | (_, Err(e)) => {
-                eprintln!("{e}");
-                return;
-            }
-        };
+    let Some((dir, kvindex, sim)) = support::locate() else { return };
     let (chats, turns) = (env_usize("CHATS", 24), env_usize("TURNS", 4));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async move {
-        let service = KvindexService::start(&kvindex, 16).expect("kvindex serve");
-        let dir_arg = dir.to_str().unwrap();
-        let args = [
-            "--model",
-            MODEL,
-            "--tokenizer",
-            dir_arg,
-            "--kv-blocks",
-            "60000",
-            "--time-scale",
-            "1000",
-            "--http-base-port",
-            "0",
-            "--zmq-connect",
-            &service.zmq_endpoint,
-            "--replay-base-port",
-            "0",
-        ];
-        let sims = SimFleet::start(&sim, 2, &args).expect("kvindex-sim");
-        let fleet = Arc::new(Fleet::new(Duration::from_secs(2)));
-        for pod in &sims.pods {
-            service.register_pod(&pod.pod_id, MODEL, pod.replay.as_deref()).await.expect("register");
-            let spec = PodSpec { id: pod.pod_id.clone(), url: format!("http://{}", pod.http), role: Role::Both };
-            fleet.upsert(&spec, Source::Static).unwrap();
-        }
-        let settings = RouterSettings {
-            weights: CostWeights::default(),
-            policy: Policy::Cost,
-            load_band: 1.0,
-            block_size: 16,
-            max_prompt_tokens: 262_144,
-            speculative_ttl: Duration::ZERO,
-            record_route_timeout: Duration::from_millis(250),
-            models: [MODEL.to_string()].into(),
-            loras: Default::default(),
-        };
-        let tokenizers = Tokenizers::new(&[(MODEL.to_string(), dir.clone())], None).unwrap();
-        tokenizers.preload().await.unwrap();
         // The proxy's default; a debug build on a loaded box needs more (SCORE_DEADLINE_MS).
         let deadline = Duration::from_millis(env_usize("SCORE_DEADLINE_MS", 5) as u64);
-        let indexer =
-            IndexerPool::new(std::slice::from_ref(&service.grpc_addr), deadline, deadline / 2, Duration::from_secs(1))
-                .unwrap();
-        indexer.warm_up();
-        let router = Arc::new(Router::new(settings, tokenizers, indexer, fleet));
+        let world = World::start(&dir, &kvindex, &sim, deadline).await;
+        let router = world.router.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let picker = extproc::Settings {
@@ -183,7 +89,6 @@ fn main() {
         let channel =
             tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
         let mut client = ExternalProcessorClient::new(channel);
-        let http = kvindex_loadtest::kvindex_service::http;
 
         let (mut library, mut ext_proc, mut tokens, mut matched) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for seed in 0..3 {
@@ -193,15 +98,7 @@ fn main() {
         for seed in 0..chats {
             let mut messages = chat(seed, 27_000);
             for turn in 0..turns {
-                let pod = &sims.pods[seed % sims.pods.len()];
-                let body = json!({"model": MODEL, "messages": messages, "max_tokens": 8}).to_string();
-                let (status, text) = http(&pod.http, "POST", "/v1/chat/completions", Some(&body)).await.expect("serve");
-                assert_eq!(status, 200, "{text}");
-                let answer: Value = serde_json::from_str(&text).unwrap();
-                let next = sim_next_seq(&pod.http).await.unwrap();
-                service.wait_applied(&pod.pod_id, next, Duration::from_secs(30)).await.expect("applied");
-                messages.push(json!({"role": "assistant", "content": answer["choices"][0]["message"]["content"]}));
-                messages.push(json!({"role": "user", "content": format!("Follow-up {turn}: and the trade-offs?")}));
+                world.serve_turn(seed, &mut messages, turn).await;
                 let next_turn = json!({"model": MODEL, "messages": messages}).to_string();
                 if seed % 2 == 0 {
                     let start = Instant::now();

@@ -12,49 +12,14 @@
 //! cargo bench -p kvindex-router --bench overhead            # CHATS=24 TURNS=4 to change the sample
 //! ```
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
 
-use kvindex_loadtest::kvindex_service::{sim_next_seq, KvindexService};
-use kvindex_loadtest::process::{workspace_binary, SimFleet};
-use kvindex_router::config::PodSpec;
-use kvindex_router::cost::{CostWeights, Policy};
-use kvindex_router::fleet::{Fleet, Role, Source};
-use kvindex_router::indexer::IndexerPool;
-use kvindex_router::pipeline::{Router, RouterSettings};
-use kvindex_router::tokenize::Tokenizers;
 use kvindex_router::{Decision, Prompt, RouteRequest};
 use kvindex_tokenizer::ChatRequest;
-use serde_json::{json, Value};
-
-const MODEL: &str = "deepseek";
-
-const TOPICS: [&str; 5] = [
-    "Explain how the scheduler admits a request when the KV cache is nearly full, and what preemption costs.",
-    "Grüße aus München: naïve façades, Ελληνικά, русский, 中文, 日本語, 한국어, العربية and 🚀🧪 emoji in one line.",
-    "Release 2026.11.29 shipped 1,234,567 tokens/s on 0xC0FFEE nodes at 99.95% availability, p99 41.7 ms.",
-    "```rust\nfn score(blocks: &[u64]) -> usize {\n    blocks.iter().take_while(|b| **b != 0).count()\n}\n```",
-    "A router that remembers only its own placements forgets what its siblings did; a shared index does not.",
-];
-
-/// A chat of about `target` tokens (rendered), unique to `seed` from its first line.
-fn chat(seed: usize, target_chars: usize) -> Vec<Value> {
-    let mut messages =
-        vec![json!({"role": "system", "content": format!("Session {seed}: you are a precise assistant.")})];
-    let mut chars = 0;
-    let mut turn = 0;
-    while chars < target_chars {
-        let text: String =
-            (0..6).map(|i| format!("({turn}.{i}) {}\n", TOPICS[(seed + turn + i) % TOPICS.len()])).collect();
-        chars += text.len();
-        messages.push(json!({"role": "user", "content": text}));
-        messages.push(json!({"role": "assistant", "content": format!("Understood, point {turn} noted.")}));
-        turn += 1;
-    }
-    messages.push(json!({"role": "user", "content": "Now summarise everything above."}));
-    messages
-}
+use serde_json::Value;
+use support::{chat, env_usize, World, MODEL};
 
 fn request(messages: &[Value]) -> RouteRequest {
     let mut chat = ChatRequest::from_messages(messages.to_vec());
@@ -104,73 +69,13 @@ impl Samples {
     }
 }
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 fn main() {
-    let Some(fixtures) = std::env::var_os("KVINDEX_FIXTURES") else {
-        eprintln!("KVINDEX_FIXTURES is not set: `source scripts/env.sh` after scripts/setup.sh");
-        return;
-    };
-    let dir = PathBuf::from(fixtures).join("models/deepseek");
-    let (kvindex, sim) =
-        match (workspace_binary("kvindex", "KVINDEX_BIN"), workspace_binary("kvindex-sim", "KVINDEX_SIM_BIN")) {
-            (Ok(k), Ok(s)) => (k, s),
-            (Err(e), _) | (_, Err(e)) => {
-                eprintln!("{e}");
-                return;
-            }
-        };
+    let Some((dir, kvindex, sim)) = support::locate() else { return };
     let (chats, turns) = (env_usize("CHATS", 24), env_usize("TURNS", 4));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async move {
-        let service = KvindexService::start(&kvindex, 16).expect("kvindex serve");
-        let dir_arg = dir.to_str().unwrap();
-        let fleet_args = [
-            "--model",
-            MODEL,
-            "--tokenizer",
-            dir_arg,
-            "--kv-blocks",
-            "60000",
-            "--time-scale",
-            "1000",
-            "--http-base-port",
-            "0",
-        ];
-        let mut args = fleet_args.to_vec();
-        args.extend(["--zmq-connect", &service.zmq_endpoint, "--replay-base-port", "0"]);
-        let sims = SimFleet::start(&sim, 2, &args).expect("kvindex-sim");
-        for pod in &sims.pods {
-            service.register_pod(&pod.pod_id, MODEL, pod.replay.as_deref()).await.expect("register");
-        }
-        let fleet = Arc::new(Fleet::new(Duration::from_secs(2)));
-        for pod in &sims.pods {
-            let spec = PodSpec { id: pod.pod_id.clone(), url: format!("http://{}", pod.http), role: Role::Both };
-            fleet.upsert(&spec, Source::Static).unwrap();
-        }
-        let settings = RouterSettings {
-            weights: CostWeights::default(),
-            policy: Policy::Cost,
-            load_band: 1.0,
-            block_size: 16,
-            max_prompt_tokens: 262_144,
-            speculative_ttl: Duration::ZERO,
-            record_route_timeout: Duration::from_millis(250),
-            models: [MODEL.to_string()].into(),
-            loras: Default::default(),
-        };
-        let tokenizers = Tokenizers::new(&[(MODEL.to_string(), dir.clone())], None).unwrap();
-        tokenizers.preload().await.unwrap();
-        let deadline = Duration::from_millis(5);
-        let indexer =
-            IndexerPool::new(std::slice::from_ref(&service.grpc_addr), deadline, deadline / 2, Duration::from_secs(1))
-                .unwrap();
-        indexer.warm_up();
-        let router = Router::new(settings, tokenizers, indexer, fleet);
-        let client = kvindex_loadtest::kvindex_service::http;
-
+        let world = World::start(&dir, &kvindex, &sim, Duration::from_millis(5)).await;
+        let router = &world.router;
         let (mut first_seen, mut next_turn) = (Samples::default(), Samples::default());
         // Warm-up: a few untimed routes.
         for seed in 0..3 {
@@ -182,19 +87,7 @@ fn main() {
             first_seen.add(&decision);
             for turn in 0..turns {
                 // The pod serves the turn, so the index learns the conversation.
-                let pod = &sims.pods[seed % sims.pods.len()];
-                let body = json!({"model": MODEL, "messages": messages, "max_tokens": 8}).to_string();
-                let (status, text) =
-                    client(&pod.http, "POST", "/v1/chat/completions", Some(&body)).await.expect("serve");
-                assert_eq!(status, 200, "{text}");
-                let answer: Value = serde_json::from_str(&text).unwrap();
-                let next = sim_next_seq(&pod.http).await.unwrap();
-                service.wait_applied(&pod.pod_id, next, Duration::from_secs(30)).await.expect("applied");
-                messages.insert(
-                    messages.len(),
-                    json!({"role": "assistant", "content": answer["choices"][0]["message"]["content"]}),
-                );
-                messages.push(json!({"role": "user", "content": format!("Follow-up {turn}: and the trade-offs?")}));
+                world.serve_turn(seed, &mut messages, turn).await;
                 let decision = router.route(&request(&messages)).await.expect("route");
                 next_turn.add(&decision);
             }
