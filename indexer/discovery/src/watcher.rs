@@ -91,6 +91,10 @@ fn namespace_from(path: &Path) -> String {
 
 /// A Kubernetes client for `api_server`. Fails when no cluster configuration can be found.
 pub async fn client(api_server: &ApiServer) -> Result<Client, String> {
+    // rustls picks its provider from its crate features only when exactly one is on; another
+    // crate in the binary enabling aws-lc-rs would leave it without one (a panic at the first
+    // TLS config). An already installed provider is kept.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = match api_server {
         ApiServer::Infer => kube::Config::infer().await.map_err(|e| format!("no Kubernetes configuration: {e}"))?,
         ApiServer::Url(url) => kube::Config::new(url.parse().map_err(|e| format!("API server URL {url:?}: {e}"))?),
@@ -206,6 +210,13 @@ mod tests {
         assert_eq!(label_selector(None).unwrap(), "llm-d.ai/inference-serving=true");
         assert!(label_selector(Some("app in (vllm,sglang)")).is_ok());
         assert!(label_selector(Some("a=b\nforged log line")).is_err());
+    }
+
+    #[tokio::test]
+    async fn an_https_client_builds_its_tls_config() {
+        assert!(client(&ApiServer::Url("https://127.0.0.1:6443".into())).await.is_ok());
+        let Err(e) = client(&ApiServer::Url("http://bad url".into())).await else { panic!("a bad URL") };
+        assert!(e.contains("API server URL"), "{e}");
     }
 
     #[test]
