@@ -2,7 +2,8 @@
 //! watching a fake API server on loopback, and an independent pyzmq/msgspec publisher as the
 //! pod's engine. A pod that becomes Ready is dialled and its blocks are scored; NotReady clears
 //! it (score 0) at once; Ready again re-dials it; deletion unregisters it. The discovered pod
-//! is an operator pod: the registration API cannot remove it. In central mode (engines dial
+//! is an operator pod: the registration API cannot remove it, and an API registration of the
+//! same id is taken over. In central mode (engines dial
 //! us) discovery supplies the replay endpoint a gap is replayed from, and NotReady clears.
 
 mod support;
@@ -43,6 +44,10 @@ fn service_discovered_pod_is_scored_while_ready_and_cleared_when_not() {
     let topic = format!("kv@{pod_id}@{MODEL}");
     peer.cmd(json!({"op": "pub_start", "name": "e", "pod": pod_id, "bind": endpoint, "topic": topic}));
 
+    // An API registration of the same pod id (pointing elsewhere) is taken over by discovery.
+    let elsewhere = format!("tcp://127.0.0.1:{}", free_port());
+    let body = json!({"pod": pod_id, "model": MODEL, "endpoint": elsewhere}).to_string();
+    assert_eq!(server.http("POST", "/pods", Some(&body)).0, 200);
     // Running but not Ready: not dialled.
     api.apply(pod("vllm-0", "Running", false, Some("127.0.0.1"), &[]));
     api.apply(pod("vllm-0", "Running", true, Some("127.0.0.1"), &[]));

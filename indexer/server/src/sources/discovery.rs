@@ -4,7 +4,9 @@
 //! with replay at `<replay_port + r>`; central mode (`zmq_bind`, engines dial us) registers
 //! the pod without an endpoint, which gives its topic's streams their replay endpoint. A pod
 //! deleted, NotReady or moved to a new IP is unregistered, which clears everything it held:
-//! an old IP's blocks are never kept. `/readyz` waits for the first complete list.
+//! an old IP's blocks are never kept. `/readyz` waits for the first complete list. A pod id
+//! the config file or pods file already names is left to them; one registered through the
+//! API is taken over.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -63,7 +65,9 @@ async fn apply(state: &Arc<ServiceState>, changes: Vec<Change>, startup: bool) {
             }
             Change::Add(pod) => {
                 let id = pod.pod_id();
-                if let Some(origin) = state.registry().origin_of(&id).filter(|o| *o != ORIGIN) {
+                // The operator's own configuration wins; an API registration is replaced.
+                let configured = state.registry().origin_of(&id).filter(|o| matches!(*o, "config" | "pods_file"));
+                if let Some(origin) = configured {
                     metrics::counter!(m::CONTROL_DENIED, "api" => ORIGIN, "reason" => "operator_pod").increment(1);
                     tracing::warn!(pod = %id, k8s_pod = %pod.name, origin, "discovered pod is configured by the operator elsewhere; left as configured");
                     continue;
