@@ -124,6 +124,90 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
     #[command(flatten)]
     pub ext_proc: ExtProcArgs,
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
+}
+
+// --- Kubernetes pod discovery: the same flags, env vars and defaults as `kvindex serve` ---
+
+/// Kubernetes pod discovery (`--discovery kubernetes`): every Running, Ready pod matching the
+/// selector is a pod to route to, each DP rank r at `http://<podIP>:<http-port + r>` with the
+/// pod id `<podIP>:<http-port + r>` (the indexer's names for the same ranks).
+#[derive(Debug, Clone, Args)]
+pub struct DiscoveryArgs {
+    /// `kubernetes` or `none`.
+    #[arg(long = "discovery", value_name = "KIND", default_value = "none", env = "KVINDEX_DISCOVERY")]
+    pub kind: String,
+    /// Namespace watched (default: the service account's namespace, else `default`).
+    #[arg(long = "discovery-namespace", value_name = "NS", env = "KVINDEX_DISCOVERY_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Label selector of the engine pods.
+    #[arg(long = "discovery-label-selector", value_name = "SELECTOR", env = "KVINDEX_DISCOVERY_LABEL_SELECTOR",
+          default_value = kvindex_discovery::settings::DEFAULT_LABEL_SELECTOR)]
+    pub label_selector: String,
+    /// Engine PUB port (unused by the router; accepted so both share one set of flags).
+    #[arg(
+        long = "discovery-pub-port",
+        value_name = "PORT",
+        env = "KVINDEX_DISCOVERY_PUB_PORT",
+        default_value_t = 5557
+    )]
+    pub pub_port: u16,
+    /// Engine replay port (unused by the router; 0 = none).
+    #[arg(
+        long = "discovery-replay-port",
+        value_name = "PORT",
+        env = "KVINDEX_DISCOVERY_REPLAY_PORT",
+        default_value_t = 5558
+    )]
+    pub replay_port: u16,
+    /// Engine HTTP port: rank r of a pod is `<podIP>:<this + r>`.
+    #[arg(
+        long = "discovery-http-port",
+        value_name = "PORT",
+        env = "KVINDEX_DISCOVERY_HTTP_PORT",
+        default_value_t = 8000
+    )]
+    pub http_port: u16,
+    /// DP ranks of a pod without the `kvindex.io/dp-size` annotation.
+    #[arg(long = "discovery-dp-size", value_name = "N", env = "KVINDEX_DISCOVERY_DP_SIZE", default_value_t = 1)]
+    pub dp_size: u32,
+    /// Model of a pod without the `kvindex.io/model` annotation (unused by the router).
+    #[arg(long = "discovery-model", value_name = "NAME", env = "KVINDEX_DISCOVERY_MODEL")]
+    pub model: Option<String>,
+    /// API server URL without credentials (`kubectl proxy`, tests); default: in-cluster
+    /// service account, else $KUBECONFIG / ~/.kube/config.
+    #[arg(long = "discovery-api-server", value_name = "URL", env = "KVINDEX_DISCOVERY_API_SERVER")]
+    pub api_server: Option<String>,
+}
+
+impl DiscoveryArgs {
+    /// The watch configuration, or `None` with `--discovery none`.
+    pub fn into_config(self) -> Result<Option<kvindex_discovery::WatchConfig>, ConfigError> {
+        use kvindex_discovery::watcher;
+        match self.kind.as_str() {
+            "none" => return Ok(None),
+            "kubernetes" => {}
+            other => return Err(err("--discovery", format!("must be kubernetes or none, got {other:?}"))),
+        }
+        let settings = kvindex_discovery::Settings {
+            pub_port: self.pub_port,
+            replay_port: (self.replay_port != 0).then_some(self.replay_port),
+            http_port: self.http_port,
+            dp_size: self.dp_size,
+            model: self.model.filter(|m| !m.is_empty()),
+            model_required: false,
+        };
+        settings.validate().map_err(|m| err("--discovery-dp-size", m))?;
+        Ok(Some(kvindex_discovery::WatchConfig {
+            namespace: watcher::namespace(self.namespace.as_deref()).map_err(|m| err("--discovery-namespace", m))?,
+            label_selector: watcher::label_selector(Some(&self.label_selector))
+                .map_err(|m| err("--discovery-label-selector", m))?,
+            api_server: kvindex_discovery::ApiServer::parse(self.api_server.as_deref())
+                .map_err(|m| err("--discovery-api-server", m))?,
+            settings,
+        }))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -180,6 +264,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// The Gateway API endpoint picker (`--ext-proc-*`), when `--ext-proc-addr` is given.
     pub ext_proc: Option<ExtProcConfig>,
+    /// Kubernetes pod discovery (`--discovery kubernetes`).
+    pub discovery: Option<kvindex_discovery::WatchConfig>,
 }
 
 /// A configuration mistake, naming the flag.
@@ -265,8 +351,12 @@ impl ServeArgs {
                 pods.push(pod);
             }
         }
-        if pods.is_empty() && self.pods_file.is_none() && self.admin_addr.is_none() {
-            return Err(err("--pod", "no pods: give --pod, --pods-file, or --admin-addr for registration"));
+        let discovery = self.discovery.into_config()?;
+        if pods.is_empty() && self.pods_file.is_none() && self.admin_addr.is_none() && discovery.is_none() {
+            return Err(err(
+                "--pod",
+                "no pods: give --pod, --pods-file, --discovery kubernetes, or --admin-addr for registration",
+            ));
         }
         let mut tokenizers = Vec::new();
         for spec in &self.tokenizers {
@@ -355,6 +445,7 @@ impl ServeArgs {
             record_route_timeout: positive_ms("--record-route-timeout-ms", self.record_route_timeout_ms)?,
             log_format: self.log_format,
             ext_proc: self.ext_proc.into_config(check_host_port, self.max_body_bytes)?,
+            discovery,
         })
     }
 }
@@ -410,6 +501,15 @@ mod tests {
     }
 
     #[test]
+    fn discovery_alone_is_a_source_of_pods_with_the_indexers_defaults() {
+        let config = parse(&["--http-addr", "127.0.0.1:8080", "--discovery", "kubernetes"]).unwrap();
+        let d = config.discovery.unwrap();
+        assert_eq!(d.label_selector, "llm-d.ai/inference-serving=true");
+        assert_eq!((d.settings.http_port, d.settings.dp_size, d.settings.replay_port), (8000, 1, Some(5558)));
+        assert!(parse(&["--http-addr", "127.0.0.1:8080"]).unwrap_err().contains("no pods"));
+    }
+
+    #[test]
     fn mistakes_name_the_flag() {
         let base = ["--http-addr", "127.0.0.1:8080"];
         let cases: &[(&[&str], &str)] = &[
@@ -422,6 +522,9 @@ mod tests {
             (&["--pod", "a=http://x:1", "--kv-cutoff", "1.5"], "--kv-cutoff"),
             (&["--pod", "a=http://x:1", "--score-deadline-ms", "0"], "--score-deadline-ms: must be at least 1"),
             (&[], "no pods"),
+            (&["--discovery", "consul"], "--discovery: must be kubernetes or none"),
+            (&["--discovery", "kubernetes", "--discovery-dp-size", "0"], "--discovery-dp-size"),
+            (&["--discovery", "kubernetes", "--discovery-namespace", "No"], "--discovery-namespace"),
         ];
         for (extra, expected) in cases {
             let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();

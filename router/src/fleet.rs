@@ -3,9 +3,10 @@
 //!
 //! A scrape is already out of date when the router sends the next request, so requests this
 //! router started since the last scrape are added on top of it ("fresh" requests); with no
-//! recent scrape the router's own in-flight count is all it has. Pods come from three places
-//! (static flags, a watched file, registration); a pod named by the command line cannot be
-//! replaced or removed by the other two.
+//! recent scrape the router's own in-flight count is all it has. Pods come from four places
+//! (static flags, a watched file, Kubernetes discovery, registration); a pod named by the
+//! command line cannot be replaced or removed by the others, nor a discovered one by
+//! registration.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +49,8 @@ pub enum Source {
     Static,
     File,
     Registered,
+    /// Kubernetes pod discovery.
+    Discovered,
 }
 
 /// Consecutive failed scrapes after which a pod is tried only when no other pod answers.
@@ -221,6 +224,9 @@ impl Fleet {
             if let Some(existing) = pods.get(&spec.id) {
                 if existing.source == Source::Static && source != Source::Static {
                     return Err(format!("pod {:?} is configured on the command line and cannot be changed", spec.id));
+                }
+                if existing.source == Source::Discovered && source == Source::Registered {
+                    return Err(format!("pod {:?} is discovered in Kubernetes and cannot be changed", spec.id));
                 }
                 if existing.url == spec.url && existing.role == spec.role && existing.source == source {
                     return Ok(());

@@ -16,6 +16,7 @@
 pub mod config;
 pub mod cost;
 pub mod decision;
+pub mod discovery;
 pub mod extproc;
 pub mod fleet;
 pub mod http;

@@ -1,5 +1,5 @@
 //! Assembles a running router from a validated configuration and bound listeners: pods (static,
-//! file, registration), the load scrapers, the pipeline, the HTTP servers and the ext_proc
+//! file, Kubernetes discovery, registration), the load scrapers, the pipeline, the HTTP servers and the ext_proc
 //! endpoint picker, until `shutdown`.
 //! The binary and tests bind the listeners themselves, so a test can use port 0.
 
@@ -13,7 +13,7 @@ use crate::extproc;
 use crate::fleet::{Fleet, Source};
 use crate::http::{self, App};
 use crate::pipeline::Router;
-use crate::{metrics as m, pods_file, scrape, upstream};
+use crate::{discovery, metrics as m, pods_file, scrape, upstream};
 
 pub struct Listeners {
     pub http: TcpListener,
@@ -46,6 +46,12 @@ pub async fn run(
     if let (Some(path), Some(text)) = (config.pods_file.clone(), pods_file_text) {
         tokio::spawn(pods_file::watch(fleet.clone(), path, config.pods_file_interval, text));
     }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(watch) = config.discovery.clone() {
+        let client =
+            kvindex_discovery::watcher::client(&watch.api_server).await.map_err(|e| format!("--discovery: {e}"))?;
+        tokio::spawn(discovery::run(fleet.clone(), client, watch, stopped.clone()));
+    }
     let ext_proc_settings = config.ext_proc.as_ref().map(|e| extproc::Settings {
         mode: e.mode,
         max_body_bytes: config.max_body_bytes,
@@ -61,7 +67,6 @@ pub async fn run(
         max_body_bytes: config.max_body_bytes,
         upstream_retries: config.upstream_retries,
     });
-    let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop.send(true);

@@ -2,7 +2,8 @@
 //! (`POST /pods`, `DELETE /pods/{pod}`, gRPC `RegisterPod` / `UnregisterPod`) re-points or
 //! erases pods, so it is off unless the operator configures a bearer token
 //! (`admin_token_file`), and then every call must present it. Pods the operator configured
-//! (config file, `--pod`, pods file) cannot be replaced or removed through the API at all.
+//! (config file, `--pod`, pods file, Kubernetes discovery) cannot be replaced or removed
+//! through the API at all.
 //! Reads (ScoreTokens, GetPodScores, health, `/metrics`, `/debug`) are not gated here.
 
 use std::fmt;
@@ -82,11 +83,12 @@ pub fn authorize(state: &ServiceState, api: &'static str, authorization: Option<
     outcome
 }
 
-/// Refuses an API change to a pod the operator configured (config file, `--pod`, pods file).
+/// Refuses an API change to a pod the operator configured (config file, `--pod`, pods file,
+/// Kubernetes discovery).
 pub fn may_change(state: &ServiceState, api: &'static str, pod: &str) -> Result<(), String> {
     let origin = state.registry().origin_of(pod);
     match origin {
-        Some(origin @ ("config" | "pods_file")) => {
+        Some(origin @ ("config" | "pods_file" | "discovery")) => {
             metrics::counter!(m::CONTROL_DENIED, "api" => api, "reason" => "operator_pod").increment(1);
             tracing::warn!(api, pod = %crate::transport::escape(pod), origin, "API change to an operator-configured pod refused");
             Err(format!("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it"))

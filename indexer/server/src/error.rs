@@ -29,6 +29,8 @@ pub enum ServerError {
     Http(std::io::Error),
     #[error("snapshot_dir: {0}")]
     Snapshot(String),
+    #[error("discovery: {0}")]
+    Discovery(String),
     #[error("{what}: {source}")]
     Io { what: &'static str, source: std::io::Error },
 }

@@ -36,6 +36,8 @@ pub struct Listeners {
     zmq: Option<SubListener>,
     /// Loaded before the server announces it listens, so a bad tokenizer dir fails `bind`.
     tokenizer: Option<PromptTokenizer>,
+    /// Kubernetes client of pod discovery, built in `bind` so a missing cluster config fails it.
+    discovery: Option<kvindex_discovery::Client>,
 }
 
 impl Listeners {
@@ -78,7 +80,11 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
         }
         None => None,
     };
-    Ok(Listeners { grpc, http, zmq, tokenizer })
+    let discovery = match &config.discovery {
+        Some(d) => Some(kvindex_discovery::watcher::client(&d.api_server).await.map_err(ServerError::Discovery)?),
+        None => None,
+    };
+    Ok(Listeners { grpc, http, zmq, tokenizer, discovery })
 }
 
 /// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
@@ -127,6 +133,9 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         let (loaded, first_load) = oneshot::channel();
         tasks.push(tokio::spawn(registry::watch_pods_file(state.clone(), path, loaded, stopping.clone())));
         let _ = first_load.await;
+    }
+    if let (Some(client), Some(config)) = (listeners.discovery.take(), state.config().discovery.clone()) {
+        tasks.push(tokio::spawn(sources::discovery::run(state.clone(), client, config, stopping.clone())));
     }
     let mut grpc = tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, stopped(stopping.clone())));
     let app = http::router(state.clone(), prometheus);

@@ -5,6 +5,7 @@
 //! (tests/config_docs.rs holds it to this file).
 
 pub mod cidr;
+pub mod discovery;
 pub mod error;
 pub mod pod;
 
@@ -190,6 +191,37 @@ pub struct Settings {
     #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
     #[serde(deserialize_with = "TierWeight::table")]
     pub tier_weights: Vec<TierWeight>,
+
+    // --- Kubernetes pod discovery (validated in config/discovery.rs) ---
+    /// Pod discovery: `kubernetes` (watch the namespace's pods through the API server) or
+    /// `none` (default).
+    #[arg(long, env = "KVINDEX_DISCOVERY")]
+    pub discovery: Option<String>,
+    /// Namespace watched (default: the service account's namespace, else `default`).
+    #[arg(long, env = "KVINDEX_DISCOVERY_NAMESPACE")]
+    pub discovery_namespace: Option<String>,
+    /// Label selector of the engine pods (default `llm-d.ai/inference-serving=true`).
+    #[arg(long, env = "KVINDEX_DISCOVERY_LABEL_SELECTOR")]
+    pub discovery_label_selector: Option<String>,
+    /// Engine PUB port; DP rank r publishes on this + r (default 5557).
+    #[arg(long, env = "KVINDEX_DISCOVERY_PUB_PORT")]
+    pub discovery_pub_port: Option<i64>,
+    /// Engine replay ROUTER port; rank r on this + r (default 5558; 0 = no replay).
+    #[arg(long, env = "KVINDEX_DISCOVERY_REPLAY_PORT")]
+    pub discovery_replay_port: Option<i64>,
+    /// Engine HTTP port: a pod's id is `<podIP>:<this>` (default 8000).
+    #[arg(long, env = "KVINDEX_DISCOVERY_HTTP_PORT")]
+    pub discovery_http_port: Option<i64>,
+    /// DP ranks of a pod without the `kvindex.io/dp-size` annotation (default 1).
+    #[arg(long, env = "KVINDEX_DISCOVERY_DP_SIZE")]
+    pub discovery_dp_size: Option<i64>,
+    /// Model of a pod without the `kvindex.io/model` annotation.
+    #[arg(long, env = "KVINDEX_DISCOVERY_MODEL")]
+    pub discovery_model: Option<String>,
+    /// API server URL without credentials (`kubectl proxy`, tests); default: in-cluster
+    /// service account, else $KUBECONFIG / ~/.kube/config.
+    #[arg(long, env = "KVINDEX_DISCOVERY_API_SERVER")]
+    pub discovery_api_server: Option<String>,
 }
 
 /// `kvindex serve`'s command line: the config file, and the settings on top of it.
@@ -256,6 +288,8 @@ pub struct Config {
     pub pods: Vec<PodConfig>,
     pub topic_map: Vec<TopicMapEntry>,
     pub replay: Vec<ReplayEntry>,
+    /// Kubernetes pod discovery (`discovery = "kubernetes"`), when on.
+    pub discovery: Option<kvindex_discovery::WatchConfig>,
 }
 
 /// Where `kvindex record` writes, and how much it keeps.
@@ -325,6 +359,8 @@ impl Config {
             v.parse().map_err(|e| src.error(key, format!("not a host:port socket address ({v:?}): {e}")))
         };
         let zmq_limits = zmq_limits(&s, src, &int)?;
+        let central = s.zmq_bind.as_deref().is_some_and(|e| !e.is_empty());
+        let discovery = discovery::validate(&s, src, &int, central)?;
         let admin_token = match &s.admin_token_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -449,6 +485,7 @@ impl Config {
         }
 
         let mut config = Config {
+            discovery,
             zmq_limits,
             grpc_addr,
             http_addr,
@@ -501,7 +538,11 @@ impl Config {
         if config.speculative.default_ttl_ms > config.speculative.max_ttl_ms {
             return Err(src.error("speculative_ttl_ms", "must not exceed speculative_max_ttl_ms"));
         }
-        if config.zmq_bind.is_none() && config.pods.iter().all(|p| p.endpoint.is_none()) && config.pods_file.is_none() {
+        if config.zmq_bind.is_none()
+            && config.pods.iter().all(|p| p.endpoint.is_none())
+            && config.pods_file.is_none()
+            && config.discovery.is_none()
+        {
             tracing::warn!(
                 "no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API"
             );

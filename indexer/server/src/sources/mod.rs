@@ -12,6 +12,7 @@
 //! The disconnect is queued behind that connection's messages, so it clears after them. Topic
 //! filtering is done by the publisher from our subscription; the worker re-checks the prefix.
 
+pub mod discovery;
 pub mod registry;
 
 use std::sync::Arc;

@@ -1,0 +1,30 @@
+//! Kubernetes pod discovery for kvindex: which vLLM engines to subscribe to (the indexer) or
+//! route to (the router), from the pods the API server lists and watches.
+//!
+//! Two layers, as in the rest of kvindex: a pure core ([`settings`], [`observe`], [`target`],
+//! [`desired`]) that turns watch events into add/remove [`Change`]s with no I/O, clock or
+//! async, unit- and property-tested without a cluster; and a thin shell ([`watcher`]) that runs
+//! kube-runtime's list+watch state machine against the API server and feeds the core.
+//!
+//! Only pods that are Running, Ready (condition `Ready=True`), not terminating and have an IP
+//! count. A pod that stops being one of those, is deleted, changes IP or disappears from a
+//! re-list is removed, and its consumer clears everything it held: an old IP's blocks are
+//! never kept.
+
+pub mod desired;
+#[cfg(feature = "fake-api")]
+pub mod fake_api;
+pub mod metrics;
+pub mod observe;
+pub mod settings;
+pub mod target;
+pub mod watcher;
+
+/// The Kubernetes client type the watcher runs on (so consumers need not depend on kube).
+pub use kube::Client;
+
+pub use desired::{Change, DesiredSet, Outcome, WatchEvent};
+pub use observe::{PodObservation, Rejection};
+pub use settings::Settings;
+pub use target::DiscoveredPod;
+pub use watcher::{ApiServer, WatchConfig};

@@ -1,0 +1,91 @@
+//! A discovered engine pod and the names and endpoints derived from it. The pod id is
+//! `<podIP>:<http_port>`, which is what vLLM's topic `kv@<podIP>:8000@<model>` carries, what
+//! the router sends traffic to, and (rank r > 0 at `<podIP>:<http_port + r>`) how the indexer
+//! names DP ranks (`port-offset`). IPv6 addresses are bracketed (`[fd00::7]:8000`).
+
+use std::net::{IpAddr, SocketAddr};
+
+/// One Running, Ready pod with an IP, as its consumers need it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DiscoveredPod {
+    /// `<namespace>/<name>` of the Kubernetes pod (for logs).
+    pub name: String,
+    pub ip: IpAddr,
+    /// The served model (annotation or configured); `None` when neither says.
+    pub model: Option<String>,
+    /// Data-parallel ranks behind the pod (1 = no DP).
+    pub dp_size: u32,
+    pub pub_port: u16,
+    pub replay_port: Option<u16>,
+    pub http_port: u16,
+}
+
+impl DiscoveredPod {
+    fn addr(&self, port: u16, rank: u32) -> SocketAddr {
+        SocketAddr::new(self.ip, (u32::from(port) + rank) as u16)
+    }
+
+    /// The pod id of rank 0: `<podIP>:<http_port>`.
+    pub fn pod_id(&self) -> String {
+        self.rank_pod_id(0)
+    }
+
+    /// The pod id of rank `rank`: `<podIP>:<http_port + rank>` (llm-d's port-offset naming).
+    pub fn rank_pod_id(&self, rank: u32) -> String {
+        self.addr(self.http_port, rank).to_string()
+    }
+
+    /// Rank `rank`'s HTTP base URL.
+    pub fn http_url(&self, rank: u32) -> String {
+        format!("http://{}", self.addr(self.http_port, rank))
+    }
+
+    /// Rank `rank`'s PUB endpoint (vLLM offsets the port by the rank).
+    pub fn pub_endpoint(&self, rank: u32) -> String {
+        format!("tcp://{}", self.addr(self.pub_port, rank))
+    }
+
+    /// Rank `rank`'s replay endpoint, when replay is configured.
+    pub fn replay_endpoint(&self, rank: u32) -> Option<String> {
+        self.replay_port.map(|port| format!("tcp://{}", self.addr(port, rank)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ip: &str) -> DiscoveredPod {
+        DiscoveredPod {
+            name: "ns/vllm-0".into(),
+            ip: ip.parse().unwrap(),
+            model: Some("m".into()),
+            dp_size: 2,
+            pub_port: 5557,
+            replay_port: Some(5558),
+            http_port: 8000,
+        }
+    }
+
+    #[test]
+    fn names_and_endpoints_follow_the_port_offset_rule() {
+        let p = pod("10.0.0.7");
+        assert_eq!(p.pod_id(), "10.0.0.7:8000");
+        assert_eq!(p.rank_pod_id(1), "10.0.0.7:8001");
+        assert_eq!(p.rank_pod_id(1), kvindex_dp_pod_id("10.0.0.7:8000", 1));
+        assert_eq!(p.http_url(1), "http://10.0.0.7:8001");
+        assert_eq!(p.pub_endpoint(0), "tcp://10.0.0.7:5557");
+        assert_eq!(p.pub_endpoint(1), "tcp://10.0.0.7:5558");
+        assert_eq!(p.replay_endpoint(1).as_deref(), Some("tcp://10.0.0.7:5559"));
+        assert_eq!(DiscoveredPod { replay_port: None, ..p }.replay_endpoint(0), None);
+        let v6 = pod("fd00::7");
+        assert_eq!(v6.pod_id(), "[fd00::7]:8000");
+        assert_eq!(v6.pub_endpoint(1), "tcp://[fd00::7]:5558");
+    }
+
+    /// The indexer's rule (`kvindex::wire::dp_pod_id`), restated: host, port + rank.
+    fn kvindex_dp_pod_id(base: &str, rank: u32) -> String {
+        let (host, port) = base.rsplit_once(':').unwrap();
+        format!("{host}:{}", port.parse::<u32>().unwrap() + rank)
+    }
+}
