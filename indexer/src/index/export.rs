@@ -486,7 +486,7 @@ mod tests {
         let mut stored_hashes: Vec<Vec<u64>> = vec![Vec::new(); pods.len()];
         for step in 0..steps {
             let p = next(pods.len() as u64) as usize;
-            let bs = if p % 2 == 0 { 2 } else { 4 };
+            let bs = if p.is_multiple_of(2) { 2 } else { 4 };
             let pod = pods[p];
             match next(10) {
                 0..=5 => {
