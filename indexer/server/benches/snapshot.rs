@@ -3,6 +3,9 @@
 //! loaded and imported back (what a warm restart does before its short replay). Prints one
 //! line per phase; the figures go to BENCHMARKS.md.
 //!
+//! Export and import run per pod on `KVINDEX_BENCH_THREADS` threads (default: every core), as
+//! the service's apply workers do (each exports and imports the pods of its own streams).
+//!
 //! `cargo bench -p kvindex-server --bench snapshot` (release build).
 
 use std::time::Instant;
@@ -36,7 +39,28 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
     std::fs::read_dir(path).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
 }
 
+/// Runs `work` on `threads` slices of `items` at once; the results, in order.
+fn per_thread<T: Sync, R: Send>(threads: usize, items: &[T], work: impl Fn(&[T]) -> Vec<R> + Sync) -> Vec<R> {
+    let chunk = items.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = items.chunks(chunk).map(|part| s.spawn(|| work(part))).collect();
+        parts.into_iter().flat_map(|p| p.join().unwrap()).collect()
+    })
+}
+
+fn per_thread_mut<T: Send, R: Send>(threads: usize, items: &mut [T], work: impl Fn(&mut [T]) -> R + Sync) -> Vec<R> {
+    let chunk = items.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = items.chunks_mut(chunk).map(|part| s.spawn(|| work(part))).collect();
+        parts.into_iter().map(|p| p.join().unwrap()).collect()
+    })
+}
+
 fn main() {
+    let threads: usize = std::env::var("KVINDEX_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let entries: u64 = std::env::var("KVINDEX_BENCH_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
     let chains_per_pod = entries / PODS / BLOCKS_PER_STORE;
     let config = KvIndexConfig { block_size: 16, shards: 64, max_entries: u64::MAX >> 1, hash_check: None };
@@ -58,7 +82,9 @@ fn main() {
     );
 
     let t = Instant::now();
-    let exports = index.export_all();
+    let names = index.pod_names();
+    let exports: Vec<kvindex::PodExport> =
+        per_thread(threads, &names, |part| part.iter().filter_map(|p| index.export_pod(p)).collect());
     let export_s = t.elapsed().as_secs_f64();
     let records: Vec<StreamRecord> =
         exports.into_iter().map(|e| StreamRecord::new(&e.pod.clone(), 0, 1000, e)).collect();
@@ -91,12 +117,16 @@ fn main() {
     let load_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let restored = KvIndex::new(config);
-    for r in &loaded.streams {
-        restored.import_pod(&r.export());
-    }
+    let mut streams: Vec<Option<StreamRecord>> = loaded.streams.into_iter().map(Some).collect();
+    let refused: u64 = per_thread_mut(threads, &mut streams, |part| {
+        part.iter_mut().filter_map(Option::take).map(|r| restored.import_pod(&r.into_export()).refused).sum::<u64>()
+    })
+    .into_iter()
+    .sum();
     let import_s = t.elapsed().as_secs_f64();
+    assert_eq!(refused, 0);
     println!(
-        "restore: open+read+verify {load_s:.2}s, import {import_s:.2}s, total {:.2}s; {} entries back",
+        "restore ({threads} threads): open+read+verify {load_s:.2}s, import {import_s:.2}s, total {:.2}s; {} entries back",
         load_s + import_s,
         restored.table().entries()
     );

@@ -14,12 +14,13 @@
 //! whose parent was refused is refused too, and engine-hash resolution (for later
 //! `parent_block_hash` and `BlockRemoved`) comes back as it was.
 //!
-//! Only pods with one plain full-attention KV-cache group are exported: a hybrid engine's
-//! group structure (sliding-window or Mamba groups holding blocks off paths they do not hold)
-//! is not carried, so such pods are left out of snapshots and start cold.
+//! A hybrid engine's KV-cache groups (sliding-window or Mamba groups holding blocks off paths
+//! they do not hold) are carried too: each group's kind and block size, which scoring needs,
+//! and its engine blocks under the group's own namespace root, with the path they hang off.
 
 use rustc_hash::FxHashMap;
 
+use super::ingest::{GroupKind, GroupSpec, MAX_GROUPS};
 use super::tiers::{TierId, MAX_TIERS};
 use super::tree::{ParentKey, Pos};
 use super::KvIndex;
@@ -34,6 +35,46 @@ pub struct PodExport {
     pub tiers: Vec<String>,
     /// Engine blocks, every block after the one its `parent` names.
     pub blocks: Vec<BlockExport>,
+    /// What the engine said about each KV-cache group, by index (None = never seen). Empty
+    /// or one full-attention group: a plain engine.
+    pub groups: Vec<Option<GroupExport>>,
+}
+
+/// One KV-cache group, as the engine described it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupExport {
+    /// `full`, `sliding_window`, `mamba`, `as_full` (full attention as far as scoring goes, or
+    /// a kind the engine did not name) or `unscored`; another name imports as `unscored`.
+    pub kind: String,
+    /// A sliding window's tokens (0 otherwise).
+    pub window: u32,
+    /// The group's block size in tokens (0 = none stored yet).
+    pub block_tokens: u32,
+}
+
+impl GroupExport {
+    fn of(spec: &GroupSpec) -> Self {
+        let (kind, window) = match spec.kind {
+            GroupKind::Full => ("full", 0),
+            GroupKind::SlidingWindow { tokens } => ("sliding_window", tokens),
+            GroupKind::Mamba => ("mamba", 0),
+            GroupKind::AsFull => ("as_full", 0),
+            GroupKind::Unscored => ("unscored", 0),
+        };
+        GroupExport { kind: kind.to_string(), window, block_tokens: spec.block_tokens }
+    }
+
+    /// The group's spec; a kind this build does not know is not scored, never guessed.
+    fn spec(&self) -> GroupSpec {
+        let kind = match (self.kind.as_str(), self.window) {
+            ("full", _) => GroupKind::Full,
+            ("sliding_window", tokens) if tokens > 0 => GroupKind::SlidingWindow { tokens },
+            ("mamba", _) => GroupKind::Mamba,
+            ("as_full", _) => GroupKind::AsFull,
+            _ => GroupKind::Unscored,
+        };
+        GroupSpec { kind, block_tokens: self.block_tokens }
+    }
 }
 
 /// Where an engine block's chain continues.
@@ -80,29 +121,24 @@ struct Planned {
 }
 
 impl KvIndex {
-    /// The residencies of `pod`, or `None` if it has no ingest state or its engine has other
-    /// than one plain full-attention KV-cache group (not exported; see the module doc). Holds
-    /// the pod's lock while it runs: the export is one point in the pod's event order.
+    /// The residencies of `pod`, or `None` if it has no ingest state. Holds the pod's lock
+    /// while it runs: the export is one point in the pod's event order.
     pub fn export_pod(&self, pod: &str) -> Option<PodExport> {
         let id = self.pods.get(pod)?;
         let state = self.states.read().get(&id).cloned()?;
         let state = state.lock();
-        if !state.is_plain() {
-            return None;
-        }
         let tree = &self.tree;
         let guard = tree.pin();
         let ends = state.engine_blocks(tree, &guard);
-        let by_end: FxHashMap<Pos, usize> = ends.iter().enumerate().map(|(i, &(_, pos, _))| (pos, i)).collect();
+        let by_end: FxHashMap<Pos, usize> = ends.iter().enumerate().map(|(i, (_, _, last))| (last.pos, i)).collect();
         let plan = |i: usize| -> Option<Planned> {
-            let (_, last, count) = ends[i];
+            let (_, count, last) = ends[i];
             let mut keys = Vec::with_capacity(count as usize);
-            let mut at = last;
-            for n in 0..count {
+            keys.push((last.key, last.tiers));
+            let mut at = last.pos;
+            for _ in 1..count {
+                at = tree.previous(at, &guard)?;
                 keys.push((tree.key_at(at, &guard)?, tree.tiers_at(at, id, &guard)));
-                if n + 1 < count {
-                    at = tree.previous(at, &guard)?;
-                }
             }
             keys.reverse();
             let mut path = Vec::new();
@@ -155,7 +191,8 @@ impl KvIndex {
             }
         }
         let tiers = (0..self.tiers.count() as u8).map(|t| self.tiers.name(TierId(t))).collect();
-        Some(PodExport { pod: pod.to_string(), model: state.model().to_string(), tiers, blocks })
+        let groups = state.groups().iter().map(|g| g.as_ref().map(GroupExport::of)).collect();
+        Some(PodExport { pod: pod.to_string(), model: state.model().to_string(), tiers, blocks, groups })
     }
 
     /// Every exported pod's residencies (see `export_pod`), by pod name.
@@ -206,6 +243,13 @@ impl KvIndex {
             })
             .collect();
         let mut state = state.lock();
+        // The groups first, so that no block of a hybrid pod is scored as plain.
+        let groups: Vec<Option<GroupSpec>> =
+            export.groups.iter().take(MAX_GROUPS).map(|g| g.as_ref().map(GroupExport::spec)).collect();
+        state.restore_groups(&groups);
+        if state.take_groups_changed() {
+            self.publish_plan(state.pod(), Some(state.groups()));
+        }
         let tree = &self.tree;
         let id = state.pod();
         let blocks = &export.blocks;
@@ -437,20 +481,39 @@ mod tests {
     }
 
     #[test]
-    fn hybrid_pods_are_left_out() {
-        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+    fn hybrid_pods_come_back_with_their_groups() {
+        let config = KvIndexConfig { block_size: 2, ..Default::default() };
+        let index = KvIndex::new(config.clone());
         history(&index);
-        let t: Vec<u32> = (0..2).collect();
-        let mut two = stored(&[7], None, t.clone(), 2, None);
-        let mut one = stored(&[8], None, t, 2, None);
-        if let (Event::BlockStored(a), Event::BlockStored(b)) = (&mut two, &mut one) {
-            a.group_idx = Some(0);
-            b.group_idx = Some(1);
+        let t: Vec<u32> = (0..4).collect();
+        // Group 0 a 2-token sliding window keeping only the last block, group 1 full attention.
+        let mut window = stored(&[8], None, t.clone(), 2, None);
+        let mut full = stored(&[7, 8], None, t, 2, None);
+        if let (Event::BlockStored(w), Event::BlockStored(f)) = (&mut window, &mut full) {
+            w.group_idx = Some(0);
+            w.kv_cache_spec_kind = Some("sliding_window");
+            w.kv_cache_spec_sliding_window = Some(2);
+            f.group_idx = Some(1);
+            f.kv_cache_spec_kind = Some("full_attention");
         }
-        index.apply("h", "m", &batch(vec![two, one]));
-        assert!(index.pod_stats("h").is_some_and(|s| s.blocks > 0));
-        assert_eq!(index.export_pod("h"), None);
-        assert!(index.export_all().iter().all(|p| p.pod != "h"));
+        index.apply("h", "m", &batch(vec![window, full]));
+        let h = index.export_pod("h").expect("h has state");
+        assert_eq!(h.groups.len(), 2);
+        assert_eq!(h.groups[0].as_ref().map(|g| (g.kind.as_str(), g.window)), Some(("sliding_window", 2)));
+        let restored = KvIndex::new(config);
+        for pod in index.export_all() {
+            assert_eq!(restored.import_pod(&pod).refused, 0, "{pod:?}");
+        }
+        let prompts: Vec<Vec<u32>> = (0..=8).map(|n| (0..n).collect()).collect();
+        assert_eq!(scores(&restored, &prompts), scores(&index, &prompts));
+        assert!(scores(&index, &prompts).iter().any(|s| s.contains("h:2")), "the hybrid pod scores its prefix");
+        assert_eq!(restored.pod_stats("h").map(|s| s.blocks), index.pod_stats("h").map(|s| s.blocks));
+        // An unknown kind imports as not scored: the pod under-reports, never guesses.
+        let mut odd = h.clone();
+        odd.pod = "h2".into();
+        odd.groups[0] = Some(GroupExport { kind: "from_the_future".into(), window: 0, block_tokens: 2 });
+        restored.import_pod(&odd);
+        assert!(scores(&restored, &prompts).iter().all(|s| !s.contains("h2:")));
     }
 
     #[test]

@@ -15,11 +15,10 @@ use smallvec::SmallVec;
 
 use crossbeam_epoch::Guard;
 
-use super::hybrid::GroupPlan;
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, Tiers, MAX_TIERS};
-use super::tree::{EditStats, ParentKey, Pos, Stored, Tree};
+use super::tree::{EditStats, HeldBlock, ParentKey, Pos, Stored, Tree};
 use crate::keys::extra_keys::encode_block_extras;
 use crate::keys::{block_key, namespace_of, namespace_root, BlockKey, Extras};
 use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
@@ -752,35 +751,45 @@ impl PodIngest {
         true
     }
 
-    /// Whether this pod's engine has one plain full-attention KV-cache group: the only kind
-    /// the export facade (`index::export`) carries.
-    pub(super) fn is_plain(&self) -> bool {
-        GroupPlan::is_plain(&self.groups)
+    /// For the export facade's import: the KV-cache groups a snapshot recorded.
+    pub(super) fn restore_groups(&mut self, groups: &[Option<GroupSpec>]) {
+        if self.groups != groups {
+            self.groups = groups.to_vec();
+            self.groups_changed = true;
+        }
     }
 
-    /// For the export facade: this pod's engine blocks, as (scoped engine hash, position of
-    /// its last canonical block, canonical blocks it spans), each block held by the pod.
-    pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, Pos, u32)> {
-        let live = |pos: Pos, first: u64| {
-            tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0
-        };
+    /// For the export facade: this pod's engine blocks, each held by the pod, as its scoped
+    /// engine hash, the canonical blocks it spans, and its last block.
+    pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, u32, HeldBlock)> {
         let mut out = Vec::new();
         let mut named = rustc_hash::FxHashSet::default();
         for (&scoped, &(pos, first)) in &self.exceptions {
-            if live(pos, first) {
-                named.insert(pos);
-                out.push((scoped, pos, self.spans.get(&scoped).copied().unwrap_or(1)));
+            let tiers = tree.tiers_at(pos, self.pod, guard);
+            if tree.first_key(pos, guard) == Some(first) && tiers != 0 {
+                if let Some(key) = tree.key_at(pos, guard) {
+                    named.insert(pos);
+                    let block = HeldBlock { pos, key, engine: scoped, tiers };
+                    out.push((scoped, self.spans.get(&scoped).copied().unwrap_or(1), block));
+                }
             }
         }
+        let mut held = Vec::new();
         for seg in &self.segments {
-            for (pos, _) in tree.held_in(seg, self.pod, guard) {
-                let engine = tree.engine_at(pos, guard);
+            held.clear();
+            tree.held_in(seg, self.pod, guard, &mut held);
+            for &block in &held {
+                let engine = block.engine;
                 // Another pod's hash recorded on a block this pod holds inside one of its own
                 // engine blocks (one block size per plain engine: its multi-block engine
                 // blocks are all in `spans`) is not a name this pod uses.
                 let ours = self.spans.is_empty() || self.spans.contains_key(&engine);
-                if engine != 0 && ours && !named.contains(&pos) && !self.exceptions.contains_key(&engine) {
-                    out.push((engine, pos, self.spans.get(&engine).copied().unwrap_or(1)));
+                if engine != 0
+                    && ours
+                    && (named.is_empty() || !named.contains(&block.pos))
+                    && (self.exceptions.is_empty() || !self.exceptions.contains_key(&engine))
+                {
+                    out.push((engine, self.spans.get(&engine).copied().unwrap_or(1), block));
                 }
             }
         }
