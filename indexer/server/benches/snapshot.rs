@@ -6,6 +6,9 @@
 //! Export and import run per pod on `KVINDEX_BENCH_THREADS` threads (default: every core), as
 //! the service's apply workers do (each exports and imports the pods of its own streams).
 //!
+//! Each phase also prints the process's CPU seconds (user + system, all threads): on a shared,
+//! loaded machine wall time says more about the neighbours than about the code.
+//!
 //! `cargo bench -p kvindex-server --bench snapshot` (release build).
 
 use std::time::Instant;
@@ -37,6 +40,16 @@ fn store(chain: u64) -> EventBatch<'static> {
 
 fn dir_bytes(path: &std::path::Path) -> u64 {
     std::fs::read_dir(path).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
+}
+
+/// CPU seconds this process has used (user + system, every thread), from `/proc/self/stat`.
+fn cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; 100 ticks/s.
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
 }
 
 /// Runs `work` on `threads` slices of `items` at once; the results, in order.
@@ -81,11 +94,11 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    let t = Instant::now();
+    let (t, c) = (Instant::now(), cpu_s());
     let names = index.pod_names();
     let exports: Vec<kvindex::PodExport> =
         per_thread(threads, &names, |part| part.iter().filter_map(|p| index.export_pod(p)).collect());
-    let export_s = t.elapsed().as_secs_f64();
+    let (export_s, export_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
     let records: Vec<StreamRecord> =
         exports.into_iter().map(|e| StreamRecord::new(&e.pod.clone(), 0, 1000, e)).collect();
     let residencies: u64 = records.iter().map(StreamRecord::residencies).sum();
@@ -98,24 +111,24 @@ fn main() {
         streams: records.len() as u64,
         residencies,
     };
-    let t = Instant::now();
+    let (t, c) = (Instant::now(), cpu_s());
     db.save(&header, &records, true).unwrap();
     db.flush().unwrap();
-    let save_s = t.elapsed().as_secs_f64();
+    let (save_s, save_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
     drop(db);
     drop(records);
     println!(
-        "snapshot: export {export_s:.2}s, encode+write+flush {save_s:.2}s, {residencies} residencies, {:.1} MB on disk ({:.2} B/residency)",
+        "snapshot ({threads} threads): export {export_s:.2}s ({export_cpu:.2} CPU s), encode+write+flush {save_s:.2}s ({save_cpu:.2} CPU s), {residencies} residencies, {:.1} MB on disk ({:.2} B/residency)",
         dir_bytes(dir.path()) as f64 / 1e6,
         dir_bytes(dir.path()) as f64 / residencies as f64
     );
     drop(index);
 
-    let t = Instant::now();
+    let (t, c) = (Instant::now(), cpu_s());
     let db = Store::open(dir.path()).unwrap();
     let loaded = db.load(kvindex::keys::RECIPE_VERSION, 16).unwrap().unwrap();
-    let load_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let (load_s, load_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
+    let (t, c) = (Instant::now(), cpu_s());
     let restored = KvIndex::new(config);
     let mut streams: Vec<Option<StreamRecord>> = loaded.streams.into_iter().map(Some).collect();
     let refused: u64 = per_thread_mut(threads, &mut streams, |part| {
@@ -123,11 +136,12 @@ fn main() {
     })
     .into_iter()
     .sum();
-    let import_s = t.elapsed().as_secs_f64();
+    let (import_s, import_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
     assert_eq!(refused, 0);
     println!(
-        "restore ({threads} threads): open+read+verify {load_s:.2}s, import {import_s:.2}s, total {:.2}s; {} entries back",
+        "restore ({threads} threads): open+read+verify {load_s:.2}s ({load_cpu:.2} CPU s), import {import_s:.2}s ({import_cpu:.2} CPU s), total {:.2}s ({:.2} CPU s); {} entries back",
         load_s + import_s,
+        load_cpu + import_cpu,
         restored.table().entries()
     );
 }
