@@ -67,9 +67,24 @@ fn score(index: &KvIndex, tokens: &[u32]) -> u32 {
         .map_or(0, |m| m.matched_blocks)
 }
 
+/// A fresh index holding what `index` exports (a warm restart's snapshot, in memory).
+fn restored(index: &KvIndex, block_size: usize) -> KvIndex {
+    let fresh = KvIndex::new(KvIndexConfig { block_size, ..Default::default() });
+    for pod in index.export_all() {
+        assert_eq!(fresh.import_pod(&pod).refused, 0);
+    }
+    fresh
+}
+
 fn replay(block_size: usize) -> (Vec<(String, u64, u64)>, u64) {
+    replay_scoring(block_size, false)
+}
+
+/// Replays the capture; with `through_snapshot`, the index is replaced by a restore of its
+/// export before each request (which is scored there, and the replay continues there).
+fn replay_scoring(block_size: usize, through_snapshot: bool) -> (Vec<(String, u64, u64)>, u64) {
     let requests = support::read_records(&captures().join("requests-0.32.0-real-hybrid.jsonl"));
-    let index = KvIndex::new(KvIndexConfig { block_size, ..Default::default() });
+    let mut index = KvIndex::new(KvIndexConfig { block_size, ..Default::default() });
     let mut messages = messages().into_iter();
     let mut skipped = 0;
     let mut results = Vec::new();
@@ -77,6 +92,9 @@ fn replay(block_size: usize) -> (Vec<(String, u64, u64)>, u64) {
         let tokens: Vec<u32> =
             request["prompt_token_ids"].as_array().expect("ids").iter().map(|t| t.as_u64().unwrap() as u32).collect();
         let engine = request["cached_tokens"].as_u64().expect("cached_tokens");
+        if through_snapshot {
+            index = restored(&index, block_size);
+        }
         let ours = u64::from(score(&index, &tokens)) * block_size as u64;
         results.push((request["label"].as_str().unwrap_or("").to_string(), engine, ours));
         // Everything the request and its fence published.
@@ -103,6 +121,18 @@ fn every_request_scores_what_the_engine_served() {
         // The capture exercises what matters: hits, and requests where the sliding-window
         // group's evictions or sparse retention make the engine serve less than full attention
         // holds.
+        assert!(results.iter().filter(|r| r.1 > 0).count() >= 3);
+    }
+}
+
+#[test]
+fn a_snapshot_of_the_hybrid_pod_scores_what_the_engine_served() {
+    for block_size in [32, 16] {
+        let (results, _) = replay_scoring(block_size, true);
+        assert_eq!(results.len(), 9);
+        for (label, engine, ours) in &results {
+            assert_eq!(ours, engine, "{label:?} restored at canonical block size {block_size}");
+        }
         assert!(results.iter().filter(|r| r.1 > 0).count() >= 3);
     }
 }

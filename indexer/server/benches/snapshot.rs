@@ -3,6 +3,12 @@
 //! loaded and imported back (what a warm restart does before its short replay). Prints one
 //! line per phase; the figures go to BENCHMARKS.md.
 //!
+//! Export and import run per pod on `KVINDEX_BENCH_THREADS` threads (default: every core), as
+//! the service's apply workers do (each exports and imports the pods of its own streams).
+//!
+//! Each phase also prints the process's CPU seconds (user + system, all threads): on a shared,
+//! loaded machine wall time says more about the neighbours than about the code.
+//!
 //! `cargo bench -p kvindex-server --bench snapshot` (release build).
 
 use std::time::Instant;
@@ -36,7 +42,38 @@ fn dir_bytes(path: &std::path::Path) -> u64 {
     std::fs::read_dir(path).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
 }
 
+/// CPU seconds this process has used (user + system, every thread), from `/proc/self/stat`.
+fn cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; 100 ticks/s.
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
+/// Runs `work` on `threads` slices of `items` at once; the results, in order.
+fn per_thread<T: Sync, R: Send>(threads: usize, items: &[T], work: impl Fn(&[T]) -> Vec<R> + Sync) -> Vec<R> {
+    let chunk = items.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = items.chunks(chunk).map(|part| s.spawn(|| work(part))).collect();
+        parts.into_iter().flat_map(|p| p.join().unwrap()).collect()
+    })
+}
+
+fn per_thread_mut<T: Send, R: Send>(threads: usize, items: &mut [T], work: impl Fn(&mut [T]) -> R + Sync) -> Vec<R> {
+    let chunk = items.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = items.chunks_mut(chunk).map(|part| s.spawn(|| work(part))).collect();
+        parts.into_iter().map(|p| p.join().unwrap()).collect()
+    })
+}
+
 fn main() {
+    let threads: usize = std::env::var("KVINDEX_BENCH_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let entries: u64 = std::env::var("KVINDEX_BENCH_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
     let chains_per_pod = entries / PODS / BLOCKS_PER_STORE;
     let config = KvIndexConfig { block_size: 16, shards: 64, max_entries: u64::MAX >> 1, hash_check: None };
@@ -57,9 +94,11 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    let t = Instant::now();
-    let exports = index.export_all();
-    let export_s = t.elapsed().as_secs_f64();
+    let (t, c) = (Instant::now(), cpu_s());
+    let names = index.pod_names();
+    let exports: Vec<kvindex::PodExport> =
+        per_thread(threads, &names, |part| part.iter().filter_map(|p| index.export_pod(p)).collect());
+    let (export_s, export_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
     let records: Vec<StreamRecord> =
         exports.into_iter().map(|e| StreamRecord::new(&e.pod.clone(), 0, 1000, e)).collect();
     let residencies: u64 = records.iter().map(StreamRecord::residencies).sum();
@@ -72,32 +111,37 @@ fn main() {
         streams: records.len() as u64,
         residencies,
     };
-    let t = Instant::now();
+    let (t, c) = (Instant::now(), cpu_s());
     db.save(&header, &records, true).unwrap();
     db.flush().unwrap();
-    let save_s = t.elapsed().as_secs_f64();
+    let (save_s, save_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
     drop(db);
     drop(records);
     println!(
-        "snapshot: export {export_s:.2}s, encode+write+flush {save_s:.2}s, {residencies} residencies, {:.1} MB on disk ({:.2} B/residency)",
+        "snapshot ({threads} threads): export {export_s:.2}s ({export_cpu:.2} CPU s), encode+write+flush {save_s:.2}s ({save_cpu:.2} CPU s), {residencies} residencies, {:.1} MB on disk ({:.2} B/residency)",
         dir_bytes(dir.path()) as f64 / 1e6,
         dir_bytes(dir.path()) as f64 / residencies as f64
     );
     drop(index);
 
-    let t = Instant::now();
+    let (t, c) = (Instant::now(), cpu_s());
     let db = Store::open(dir.path()).unwrap();
     let loaded = db.load(kvindex::keys::RECIPE_VERSION, 16).unwrap().unwrap();
-    let load_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
+    let (load_s, load_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
+    let (t, c) = (Instant::now(), cpu_s());
     let restored = KvIndex::new(config);
-    for r in &loaded.streams {
-        restored.import_pod(&r.export());
-    }
-    let import_s = t.elapsed().as_secs_f64();
+    let mut streams: Vec<Option<StreamRecord>> = loaded.streams.into_iter().map(Some).collect();
+    let refused: u64 = per_thread_mut(threads, &mut streams, |part| {
+        part.iter_mut().filter_map(Option::take).map(|r| restored.import_pod(&r.into_export()).refused).sum::<u64>()
+    })
+    .into_iter()
+    .sum();
+    let (import_s, import_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
+    assert_eq!(refused, 0);
     println!(
-        "restore: open+read+verify {load_s:.2}s, import {import_s:.2}s, total {:.2}s; {} entries back",
+        "restore ({threads} threads): open+read+verify {load_s:.2}s ({load_cpu:.2} CPU s), import {import_s:.2}s ({import_cpu:.2} CPU s), total {:.2}s ({:.2} CPU s); {} entries back",
         load_s + import_s,
+        load_cpu + import_cpu,
         restored.table().entries()
     );
 }

@@ -15,11 +15,10 @@ use smallvec::SmallVec;
 
 use crossbeam_epoch::Guard;
 
-use super::hybrid::GroupPlan;
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, Tiers, MAX_TIERS};
-use super::tree::{EditStats, ParentKey, Pos, Stored, Tree};
+use super::tree::{EditStats, HeldBlock, ParentKey, Pos, Stored, Tree};
 use crate::keys::extra_keys::encode_block_extras;
 use crate::keys::{block_key, namespace_of, namespace_root, BlockKey, Extras};
 use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
@@ -475,7 +474,7 @@ impl PodIngest {
             }
             let hold_from = prefix + held[run_start] * per_block;
             let upto = prefix + (held[run_end - 1] + 1) * per_block;
-            let whole = self.store_run(tree, guard, tier, parent, &keys[..upto], hold_from, &ends, per_block);
+            let whole = self.store_run(tree, guard, tier, parent, &keys[..upto], hold_from, &ends, per_block, None);
             stored_blocks += whole as u64;
             if whole < run_end - run_start {
                 break;
@@ -490,7 +489,8 @@ impl PodIngest {
 
     /// Stores `keys[hold_from..]` for this pod (the keys before it are path it need not
     /// hold), engine blocks of `per_block` canonical blocks ending at `ends`; settles what
-    /// their engine hashes name. Returns the engine blocks applied.
+    /// their engine hashes name. Returns the engine blocks applied, and with `placed`, appends
+    /// the position of each one's last block there.
     #[allow(clippy::too_many_arguments)]
     fn store_run(
         &mut self,
@@ -502,6 +502,7 @@ impl PodIngest {
         hold_from: usize,
         ends: &[(usize, u64)],
         per_block: usize,
+        placed: Option<&mut Vec<Pos>>,
     ) -> usize {
         let stored = tree.store(self.pod, tier.bit(), parent, keys, hold_from, ends, self.indexed, guard);
         self.note_stats(&stored.stats);
@@ -524,6 +525,9 @@ impl PodIngest {
         }
         if let Some(j) = whole.checked_sub(1) {
             self.note_end(tree, guard, ends[j].1, stored.ends[j].0);
+        }
+        if let Some(placed) = placed {
+            placed.extend(stored.ends.iter().take(whole).map(|&(pos, _)| pos));
         }
         whole
     }
@@ -564,12 +568,18 @@ impl PodIngest {
             self.note_stats(&stats);
             return (before, after);
         }
-        let (before, after, stats) = tree.release(self.pod, last, 1, mask, guard);
-        self.note_stats(&stats);
+        // The engine block's earlier blocks, found before anything is released: releasing a
+        // branch's last held block frees its segment, and `previous` could not step out of it.
+        let mut earlier: SmallVec<[Pos; 8]> = SmallVec::new();
         let mut pos = last;
         for _ in 1..count {
             let Some(p) = tree.previous(pos, guard) else { break };
+            earlier.push(p);
             pos = p;
+        }
+        let (before, after, stats) = tree.release(self.pod, last, 1, mask, guard);
+        self.note_stats(&stats);
+        for p in earlier {
             if let Some(c) = self.covers.get_mut(&p.pack()) {
                 // Another engine block covers it: keep it. A block leaving entirely takes one
                 // cover away; one losing a tier leaves the covers as they are.
@@ -741,73 +751,89 @@ impl PodIngest {
         true
     }
 
-    /// Whether this pod's engine has one plain full-attention KV-cache group: the only kind
-    /// the export facade (`index::export`) carries.
-    pub(super) fn is_plain(&self) -> bool {
-        GroupPlan::is_plain(&self.groups)
+    /// For the export facade's import: the KV-cache groups a snapshot recorded.
+    pub(super) fn restore_groups(&mut self, groups: &[Option<GroupSpec>]) {
+        if self.groups != groups {
+            self.groups = groups.to_vec();
+            self.groups_changed = true;
+        }
     }
 
-    /// For the export facade: this pod's engine blocks, as (scoped engine hash, position of
-    /// its last canonical block, canonical blocks it spans), each block held by the pod.
-    pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, Pos, u32)> {
-        let live = |pos: Pos, first: u64| {
-            tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0
-        };
+    /// For the export facade: this pod's engine blocks, each held by the pod, as its scoped
+    /// engine hash, the canonical blocks it spans, and its last block.
+    pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, u32, HeldBlock)> {
         let mut out = Vec::new();
         let mut named = rustc_hash::FxHashSet::default();
         for (&scoped, &(pos, first)) in &self.exceptions {
-            if live(pos, first) {
-                named.insert(pos);
-                out.push((scoped, pos, self.spans.get(&scoped).copied().unwrap_or(1)));
+            let tiers = tree.tiers_at(pos, self.pod, guard);
+            if tree.first_key(pos, guard) == Some(first) && tiers != 0 {
+                if let Some(key) = tree.key_at(pos, guard) {
+                    named.insert(pos);
+                    let block = HeldBlock { pos, key, engine: scoped, tiers };
+                    out.push((scoped, self.spans.get(&scoped).copied().unwrap_or(1), block));
+                }
             }
         }
+        let mut held = Vec::new();
         for seg in &self.segments {
-            for (pos, _) in tree.held_in(seg, self.pod, guard) {
-                let engine = tree.engine_at(pos, guard);
+            held.clear();
+            tree.held_in(seg, self.pod, guard, &mut held);
+            for &block in &held {
+                let engine = block.engine;
                 // Another pod's hash recorded on a block this pod holds inside one of its own
                 // engine blocks (one block size per plain engine: its multi-block engine
                 // blocks are all in `spans`) is not a name this pod uses.
                 let ours = self.spans.is_empty() || self.spans.contains_key(&engine);
-                if engine != 0 && ours && !named.contains(&pos) && !self.exceptions.contains_key(&engine) {
-                    out.push((engine, pos, self.spans.get(&engine).copied().unwrap_or(1)));
+                if engine != 0
+                    && ours
+                    && (named.is_empty() || !named.contains(&block.pos))
+                    && (self.exceptions.is_empty() || !self.exceptions.contains_key(&engine))
+                {
+                    out.push((engine, self.spans.get(&engine).copied().unwrap_or(1), block));
                 }
             }
         }
         out
     }
 
-    /// For the export facade's import: stores one engine block, `keys[hold_from..]` continuing
-    /// `parent` (the keys before are path the pod does not hold), named by `scoped`, in the
-    /// tiers of `mask`, through the same store the events use. Returns the position of its last
-    /// block (None when the bound refused it: what was held stays held, so this can only
-    /// under-report) and whether every tier was restored.
-    pub(super) fn restore_block(
+    /// For the export facade's import: stores a chain of engine blocks of `per_block`
+    /// canonical blocks each, `keys[hold_from..]` continuing `parent` (the keys before are
+    /// path the pod does not hold), named by the scoped hashes of `ends` (the index in `keys`
+    /// of each one's last block, in order), in the tiers of `mask`, through the same store the
+    /// events use: one store for the whole chain, as for an event naming several blocks.
+    /// Appends the position of each applied engine block's last block to `placed` (the bound
+    /// may stop the chain early: what was held stays held, so this can only under-report) and
+    /// returns whether every tier was restored.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn restore_run(
         &mut self,
         tree: &Tree,
         parent: ParentKey,
         keys: &[u64],
         hold_from: usize,
-        scoped: u64,
+        ends: &[(usize, u64)],
+        per_block: usize,
         mask: u8,
-    ) -> (Option<Pos>, bool) {
+        placed: &mut Vec<Pos>,
+    ) -> bool {
         let guard = tree.pin();
         let mut tiers = (0..MAX_TIERS as u8).map(TierId).filter(|t| mask & t.bit() != 0);
-        let (Some(first), true, true) = (tiers.next(), scoped != 0, hold_from < keys.len()) else {
-            return (None, false);
-        };
-        let count = keys.len() - hold_from;
-        let ends = [(keys.len() - 1, scoped)];
-        if self.store_run(tree, &guard, first, parent, keys, hold_from, &ends, count) != 1 {
-            return (None, false);
-        }
-        let Some(last) = self.resolve(tree, &guard, scoped) else { return (None, false) };
-        let mut whole = true;
+        let valid = per_block > 0
+            && !ends.is_empty()
+            && ends.iter().all(|&(_, scoped)| scoped != 0)
+            && hold_from + ends.len() * per_block == keys.len()
+            && ends.iter().enumerate().all(|(j, &(end, _))| end == hold_from + (j + 1) * per_block - 1);
+        let Some(first) = tiers.next().filter(|_| valid) else { return false };
+        let from = placed.len();
+        let whole = self.store_run(tree, &guard, first, parent, keys, hold_from, ends, per_block, Some(placed));
+        let Some(&last) = placed[from..].last() else { return false };
+        let mut all = whole == ends.len();
         for tier in tiers {
-            let (stats, refused) = tree.retier(self.pod, last, count as u32, tier.bit(), &guard);
+            let (stats, refused) = tree.retier(self.pod, last, (whole * per_block) as u32, tier.bit(), &guard);
             self.note_stats(&stats);
-            whole &= refused == 0;
+            all &= refused == 0;
         }
-        (Some(last), whole)
+        all
     }
 
     /// For the export facade's import: `scoped` is no longer one of this pod's chain ends (a

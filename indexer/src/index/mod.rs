@@ -34,7 +34,7 @@ use crate::keys::{namespace_of, namespace_root, PromptKeys};
 use crate::vllm_hash::Verification;
 use crate::wire::EventBatch;
 
-pub use self::export::{BlockExport, ChainParent, ImportReport, PodExport};
+pub use self::export::{BlockExport, ChainParent, GroupExport, ImportReport, PodExport};
 pub use self::ingest::HashCheck;
 pub use self::report::{ApplyReport, SkipReason};
 

@@ -469,7 +469,7 @@ impl Worker {
                 Step::Apply { seq: _, batch } => {
                     if let Some(record) = st.restore.take() {
                         // The stream continued from the snapshot's cursor: its residencies hold.
-                        restore_pod(&state, &record);
+                        restore_pod(&state, record);
                     }
                     let report = match current {
                         // The batch this call decoded: do not decode it again.
@@ -634,15 +634,11 @@ impl Worker {
             }
             let Some(cursor) = st.seq.last_seq() else { continue };
             let index = self.state.index();
-            let export = match index.export_pod(&st.pod) {
-                Some(export) => export,
-                // A hybrid (multi-group) engine's pod is not exported: no record, so it starts
-                // cold after a restart rather than resuming with what it held missing.
-                None if index.pod_stats(&st.pod).is_some() => continue,
-                None => {
-                    kvindex::PodExport { pod: st.pod.to_string(), model: st.model.to_string(), ..Default::default() }
-                }
-            };
+            let export = index.export_pod(&st.pod).unwrap_or_else(|| kvindex::PodExport {
+                pod: st.pod.to_string(),
+                model: st.model.to_string(),
+                ..Default::default()
+            });
             if export.model != *st.model {
                 continue;
             }
@@ -653,12 +649,13 @@ impl Worker {
 }
 
 /// Imports a pod's snapshot record into the index (its stream has just proven continuity).
-fn restore_pod(state: &ServiceState, record: &StreamRecord) {
-    let report = state.index().import_pod(&record.export());
+fn restore_pod(state: &ServiceState, record: StreamRecord) {
+    let (pod, cursor) = (record.pod.clone(), record.cursor);
+    let report = state.index().import_pod(&record.into_export());
     counter!(m::SNAPSHOT_RESTORES, "outcome" => "imported").increment(1);
     tracing::info!(
-        pod = %record.pod,
-        cursor = record.cursor,
+        pod = %pod,
+        cursor,
         blocks = report.blocks,
         refused = report.refused,
         "snapshot record restored: the stream continued from its cursor"

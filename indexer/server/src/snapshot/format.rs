@@ -11,12 +11,16 @@
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
-use kvindex::{BlockExport, ChainParent, PodExport};
+use kvindex::{BlockExport, ChainParent, GroupExport, PodExport};
 
 /// Bumped on any change to the records below or their framing.
 /// Version 2: engine blocks carry block keys of key recipe 2 and where their chain continues
 /// (the chain tree of issue 13), instead of version 1's chained prefix keys.
-pub const FORMAT_VERSION: u8 = 2;
+/// Version 3: stream records end with the pod's KV-cache groups (hybrid engines). A version 2
+/// record reads as one without groups: a plain engine, the only kind version 2 recorded.
+pub const FORMAT_VERSION: u8 = 3;
+/// Older versions this build still reads.
+const READS_ALSO: &[u8] = &[2];
 const MAGIC: &[u8; 3] = b"KVS";
 const HEADER: usize = 3 + 1 + 8;
 
@@ -45,6 +49,17 @@ pub struct StreamRecord {
     pub tiers: Vec<String>,
     /// Engine blocks, each after the one it continues.
     pub blocks: Vec<BlockRecord>,
+    /// The engine's KV-cache groups by index (None = never seen); empty in version 2.
+    #[serde(default)]
+    pub groups: Vec<Option<GroupRecord>>,
+}
+
+/// One KV-cache group (see `kvindex::index::export::GroupExport`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    pub kind: String,
+    pub window: u32,
+    pub block_tokens: u32,
 }
 
 /// One engine block (see `kvindex::index::export::BlockExport`).
@@ -81,27 +96,41 @@ impl StreamRecord {
                     BlockRecord { engine: b.engine, root, parent, path: b.path, keys: b.keys }
                 })
                 .collect(),
+            groups: export
+                .groups
+                .into_iter()
+                .map(|g| g.map(|g| GroupRecord { kind: g.kind, window: g.window, block_tokens: g.block_tokens }))
+                .collect(),
         }
     }
 
     pub fn export(&self) -> PodExport {
+        self.clone().into_export()
+    }
+
+    /// The residencies as the index imports them, without copying the blocks.
+    pub fn into_export(self) -> PodExport {
         PodExport {
-            pod: self.pod.clone(),
-            model: self.model.clone(),
-            tiers: self.tiers.clone(),
+            pod: self.pod,
+            model: self.model,
+            tiers: self.tiers,
             blocks: self
                 .blocks
-                .iter()
+                .into_iter()
                 .map(|b| BlockExport {
                     engine: b.engine,
-                    // A record naming neither is malformed: an out-of-range parent, refused on import.
                     parent: match (b.root, b.parent) {
                         (Some(r), _) => ChainParent::Root(r),
                         (None, p) => ChainParent::Block(p.unwrap_or(u32::MAX)),
                     },
-                    path: b.path.clone(),
-                    keys: b.keys.clone(),
+                    path: b.path,
+                    keys: b.keys,
                 })
+                .collect(),
+            groups: self
+                .groups
+                .into_iter()
+                .map(|g| g.map(|g| GroupExport { kind: g.kind, window: g.window, block_tokens: g.block_tokens }))
                 .collect(),
         }
     }
@@ -156,7 +185,7 @@ pub fn decode<T: for<'de> Deserialize<'de>>(value: &[u8]) -> Result<T, FormatErr
     if &value[..3] != MAGIC {
         return Err(FormatError::BadMagic);
     }
-    if value[3] != FORMAT_VERSION {
+    if value[3] != FORMAT_VERSION && !READS_ALSO.contains(&value[3]) {
         return Err(FormatError::Version { found: value[3] });
     }
     let sum = u64::from_le_bytes(value[4..HEADER].try_into().expect("8 bytes"));
@@ -186,6 +215,7 @@ mod tests {
                 path: vec![3],
                 keys: vec![(1, 1), (2, 1)],
             }],
+            groups: vec![None, Some(GroupRecord { kind: "sliding_window".into(), window: 64, block_tokens: 32 })],
         }
     }
 
@@ -203,5 +233,36 @@ mod tests {
         assert_eq!(decode::<StreamRecord>(b"XYZ\x01\0\0\0\0\0\0\0\0"), Err(FormatError::BadMagic));
         let cut = &bytes[..bytes.len() - 3];
         assert_eq!(decode::<StreamRecord>(cut), Err(FormatError::Checksum));
+    }
+
+    #[test]
+    fn a_version_2_record_reads_as_a_plain_engine() {
+        // Version 2's stream record: the same fields, without the groups.
+        #[derive(Serialize)]
+        struct V2 {
+            base: String,
+            rank: u32,
+            pod: String,
+            model: String,
+            cursor: u64,
+            tiers: Vec<String>,
+            blocks: Vec<BlockRecord>,
+        }
+        let r = record();
+        let v2 = V2 {
+            base: r.base.clone(),
+            rank: r.rank,
+            pod: r.pod.clone(),
+            model: r.model.clone(),
+            cursor: r.cursor,
+            tiers: r.tiers.clone(),
+            blocks: r.blocks.clone(),
+        };
+        let mut bytes = encode(&v2);
+        bytes[3] = 2;
+        let read: StreamRecord = decode(&bytes).unwrap();
+        assert_eq!(read, StreamRecord { groups: vec![], ..r });
+        bytes[3] = 1;
+        assert_eq!(decode::<StreamRecord>(&bytes), Err(FormatError::Version { found: 1 }));
     }
 }

@@ -104,16 +104,15 @@ impl Store {
         if header.block_size != block_size {
             return Err(LoadError::BlockSize { found: header.block_size, expected: block_size });
         }
-        let mut streams = Vec::new();
+        let mut values = Vec::new();
         for item in self.db.prefix_iterator(STREAM_PREFIX) {
             let (key, value) = item.map_err(|e| LoadError::Read(e.to_string()))?;
             if !key.starts_with(STREAM_PREFIX) {
                 break;
             }
-            let record = format::decode(&value)
-                .map_err(|source| LoadError::Format { key: String::from_utf8_lossy(&key).into_owned(), source })?;
-            streams.push(record);
+            values.push((key, value));
         }
+        let streams = decode_all(&values)?;
         if streams.len() as u64 != header.streams {
             return Err(LoadError::Truncated { expected: header.streams, found: streams.len() as u64 });
         }
@@ -147,6 +146,39 @@ impl Store {
     }
 }
 
+/// A stored key and its value.
+type KeyValue = (Box<[u8]>, Box<[u8]>);
+
+/// Verifies and decodes stream records on every core: at ten million residencies, decoding
+/// is most of a load. The first damaged record (in key order) refuses the whole snapshot.
+fn decode_all(values: &[KeyValue]) -> Result<Vec<StreamRecord>, LoadError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, values.len().max(1));
+    let chunk = values.len().div_ceil(threads).max(1);
+    let decoded: Vec<Result<Vec<StreamRecord>, LoadError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = values
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|(key, value)| {
+                            format::decode(value).map_err(|source| LoadError::Format {
+                                key: String::from_utf8_lossy(key).into_owned(),
+                                source,
+                            })
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("decoding never panics")).collect()
+    });
+    let mut streams = Vec::with_capacity(values.len());
+    for part in decoded {
+        streams.extend(part?);
+    }
+    Ok(streams)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +196,7 @@ mod tests {
             cursor: 3,
             tiers: vec!["GPU".into()],
             blocks: vec![BlockRecord { engine: 5, root: Some(7), parent: None, path: vec![], keys: vec![(10, 1)] }],
+            groups: vec![],
         }
     }
 

@@ -34,6 +34,7 @@ use self::children::{branch_hash, ChildTable};
 use self::engines::{EngineTable, MAX_OFFSET};
 use self::runs::Runs;
 pub use self::runs::{EditStats, Holder};
+
 pub use self::segment::Pos;
 use self::segment::{global, Segment, SegmentDir, Storage};
 use crate::index::pods::PodId;
@@ -357,22 +358,28 @@ impl Tree {
         self.segment(seg, guard).filter(|s| s.from_root).map(|s| s.parent)
     }
 
-    /// The blocks of segment `seg` that `pod` holds, with its tiers of each (for exports).
-    pub fn held_in(&self, seg: u32, pod: PodId, guard: &Guard) -> Vec<(Pos, u8)> {
-        let Some(segment) = self.segment(seg, guard) else { return Vec::new() };
+    /// The blocks of segment `seg` that `pod` holds, in offset order, each with its key, its
+    /// recorded engine hash (0 = none) and the pod's tiers of it (for exports: one segment
+    /// lookup for all of them).
+    pub fn held_in(&self, seg: u32, pod: PodId, guard: &Guard, out: &mut Vec<HeldBlock>) {
+        let Some(segment) = self.segment(seg, guard) else { return };
         let runs = segment.runs(guard);
-        let cap = segment.storage(guard).cap() as u32;
-        let mut out = Vec::new();
+        let st = segment.storage(guard);
+        let cap = st.cap() as u32;
         let mut start = 0;
         for run in &runs.runs {
             let end = run.end().min(runs.len()).min(cap);
             let tiers = runs::tiers_in(&run.holders, pod);
             if tiers != 0 {
-                out.extend((start..end).map(|off| (Pos { seg, off }, tiers)));
+                out.extend((start..end).map(|off| HeldBlock {
+                    pos: Pos { seg, off },
+                    key: st.hash(off as usize),
+                    engine: st.engine(off as usize),
+                    tiers,
+                }));
             }
             start = end;
         }
-        out
     }
 
     // ---- writers ------------------------------------------------------------------------
@@ -964,6 +971,16 @@ impl Tree {
         }
         shape
     }
+}
+
+/// A block a pod holds (see `Tree::held_in`).
+#[derive(Debug, Clone, Copy)]
+pub struct HeldBlock {
+    pub pos: Pos,
+    pub key: u64,
+    /// The engine hash recorded on the block (0 = none).
+    pub engine: u64,
+    pub tiers: u8,
 }
 
 /// Counts of the tree's parts.
