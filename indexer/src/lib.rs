@@ -22,5 +22,5 @@ pub mod wire;
 
 pub use index::{
     ApplyReport, BlockExport, ChainParent, HashCheck, ImportReport, KvIndex, KvIndexConfig, PodExport, PodStats,
-    ScoreQuery, ScoreResult, SkipReason,
+    ScoreQuery, ScoreResult, SkipReason, TierLimits,
 };

@@ -185,6 +185,7 @@ fn build_index(config: &Config) -> Result<KvIndex, ServerError> {
         shards: config.shards,
         max_entries: config.max_entries,
         hash_check,
+        tier_limits: config.tier_limits,
     });
     for (medium, weight) in &config.tier_weights {
         if index.tiers().set_weight(medium, *weight).is_none() {

@@ -367,6 +367,78 @@ fn attack_connection_flood_and_junk_topics() {
     assert_alive(&mut server);
 }
 
+/// Issue 9, item 4: junk `medium` names. The tier table has eight slots; a publisher spraying
+/// names is stopped at its own allowance (`max_tiers_per_source`), publishers together at the
+/// learned share, names that are no tier name are refused, all counted, and the real engine's
+/// predefined (STORAGE) and configured (DISK) tiers keep their slots.
+#[test]
+fn attack_junk_tier_names() {
+    let Some(py) = python() else { return };
+    let (mut server, mut peer) = central_with_pod(&py, &["--tier-weight", "DISK=0.5"]);
+    let zmq = server.zmq.clone().unwrap();
+    let skipped = |server: &ServeProcess, reason: &str| {
+        server.metric("kvindex_skipped_blocks_total", &[&format!("reason=\"{reason}\"")])
+    };
+    for (name, first) in [("evil1", 0u32), ("evil2", 100)] {
+        let topic = format!("kv@pod-{name}@{MODEL}");
+        peer.cmd(
+            json!({"op": "pub_start", "name": name, "pod": format!("pod-{name}"), "connect": zmq, "topic": topic}),
+        );
+        assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": [name]}))["subscribed"], true);
+        for i in first..first + 10 {
+            let (chain_name, medium) = (format!("j{i}"), format!("junk{i}"));
+            peer.cmd(
+                json!({"op": "store", "name": name, "chain": chain_name, "tokens": chain(20 + i, 2), "medium": medium}),
+            );
+        }
+        // evil1 learns four names (its allowance) and is refused the other six stores (12
+        // blocks). That fills the table (GPU, CPU, STORAGE, DISK and four learned names), so
+        // evil2 is refused all ten (20 blocks).
+        let want = if first == 0 { 12.0 } else { 12.0 + 20.0 };
+        wait_until("a sprayer stopped at its allowance", 20, || {
+            (skipped(&server, "source_tier_limit") + skipped(&server, "too_many_tiers") >= want).then_some(())
+        });
+    }
+    assert_eq!(skipped(&server, "source_tier_limit"), 12.0);
+    assert_eq!(skipped(&server, "too_many_tiers"), 20.0);
+    peer.cmd(
+        json!({"op": "store", "name": "evil2", "chain": "bad", "tokens": chain(90, 2), "medium": "x\n\u{1b}[31m"}),
+    );
+    wait_until("a name that is no tier name refused", 20, || (skipped(&server, "bad_tier_name") >= 2.0).then_some(()));
+    // The real engine's tiers all have their slots.
+    for (i, medium) in ["STORAGE", "DISK", "CPU"].iter().enumerate() {
+        let name = format!("t{i}");
+        peer.cmd(
+            json!({"op": "store", "name": "a", "chain": name, "tokens": chain(50 + i as u32, 4), "medium": medium}),
+        );
+    }
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
+    for (i, medium) in ["STORAGE", "DISK", "CPU"].iter().enumerate() {
+        let r = peer.score(MODEL, &chain(50 + i as u32, 4), &["pod-a"]);
+        assert_eq!(r["scores"][0]["matched_by_tier"], json!({ *medium: 4 }), "{r}");
+    }
+    let r = peer.score(MODEL, &chain(51, 4), &["pod-a"]);
+    assert_eq!(r["scores"][0]["weighted_score"], json!(2.0), "DISK's configured weight 0.5: {r}");
+    let (_, metrics) = server.get("/metrics");
+    assert!(!metrics.contains("junk9"), "a refused tier name reached the metrics");
+    assert_unchanged_but_for(&mut server, &mut peer, &["pod-a", "pod-evil1", "pod-evil2"]);
+}
+
+/// Like [`assert_unchanged`], with more pods allowed in `/debug/sources`.
+fn assert_unchanged_but_for(server: &mut ServeProcess, peer: &mut Peer, pods: &[&str]) {
+    assert_alive(server);
+    peer.check(&["a"], MODEL);
+    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pod-a"), (4, "EXACT".to_string()));
+    let mut seen: Vec<String> = server.sources()["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pod"].as_str().unwrap().to_string())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, pods);
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

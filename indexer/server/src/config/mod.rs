@@ -186,6 +186,16 @@ pub struct Settings {
     /// Seconds between snapshots (with `snapshot_dir`; default 60).
     #[arg(long, env = "KVINDEX_SNAPSHOT_INTERVAL")]
     pub snapshot_interval: Option<i64>,
+    // ---- hardening (issue 9 remainder): tier bounds, listeners, TLS, host policy ----
+    /// Distinct tiers (`medium`) one source's blocks may be held in; a store naming another is
+    /// skipped (`source_tier_limit`). Default 4.
+    #[arg(long, env = "KVINDEX_MAX_TIERS_PER_SOURCE")]
+    pub max_tiers_per_source: Option<i64>,
+    /// Tier names learned from publishers (not GPU/CPU/STORAGE, not in `tier_weights`), all
+    /// sources together. Default 5 (every free slot); 0 = only predefined and configured tiers.
+    #[arg(long, env = "KVINDEX_MAX_LEARNED_TIERS")]
+    pub max_learned_tiers: Option<i64>,
+    // ---- end of the hardening block ----
     /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
     #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
     #[serde(deserialize_with = "TierWeight::table")]
@@ -247,6 +257,8 @@ pub struct Config {
     pub zmq_allow: Vec<Cidr>,
     pub max_sources: usize,
     pub tier_weights: BTreeMap<String, f64>,
+    /// Bounds on tier names learned from publishers (hardening block).
+    pub tier_limits: kvindex::TierLimits,
     /// Warm-restart snapshots (`snapshot_dir`), when enabled.
     pub snapshot_dir: Option<PathBuf>,
     pub snapshot_interval_ms: u64,
@@ -490,6 +502,10 @@ impl Config {
             max_sources: int("max_sources", s.max_sources, 4096, 1, 1 << 20)? as usize,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
+            tier_limits: kvindex::TierLimits {
+                max_per_source: int("max_tiers_per_source", s.max_tiers_per_source, 4, 1, 8)? as usize,
+                max_learned: int("max_learned_tiers", s.max_learned_tiers, 5, 0, 8)? as usize,
+            },
             snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
             snapshot_interval_ms: int("snapshot_interval", s.snapshot_interval, 60, 1, 1 << 31)? as u64 * 1000,
             record: None,

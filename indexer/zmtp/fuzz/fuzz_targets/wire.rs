@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     }
     frames.push(body);
 
-    let index = KvIndex::new(KvIndexConfig { block_size: 16, shards: 2, max_entries: 10_000, hash_check: None });
+    let index = KvIndex::new(KvIndexConfig { block_size: 16, shards: 2, max_entries: 10_000, hash_check: None, ..Default::default() });
     if let Ok(raw) = wire::parse_live(&frames) {
         if let Some(topic) = raw.topic.and_then(|t| std::str::from_utf8(t).ok()) {
             let _ = wire::parse_topic(topic);
