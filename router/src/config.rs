@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// port cannot redirect traffic. Off unless given.
     #[arg(long, value_name = "HOST:PORT")]
     pub admin_addr: Option<String>,
+    /// A metrics-only listener: `/metrics` and `/debug/pods` move here (off `--http-addr` and
+    /// `--admin-addr`). Unset: they are served on both.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
     /// `kvindex serve` gRPC endpoints, tried in order with failover. None: load-only placement.
     #[arg(long = "indexer", value_name = "HOST:PORT", num_args = 1.., action = clap::ArgAction::Append)]
     pub indexers: Vec<String>,
@@ -152,6 +156,7 @@ pub struct PodSpec {
 pub struct Config {
     pub http_addr: String,
     pub admin_addr: Option<String>,
+    pub metrics_addr: Option<String>,
     pub indexers: Vec<String>,
     pub pods: Vec<PodSpec>,
     pub pods_file: Option<PathBuf>,
@@ -245,6 +250,9 @@ impl ServeArgs {
         if let Some(addr) = &self.admin_addr {
             check_host_port("--admin-addr", addr)?;
         }
+        if let Some(addr) = &self.metrics_addr {
+            check_host_port("--metrics-addr", addr)?;
+        }
         for addr in &self.indexers {
             check_host_port("--indexer", addr)?;
         }
@@ -323,6 +331,7 @@ impl ServeArgs {
         Ok(Config {
             http_addr: self.http_addr,
             admin_addr: self.admin_addr,
+            metrics_addr: self.metrics_addr,
             indexers: self.indexers,
             pods,
             pods_file: self.pods_file,

@@ -1,5 +1,8 @@
 //! HTTP admin: `/metrics`, `/healthz`, `/readyz`, `/debug/sources`, and pod registration
 //! (`POST /pods`, `DELETE /pods/{pod}`), which only answers a bearer token ([`control`]).
+//! With `metrics_addr` set, `/metrics` and `/debug/*` move to their own listener
+//! ([`metrics_router`]) so the port that serves probes and registration can be exposed without
+//! the debug views, and Prometheus can reach the metrics without reaching anything else.
 
 use std::sync::Arc;
 
@@ -28,19 +31,46 @@ struct AppState {
     prometheus: PrometheusHandle,
 }
 
-pub fn router(state: Arc<ServiceState>, prometheus: PrometheusHandle) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
+/// The routes of `http_addr`: health, readiness, registration, and `/metrics` and `/debug/*`
+/// when `with_metrics` (no separate metrics listener).
+pub fn router(state: Arc<ServiceState>, prometheus: PrometheusHandle, with_metrics: bool) -> Router {
+    let mut router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/debug/sources", get(debug_sources))
         .route("/pods", post(register))
-        .route("/pods/{pod}", delete(unregister))
-        .fallback(|| async {
-            metrics::counter!(m::HTTP_INVALID, "reason" => "not_found").increment(1);
-            (StatusCode::NOT_FOUND, Json(json!({"error": "no such endpoint"})))
-        })
+        .route("/pods/{pod}", delete(unregister));
+    if with_metrics {
+        router = router.merge(observability());
+    }
+    router.fallback(not_found).with_state(AppState { state, prometheus })
+}
+
+/// The routes of the metrics-only listener (`metrics_addr`): `/metrics`, `/debug/*`, and
+/// health and readiness (harmless, and handy for a sidecar probing one port).
+pub fn metrics_router(state: Arc<ServiceState>, prometheus: PrometheusHandle) -> Router {
+    observability()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
         .with_state(AppState { state, prometheus })
+}
+
+fn observability() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics)).route("/debug/sources", get(debug_sources))
+}
+
+async fn not_found() -> Response {
+    metrics::counter!(m::HTTP_INVALID, "reason" => "not_found").increment(1);
+    (StatusCode::NOT_FOUND, Json(json!({"error": "no such endpoint"}))).into_response()
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), crate::error::ServerError> {
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(crate::error::ServerError::Http)
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {

@@ -33,6 +33,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct Listeners {
     grpc: TcpListener,
     http: TcpListener,
+    /// The metrics-only listener, when `metrics_addr` is set.
+    metrics: Option<TcpListener>,
     zmq: Option<SubListener>,
     /// Loaded before the server announces it listens, so a bad tokenizer dir fails `bind`.
     tokenizer: Option<PromptTokenizer>,
@@ -45,6 +47,11 @@ impl Listeners {
 
     pub fn http_addr(&self) -> SocketAddr {
         self.http.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The metrics-only listener's address, when `metrics_addr` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|l| l.local_addr().expect("a bound listener has an address"))
     }
 
     /// The central SUB's endpoint (`tcp://host:port`), in central mode.
@@ -63,6 +70,10 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
     let tokenizer = PromptTokenizer::from_config(config)?;
     let grpc = tcp("grpc_addr", config.grpc_addr).await?;
     let http = tcp("http_addr", config.http_addr).await?;
+    let metrics = match config.metrics_addr {
+        Some(addr) => Some(tcp("metrics_addr", addr).await?),
+        None => None,
+    };
     let zmq = match &config.zmq_bind {
         Some(endpoint) => {
             let filter = config.topic_filter.as_bytes();
@@ -78,7 +89,7 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
         }
         None => None,
     };
-    Ok(Listeners { grpc, http, zmq, tokenizer })
+    Ok(Listeners { grpc, http, metrics, zmq, tokenizer })
 }
 
 /// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
@@ -115,6 +126,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let grpc_addr = listeners.grpc_addr();
     let http_addr = listeners.http_addr();
     let zmq_endpoint = listeners.zmq_endpoint().map(str::to_string);
+    let metrics_addr = listeners.metrics_addr();
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     if let Some(sub) = listeners.zmq {
         tasks.push(tokio::spawn(sources::serve_central(state.clone(), sub, stopping.clone())));
@@ -129,13 +141,24 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         let _ = first_load.await;
     }
     let mut grpc = tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, stopped(stopping.clone())));
-    let app = http::router(state.clone(), prometheus);
-    let http_stopping = stopped(stopping.clone());
-    let mut http = tokio::spawn(async move {
-        axum::serve(listeners.http, app).with_graceful_shutdown(http_stopping).await.map_err(ServerError::Http)
-    });
+    let (app, metrics_app) = match listeners.metrics {
+        Some(metrics) => {
+            let app = http::router(state.clone(), prometheus.clone(), false);
+            (app, Some((metrics, http::metrics_router(state.clone(), prometheus))))
+        }
+        None => (http::router(state.clone(), prometheus, true), None),
+    };
+    let mut http = tokio::spawn(http::serve(listeners.http, app, stopped(stopping.clone())));
+    if let Some((listener, app)) = metrics_app {
+        let metrics_stopping = stopped(stopping.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = http::serve(listener, app, metrics_stopping).await {
+                tracing::error!(error = %e, "metrics listener stopped");
+            }
+        }));
+    }
     state.readiness().set_listening();
-    tracing::info!(%grpc_addr, %http_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
+    tracing::info!(%grpc_addr, %http_addr, metrics = ?metrics_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
 
     let outcome = tokio::select! {
         r = &mut grpc => Err(server_stopped("gRPC", r)),

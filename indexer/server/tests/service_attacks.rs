@@ -439,6 +439,33 @@ fn assert_unchanged_but_for(server: &mut ServeProcess, peer: &mut Peer, pods: &[
     assert_eq!(seen, pods);
 }
 
+/// Separate planes (issue 9): with `--metrics-addr`, `/metrics` and `/debug/*` answer only on
+/// the metrics listener; the main HTTP port keeps health, readiness and (token-gated)
+/// registration, and answers 404 for the observability routes.
+#[test]
+fn metrics_and_debug_on_their_own_listener() {
+    let server = ServeProcess::start(
+        &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"],
+        &[],
+    );
+    let metrics = server.metrics.clone().expect("KVINDEX_LISTENING names the metrics listener");
+    assert_ne!(metrics, server.http);
+    for path in ["/metrics", "/debug/sources"] {
+        let (status, body) = http_request(&metrics, "GET", path, None);
+        assert_eq!(status, 200, "{path} on the metrics listener: {body}");
+        assert_eq!(http_request(&server.http, "GET", path, None).0, 404, "{path} on http_addr");
+    }
+    assert!(http_request(&metrics, "GET", "/metrics", None)
+        .1
+        .contains("kvindex_http_invalid_requests_total{reason=\"not_found\"}"));
+    assert_eq!(http_request(&server.http, "GET", "/healthz", None).0, 200);
+    assert_eq!(http_request(&metrics, "GET", "/readyz", None).0, 200);
+    let body = json!({"pod": "p", "model": MODEL}).to_string();
+    assert_eq!(http_request(&server.http, "POST", "/pods", Some(&body)).0, 403, "registration stays off");
+    assert_eq!(http_request(&metrics, "POST", "/pods", Some(&body)).0, 404, "no control plane on the metrics port");
+    assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"disabled\""]), 1.0);
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

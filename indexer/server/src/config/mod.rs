@@ -195,6 +195,10 @@ pub struct Settings {
     /// sources together. Default 5 (every free slot); 0 = only predefined and configured tiers.
     #[arg(long, env = "KVINDEX_MAX_LEARNED_TIERS")]
     pub max_learned_tiers: Option<i64>,
+    /// Serve `/metrics` and `/debug/*` on this address only (a metrics-only listener, as
+    /// etcd's `--listen-metrics-urls`). Unset: they stay on `http_addr`.
+    #[arg(long, env = "KVINDEX_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
     // ---- end of the hardening block ----
     /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
     #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
@@ -223,6 +227,8 @@ pub fn serve_command() -> Command {
 pub struct Config {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The metrics-only listener (`/metrics`, `/debug/*`); `None`: they are on `http_addr`.
+    pub metrics_addr: Option<SocketAddr>,
     pub block_size: usize,
     /// The sampled vLLM hash cross-check, when `hash_seed` is set.
     pub hash_check: Option<HashCheckConfig>,
@@ -355,6 +361,10 @@ impl Config {
         }
         let grpc_addr = addr("grpc_addr", s.grpc_addr, "127.0.0.1:50051")?;
         let http_addr = addr("http_addr", s.http_addr, "127.0.0.1:9090")?;
+        let metrics_addr = match s.metrics_addr.filter(|a| !a.is_empty()) {
+            Some(a) => Some(addr("metrics_addr", Some(a), "")?),
+            None => None,
+        };
         let zmq_bind = match s.zmq_bind {
             Some(e) if !e.is_empty() => Some(pod::endpoint(&e).map_err(|m| src.error("zmq_bind", m))?),
             _ => None,
@@ -464,6 +474,7 @@ impl Config {
             zmq_limits,
             grpc_addr,
             http_addr,
+            metrics_addr,
             block_size: int("block_size", s.block_size, 16, 1, 1 << 16)? as usize,
             hash_check,
             tokenizer_models,
