@@ -466,6 +466,25 @@ fn metrics_and_debug_on_their_own_listener() {
     assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"disabled\""]), 1.0);
 }
 
+/// Issue 9, item 5: a gRPC request over `max_message_bytes` is refused before it is read with
+/// `RESOURCE_EXHAUSTED` (what gRPC specifies; tonic's own answer is `OUT_OF_RANGE`), counted,
+/// and the server goes on answering. The client is grpcio.
+#[test]
+fn attack_oversized_grpc_request() {
+    let Some(py) = python() else { return };
+    let (mut server, mut peer) = central_with_pod(&py, &["--max-message-bytes", "1024"]);
+    for _ in 0..2 {
+        let r = peer.try_cmd(json!({"op": "score_raw", "model": MODEL, "n_tokens": 4000}));
+        assert_eq!(r["code"], "RESOURCE_EXHAUSTED", "{r}");
+        assert!(r["details"].as_str().unwrap().contains("too large"), "{r}");
+    }
+    assert_eq!(server.metric("kvindex_grpc_rejected_total", &["reason=\"too_large\""]), 2.0);
+    // Other errors keep their codes: over max_tokens is INVALID_ARGUMENT.
+    let r = peer.try_cmd(json!({"op": "score", "model": MODEL, "tokens": [1], "pods": [""]}));
+    assert_eq!(r["code"], "INVALID_ARGUMENT", "{r}");
+    assert_unchanged(&mut server, &mut peer);
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -3,6 +3,7 @@
 //! scoring contracts answer through one [`score::Scorer`].
 
 pub mod indexer;
+pub mod limits;
 pub mod llmd;
 pub mod record_route;
 pub mod score;
@@ -42,6 +43,7 @@ pub async fn serve(
         .build_v1()
         .map_err(|e| ServerError::Grpc(e.to_string()))?;
     tonic::transport::Server::builder()
+        .layer(limits::layer())
         .add_service(health_service)
         .add_service(reflection)
         .add_service(indexer)
