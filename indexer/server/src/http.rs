@@ -64,13 +64,22 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, Json(json!({"error": "no such endpoint"}))).into_response()
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves.
+/// Serves `app` on `listener` (over TLS with `tls`; `name` labels its handshake failures)
+/// until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
+    tls: Option<(Arc<tokio_rustls::rustls::ServerConfig>, &'static str)>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::error::ServerError> {
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(crate::error::ServerError::Http)
+    use crate::error::ServerError::Http;
+    match tls {
+        None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(Http),
+        Some((config, name)) => {
+            let listener = crate::tls::AxumTls::new(listener, config, name).map_err(Http)?;
+            axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(Http)
+        }
+    }
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {

@@ -140,7 +140,16 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         tasks.push(tokio::spawn(registry::watch_pods_file(state.clone(), path, loaded, stopping.clone())));
         let _ = first_load.await;
     }
-    let mut grpc = tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, stopped(stopping.clone())));
+    let tls = match &state.config().tls {
+        Some(files) => {
+            let config = |alpn: &[&[u8]]| files.server_config(alpn).map_err(|e| ServerError::Tls(e.message));
+            Some((config(&[b"h2"])?, config(&[b"http/1.1"])?))
+        }
+        None => None,
+    };
+    let (grpc_tls, http_tls) = (tls.as_ref().map(|t| t.0.clone()), tls.as_ref().map(|t| t.1.clone()));
+    let mut grpc =
+        tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, grpc_tls, stopped(stopping.clone())));
     let (app, metrics_app) = match listeners.metrics {
         Some(metrics) => {
             let app = http::router(state.clone(), prometheus.clone(), false);
@@ -148,11 +157,13 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         }
         None => (http::router(state.clone(), prometheus, true), None),
     };
-    let mut http = tokio::spawn(http::serve(listeners.http, app, stopped(stopping.clone())));
+    let main_tls = http_tls.clone().map(|c| (c, "http"));
+    let mut http = tokio::spawn(http::serve(listeners.http, app, main_tls, stopped(stopping.clone())));
     if let Some((listener, app)) = metrics_app {
         let metrics_stopping = stopped(stopping.clone());
+        let metrics_tls = http_tls.map(|c| (c, "metrics"));
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = http::serve(listener, app, metrics_stopping).await {
+            if let Err(e) = http::serve(listener, app, metrics_tls, metrics_stopping).await {
                 tracing::error!(error = %e, "metrics listener stopped");
             }
         }));

@@ -199,6 +199,15 @@ pub struct Settings {
     /// etcd's `--listen-metrics-urls`). Unset: they stay on `http_addr`.
     #[arg(long, env = "KVINDEX_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
+    /// PEM certificate chain: serve gRPC and HTTP (and the metrics listener) over TLS.
+    #[arg(long, env = "KVINDEX_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[arg(long, env = "KVINDEX_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): require a client certificate signed by one of them (mTLS).
+    #[arg(long, env = "KVINDEX_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
     // ---- end of the hardening block ----
     /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
     #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
@@ -229,6 +238,8 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// The metrics-only listener (`/metrics`, `/debug/*`); `None`: they are on `http_addr`.
     pub metrics_addr: Option<SocketAddr>,
+    /// TLS (and with a client CA, mTLS) on every API listener; `None`: plain TCP.
+    pub tls: Option<crate::tls::TlsFiles>,
     pub block_size: usize,
     /// The sampled vLLM hash cross-check, when `hash_seed` is set.
     pub hash_check: Option<HashCheckConfig>,
@@ -343,6 +354,7 @@ impl Config {
             v.parse().map_err(|e| src.error(key, format!("not a host:port socket address ({v:?}): {e}")))
         };
         let zmq_limits = zmq_limits(&s, src, &int)?;
+        let tls = tls_files(&s, src)?;
         let admin_token = match &s.admin_token_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -475,6 +487,7 @@ impl Config {
             grpc_addr,
             http_addr,
             metrics_addr,
+            tls,
             block_size: int("block_size", s.block_size, 16, 1, 1 << 16)? as usize,
             hash_check,
             tokenizer_models,
@@ -535,6 +548,30 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// The listeners' TLS files (`tls_cert` and `tls_key` together; `tls_client_ca` only with them),
+/// read and parsed now so that a bad file is a config error naming its key.
+fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
+    let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let (cert, key, ca) = (path(&s.tls_cert), path(&s.tls_key), path(&s.tls_client_ca));
+    let (cert, key) = match (cert, key) {
+        (Some(cert), Some(key)) => (cert, key),
+        (None, None) if ca.is_some() => return Err(src.error("tls_client_ca", "needs tls_cert and tls_key")),
+        (None, None) => return Ok(None),
+        (Some(_), None) => return Err(src.error("tls_key", "tls_cert needs tls_key")),
+        (None, Some(_)) => return Err(src.error("tls_cert", "tls_key needs tls_cert")),
+    };
+    let read = |key: &str, path: &Path| {
+        std::fs::read(path).map_err(|e| src.error(key, format!("cannot read {}: {e}", path.display())))
+    };
+    let ca = match &ca {
+        Some(path) => Some(read("tls_client_ca", path)?),
+        None => None,
+    };
+    crate::tls::TlsFiles::parse(&read("tls_cert", &cert)?, &read("tls_key", &key)?, ca.as_deref())
+        .map(Some)
+        .map_err(|e| src.error(e.key, e.message))
 }
 
 /// Checks an integer setting: (key, value, default, min, max) → the value or the default.
