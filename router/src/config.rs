@@ -69,6 +69,18 @@ pub struct ServeArgs {
     /// After this share of the deadline without an answer, the next indexer is asked too.
     #[arg(long, default_value_t = 0.5)]
     pub hedge_fraction: f64,
+    /// PEM CA that signed the indexers' certificates: talk to `--indexer` over TLS.
+    #[arg(long, value_name = "PATH")]
+    pub indexer_tls_ca: Option<PathBuf>,
+    /// PEM client certificate for the indexers' mTLS (with --indexer-tls-key).
+    #[arg(long, value_name = "PATH")]
+    pub indexer_tls_cert: Option<PathBuf>,
+    /// PEM private key of --indexer-tls-cert.
+    #[arg(long, value_name = "PATH")]
+    pub indexer_tls_key: Option<PathBuf>,
+    /// The name the indexers' certificates carry (default: the host of each --indexer).
+    #[arg(long, value_name = "NAME")]
+    pub indexer_tls_domain: Option<String>,
     /// An indexer endpoint that failed or timed out is skipped this long.
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     pub indexer_retry_after_ms: u64,
@@ -170,6 +182,8 @@ pub struct Config {
     pub score_deadline: Duration,
     pub hedge_after: Duration,
     pub indexer_retry_after: Duration,
+    /// TLS to the indexers (`--indexer-tls-*`); `None`: plain gRPC.
+    pub indexer_tls: Option<IndexerTls>,
     pub weights: CostWeights,
     pub policy: Policy,
     pub load_band: f64,
@@ -193,6 +207,51 @@ pub struct Config {
 pub struct ConfigError {
     pub flag: &'static str,
     pub message: String,
+}
+
+/// TLS to the indexers: the CA to trust, the client identity for mTLS, the name to check.
+#[derive(Clone)]
+pub struct IndexerTls {
+    pub ca_pem: Vec<u8>,
+    /// (certificate, key) PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for IndexerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("IndexerTls").field("mutual", &self.identity.is_some()).field("domain", &self.domain).finish()
+    }
+}
+
+impl IndexerTls {
+    fn from_args(args: &ServeArgs) -> Result<Option<IndexerTls>, ConfigError> {
+        let read = |flag: &'static str, path: &PathBuf| {
+            let pem = std::fs::read(path).map_err(|e| err(flag, format!("cannot read {}: {e}", path.display())))?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN ") {
+                return Err(err(flag, format!("{} is not PEM", path.display())));
+            }
+            Ok(pem)
+        };
+        let identity = match (&args.indexer_tls_cert, &args.indexer_tls_key) {
+            (Some(cert), Some(key)) => Some((read("--indexer-tls-cert", cert)?, read("--indexer-tls-key", key)?)),
+            (None, None) => None,
+            (Some(_), None) => return Err(err("--indexer-tls-key", "--indexer-tls-cert needs --indexer-tls-key")),
+            (None, Some(_)) => return Err(err("--indexer-tls-cert", "--indexer-tls-key needs --indexer-tls-cert")),
+        };
+        let Some(ca) = &args.indexer_tls_ca else {
+            if identity.is_some() || args.indexer_tls_domain.is_some() {
+                return Err(err("--indexer-tls-ca", "the other --indexer-tls-* flags need --indexer-tls-ca"));
+            }
+            return Ok(None);
+        };
+        Ok(Some(IndexerTls {
+            ca_pem: read("--indexer-tls-ca", ca)?,
+            identity,
+            domain: args.indexer_tls_domain.clone(),
+        }))
+    }
 }
 
 fn err(flag: &'static str, message: impl Into<String>) -> ConfigError {
@@ -324,6 +383,7 @@ impl ServeArgs {
             return Err(err("--max-prompt-tokens", "must be at least 1"));
         }
         let score_deadline = positive_ms("--score-deadline-ms", self.score_deadline_ms)?;
+        let indexer_tls = IndexerTls::from_args(&self)?;
         let policy = match self.policy {
             PolicyArg::Cost => Policy::Cost,
             PolicyArg::LoadBand => Policy::LoadBand { band: self.load_band },
@@ -344,6 +404,7 @@ impl ServeArgs {
             score_deadline,
             hedge_after: score_deadline.mul_f64(self.hedge_fraction),
             indexer_retry_after: positive_ms("--indexer-retry-after-ms", self.indexer_retry_after_ms)?,
+            indexer_tls,
             weights: CostWeights {
                 prefill: self.prefill_weight,
                 decode: self.decode_weight,
