@@ -190,7 +190,7 @@ async fn register(
         Ok(Json(b)) => b,
         Err(e) => return bad_request("body", e.body_text()),
     };
-    let cfg = PodConfig {
+    let mut cfg = PodConfig {
         id: b.pod,
         model: b.model,
         endpoint: b.endpoint.filter(|e| !e.is_empty()),
@@ -200,6 +200,9 @@ async fn register(
     };
     if let Err(message) = control::may_change(&s.state, "http", &cfg.id) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();
+    }
+    if let Err(message) = control::pin_endpoints(&s.state, "http", &mut cfg).await {
+        return (StatusCode::FORBIDDEN, Json(json!({"error": message}))).into_response();
     }
     match registry::register(&s.state, cfg, "http", false).await {
         Ok(()) => (StatusCode::OK, Json(json!({"registered": true}))).into_response(),

@@ -485,6 +485,48 @@ fn attack_oversized_grpc_request() {
     assert_unchanged(&mut server, &mut peer);
 }
 
+/// Issue 9, item 4: registration's host policy (`--register-allow`). Endpoints outside the
+/// allowed ranges, names resolving outside them, and `ipc://` paths are refused (403 /
+/// PERMISSION_DENIED, counted) before anything is dialled; an allowed name is pinned to the
+/// address that was checked.
+#[test]
+fn attack_registration_naming_a_host_outside_the_policy() {
+    let Some(py) = python() else { return };
+    let token_file = admin_token_file();
+    let (mut server, mut peer) = central_with_pod(
+        &py,
+        &["--admin-token-file", token_file.to_str().unwrap(), "--register-allow", "127.0.0.2/32"],
+    );
+    let port = free_port();
+    for (endpoint, replay) in [
+        (format!("tcp://127.0.0.1:{port}"), None),
+        (format!("tcp://localhost:{port}"), None),
+        (format!("tcp://127.0.0.2:{port}"), Some("tcp://10.1.2.3:5558".to_string())),
+        ("ipc:///tmp/kvindex-evil.sock".to_string(), None),
+    ] {
+        let body = json!({"pod": "pod-x", "model": MODEL, "endpoint": endpoint, "replay_endpoint": replay}).to_string();
+        let (status, resp) = http_request_as(&server.http, "POST", "/pods", Some(&body), Some(ADMIN_TOKEN));
+        assert_eq!(status, 403, "{endpoint}: {resp}");
+        assert!(resp.contains("register_allow"), "{resp}");
+    }
+    let r = peer.try_cmd(
+        json!({"op": "register", "pod": "pod-y", "model": MODEL, "endpoint": format!("tcp://127.0.0.1:{port}")}),
+    );
+    assert_eq!(r["code"], "PERMISSION_DENIED", "{r}");
+    assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"host_not_allowed\""]), 5.0);
+    let registered = server.sources()["registered_pods"].clone();
+    assert!(registered.as_array().unwrap().iter().all(|p| p["pod"] != "pod-x" && p["pod"] != "pod-y"), "{registered}");
+    // Inside the policy: registered, at the checked address.
+    let body = json!({"pod": "pod-z", "model": MODEL, "endpoint": format!("tcp://127.0.0.2:{port}")}).to_string();
+    let (status, resp) = http_request_as(&server.http, "POST", "/pods", Some(&body), Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{resp}");
+    let registered = server.sources()["registered_pods"].clone();
+    let z = registered.as_array().unwrap().iter().find(|p| p["pod"] == "pod-z").expect("pod-z registered").clone();
+    assert_eq!(z["endpoint"], format!("tcp://127.0.0.2:{port}"));
+    peer.check(&["a"], MODEL);
+    assert_alive(&mut server);
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

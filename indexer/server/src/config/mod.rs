@@ -208,6 +208,11 @@ pub struct Settings {
     /// PEM CA certificate(s): require a client certificate signed by one of them (mTLS).
     #[arg(long, env = "KVINDEX_TLS_CLIENT_CA")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Registration's host policy: endpoints given through `POST /pods` / `RegisterPod` must
+    /// resolve only to addresses in these CIDRs (repeatable); the name is resolved once, checked,
+    /// and the pod dialled at the checked address. Empty: any host.
+    #[arg(long = "register-allow", value_name = "CIDR")]
+    pub register_allow: Vec<String>,
     // ---- end of the hardening block ----
     /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
     #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
@@ -272,6 +277,8 @@ pub struct Config {
     pub admin_token: Option<crate::control::AdminToken>,
     /// Central mode: the address ranges allowed to connect (empty: any).
     pub zmq_allow: Vec<Cidr>,
+    /// Where registered endpoints may point (empty: anywhere).
+    pub register_allow: Vec<Cidr>,
     pub max_sources: usize,
     pub tier_weights: BTreeMap<String, f64>,
     /// Bounds on tier names learned from publishers (hardening block).
@@ -369,6 +376,16 @@ impl Config {
         {
             for cidr in entries {
                 zmq_allow.push(Cidr::parse(cidr).map_err(|m| ConfigError::new("zmq_allow", origin.clone(), m))?);
+            }
+        }
+        let mut register_allow = Vec::new();
+        for (entries, origin) in [
+            (&from_file.register_allow, src.file_origin()),
+            (&from_flags.register_allow, src.flag_origin("register_allow")),
+        ] {
+            for cidr in entries {
+                let cidr = Cidr::parse(cidr).map_err(|m| ConfigError::new("register_allow", origin.clone(), m))?;
+                register_allow.push(cidr);
             }
         }
         let grpc_addr = addr("grpc_addr", s.grpc_addr, "127.0.0.1:50051")?;
@@ -523,6 +540,7 @@ impl Config {
             pods_file: s.pods_file,
             admin_token,
             zmq_allow,
+            register_allow,
             max_sources: int("max_sources", s.max_sources, 4096, 1, 1 << 20)? as usize,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
@@ -649,6 +667,7 @@ struct Lists {
     tier_weights: Vec<TierWeight>,
     tokenizer_models: Vec<String>,
     zmq_allow: Vec<String>,
+    register_allow: Vec<String>,
 }
 
 impl Settings {
@@ -660,6 +679,7 @@ impl Settings {
             tier_weights: std::mem::take(&mut self.tier_weights),
             tokenizer_models: std::mem::take(&mut self.tokenizer_models),
             zmq_allow: std::mem::take(&mut self.zmq_allow),
+            register_allow: std::mem::take(&mut self.register_allow),
         }
     }
 }
