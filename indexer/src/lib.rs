@@ -22,5 +22,5 @@ pub mod wire;
 
 pub use index::{
     ApplyReport, BlockExport, ChainParent, GroupExport, HashCheck, ImportReport, KvIndex, KvIndexConfig, PodExport,
-    PodStats, ScoreQuery, ScoreResult, SkipReason,
+    PodStats, ScoreQuery, ScoreResult, SkipReason, TierLimits,
 };

@@ -96,7 +96,11 @@ fn replay(kinds: bool, mut check: impl FnMut(&str, bool, u64, u64, &[u32])) -> u
         for (step, s) in case["steps"].as_array().expect("steps").iter().enumerate() {
             let report = index.apply(POD, MODEL, &batch(&s["events"], kinds));
             if modelled {
-                assert_eq!(report.skipped, [0; 7], "{name} step {step}: every event applies");
+                assert_eq!(
+                    report.skipped,
+                    [0; kvindex::SkipReason::ALL.len()],
+                    "{name} step {step}: every event applies"
+                );
             }
             let exact = modelled && s["events_exact"].as_bool().expect("events_exact");
             for q in s["queries"].as_array().expect("queries") {

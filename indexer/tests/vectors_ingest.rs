@@ -315,7 +315,11 @@ fn cpu_tier_reannouncement_and_large_engine_blocks() {
             match e {
                 Event::BlockStored(s) if s.medium == Some("CPU") => {
                     cpu_seen = true;
-                    assert_eq!(report.skipped, [0; 7], "CPU re-announcement of known blocks resolves");
+                    assert_eq!(
+                        report.skipped,
+                        [0; kvindex::SkipReason::ALL.len()],
+                        "CPU re-announcement of known blocks resolves"
+                    );
                     let stats = index.pod_stats("10.0.0.7:8000").unwrap();
                     let cpu = index.tiers().lookup("cpu").unwrap();
                     assert!(stats.tier_blocks[cpu.0 as usize] >= 1, "CPU tier counted: {stats:?}");

@@ -214,6 +214,8 @@ pub struct RouterProcess {
     pub http: String,
     /// `host:port` of `--admin-addr`, when given.
     pub admin: Option<String>,
+    /// `host:port` of `--metrics-addr`, when given.
+    pub metrics: Option<String>,
 }
 
 impl RouterProcess {
@@ -223,6 +225,6 @@ impl RouterProcess {
             ChildProcess::spawn(Command::new(binary).args(["serve", "--http-addr", "127.0.0.1:0"]).args(args))?;
         let addrs = process.listening("KVINDEX_ROUTER_LISTENING ")?;
         let http = addrs.get("http").cloned().ok_or("KVINDEX_ROUTER_LISTENING without http=")?;
-        Ok(RouterProcess { process, http, admin: addrs.get("admin").cloned() })
+        Ok(RouterProcess { process, http, admin: addrs.get("admin").cloned(), metrics: addrs.get("metrics").cloned() })
     }
 }

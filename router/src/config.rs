@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// port cannot redirect traffic. Off unless given.
     #[arg(long, value_name = "HOST:PORT")]
     pub admin_addr: Option<String>,
+    /// A metrics-only listener: `/metrics` and `/debug/pods` move here (off `--http-addr` and
+    /// `--admin-addr`). Unset: they are served on both.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
     /// `kvindex serve` gRPC endpoints, tried in order with failover. None: load-only placement.
     #[arg(long = "indexer", value_name = "HOST:PORT", num_args = 1.., action = clap::ArgAction::Append)]
     pub indexers: Vec<String>,
@@ -65,6 +69,18 @@ pub struct ServeArgs {
     /// After this share of the deadline without an answer, the next indexer is asked too.
     #[arg(long, default_value_t = 0.5)]
     pub hedge_fraction: f64,
+    /// PEM CA that signed the indexers' certificates: talk to `--indexer` over TLS.
+    #[arg(long, value_name = "PATH")]
+    pub indexer_tls_ca: Option<PathBuf>,
+    /// PEM client certificate for the indexers' mTLS (with --indexer-tls-key).
+    #[arg(long, value_name = "PATH")]
+    pub indexer_tls_cert: Option<PathBuf>,
+    /// PEM private key of --indexer-tls-cert.
+    #[arg(long, value_name = "PATH")]
+    pub indexer_tls_key: Option<PathBuf>,
+    /// The name the indexers' certificates carry (default: the host of each --indexer).
+    #[arg(long, value_name = "NAME")]
+    pub indexer_tls_domain: Option<String>,
     /// An indexer endpoint that failed or timed out is skipped this long.
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     pub indexer_retry_after_ms: u64,
@@ -236,6 +252,7 @@ pub struct PodSpec {
 pub struct Config {
     pub http_addr: String,
     pub admin_addr: Option<String>,
+    pub metrics_addr: Option<String>,
     pub indexers: Vec<String>,
     pub pods: Vec<PodSpec>,
     pub pods_file: Option<PathBuf>,
@@ -249,6 +266,8 @@ pub struct Config {
     pub score_deadline: Duration,
     pub hedge_after: Duration,
     pub indexer_retry_after: Duration,
+    /// TLS to the indexers (`--indexer-tls-*`); `None`: plain gRPC.
+    pub indexer_tls: Option<IndexerTls>,
     pub weights: CostWeights,
     pub policy: Policy,
     pub load_band: f64,
@@ -274,6 +293,51 @@ pub struct Config {
 pub struct ConfigError {
     pub flag: &'static str,
     pub message: String,
+}
+
+/// TLS to the indexers: the CA to trust, the client identity for mTLS, the name to check.
+#[derive(Clone)]
+pub struct IndexerTls {
+    pub ca_pem: Vec<u8>,
+    /// (certificate, key) PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub domain: Option<String>,
+}
+
+impl std::fmt::Debug for IndexerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("IndexerTls").field("mutual", &self.identity.is_some()).field("domain", &self.domain).finish()
+    }
+}
+
+impl IndexerTls {
+    fn from_args(args: &ServeArgs) -> Result<Option<IndexerTls>, ConfigError> {
+        let read = |flag: &'static str, path: &PathBuf| {
+            let pem = std::fs::read(path).map_err(|e| err(flag, format!("cannot read {}: {e}", path.display())))?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN ") {
+                return Err(err(flag, format!("{} is not PEM", path.display())));
+            }
+            Ok(pem)
+        };
+        let identity = match (&args.indexer_tls_cert, &args.indexer_tls_key) {
+            (Some(cert), Some(key)) => Some((read("--indexer-tls-cert", cert)?, read("--indexer-tls-key", key)?)),
+            (None, None) => None,
+            (Some(_), None) => return Err(err("--indexer-tls-key", "--indexer-tls-cert needs --indexer-tls-key")),
+            (None, Some(_)) => return Err(err("--indexer-tls-cert", "--indexer-tls-key needs --indexer-tls-cert")),
+        };
+        let Some(ca) = &args.indexer_tls_ca else {
+            if identity.is_some() || args.indexer_tls_domain.is_some() {
+                return Err(err("--indexer-tls-ca", "the other --indexer-tls-* flags need --indexer-tls-ca"));
+            }
+            return Ok(None);
+        };
+        Ok(Some(IndexerTls {
+            ca_pem: read("--indexer-tls-ca", ca)?,
+            identity,
+            domain: args.indexer_tls_domain.clone(),
+        }))
+    }
 }
 
 fn err(flag: &'static str, message: impl Into<String>) -> ConfigError {
@@ -330,6 +394,9 @@ impl ServeArgs {
         check_host_port("--http-addr", &self.http_addr)?;
         if let Some(addr) = &self.admin_addr {
             check_host_port("--admin-addr", addr)?;
+        }
+        if let Some(addr) = &self.metrics_addr {
+            check_host_port("--metrics-addr", addr)?;
         }
         for addr in &self.indexers {
             check_host_port("--indexer", addr)?;
@@ -406,6 +473,7 @@ impl ServeArgs {
             return Err(err("--max-prompt-tokens", "must be at least 1"));
         }
         let score_deadline = positive_ms("--score-deadline-ms", self.score_deadline_ms)?;
+        let indexer_tls = IndexerTls::from_args(&self)?;
         let policy = match self.policy {
             PolicyArg::Cost => Policy::Cost,
             PolicyArg::LoadBand => Policy::LoadBand { band: self.load_band },
@@ -413,6 +481,7 @@ impl ServeArgs {
         Ok(Config {
             http_addr: self.http_addr,
             admin_addr: self.admin_addr,
+            metrics_addr: self.metrics_addr,
             indexers: self.indexers,
             pods,
             pods_file: self.pods_file,
@@ -425,6 +494,7 @@ impl ServeArgs {
             score_deadline,
             hedge_after: score_deadline.mul_f64(self.hedge_fraction),
             indexer_retry_after: positive_ms("--indexer-retry-after-ms", self.indexer_retry_after_ms)?,
+            indexer_tls,
             weights: CostWeights {
                 prefill: self.prefill_weight,
                 decode: self.decode_weight,

@@ -18,7 +18,9 @@ use kvindex_proto::kvindex::v1 as pb;
 use parking_lot::Mutex;
 use pb::indexer_client::IndexerClient;
 use tokio::task::JoinSet;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::IndexerTls;
 
 use crate::metrics as m;
 
@@ -74,6 +76,20 @@ impl IndexerEndpoint {
     }
 }
 
+impl IndexerTls {
+    /// tonic's client TLS: trust only the configured CA, present the identity if any.
+    fn client_config(&self) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &self.domain {
+            config = config.domain_name(domain.clone());
+        }
+        config
+    }
+}
+
 /// The indexer endpoints of `--indexer`, in order.
 pub struct IndexerPool {
     endpoints: Vec<Arc<IndexerEndpoint>>,
@@ -90,14 +106,28 @@ impl IndexerPool {
         hedge_after: Duration,
         retry_after: Duration,
     ) -> Result<IndexerPool, String> {
+        Self::with_tls(addrs, deadline, hedge_after, retry_after, None)
+    }
+
+    /// The pool, talking TLS (mTLS with a client identity) to every indexer when `tls` is set.
+    pub fn with_tls(
+        addrs: &[String],
+        deadline: Duration,
+        hedge_after: Duration,
+        retry_after: Duration,
+        tls: Option<&IndexerTls>,
+    ) -> Result<IndexerPool, String> {
         let endpoints = addrs
             .iter()
             .map(|addr| {
-                let channel = Endpoint::from_shared(format!("http://{addr}"))
-                    .map_err(|e| format!("--indexer {addr}: {e}"))?
-                    .connect_timeout(Duration::from_millis(500))
-                    .tcp_nodelay(true)
-                    .connect_lazy();
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+                    .map_err(|e| format!("--indexer {addr}: {e}"))?;
+                if let Some(tls) = tls {
+                    endpoint =
+                        endpoint.tls_config(tls.client_config()).map_err(|e| format!("--indexer {addr}: {e}"))?;
+                }
+                let channel = endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect_lazy();
                 Ok(Arc::new(IndexerEndpoint {
                     addr: addr.clone(),
                     client: IndexerClient::new(channel),

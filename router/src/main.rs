@@ -1,5 +1,5 @@
 //! `kvindex-router`: the thin command line over the router library. `serve` binds the
-//! listeners, prints `KVINDEX_ROUTER_LISTENING http=<addr> [admin=<addr>] [ext_proc=<addr>]
+//! listeners, prints `KVINDEX_ROUTER_LISTENING http=<addr> [admin=<addr>] [metrics=<addr>] [ext_proc=<addr>]
 //! [ext_proc_health=<addr>]` (so scripts and tests using port 0 learn the addresses), and runs
 //! until SIGINT or SIGTERM.
 
@@ -57,6 +57,10 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--admin-addr {addr}: {e}"))?),
         None => None,
     };
+    let metrics = match &config.metrics_addr {
+        Some(addr) => Some(bind("--metrics-addr", addr).await?),
+        None => None,
+    };
     let (ext_proc, ext_proc_health) = match &config.ext_proc {
         Some(e) => {
             let listener = bind("--ext-proc-addr", &e.addr).await?;
@@ -69,7 +73,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         None => (None, None),
     };
     let mut line = format!("KVINDEX_ROUTER_LISTENING http={}", http.local_addr().map_err(|e| e.to_string())?);
-    for (name, listener) in [("admin", &admin), ("ext_proc", &ext_proc), ("ext_proc_health", &ext_proc_health)] {
+    let named =
+        [("admin", &admin), ("metrics", &metrics), ("ext_proc", &ext_proc), ("ext_proc_health", &ext_proc_health)];
+    for (name, listener) in named {
         if let Some(listener) = listener {
             line.push_str(&format!(" {name}={}", listener.local_addr().map_err(|e| e.to_string())?));
         }
@@ -77,7 +83,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}").and_then(|_| out.flush()).map_err(|e| e.to_string())?;
     drop(out);
-    serve::run(config, Listeners { http, admin, ext_proc, ext_proc_health }, shutdown_signal()).await
+    serve::run(config, Listeners { http, admin, metrics, ext_proc, ext_proc_health }, shutdown_signal()).await
 }
 
 async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, String> {

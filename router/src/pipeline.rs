@@ -125,8 +125,13 @@ impl Router {
     /// Builds the pipeline from a validated configuration (pods are added separately).
     pub fn from_config(config: &Config, fleet: Arc<Fleet>) -> Result<Router, String> {
         let tokenizers = Tokenizers::new(&config.tokenizers, config.tokenizer_endpoint.as_deref())?;
-        let indexer =
-            IndexerPool::new(&config.indexers, config.score_deadline, config.hedge_after, config.indexer_retry_after)?;
+        let indexer = IndexerPool::with_tls(
+            &config.indexers,
+            config.score_deadline,
+            config.hedge_after,
+            config.indexer_retry_after,
+            config.indexer_tls.as_ref(),
+        )?;
         Ok(Router::new(RouterSettings::from_config(config), tokenizers, indexer, fleet))
     }
 

@@ -18,6 +18,8 @@ use crate::{discovery, metrics as m, pods_file, scrape, upstream};
 pub struct Listeners {
     pub http: TcpListener,
     pub admin: Option<TcpListener>,
+    /// The metrics-only listener (`--metrics-addr`): `/metrics` and `/debug/pods` only there.
+    pub metrics: Option<TcpListener>,
     /// The Gateway API endpoint picker (`--ext-proc-addr`) and its optional health address.
     pub ext_proc: Option<TcpListener>,
     pub ext_proc_health: Option<TcpListener>,
@@ -74,8 +76,14 @@ pub async fn run(
     let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let with_metrics = listeners.metrics.is_none();
+    let metrics = listeners.metrics.map(|listener| {
+        let app = http::metrics_only(app.clone());
+        let stopped = until(stopped.clone());
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+    });
     let admin = listeners.admin.map(|listener| {
-        let app = http::admin::admin(app.clone());
+        let app = http::admin::admin(app.clone(), with_metrics);
         let stopped = until(stopped.clone());
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
     });
@@ -88,12 +96,12 @@ pub async fn run(
         _ => None,
     };
     tracing::info!(pods = fleet.snapshot().len(), indexers = config.indexers.len(), "kvindex-router serving");
-    axum::serve(listeners.http, http::public(app))
+    axum::serve(listeners.http, http::public(app, with_metrics))
         .with_graceful_shutdown(until(stopped))
         .await
         .map_err(|e| e.to_string())?;
-    if let Some(admin) = admin {
-        let _ = admin.await;
+    for server in admin.into_iter().chain(metrics) {
+        let _ = server.await;
     }
     if let Some(ext_proc) = ext_proc {
         ext_proc.await.map_err(|e| e.to_string())??;

@@ -102,3 +102,26 @@ async fn pods_from_a_watched_file_and_from_registration() {
     }
     let _ = std::fs::remove_file(&file);
 }
+
+/// `--metrics-addr`: `/metrics` and `/debug/pods` answer only on the metrics listener; the public
+/// and admin ports keep health and readiness (and their own routes) and answer 404 for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_debug_on_their_own_listener() {
+    let Some(bins) = bins() else { return };
+    let pod = FakePod::start(Script::Echo("p".into())).await;
+    let args = ["--pod", &pod.spec(), "--admin-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"].map(String::from);
+    let router = router(&bins, &args);
+    let metrics = router.metrics.clone().expect("metrics= in KVINDEX_ROUTER_LISTENING");
+    let admin = router.admin.clone().expect("admin address");
+    for path in ["/metrics", "/debug/pods"] {
+        assert_eq!(get(&metrics, path).await.status, 200, "{path} on --metrics-addr");
+        for other in [&router.http, &admin] {
+            assert_eq!(get(other, path).await.status, 404, "{path} on {other}");
+        }
+    }
+    assert_eq!(ids(&metrics).await, vec![pod.addr.to_string()]);
+    for addr in [&router.http, &admin, &metrics] {
+        assert_eq!(get(addr, "/healthz").await.status, 200, "{addr}");
+    }
+    assert_eq!(served_by(&router.http).await, "p");
+}

@@ -76,7 +76,13 @@ fn main() {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let entries: u64 = std::env::var("KVINDEX_BENCH_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000_000);
     let chains_per_pod = entries / PODS / BLOCKS_PER_STORE;
-    let config = KvIndexConfig { block_size: 16, shards: 64, max_entries: u64::MAX >> 1, hash_check: None };
+    let config = KvIndexConfig {
+        block_size: 16,
+        shards: 64,
+        max_entries: u64::MAX >> 1,
+        hash_check: None,
+        ..Default::default()
+    };
     let index = KvIndex::new(config.clone());
     let t = Instant::now();
     for pod in 0..PODS {

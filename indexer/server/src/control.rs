@@ -5,6 +5,8 @@
 //! (config file, `--pod`, pods file, Kubernetes discovery) cannot be replaced or removed
 //! through the API at all.
 //! Reads (ScoreTokens, GetPodScores, health, `/metrics`, `/debug`) are not gated here.
+//! Registered endpoints obey a host policy (`register_allow`): resolved once, checked, and
+//! pinned to the checked address, so registration cannot make the server dial just any host.
 
 use std::fmt;
 
@@ -95,6 +97,52 @@ pub fn may_change(state: &ServiceState, api: &'static str, pod: &str) -> Result<
         }
         _ => Ok(()),
     }
+}
+
+/// How long resolving a registered endpoint's host may take.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Applies the host policy (`register_allow`) to a registration's endpoints: each `tcp://`
+/// host is resolved, every address it resolves to must lie in an allowed range, and the
+/// endpoint is rewritten to the first of them (a later DNS answer cannot move the dial). With
+/// a policy, `ipc://` endpoints are refused. Counts and logs a refusal.
+pub async fn pin_endpoints(
+    state: &ServiceState,
+    api: &'static str,
+    pod: &mut crate::config::PodConfig,
+) -> Result<(), String> {
+    let allow = &state.config().register_allow;
+    if allow.is_empty() {
+        return Ok(());
+    }
+    for endpoint in [&mut pod.endpoint, &mut pod.replay_endpoint].into_iter().flatten() {
+        match pin(allow, endpoint).await {
+            Ok(pinned) => *endpoint = pinned,
+            Err(message) => {
+                metrics::counter!(m::CONTROL_DENIED, "api" => api, "reason" => "host_not_allowed").increment(1);
+                tracing::warn!(api, endpoint = %crate::transport::escape(endpoint), "registered endpoint refused by register_allow");
+                return Err(message);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn pin(allow: &[crate::config::Cidr], endpoint: &str) -> Result<String, String> {
+    let refuse = |why: String| format!("endpoint {endpoint:?} refused by register_allow: {why}");
+    let Some(host_port) = endpoint.strip_prefix("tcp://") else {
+        return Err(refuse("only tcp://host:port endpoints may be registered".into()));
+    };
+    let resolved = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(host_port.to_string()))
+        .await
+        .map_err(|_| refuse("the host did not resolve in time".into()))?
+        .map_err(|e| refuse(format!("cannot resolve: {e}")))?
+        .collect::<Vec<_>>();
+    let Some(first) = resolved.first() else { return Err(refuse("the host resolves to no address".into())) };
+    if let Some(outside) = resolved.iter().find(|a| !allow.iter().any(|c| c.contains(a.ip()))) {
+        return Err(refuse(format!("{} is outside the allowed ranges", outside.ip())));
+    }
+    Ok(format!("tcp://{first}"))
 }
 
 #[cfg(test)]

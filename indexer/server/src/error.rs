@@ -27,6 +27,8 @@ pub enum ServerError {
     Stopped { server: &'static str, reason: String },
     #[error("HTTP server: {0}")]
     Http(std::io::Error),
+    #[error("tls: {0}")]
+    Tls(String),
     #[error("snapshot_dir: {0}")]
     Snapshot(String),
     #[error("discovery: {0}")]

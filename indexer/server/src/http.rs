@@ -1,5 +1,8 @@
 //! HTTP admin: `/metrics`, `/healthz`, `/readyz`, `/debug/sources`, and pod registration
 //! (`POST /pods`, `DELETE /pods/{pod}`), which only answers a bearer token ([`control`]).
+//! With `metrics_addr` set, `/metrics` and `/debug/*` move to their own listener
+//! ([`metrics_router`]) so the port that serves probes and registration can be exposed without
+//! the debug views, and Prometheus can reach the metrics without reaching anything else.
 
 use std::sync::Arc;
 
@@ -28,19 +31,55 @@ struct AppState {
     prometheus: PrometheusHandle,
 }
 
-pub fn router(state: Arc<ServiceState>, prometheus: PrometheusHandle) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
+/// The routes of `http_addr`: health, readiness, registration, and `/metrics` and `/debug/*`
+/// when `with_metrics` (no separate metrics listener).
+pub fn router(state: Arc<ServiceState>, prometheus: PrometheusHandle, with_metrics: bool) -> Router {
+    let mut router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/debug/sources", get(debug_sources))
         .route("/pods", post(register))
-        .route("/pods/{pod}", delete(unregister))
-        .fallback(|| async {
-            metrics::counter!(m::HTTP_INVALID, "reason" => "not_found").increment(1);
-            (StatusCode::NOT_FOUND, Json(json!({"error": "no such endpoint"})))
-        })
+        .route("/pods/{pod}", delete(unregister));
+    if with_metrics {
+        router = router.merge(observability());
+    }
+    router.fallback(not_found).with_state(AppState { state, prometheus })
+}
+
+/// The routes of the metrics-only listener (`metrics_addr`): `/metrics`, `/debug/*`, and
+/// health and readiness (harmless, and handy for a sidecar probing one port).
+pub fn metrics_router(state: Arc<ServiceState>, prometheus: PrometheusHandle) -> Router {
+    observability()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
         .with_state(AppState { state, prometheus })
+}
+
+fn observability() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics)).route("/debug/sources", get(debug_sources))
+}
+
+async fn not_found() -> Response {
+    metrics::counter!(m::HTTP_INVALID, "reason" => "not_found").increment(1);
+    (StatusCode::NOT_FOUND, Json(json!({"error": "no such endpoint"}))).into_response()
+}
+
+/// Serves `app` on `listener` (over TLS with `tls`; `name` labels its handshake failures)
+/// until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    tls: Option<(Arc<tokio_rustls::rustls::ServerConfig>, &'static str)>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), crate::error::ServerError> {
+    use crate::error::ServerError::Http;
+    match tls {
+        None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(Http),
+        Some((config, name)) => {
+            let listener = crate::tls::AxumTls::new(listener, config, name).map_err(Http)?;
+            axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(Http)
+        }
+    }
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -151,7 +190,7 @@ async fn register(
         Ok(Json(b)) => b,
         Err(e) => return bad_request("body", e.body_text()),
     };
-    let cfg = PodConfig {
+    let mut cfg = PodConfig {
         id: b.pod,
         model: b.model,
         endpoint: b.endpoint.filter(|e| !e.is_empty()),
@@ -161,6 +200,9 @@ async fn register(
     };
     if let Err(message) = control::may_change(&s.state, "http", &cfg.id) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();
+    }
+    if let Err(message) = control::pin_endpoints(&s.state, "http", &mut cfg).await {
+        return (StatusCode::FORBIDDEN, Json(json!({"error": message}))).into_response();
     }
     match registry::register(&s.state, cfg, "http", false).await {
         Ok(()) => (StatusCode::OK, Json(json!({"registered": true}))).into_response(),

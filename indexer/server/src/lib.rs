@@ -22,7 +22,7 @@
 //! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
 //! - [`state`], [`status`]: what the parts share, behind methods.
 //! - [`control`]: who may change what the index believes (registration auth).
-//! - [`grpc`], [`http`]: the servers. [`telemetry`]: metric names and the recorder.
+//! - [`grpc`], [`http`]: the servers; [`tls`]: their TLS / mTLS. [`telemetry`]: metric names and the recorder.
 
 pub mod apply;
 pub mod config;
@@ -38,6 +38,7 @@ pub mod sources;
 pub mod state;
 pub mod status;
 pub mod telemetry;
+pub mod tls;
 pub mod transport;
 
 pub use config::{Config, ConfigError};

@@ -33,6 +33,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub struct Listeners {
     grpc: TcpListener,
     http: TcpListener,
+    /// The metrics-only listener, when `metrics_addr` is set.
+    metrics: Option<TcpListener>,
     zmq: Option<SubListener>,
     /// Loaded before the server announces it listens, so a bad tokenizer dir fails `bind`.
     tokenizer: Option<PromptTokenizer>,
@@ -47,6 +49,11 @@ impl Listeners {
 
     pub fn http_addr(&self) -> SocketAddr {
         self.http.local_addr().expect("a bound listener has an address")
+    }
+
+    /// The metrics-only listener's address, when `metrics_addr` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|l| l.local_addr().expect("a bound listener has an address"))
     }
 
     /// The central SUB's endpoint (`tcp://host:port`), in central mode.
@@ -65,6 +72,10 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
     let tokenizer = PromptTokenizer::from_config(config)?;
     let grpc = tcp("grpc_addr", config.grpc_addr).await?;
     let http = tcp("http_addr", config.http_addr).await?;
+    let metrics = match config.metrics_addr {
+        Some(addr) => Some(tcp("metrics_addr", addr).await?),
+        None => None,
+    };
     let zmq = match &config.zmq_bind {
         Some(endpoint) => {
             let filter = config.topic_filter.as_bytes();
@@ -84,7 +95,7 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
         Some(d) => Some(kvindex_discovery::watcher::client(&d.api_server).await.map_err(ServerError::Discovery)?),
         None => None,
     };
-    Ok(Listeners { grpc, http, zmq, tokenizer, discovery })
+    Ok(Listeners { grpc, http, metrics, zmq, tokenizer, discovery })
 }
 
 /// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
@@ -121,6 +132,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let grpc_addr = listeners.grpc_addr();
     let http_addr = listeners.http_addr();
     let zmq_endpoint = listeners.zmq_endpoint().map(str::to_string);
+    let metrics_addr = listeners.metrics_addr();
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     if let Some(sub) = listeners.zmq {
         tasks.push(tokio::spawn(sources::serve_central(state.clone(), sub, stopping.clone())));
@@ -137,14 +149,36 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     if let (Some(client), Some(config)) = (listeners.discovery.take(), state.config().discovery.clone()) {
         tasks.push(tokio::spawn(sources::discovery::run(state.clone(), client, config, stopping.clone())));
     }
-    let mut grpc = tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, stopped(stopping.clone())));
-    let app = http::router(state.clone(), prometheus);
-    let http_stopping = stopped(stopping.clone());
-    let mut http = tokio::spawn(async move {
-        axum::serve(listeners.http, app).with_graceful_shutdown(http_stopping).await.map_err(ServerError::Http)
-    });
+    let tls = match &state.config().tls {
+        Some(files) => {
+            let config = |alpn: &[&[u8]]| files.server_config(alpn).map_err(|e| ServerError::Tls(e.message));
+            Some((config(&[b"h2"])?, config(&[b"http/1.1"])?))
+        }
+        None => None,
+    };
+    let (grpc_tls, http_tls) = (tls.as_ref().map(|t| t.0.clone()), tls.as_ref().map(|t| t.1.clone()));
+    let mut grpc =
+        tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, grpc_tls, stopped(stopping.clone())));
+    let (app, metrics_app) = match listeners.metrics {
+        Some(metrics) => {
+            let app = http::router(state.clone(), prometheus.clone(), false);
+            (app, Some((metrics, http::metrics_router(state.clone(), prometheus))))
+        }
+        None => (http::router(state.clone(), prometheus, true), None),
+    };
+    let main_tls = http_tls.clone().map(|c| (c, "http"));
+    let mut http = tokio::spawn(http::serve(listeners.http, app, main_tls, stopped(stopping.clone())));
+    if let Some((listener, app)) = metrics_app {
+        let metrics_stopping = stopped(stopping.clone());
+        let metrics_tls = http_tls.map(|c| (c, "metrics"));
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = http::serve(listener, app, metrics_tls, metrics_stopping).await {
+                tracing::error!(error = %e, "metrics listener stopped");
+            }
+        }));
+    }
     state.readiness().set_listening();
-    tracing::info!(%grpc_addr, %http_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
+    tracing::info!(%grpc_addr, %http_addr, metrics = ?metrics_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
 
     let outcome = tokio::select! {
         r = &mut grpc => Err(server_stopped("gRPC", r)),
@@ -194,6 +228,7 @@ fn build_index(config: &Config) -> Result<KvIndex, ServerError> {
         shards: config.shards,
         max_entries: config.max_entries,
         hash_check,
+        tier_limits: config.tier_limits,
     });
     for (medium, weight) in &config.tier_weights {
         if index.tiers().set_weight(medium, *weight).is_none() {

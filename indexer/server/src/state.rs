@@ -39,6 +39,9 @@ pub struct ServiceState {
     central_sources: parking_lot::Mutex<HashMap<Source, usize>>,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
+    /// One byte budget for every dialled pod together (`zmq_max_bytes_in_flight`), beside each
+    /// dialler's own share: a thousand registered pods cannot hold a thousand shares.
+    dialer_budget: kvindex_zmtp::Budget,
 }
 
 impl ServiceState {
@@ -48,6 +51,7 @@ impl ServiceState {
             replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
             speculative: SpeculativeCredits::new(config.speculative.clone()),
             central_sources: parking_lot::Mutex::new(HashMap::new()),
+            dialer_budget: kvindex_zmtp::Budget::new(config.zmq_limits.max_bytes_in_flight),
             config,
             index,
             start: Instant::now(),
@@ -62,6 +66,11 @@ impl ServiceState {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The byte budget all dialled pods share.
+    pub fn dialer_budget(&self) -> &kvindex_zmtp::Budget {
+        &self.dialer_budget
     }
 
     pub fn index(&self) -> &KvIndex {

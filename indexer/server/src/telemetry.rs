@@ -37,6 +37,8 @@ pub const RECONNECTIONS: &str = "kvindex_subscriber_reconnections_total";
 pub const REGISTRATIONS: &str = "kvindex_registrations_total";
 pub const CONFIG_ERRORS: &str = "kvindex_config_errors_total";
 pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
+pub const GRPC_REJECTED: &str = "kvindex_grpc_rejected_total";
+pub const TLS_HANDSHAKE_FAILURES: &str = "kvindex_tls_handshake_failures_total";
 pub const CONTROL_DENIED: &str = "kvindex_control_denied_total";
 pub const TOPIC_CONFLICTS: &str = "kvindex_topic_conflicts_total";
 pub const SOURCES_REFUSED: &str = "kvindex_sources_refused_total";
@@ -128,6 +130,8 @@ fn describe() {
     describe_counter!(REGISTRATIONS, "Pod registrations and unregistrations, by origin");
     describe_counter!(CONFIG_ERRORS, "Rejected configuration (pods file, registration)");
     describe_counter!(HTTP_INVALID, "Rejected HTTP admin requests");
+    describe_counter!(TLS_HANDSHAKE_FAILURES, "TLS handshakes that failed (no or a bad client certificate, timeout)");
+    describe_counter!(GRPC_REJECTED, "gRPC requests refused before their handler (too_large: over max_message_bytes)");
     describe_counter!(
         CONTROL_DENIED,
         "Control-plane calls refused (registration disabled, bad token, operator pod), by api and reason"

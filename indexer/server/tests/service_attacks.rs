@@ -367,6 +367,166 @@ fn attack_connection_flood_and_junk_topics() {
     assert_alive(&mut server);
 }
 
+/// Issue 9, item 4: junk `medium` names. The tier table has eight slots; a publisher spraying
+/// names is stopped at its own allowance (`max_tiers_per_source`), publishers together at the
+/// learned share, names that are no tier name are refused, all counted, and the real engine's
+/// predefined (STORAGE) and configured (DISK) tiers keep their slots.
+#[test]
+fn attack_junk_tier_names() {
+    let Some(py) = python() else { return };
+    let (mut server, mut peer) = central_with_pod(&py, &["--tier-weight", "DISK=0.5"]);
+    let zmq = server.zmq.clone().unwrap();
+    let skipped = |server: &ServeProcess, reason: &str| {
+        server.metric("kvindex_skipped_blocks_total", &[&format!("reason=\"{reason}\"")])
+    };
+    for (name, first) in [("evil1", 0u32), ("evil2", 100)] {
+        let topic = format!("kv@pod-{name}@{MODEL}");
+        peer.cmd(
+            json!({"op": "pub_start", "name": name, "pod": format!("pod-{name}"), "connect": zmq, "topic": topic}),
+        );
+        assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": [name]}))["subscribed"], true);
+        for i in first..first + 10 {
+            let (chain_name, medium) = (format!("j{i}"), format!("junk{i}"));
+            peer.cmd(
+                json!({"op": "store", "name": name, "chain": chain_name, "tokens": chain(20 + i, 2), "medium": medium}),
+            );
+        }
+        // evil1 learns four names (its allowance) and is refused the other six stores (12
+        // blocks). That fills the table (GPU, CPU, STORAGE, DISK and four learned names), so
+        // evil2 is refused all ten (20 blocks).
+        let want = if first == 0 { 12.0 } else { 12.0 + 20.0 };
+        wait_until("a sprayer stopped at its allowance", 20, || {
+            (skipped(&server, "source_tier_limit") + skipped(&server, "too_many_tiers") >= want).then_some(())
+        });
+    }
+    assert_eq!(skipped(&server, "source_tier_limit"), 12.0);
+    assert_eq!(skipped(&server, "too_many_tiers"), 20.0);
+    peer.cmd(
+        json!({"op": "store", "name": "evil2", "chain": "bad", "tokens": chain(90, 2), "medium": "x\n\u{1b}[31m"}),
+    );
+    wait_until("a name that is no tier name refused", 20, || (skipped(&server, "bad_tier_name") >= 2.0).then_some(()));
+    // The real engine's tiers all have their slots.
+    for (i, medium) in ["STORAGE", "DISK", "CPU"].iter().enumerate() {
+        let name = format!("t{i}");
+        peer.cmd(
+            json!({"op": "store", "name": "a", "chain": name, "tokens": chain(50 + i as u32, 4), "medium": medium}),
+        );
+    }
+    peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
+    for (i, medium) in ["STORAGE", "DISK", "CPU"].iter().enumerate() {
+        let r = peer.score(MODEL, &chain(50 + i as u32, 4), &["pod-a"]);
+        assert_eq!(r["scores"][0]["matched_by_tier"], json!({ *medium: 4 }), "{r}");
+    }
+    let r = peer.score(MODEL, &chain(51, 4), &["pod-a"]);
+    assert_eq!(r["scores"][0]["weighted_score"], json!(2.0), "DISK's configured weight 0.5: {r}");
+    let (_, metrics) = server.get("/metrics");
+    assert!(!metrics.contains("junk9"), "a refused tier name reached the metrics");
+    assert_unchanged_but_for(&mut server, &mut peer, &["pod-a", "pod-evil1", "pod-evil2"]);
+}
+
+/// Like [`assert_unchanged`], with more pods allowed in `/debug/sources`.
+fn assert_unchanged_but_for(server: &mut ServeProcess, peer: &mut Peer, pods: &[&str]) {
+    assert_alive(server);
+    peer.check(&["a"], MODEL);
+    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pod-a"), (4, "EXACT".to_string()));
+    let mut seen: Vec<String> = server.sources()["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pod"].as_str().unwrap().to_string())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, pods);
+}
+
+/// Separate planes (issue 9): with `--metrics-addr`, `/metrics` and `/debug/*` answer only on
+/// the metrics listener; the main HTTP port keeps health, readiness and (token-gated)
+/// registration, and answers 404 for the observability routes.
+#[test]
+fn metrics_and_debug_on_their_own_listener() {
+    let server = ServeProcess::start(
+        &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"],
+        &[],
+    );
+    let metrics = server.metrics.clone().expect("KVINDEX_LISTENING names the metrics listener");
+    assert_ne!(metrics, server.http);
+    for path in ["/metrics", "/debug/sources"] {
+        let (status, body) = http_request(&metrics, "GET", path, None);
+        assert_eq!(status, 200, "{path} on the metrics listener: {body}");
+        assert_eq!(http_request(&server.http, "GET", path, None).0, 404, "{path} on http_addr");
+    }
+    assert!(http_request(&metrics, "GET", "/metrics", None)
+        .1
+        .contains("kvindex_http_invalid_requests_total{reason=\"not_found\"}"));
+    assert_eq!(http_request(&server.http, "GET", "/healthz", None).0, 200);
+    assert_eq!(http_request(&metrics, "GET", "/readyz", None).0, 200);
+    let body = json!({"pod": "p", "model": MODEL}).to_string();
+    assert_eq!(http_request(&server.http, "POST", "/pods", Some(&body)).0, 403, "registration stays off");
+    assert_eq!(http_request(&metrics, "POST", "/pods", Some(&body)).0, 404, "no control plane on the metrics port");
+    assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"disabled\""]), 1.0);
+}
+
+/// Issue 9, item 5: a gRPC request over `max_message_bytes` is refused before it is read with
+/// `RESOURCE_EXHAUSTED` (what gRPC specifies; tonic's own answer is `OUT_OF_RANGE`), counted,
+/// and the server goes on answering. The client is grpcio.
+#[test]
+fn attack_oversized_grpc_request() {
+    let Some(py) = python() else { return };
+    let (mut server, mut peer) = central_with_pod(&py, &["--max-message-bytes", "1024"]);
+    for _ in 0..2 {
+        let r = peer.try_cmd(json!({"op": "score_raw", "model": MODEL, "n_tokens": 4000}));
+        assert_eq!(r["code"], "RESOURCE_EXHAUSTED", "{r}");
+        assert!(r["details"].as_str().unwrap().contains("too large"), "{r}");
+    }
+    assert_eq!(server.metric("kvindex_grpc_rejected_total", &["reason=\"too_large\""]), 2.0);
+    // Other errors keep their codes: over max_tokens is INVALID_ARGUMENT.
+    let r = peer.try_cmd(json!({"op": "score", "model": MODEL, "tokens": [1], "pods": [""]}));
+    assert_eq!(r["code"], "INVALID_ARGUMENT", "{r}");
+    assert_unchanged(&mut server, &mut peer);
+}
+
+/// Issue 9, item 4: registration's host policy (`--register-allow`). Endpoints outside the
+/// allowed ranges, names resolving outside them, and `ipc://` paths are refused (403 /
+/// PERMISSION_DENIED, counted) before anything is dialled; an allowed name is pinned to the
+/// address that was checked.
+#[test]
+fn attack_registration_naming_a_host_outside_the_policy() {
+    let Some(py) = python() else { return };
+    let token_file = admin_token_file();
+    let (mut server, mut peer) = central_with_pod(
+        &py,
+        &["--admin-token-file", token_file.to_str().unwrap(), "--register-allow", "127.0.0.2/32"],
+    );
+    let port = free_port();
+    for (endpoint, replay) in [
+        (format!("tcp://127.0.0.1:{port}"), None),
+        (format!("tcp://localhost:{port}"), None),
+        (format!("tcp://127.0.0.2:{port}"), Some("tcp://10.1.2.3:5558".to_string())),
+        ("ipc:///tmp/kvindex-evil.sock".to_string(), None),
+    ] {
+        let body = json!({"pod": "pod-x", "model": MODEL, "endpoint": endpoint, "replay_endpoint": replay}).to_string();
+        let (status, resp) = http_request_as(&server.http, "POST", "/pods", Some(&body), Some(ADMIN_TOKEN));
+        assert_eq!(status, 403, "{endpoint}: {resp}");
+        assert!(resp.contains("register_allow"), "{resp}");
+    }
+    let r = peer.try_cmd(
+        json!({"op": "register", "pod": "pod-y", "model": MODEL, "endpoint": format!("tcp://127.0.0.1:{port}")}),
+    );
+    assert_eq!(r["code"], "PERMISSION_DENIED", "{r}");
+    assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"host_not_allowed\""]), 5.0);
+    let registered = server.sources()["registered_pods"].clone();
+    assert!(registered.as_array().unwrap().iter().all(|p| p["pod"] != "pod-x" && p["pod"] != "pod-y"), "{registered}");
+    // Inside the policy: registered, at the checked address.
+    let body = json!({"pod": "pod-z", "model": MODEL, "endpoint": format!("tcp://127.0.0.2:{port}")}).to_string();
+    let (status, resp) = http_request_as(&server.http, "POST", "/pods", Some(&body), Some(ADMIN_TOKEN));
+    assert_eq!(status, 200, "{resp}");
+    let registered = server.sources()["registered_pods"].clone();
+    let z = registered.as_array().unwrap().iter().find(|p| p["pod"] == "pod-z").expect("pod-z registered").clone();
+    assert_eq!(z["endpoint"], format!("tcp://127.0.0.2:{port}"));
+    peer.check(&["a"], MODEL);
+    assert_alive(&mut server);
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -17,7 +17,7 @@ use crossbeam_epoch::Guard;
 
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
-use super::tiers::{TierId, Tiers, MAX_TIERS};
+use super::tiers::{TierId, TierRefusal, Tiers, MAX_TIERS};
 use super::tree::{EditStats, HeldBlock, ParentKey, Pos, Stored, Tree};
 use crate::keys::extra_keys::encode_block_extras;
 use crate::keys::{block_key, namespace_of, namespace_root, BlockKey, Extras};
@@ -130,6 +130,9 @@ pub struct PodIngest {
     groups_changed: bool,
     /// Canonical blocks resident per tier and in any tier (for `/debug/sources`).
     tier_blocks: [u64; MAX_TIERS],
+    /// Every tier this pod's engine has stored blocks in (kept across clears, so reconnecting
+    /// does not renew a source's allowance of [`TierLimits::max_per_source`](super::tiers::TierLimits)).
+    tiers_used: u8,
     blocks: u64,
     extras: Extras,
     keys_scratch: Vec<BlockKey>,
@@ -153,6 +156,7 @@ impl PodIngest {
             groups: Vec::new(),
             groups_changed: false,
             tier_blocks: [0; MAX_TIERS],
+            tiers_used: 0,
             blocks: 0,
             extras: Extras::new(),
             keys_scratch: Vec::new(),
@@ -296,8 +300,9 @@ impl PodIngest {
         }
     }
 
-    /// The tier of an event's `medium`, after checking its tier and group can be recorded;
-    /// `None` (with the event's blocks counted as skipped) when they cannot.
+    /// The tier of a store's `medium`, after checking its tier and group can be recorded;
+    /// `None` (with the event's blocks counted as skipped) when they cannot. A tier new to this
+    /// pod must fit its per-source allowance before its name may be learned by the table.
     fn event_tier(
         &mut self,
         ctx: &IngestContext<'_>,
@@ -306,14 +311,32 @@ impl PodIngest {
         blocks: u64,
         report: &mut ApplyReport,
     ) -> Option<TierId> {
-        let Some(tier) = ctx.tiers.intern(medium) else {
-            report.skip(SkipReason::TooManyTiers, blocks);
-            return None;
-        };
         if self.scoped(group_idx, 0).is_none() {
             report.skip(SkipReason::GroupOutOfRange, blocks);
             return None;
         }
+        // The tier if the table knows it, else the name to learn.
+        let known = match medium {
+            None => Ok(TierId::GPU),
+            Some(m) => ctx.tiers.lookup(m).ok_or(m),
+        };
+        let new_to_pod = known.map_or(true, |t| self.tiers_used & t.bit() == 0);
+        if new_to_pod && self.tiers_used.count_ones() as usize >= ctx.tiers.limits().max_per_source {
+            report.skip(SkipReason::SourceTierLimit, blocks);
+            return None;
+        }
+        let tier = match known.or_else(|m| ctx.tiers.learn(m)) {
+            Ok(t) => t,
+            Err(refusal) => {
+                let reason = match refusal {
+                    TierRefusal::BadName => SkipReason::BadTierName,
+                    TierRefusal::TableFull => SkipReason::TooManyTiers,
+                };
+                report.skip(reason, blocks);
+                return None;
+            }
+        };
+        self.tiers_used |= tier.bit();
         Some(tier)
     }
 
@@ -712,7 +735,21 @@ impl PodIngest {
         report: &mut ApplyReport,
     ) {
         let blocks = ev.block_hashes.len() as u64;
-        let Some(tier) = self.event_tier(ctx, ev.medium, ev.group_idx, blocks, report) else { return };
+        if self.scoped(ev.group_idx, 0).is_none() {
+            report.skip(SkipReason::GroupOutOfRange, blocks);
+            return;
+        }
+        // A removal never learns a name: no block can be held in a tier the table lacks.
+        let tier = match ev.medium {
+            None => TierId::GPU,
+            Some(m) => match ctx.tiers.lookup(m) {
+                Some(t) => t,
+                None => {
+                    report.removed_unknown += blocks;
+                    return;
+                }
+            },
+        };
         self.note_group(ev.group_idx, None, 0);
         for hash in &ev.block_hashes {
             let scoped = self.scoped(ev.group_idx, hash.key()).expect("group checked above");

@@ -37,6 +37,7 @@ use crate::wire::EventBatch;
 pub use self::export::{BlockExport, ChainParent, GroupExport, ImportReport, PodExport};
 pub use self::ingest::HashCheck;
 pub use self::report::{ApplyReport, SkipReason};
+pub use self::tiers::TierLimits;
 
 #[derive(Debug, Clone)]
 pub struct KvIndexConfig {
@@ -49,11 +50,19 @@ pub struct KvIndexConfig {
     pub max_entries: u64,
     /// Sampled recomputation of vLLM's own block hashes, to detect misconfigured engines.
     pub hash_check: Option<HashCheck>,
+    /// Bounds on tier names learned from publishers.
+    pub tier_limits: TierLimits,
 }
 
 impl Default for KvIndexConfig {
     fn default() -> Self {
-        KvIndexConfig { block_size: 16, shards: 64, max_entries: 50_000_000, hash_check: None }
+        KvIndexConfig {
+            block_size: 16,
+            shards: 64,
+            max_entries: 50_000_000,
+            hash_check: None,
+            tier_limits: TierLimits::default(),
+        }
     }
 }
 
@@ -115,7 +124,7 @@ impl KvIndex {
         KvIndex {
             tree: Tree::new(config.shards, config.max_entries),
             pods: Pods::new(),
-            tiers: Tiers::new(),
+            tiers: Tiers::with_limits(config.tier_limits),
             states: RwLock::new(FxHashMap::default()),
             plans: Atomic::new(FxHashMap::default()),
             plans_writer: Mutex::new(()),

@@ -15,8 +15,12 @@ pub enum SkipReason {
     TokenCountMismatch,
     /// A tier re-announcement (no tokens) of a block we do not know.
     UnknownBlock,
-    /// More distinct tiers than a residency can record.
+    /// A new tier name, with the tier table (or its share for learned names) full.
     TooManyTiers,
+    /// A new tier for a source already holding blocks in `max_tiers_per_source` tiers.
+    SourceTierLimit,
+    /// A `medium` that is no plausible tier name (too long, odd characters).
+    BadTierName,
     /// `group_idx` out of range.
     GroupOutOfRange,
     /// The index is at its memory bound.
@@ -24,12 +28,14 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 7] = [
+    pub const ALL: [SkipReason; 9] = [
         SkipReason::ParentUnknown,
         SkipReason::BlockSizeMismatch,
         SkipReason::TokenCountMismatch,
         SkipReason::UnknownBlock,
         SkipReason::TooManyTiers,
+        SkipReason::SourceTierLimit,
+        SkipReason::BadTierName,
         SkipReason::GroupOutOfRange,
         SkipReason::IndexFull,
     ];
@@ -42,6 +48,8 @@ impl SkipReason {
             SkipReason::TokenCountMismatch => "token_count_mismatch",
             SkipReason::UnknownBlock => "unknown_block",
             SkipReason::TooManyTiers => "too_many_tiers",
+            SkipReason::SourceTierLimit => "source_tier_limit",
+            SkipReason::BadTierName => "bad_tier_name",
             SkipReason::GroupOutOfRange => "group_out_of_range",
             SkipReason::IndexFull => "index_full",
         }

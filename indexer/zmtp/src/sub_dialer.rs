@@ -38,6 +38,19 @@ impl SubDialer {
         limits: Limits,
         backoff: Backoff,
     ) -> Result<SubDialer, Error> {
+        Self::connect_sharing(endpoint, subscriptions, limits, backoff, None)
+    }
+
+    /// [`SubDialer::connect`], with every byte this dialler holds also charged to `shared`, a
+    /// budget of all the diallers of a process together (each keeps its own
+    /// `max_bytes_in_flight` too): many dialled pods cannot hold more than `shared` at once.
+    pub fn connect_sharing(
+        endpoint: &str,
+        subscriptions: &[&[u8]],
+        limits: Limits,
+        backoff: Backoff,
+        shared: Option<Budget>,
+    ) -> Result<SubDialer, Error> {
         limits.validate().map_err(Error::Limits)?;
         let parsed = Endpoint::parse(endpoint)?;
         if matches!(&parsed, Endpoint::Tcp { host, .. } if host == "*") {
@@ -46,7 +59,8 @@ impl SubDialer {
         let (tx, rx) = mpsc::channel(limits.max_queued_events);
         let budget = Budget::new(limits.max_bytes_in_flight);
         let subscriptions = subscriptions.iter().map(|s| Bytes::copy_from_slice(s)).collect();
-        let task = tokio::spawn(dial_loop(parsed, endpoint.into(), subscriptions, limits, backoff, budget.clone(), tx));
+        let budgets = (budget.clone(), shared);
+        let task = tokio::spawn(dial_loop(parsed, endpoint.into(), subscriptions, limits, backoff, budgets, tx));
         Ok(SubDialer { events: rx, budget, task: task.abort_handle() })
     }
 
@@ -73,14 +87,18 @@ async fn dial_loop(
     subscriptions: Vec<Bytes>,
     limits: Limits,
     backoff: Backoff,
-    budget: Budget,
+    (budget, shared): (Budget, Option<Budget>),
     events: mpsc::Sender<Event>,
 ) {
     let mut attempt = 0u32;
     loop {
         let dial = async {
             let (stream, peer) = transport::connect(&endpoint).await.map_err(|e| Reason::Connect(e.kind()))?;
-            let (mut conn, info) = handshake::handshake(stream, SocketType::Sub, &limits, budget.lease()).await?;
+            let lease = match &shared {
+                Some(shared) => budget.lease_with(shared.clone()),
+                None => budget.lease(),
+            };
+            let (mut conn, info) = handshake::handshake(stream, SocketType::Sub, &limits, lease).await?;
             handshake::subscribe(&mut conn, &subscriptions).await?;
             Ok::<_, Reason>((conn, info, peer))
         };

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kvindex_zmtp::{Backoff, ConnId, Dealer, Event, Limits, Peer as PeerAddr, SubDialer, SubListener};
+use kvindex_zmtp::{Backoff, Budget, ConnId, Dealer, Event, Limits, Peer as PeerAddr, SubDialer, SubListener};
 use serde_json::json;
 use support::{hex, ipc_path, quick_limits, runtime, Peer, Sub};
 
@@ -276,4 +276,51 @@ fn a_dealer_gives_up_at_its_deadline_and_on_a_refused_connect() {
     let mut dealer = rt.block_on(Dealer::request(&endpoint, &request, &Limits::default(), deadline)).unwrap();
     let err = rt.block_on(dealer.recv()).unwrap_err();
     assert!(matches!(err, kvindex_zmtp::Error::Deadline { .. }), "{err}");
+}
+
+/// Dialled publishers can share one byte budget (`SubDialer::connect_sharing`; the server's
+/// per-pod diallers do): every byte either dialler holds is charged to it, and given back when
+/// the messages are dropped.
+#[test]
+fn dialled_publishers_share_one_byte_budget() {
+    let Some(mut py) = Peer::start() else { return };
+    let rt = runtime();
+    let _guard = rt.enter();
+    let shared = Budget::new(1 << 20);
+    let mut subs = Vec::new();
+    for name in ["a", "b"] {
+        let bound = py.cmd(json!({"op": "pub", "name": name, "bind": "tcp://127.0.0.1:0"}))["endpoint"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let dialer =
+            SubDialer::connect_sharing(&bound, &[b""], Limits::default(), Backoff::default(), Some(shared.clone()));
+        let mut sub = Sub::Dialer(dialer.unwrap());
+        connected(&mut sub, &rt);
+        py.wait_subs(name, 1);
+        subs.push(sub);
+    }
+    let mut held = Vec::new();
+    for (name, sub) in ["a", "b"].iter().zip(subs.iter_mut()) {
+        py.publish(name, &format!("kv@{name}@m"), 3);
+        while held
+            .iter()
+            .filter(|m: &&kvindex_zmtp::Message| m.frames[0][..] == *format!("kv@{name}@m").as_bytes())
+            .count()
+            < 3
+        {
+            if let Event::Message(m) = sub.next(&rt, 20) {
+                held.push(m);
+            }
+        }
+    }
+    let held_bytes: usize = held.iter().map(|m| m.charged_bytes()).sum();
+    assert!(held_bytes > 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while shared.used() != held_bytes {
+        assert!(std::time::Instant::now() < deadline, "shared {} != held {held_bytes}", shared.used());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(held);
+    assert_eq!(shared.used(), 0, "dropped messages give their bytes back");
 }

@@ -17,11 +17,12 @@ use crate::config::{normalize_url, PodSpec};
 use crate::fleet::Source;
 use crate::metrics as m;
 
-pub fn admin(app: Arc<App>) -> AxumRouter {
+/// The routes of `--admin-addr`; `/metrics` and `/debug/pods` too when `with_metrics`.
+pub fn admin(app: Arc<App>, with_metrics: bool) -> AxumRouter {
     AxumRouter::new()
         .route("/pods", post(register))
         .route("/pods/{id}", delete(unregister))
-        .merge(super::common())
+        .merge(super::common(with_metrics))
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::not_found() })
         .with_state(app)

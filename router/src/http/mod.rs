@@ -31,27 +31,34 @@ pub struct App {
     pub upstream_retries: usize,
 }
 
-/// Routes of `--http-addr`.
-pub fn public(app: Arc<App>) -> AxumRouter {
+/// Routes of `--http-addr` (`/metrics` and `/debug/pods` only `with_metrics`, i.e. without a
+/// `--metrics-addr`).
+pub fn public(app: Arc<App>, with_metrics: bool) -> AxumRouter {
     AxumRouter::new()
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/route/v1/completions", post(openai::explain_completions))
         .route("/route/v1/chat/completions", post(openai::explain_chat_completions))
         .route("/v1/models", get(openai::models))
-        .merge(common())
+        .merge(common(with_metrics))
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::not_found() })
         .with_state(app)
 }
 
-/// `/healthz`, `/readyz`, `/metrics`, `/debug/pods`: on both addresses.
-pub fn common() -> AxumRouter<Arc<App>> {
-    AxumRouter::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/debug/pods", get(debug_pods))
+/// Routes of `--metrics-addr`: `/metrics`, `/debug/pods`, health and readiness.
+pub fn metrics_only(app: Arc<App>) -> AxumRouter {
+    common(true).fallback(|| async { ApiError::not_found() }).with_state(app)
+}
+
+/// `/healthz`, `/readyz` on every address; `/metrics`, `/debug/pods` too `with_metrics`
+/// (no metrics-only listener).
+pub fn common(with_metrics: bool) -> AxumRouter<Arc<App>> {
+    let router = AxumRouter::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(readyz));
+    if !with_metrics {
+        return router;
+    }
+    router.route("/metrics", get(metrics)).route("/debug/pods", get(debug_pods))
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {

@@ -187,6 +187,34 @@ pub struct Settings {
     /// Seconds between snapshots (with `snapshot_dir`; default 60).
     #[arg(long, env = "KVINDEX_SNAPSHOT_INTERVAL")]
     pub snapshot_interval: Option<i64>,
+    // ---- hardening (issue 9 remainder): tier bounds, listeners, TLS, host policy ----
+    /// Distinct tiers (`medium`) one source's blocks may be held in; a store naming another is
+    /// skipped (`source_tier_limit`). Default 4.
+    #[arg(long, env = "KVINDEX_MAX_TIERS_PER_SOURCE")]
+    pub max_tiers_per_source: Option<i64>,
+    /// Tier names learned from publishers (not GPU/CPU/STORAGE, not in `tier_weights`), all
+    /// sources together. Default 5 (every free slot); 0 = only predefined and configured tiers.
+    #[arg(long, env = "KVINDEX_MAX_LEARNED_TIERS")]
+    pub max_learned_tiers: Option<i64>,
+    /// Serve `/metrics` and `/debug/*` on this address only (a metrics-only listener, as
+    /// etcd's `--listen-metrics-urls`). Unset: they stay on `http_addr`.
+    #[arg(long, env = "KVINDEX_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
+    /// PEM certificate chain: serve gRPC and HTTP (and the metrics listener) over TLS.
+    #[arg(long, env = "KVINDEX_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[arg(long, env = "KVINDEX_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): require a client certificate signed by one of them (mTLS).
+    #[arg(long, env = "KVINDEX_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Registration's host policy: endpoints given through `POST /pods` / `RegisterPod` must
+    /// resolve only to addresses in these CIDRs (repeatable); the name is resolved once, checked,
+    /// and the pod dialled at the checked address. Empty: any host.
+    #[arg(long = "register-allow", value_name = "CIDR")]
+    pub register_allow: Vec<String>,
+    // ---- end of the hardening block ----
     /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
     #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
     #[serde(deserialize_with = "TierWeight::table")]
@@ -245,6 +273,10 @@ pub fn serve_command() -> Command {
 pub struct Config {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The metrics-only listener (`/metrics`, `/debug/*`); `None`: they are on `http_addr`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// TLS (and with a client CA, mTLS) on every API listener; `None`: plain TCP.
+    pub tls: Option<crate::tls::TlsFiles>,
     pub block_size: usize,
     /// The sampled vLLM hash cross-check, when `hash_seed` is set.
     pub hash_check: Option<HashCheckConfig>,
@@ -277,8 +309,12 @@ pub struct Config {
     pub admin_token: Option<crate::control::AdminToken>,
     /// Central mode: the address ranges allowed to connect (empty: any).
     pub zmq_allow: Vec<Cidr>,
+    /// Where registered endpoints may point (empty: anywhere).
+    pub register_allow: Vec<Cidr>,
     pub max_sources: usize,
     pub tier_weights: BTreeMap<String, f64>,
+    /// Bounds on tier names learned from publishers (hardening block).
+    pub tier_limits: kvindex::TierLimits,
     /// Warm-restart snapshots (`snapshot_dir`), when enabled.
     pub snapshot_dir: Option<PathBuf>,
     pub snapshot_interval_ms: u64,
@@ -361,6 +397,7 @@ impl Config {
         let zmq_limits = zmq_limits(&s, src, &int)?;
         let central = s.zmq_bind.as_deref().is_some_and(|e| !e.is_empty());
         let discovery = discovery::validate(&s, src, &int, central)?;
+        let tls = tls_files(&s, src)?;
         let admin_token = match &s.admin_token_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -377,8 +414,22 @@ impl Config {
                 zmq_allow.push(Cidr::parse(cidr).map_err(|m| ConfigError::new("zmq_allow", origin.clone(), m))?);
             }
         }
+        let mut register_allow = Vec::new();
+        for (entries, origin) in [
+            (&from_file.register_allow, src.file_origin()),
+            (&from_flags.register_allow, src.flag_origin("register_allow")),
+        ] {
+            for cidr in entries {
+                let cidr = Cidr::parse(cidr).map_err(|m| ConfigError::new("register_allow", origin.clone(), m))?;
+                register_allow.push(cidr);
+            }
+        }
         let grpc_addr = addr("grpc_addr", s.grpc_addr, "127.0.0.1:50051")?;
         let http_addr = addr("http_addr", s.http_addr, "127.0.0.1:9090")?;
+        let metrics_addr = match s.metrics_addr.filter(|a| !a.is_empty()) {
+            Some(a) => Some(addr("metrics_addr", Some(a), "")?),
+            None => None,
+        };
         let zmq_bind = match s.zmq_bind {
             Some(e) if !e.is_empty() => Some(pod::endpoint(&e).map_err(|m| src.error("zmq_bind", m))?),
             _ => None,
@@ -489,6 +540,8 @@ impl Config {
             zmq_limits,
             grpc_addr,
             http_addr,
+            metrics_addr,
+            tls,
             block_size: int("block_size", s.block_size, 16, 1, 1 << 16)? as usize,
             hash_check,
             tokenizer_models,
@@ -524,9 +577,14 @@ impl Config {
             pods_file: s.pods_file,
             admin_token,
             zmq_allow,
+            register_allow,
             max_sources: int("max_sources", s.max_sources, 4096, 1, 1 << 20)? as usize,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
+            tier_limits: kvindex::TierLimits {
+                max_per_source: int("max_tiers_per_source", s.max_tiers_per_source, 4, 1, 8)? as usize,
+                max_learned: int("max_learned_tiers", s.max_learned_tiers, 5, 0, 8)? as usize,
+            },
             snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
             snapshot_interval_ms: int("snapshot_interval", s.snapshot_interval, 60, 1, 1 << 31)? as u64 * 1000,
             record: None,
@@ -549,6 +607,30 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// The listeners' TLS files (`tls_cert` and `tls_key` together; `tls_client_ca` only with them),
+/// read and parsed now so that a bad file is a config error naming its key.
+fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
+    let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let (cert, key, ca) = (path(&s.tls_cert), path(&s.tls_key), path(&s.tls_client_ca));
+    let (cert, key) = match (cert, key) {
+        (Some(cert), Some(key)) => (cert, key),
+        (None, None) if ca.is_some() => return Err(src.error("tls_client_ca", "needs tls_cert and tls_key")),
+        (None, None) => return Ok(None),
+        (Some(_), None) => return Err(src.error("tls_key", "tls_cert needs tls_key")),
+        (None, Some(_)) => return Err(src.error("tls_cert", "tls_key needs tls_cert")),
+    };
+    let read = |key: &str, path: &Path| {
+        std::fs::read(path).map_err(|e| src.error(key, format!("cannot read {}: {e}", path.display())))
+    };
+    let ca = match &ca {
+        Some(path) => Some(read("tls_client_ca", path)?),
+        None => None,
+    };
+    crate::tls::TlsFiles::parse(&read("tls_cert", &cert)?, &read("tls_key", &key)?, ca.as_deref())
+        .map(Some)
+        .map_err(|e| src.error(e.key, e.message))
 }
 
 /// Checks an integer setting: (key, value, default, min, max) → the value or the default.
@@ -626,6 +708,7 @@ struct Lists {
     tier_weights: Vec<TierWeight>,
     tokenizer_models: Vec<String>,
     zmq_allow: Vec<String>,
+    register_allow: Vec<String>,
 }
 
 impl Settings {
@@ -637,6 +720,7 @@ impl Settings {
             tier_weights: std::mem::take(&mut self.tier_weights),
             tokenizer_models: std::mem::take(&mut self.tokenizer_models),
             zmq_allow: std::mem::take(&mut self.zmq_allow),
+            register_allow: std::mem::take(&mut self.register_allow),
         }
     }
 }

@@ -32,5 +32,5 @@ pub async fn serve_index(
     let (queues, _no_workers) = Queues::new(1, 1);
     let state = Arc::new(ServiceState::new(config, index, queues));
     state.readiness().set_listening();
-    crate::grpc::serve(state, None, listener, shutdown).await
+    crate::grpc::serve(state, None, listener, None, shutdown).await
 }

@@ -64,7 +64,7 @@ impl Indexer for IndexerService {
         authorize(&self.state, &request)?;
         let r = request.into_inner();
         control::may_change(&self.state, "grpc", &r.pod).map_err(Status::failed_precondition)?;
-        let cfg = PodConfig {
+        let mut cfg = PodConfig {
             id: r.pod,
             model: r.model,
             endpoint: (!r.endpoint.is_empty()).then_some(r.endpoint),
@@ -72,6 +72,7 @@ impl Indexer for IndexerService {
             topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
             dp_size: 1,
         };
+        control::pin_endpoints(&self.state, "grpc", &mut cfg).await.map_err(Status::permission_denied)?;
         registry::register(&self.state, cfg, "grpc", false)
             .await
             .map_err(|e| Status::invalid_argument(e.to_string()))?;

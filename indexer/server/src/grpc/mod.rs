@@ -3,6 +3,7 @@
 //! scoring contracts answer through one [`score::Scorer`].
 
 pub mod indexer;
+pub mod limits;
 pub mod llmd;
 pub mod record_route;
 pub mod score;
@@ -21,12 +22,13 @@ use self::tokenizer::PromptTokenizer;
 use crate::error::ServerError;
 use crate::state::ServiceState;
 
-/// Serves gRPC on `listener` until `shutdown` resolves, then lets requests in flight finish.
-/// GetPodScores prompts go to `tokenizer` (none: FAILED_PRECONDITION).
+/// Serves gRPC on `listener` (over TLS with `tls`) until `shutdown` resolves, then lets
+/// requests in flight finish. GetPodScores prompts go to `tokenizer` (none: FAILED_PRECONDITION).
 pub async fn serve(
     state: Arc<ServiceState>,
     tokenizer: Option<PromptTokenizer>,
     listener: tokio::net::TcpListener,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -41,15 +43,23 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(|e| ServerError::Grpc(e.to_string()))?;
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
+        .layer(limits::layer())
         .add_service(health_service)
         .add_service(reflection)
         .add_service(indexer)
-        .add_service(llmd)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
-        .map_err(|e| ServerError::Grpc(e.to_string()))
+        .add_service(llmd);
+    let served = match tls {
+        None => {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
+        Some(config) => {
+            use tokio_stream::StreamExt;
+            let handshaken = tokio_stream::wrappers::ReceiverStream::new(crate::tls::accept(listener, config, "grpc"));
+            let incoming = handshaken.map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
+            router.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
+    };
+    served.map_err(|e| ServerError::Grpc(e.to_string()))
 }

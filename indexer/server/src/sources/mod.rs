@@ -90,10 +90,13 @@ pub async fn dial_pod(
     let worker = state.queues().worker_for(id.as_bytes());
     let origin = Origin::Pod { id: id.clone(), model, endpoint: endpoint.clone() };
     let filter = state.config().topic_filter.clone();
-    // One pod's socket holds at most a source's share, not the central SUB's whole budget.
+    // One pod's socket holds at most a source's share, and all of them together at most the
+    // shared dialler budget (`zmq_max_bytes_in_flight`).
     let mut limits = state.config().zmq_limits.clone();
     limits.max_bytes_in_flight = limits.max_bytes_in_flight_per_source;
-    let mut sub = match SubDialer::connect(&endpoint, &[filter.as_bytes()], limits, Backoff::default()) {
+    let shared = Some(state.dialer_budget().clone());
+    let mut sub = match SubDialer::connect_sharing(&endpoint, &[filter.as_bytes()], limits, Backoff::default(), shared)
+    {
         Ok(sub) => sub,
         Err(e) => return TransportError::from_zmtp("connect", &endpoint, &e).record(),
     };

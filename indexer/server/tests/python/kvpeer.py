@@ -276,6 +276,19 @@ class Peer:
         grpc.channel_ready_future(self.channel).result(timeout=10)
         return {}
 
+    def op_grpc_tls(self, addr, ca, cert=None, key=None, timeout=10):
+        """A TLS channel (mTLS with `cert` and `key`), trusting the PEM CA `ca`; the server's
+        certificate names `localhost`. Returns whether the channel became ready."""
+        read = lambda path: open(path, "rb").read() if path else None
+        creds = grpc.ssl_channel_credentials(root_certificates=read(ca), private_key=read(key), certificate_chain=read(cert))
+        self.channel = grpc.secure_channel(addr, creds, options=[("grpc.ssl_target_name_override", "localhost")])
+        self.stub = self.pb_grpc.IndexerStub(self.channel)
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+            return {"ready": True}
+        except grpc.FutureTimeoutError:
+            return {"ready": False}
+
     def op_score(self, model, tokens, pods=(), lora_name="", cache_salt=""):
         req = self.pb.ScoreTokensRequest(model=model, token_ids=tokens, pods=list(pods), lora_name=lora_name, cache_salt=cache_salt)
         try:

@@ -251,8 +251,9 @@ impl Admin for Server {
 }
 
 impl Admin for ServeProcess {
+    /// The metrics listener when there is one (it serves `/metrics` and `/debug/*`).
     fn http_addr(&self) -> &str {
-        &self.http
+        self.metrics.as_deref().unwrap_or(&self.http)
     }
 }
 
@@ -379,6 +380,8 @@ pub struct ServeProcess {
     pub grpc: String,
     pub http: String,
     pub zmq: Option<String>,
+    /// The metrics-only listener (`--metrics-addr`), when the server has one.
+    pub metrics: Option<String>,
 }
 
 impl ServeProcess {
@@ -405,7 +408,8 @@ impl ServeProcess {
                     rest.split_whitespace().find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')).map(str::to_string)
                 };
                 let zmq = field("zmq").filter(|z| z != "-");
-                return ServeProcess { grpc: field("grpc").unwrap(), http: field("http").unwrap(), zmq, child };
+                let (grpc, http, metrics) = (field("grpc").unwrap(), field("http").unwrap(), field("metrics"));
+                return ServeProcess { grpc, http, zmq, metrics, child };
             }
         }
     }

@@ -1,33 +1,8 @@
-//! Fuzzes the ZMTP decoder: arbitrary bytes, fed in chunks whose sizes the input's first bytes
-//! choose, with small limits so that every bound is within the fuzzer's reach. The decoder
-//! must not panic, must hold no more than its bounds allow, and must yield only messages that
-//! keep them.
+//! Fuzzes the ZMTP decoder (the body is in `bodies/decoder.rs`, which the stable test suite
+//! also runs over the seed corpus).
 #![no_main]
 
-use kvindex_zmtp::decoder::{Decoder, Item, MAX_COMMAND_SIZE};
-use kvindex_zmtp::Limits;
-use libfuzzer_sys::fuzz_target;
+#[path = "../bodies/decoder.rs"]
+mod body;
 
-fuzz_target!(|data: &[u8]| {
-    let limits = Limits { max_frame_size: 1024, max_message_size: 2048, max_parts: 4, ..Limits::default() };
-    let (cuts, mut rest) = data.split_at(data.len().min(4));
-    let mut decoder = Decoder::new(&limits);
-    let mut cut = cuts.iter().cycle();
-    while !rest.is_empty() {
-        let n = (usize::from(*cut.next().unwrap_or(&255)) + 1).min(rest.len());
-        let (mut chunk, tail) = rest.split_at(n);
-        rest = tail;
-        loop {
-            match decoder.decode(&mut chunk) {
-                Ok(Some(Item::Message(frames))) => {
-                    assert!(frames.len() <= limits.max_parts);
-                    assert!(frames.iter().map(|f| f.len()).sum::<usize>() <= limits.max_message_size);
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(_) => return,
-            }
-            assert!(decoder.held_bytes() <= limits.max_message_size + MAX_COMMAND_SIZE);
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

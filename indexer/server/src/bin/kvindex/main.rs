@@ -107,7 +107,11 @@ fn run_service(config: Config) -> anyhow::Result<()> {
         let listeners = kvindex_server::bind(&config).await?;
         let mut out = io::stdout().lock();
         let zmq = listeners.zmq_endpoint().unwrap_or("-");
-        writeln!(out, "KVINDEX_LISTENING grpc={} http={} zmq={zmq}", listeners.grpc_addr(), listeners.http_addr())?;
+        write!(out, "KVINDEX_LISTENING grpc={} http={} zmq={zmq}", listeners.grpc_addr(), listeners.http_addr())?;
+        match listeners.metrics_addr() {
+            Some(metrics) => writeln!(out, " metrics={metrics}")?,
+            None => writeln!(out)?,
+        }
         out.flush()?;
         drop(out);
         kvindex_server::run(config, listeners, shutdown_signal()).await?;
