@@ -418,6 +418,7 @@ impl ServeArgs {
                 pods.push(pod);
             }
         }
+        let indexer_tls = IndexerTls::from_args(&self)?;
         let discovery = self.discovery.into_config()?;
         if pods.is_empty() && self.pods_file.is_none() && self.admin_addr.is_none() && discovery.is_none() {
             return Err(err(
@@ -473,7 +474,6 @@ impl ServeArgs {
             return Err(err("--max-prompt-tokens", "must be at least 1"));
         }
         let score_deadline = positive_ms("--score-deadline-ms", self.score_deadline_ms)?;
-        let indexer_tls = IndexerTls::from_args(&self)?;
         let policy = match self.policy {
             PolicyArg::Cost => Policy::Cost,
             PolicyArg::LoadBand => Policy::LoadBand { band: self.load_band },
