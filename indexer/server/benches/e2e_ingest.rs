@@ -80,6 +80,10 @@ impl Server {
                 "tcp://127.0.0.1:0",
             ])
             .args(["--block-size", "16"])
+            // All publishers dial from 127.0.0.1: one source, past the default cap of 32
+            // connections per source (refused before the greeting: the `zeromq` crate then says
+            // `connect: Other("Failed Greeting exchange")`).
+            .args(["--zmq-max-connections-per-source", &(2 * PUBLISHERS).to_string()])
             .args(extra)
             // Extra `serve` flags for a comparison run, e.g. E2E_SERVE_ARGS="--snapshot-dir /tmp/s".
             .args(std::env::var("E2E_SERVE_ARGS").unwrap_or_default().split_whitespace())

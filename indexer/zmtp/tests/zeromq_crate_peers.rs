@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kvindex_zmtp::{Backoff, Dealer, Event, Limits, SubDialer, SubListener};
+use kvindex_zmtp::{Backoff, Dealer, Event, Limits, Reason, SubDialer, SubListener};
 use support::{quick_limits, runtime, Sub};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -149,4 +149,51 @@ fn a_zeromq_crate_router_answers_our_dealer() {
     assert_eq!(got, (7..10).map(|s| (s, Bytes::from(format!("batch-{s}")))).collect::<Vec<_>>());
     assert_eq!(router.join().unwrap(), 3, "the ROUTER saw [identity, b\"\", seq]");
     assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+/// A zeromq PUB dialling a listener whose per-source cap is spent is refused before the
+/// greeting, and the crate reports that only as `connect: Other("Failed Greeting exchange")` or a
+/// reset (what the e2e bench saw with 64 publishers on loopback against the default cap of 32):
+/// the refusal is ours and counted as `SourceFull`, and a publisher within the cap connects.
+#[test]
+fn a_zeromq_crate_publisher_past_the_per_source_cap_is_refused_before_the_greeting() {
+    let rt = runtime();
+    let limits = Limits { max_connections_per_source: 2, ..quick_limits() };
+    let listener = rt.block_on(SubListener::bind("tcp://127.0.0.1:0", &[b"kv@"], limits)).unwrap();
+    let endpoint = listener.endpoint().to_string();
+    let mut sub = Sub::Listener(listener);
+    // Each peer dials, reports the outcome, then holds its connection until told to stop.
+    let dial = |endpoint: String| {
+        let (done_tx, done_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let peer = peer_thread(move || {
+            peer_runtime().block_on(async move {
+                let mut pub_socket = zeromq::PubSocket::new();
+                done_tx.send(pub_socket.connect(&endpoint).await.map_err(|e| format!("{e:?}"))).unwrap();
+                // Hold the socket (and its connection) until the test is done.
+                tokio::task::spawn_blocking(move || stop_rx.recv()).await.unwrap().ok();
+            })
+        });
+        let outcome = done_rx.recv_timeout(Duration::from_secs(20)).expect("connect returned");
+        (outcome, stop_tx, peer)
+    };
+    let mut peers = Vec::new();
+    for _ in 0..2 {
+        let (outcome, stop, peer) = dial(endpoint.clone());
+        assert_eq!(outcome, Ok(()));
+        sub.wait_for(&rt, 20, "Connected", |e| matches!(e, Event::Connected { .. }).then_some(()));
+        peers.push((stop, peer));
+    }
+    let (outcome, stop, peer) = dial(endpoint.clone());
+    // EOF before its greeting was read, or a reset if its greeting landed after our close.
+    let refused = outcome.expect_err("the third connection from one source is refused");
+    assert!(refused.contains("Failed Greeting exchange") || refused.contains("ConnectionReset"), "{refused}");
+    sub.wait_for(&rt, 20, "SourceFull", |e| {
+        matches!(e, Event::Rejected { reason: Reason::SourceFull { limit: 2 }, .. }).then_some(())
+    });
+    peers.push((stop, peer));
+    for (stop, peer) in peers {
+        stop.send(()).unwrap();
+        peer.join().unwrap();
+    }
 }
