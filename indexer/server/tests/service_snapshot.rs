@@ -105,18 +105,26 @@ fn ingest(peer: &mut Peer, from: u32, to: u32) {
     }
 }
 
+/// `kvindex serve` with snapshots in `dir`, dialling a pyzmq publisher that has published chains
+/// 1..`to` (and some removals), settled EXACT. Returns the serve arguments for the restart.
+fn serving_an_ingested_publisher(py: &std::path::PathBuf, dir: &Path, to: u32) -> (Vec<String>, ServeProcess, Peer) {
+    let (pub_port, replay_port) = (free_port(), free_port());
+    let args = serve_args(pub_port, replay_port, dir);
+    let server = start(&args);
+    let mut peer = publisher(py, pub_port, replay_port);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
+    first_batch(&mut peer, &server.http);
+    ingest(&mut peer, 1, to);
+    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
+    (args, server, peer)
+}
+
 #[test]
 fn service_warm_restart_after_sigkill_catches_up_exactly_from_the_snapshot() {
     let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (pub_port, replay_port) = (free_port(), free_port());
-    let args = serve_args(pub_port, replay_port, dir.path());
-    let mut server = start(&args);
-    let mut peer = publisher(&py, pub_port, replay_port);
-    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
-    first_batch(&mut peer, &server.http);
-    ingest(&mut peer, 1, 30);
-    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
+    let (args, mut server, mut peer) = serving_an_ingested_publisher(&py, dir.path(), 30);
     wait_snapshot(&server.http);
     // Heavy ingest, then SIGKILL with messages in flight; more are published while it is down.
     ingest(&mut peer, 30, 36);
@@ -143,14 +151,7 @@ fn service_warm_restart_after_sigkill_catches_up_exactly_from_the_snapshot() {
 fn service_warm_restart_with_a_too_short_replay_buffer_degrades_without_false_positives() {
     let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (pub_port, replay_port) = (free_port(), free_port());
-    let args = serve_args(pub_port, replay_port, dir.path());
-    let mut server = start(&args);
-    let mut peer = publisher(&py, pub_port, replay_port);
-    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
-    first_batch(&mut peer, &server.http);
-    ingest(&mut peer, 1, 10);
-    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
+    let (args, mut server, mut peer) = serving_an_ingested_publisher(&py, dir.path(), 10);
     wait_snapshot(&server.http);
     server.child.kill().unwrap();
     server.child.wait().unwrap();
@@ -174,15 +175,7 @@ fn service_warm_restart_with_a_too_short_replay_buffer_degrades_without_false_po
 fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean() {
     let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (pub_port, replay_port) = (free_port(), free_port());
-    let args = serve_args(pub_port, replay_port, dir.path());
-    let mut server = start(&args);
-    let mut peer = publisher(&py, pub_port, replay_port);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
-    first_batch(&mut peer, &server.http);
-    ingest(&mut peer, 1, 30);
-    assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
+    let (args, mut server, mut peer) = serving_an_ingested_publisher(&py, dir.path(), 30);
     let before: Vec<Value> = (0..30).map(|k| peer.score(MODEL, &chain(k, 4), &[])["scores"].clone()).collect();
     // SIGTERM: graceful, with a final snapshot.
     let pid = server.child.id().to_string();
