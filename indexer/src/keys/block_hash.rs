@@ -198,7 +198,7 @@ mod ni {
     impl State for Ni {
         #[inline(always)]
         fn new((lo, hi): Pair) -> Self {
-            // SAFETY (here, in `xor` and `fold`): SSE2, which every x86_64 CPU has.
+            // SAFETY: SSE2, which every x86_64 CPU has.
             Ni(unsafe { _mm_set_epi64x(hi as i64, lo as i64) })
         }
         #[inline(always)]
@@ -209,6 +209,7 @@ mod ni {
         }
         #[inline(always)]
         fn xor(self, other: Self) -> Self {
+            // SAFETY: SSE2, which every x86_64 CPU has.
             Ni(unsafe { _mm_xor_si128(self.0, other.0) })
         }
         #[inline(always)]
@@ -219,8 +220,10 @@ mod ni {
         }
         #[inline(always)]
         fn fold(self) -> u64 {
-            let (lo, hi) =
-                unsafe { (_mm_cvtsi128_si64(self.0), _mm_cvtsi128_si64(_mm_unpackhi_epi64(self.0, self.0))) };
+            // SAFETY: SSE2, which every x86_64 CPU has.
+            let high = unsafe { _mm_unpackhi_epi64(self.0, self.0) };
+            // SAFETY: SSE2, as above.
+            let (lo, hi) = unsafe { (_mm_cvtsi128_si64(self.0), _mm_cvtsi128_si64(high)) };
             (lo ^ hi) as u64
         }
     }
