@@ -5,7 +5,7 @@
 //! 512-block query (about 6 ns per 16-token block). A block key needs no chain (the index's
 //! tree carries the prefix), so the blocks of a prompt are independent; an AES round is one
 //! instruction, pipelined, two per cycle on current x86. A 16-token block costs 8 rounds, and
-//! [`GROUP`] blocks are hashed side by side so the AES units never wait on one block's chain.
+//! `GROUP` blocks are hashed side by side so the AES units never wait on one block's chain.
 //!
 //! With `R_k(x) = MixColumns(ShiftRows(SubBytes(x))) ⊕ k` (one x86 `AESENC`) and 128-bit values
 //! written as (low, high) 64-bit halves:
@@ -24,8 +24,8 @@
 //! so none is chosen. Why this is an adequate key is in the [`super`] module's documentation.
 //!
 //! On x86_64 with AES-NI (detected at run time) the rounds are `AESENC`; elsewhere
-//! [`super::aes_round`] computes the same round in portable Rust (slower, same keys). Both run
-//! the one generic body below, [`hash_into`], over a [`State`] implementation.
+//! `aes_round.rs` computes the same round in portable Rust (slower, same keys). Both run
+//! the one generic body below, `hash_into`, over a `State` implementation.
 
 use super::aes_round;
 
