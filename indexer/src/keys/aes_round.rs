@@ -4,17 +4,17 @@
 //!
 //! The state is four little-endian `u32` columns (byte `r` of column `c` is the state's row `r`):
 //! exactly the bytes an `__m128i` loaded from the same memory holds. The round is the classic
-//! table formulation (SubBytes, ShiftRows and MixColumns folded into one 1 KiB table, rotated
-//! per row); the table is derived from the S-box, and the S-box is computed from its definition
+//! table formulation (SubBytes, ShiftRows and MixColumns folded into four 1 KiB tables, one per
+//! row); the tables are derived from the S-box, and the S-box is computed from its definition
 //! (inverse in GF(2^8), then the affine map) at compile time, so no constant is typed in by hand.
 //! Timing side channels do not matter here: the keys are not secret.
 
 /// The AES S-box, computed from its definition (FIPS-197, 5.1.1).
 const SBOX: [u8; 256] = sbox();
 
-/// `T[x]` = the MixColumns column of an S-box output in row 0: `(2·S[x], S[x], S[x], 3·S[x])`,
-/// little-endian; rows 1..3 use it rotated left by 8, 16, 24 bits.
-const TABLE: [u32; 256] = table();
+/// `TABLES[r][x]`: the MixColumns column that S-box output `S[x]` in row `r` contributes,
+/// little-endian: row 0 gives `(2·S, S, S, 3·S)`, row `r` the same rotated by `r` bytes.
+const TABLES: [[u32; 256]; 4] = tables();
 
 const fn sbox() -> [u8; 256] {
     // Walks the multiplicative group of GF(2^8) with generator 3: `p` runs over every non-zero
@@ -43,32 +43,34 @@ const fn xtime(b: u8) -> u8 {
     (b << 1) ^ if b & 0x80 != 0 { 0x1b } else { 0 }
 }
 
-const fn table() -> [u32; 256] {
-    let mut table = [0u32; 256];
+const fn tables() -> [[u32; 256]; 4] {
+    let mut tables = [[0u32; 256]; 4];
     let mut x = 0;
     while x < 256 {
         let s = SBOX[x];
         let s2 = xtime(s);
-        table[x] = u32::from_le_bytes([s2, s, s, s2 ^ s]);
+        let column = u32::from_le_bytes([s2, s, s, s2 ^ s]);
+        tables[0][x] = column;
+        tables[1][x] = column.rotate_left(8);
+        tables[2][x] = column.rotate_left(16);
+        tables[3][x] = column.rotate_left(24);
         x += 1;
     }
-    table
+    tables
 }
 
 /// One AES encryption round: `MixColumns(ShiftRows(SubBytes(state))) ⊕ key` (x86 `AESENC`).
 #[inline]
 pub fn aesenc(state: [u32; 4], key: [u32; 4]) -> [u32; 4] {
-    let byte = |c: usize, row: u32| (state[c % 4] >> (8 * row)) as u8 as usize;
-    let mut out = [0u32; 4];
-    for (c, o) in out.iter_mut().enumerate() {
-        // ShiftRows: row r of column c comes from column c + r.
-        *o = TABLE[byte(c, 0)]
-            ^ TABLE[byte(c + 1, 1)].rotate_left(8)
-            ^ TABLE[byte(c + 2, 2)].rotate_left(16)
-            ^ TABLE[byte(c + 3, 3)].rotate_left(24)
-            ^ key[c];
-    }
-    out
+    // ShiftRows: row r of column c comes from column c + r.
+    let column = |c: usize| {
+        TABLES[0][(state[c] & 0xff) as usize]
+            ^ TABLES[1][((state[(c + 1) % 4] >> 8) & 0xff) as usize]
+            ^ TABLES[2][((state[(c + 2) % 4] >> 16) & 0xff) as usize]
+            ^ TABLES[3][(state[(c + 3) % 4] >> 24) as usize]
+            ^ key[c]
+    };
+    [column(0), column(1), column(2), column(3)]
 }
 
 #[cfg(test)]

@@ -42,7 +42,9 @@ const F1: Pair = (0xba7c_9045_f12c_7f99, 0x24a1_9947_b391_6cf7);
 const F2: Pair = (0x0801_f2e2_858e_fc16, 0x6369_20d8_7157_4e69);
 const F3: Pair = (0xa458_fea3_f493_3d7e, 0x0d95_748f_728e_b658);
 
-/// Blocks hashed side by side: enough independent rounds to fill the AES pipelines.
+/// Blocks hashed side by side with AES instructions: enough independent rounds to fill the AES
+/// pipelines. The portable round hashes one block at a time (its table lookups keep the CPU
+/// busy already, and four blocks' state would not fit in registers).
 const GROUP: usize = 4;
 
 /// Key of one block of any length (0 included) under `seed`.
@@ -65,7 +67,7 @@ pub fn hash_blocks(tokens: &[u32], block_size: usize, seed: u64, out: &mut [u64]
 
 /// [`hash_blocks`] without CPU instructions for AES: what a machine without them computes.
 pub fn hash_blocks_portable(tokens: &[u32], block_size: usize, seed: u64, out: &mut [u64]) {
-    hash_into::<Portable>(tokens, block_size, seed, out)
+    hash_into::<Portable, 1>(tokens, block_size, seed, out)
 }
 
 /// Whether [`hash_blocks`] runs on AES instructions here (else on the portable round).
@@ -101,7 +103,7 @@ struct Keys<S> {
 }
 
 #[inline(always)]
-fn hash_into<S: State>(tokens: &[u32], bs: usize, seed: u64, out: &mut [u64]) {
+fn hash_into<S: State, const GROUP: usize>(tokens: &[u32], bs: usize, seed: u64, out: &mut [u64]) {
     let keys = Keys { lane1: S::new(C1), a: S::new(A), b: S::new(B), f1: S::new(F1), f2: S::new(F2), f3: S::new(F3) };
     // Lane 0's start depends only on the seed and the length: once per call, not per block.
     let start = S::new((seed ^ C0.0, bs as u64 ^ C0.1)).round(S::new(S1)).round(S::new(S2));
@@ -187,7 +189,7 @@ impl State for Portable {
 
 #[cfg(target_arch = "x86_64")]
 mod ni {
-    use super::{hash_into, Pair, State};
+    use super::{hash_into, Pair, State, GROUP};
     use std::arch::x86_64::*;
 
     /// A state in an XMM register. Private to this module, whose only use of it is
@@ -230,7 +232,7 @@ mod ni {
 
     #[target_feature(enable = "aes")]
     pub(super) fn hash_blocks(tokens: &[u32], block_size: usize, seed: u64, out: &mut [u64]) {
-        hash_into::<Ni>(tokens, block_size, seed, out)
+        hash_into::<Ni, GROUP>(tokens, block_size, seed, out)
     }
 }
 
