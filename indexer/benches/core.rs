@@ -1,4 +1,5 @@
-//! Core benchmarks (criterion): apply rate with decode, and in-process scoring with hashing.
+//! Core benchmarks (criterion): apply rate with decode, in-process scoring with hashing, and
+//! key derivation alone (key recipe 3 beside recipe 2's XXH3-64 per block, in one run).
 //!
 //! `cargo bench -p kvindex --bench core`. Figures and comparisons live in BENCHMARKS.md.
 
@@ -6,9 +7,11 @@
 mod workload;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use kvindex::keys::{block_hash, PromptKeys};
 use kvindex::wire::decode_batch;
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
 use workload::{apply_payloads, fill, planted, query_tokens, MODEL};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 fn bench_apply(c: &mut Criterion) {
     let index = KvIndex::new(KvIndexConfig { block_size: 16, ..Default::default() });
@@ -55,5 +58,40 @@ fn bench_score(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_apply, bench_score);
+fn bench_keys(c: &mut Criterion) {
+    let mut g = c.benchmark_group("keys");
+    g.throughput(Throughput::Elements(512));
+    for bs in [16, 64] {
+        let mut tokens = Vec::new();
+        for id in 0..512 {
+            workload::block_tokens(id, bs, &mut tokens);
+        }
+        g.bench_function(format!("recipe 3, 512 blocks of {bs} tokens (PromptKeys::all)"), |b| {
+            b.iter(|| PromptKeys::new(&tokens, bs, None).all())
+        });
+        // What key recipe 2 computed per block: XXH3-64 of the tokens' little-endian bytes (read
+        // in place on little-endian machines, as here).
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        g.bench_function(format!("recipe 2 (XXH3-64), 512 blocks of {bs} tokens"), |b| {
+            b.iter(|| {
+                bytes
+                    .chunks_exact(bs * 4)
+                    .map(|block| xxh3_64_with_seed(block, 0x6b76_626c_6f63_6b02))
+                    .collect::<Vec<u64>>()
+            })
+        });
+        if bs == 16 {
+            g.bench_function("recipe 3 portable (no AES instructions), 512 blocks of 16 tokens", |b| {
+                b.iter(|| {
+                    let mut keys = vec![0u64; 512];
+                    block_hash::hash_blocks_portable(&tokens, 16, 1, &mut keys);
+                    keys
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_keys, bench_apply, bench_score);
 criterion_main!(benches);

@@ -1,7 +1,7 @@
 //! The index's logical content, out and back in: what snapshots persist for warm restarts.
 //!
 //! A pod's residencies are exported as *engine blocks*: the scoped engine hash a pod's events
-//! name the block by, its canonical block keys (key recipe 2: each covers only its own tokens)
+//! name the block by, its canonical block keys (key recipe 3: each covers only its own tokens)
 //! in chain order with the tiers the pod holds each in, and where its chain continues: a
 //! namespace root, or an earlier engine block of the same export, with the keys of any path
 //! between them that the pod does not hold as an engine block of its own. That is what the

@@ -20,7 +20,7 @@ use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, TierRefusal, Tiers, MAX_TIERS};
 use super::tree::{EditStats, HeldBlock, ParentKey, Pos, Stored, Tree};
 use crate::keys::extra_keys::encode_block_extras;
-use crate::keys::{block_key, namespace_of, namespace_root, BlockKey, Extras};
+use crate::keys::{block_key, block_keys, namespace_of, namespace_root, BlockKey, Extras};
 use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
 use crate::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value};
 
@@ -458,8 +458,12 @@ impl PodIngest {
         let prefix = keys.len();
         let per_block = engine_bs / ctx.block_size;
         let last_held = held.last().copied().unwrap_or(0);
+        let engine_blocks = (last_held + 1).min(tokens.len() / engine_bs);
+        // Every canonical block keyed plain in one call (several in flight), then the few with
+        // extras keyed again.
+        block_keys(&tokens[..engine_blocks * engine_bs], ctx.block_size, &mut keys);
         let mut extras = std::mem::take(&mut self.extras);
-        for (i, chunk) in tokens.chunks_exact(engine_bs).take(last_held + 1).enumerate() {
+        for i in 0..engine_blocks {
             extras.clear();
             if let Some(entry) = layout.extra_keys.as_ref().and_then(|e| e.get(i)) {
                 encode_block_extras(entry, layout.lora_name, layout.lora_id, &mut extras);
@@ -469,10 +473,11 @@ impl PodIngest {
                 // cannot reproduce that, so such blocks must never match a plain prefix.
                 extras.push_tokens(lookahead);
             }
-            for (j, sub) in chunk.chunks_exact(ctx.block_size).enumerate() {
+            if !extras.is_empty() {
                 // Extras fold into the engine block's first canonical block; the tree carries
                 // them to the rest.
-                keys.push(block_key(sub, if j == 0 { extras.as_bytes() } else { &[] }));
+                let first = &tokens[i * engine_bs..i * engine_bs + ctx.block_size];
+                keys[prefix + i * per_block] = block_key(first, extras.as_bytes());
             }
         }
         self.extras = extras;
