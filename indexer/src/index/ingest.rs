@@ -139,6 +139,8 @@ pub struct PodIngest {
     ends_scratch: Vec<(usize, u64)>,
     stores_seen: u64,
     hash_check: Verification,
+    /// Stamped by the index whenever this pod's residencies may change (see `KvIndex::pod_version`).
+    version: u64,
 }
 
 impl PodIngest {
@@ -163,7 +165,17 @@ impl PodIngest {
             ends_scratch: Vec::new(),
             stores_seen: 0,
             hash_check: Verification::default(),
+            version: 0,
         }
+    }
+
+    /// See `KvIndex::pod_version`.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub(super) fn set_version(&mut self, version: u64) {
+        self.version = version;
     }
 
     pub fn pod(&self) -> PodId {
