@@ -23,7 +23,7 @@ use rustc_hash::FxHashMap;
 use super::engine_blocks::EngineBlocks;
 use super::ingest::{GroupKind, GroupSpec, MAX_GROUPS};
 use super::tiers::{TierId, MAX_TIERS};
-use super::tree::{HeldBlock, ParentKey, Pos};
+use super::tree::{ParentKey, Pos};
 use super::KvIndex;
 use crate::keys::BlockKey;
 
@@ -135,7 +135,8 @@ impl KvIndex {
             ends.iter().enumerate().map(|(i, (_, _, last))| (last.pos, i as u32)).collect();
         // Every engine block's keys, tiers and path, into flat buffers (no allocation per block).
         let mut buf = Buffers::default();
-        let plan = |buf: &mut Buffers, &(_, count, last): &(u64, u32, HeldBlock)| -> Option<Planned> {
+        let plan = |buf: &mut Buffers, i: usize| -> Option<Planned> {
+            let (_, count, last) = ends[i];
             let from = buf.keys.len();
             buf.keys.push(last.key);
             buf.tiers.push(last.tiers);
@@ -152,8 +153,12 @@ impl KvIndex {
             let parent = loop {
                 match tree.previous(first, &guard) {
                     None => break Ok(tree.root_of(first.seg, &guard)?),
-                    Some(p) => match by_end.get(&p) {
-                        Some(&j) => break Err(j),
+                    // Usually the end just before it (a chain's blocks are listed in order).
+                    Some(p) => match (i > 0 && ends[i - 1].2.pos == p)
+                        .then(|| i as u32 - 1)
+                        .or_else(|| by_end.get(&p).copied())
+                    {
+                        Some(j) => break Err(j),
                         None => {
                             buf.paths.push(tree.key_at(p, &guard)?);
                             first = p;
@@ -165,11 +170,10 @@ impl KvIndex {
             let range = |a: usize, b: usize| (a as u32, b as u32);
             Some(Planned { keys: range(from, buf.keys.len()), path: range(path_from, buf.paths.len()), parent })
         };
-        let plans: Vec<Option<Planned>> = ends
-            .iter()
-            .map(|end| {
+        let plans: Vec<Option<Planned>> = (0..ends.len())
+            .map(|i| {
                 let (k, p) = (buf.keys.len(), buf.paths.len());
-                let planned = plan(&mut buf, end);
+                let planned = plan(&mut buf, i);
                 if planned.is_none() {
                     // A block gone under us (never the case under the pod's lock): left out.
                     buf.keys.truncate(k);
@@ -283,7 +287,8 @@ impl KvIndex {
         let mut positions = Vec::new();
         let mut keys = Vec::new();
         let mut ends = Vec::new();
-        // Blocks that an imported block continues directly: not chain ends (see `forget_end`).
+        // Blocks that a later chain continues directly: not chain ends (see `forget_end`). The
+        // blocks inside one chain's store never were (the store notes only its last one).
         let mut continued = vec![false; blocks.len()];
         let mut i = 0;
         while i < blocks.len() {
@@ -332,9 +337,6 @@ impl KvIndex {
             }
             for k in i..j {
                 let at = positions.get(k - i).copied();
-                if at.is_some() && k + 1 < j && k + 1 - i < positions.len() {
-                    continued[k] = true;
-                }
                 placed.push(at.and_then(|p| tree.first_key(p, &guard).map(|f| (p, f))));
                 if at.is_some() && all_tiers && !masks[k].1 {
                     report.blocks += 1;
