@@ -335,10 +335,10 @@ impl KvIndex {
             if let (false, ChainParent::Block(p), true) = (positions.is_empty(), block.parent, block.path.is_empty()) {
                 continued[p as usize] = true;
             }
-            for k in i..j {
-                let at = positions.get(k - i).copied();
+            for (k, &(_, lost_tier)) in masks[i..j].iter().enumerate() {
+                let at = positions.get(k).copied();
                 placed.push(at.and_then(|p| tree.first_key(p, &guard).map(|f| (p, f))));
-                if at.is_some() && all_tiers && !masks[k].1 {
+                if at.is_some() && all_tiers && !lost_tier {
                     report.blocks += 1;
                 } else {
                     report.refused += 1;
