@@ -738,7 +738,13 @@ fn start_import(state: &Arc<ServiceState>, record: StreamRecord) -> Importing {
     let cursor = record.cursor;
     let state = state.clone();
     rayon::spawn(move || {
-        restore_pod(&state, record);
+        let pod = record.pod().to_string();
+        // An import never panics; if it did, the pool must not take the process down: the pod
+        // is cleared instead (it under-reports until its blocks come again).
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| restore_pod(&state, record))).is_err() {
+            state.index().clear_pod(&pod);
+            tracing::error!(pod = %pod, "snapshot record import failed: pod cleared");
+        }
         let _ = tx.send(());
     });
     Importing { cursor, done }
