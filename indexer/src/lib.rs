@@ -21,6 +21,6 @@ pub mod vllm_hash;
 pub mod wire;
 
 pub use index::{
-    ApplyReport, BlockExport, ChainParent, GroupExport, HashCheck, ImportReport, KvIndex, KvIndexConfig, PodExport,
-    PodStats, ScoreQuery, ScoreResult, SkipReason, TierLimits,
+    ApplyReport, BlockRef, ChainParent, ColumnError, Columns, EngineBlocks, GroupExport, HashCheck, ImportReport,
+    KvIndex, KvIndexConfig, PodExport, PodStats, ScoreQuery, ScoreResult, SkipReason, TierLimits,
 };

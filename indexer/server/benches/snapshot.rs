@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use kvindex::wire::{BlockStored, EngineHash, Event, EventBatch};
 use kvindex::{KvIndex, KvIndexConfig};
-use kvindex_server::snapshot::format::{Header, StreamRecord};
+use kvindex_server::snapshot::format::{self, Header, StreamRecord};
 use kvindex_server::snapshot::store::Store;
 
 const PODS: u64 = 256;
@@ -110,19 +110,20 @@ fn main() {
     let residencies: u64 = records.iter().map(StreamRecord::residencies).sum();
     let dir = tempfile::tempdir().unwrap();
     let db = Store::open(dir.path()).unwrap();
+    let (t, c) = (Instant::now(), cpu_s());
+    let puts: Vec<(String, Vec<u8>)> = records.iter().map(|r| (r.key(), format::encode_record(r))).collect();
     let header = Header {
         recipe_version: kvindex::keys::RECIPE_VERSION,
         block_size: 16,
         created_unix_ms: 0,
-        streams: records.len() as u64,
         residencies,
+        streams: puts.iter().map(|(k, v)| (k.clone(), format::checksum_of(v).unwrap())).collect(),
     };
-    let (t, c) = (Instant::now(), cpu_s());
-    db.save(&header, &records, true).unwrap();
+    db.save(&header, &puts, &[], true).unwrap();
     db.flush().unwrap();
     let (save_s, save_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
     drop(db);
-    drop(records);
+    drop((records, puts));
     println!(
         "snapshot ({threads} threads): export {export_s:.2}s ({export_cpu:.2} CPU s), encode+write+flush {save_s:.2}s ({save_cpu:.2} CPU s), {residencies} residencies, {:.1} MB on disk ({:.2} B/residency)",
         dir_bytes(dir.path()) as f64 / 1e6,

@@ -199,7 +199,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     }
     if let Some(store) = &snapshots {
         // The sources are stopped: this snapshot is where every stream ended.
-        match snapshot::take(&state, store, true).await.and_then(|()| store.flush().map_err(|e| e.to_string())) {
+        match snapshot::take(&state, store, true).await.and_then(|()| store.flush()) {
             Ok(()) => {}
             Err(e) => tracing::error!(error = %e, "final snapshot failed"),
         }

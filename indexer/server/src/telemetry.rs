@@ -51,6 +51,7 @@ pub const GET_POD_SCORES_SECONDS: &str = "kvindex_get_pod_scores_seconds";
 pub const SNAPSHOT_WRITES: &str = "kvindex_snapshot_writes_total";
 pub const SNAPSHOT_SECONDS: &str = "kvindex_snapshot_seconds";
 pub const SNAPSHOT_BYTES: &str = "kvindex_snapshot_bytes";
+pub const SNAPSHOT_STREAMS: &str = "kvindex_snapshot_streams_total";
 pub const SNAPSHOT_RESIDENCIES: &str = "kvindex_snapshot_residencies";
 pub const SNAPSHOT_LOADS: &str = "kvindex_snapshot_loads_total";
 pub const SNAPSHOT_LOAD_ERRORS: &str = "kvindex_snapshot_load_errors_total";

@@ -295,3 +295,83 @@ fn service_graceful_restart_restores_a_hybrid_pod_with_its_groups() {
     let served: Vec<u32> = prompts.iter().map(|t| peer.score_pod("tiny", t, POD).0 as u32).collect();
     assert_eq!(served, expected, "the hybrid pod came back with its groups and residencies");
 }
+
+/// Incremental snapshots: of two pods, only the one whose stream moved has its record written
+/// again; the other's stored record is kept as it was, and still brings its pod back exactly
+/// after a SIGKILL, from a cursor the engine's replay buffer no longer reaches past.
+#[test]
+fn service_snapshots_rewrite_only_the_streams_that_moved() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pods = [("a", "busy:8000", free_port(), free_port()), ("b", "idle:8000", free_port(), free_port())];
+    let mut args = serve_args(pods[0].2, pods[0].3, dir.path());
+    let at = args.iter().position(|a| a == "--pod").unwrap();
+    args[at + 1] = format!("{},{MODEL},tcp://127.0.0.1:{},tcp://127.0.0.1:{}", pods[0].1, pods[0].2, pods[0].3);
+    args.push("--pod".into());
+    args.push(format!("{},{MODEL},tcp://127.0.0.1:{},tcp://127.0.0.1:{}", pods[1].1, pods[1].2, pods[1].3));
+    let mut server = start(&args);
+    let mut peer = Peer::start(&py);
+    for (name, pod, pub_port, replay_port) in pods {
+        peer.cmd(json!({"op": "pub_start", "name": name, "pod": pod, "bind": format!("tcp://127.0.0.1:{pub_port}"),
+            "replay": format!("tcp://127.0.0.1:{replay_port}"), "buffer_steps": 20, "topic": format!("kv@{pod}@{MODEL}")}));
+    }
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a", "b"]}))["subscribed"], true);
+    // Distinct chains per pod: b's blocks can only come back through b's own record.
+    let store = |peer: &mut Peer, name: &str, k: u32| {
+        let k = if name == "b" { 1000 + k } else { k };
+        peer.cmd(json!({"op": "store", "name": name, "chain": format!("c{k}"), "tokens": chain(k, 4)}));
+    };
+    for name in ["a", "b"] {
+        store(&mut peer, name, 0);
+    }
+    peer.wait_exact(&server, &["a", "b"], MODEL, "EXACT", 30);
+    for k in 1..25 {
+        for name in ["a", "b"] {
+            store(&mut peer, name, k);
+        }
+    }
+    peer.wait_exact(&server, &["a", "b"], MODEL, "EXACT", 30);
+    wait_snapshot(&server.http);
+    let counts = |http: &str| {
+        let streams =
+            |outcome: &str| metric(http, "kvindex_snapshot_streams_total", &[&format!("outcome=\"{outcome}\"")]) as u64;
+        (metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]) as u64, streams("written"), streams("kept"))
+    };
+    // Nothing moves: snapshots keep both records and write none.
+    let (w0, written0, kept0) = counts(&server.http);
+    wait_until("three more snapshots", 20, || (counts(&server.http).0 >= w0 + 3).then_some(()));
+    let (_, written1, kept1) = counts(&server.http);
+    assert_eq!(written1, written0, "no stream moved: no record written");
+    assert!(kept1 >= kept0 + 4, "both records kept by every snapshot ({kept0} -> {kept1})");
+    // Only a moves: its record is written again, b's is kept.
+    for k in 25..30 {
+        store(&mut peer, "a", k);
+    }
+    peer.settle(&server, &["a"]);
+    wait_snapshot(&server.http);
+    let (_, written2, kept2) = counts(&server.http);
+    assert!(written2 > written1, "a moved: its record was written");
+    let (w3, ..) = counts(&server.http);
+    wait_until("two more snapshots", 20, || (counts(&server.http).0 >= w3 + 2).then_some(()));
+    let (_, written3, kept3) = counts(&server.http);
+    assert_eq!(written3, written2, "nothing moved since");
+    assert!(kept3 > kept2);
+
+    // SIGKILL; both publishers go on while it is down (b by one batch only).
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    store(&mut peer, "a", 30);
+    store(&mut peer, "b", 25);
+    let server = start(&args);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    for name in ["a", "b"] {
+        store(&mut peer, name, 31);
+    }
+    let r = peer.wait_exact(&server, &["a", "b"], MODEL, "EXACT", 30);
+    assert_eq!(r["mismatches"], json!([]), "{r}");
+    assert_eq!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 2.0);
+    // Chains long out of both replay buffers, credited in full: b's from its kept record.
+    assert_eq!(peer.score_pod(MODEL, &chain(1002, 4), "idle:8000"), (4, "EXACT".to_string()));
+    assert_eq!(peer.score_pod(MODEL, &chain(2, 4), "busy:8000"), (4, "EXACT".to_string()));
+}

@@ -20,6 +20,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::engine_blocks::EngineBlocks;
 use super::ingest::{GroupKind, GroupSpec, MAX_GROUPS};
 use super::tiers::{TierId, MAX_TIERS};
 use super::tree::{ParentKey, Pos};
@@ -33,8 +34,8 @@ pub struct PodExport {
     pub model: String,
     /// Tier names by bit position of the masks in `blocks`.
     pub tiers: Vec<String>,
-    /// Engine blocks, every block after the one its `parent` names.
-    pub blocks: Vec<BlockExport>,
+    /// Engine blocks, every block after the one its parent names (see [`EngineBlocks`]).
+    pub blocks: EngineBlocks,
     /// What the engine said about each KV-cache group, by index (None = never seen). Empty
     /// or one full-attention group: a plain engine.
     pub groups: Vec<Option<GroupExport>>,
@@ -86,17 +87,6 @@ pub enum ChainParent {
     Block(u32),
 }
 
-/// One engine block: its scoped engine hash, where its chain continues, the block keys of the
-/// path from there that the pod does not hold through an engine block (usually none), and its
-/// canonical blocks in chain order, each with the pod's tier mask.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockExport {
-    pub engine: u64,
-    pub parent: ChainParent,
-    pub path: Vec<BlockKey>,
-    pub keys: Vec<(BlockKey, u8)>,
-}
-
 /// What an import restored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ImportReport {
@@ -109,15 +99,26 @@ pub struct ImportReport {
 impl PodExport {
     /// Canonical (block, tier) residencies, counted once per key and tier bit.
     pub fn residencies(&self) -> u64 {
-        self.blocks.iter().flat_map(|b| &b.keys).map(|(_, t)| u64::from(t.count_ones())).sum()
+        self.blocks.residencies()
     }
 }
 
-/// An engine block's export, before its parent's index is known.
+/// An export's scratch: every engine block's keys, tiers and path, one after another.
+#[derive(Default)]
+struct Buffers {
+    keys: Vec<BlockKey>,
+    tiers: Vec<u8>,
+    paths: Vec<BlockKey>,
+}
+
+/// An engine block's export, before its parent's index is known: its keys and tiers, and its
+/// path, as ranges of the [`Buffers`].
+#[derive(Clone, Copy)]
 struct Planned {
-    keys: Vec<(BlockKey, u8)>,
-    path: Vec<BlockKey>,
-    parent: Result<u64, usize>,
+    keys: (u32, u32),
+    path: (u32, u32),
+    /// The namespace root, or the end (index into the pod's engine blocks) it continues.
+    parent: Result<u64, u32>,
 }
 
 impl KvIndex {
@@ -130,63 +131,87 @@ impl KvIndex {
         let tree = &self.tree;
         let guard = tree.pin();
         let ends = state.engine_blocks(tree, &guard);
-        let by_end: FxHashMap<Pos, usize> = ends.iter().enumerate().map(|(i, (_, _, last))| (last.pos, i)).collect();
-        let plan = |i: usize| -> Option<Planned> {
+        let by_end: FxHashMap<Pos, u32> =
+            ends.iter().enumerate().map(|(i, (_, _, last))| (last.pos, i as u32)).collect();
+        // Every engine block's keys, tiers and path, into flat buffers (no allocation per block).
+        let mut buf = Buffers::default();
+        let plan = |buf: &mut Buffers, i: usize| -> Option<Planned> {
             let (_, count, last) = ends[i];
-            let mut keys = Vec::with_capacity(count as usize);
-            keys.push((last.key, last.tiers));
+            let from = buf.keys.len();
+            buf.keys.push(last.key);
+            buf.tiers.push(last.tiers);
             let mut at = last.pos;
             for _ in 1..count {
                 at = tree.previous(at, &guard)?;
-                keys.push((tree.key_at(at, &guard)?, tree.tiers_at(at, id, &guard)));
+                buf.keys.push(tree.key_at(at, &guard)?);
+                buf.tiers.push(tree.tiers_at(at, id, &guard));
             }
-            keys.reverse();
-            let mut path = Vec::new();
+            buf.keys[from..].reverse();
+            buf.tiers[from..].reverse();
+            let path_from = buf.paths.len();
             let mut first = at;
             let parent = loop {
                 match tree.previous(first, &guard) {
                     None => break Ok(tree.root_of(first.seg, &guard)?),
-                    Some(p) => match by_end.get(&p) {
-                        Some(&j) => break Err(j),
+                    // Usually the end just before it (a chain's blocks are listed in order).
+                    Some(p) => match (i > 0 && ends[i - 1].2.pos == p)
+                        .then(|| i as u32 - 1)
+                        .or_else(|| by_end.get(&p).copied())
+                    {
+                        Some(j) => break Err(j),
                         None => {
-                            path.push(tree.key_at(p, &guard)?);
+                            buf.paths.push(tree.key_at(p, &guard)?);
                             first = p;
                         }
                     },
                 }
             };
-            path.reverse();
-            Some(Planned { keys, path, parent })
+            buf.paths[path_from..].reverse();
+            let range = |a: usize, b: usize| (a as u32, b as u32);
+            Some(Planned { keys: range(from, buf.keys.len()), path: range(path_from, buf.paths.len()), parent })
         };
-        // Depth first, so that a block's parent is exported before it.
-        let mut index: Vec<Option<u32>> = vec![None; ends.len()];
-        let mut visiting = vec![false; ends.len()];
-        let mut blocks = Vec::with_capacity(ends.len());
-        for start in 0..ends.len() {
-            let mut stack = vec![start];
-            while let Some(&i) = stack.last() {
-                if index[i].is_some() {
-                    stack.pop();
-                    continue;
+        let plans: Vec<Option<Planned>> = (0..ends.len())
+            .map(|i| {
+                let (k, p) = (buf.keys.len(), buf.paths.len());
+                let planned = plan(&mut buf, i);
+                if planned.is_none() {
+                    // A block gone under us (never the case under the pod's lock): left out.
+                    buf.keys.truncate(k);
+                    buf.tiers.truncate(k);
+                    buf.paths.truncate(p);
                 }
-                visiting[i] = true;
-                let planned = plan(i);
-                let parent = match planned.as_ref().map(|p| p.parent) {
-                    Some(Ok(root)) => Some(ChainParent::Root(root)),
-                    Some(Err(j)) => match index[j] {
-                        Some(at) => Some(ChainParent::Block(at)),
-                        None if !visiting[j] => {
-                            stack.push(j);
-                            continue;
-                        }
-                        None => None, // not a chain (never the case): left out
+                planned
+            })
+            .collect();
+        // Each block after its parent: depth first from every end, parents first.
+        let mut index: Vec<Option<u32>> = vec![None; ends.len()];
+        let mut visited = vec![false; ends.len()];
+        let mut blocks = EngineBlocks::default();
+        let mut stack = Vec::new();
+        for start in 0..ends.len() {
+            let mut i = start;
+            while !visited[i] {
+                visited[i] = true;
+                stack.push(i);
+                match plans[i] {
+                    Some(Planned { parent: Err(j), .. }) => i = j as usize,
+                    _ => break,
+                }
+            }
+            while let Some(i) = stack.pop() {
+                let Some(p) = plans[i] else { continue };
+                let parent = match p.parent {
+                    Ok(root) => ChainParent::Root(root),
+                    // A parent left out, or not a chain (never the case): left out too.
+                    Err(j) => match index[j as usize] {
+                        Some(at) => ChainParent::Block(at),
+                        None => continue,
                     },
-                    None => None,
                 };
-                stack.pop();
-                if let (Some(parent), Some(p)) = (parent, planned) {
-                    index[i] = Some(blocks.len() as u32);
-                    blocks.push(BlockExport { engine: ends[i].0, parent, path: p.path, keys: p.keys });
+                let r = |(a, b): (u32, u32)| a as usize..b as usize;
+                let (path, keys, tiers) = (&buf.paths[r(p.path)], &buf.keys[r(p.keys)], &buf.tiers[r(p.keys)]);
+                if blocks.push(ends[i].0, parent, path, keys, tiers).is_ok() {
+                    index[i] = Some(blocks.len() as u32 - 1);
                 }
             }
         }
@@ -217,32 +242,36 @@ impl KvIndex {
         let remap: Vec<Option<u8>> =
             export.tiers.iter().take(MAX_TIERS).map(|n| self.tiers.intern(Some(n)).map(TierId::bit)).collect();
         let known = ((1u16 << remap.len()) - 1) as u8;
-        // Per engine block: the tiers every one of its blocks is held in, and whether a tier
-        // could not be named here.
-        let masks: Vec<(u8, bool)> = export
-            .blocks
-            .iter()
-            .map(|block| {
-                let mut lost_tier = false;
-                let mut mask = if block.keys.is_empty() { 0 } else { 0xff };
-                for &(_, m) in &block.keys {
-                    let mut tiers = 0;
-                    for (bit, to) in remap.iter().enumerate() {
-                        if m & (1 << bit) != 0 {
-                            match to {
-                                Some(to) => tiers |= to,
-                                None => lost_tier = true,
-                            }
+        // Per exported tier mask: this index's tiers, and whether a tier could not be named here.
+        let renamed: Vec<(u8, bool)> = (0..=255u8)
+            .map(|m| {
+                let mut tiers = 0;
+                let mut lost = m & !known != 0;
+                for (bit, to) in remap.iter().enumerate() {
+                    if m & (1 << bit) != 0 {
+                        match to {
+                            Some(to) => tiers |= to,
+                            None => lost = true,
                         }
                     }
-                    lost_tier |= m & !known != 0;
-                    // A tier held for only some of the engine block's blocks is left out.
-                    mask &= tiers;
                 }
-                (mask, lost_tier)
+                (tiers, lost)
+            })
+            .collect();
+        let blocks: Vec<_> = export.blocks.iter().collect();
+        // Per engine block: the tiers every one of its blocks is held in (a tier held for only
+        // some of them is left out), and whether a tier could not be named here.
+        let masks: Vec<(u8, bool)> = blocks
+            .iter()
+            .map(|block| {
+                block.tiers.iter().fold((0xff, false), |(mask, lost), &m| {
+                    let (tiers, l) = renamed[m as usize];
+                    (mask & tiers, lost | l)
+                })
             })
             .collect();
         let mut state = state.lock();
+        self.stamp(&mut state);
         // The groups first, so that no block of a hybrid pod is scored as plain.
         let groups: Vec<Option<GroupSpec>> =
             export.groups.iter().take(MAX_GROUPS).map(|g| g.as_ref().map(GroupExport::spec)).collect();
@@ -252,14 +281,14 @@ impl KvIndex {
         }
         let tree = &self.tree;
         let id = state.pod();
-        let blocks = &export.blocks;
         // Where each imported block's last block went, with its segment's first key (a check
         // that it is still the block this pod holds before a child hangs off it).
         let mut placed: Vec<Option<(Pos, u64)>> = Vec::with_capacity(blocks.len());
         let mut positions = Vec::new();
         let mut keys = Vec::new();
         let mut ends = Vec::new();
-        // Blocks that an imported block continues directly: not chain ends (see `forget_end`).
+        // Blocks that a later chain continues directly: not chain ends (see `forget_end`). The
+        // blocks inside one chain's store never were (the store notes only its last one).
         let mut continued = vec![false; blocks.len()];
         let mut i = 0;
         while i < blocks.len() {
@@ -289,10 +318,10 @@ impl KvIndex {
             };
             drop(guard);
             keys.clear();
-            keys.extend_from_slice(&block.path);
+            keys.extend_from_slice(block.path);
             ends.clear();
             for b in &blocks[i..j] {
-                keys.extend(b.keys.iter().map(|&(k, _)| k));
+                keys.extend_from_slice(b.keys);
                 ends.push((keys.len() - 1, b.engine));
             }
             positions.clear();
@@ -306,13 +335,10 @@ impl KvIndex {
             if let (false, ChainParent::Block(p), true) = (positions.is_empty(), block.parent, block.path.is_empty()) {
                 continued[p as usize] = true;
             }
-            for k in i..j {
-                let at = positions.get(k - i).copied();
-                if at.is_some() && k + 1 < j && k + 1 - i < positions.len() {
-                    continued[k] = true;
-                }
+            for (k, &(_, lost_tier)) in masks[i..j].iter().enumerate() {
+                let at = positions.get(k).copied();
                 placed.push(at.and_then(|p| tree.first_key(p, &guard).map(|f| (p, f))));
-                if at.is_some() && all_tiers && !masks[k].1 {
+                if at.is_some() && all_tiers && !lost_tier {
                     report.blocks += 1;
                 } else {
                     report.refused += 1;
@@ -473,10 +499,11 @@ mod tests {
         let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
         history(&index);
         let d = index.export_pod("d").expect("d has state");
-        assert_eq!(d.blocks.len(), 2);
-        assert!(matches!(d.blocks[0].parent, ChainParent::Root(_)));
-        assert_eq!(d.blocks[1].parent, ChainParent::Block(0));
-        assert_eq!(d.blocks[1].path.len(), 1, "202's block: path d no longer holds");
+        let blocks: Vec<_> = d.blocks.iter().collect();
+        assert_eq!(blocks.len(), 2);
+        assert!(matches!(blocks[0].parent, ChainParent::Root(_)));
+        assert_eq!(blocks[1].parent, ChainParent::Block(0));
+        assert_eq!(blocks[1].path.len(), 1, "202's block: path d no longer holds");
         assert_eq!(d.residencies(), 2);
     }
 
@@ -517,20 +544,48 @@ mod tests {
     }
 
     #[test]
-    fn malformed_parents_are_refused_not_guessed() {
+    fn a_block_whose_parent_was_refused_is_refused_too() {
         let original = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
         history(&original);
-        let mut d = original.export_pod("d").expect("d has state");
-        d.pod = "e".into();
-        for b in &mut d.blocks {
-            b.parent = ChainParent::Block(7);
+        let d = original.export_pod("d").expect("d has state");
+        // The first engine block held in no tier: nothing to restore, so its child hangs off
+        // nothing the pod holds.
+        let mut blocks = EngineBlocks::default();
+        for (k, b) in d.blocks.iter().enumerate() {
+            let tiers: Vec<u8> = b.tiers.iter().map(|&t| if k == 0 { 0 } else { t }).collect();
+            blocks.push(b.engine, b.parent, b.path, b.keys, &tiers).unwrap();
         }
-        d.blocks[0].parent = ChainParent::Block(0); // itself: not earlier
+        let e = PodExport { pod: "e".into(), blocks, ..d.clone() };
         let restored = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
-        let r = restored.import_pod(&d);
+        let r = restored.import_pod(&e);
         assert_eq!(r, ImportReport { blocks: 0, refused: d.blocks.len() as u64 });
         assert_eq!(restored.pod_stats("e").map(|s| s.blocks), Some(0));
         assert_eq!(restored.table().entries(), 0);
+    }
+
+    #[test]
+    fn a_pod_version_moves_with_every_change_and_never_comes_back() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        assert_eq!(index.pod_version("a"), None);
+        history(&index);
+        let mut seen = vec![index.pod_version("a").expect("a has state")];
+        let export = index.export_pod("a").expect("a has state");
+        assert_eq!(index.pod_version("a"), Some(seen[0]), "reading and exporting change nothing");
+        let mut changed = |index: &KvIndex| {
+            let v = index.pod_version("a").expect("a has state");
+            assert!(v > *seen.last().unwrap(), "a new version, never an old one");
+            seen.push(v);
+        };
+        index.apply("a", "m", &batch(vec![removed(&[3], None)]));
+        changed(&index);
+        index.clear_pod("a");
+        changed(&index);
+        index.import_pod(&export);
+        changed(&index);
+        assert!(index.remove_pod("a"));
+        assert_eq!(index.pod_version("a"), None);
+        index.apply("a", "m", &batch(vec![removed(&[3], None)]));
+        changed(&index);
     }
 
     /// A random history of many pods: chains sharing prefixes, branching, engine blocks of

@@ -123,6 +123,10 @@ pub struct PodIngest {
     /// (an eviction out of chain order, a tier re-announcement of an inner block), its blocks
     /// are indexed in one pass and every later store indexes its own.
     indexed: bool,
+    /// Within `restore_run`: the blocks come from an export, which names each of the pod's
+    /// engine blocks once, so a name the pod's own maps do not hold names nothing of it yet
+    /// and the engine table is not asked (see `claim`).
+    restoring: bool,
     /// Scope seed per KV-cache group.
     scopes: Vec<u64>,
     /// Per KV-cache group: what the engine said about it (None = never seen).
@@ -139,6 +143,8 @@ pub struct PodIngest {
     ends_scratch: Vec<(usize, u64)>,
     stores_seen: u64,
     hash_check: Verification,
+    /// Stamped by the index whenever this pod's residencies may change (see `KvIndex::pod_version`).
+    version: u64,
 }
 
 impl PodIngest {
@@ -152,6 +158,7 @@ impl PodIngest {
             covers: FxHashMap::default(),
             ends: FxHashMap::default(),
             indexed: false,
+            restoring: false,
             scopes: Vec::new(),
             groups: Vec::new(),
             groups_changed: false,
@@ -163,7 +170,17 @@ impl PodIngest {
             ends_scratch: Vec::new(),
             stores_seen: 0,
             hash_check: Verification::default(),
+            version: 0,
         }
+    }
+
+    /// See `KvIndex::pod_version`.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub(super) fn set_version(&mut self, version: u64) {
+        self.version = version;
     }
 
     pub fn pod(&self) -> PodId {
@@ -639,6 +656,7 @@ impl PodIngest {
                     let pos = Pos::unpack(pos);
                     (tree.first_key(pos, guard) == Some(first)).then_some(pos)
                 }
+                (None, None) if self.restoring => None,
                 (None, None) => tree.engine_block(scoped, guard),
             }
             .filter(|&p| p != last && tree.tiers_at(p, self.pod, guard) != 0);
@@ -867,7 +885,9 @@ impl PodIngest {
             && ends.iter().enumerate().all(|(j, &(end, _))| end == hold_from + (j + 1) * per_block - 1);
         let Some(first) = tiers.next().filter(|_| valid) else { return false };
         let from = placed.len();
+        self.restoring = true;
         let whole = self.store_run(tree, &guard, first, parent, keys, hold_from, ends, per_block, Some(placed));
+        self.restoring = false;
         let Some(&last) = placed[from..].last() else { return false };
         let mut all = whole == ends.len();
         for tier in tiers {

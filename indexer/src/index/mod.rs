@@ -8,6 +8,7 @@
 //! There is no I/O, async or clock here: the service shell decides when to apply, clear or
 //! drop a pod, and this type does it exactly.
 
+pub mod engine_blocks;
 pub mod export;
 pub mod hybrid;
 pub mod ingest;
@@ -17,7 +18,7 @@ pub mod score;
 pub mod tiers;
 pub mod tree;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch, Atomic, Owned};
@@ -34,7 +35,8 @@ use crate::keys::{namespace_of, namespace_root, PromptKeys};
 use crate::vllm_hash::Verification;
 use crate::wire::EventBatch;
 
-pub use self::export::{BlockExport, ChainParent, GroupExport, ImportReport, PodExport};
+pub use self::engine_blocks::{BlockRef, ColumnError, Columns, EngineBlocks};
+pub use self::export::{ChainParent, GroupExport, ImportReport, PodExport};
 pub use self::ingest::HashCheck;
 pub use self::report::{ApplyReport, SkipReason};
 pub use self::tiers::TierLimits;
@@ -107,6 +109,8 @@ pub struct KvIndex {
     plans: Atomic<FxHashMap<PodId, GroupPlan>>,
     plans_writer: Mutex<()>,
     any_plan: AtomicBool,
+    /// The last version stamped on a pod (see `pod_version`).
+    versions: AtomicU64,
 }
 
 impl Drop for KvIndex {
@@ -129,6 +133,7 @@ impl KvIndex {
             plans: Atomic::new(FxHashMap::default()),
             plans_writer: Mutex::new(()),
             any_plan: AtomicBool::new(false),
+            versions: AtomicU64::new(0),
             config,
         }
     }
@@ -177,7 +182,9 @@ impl KvIndex {
             drop(old);
             self.publish_plan(id, None);
         }
-        let state = Arc::new(Mutex::new(PodIngest::new(id, Arc::from(model))));
+        let mut fresh = PodIngest::new(id, Arc::from(model));
+        self.stamp(&mut fresh);
+        let state = Arc::new(Mutex::new(fresh));
         states.insert(id, state.clone());
         Some(state)
     }
@@ -188,6 +195,7 @@ impl KvIndex {
             return ApplyReport::default();
         };
         let mut state = state.lock();
+        self.stamp(&mut state);
         // A hybrid engine's groups must be known before any of its blocks can be scored, so
         // the batch's group specs are published first.
         state.note_groups(self.config.block_size, batch);
@@ -222,7 +230,25 @@ impl KvIndex {
     pub fn clear_pod(&self, pod: &str) -> u64 {
         let Some(id) = self.pods.get(pod) else { return 0 };
         let state = self.states.read().get(&id).cloned();
-        state.map_or(0, |s| s.lock().clear(&self.tree))
+        state.map_or(0, |s| {
+            let mut s = s.lock();
+            self.stamp(&mut s);
+            s.clear(&self.tree)
+        })
+    }
+
+    /// A number that changes whenever what `pod` holds may have changed (an applied batch, a
+    /// clear, an import; a pod forgotten and seen again gets a new one), and never comes back.
+    /// A snapshot that exported `pod` at this version holds exactly what it holds now.
+    pub fn pod_version(&self, pod: &str) -> Option<u64> {
+        let id = self.pods.get(pod)?;
+        let state = self.states.read().get(&id).cloned()?;
+        let version = state.lock().version();
+        Some(version)
+    }
+
+    fn stamp(&self, state: &mut PodIngest) {
+        state.set_version(self.versions.fetch_add(1, Ordering::Relaxed) + 1);
     }
 
     /// Clears `pod` and forgets its state. Returns whether it was known.

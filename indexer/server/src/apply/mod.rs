@@ -23,13 +23,23 @@ use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::SkipReason;
 
 use crate::config::pod;
-use crate::snapshot::format::StreamRecord;
+use crate::snapshot::format::{self, StreamRecord};
+use crate::snapshot::{Captured, HeldMap};
 use crate::state::ServiceState;
 use crate::status::StreamDebug;
 use crate::telemetry as m;
 use crate::transport::{escape, escape_bytes, ConnId, Peer, Source};
 
 const TICK: Duration = Duration::from_millis(100);
+/// How often a worker looks for finished imports while any is running.
+const IMPORT_POLL: Duration = Duration::from_millis(2);
+
+/// A pod's snapshot record being imported off the worker (see `start_import`).
+struct Importing {
+    /// The record's cursor (a snapshot meanwhile keeps the stored record).
+    cursor: u64,
+    done: std::sync::mpsc::Receiver<()>,
+}
 
 struct Stream {
     seq: Sequencer<Bytes>,
@@ -51,6 +61,10 @@ struct Stream {
     restore: Option<StreamRecord>,
     /// The record's cursor, until the sequencer has been resumed from it.
     resume_at: Option<u64>,
+    /// The record, being imported on the import pool: until it is done, this stream's steps
+    /// wait in `waiting`, in order, so nothing touches the pod before its record is in.
+    importing: Option<Importing>,
+    waiting: Vec<Step<Bytes>>,
     /// Central mode: the source address this stream's topic is bound to.
     bound: Option<Source>,
     /// Messages dropped because they came from another source.
@@ -76,7 +90,7 @@ impl Stream {
         state.status().add(&pod);
         tracing::info!(pod = %pod, model = %model, mode, "new source");
         // A record for another model is of no use: the pod's blocks are in another namespace.
-        let restore = state.restored().take(&pod).filter(|r| r.model == *model && r.rank == key.rank);
+        let restore = state.restored().take(&pod).filter(|r| r.model() == &*model && r.rank == key.rank);
         let resume_at = restore.as_ref().map(|r| r.cursor);
         Stream {
             seq,
@@ -94,6 +108,8 @@ impl Stream {
             conflicts: 0,
             restore,
             resume_at,
+            importing: None,
+            waiting: Vec::new(),
         }
     }
 
@@ -153,6 +169,8 @@ pub struct Worker {
     /// This worker's share of `max_sources`.
     max_streams: usize,
     refused: u64,
+    /// Streams whose snapshot record is being imported.
+    imports: usize,
 }
 
 impl Worker {
@@ -171,6 +189,7 @@ impl Worker {
             duplicates: counter!(m::DUPLICATES),
             max_streams: state.config().max_sources.div_ceil(state.config().apply_workers),
             refused: 0,
+            imports: 0,
             state,
         }
     }
@@ -190,7 +209,11 @@ impl Worker {
             while let Some(w) = self.deferred.pop_front() {
                 self.handle(w);
             }
-            let timeout = next_tick.saturating_duration_since(Instant::now());
+            let mut timeout = next_tick.saturating_duration_since(Instant::now());
+            if self.imports > 0 {
+                self.finish_imports();
+                timeout = timeout.min(IMPORT_POLL);
+            }
             match rx.recv_timeout(timeout) {
                 Ok(Work::Stop) => return,
                 Ok(w) => {
@@ -248,6 +271,11 @@ impl Worker {
                 let mut any = !keys.is_empty();
                 for k in keys {
                     if let Some(st) = self.streams.remove(&k) {
+                        if let Some(import) = &st.importing {
+                            // The import must not land after the pod is gone.
+                            let _ = import.done.recv();
+                            self.imports -= 1;
+                        }
                         if st.startup_sync.is_some() {
                             self.state.readiness().sync_finished();
                         }
@@ -260,8 +288,8 @@ impl Worker {
                 self.state.end_speculation(&pod, "removed");
                 let _ = done.send(any);
             }
-            Work::Snapshot { reply } => {
-                let _ = reply.send(self.snapshot_records());
+            Work::Snapshot { held, reply } => {
+                let _ = reply.send(self.snapshot_records(&held));
             }
             Work::Stop => {}
         }
@@ -465,11 +493,20 @@ impl Worker {
         let state = self.state.clone();
         for step in steps.drain(..) {
             let Some(st) = self.streams.get_mut(key) else { return };
+            if st.importing.is_some() {
+                st.waiting.push(step);
+                continue;
+            }
             match step {
-                Step::Apply { seq: _, batch } => {
+                Step::Apply { seq, batch } => {
                     if let Some(record) = st.restore.take() {
                         // The stream continued from the snapshot's cursor: its residencies hold.
-                        restore_pod(&state, record);
+                        // They are imported on the import pool (every core), and this batch and
+                        // the stream's next steps wait for them.
+                        st.importing = Some(start_import(&state, record));
+                        st.waiting.push(Step::Apply { seq, batch });
+                        self.imports += 1;
+                        continue;
                     }
                     let report = match current {
                         // The batch this call decoded: do not decode it again.
@@ -557,6 +594,29 @@ impl Worker {
         }
     }
 
+    /// Carries on with the streams whose snapshot import has finished: their waiting steps run.
+    fn finish_imports(&mut self) {
+        let done: Vec<StreamKey> = self
+            .streams
+            .iter()
+            .filter(|(_, st)| {
+                st.importing.as_ref().is_some_and(|i| {
+                    // Disconnected: the import's thread is gone (it cannot be, short of a bug),
+                    // and the stream goes on with what was imported.
+                    !matches!(i.done.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty))
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in done {
+            let Some(st) = self.streams.get_mut(&key) else { continue };
+            st.importing = None;
+            self.imports -= 1;
+            let mut steps = std::mem::take(&mut st.waiting);
+            self.execute(&key, &mut steps, None);
+        }
+    }
+
     fn tick(&mut self) {
         let now = self.state.now_ms();
         let keys: Vec<StreamKey> = self.streams.keys().cloned().collect();
@@ -624,16 +684,37 @@ impl Worker {
 
 impl Worker {
     /// This worker's streams for a snapshot: each pod's residencies at its last applied seq,
-    /// or, for a stream still waiting to prove its snapshot record, that record again.
-    fn snapshot_records(&self) -> Vec<StreamRecord> {
+    /// or, for a stream still waiting to prove its snapshot record, that record again. A stream
+    /// whose stored record (`held`) is still exact (same cursor, the pod unchanged since it was
+    /// exported) is not exported again.
+    fn snapshot_records(&self, held: &HeldMap) -> Vec<Captured> {
         let mut out = Vec::with_capacity(self.streams.len());
+        let index = self.state.index();
         for (key, st) in &self.streams {
+            let skey = format::stream_key(&key.base, key.rank);
+            let stored = held.get(&skey);
+            if let Some(import) = &st.importing {
+                // Its record is going in: the stored one stands (none is, if it was not stored).
+                if stored.is_some_and(|h| h.cursor == import.cursor) {
+                    out.push(Captured::Kept { key: skey });
+                }
+                continue;
+            }
             if let Some(record) = &st.restore {
-                out.push(record.clone());
+                if stored.is_some_and(|h| h.cursor == record.cursor) {
+                    out.push(Captured::Kept { key: skey });
+                } else {
+                    out.push(Captured::Fresh { key: skey, version: None, record: Box::new(record.clone()) });
+                }
                 continue;
             }
             let Some(cursor) = st.seq.last_seq() else { continue };
-            let index = self.state.index();
+            // Read before the export: a change in between makes the next snapshot export again.
+            let version = index.pod_version(&st.pod);
+            if stored.is_some_and(|h| h.cursor == cursor && version.is_some() && h.version == version) {
+                out.push(Captured::Kept { key: skey });
+                continue;
+            }
             let export = index.export_pod(&st.pod).unwrap_or_else(|| kvindex::PodExport {
                 pod: st.pod.to_string(),
                 model: st.model.to_string(),
@@ -642,15 +723,36 @@ impl Worker {
             if export.model != *st.model {
                 continue;
             }
-            out.push(StreamRecord::new(&key.base, key.rank, cursor, export));
+            let record = StreamRecord::new(&key.base, key.rank, cursor, export);
+            out.push(Captured::Fresh { key: skey, version, record: Box::new(record) });
         }
         out
     }
 }
 
+/// Imports a pod's snapshot record on the import pool (rayon's: one thread per core), so that
+/// the pods of one worker's streams come back on every core, and the worker goes on with its
+/// other streams meanwhile. The receiver hears when it is done.
+fn start_import(state: &Arc<ServiceState>, record: StreamRecord) -> Importing {
+    let (tx, done) = std::sync::mpsc::channel();
+    let cursor = record.cursor;
+    let state = state.clone();
+    rayon::spawn(move || {
+        let pod = record.pod().to_string();
+        // An import never panics; if it did, the pool must not take the process down: the pod
+        // is cleared instead (it under-reports until its blocks come again).
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| restore_pod(&state, record))).is_err() {
+            state.index().clear_pod(&pod);
+            tracing::error!(pod = %pod, "snapshot record import failed: pod cleared");
+        }
+        let _ = tx.send(());
+    });
+    Importing { cursor, done }
+}
+
 /// Imports a pod's snapshot record into the index (its stream has just proven continuity).
 fn restore_pod(state: &ServiceState, record: StreamRecord) {
-    let (pod, cursor) = (record.pod.clone(), record.cursor);
+    let (pod, cursor) = (record.pod().to_string(), record.cursor);
     let report = state.index().import_pod(&record.into_export());
     counter!(m::SNAPSHOT_RESTORES, "outcome" => "imported").increment(1);
     tracing::info!(

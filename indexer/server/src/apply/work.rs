@@ -70,9 +70,11 @@ pub enum Work {
         pod: String,
         done: tokio::sync::oneshot::Sender<bool>,
     },
-    /// Export every stream's pod and cursor for a snapshot (`crate::snapshot`).
+    /// Export the pod and cursor of every stream that moved since the stored snapshot
+    /// (`held`) for a snapshot (`crate::snapshot`).
     Snapshot {
-        reply: tokio::sync::oneshot::Sender<Vec<crate::snapshot::format::StreamRecord>>,
+        held: std::sync::Arc<crate::snapshot::HeldMap>,
+        reply: tokio::sync::oneshot::Sender<Vec<crate::snapshot::Captured>>,
     },
     /// The server is shutting down: the worker returns.
     Stop,

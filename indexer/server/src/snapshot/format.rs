@@ -1,143 +1,161 @@
-//! The snapshot's records, as stored: versioned, checksummed, and logical.
+//! The snapshot's records, as stored: versioned, checksummed, logical and columnar.
 //!
 //! Every value is `KVS` + format version (u8) + XXH3-64 of the body (little-endian) + body, the
-//! body being MessagePack of a record below. A record holds what the events established (a
-//! pod's engine blocks as prefix keys, scoped engine hashes and tier names; see
-//! `kvindex::index::export`) and where its stream stood (the last applied seq), never the
-//! in-memory layout and never token ids. Keys are only valid under the key recipe they were
-//! made with, so the header records `kvindex::keys::RECIPE_VERSION` and the block size, and a
-//! snapshot made under another is not loaded.
+//! body being MessagePack of a record below. A stream record holds where its stream stood (the
+//! last applied seq) and what its pod held there (`kvindex::PodExport`: engine blocks as block
+//! keys, scoped engine hashes, parent links and tier masks; the pod's KV-cache groups), never
+//! the in-memory layout and never token ids. The engine blocks are stored as columns
+//! (`kvindex::Columns`), each one MessagePack byte string of little-endian integers, so decoding
+//! copies each column once and then checks every length, count and parent link
+//! (`EngineBlocks::from_columns`), instead of allocating per block. Keys are only valid under
+//! the key recipe they were made with, so the header records `kvindex::keys::RECIPE_VERSION`
+//! and the block size, and a snapshot made under another is not loaded.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use xxhash_rust::xxh3::xxh3_64;
 
-use kvindex::{BlockExport, ChainParent, GroupExport, PodExport};
+use kvindex::{Columns, EngineBlocks, GroupExport, PodExport};
 
 /// Bumped on any change to the records below or their framing.
 /// Version 2: engine blocks carry block keys of key recipe 2 and where their chain continues
 /// (the chain tree of issue 13), instead of version 1's chained prefix keys.
-/// Version 3: stream records end with the pod's KV-cache groups (hybrid engines). A version 2
-/// record reads as one without groups: a plain engine, the only kind version 2 recorded.
-pub const FORMAT_VERSION: u8 = 3;
-/// Older versions this build still reads.
-const READS_ALSO: &[u8] = &[2];
+/// Version 3: stream records end with the pod's KV-cache groups (hybrid engines).
+/// Version 4: engine blocks as columns; one key per stream (`stream/<rank>/<pod>`), so a
+/// snapshot rewrites only the records of streams that moved, and a header that lists every
+/// record with its checksum. Older versions are refused (a clean start): a snapshot made by a
+/// build of key recipe 2 could not be loaded under recipe 3 anyway.
+pub const FORMAT_VERSION: u8 = 4;
 const MAGIC: &[u8; 3] = b"KVS";
 const HEADER: usize = 3 + 1 + 8;
 
-/// The snapshot as a whole: what it was made under, and what it holds.
+/// The snapshot as a whole: what it was made under, and which records it holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Header {
     pub recipe_version: u32,
     pub block_size: u64,
     pub created_unix_ms: u64,
-    /// Stream records written with this header (a load that finds fewer is truncated).
-    pub streams: u64,
     pub residencies: u64,
+    /// Every stream record of this snapshot, by key, with its value's checksum: a load that
+    /// finds another set (a record lost, damaged, or left from another snapshot) is refused.
+    pub streams: Vec<(String, u64)>,
 }
 
 /// One stream's pod: where its sequence stood, and what the pod held at that seq.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamRecord {
     /// The stream: its rank-0 pod id and DP rank.
     pub base: String,
     pub rank: u32,
-    /// The DP-resolved pod the residencies belong to.
-    pub pod: String,
-    pub model: String,
     /// The last seq applied to the residencies below.
     pub cursor: u64,
-    pub tiers: Vec<String>,
-    /// Engine blocks, each after the one it continues.
-    pub blocks: Vec<BlockRecord>,
-    /// The engine's KV-cache groups by index (None = never seen); empty in version 2.
-    #[serde(default)]
-    pub groups: Vec<Option<GroupRecord>>,
+    /// The DP-resolved pod's residencies at `cursor`.
+    pub export: PodExport,
 }
 
-/// One KV-cache group (see `kvindex::index::export::GroupExport`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GroupRecord {
-    pub kind: String,
-    pub window: u32,
-    pub block_tokens: u32,
-}
-
-/// One engine block (see `kvindex::index::export::BlockExport`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BlockRecord {
-    /// Scoped engine hash.
-    pub engine: u64,
-    /// The namespace root the chain hangs off, or the index of the earlier block it continues.
-    pub root: Option<u64>,
-    pub parent: Option<u32>,
-    /// Block keys of the path between the parent and this block that the pod does not hold.
-    pub path: Vec<u64>,
-    /// (block key, tier mask) in chain order.
-    pub keys: Vec<(u64, u8)>,
+/// The store key of a stream's record: the rank first, so no pod name can be read as another.
+pub fn stream_key(base: &str, rank: u32) -> String {
+    format!("stream/{rank}/{base}")
 }
 
 impl StreamRecord {
     pub fn new(base: &str, rank: u32, cursor: u64, export: PodExport) -> Self {
-        StreamRecord {
-            base: base.to_string(),
-            rank,
-            pod: export.pod,
-            model: export.model,
-            cursor,
-            tiers: export.tiers,
-            blocks: export
-                .blocks
-                .into_iter()
-                .map(|b| {
-                    let (root, parent) = match b.parent {
-                        ChainParent::Root(r) => (Some(r), None),
-                        ChainParent::Block(i) => (None, Some(i)),
-                    };
-                    BlockRecord { engine: b.engine, root, parent, path: b.path, keys: b.keys }
-                })
-                .collect(),
-            groups: export
-                .groups
-                .into_iter()
-                .map(|g| g.map(|g| GroupRecord { kind: g.kind, window: g.window, block_tokens: g.block_tokens }))
-                .collect(),
-        }
+        StreamRecord { base: base.to_string(), rank, cursor, export }
     }
 
-    pub fn export(&self) -> PodExport {
-        self.clone().into_export()
+    pub fn key(&self) -> String {
+        stream_key(&self.base, self.rank)
     }
 
-    /// The residencies as the index imports them, without copying the blocks.
+    /// The DP-resolved pod the residencies belong to.
+    pub fn pod(&self) -> &str {
+        &self.export.pod
+    }
+
+    pub fn model(&self) -> &str {
+        &self.export.model
+    }
+
+    /// The residencies as the index imports them.
     pub fn into_export(self) -> PodExport {
-        PodExport {
-            pod: self.pod,
-            model: self.model,
-            tiers: self.tiers,
-            blocks: self
-                .blocks
-                .into_iter()
-                .map(|b| BlockExport {
-                    engine: b.engine,
-                    parent: match (b.root, b.parent) {
-                        (Some(r), _) => ChainParent::Root(r),
-                        (None, p) => ChainParent::Block(p.unwrap_or(u32::MAX)),
-                    },
-                    path: b.path,
-                    keys: b.keys,
-                })
-                .collect(),
-            groups: self
-                .groups
-                .into_iter()
-                .map(|g| g.map(|g| GroupExport { kind: g.kind, window: g.window, block_tokens: g.block_tokens }))
-                .collect(),
-        }
+        self.export
     }
 
     pub fn residencies(&self) -> u64 {
-        self.blocks.iter().flat_map(|b| &b.keys).map(|(_, t)| u64::from(t.count_ones())).sum()
+        self.export.residencies()
     }
+}
+
+/// A stream record as MessagePack sees it: the columns are byte strings.
+#[derive(Serialize, Deserialize)]
+struct WireRecord<'a> {
+    base: String,
+    rank: u32,
+    pod: String,
+    model: String,
+    cursor: u64,
+    tiers: Vec<String>,
+    /// The engine's KV-cache groups by index (None = never seen): kind, window, block tokens.
+    groups: Vec<Option<(String, u32, u32)>>,
+    #[serde(borrow)]
+    blocks: WireColumns<'a>,
+}
+
+/// `kvindex::Columns`, each column little-endian (u64, u32 or u8 per entry).
+#[derive(Serialize, Deserialize)]
+struct WireColumns<'a> {
+    #[serde(serialize_with = "bin")]
+    engines: &'a [u8],
+    #[serde(serialize_with = "bin")]
+    parents: &'a [u8],
+    #[serde(serialize_with = "bin")]
+    roots: &'a [u8],
+    #[serde(serialize_with = "bin")]
+    counts: &'a [u8],
+    #[serde(serialize_with = "bin")]
+    keys: &'a [u8],
+    #[serde(serialize_with = "bin")]
+    tiers: &'a [u8],
+    #[serde(serialize_with = "bin")]
+    path_blocks: &'a [u8],
+    #[serde(serialize_with = "bin")]
+    path_lens: &'a [u8],
+    #[serde(serialize_with = "bin")]
+    path_keys: &'a [u8],
+}
+
+/// A byte string, not an array of numbers (serde writes `&[u8]` as a sequence by default).
+fn bin<S: Serializer>(bytes: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bytes(bytes)
+}
+
+fn le64(v: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 8);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+fn le32(v: &[u32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+fn read64(bytes: &[u8], column: &str) -> Result<Vec<u64>, FormatError> {
+    if !bytes.len().is_multiple_of(8) {
+        return Err(FormatError::Decode(format!("column {column}: {} bytes, not whole u64s", bytes.len())));
+    }
+    Ok(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+}
+
+fn read32(bytes: &[u8], column: &str) -> Result<Vec<u32>, FormatError> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(FormatError::Decode(format!("column {column}: {} bytes, not whole u32s", bytes.len())));
+    }
+    Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
 }
 
 /// Why a stored value was refused.
@@ -153,6 +171,8 @@ pub enum FormatError {
     Checksum,
     #[error("undecodable record: {0}")]
     Decode(String),
+    #[error("inconsistent engine blocks: {0}")]
+    Columns(#[from] kvindex::ColumnError),
 }
 
 impl FormatError {
@@ -164,105 +184,205 @@ impl FormatError {
             FormatError::Version { .. } => "version",
             FormatError::Checksum => "checksum",
             FormatError::Decode(_) => "decode",
+            FormatError::Columns(_) => "columns",
         }
     }
 }
 
-pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
-    let body = rmp_serde::to_vec(record).expect("snapshot records always serialize");
+fn frame(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER + body.len());
     out.extend_from_slice(MAGIC);
     out.push(FORMAT_VERSION);
-    out.extend_from_slice(&xxh3_64(&body).to_le_bytes());
-    out.extend_from_slice(&body);
+    out.extend_from_slice(&xxh3_64(body).to_le_bytes());
+    out.extend_from_slice(body);
     out
 }
 
-pub fn decode<T: for<'de> Deserialize<'de>>(value: &[u8]) -> Result<T, FormatError> {
+/// The body of a framed value, once its magic, version and checksum are right.
+fn unframe(value: &[u8]) -> Result<&[u8], FormatError> {
     if value.len() < HEADER {
         return Err(FormatError::Truncated(value.len()));
     }
     if &value[..3] != MAGIC {
         return Err(FormatError::BadMagic);
     }
-    if value[3] != FORMAT_VERSION && !READS_ALSO.contains(&value[3]) {
+    if value[3] != FORMAT_VERSION {
         return Err(FormatError::Version { found: value[3] });
     }
-    let sum = u64::from_le_bytes(value[4..HEADER].try_into().expect("8 bytes"));
     let body = &value[HEADER..];
-    if xxh3_64(body) != sum {
+    if Some(xxh3_64(body)) != checksum_of(value) {
         return Err(FormatError::Checksum);
     }
-    rmp_serde::from_slice(body).map_err(|e| FormatError::Decode(e.to_string()))
+    Ok(body)
+}
+
+/// The checksum a framed value carries (not verified; see [`decode`]).
+pub fn checksum_of(value: &[u8]) -> Option<u64> {
+    value.get(4..HEADER).map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+}
+
+/// A header (or any other small record), framed.
+pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+    frame(&rmp_serde::to_vec(record).expect("snapshot records always serialize"))
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(value: &[u8]) -> Result<T, FormatError> {
+    rmp_serde::from_slice(unframe(value)?).map_err(|e| FormatError::Decode(e.to_string()))
+}
+
+/// A stream record, framed, its engine blocks as columns.
+pub fn encode_record(record: &StreamRecord) -> Vec<u8> {
+    let e = &record.export;
+    let c = e.blocks.columns();
+    let (engines, parents, roots, counts) = (le64(&c.engines), le32(&c.parents), le64(&c.roots), le32(&c.counts));
+    let (keys, path_blocks, path_lens, path_keys) =
+        (le64(&c.keys), le32(&c.path_blocks), le32(&c.path_lens), le64(&c.path_keys));
+    let wire = WireRecord {
+        base: record.base.clone(),
+        rank: record.rank,
+        pod: e.pod.clone(),
+        model: e.model.clone(),
+        cursor: record.cursor,
+        tiers: e.tiers.clone(),
+        groups: e.groups.iter().map(|g| g.as_ref().map(|g| (g.kind.clone(), g.window, g.block_tokens))).collect(),
+        blocks: WireColumns {
+            engines: &engines,
+            parents: &parents,
+            roots: &roots,
+            counts: &counts,
+            keys: &keys,
+            tiers: &c.tiers,
+            path_blocks: &path_blocks,
+            path_lens: &path_lens,
+            path_keys: &path_keys,
+        },
+    };
+    encode(&wire)
+}
+
+/// A stream record, verified (framing, checksum) and checked (every column against the others).
+pub fn decode_record(value: &[u8]) -> Result<StreamRecord, FormatError> {
+    let wire: WireRecord<'_> =
+        rmp_serde::from_slice(unframe(value)?).map_err(|e| FormatError::Decode(e.to_string()))?;
+    let w = &wire.blocks;
+    let columns = Columns {
+        engines: read64(w.engines, "engines")?,
+        parents: read32(w.parents, "parents")?,
+        roots: read64(w.roots, "roots")?,
+        counts: read32(w.counts, "counts")?,
+        keys: read64(w.keys, "keys")?,
+        tiers: w.tiers.to_vec(),
+        path_blocks: read32(w.path_blocks, "path_blocks")?,
+        path_lens: read32(w.path_lens, "path_lens")?,
+        path_keys: read64(w.path_keys, "path_keys")?,
+    };
+    let export = PodExport {
+        pod: wire.pod,
+        model: wire.model,
+        tiers: wire.tiers,
+        blocks: EngineBlocks::from_columns(columns)?,
+        groups: wire
+            .groups
+            .into_iter()
+            .map(|g| g.map(|(kind, window, block_tokens)| GroupExport { kind, window, block_tokens }))
+            .collect(),
+    };
+    Ok(StreamRecord { base: wire.base, rank: wire.rank, cursor: wire.cursor, export })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvindex::ChainParent;
 
     fn record() -> StreamRecord {
-        StreamRecord {
-            base: "p".into(),
-            rank: 0,
+        let mut blocks = EngineBlocks::default();
+        blocks.push(9, ChainParent::Root(4), &[], &[1, 2], &[1, 1]).unwrap();
+        blocks.push(10, ChainParent::Block(0), &[3], &[5], &[3]).unwrap();
+        let export = PodExport {
             pod: "p".into(),
             model: "m".into(),
-            cursor: 7,
-            tiers: vec!["GPU".into()],
-            blocks: vec![BlockRecord {
-                engine: 9,
-                root: None,
-                parent: Some(0),
-                path: vec![3],
-                keys: vec![(1, 1), (2, 1)],
-            }],
-            groups: vec![None, Some(GroupRecord { kind: "sliding_window".into(), window: 64, block_tokens: 32 })],
-        }
+            tiers: vec!["GPU".into(), "CPU".into()],
+            blocks,
+            groups: vec![None, Some(GroupExport { kind: "sliding_window".into(), window: 64, block_tokens: 32 })],
+        };
+        StreamRecord::new("p", 0, 7, export)
     }
 
     #[test]
     fn round_trips_and_refuses_every_damaged_form() {
-        let bytes = encode(&record());
-        assert_eq!(decode::<StreamRecord>(&bytes).unwrap(), record());
-        assert_eq!(decode::<StreamRecord>(&bytes[..5]), Err(FormatError::Truncated(5)));
+        let bytes = encode_record(&record());
+        assert_eq!(decode_record(&bytes).unwrap(), record());
+        assert_eq!(decode_record(&bytes[..5]), Err(FormatError::Truncated(5)));
         let mut flipped = bytes.clone();
         *flipped.last_mut().unwrap() ^= 1;
-        assert_eq!(decode::<StreamRecord>(&flipped), Err(FormatError::Checksum));
+        assert_eq!(decode_record(&flipped), Err(FormatError::Checksum));
         let mut version = bytes.clone();
         version[3] = 99;
-        assert_eq!(decode::<StreamRecord>(&version), Err(FormatError::Version { found: 99 }));
-        assert_eq!(decode::<StreamRecord>(b"XYZ\x01\0\0\0\0\0\0\0\0"), Err(FormatError::BadMagic));
+        assert_eq!(decode_record(&version), Err(FormatError::Version { found: 99 }));
+        assert_eq!(decode_record(b"XYZ\x01\0\0\0\0\0\0\0\0"), Err(FormatError::BadMagic));
         let cut = &bytes[..bytes.len() - 3];
-        assert_eq!(decode::<StreamRecord>(cut), Err(FormatError::Checksum));
+        assert_eq!(decode_record(cut), Err(FormatError::Checksum));
+        for old in [1, 2, 3] {
+            let mut v = bytes.clone();
+            v[3] = old;
+            assert_eq!(decode_record(&v), Err(FormatError::Version { found: old }), "format {old} is refused");
+        }
+    }
+
+    /// A record whose checksum is right but whose columns lie (a bug, or a hostile writer):
+    /// refused, never imported.
+    #[test]
+    fn a_well_framed_record_with_inconsistent_columns_is_refused() {
+        let r = record();
+        let c = r.export.blocks.columns();
+        let (engines, roots, keys, path_keys) = (le64(&c.engines), le64(&c.roots), le64(&c.keys), le64(&c.path_keys));
+        let wire = |parents: &[u32], counts: &[u32], ragged: bool| {
+            let (parents, counts, pb, pl) = (le32(parents), le32(counts), le32(&c.path_blocks), le32(&c.path_lens));
+            let engines = if ragged { &engines[..engines.len() - 1] } else { &engines[..] };
+            encode(&WireRecord {
+                base: "p".into(),
+                rank: 0,
+                pod: "p".into(),
+                model: "m".into(),
+                cursor: 7,
+                tiers: vec![],
+                groups: vec![],
+                blocks: WireColumns {
+                    engines,
+                    parents: &parents,
+                    roots: &roots,
+                    counts: &counts,
+                    keys: &keys,
+                    tiers: &c.tiers,
+                    path_blocks: &pb,
+                    path_lens: &pl,
+                    path_keys: &path_keys,
+                },
+            })
+        };
+        assert!(decode_record(&wire(&c.parents, &c.counts, false)).is_ok());
+        let refused = |v: Vec<u8>| decode_record(&v).map_err(|e| e.label());
+        assert_eq!(refused(wire(&[0, 2], &c.counts, false)), Err("columns"), "a parent after the block");
+        assert_eq!(refused(wire(&[0, 0], &c.counts, false)), Err("columns"), "a root the roots lack");
+        assert_eq!(refused(wire(&c.parents, &[2, 2], false)), Err("columns"), "more keys than stored");
+        assert_eq!(refused(wire(&c.parents, &[u32::MAX, 1], false)), Err("columns"));
+        assert_eq!(refused(wire(&c.parents, &c.counts, true)), Err("decode"), "a ragged column");
+        // A column of another type where bytes belong.
+        let body = rmp_serde::to_vec(&("p", 0, "p", "m", 7, Vec::<String>::new(), (), [1u8, 2, 3])).unwrap();
+        assert_eq!(decode_record(&frame(&body)).map_err(|e| e.label()), Err("decode"));
     }
 
     #[test]
-    fn a_version_2_record_reads_as_a_plain_engine() {
-        // Version 2's stream record: the same fields, without the groups.
-        #[derive(Serialize)]
-        struct V2 {
-            base: String,
-            rank: u32,
-            pod: String,
-            model: String,
-            cursor: u64,
-            tiers: Vec<String>,
-            blocks: Vec<BlockRecord>,
-        }
-        let r = record();
-        let v2 = V2 {
-            base: r.base.clone(),
-            rank: r.rank,
-            pod: r.pod.clone(),
-            model: r.model.clone(),
-            cursor: r.cursor,
-            tiers: r.tiers.clone(),
-            blocks: r.blocks.clone(),
+    fn headers_round_trip() {
+        let h = Header {
+            recipe_version: 2,
+            block_size: 16,
+            created_unix_ms: 1,
+            residencies: 3,
+            streams: vec![(stream_key("p", 0), 5)],
         };
-        let mut bytes = encode(&v2);
-        bytes[3] = 2;
-        let read: StreamRecord = decode(&bytes).unwrap();
-        assert_eq!(read, StreamRecord { groups: vec![], ..r });
-        bytes[3] = 1;
-        assert_eq!(decode::<StreamRecord>(&bytes), Err(FormatError::Version { found: 1 }));
+        assert_eq!(decode::<Header>(&encode(&h)).unwrap(), h);
+        assert_eq!(stream_key("a/b", 1), "stream/1/a/b");
     }
 }

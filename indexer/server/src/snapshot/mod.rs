@@ -3,7 +3,9 @@
 //!
 //! A snapshot is taken by the apply workers themselves, between two batches of each stream, so
 //! every pod's residencies are exactly those of its cursor. Workers export into memory; encoding
-//! and the RocksDB write run on a blocking thread, off the ingest path.
+//! and the RocksDB write run on a blocking thread, off the ingest path. It is incremental: a
+//! stream whose cursor and pod are where the stored record has them (`KvIndex::pod_version`)
+//! keeps that record, unexported and unwritten; only the streams that moved are exported again.
 //!
 //! Loading never makes the index claim anything unproven. The loaded records wait in
 //! [`Restored`]; a stream picks its pod's record up when it starts, resumes its sequencer from
@@ -55,33 +57,83 @@ impl Restored {
     fn fill(&self, records: Vec<StreamRecord>) {
         let mut map = self.records.lock();
         for r in records {
-            map.insert(r.pod.clone(), r);
+            map.insert(r.pod().to_string(), r);
         }
     }
 
-    fn cloned(&self) -> Vec<StreamRecord> {
-        self.records.lock().values().cloned().collect()
+    /// The store keys of the records no stream has asked for yet.
+    fn keys(&self) -> Vec<String> {
+        self.records.lock().values().map(StreamRecord::key).collect()
     }
 
-    /// Records no stream asked for: their engines did not come back in time.
-    fn drain(&self) -> Vec<StreamRecord> {
-        self.records.lock().drain().map(|(_, r)| r).collect()
+    /// Forgets the records no stream asked for: their engines did not come back in time.
+    fn drain(&self) -> usize {
+        self.records.lock().drain().count()
+    }
+}
+
+/// What the store holds for a stream: whether it is still exact, and what it adds up to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// The record's cursor.
+    pub cursor: u64,
+    /// The pod's `KvIndex::pod_version` when this process exported it (None: loaded).
+    pub version: Option<u64>,
+    checksum: u64,
+    residencies: u64,
+}
+
+/// Every stored stream record, by store key.
+pub type HeldMap = HashMap<String, Held>;
+
+/// A stream's part in a snapshot, as its apply worker captured it.
+#[derive(Debug)]
+pub enum Captured {
+    /// The stored record is still exact: same cursor, the pod unchanged since its export.
+    Kept { key: String },
+    /// A new record (`version`: the pod's version it was exported at).
+    Fresh { key: String, version: Option<u64>, record: Box<StreamRecord> },
+}
+
+/// The snapshot store, and what it holds now.
+pub struct Snapshots {
+    store: Store,
+    /// Held under the lock for a whole snapshot: one snapshot at a time, each starting from
+    /// what the last one left.
+    held: tokio::sync::Mutex<HeldMap>,
+}
+
+impl Snapshots {
+    /// Flushes memtables to files (graceful shutdown), so the next start reads no WAL.
+    pub fn flush(&self) -> Result<(), String> {
+        self.store.flush().map_err(|e| e.to_string())
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 }
 
 /// Opens the store at the configured directory and loads its snapshot into `state`'s
 /// [`Restored`]. Any refusal starts clean (and recreates the store); only an unusable
 /// directory is an error.
-pub fn open(state: &ServiceState) -> Result<Option<Arc<Store>>, String> {
+pub fn open(state: &ServiceState) -> Result<Option<Arc<Snapshots>>, String> {
     let Some(dir) = state.config().snapshot_dir.clone() else { return Ok(None) };
     let started = Instant::now();
     let recipe = kvindex::keys::RECIPE_VERSION;
     let block_size = state.config().block_size as u64;
     let opened = Store::open(&dir).and_then(|s| s.load(recipe, block_size).map(|l| (s, l)));
+    let mut held = HeldMap::new();
     let store = match opened {
         Ok((store, Some(loaded))) => {
             let streams = loaded.streams.len();
             let residencies = loaded.header.residencies;
+            let sums: HashMap<&str, u64> = loaded.header.streams.iter().map(|(k, s)| (k.as_str(), *s)).collect();
+            for r in &loaded.streams {
+                let key = r.key();
+                let checksum = sums.get(key.as_str()).copied().unwrap_or(0);
+                held.insert(key, Held { cursor: r.cursor, version: None, checksum, residencies: r.residencies() });
+            }
             state.restored().fill(loaded.streams);
             counter!(m::SNAPSHOT_LOADS, "outcome" => "loaded").increment(1);
             histogram!(m::SNAPSHOT_LOAD_SECONDS).record(started.elapsed().as_secs_f64());
@@ -106,56 +158,98 @@ pub fn open(state: &ServiceState) -> Result<Option<Arc<Store>>, String> {
             Store::recreate(&dir)?
         }
     };
-    Ok(Some(Arc::new(store)))
+    Ok(Some(Arc::new(Snapshots { store, held: tokio::sync::Mutex::new(held) })))
 }
 
-/// Takes a snapshot now: every worker exports its streams, then one atomic write (synced to
-/// disk for the `final_snapshot` of a graceful shutdown).
-pub async fn take(state: &Arc<ServiceState>, store: &Arc<Store>, final_snapshot: bool) -> Result<(), String> {
+/// Takes a snapshot now: every worker exports the streams that moved since the stored
+/// snapshot, then one atomic write (synced to disk for the `final_snapshot` of a graceful
+/// shutdown) replaces their records, deletes those of streams that are gone and keeps the rest.
+pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_snapshot: bool) -> Result<(), String> {
+    let mut held = snapshots.held.lock().await;
     let started = Instant::now();
-    let mut streams = Vec::new();
+    let shared = Arc::new(held.clone());
+    let mut captured = Vec::new();
     for worker in 0..state.queues().workers() {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if !state.queues().send(worker, Work::Snapshot { reply: tx }).await {
+        if !state.queues().send(worker, Work::Snapshot { held: shared.clone(), reply: tx }).await {
             return Err("an apply worker is gone".into());
         }
-        streams.extend(rx.await.map_err(|_| "an apply worker stopped during the snapshot".to_string())?);
+        captured.extend(rx.await.map_err(|_| "an apply worker stopped during the snapshot".to_string())?);
     }
-    let captured = started.elapsed();
-    // Records of pods whose streams have not started: carried into the final snapshot (a quick
+    let capture = started.elapsed();
+    // Records of pods whose streams have not started: kept in the final snapshot (a quick
     // restart keeps them), dropped from periodic ones (a pod gone for one interval is gone).
-    let unclaimed = if final_snapshot { state.restored().cloned() } else { state.restored().drain() };
-    let unclaimed_count = unclaimed.len();
-    if final_snapshot {
-        streams.extend(unclaimed);
-    }
-    let header = Header {
-        recipe_version: kvindex::keys::RECIPE_VERSION,
-        block_size: state.config().block_size as u64,
-        created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-        streams: streams.len() as u64,
-        residencies: streams.iter().map(StreamRecord::residencies).sum(),
+    let unclaimed = if final_snapshot {
+        let keys = state.restored().keys();
+        let n = keys.len();
+        captured.extend(keys.into_iter().map(|key| Captured::Kept { key }));
+        n
+    } else {
+        state.restored().drain()
     };
-    let store = store.clone();
-    let count = streams.len();
-    let residencies = header.residencies;
-    let bytes = tokio::task::spawn_blocking(move || store.save(&header, &streams, final_snapshot))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| {
-            counter!(m::SNAPSHOT_WRITES, "outcome" => "error").increment(1);
-            e.to_string()
-        })?;
+    let mut next = HeldMap::with_capacity(captured.len());
+    let mut fresh = Vec::new();
+    for c in captured {
+        match c {
+            Captured::Kept { key } => {
+                if let Some(h) = held.get(&key) {
+                    next.insert(key, *h);
+                }
+            }
+            Captured::Fresh { key, version, record } => fresh.push((key, version, record)),
+        }
+    }
+    let (kept, written) = (next.len(), fresh.len());
+    let fresh_keys: std::collections::HashSet<&str> = fresh.iter().map(|(k, _, _)| k.as_str()).collect();
+    let deletes: Vec<String> =
+        held.keys().filter(|k| !next.contains_key(*k) && !fresh_keys.contains(k.as_str())).cloned().collect();
+    drop(fresh_keys);
+    let deleted = deletes.len();
+    let block_size = state.config().block_size as u64;
+    let snaps = snapshots.clone();
+    let write = tokio::task::spawn_blocking(move || {
+        let mut puts = Vec::with_capacity(fresh.len());
+        for (key, version, record) in fresh {
+            let value = format::encode_record(&record);
+            let checksum = format::checksum_of(&value).unwrap_or(0);
+            next.insert(
+                key.clone(),
+                Held { cursor: record.cursor, version, checksum, residencies: record.residencies() },
+            );
+            puts.push((key, value));
+        }
+        let mut streams: Vec<(String, u64)> = next.iter().map(|(k, h)| (k.clone(), h.checksum)).collect();
+        streams.sort_unstable();
+        let header = Header {
+            recipe_version: kvindex::keys::RECIPE_VERSION,
+            block_size,
+            created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            residencies: next.values().map(|h| h.residencies).sum(),
+            streams,
+        };
+        let bytes = snaps.store.save(&header, &puts, &deletes, final_snapshot)?;
+        Ok::<_, rocksdb::Error>((bytes, header.residencies, next))
+    });
+    let (bytes, residencies, next) = write.await.map_err(|e| e.to_string())?.map_err(|e| {
+        counter!(m::SNAPSHOT_WRITES, "outcome" => "error").increment(1);
+        e.to_string()
+    })?;
+    *held = next;
+    // The streams before the write count: a reader that sees a write sees its streams.
+    counter!(m::SNAPSHOT_STREAMS, "outcome" => "written").increment(written as u64);
+    counter!(m::SNAPSHOT_STREAMS, "outcome" => "kept").increment(kept as u64);
     counter!(m::SNAPSHOT_WRITES, "outcome" => "ok").increment(1);
     histogram!(m::SNAPSHOT_SECONDS).record(started.elapsed().as_secs_f64());
     gauge!(m::SNAPSHOT_BYTES).set(bytes as f64);
     gauge!(m::SNAPSHOT_RESIDENCIES).set(residencies as f64);
     tracing::info!(
-        streams = count,
+        written,
+        kept,
+        deleted,
         residencies,
         bytes,
-        unclaimed = unclaimed_count,
-        capture_ms = captured.as_millis() as u64,
+        unclaimed,
+        capture_ms = capture.as_millis() as u64,
         total_ms = started.elapsed().as_millis() as u64,
         "snapshot written"
     );
@@ -163,7 +257,7 @@ pub async fn take(state: &Arc<ServiceState>, store: &Arc<Store>, final_snapshot:
 }
 
 /// Snapshots every `snapshot_interval` until `stop`.
-pub async fn periodic(state: Arc<ServiceState>, store: Arc<Store>, mut stop: watch::Receiver<bool>) {
+pub async fn periodic(state: Arc<ServiceState>, snapshots: Arc<Snapshots>, mut stop: watch::Receiver<bool>) {
     let every = Duration::from_millis(state.config().snapshot_interval_ms);
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     loop {
@@ -174,7 +268,7 @@ pub async fn periodic(state: Arc<ServiceState>, store: Arc<Store>, mut stop: wat
         if stopping {
             return;
         }
-        if let Err(e) = take(&state, &store, false).await {
+        if let Err(e) = take(&state, &snapshots, false).await {
             tracing::warn!(error = %e, "snapshot failed");
         }
     }

@@ -1,21 +1,22 @@
-//! The snapshot's RocksDB: one header key and one key per stream, replaced whole by one
-//! atomic write batch, so a reader sees one snapshot or the previous one, never a mix.
+//! The snapshot's RocksDB: one header key and one key per stream. A snapshot rewrites the
+//! records of the streams that moved, deletes those of streams that are gone and replaces the
+//! header, in one atomic write batch, so a reader sees one snapshot or the previous one, never
+//! a mix.
 //!
 //! RocksDB checksums its own blocks; our values carry their own (see [`super::format`]), and the
-//! header says how many stream records it was written with, so a store that lost records, was
-//! damaged, or was written by another format or key recipe is refused as a whole.
+//! header lists every stream record with its checksum, so a store that lost records, holds one
+//! it should not, was damaged, or was written by another format or key recipe is refused as a
+//! whole.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{Options, WriteBatch, WriteOptions, DB};
 
-#[cfg(test)]
-use super::format::BlockRecord;
 use super::format::{self, FormatError, Header, StreamRecord};
 
 const HEADER_KEY: &[u8] = b"header";
 const STREAM_PREFIX: &[u8] = b"stream/";
-const STREAM_END: &[u8] = b"stream0"; // '0' follows '/'
 
 /// Why a stored snapshot was not loaded. The service then starts clean.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,8 @@ pub enum LoadError {
     BlockSize { found: u64, expected: u64 },
     #[error("snapshot truncated: header says {expected} streams, found {found}")]
     Truncated { expected: u64, found: u64 },
+    #[error("snapshot record {key} is not one its header lists")]
+    Stray { key: String },
 }
 
 impl LoadError {
@@ -44,6 +47,7 @@ impl LoadError {
             LoadError::Recipe { .. } => "recipe",
             LoadError::BlockSize { .. } => "block_size",
             LoadError::Truncated { .. } => "truncated",
+            LoadError::Stray { .. } => "stray",
         }
     }
 }
@@ -104,32 +108,51 @@ impl Store {
         if header.block_size != block_size {
             return Err(LoadError::BlockSize { found: header.block_size, expected: block_size });
         }
-        let mut values = Vec::new();
+        let listed: HashMap<&str, u64> = header.streams.iter().map(|(k, sum)| (k.as_str(), *sum)).collect();
+        let expected = header.streams.len() as u64;
+        if listed.len() as u64 != expected {
+            return Err(LoadError::Format {
+                key: "header".into(),
+                source: FormatError::Decode("a stream listed twice".into()),
+            });
+        }
+        let mut values = Vec::with_capacity(header.streams.len());
         for item in self.db.prefix_iterator(STREAM_PREFIX) {
             let (key, value) = item.map_err(|e| LoadError::Read(e.to_string()))?;
             if !key.starts_with(STREAM_PREFIX) {
                 break;
             }
+            // Only the records the header lists, each with the checksum it was listed with.
+            let name = String::from_utf8_lossy(&key);
+            if listed.get(name.as_ref()).is_none_or(|&sum| format::checksum_of(&value) != Some(sum)) {
+                return Err(LoadError::Stray { key: name.into_owned() });
+            }
             values.push((key, value));
         }
-        let streams = decode_all(&values)?;
-        if streams.len() as u64 != header.streams {
-            return Err(LoadError::Truncated { expected: header.streams, found: streams.len() as u64 });
+        if values.len() as u64 != expected {
+            return Err(LoadError::Truncated { expected, found: values.len() as u64 });
         }
+        let streams = decode_all(&values)?;
         Ok(Some(Loaded { header, streams }))
     }
 
-    /// Replaces the stored snapshot with `streams` in one atomic write; returns bytes written.
-    pub fn save(&self, header: &Header, streams: &[StreamRecord], sync: bool) -> Result<u64, rocksdb::Error> {
+    /// Makes the stored snapshot `header`'s, in one atomic write: `puts` (key, encoded record)
+    /// are written, `deletes` removed, the records neither names stay. Returns bytes written.
+    pub fn save(
+        &self,
+        header: &Header,
+        puts: &[(String, Vec<u8>)],
+        deletes: &[String],
+        sync: bool,
+    ) -> Result<u64, rocksdb::Error> {
         let mut batch = WriteBatch::default();
-        batch.delete_range(STREAM_PREFIX, STREAM_END);
+        for key in deletes {
+            batch.delete(key.as_bytes());
+        }
         let mut bytes = 0u64;
-        for (i, s) in streams.iter().enumerate() {
-            // Numbered, not named: pod names are peer-chosen strings, and the order is ours.
-            let key = [STREAM_PREFIX, format!("{i:010}").as_bytes()].concat();
-            let value = format::encode(s);
+        for (key, value) in puts {
             bytes += value.len() as u64;
-            batch.put(key, value);
+            batch.put(key.as_bytes(), value);
         }
         let value = format::encode(header);
         bytes += value.len() as u64;
@@ -161,7 +184,7 @@ fn decode_all(values: &[KeyValue]) -> Result<Vec<StreamRecord>, LoadError> {
                 scope.spawn(move || {
                     part.iter()
                         .map(|(key, value)| {
-                            format::decode(value).map_err(|source| LoadError::Format {
+                            format::decode_record(value).map_err(|source| LoadError::Format {
                                 key: String::from_utf8_lossy(key).into_owned(),
                                 source,
                             })
@@ -182,44 +205,59 @@ fn decode_all(values: &[KeyValue]) -> Result<Vec<StreamRecord>, LoadError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvindex::{ChainParent, EngineBlocks, PodExport};
 
-    fn header(streams: u64) -> Header {
-        Header { recipe_version: 1, block_size: 16, created_unix_ms: 1, streams, residencies: 2 }
+    fn record(pod: &str, cursor: u64) -> StreamRecord {
+        let mut blocks = EngineBlocks::default();
+        blocks.push(5, ChainParent::Root(7), &[], &[10], &[1]).unwrap();
+        let export =
+            PodExport { pod: pod.into(), model: "m".into(), tiers: vec!["GPU".into()], blocks, groups: vec![] };
+        StreamRecord::new(pod, 0, cursor, export)
     }
 
-    fn record(pod: &str) -> StreamRecord {
-        StreamRecord {
-            base: pod.into(),
-            rank: 0,
-            pod: pod.into(),
-            model: "m".into(),
-            cursor: 3,
-            tiers: vec!["GPU".into()],
-            blocks: vec![BlockRecord { engine: 5, root: Some(7), parent: None, path: vec![], keys: vec![(10, 1)] }],
-            groups: vec![],
-        }
+    /// Writes `records` and deletes `deletes` as one snapshot whose header lists `listed`.
+    fn save(store: &Store, listed: &[&StreamRecord], records: &[&StreamRecord], deletes: &[&str]) {
+        let puts: Vec<(String, Vec<u8>)> = records.iter().map(|r| (r.key(), format::encode_record(r))).collect();
+        let streams =
+            listed.iter().map(|r| (r.key(), format::checksum_of(&format::encode_record(r)).unwrap())).collect();
+        let header = Header { recipe_version: 1, block_size: 16, created_unix_ms: 1, residencies: 1, streams };
+        let deletes: Vec<String> = deletes.iter().map(|d| format::stream_key(d, 0)).collect();
+        store.save(&header, &puts, &deletes, false).unwrap();
     }
 
     #[test]
-    fn saves_replace_the_previous_snapshot_whole() {
+    fn a_snapshot_rewrites_what_moved_and_keeps_the_rest() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         assert!(store.load(1, 16).unwrap().is_none());
-        store.save(&header(2), &[record("a"), record("b")], false).unwrap();
-        store.save(&header(1), &[record("c")], true).unwrap();
+        let (a, b, c) = (record("a", 1), record("b", 1), record("c", 1));
+        save(&store, &[&a, &b, &c], &[&a, &b, &c], &[]);
+        // b moved, c is gone, a stays as it was stored.
+        let b2 = record("b", 2);
+        save(&store, &[&a, &b2], &[&b2], &["c"]);
         drop(store);
         let store = Store::open(dir.path()).unwrap();
-        let loaded = store.load(1, 16).unwrap().unwrap();
-        assert_eq!(loaded.streams, vec![record("c")]);
+        let mut loaded = store.load(1, 16).unwrap().unwrap().streams;
+        loaded.sort_by(|x, y| x.base.cmp(&y.base));
+        assert_eq!(loaded, vec![a.clone(), b2]);
         assert!(matches!(store.load(2, 16), Err(LoadError::Recipe { found: 1, expected: 2 })));
         assert!(matches!(store.load(1, 32), Err(LoadError::BlockSize { .. })));
     }
 
     #[test]
-    fn a_header_promising_more_streams_than_stored_is_truncated() {
+    fn records_the_header_does_not_list_as_stored_refuse_the_snapshot() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        store.save(&header(3), &[record("a")], false).unwrap();
-        assert!(matches!(store.load(1, 16), Err(LoadError::Truncated { expected: 3, found: 1 })));
+        let (a, b) = (record("a", 1), record("b", 1));
+        // The header promises b; it is not there.
+        save(&store, &[&a, &b], &[&a], &[]);
+        assert!(matches!(store.load(1, 16), Err(LoadError::Truncated { expected: 2, found: 1 })));
+        // b is there, but not the b the header lists (another snapshot's).
+        let b2 = record("b", 2);
+        save(&store, &[&a, &b2], &[&b], &[]);
+        assert!(matches!(store.load(1, 16), Err(LoadError::Stray { .. })));
+        // A record the header does not list at all.
+        save(&store, &[&a], &[&b], &[]);
+        assert_eq!(store.load(1, 16).map(|_| ()).unwrap_err().label(), "stray");
     }
 }
