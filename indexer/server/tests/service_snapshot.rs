@@ -210,6 +210,9 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
     assert_eq!(metric(&server.http, "kvindex_snapshot_loads_total", &["outcome=\"refused\""]), 1.0);
     assert!(metric(&server.http, "kvindex_snapshot_load_errors_total", &[]) >= 1.0);
+    // Ready means the start-up replay is over and the subscription is up: a store sent before
+    // that can fall between the replay's answer and the live stream (ZeroMQ's slow joiner).
+    wait_until("ready", 20, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
     peer.cmd(json!({"op": "store", "name": "a", "chain": "next2", "tokens": chain(98, 1)}));
     settle(&mut peer, &server.http, 30);
     peer.check(&["a"], MODEL);
