@@ -446,14 +446,14 @@ async fn rss_phase(entries: u64) -> (u64, u64, u64, f64, f64) {
         tokio::time::sleep(Duration::from_millis(250)).await;
         n = server.metric("kvindex_index_entries", "");
     }
+    // Read at the fill, before the publishers stop: their disconnects clear their pods.
+    let secs = start.elapsed().as_secs_f64();
+    let (rss, bytes) = (rss_kib(pid), server.metric("kvindex_index_bytes", ""));
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let secs = start.elapsed().as_secs_f64();
-    let n = server.metric("kvindex_index_entries", "") as u64;
-    (n, before, rss_kib(pid), server.metric("kvindex_index_bytes", ""), secs)
+    (n as u64, before, rss, bytes, secs)
 }
 
 fn main() {
