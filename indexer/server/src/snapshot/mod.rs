@@ -256,13 +256,15 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
     Ok(())
 }
 
-/// Snapshots every `snapshot_interval` until `stop`.
+/// Snapshots every `snapshot_interval` until `stop`. The interval counts from the end of the
+/// previous snapshot, not on a fixed clock: a snapshot that takes longer than the interval (a
+/// large index on busy cores) is never followed at once by another, so ingest always gets a
+/// whole interval between two.
 pub async fn periodic(state: Arc<ServiceState>, snapshots: Arc<Snapshots>, mut stop: watch::Receiver<bool>) {
     let every = Duration::from_millis(state.config().snapshot_interval_ms);
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     loop {
         let stopping = tokio::select! {
-            _ = ticks.tick() => false,
+            _ = tokio::time::sleep(every) => false,
             _ = stop.wait_for(|s| *s) => true,
         };
         if stopping {
