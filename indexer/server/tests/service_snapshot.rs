@@ -96,6 +96,12 @@ fn first_batch(peer: &mut Peer, http: &str) {
     assert_eq!(settle(peer, http, 30), "EXACT");
 }
 
+/// Waits until the restarted server has subscribed again: a message published before that is
+/// lost to ZeroMQ's slow joiner, and if it is the stream's last, the server never learns of it.
+fn resubscribed(peer: &mut Peer, names: &[&str]) {
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": names, "fresh": true}))["subscribed"], true);
+}
+
 fn ingest(peer: &mut Peer, from: u32, to: u32) {
     for k in from..to {
         peer.cmd(json!({"op": "store", "name": "a", "chain": format!("c{k}"), "tokens": chain(k, 4)}));
@@ -138,6 +144,7 @@ fn service_warm_restart_after_sigkill_catches_up_exactly_from_the_snapshot() {
     while source(&server.http).is_none_or(|s| s["state"] == "REPLAYING" || s["state"] == "CONNECTING") {
         peer.check(&["a"], MODEL);
     }
+    resubscribed(&mut peer, &["a"]);
     ingest(&mut peer, 40, 42);
     assert_eq!(settle(&mut peer, &server.http, 30), "EXACT", "{:?}", source(&server.http));
     let r = peer.check(&["a"], MODEL);
@@ -163,6 +170,7 @@ fn service_warm_restart_with_a_too_short_replay_buffer_degrades_without_false_po
 
     let server = start(&args);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    resubscribed(&mut peer, &["a"]);
     ingest(&mut peer, 30, 31);
     assert_eq!(settle(&mut peer, &server.http, 30), "DEGRADED");
     let r = peer.check(&["a"], MODEL);
@@ -185,6 +193,7 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     server = start(&args);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
     wait_until("ready", 20, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
+    resubscribed(&mut peer, &["a"]);
     peer.check(&["a"], MODEL);
     // The next message proves the stream continued from the cursor; the pod comes back whole.
     peer.cmd(json!({"op": "store", "name": "a", "chain": "next", "tokens": chain(99, 1)}));
@@ -213,6 +222,7 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     // Ready means the start-up replay is over and the subscription is up: a store sent before
     // that can fall between the replay's answer and the live stream (ZeroMQ's slow joiner).
     wait_until("ready", 20, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
+    resubscribed(&mut peer, &["a"]);
     peer.cmd(json!({"op": "store", "name": "a", "chain": "next2", "tokens": chain(98, 1)}));
     settle(&mut peer, &server.http, 30);
     peer.check(&["a"], MODEL);
@@ -290,6 +300,7 @@ fn service_graceful_restart_restores_a_hybrid_pod_with_its_groups() {
 
     let server = start(&args);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    resubscribed(&mut peer, &["a"]);
     for (k, p) in after.iter().enumerate() {
         publish(&mut peer, before.len() + k, p);
     }
@@ -368,6 +379,7 @@ fn service_snapshots_rewrite_only_the_streams_that_moved() {
     store(&mut peer, "b", 25);
     let server = start(&args);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    resubscribed(&mut peer, &["a", "b"]);
     for name in ["a", "b"] {
         store(&mut peer, name, 31);
     }

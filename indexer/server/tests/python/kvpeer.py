@@ -176,8 +176,13 @@ class Publisher:
             else:
                 self.router.send_multipart([ident, b"", END_SEQ, b""])
 
-    def wait_sub(self, timeout):
+    def wait_sub(self, timeout, fresh=False):
+        """Waits for a subscription. `fresh`: a new one, from a restarted server (the first
+        server's was consumed by the first wait), so nothing published from here on is lost to
+        ZeroMQ's slow joiner."""
         deadline = time.time() + timeout
+        if fresh:
+            self.subscribed = False
         while not self.subscribed and time.time() < deadline:
             if self.sock.poll(50):
                 msg = self.sock.recv()
@@ -363,8 +368,8 @@ class Peer:
         self.pubs[name] = p
         return {"endpoint": p.pub_ep, "replay_endpoint": p.replay_ep}
 
-    def op_wait_sub(self, names, timeout=20):
-        return {"subscribed": all(self.pubs[n].wait_sub(timeout) for n in names)}
+    def op_wait_sub(self, names, timeout=20, fresh=False):
+        return {"subscribed": all(self.pubs[n].wait_sub(timeout, fresh) for n in names)}
 
     def op_store(self, name, chain, tokens, start=0, n=None, drop=False, medium="GPU"):
         p = self.pubs[name]
