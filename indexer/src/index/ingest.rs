@@ -107,6 +107,11 @@ pub struct PodIngest {
     /// differently from the first holder, or a LoRA path the key does not see), with the
     /// block's segment's first key as a guard against a reused segment number.
     exceptions: FxHashMap<u64, (Pos, u64)>,
+    /// The exceptions by block (packed position → scoped engine hash): an eviction names the
+    /// block before the evicted one by it, and a scan of `exceptions` there made every removal
+    /// cost O(the pod's exceptions), which a pod hashing unlike the fleet has by the hundred
+    /// thousand.
+    exception_at: FxHashMap<u64, u64>,
     /// Engine blocks spanning several canonical blocks: how many.
     spans: FxHashMap<u64, u32>,
     /// Canonical blocks (packed positions) that more than one of this pod's engine blocks
@@ -154,6 +159,7 @@ impl PodIngest {
             model,
             segments: RoaringBitmap::new(),
             exceptions: FxHashMap::default(),
+            exception_at: FxHashMap::default(),
             spans: FxHashMap::default(),
             covers: FxHashMap::default(),
             ends: FxHashMap::default(),
@@ -675,9 +681,11 @@ impl PodIngest {
                 }
             }
             if recorded {
-                self.exceptions.remove(&scoped);
+                self.forget_exception(scoped);
             } else if let Some(first) = tree.first_key(last, guard) {
+                self.forget_exception(scoped);
                 self.exceptions.insert(scoped, (last, first));
+                self.exception_at.insert(last.pack(), scoped);
             }
             self.ends.remove(&scoped);
         }
@@ -796,7 +804,7 @@ impl PodIngest {
         }
         let (_, left) = self.release_block(tree, guard, last, count, tier_mask);
         if left == 0 {
-            self.exceptions.remove(&scoped);
+            self.forget_exception(scoped);
             self.spans.remove(&scoped);
             self.ends.remove(&scoped);
             if !tree.holds_any(last.seg, self.pod, guard) {
@@ -908,10 +916,21 @@ impl PodIngest {
     /// The scoped engine hash this pod knows the block at `pos` by: its exception's, else the
     /// block's recorded one.
     fn engine_hash_of(&self, tree: &Tree, guard: &Guard, pos: Pos) -> Option<u64> {
-        if let Some((&scoped, _)) = self.exceptions.iter().find(|(_, &(p, _))| p == pos) {
-            return Some(scoped);
+        if !self.exception_at.is_empty() {
+            if let Some(&scoped) = self.exception_at.get(&pos.pack()) {
+                return Some(scoped);
+            }
         }
         Some(tree.engine_at(pos, guard)).filter(|&e| e != 0)
+    }
+
+    /// Drops `scoped`'s exception, and its entry by block if that still names it.
+    fn forget_exception(&mut self, scoped: u64) {
+        if let Some((pos, _)) = self.exceptions.remove(&scoped) {
+            if self.exception_at.get(&pos.pack()) == Some(&scoped) {
+                self.exception_at.remove(&pos.pack());
+            }
+        }
     }
 
     /// Drops everything this pod holds: `AllBlocksCleared`, a restart, an unrecoverable gap,
@@ -921,6 +940,7 @@ impl PodIngest {
         let stats = tree.clear_pod(self.pod, self.segments.iter(), &guard);
         self.segments.clear();
         self.exceptions = FxHashMap::default();
+        self.exception_at = FxHashMap::default();
         self.spans = FxHashMap::default();
         self.covers = FxHashMap::default();
         self.ends = FxHashMap::default();
