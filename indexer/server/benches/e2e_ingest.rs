@@ -9,9 +9,22 @@
 //!    request rate (open loop) while the 64 publishers ingest at a target block-op rate.
 //!    Reports client-side p50/p99.
 //!
+//! 3. (`E2E_RSS_ENTRIES`, default 10M) The index filled over the wire: server RSS per entry.
+//! 4. (`E2E_RESTART_ENTRIES`, default off) A warm restart: 64 pods that bind their PUB and
+//!    replay ROUTER as vLLM engines do fill the index to that many entries; the server stops
+//!    gracefully (final snapshot), each pod publishes `E2E_RESTART_REPLAY` (default 4) more
+//!    batches while it is down, and the server starts again: the time from spawn to `/readyz`
+//!    (snapshot load, the short replay from each cursor, and the import of every pod).
+//!
+//! 5. (`E2E_STEADY_ENTRIES`, default off) Steady churn into an index that full, from 64 dialled
+//!    pods (`E2E_STEADY_RATE` offered block ops/s, default 1M) for `E2E_STEADY_SECS` (default
+//!    150), snapshots every `E2E_STEADY_SNAPSHOTS` seconds or none: applied block ops/s and the
+//!    server's CPU per million ops (the snapshot overhead on ingest).
+//!
 //! Run: `cargo bench -p kvindex-server --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
 //! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`,
-//! `E2E_SERVE_ARGS` = extra `serve` flags, e.g. `--snapshot-dir /tmp/s --snapshot-interval 1`).
+//! `E2E_SERVE_ARGS` = extra `serve` flags, e.g. `--snapshot-dir /tmp/s --snapshot-interval 1`,
+//! `E2E_LOG` = the server's `RUST_LOG`, default `warn`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -22,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use serde::Serialize;
-use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
@@ -87,7 +100,7 @@ impl Server {
             .args(extra)
             // Extra `serve` flags for a comparison run, e.g. E2E_SERVE_ARGS="--snapshot-dir /tmp/s".
             .args(std::env::var("E2E_SERVE_ARGS").unwrap_or_default().split_whitespace())
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -448,12 +461,307 @@ async fn rss_phase(entries: u64) -> (u64, u64, u64, f64, f64) {
     }
     // Read at the fill, before the publishers stop: their disconnects clear their pods.
     let secs = start.elapsed().as_secs_f64();
-    let (rss, bytes) = (rss_kib(pid), server.metric("kvindex_index_bytes", ""));
+    // Measured now (the `kvindex_index_bytes` gauge is refreshed every 5 s).
+    let debug: serde_json::Value = serde_json::from_str(&server.get("/debug/sources")).unwrap_or_default();
+    let (rss, bytes) = (rss_kib(pid), debug["index"]["approx_bytes"].as_f64().unwrap_or(f64::NAN));
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;
     }
     (n as u64, before, rss, bytes, secs)
+}
+
+/// What the pods of the warm-restart phase do: publish at their pace while `live`, then up to
+/// `extra` batches each (those the restarted server must replay).
+#[derive(Default)]
+struct RestartControl {
+    live: AtomicBool,
+    /// Each new conversation evicts the pod's oldest one.
+    churn: AtomicBool,
+    extra: AtomicU64,
+    /// Batches published by all pods.
+    published: AtomicU64,
+}
+
+/// A pod's published batches still in its replay buffer, by seq.
+type ReplayBuffer = Arc<std::sync::Mutex<std::collections::VecDeque<(u64, Bytes)>>>;
+
+/// Batches each restart pod keeps for replay, as vLLM's `buffer_steps` does.
+const RESTART_BUFFER: usize = 4096;
+
+/// One pod of the warm-restart phase: a PUB and a replay ROUTER bound on loopback, as a vLLM
+/// engine binds them. Returns their endpoints; the pod runs until the runtime ends.
+async fn restart_pod(id: usize, batch_every: Duration, ctl: Arc<RestartControl>) -> (String, String) {
+    let mut sock = PubSocket::new();
+    let pub_ep = sock.bind("tcp://127.0.0.1:0").await.expect("bind PUB").to_string();
+    let mut router = RouterSocket::new();
+    let replay_ep = router.bind("tcp://127.0.0.1:0").await.expect("bind ROUTER").to_string();
+    let buffer: ReplayBuffer = Arc::default();
+    let kept = buffer.clone();
+    tokio::spawn(async move {
+        while let Ok(request) = router.recv().await {
+            let frames = request.into_vec();
+            let (Some(identity), Some(start)) = (frames.first(), frames.get(2)) else { continue };
+            let Ok(start) = <[u8; 8]>::try_from(&start[..]).map(u64::from_be_bytes) else { continue };
+            let replies: Vec<(u64, Bytes)> =
+                kept.lock().unwrap().iter().filter(|(s, _)| *s >= start).cloned().collect();
+            for (seq, payload) in replies {
+                let frames = vec![identity.clone(), Bytes::new(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
+                let _ = router.send(ZmqMessage::try_from(frames).unwrap()).await;
+            }
+            let end = vec![identity.clone(), Bytes::new(), Bytes::from_static(&[0xff; 8]), Bytes::new()];
+            let _ = router.send(ZmqMessage::try_from(end).unwrap()).await;
+        }
+    });
+    let topic = Bytes::from(format!("kv@{}@{MODEL}", restart_pod_id(id)));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(batch_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut seq, mut extra, mut stores, mut parent) = (0u64, 0u64, 0u64, None);
+        let mut tokens = vec![0u32; STORE_BLOCKS * BLOCK];
+        let (mut conversation, mut resident, mut evict) =
+            (Vec::new(), std::collections::VecDeque::new(), None::<Vec<u64>>);
+        loop {
+            tick.tick().await;
+            if !ctl.live.load(Ordering::Relaxed) {
+                if extra >= ctl.extra.load(Ordering::Relaxed) {
+                    continue;
+                }
+                extra += 1;
+            }
+            let payload = if let Some(evicted) = evict.take() {
+                let evs: Vec<Removed> =
+                    evicted.iter().rev().map(|h| Removed { ty: "BlockRemoved", block_hashes: [*h], medium: "GPU" }).collect();
+                Bytes::from(rmp_serde::to_vec_named(&(now_ts(), evs, 0i64)).unwrap())
+            } else {
+                store_batch(id, &mut stores, &mut parent, &mut conversation, &mut tokens)
+            };
+            if conversation.len() == CHUNKS * STORE_BLOCKS {
+                resident.push_back(std::mem::take(&mut conversation));
+                // Churn: each new conversation evicts the oldest, so the index stays as full;
+                // tail blocks first, as vLLM frees a request's blocks.
+                if ctl.churn.load(Ordering::Relaxed) {
+                    evict = resident.pop_front();
+                }
+            }
+            {
+                let mut kept = buffer.lock().unwrap();
+                if kept.len() == RESTART_BUFFER {
+                    kept.pop_front();
+                }
+                kept.push_back((seq, payload.clone()));
+            }
+            let frames = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
+            let _ = sock.send(ZmqMessage::try_from(frames).unwrap()).await;
+            seq += 1;
+            ctl.published.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    (pub_ep, replay_ep)
+}
+
+/// The next store of a restart pod: conversations of CHUNKS chained stores, as the fill phase
+/// publishes them; `conversation` collects the current one's block hashes.
+fn store_batch(
+    id: usize,
+    stores: &mut u64,
+    parent: &mut Option<u64>,
+    conversation: &mut Vec<u64>,
+    tokens: &mut [u32],
+) -> Bytes {
+    let (conv, chunk) = (*stores / CHUNKS as u64, *stores as usize % CHUNKS);
+    *stores += 1;
+    if chunk == 0 {
+        *parent = None;
+    }
+    for (j, t) in tokens.iter_mut().enumerate() {
+        *t = ((id as u64 * 1_000_003 + conv * 7919 + (chunk * STORE_BLOCKS * BLOCK + j) as u64) % 151_000) as u32;
+    }
+    let hashes: Vec<u64> = (0..STORE_BLOCKS)
+        .map(|b| ((id as u64) << 48) ^ (conv << 16) ^ (chunk * STORE_BLOCKS + b) as u64 ^ 0x9e37_79b9_7f4a_7c15)
+        .collect();
+    let ev = Stored {
+        ty: "BlockStored",
+        block_hashes: hashes.clone(),
+        parent_block_hash: *parent,
+        token_ids: tokens,
+        block_size: BLOCK as u32,
+        lora_id: None,
+        medium: "GPU",
+        lora_name: None,
+    };
+    *parent = hashes.last().copied();
+    conversation.extend_from_slice(&hashes);
+    Bytes::from(rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap())
+}
+
+fn restart_pod_id(id: usize) -> String {
+    format!("10.8.{}.{}:8000", id / 256, id % 256)
+}
+
+struct RestartResult {
+    filled: u64,
+    fill_s: f64,
+    stop_s: f64,
+    listening_s: f64,
+    ready_s: f64,
+    load_s: f64,
+    entries_after: u64,
+    expected_after: u64,
+    imported: f64,
+    replayed: f64,
+}
+
+/// Waits until `f` holds, polling every 10 ms; false at the deadline.
+async fn poll_until(secs: u64, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// The warm-restart phase (see the module comment).
+/// `kvindex serve` (with `serve_extra` flags) over 64 dialled pods ([`restart_pod`]), filled
+/// over the wire to `entries`. Returns the server, the pods' control, the serve arguments and
+/// the fill's seconds; the pods are still publishing.
+async fn fill_dialled(
+    entries: u64,
+    rate: f64,
+    serve_extra: &[String],
+) -> (Server, Arc<RestartControl>, Vec<String>, f64) {
+    let ctl = Arc::new(RestartControl::default());
+    let batch_every = Duration::from_secs_f64(PUBLISHERS as f64 * STORE_BLOCKS as f64 / rate);
+    let mut args: Vec<String> = ["--max-entries", "100000000"].map(String::from).to_vec();
+    args.extend_from_slice(serve_extra);
+    for id in 0..PUBLISHERS {
+        let (pub_ep, replay_ep) = restart_pod(id, batch_every, ctl.clone()).await;
+        args.push("--pod".into());
+        args.push(format!("{},{MODEL},{pub_ep},{replay_ep}", restart_pod_id(id)));
+    }
+    let server = Server::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(poll_until(60, || server.get("/readyz").starts_with("ready")).await, "first start never ready");
+    let start = Instant::now();
+    ctl.live.store(true, Ordering::Relaxed);
+    let mut filled = 0;
+    assert!(
+        poll_until(600, || {
+            filled = server.metric("kvindex_index_entries", "") as u64;
+            filled >= entries
+        })
+        .await,
+        "the fill never reached {entries} entries (at {filled})"
+    );
+    (server, ctl, args, start.elapsed().as_secs_f64())
+}
+
+/// The warm-restart phase (see the module comment).
+async fn restart_phase(entries: u64, extra: u64, rate: f64) -> RestartResult {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--snapshot-interval", "3600", "--snapshot-dir", dir.path().to_str().unwrap()].map(String::from);
+    let (server, ctl, args, fill_s) = fill_dialled(entries, rate, &flags).await;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ctl.live.store(false, Ordering::Relaxed);
+    // Everything published is applied: the snapshot's cursors are the pods' last seqs.
+    let published = || ctl.published.load(Ordering::Relaxed) as f64;
+    assert!(
+        poll_until(60, || server.metric("kvindex_events_total", "") >= published()).await,
+        "the server never applied every published batch (gaps: {})",
+        server.metric("kvindex_gaps_total", "")
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await; // the entries gauge's tick
+    let filled = server.metric("kvindex_index_entries", "") as u64;
+    let stopping = Instant::now();
+    let mut server = server;
+    assert!(Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap().success());
+    assert!(server.child.wait().unwrap().success(), "kvindex serve failed its graceful stop");
+    let stop_s = stopping.elapsed().as_secs_f64();
+    let before = ctl.published.load(Ordering::Relaxed);
+    ctl.extra.store(extra, Ordering::Relaxed);
+    let target = before + extra * PUBLISHERS as u64;
+    assert!(poll_until(60, || ctl.published.load(Ordering::Relaxed) >= target).await);
+
+    let spawned = Instant::now();
+    let server = Server::start(&args);
+    let listening_s = spawned.elapsed().as_secs_f64();
+    assert!(poll_until(120, || server.get("/readyz").starts_with("ready")).await, "the restart never got ready");
+    let ready_s = spawned.elapsed().as_secs_f64();
+    // The entries gauge is refreshed on the apply workers' 100 ms tick.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    RestartResult {
+        filled,
+        fill_s,
+        stop_s,
+        listening_s,
+        ready_s,
+        load_s: server.metric("kvindex_snapshot_load_seconds_sum", ""),
+        entries_after: server.metric("kvindex_index_entries", "") as u64,
+        expected_after: ctl.published.load(Ordering::Relaxed) * STORE_BLOCKS as u64,
+        imported: server.metric("kvindex_snapshot_restored_pods_total", "outcome=\"imported\""),
+        replayed: server.metric("kvindex_replays_total", "outcome=\"filled\""),
+    }
+}
+
+/// CPU seconds process `pid` has used (user + system, every thread), from `/proc/<pid>/stat`.
+fn cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (in parentheses, may hold spaces); utime and stime are the
+    // 12th and 13th of them, in ticks of 1/100 s.
+    let f: Vec<f64> =
+        stat.rsplit_once(')').map_or("", |(_, r)| r).split_whitespace().map(|x| x.parse().unwrap_or(0.0)).collect();
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
+struct SteadyResult {
+    fill_s: f64,
+    ops_per_s: f64,
+    cpu_per_mop: f64,
+    entries: u64,
+    gaps: f64,
+    clears: f64,
+    snapshots: f64,
+    snapshot_s: f64,
+}
+
+/// Steady ingest into a full index: 64 dialled pods fill it to `entries`, then every new
+/// conversation evicts the pod's oldest (every pod moves, so each snapshot rewrites every
+/// record: the worst case). Applied block ops/s and the server's CPU per million ops over
+/// `secs`, with `serve_extra` (snapshot flags, or none).
+async fn steady_phase(entries: u64, secs: f64, rate: f64, serve_extra: &[String]) -> SteadyResult {
+    let (server, ctl, _, fill_s) = fill_dialled(entries, rate, serve_extra).await;
+    ctl.churn.store(true, Ordering::Relaxed);
+    // A conversation's worth of stores, so that evictions are flowing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pid = server.child.id();
+    let read = |s: &Server| {
+        (
+            s.metric("kvindex_blocks_total", ""),
+            cpu_s(pid),
+            s.metric("kvindex_snapshot_writes_total", "outcome=\"ok\""),
+            s.metric("kvindex_snapshot_seconds_sum", ""),
+            s.metric("kvindex_gaps_total", ""),
+            s.metric("kvindex_clears_total", ""),
+        )
+    };
+    let (ops0, cpu0, snaps0, snap_s0, gaps0, clears0) = read(&server);
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let (ops1, cpu1, snaps1, snap_s1, gaps1, clears1) = read(&server);
+    let elapsed = t.elapsed().as_secs_f64();
+    ctl.live.store(false, Ordering::Relaxed);
+    SteadyResult {
+        fill_s,
+        ops_per_s: (ops1 - ops0) / elapsed,
+        cpu_per_mop: (cpu1 - cpu0) / ((ops1 - ops0) / 1e6),
+        entries: server.metric("kvindex_index_entries", "") as u64,
+        gaps: gaps1 - gaps0,
+        clears: clears1 - clears0,
+        snapshots: snaps1 - snaps0,
+        snapshot_s: snap_s1 - snap_s0,
+    }
 }
 
 fn main() {
@@ -503,6 +811,44 @@ fn main() {
             (after.saturating_sub(before)) as f64 * 1024.0 / n as f64,
             approx / 1048576.0,
             approx / n as f64
+        );
+    }
+    let restart_entries: u64 = std::env::var("E2E_RESTART_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if restart_entries > 0 {
+        let extra: u64 = std::env::var("E2E_RESTART_REPLAY").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
+        let r = rt.block_on(restart_phase(restart_entries, extra, 500_000.0));
+        println!();
+        println!(
+            "Warm restart: {PUBLISHERS} dialled pods filled to {} entries in {:.1} s; graceful stop (final snapshot) {:.2} s; {extra} batches per pod published while down. Restart: listening after {:.2} s, /readyz after {:.2} s (snapshot load {:.2} s); {} entries back ({} blocks published, all distinct), {} pods imported, {} replays filled",
+            r.filled, r.fill_s, r.stop_s, r.listening_s, r.ready_s, r.load_s, r.entries_after, r.expected_after, r.imported, r.replayed
+        );
+    }
+    let steady_entries: u64 = std::env::var("E2E_STEADY_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if steady_entries > 0 {
+        let secs: f64 = std::env::var("E2E_STEADY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(150.0);
+        let rate: f64 = std::env::var("E2E_STEADY_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000.0);
+        let dir = tempfile::tempdir().unwrap();
+        // E2E_STEADY_SNAPSHOTS: an interval in seconds (snapshots into a fresh directory), or
+        // unset for none.
+        let flags: Vec<String> = match std::env::var("E2E_STEADY_SNAPSHOTS") {
+            Ok(every) => ["--snapshot-interval", &every, "--snapshot-dir", dir.path().to_str().unwrap()]
+                .map(String::from)
+                .to_vec(),
+            Err(_) => Vec::new(),
+        };
+        let r = rt.block_on(steady_phase(steady_entries, secs, rate, &flags));
+        println!();
+        println!(
+            "Steady churn at {} entries ({PUBLISHERS} dialled pods, offered {rate:.0} block ops/s, filled in {:.1} s), snapshots {}: {:.0} applied block ops/s over {secs:.0} s, server {:.2} CPU s per million ops; {} snapshots in the window ({:.2} s in them), {} gaps, {} pod clears",
+            r.entries,
+            r.fill_s,
+            flags.get(1).map_or("off".to_string(), |s| format!("every {s} s")),
+            r.ops_per_s,
+            r.cpu_per_mop,
+            r.snapshots,
+            r.snapshot_s,
+            r.gaps,
+            r.clears
         );
     }
     println!();

@@ -199,9 +199,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     }
     if let Some(store) = &snapshots {
         // The sources are stopped: this snapshot is where every stream ended.
-        match snapshot::take(&state, store, true).await.and_then(|()| store.flush()) {
-            Ok(()) => {}
-            Err(e) => tracing::error!(error = %e, "final snapshot failed"),
+        if let Err(e) = snapshot::take(&state, store, true).await {
+            tracing::error!(error = %e, "final snapshot failed");
         }
     }
     for worker in 0..state.queues().workers() {

@@ -21,6 +21,7 @@ use kvindex::sequencer::{Item, Reason, ReplayOutcome, Sequencer, SequencerConfig
 use kvindex::wire::{self, EventBatch};
 use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::SkipReason;
+use rayon::prelude::*;
 
 use crate::config::pod;
 use crate::snapshot::format::{self, StreamRecord};
@@ -31,6 +32,8 @@ use crate::telemetry as m;
 use crate::transport::{escape, escape_bytes, ConnId, Peer, Source};
 
 const TICK: Duration = Duration::from_millis(100);
+/// How often `kvindex_index_bytes` is measured (the other gauges follow every tick).
+const BYTES_EVERY: Duration = Duration::from_secs(5);
 /// How often a worker looks for finished imports while any is running.
 const IMPORT_POLL: Duration = Duration::from_millis(2);
 
@@ -171,6 +174,9 @@ pub struct Worker {
     refused: u64,
     /// Streams whose snapshot record is being imported.
     imports: usize,
+    /// When worker 0 next measures the index's bytes: a walk of every segment under each
+    /// shard's writer lock, too dear for every tick of a large index.
+    bytes_due: Instant,
 }
 
 impl Worker {
@@ -190,6 +196,7 @@ impl Worker {
             max_streams: state.config().max_sources.div_ceil(state.config().apply_workers),
             refused: 0,
             imports: 0,
+            bytes_due: Instant::now(),
             state,
         }
     }
@@ -669,7 +676,10 @@ impl Worker {
             let table = self.state.index().table();
             gauge!(m::INDEX_ENTRIES).set(table.entries() as f64);
             gauge!(m::INDEX_KEYS).set(table.keys() as f64);
-            gauge!(m::INDEX_BYTES).set(table.approx_bytes() as f64);
+            if Instant::now() >= self.bytes_due {
+                gauge!(m::INDEX_BYTES).set(table.approx_bytes() as f64);
+                self.bytes_due = Instant::now() + BYTES_EVERY;
+            }
             gauge!(m::QUEUE_DEPTH).set(self.state.queues().depth().max(0) as f64);
             gauge!(m::READY).set(if self.state.readiness().is_ready() { 1.0 } else { 0.0 });
             gauge!(m::PODS).set(self.state.status().pods() as f64);
@@ -689,6 +699,7 @@ impl Worker {
     /// exported) is not exported again.
     fn snapshot_records(&self, held: &HeldMap) -> Vec<Captured> {
         let mut out = Vec::with_capacity(self.streams.len());
+        let mut moved = Vec::new();
         let index = self.state.index();
         for (key, st) in &self.streams {
             let skey = format::stream_key(&key.base, key.rank);
@@ -715,17 +726,26 @@ impl Worker {
                 out.push(Captured::Kept { key: skey });
                 continue;
             }
-            let export = index.export_pod(&st.pod).unwrap_or_else(|| kvindex::PodExport {
-                pod: st.pod.to_string(),
-                model: st.model.to_string(),
-                ..Default::default()
-            });
-            if export.model != *st.model {
-                continue;
-            }
-            let record = StreamRecord::new(&key.base, key.rank, cursor, export);
-            out.push(Captured::Fresh { key: skey, version, record: Box::new(record) });
+            moved.push((skey, key, st.pod.clone(), st.model.clone(), cursor, version));
         }
+        // The moved pods are exported on every core (rayon's pool) while this worker waits: its
+        // streams apply nothing until the snapshot has them, so the pause is as short as the
+        // cores make it. Other workers' pods are not touched by these exports.
+        let exported: Vec<Captured> = moved
+            .into_par_iter()
+            .filter_map(|(skey, key, pod, model, cursor, version)| {
+                let export = index.export_pod(&pod).unwrap_or_else(|| kvindex::PodExport {
+                    pod: pod.to_string(),
+                    model: model.to_string(),
+                    ..Default::default()
+                });
+                (export.model == *model).then(|| {
+                    let record = StreamRecord::new(&key.base, key.rank, cursor, export);
+                    Captured::Fresh { key: skey, version, record: Box::new(record) }
+                })
+            })
+            .collect();
+        out.extend(exported);
         out
     }
 }

@@ -2,8 +2,9 @@
 //! embedded RocksDB ([`store`]) periodically and on graceful shutdown, and loaded at start.
 //!
 //! A snapshot is taken by the apply workers themselves, between two batches of each stream, so
-//! every pod's residencies are exactly those of its cursor. Workers export into memory; encoding
-//! and the RocksDB write run on a blocking thread, off the ingest path. It is incremental: a
+//! every pod's residencies are exactly those of its cursor. Workers export into memory, all at
+//! once, each its moved pods on every core; encoding and the RocksDB write run on a blocking
+//! thread, off the ingest path. It is incremental: a
 //! stream whose cursor and pod are where the stored record has them (`KvIndex::pod_version`)
 //! keeps that record, unexported and unwritten; only the streams that moved are exported again.
 //!
@@ -104,11 +105,6 @@ pub struct Snapshots {
 }
 
 impl Snapshots {
-    /// Flushes memtables to files (graceful shutdown), so the next start reads no WAL.
-    pub fn flush(&self) -> Result<(), String> {
-        self.store.flush().map_err(|e| e.to_string())
-    }
-
     pub fn store(&self) -> &Store {
         &self.store
     }
@@ -162,18 +158,24 @@ pub fn open(state: &ServiceState) -> Result<Option<Arc<Snapshots>>, String> {
 }
 
 /// Takes a snapshot now: every worker exports the streams that moved since the stored
-/// snapshot, then one atomic write (synced to disk for the `final_snapshot` of a graceful
-/// shutdown) replaces their records, deletes those of streams that are gone and keeps the rest.
+/// snapshot, then one atomic write, on disk when this returns ([`Store::save`]), replaces their
+/// records, deletes those of streams that are gone and keeps the rest. The `final_snapshot` of
+/// a graceful shutdown also keeps the records no stream has claimed yet.
 pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_snapshot: bool) -> Result<(), String> {
     let mut held = snapshots.held.lock().await;
     let started = Instant::now();
     let shared = Arc::new(held.clone());
-    let mut captured = Vec::new();
+    // Every worker captures its own streams at once: each pauses only for its own exports.
+    let mut replies = Vec::new();
     for worker in 0..state.queues().workers() {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if !state.queues().send(worker, Work::Snapshot { held: shared.clone(), reply: tx }).await {
             return Err("an apply worker is gone".into());
         }
+        replies.push(rx);
+    }
+    let mut captured = Vec::new();
+    for rx in replies {
         captured.extend(rx.await.map_err(|_| "an apply worker stopped during the snapshot".to_string())?);
     }
     let capture = started.elapsed();
@@ -227,7 +229,7 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
             residencies: next.values().map(|h| h.residencies).sum(),
             streams,
         };
-        let bytes = snaps.store.save(&header, &puts, &deletes, final_snapshot)?;
+        let bytes = snaps.store.save(&header, &puts, &deletes)?;
         Ok::<_, rocksdb::Error>((bytes, header.residencies, next))
     });
     let (bytes, residencies, next) = write.await.map_err(|e| e.to_string())?.map_err(|e| {
