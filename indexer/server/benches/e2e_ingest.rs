@@ -17,7 +17,8 @@
 //!    (snapshot load, the short replay from each cursor, and the import of every pod).
 //!
 //! 5. (`E2E_STEADY_ENTRIES`, default off) Steady churn into an index that full, from 64 dialled
-//!    pods (`E2E_STEADY_RATE` offered block ops/s, default 1M) for `E2E_STEADY_SECS` (default
+//!    pods (filled at 500k stores/s, then `E2E_STEADY_RATE` offered block ops/s, stores and
+//!    evictions, default 250k: below what two cores apply, so nothing queues) for `E2E_STEADY_SECS` (default
 //!    150), snapshots every `E2E_STEADY_SNAPSHOTS` seconds or none: applied block ops/s and the
 //!    server's CPU per million ops (the snapshot overhead on ingest).
 //!
@@ -481,6 +482,17 @@ struct RestartControl {
     extra: AtomicU64,
     /// Batches published by all pods.
     published: AtomicU64,
+    /// Each pod's pace: one batch every this many µs.
+    batch_every_us: AtomicU64,
+}
+
+impl RestartControl {
+    /// Paces the pods at `rate` block ops/s in all, counting a store batch's blocks (an
+    /// eviction batch carries a whole conversation's, so churn offers more than `rate`).
+    fn set_rate(&self, rate: f64) {
+        let every = PUBLISHERS as f64 * STORE_BLOCKS as f64 / rate;
+        self.batch_every_us.store((every * 1e6) as u64, Ordering::Relaxed);
+    }
 }
 
 /// A pod's published batches still in its replay buffer, by seq.
@@ -491,7 +503,7 @@ const RESTART_BUFFER: usize = 4096;
 
 /// One pod of the warm-restart phase: a PUB and a replay ROUTER bound on loopback, as a vLLM
 /// engine binds them. Returns their endpoints; the pod runs until the runtime ends.
-async fn restart_pod(id: usize, batch_every: Duration, ctl: Arc<RestartControl>) -> (String, String) {
+async fn restart_pod(id: usize, ctl: Arc<RestartControl>) -> (String, String) {
     let mut sock = PubSocket::new();
     let pub_ep = sock.bind("tcp://127.0.0.1:0").await.expect("bind PUB").to_string();
     let mut router = RouterSocket::new();
@@ -515,7 +527,8 @@ async fn restart_pod(id: usize, batch_every: Duration, ctl: Arc<RestartControl>)
     });
     let topic = Bytes::from(format!("kv@{}@{MODEL}", restart_pod_id(id)));
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(batch_every);
+        let mut every = ctl.batch_every_us.load(Ordering::Relaxed);
+        let mut tick = tokio::time::interval(Duration::from_micros(every));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut seq, mut extra, mut stores, mut parent) = (0u64, 0u64, 0u64, None);
         let mut tokens = vec![0u32; STORE_BLOCKS * BLOCK];
@@ -523,6 +536,11 @@ async fn restart_pod(id: usize, batch_every: Duration, ctl: Arc<RestartControl>)
             (Vec::new(), std::collections::VecDeque::new(), None::<Vec<u64>>);
         loop {
             tick.tick().await;
+            if every != ctl.batch_every_us.load(Ordering::Relaxed) {
+                every = ctl.batch_every_us.load(Ordering::Relaxed);
+                tick = tokio::time::interval(Duration::from_micros(every));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            }
             if !ctl.live.load(Ordering::Relaxed) {
                 if extra >= ctl.extra.load(Ordering::Relaxed) {
                     continue;
@@ -530,8 +548,11 @@ async fn restart_pod(id: usize, batch_every: Duration, ctl: Arc<RestartControl>)
                 extra += 1;
             }
             let payload = if let Some(evicted) = evict.take() {
-                let evs: Vec<Removed> =
-                    evicted.iter().rev().map(|h| Removed { ty: "BlockRemoved", block_hashes: [*h], medium: "GPU" }).collect();
+                let evs: Vec<Removed> = evicted
+                    .iter()
+                    .rev()
+                    .map(|h| Removed { ty: "BlockRemoved", block_hashes: [*h], medium: "GPU" })
+                    .collect();
                 Bytes::from(rmp_serde::to_vec_named(&(now_ts(), evs, 0i64)).unwrap())
             } else {
                 store_batch(id, &mut stores, &mut parent, &mut conversation, &mut tokens)
@@ -634,11 +655,11 @@ async fn fill_dialled(
     serve_extra: &[String],
 ) -> (Server, Arc<RestartControl>, Vec<String>, f64) {
     let ctl = Arc::new(RestartControl::default());
-    let batch_every = Duration::from_secs_f64(PUBLISHERS as f64 * STORE_BLOCKS as f64 / rate);
+    ctl.set_rate(rate);
     let mut args: Vec<String> = ["--max-entries", "100000000"].map(String::from).to_vec();
     args.extend_from_slice(serve_extra);
     for id in 0..PUBLISHERS {
-        let (pub_ep, replay_ep) = restart_pod(id, batch_every, ctl.clone()).await;
+        let (pub_ep, replay_ep) = restart_pod(id, ctl.clone()).await;
         args.push("--pod".into());
         args.push(format!("{},{MODEL},{pub_ep},{replay_ep}", restart_pod_id(id)));
     }
@@ -731,7 +752,9 @@ struct SteadyResult {
 /// record: the worst case). Applied block ops/s and the server's CPU per million ops over
 /// `secs`, with `serve_extra` (snapshot flags, or none).
 async fn steady_phase(entries: u64, secs: f64, rate: f64, serve_extra: &[String]) -> SteadyResult {
-    let (server, ctl, _, fill_s) = fill_dialled(entries, rate, serve_extra).await;
+    let (server, ctl, _, fill_s) = fill_dialled(entries, 500_000.0, serve_extra).await;
+    // A store and its share of an eviction: 16 + 128 / 8 block ops per store batch.
+    ctl.set_rate(rate / 2.0);
     ctl.churn.store(true, Ordering::Relaxed);
     // A conversation's worth of stores, so that evictions are flowing.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -826,7 +849,7 @@ fn main() {
     let steady_entries: u64 = std::env::var("E2E_STEADY_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     if steady_entries > 0 {
         let secs: f64 = std::env::var("E2E_STEADY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(150.0);
-        let rate: f64 = std::env::var("E2E_STEADY_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000.0);
+        let rate: f64 = std::env::var("E2E_STEADY_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(250_000.0);
         let dir = tempfile::tempdir().unwrap();
         // E2E_STEADY_SNAPSHOTS: an interval in seconds (snapshots into a fresh directory), or
         // unset for none.
