@@ -20,7 +20,8 @@
 //!    pods (filled at 500k stores/s, then `E2E_STEADY_RATE` offered block ops/s, stores and
 //!    evictions, default 250k: below what two cores apply, so nothing queues) for `E2E_STEADY_SECS` (default
 //!    150), snapshots every `E2E_STEADY_SNAPSHOTS` seconds or none: applied block ops/s and the
-//!    server's CPU per million ops (the snapshot overhead on ingest).
+//!    server's CPU per million ops (the snapshot overhead on ingest). The pods of phases 4 and 5
+//!    hash per pod, like engines with different seeds, unless `E2E_ONE_HASH` is set.
 //!
 //! Run: `cargo bench -p kvindex-server --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
 //! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`,
@@ -484,6 +485,8 @@ struct RestartControl {
     published: AtomicU64,
     /// Each pod's pace: one batch every this many µs.
     batch_every_us: AtomicU64,
+    /// Engine hashes as one hash configuration fleet-wide (else per pod).
+    one_hash: AtomicBool,
 }
 
 impl RestartControl {
@@ -527,6 +530,7 @@ async fn restart_pod(id: usize, ctl: Arc<RestartControl>) -> (String, String) {
     });
     let topic = Bytes::from(format!("kv@{}@{MODEL}", restart_pod_id(id)));
     tokio::spawn(async move {
+        let one_hash = ctl.one_hash.load(Ordering::Relaxed);
         let mut every = ctl.batch_every_us.load(Ordering::Relaxed);
         let mut tick = tokio::time::interval(Duration::from_micros(every));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -555,7 +559,7 @@ async fn restart_pod(id: usize, ctl: Arc<RestartControl>) -> (String, String) {
                     .collect();
                 Bytes::from(rmp_serde::to_vec_named(&(now_ts(), evs, 0i64)).unwrap())
             } else {
-                store_batch(id, &mut stores, &mut parent, &mut conversation, &mut tokens)
+                store_batch(id, one_hash, &mut stores, &mut parent, &mut conversation, &mut tokens)
             };
             if conversation.len() == CHUNKS * STORE_BLOCKS {
                 resident.push_back(std::mem::take(&mut conversation));
@@ -585,6 +589,7 @@ async fn restart_pod(id: usize, ctl: Arc<RestartControl>) -> (String, String) {
 /// publishes them; `conversation` collects the current one's block hashes.
 fn store_batch(
     id: usize,
+    one_hash: bool,
     stores: &mut u64,
     parent: &mut Option<u64>,
     conversation: &mut Vec<u64>,
@@ -598,9 +603,26 @@ fn store_batch(
     for (j, t) in tokens.iter_mut().enumerate() {
         *t = ((id as u64 * 1_000_003 + conv * 7919 + (chunk * STORE_BLOCKS * BLOCK + j) as u64) % 151_000) as u32;
     }
-    let hashes: Vec<u64> = (0..STORE_BLOCKS)
-        .map(|b| ((id as u64) << 48) ^ (conv << 16) ^ (chunk * STORE_BLOCKS + b) as u64 ^ 0x9e37_79b9_7f4a_7c15)
-        .collect();
+    let hashes: Vec<u64> = if one_hash {
+        // As one hash configuration fleet-wide: a block's hash follows from its parent's and its
+        // tokens, so pods that cache the same tokens name them alike.
+        let mut h = parent.unwrap_or(0x9e37_79b9_7f4a_7c15);
+        tokens
+            .chunks(BLOCK)
+            .map(|block| {
+                for &t in block {
+                    h = (h ^ u64::from(t)).wrapping_mul(0x0000_0100_0000_01b3).rotate_left(29);
+                }
+                h
+            })
+            .collect()
+    } else {
+        // Per pod: pods that cache the same tokens name them differently (another hash seed),
+        // so most of a pod's blocks are exceptions to the fleet's.
+        (0..STORE_BLOCKS)
+            .map(|b| ((id as u64) << 48) ^ (conv << 16) ^ (chunk * STORE_BLOCKS + b) as u64 ^ 0x9e37_79b9_7f4a_7c15)
+            .collect()
+    };
     let ev = Stored {
         ty: "BlockStored",
         block_hashes: hashes.clone(),
@@ -656,6 +678,7 @@ async fn fill_dialled(
 ) -> (Server, Arc<RestartControl>, Vec<String>, f64) {
     let ctl = Arc::new(RestartControl::default());
     ctl.set_rate(rate);
+    ctl.one_hash.store(std::env::var_os("E2E_ONE_HASH").is_some(), Ordering::Relaxed);
     let mut args: Vec<String> = ["--max-entries", "100000000"].map(String::from).to_vec();
     args.extend_from_slice(serve_extra);
     for id in 0..PUBLISHERS {
