@@ -187,34 +187,14 @@ async fn publish_with(
                 continue;
             }
             let payload = if chunk < CHUNKS {
-                for (j, t) in tokens.iter_mut().enumerate() {
-                    *t = ((id as u64 * 1_000_003 + conv * 7919 + (chunk * STORE_BLOCKS * BLOCK + j) as u64) % 151_000)
-                        as u32;
-                }
-                let first = hashes.len();
-                let parent = hashes.last().copied();
-                for b in 0..STORE_BLOCKS {
-                    hashes.push(((id as u64) << 48) ^ (conv << 16) ^ (first + b) as u64 ^ 0x9e37_79b9_7f4a_7c15);
-                }
-                let ev = Stored {
-                    ty: "BlockStored",
-                    block_hashes: hashes[first..].to_vec(),
-                    parent_block_hash: parent,
-                    token_ids: &tokens,
-                    block_size: BLOCK as u32,
-                    lora_id: None,
-                    medium: "GPU",
-                    lora_name: None,
-                };
-                rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap()
+                let (payload, stored) = store_payload(id, conv, chunk, hashes.last().copied(), false, &mut tokens);
+                hashes.extend(stored);
+                payload
             } else {
-                let evs: Vec<Removed> =
-                    hashes.iter().map(|h| Removed { ty: "BlockRemoved", block_hashes: [*h], medium: "GPU" }).collect();
-                rmp_serde::to_vec_named(&(now_ts(), evs, 0i64)).unwrap()
+                eviction_payload(hashes.iter().copied())
             };
-            let msg: ZmqMessage = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)]
-                .try_into()
-                .unwrap();
+            let msg: ZmqMessage =
+                vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload].try_into().unwrap();
             sock.send(msg).await.expect("send");
             seq += 1;
             sent.fetch_add(STORE_BLOCKS as u64 * if chunk < CHUNKS { 1 } else { CHUNKS as u64 }, Ordering::Relaxed);
@@ -534,7 +514,7 @@ async fn restart_pod(id: usize, ctl: Arc<RestartControl>) -> (String, String) {
         let mut every = ctl.batch_every_us.load(Ordering::Relaxed);
         let mut tick = tokio::time::interval(Duration::from_micros(every));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (mut seq, mut extra, mut stores, mut parent) = (0u64, 0u64, 0u64, None);
+        let (mut seq, mut extra, mut stores) = (0u64, 0u64, 0u64);
         let mut tokens = vec![0u32; STORE_BLOCKS * BLOCK];
         let (mut conversation, mut resident, mut evict) =
             (Vec::new(), std::collections::VecDeque::new(), None::<Vec<u64>>);
@@ -552,19 +532,20 @@ async fn restart_pod(id: usize, ctl: Arc<RestartControl>) -> (String, String) {
                 extra += 1;
             }
             let payload = if let Some(evicted) = evict.take() {
-                let evs: Vec<Removed> = evicted
-                    .iter()
-                    .rev()
-                    .map(|h| Removed { ty: "BlockRemoved", block_hashes: [*h], medium: "GPU" })
-                    .collect();
-                Bytes::from(rmp_serde::to_vec_named(&(now_ts(), evs, 0i64)).unwrap())
+                // Tail blocks first, as vLLM frees a request's blocks.
+                eviction_payload(evicted.iter().rev().copied())
             } else {
-                store_batch(id, one_hash, &mut stores, &mut parent, &mut conversation, &mut tokens)
+                // Never-evicted conversations of CHUNKS chained stores, as the fill phase's.
+                let (conv, chunk) = (stores / CHUNKS as u64, stores as usize % CHUNKS);
+                stores += 1;
+                let (payload, stored) =
+                    store_payload(id, conv, chunk, conversation.last().copied(), one_hash, &mut tokens);
+                conversation.extend(stored);
+                payload
             };
             if conversation.len() == CHUNKS * STORE_BLOCKS {
                 resident.push_back(std::mem::take(&mut conversation));
-                // Churn: each new conversation evicts the oldest, so the index stays as full;
-                // tail blocks first, as vLLM frees a request's blocks.
+                // Churn: each new conversation evicts the oldest, so the index stays as full.
                 if ctl.churn.load(Ordering::Relaxed) {
                     evict = resident.pop_front();
                 }
@@ -585,27 +566,23 @@ async fn restart_pod(id: usize, ctl: Arc<RestartControl>) -> (String, String) {
     (pub_ep, replay_ep)
 }
 
-/// The next store of a restart pod: conversations of CHUNKS chained stores, as the fill phase
-/// publishes them; `conversation` collects the current one's block hashes.
-fn store_batch(
+/// Publisher `id`'s store `chunk` of conversation `conv` (`parent`: the last block of the
+/// conversation's previous store): fills `tokens`, returns the payload and the block hashes.
+/// `one_hash`: hashes as one hash configuration fleet-wide, else per publisher.
+fn store_payload(
     id: usize,
+    conv: u64,
+    chunk: usize,
+    parent: Option<u64>,
     one_hash: bool,
-    stores: &mut u64,
-    parent: &mut Option<u64>,
-    conversation: &mut Vec<u64>,
     tokens: &mut [u32],
-) -> Bytes {
-    let (conv, chunk) = (*stores / CHUNKS as u64, *stores as usize % CHUNKS);
-    *stores += 1;
-    if chunk == 0 {
-        *parent = None;
-    }
+) -> (Bytes, Vec<u64>) {
     for (j, t) in tokens.iter_mut().enumerate() {
         *t = ((id as u64 * 1_000_003 + conv * 7919 + (chunk * STORE_BLOCKS * BLOCK + j) as u64) % 151_000) as u32;
     }
     let hashes: Vec<u64> = if one_hash {
-        // As one hash configuration fleet-wide: a block's hash follows from its parent's and its
-        // tokens, so pods that cache the same tokens name them alike.
+        // A block's hash follows from its parent's and its tokens, so publishers that cache the
+        // same tokens name them alike.
         let mut h = parent.unwrap_or(0x9e37_79b9_7f4a_7c15);
         tokens
             .chunks(BLOCK)
@@ -617,8 +594,8 @@ fn store_batch(
             })
             .collect()
     } else {
-        // Per pod: pods that cache the same tokens name them differently (another hash seed),
-        // so most of a pod's blocks are exceptions to the fleet's.
+        // Per publisher: publishers that cache the same tokens name them differently (another
+        // hash seed), so most of a pod's blocks are exceptions to the fleet's.
         (0..STORE_BLOCKS)
             .map(|b| ((id as u64) << 48) ^ (conv << 16) ^ (chunk * STORE_BLOCKS + b) as u64 ^ 0x9e37_79b9_7f4a_7c15)
             .collect()
@@ -626,16 +603,20 @@ fn store_batch(
     let ev = Stored {
         ty: "BlockStored",
         block_hashes: hashes.clone(),
-        parent_block_hash: *parent,
+        parent_block_hash: parent,
         token_ids: tokens,
         block_size: BLOCK as u32,
         lora_id: None,
         medium: "GPU",
         lora_name: None,
     };
-    *parent = hashes.last().copied();
-    conversation.extend_from_slice(&hashes);
-    Bytes::from(rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap())
+    (Bytes::from(rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap()), hashes)
+}
+
+/// One batch removing `hashes`, one `BlockRemoved` event per block.
+fn eviction_payload(hashes: impl Iterator<Item = u64>) -> Bytes {
+    let evs: Vec<Removed> = hashes.map(|h| Removed { ty: "BlockRemoved", block_hashes: [h], medium: "GPU" }).collect();
+    Bytes::from(rmp_serde::to_vec_named(&(now_ts(), evs, 0i64)).unwrap())
 }
 
 fn restart_pod_id(id: usize) -> String {
