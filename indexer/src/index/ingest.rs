@@ -115,9 +115,10 @@ pub struct PodIngest {
     /// Engine blocks spanning several canonical blocks: how many.
     spans: FxHashMap<u64, u32>,
     /// Canonical blocks (packed positions) that more than one of this pod's engine blocks
-    /// cover, with how many more: two engine blocks that agree on a canonical block and then
-    /// differ share it, and evicting one must not drop it. Rare, so a map.
-    covers: FxHashMap<u64, u32>,
+    /// cover: two engine blocks that agree on a canonical block and then differ share it, and
+    /// evicting one must not drop it, nor leave behind a tier only the evicted one held it in.
+    /// Rare, so a map.
+    covers: FxHashMap<u64, Cover>,
     /// This pod's chain ends: scoped engine hash → (position, the segment's first key) of the
     /// last block of each store, and of the block before each evicted one (one entry per store,
     /// not per block). A store's parent is the end of an earlier store, and vLLM evicts a chain
@@ -564,12 +565,31 @@ impl PodIngest {
         let whole = applied / per_block;
         if let (true, Some(last)) = (!applied.is_multiple_of(per_block), stored.last) {
             // The bound cut an engine block: without its last block the engine hash cannot
-            // name it, so nothing could ever remove what was held of it. Let it go.
-            let (_, _, stats) = tree.release(self.pod, last, (applied % per_block) as u32, tier.bit(), guard);
-            self.note_stats(&stats);
+            // name it, so nothing could ever remove what was held of it. Let go what this
+            // store added of it (what the pod held before, through its other engine blocks, it
+            // still holds).
+            let cut = applied % per_block;
+            if stored.held_before.is_empty() {
+                let (_, _, stats) = tree.release(self.pod, last, cut as u32, tier.bit(), guard);
+                self.note_stats(&stats);
+            } else {
+                let mut added: SmallVec<[Pos; 8]> = SmallVec::new();
+                let mut pos = Some(last);
+                for idx in (stored.applied - cut..stored.applied).rev() {
+                    let Some(p) = pos else { break };
+                    if held_before(&stored, idx).is_none_or(|tiers| tiers & tier.bit() == 0) {
+                        added.push(p);
+                    }
+                    pos = tree.previous(p, guard);
+                }
+                for p in added {
+                    let (_, _, stats) = tree.release(self.pod, p, 1, tier.bit(), guard);
+                    self.note_stats(&stats);
+                }
+            }
         }
         if per_block > 1 && !stored.held_before.is_empty() {
-            self.note_covers(tree, guard, &stored, hold_from, per_block, whole);
+            self.note_covers(tree, guard, &stored, hold_from, per_block, whole, tier.bit());
         }
         for (j, &(pos, recorded)) in stored.ends.iter().enumerate().take(whole) {
             self.claim(tree, guard, ends[j].1, pos, per_block as u32, recorded);
@@ -583,8 +603,10 @@ impl PodIngest {
         whole
     }
 
-    /// Counts the canonical blocks of newly stored engine blocks that the pod already held
-    /// through another engine block (a store of the same engine block again adds nothing).
+    /// Counts the canonical blocks of newly stored engine blocks (stored in `tier_bit`) that
+    /// the pod already held through another engine block, and the tier a block stored again
+    /// adds to the blocks it shares.
+    #[allow(clippy::too_many_arguments)]
     fn note_covers(
         &mut self,
         tree: &Tree,
@@ -593,26 +615,40 @@ impl PodIngest {
         hold_from: usize,
         per_block: usize,
         whole: usize,
+        tier_bit: u8,
     ) {
-        let held = |i: usize| stored.held_before.iter().any(|&(a, b)| a <= i && i < b);
         for (j, &(last, _)) in stored.ends.iter().enumerate().take(whole) {
             let end = hold_from + (j + 1) * per_block - 1;
-            if held(end) {
+            // Its last block held already: the same engine block stored again.
+            let again = held_before(stored, end);
+            if again.is_some_and(|tiers| tiers & tier_bit != 0) || (again.is_some() && self.covers.is_empty()) {
                 continue;
             }
             let mut pos = Some(last);
             for idx in (end + 1 - per_block..end).rev() {
                 pos = pos.and_then(|p| tree.previous(p, guard));
-                if let (true, Some(p)) = (held(idx), pos) {
-                    *self.covers.entry(p.pack()).or_default() += 1;
+                let Some(p) = pos else { break };
+                match (again, held_before(stored, idx)) {
+                    // Stored again in a tier it lacked: one more holder in that tier.
+                    (Some(_), _) => {
+                        if let Some(c) = self.covers.get_mut(&p.pack()) {
+                            c.gain(tier_bit);
+                        }
+                    }
+                    // Held before through one engine block (in its tiers), or several.
+                    (None, Some(tiers)) => self.covers.entry(p.pack()).or_insert_with(|| Cover::one(tiers)).add(tier_bit),
+                    // Not held before: nothing may be remembered of it.
+                    (None, None) => {
+                        self.covers.remove(&p.pack());
+                    }
                 }
             }
         }
     }
 
     /// Removes `mask` from the `count` canonical blocks of an engine block ending at `last`,
-    /// keeping the ones another of this pod's engine blocks still covers. Returns the tiers of
-    /// `last` before and after.
+    /// keeping the ones another of this pod's engine blocks still covers, in the tiers it
+    /// covers them in. Returns the tiers of `last` before and after.
     fn release_block(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, mask: u8) -> (u8, u8) {
         if count <= 1 || self.covers.is_empty() {
             let (before, after, stats) = tree.release(self.pod, last, count, mask, guard);
@@ -630,22 +666,49 @@ impl PodIngest {
         }
         let (before, after, stats) = tree.release(self.pod, last, 1, mask, guard);
         self.note_stats(&stats);
-        for p in earlier {
-            if let Some(c) = self.covers.get_mut(&p.pack()) {
-                // Another engine block covers it: keep it. A block leaving entirely takes one
-                // cover away; one losing a tier leaves the covers as they are.
-                if after == 0 {
-                    *c -= 1;
-                    if *c == 0 {
+        self.release_inner(tree, guard, &earlier, before & !after, after == 0, mask);
+        (before, after)
+    }
+
+    /// One engine block lost the tiers `lost` (and left entirely if `leaving`): its inner
+    /// blocks `inner` lose them too, or all of the pod's tiers if it left, except where
+    /// another engine block of the pod still covers a block in a tier.
+    fn release_inner(&mut self, tree: &Tree, guard: &Guard, inner: &[Pos], lost: u8, leaving: bool, mask: u8) {
+        for &p in inner {
+            let strip = match self.covers.get_mut(&p.pack()) {
+                Some(c) => {
+                    c.lose(lost);
+                    if leaving {
+                        c.blocks = c.blocks.saturating_sub(1);
+                    }
+                    let keep = c.tiers();
+                    if c.blocks <= 1 {
+                        // One engine block left (holding it in `keep`), or none.
                         self.covers.remove(&p.pack());
                     }
+                    !keep
                 }
-                continue;
+                None if leaving => 0xff,
+                None => mask,
+            };
+            if tree.tiers_at(p, self.pod, guard) & strip != 0 {
+                let (_, _, stats) = tree.release(self.pod, p, 1, strip, guard);
+                self.note_stats(&stats);
             }
-            let (_, _, stats) = tree.release(self.pod, p, 1, mask, guard);
-            self.note_stats(&stats);
         }
-        (before, after)
+    }
+
+    /// An engine block of `count` canonical blocks ending at `last` now holds `tier_bit` too,
+    /// which it did not: one more holder in that tier of each inner block another covers.
+    fn cover_gain(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, tier_bit: u8) {
+        let mut pos = Some(last);
+        for _ in 1..count {
+            pos = pos.and_then(|p| tree.previous(p, guard));
+            let Some(p) = pos else { break };
+            if let Some(c) = self.covers.get_mut(&p.pack()) {
+                c.gain(tier_bit);
+            }
+        }
     }
 
     /// Settles what `scoped` names for this pod after a store put its engine block at `last`
@@ -670,15 +733,20 @@ impl PodIngest {
             if let Some(old) = prior {
                 self.release_block(tree, guard, old, prior_count, 0xff);
             } else if prior_count > count {
-                // Same last block, fewer canonical blocks now: drop the ones no longer covered.
-                let mut first_old = Some(last);
+                // Same last block, fewer canonical blocks now: the old engine block's first ones
+                // leave it.
+                let mut dropped: SmallVec<[Pos; 8]> = SmallVec::new();
+                let mut pos = Some(last);
                 for _ in 0..count {
-                    first_old = first_old.and_then(|p| tree.previous(p, guard));
+                    pos = pos.and_then(|p| tree.previous(p, guard));
                 }
-                if let Some(p) = first_old {
-                    let (_, _, stats) = tree.release(self.pod, p, prior_count - count, 0xff, guard);
-                    self.note_stats(&stats);
+                for _ in count..prior_count {
+                    let Some(p) = pos else { break };
+                    dropped.push(p);
+                    pos = tree.previous(p, guard);
                 }
+                let tiers = tree.tiers_at(last, self.pod, guard);
+                self.release_inner(tree, guard, &dropped, tiers, true, 0xff);
             }
             if recorded {
                 self.forget_exception(scoped);
@@ -747,8 +815,12 @@ impl PodIngest {
                 continue;
             };
             let count = self.spans.get(&scoped).copied().unwrap_or(1);
+            let gains = count > 1 && !self.covers.is_empty() && tree.tiers_at(last, self.pod, guard) & tier.bit() == 0;
             let (stats, refused) = tree.retier(self.pod, last, count, tier.bit(), guard);
             self.note_stats(&stats);
+            if gains {
+                self.cover_gain(tree, guard, last, count, tier.bit());
+            }
             if refused > 0 {
                 report.skip(SkipReason::IndexFull, 1);
             } else {
@@ -898,10 +970,20 @@ impl PodIngest {
         self.restoring = false;
         let Some(&last) = placed[from..].last() else { return false };
         let mut all = whole == ends.len();
+        let shares = per_block > 1 && !self.covers.is_empty();
         for tier in tiers {
+            let gaining: SmallVec<[Pos; 8]> = if shares {
+                let placed = &placed[from..];
+                placed.iter().copied().filter(|&p| tree.tiers_at(p, self.pod, &guard) & tier.bit() == 0).collect()
+            } else {
+                SmallVec::new()
+            };
             let (stats, refused) = tree.retier(self.pod, last, (whole * per_block) as u32, tier.bit(), &guard);
             self.note_stats(&stats);
             all &= refused == 0;
+            for p in gaining {
+                self.cover_gain(tree, &guard, p, per_block as u32, tier.bit());
+            }
         }
         all
     }
@@ -949,6 +1031,57 @@ impl PodIngest {
         self.blocks = 0;
         stats.lost
     }
+}
+
+/// How a canonical block that several of a pod's engine blocks cover is held: by how many of
+/// them, and by how many in each tier. The tree holds it in the union of their tiers, so it
+/// loses a tier only when the last of them holding it there does.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cover {
+    blocks: u32,
+    per_tier: [u32; MAX_TIERS],
+}
+
+impl Cover {
+    /// Held through one engine block, in `tiers`.
+    fn one(tiers: u8) -> Cover {
+        let mut cover = Cover::default();
+        cover.add(tiers);
+        cover
+    }
+
+    /// One more engine block covers it, in `tiers`.
+    fn add(&mut self, tiers: u8) {
+        self.blocks += 1;
+        self.gain(tiers);
+    }
+
+    /// A covering engine block now holds it in `tiers` too.
+    fn gain(&mut self, tiers: u8) {
+        for (t, n) in self.per_tier.iter_mut().enumerate() {
+            *n += u32::from(tiers >> t & 1);
+        }
+    }
+
+    /// A covering engine block no longer holds it in `tiers`.
+    fn lose(&mut self, tiers: u8) {
+        for (t, n) in self.per_tier.iter_mut().enumerate() {
+            *n = n.saturating_sub(u32::from(tiers >> t & 1));
+        }
+    }
+
+    /// The tiers some covering engine block still holds it in.
+    fn tiers(&self) -> u8 {
+        if self.blocks == 0 {
+            return 0;
+        }
+        self.per_tier.iter().enumerate().filter(|(_, &n)| n > 0).fold(0, |m, (t, _)| m | 1 << t)
+    }
+}
+
+/// The tiers a store's block `idx` was held in before it (None: not held).
+fn held_before(stored: &Stored, idx: usize) -> Option<u8> {
+    stored.held_before.iter().find(|&&(a, b, _)| a <= idx && idx < b).map(|&(_, _, tiers)| tiers)
 }
 
 /// Separates engine-hash scopes from key namespaces derived from the same model name.

@@ -76,8 +76,9 @@ pub struct Stored {
     pub ends: SmallVec<[(Pos, bool); 32]>,
     /// Position of the last block applied.
     pub last: Option<Pos>,
-    /// Ranges of `hashes` indices the pod already held (any tier) before this store.
-    pub held_before: SmallVec<[(usize, usize); 2]>,
+    /// Ranges of `hashes` indices the pod already held before this store, with the tiers it
+    /// held them in.
+    pub held_before: SmallVec<[(usize, usize, u8); 2]>,
     pub stats: EditStats,
     /// Segments the pod now holds something in (global numbers).
     pub segments: SmallVec<[u32; 4]>,
@@ -484,8 +485,8 @@ impl Tree {
             }
             let seg = shard.dir.get(local, guard).expect("live");
             let runs = seg.runs(guard);
-            for (a, b) in runs.held_pieces(s, e, pod) {
-                out.held_before.push((first + (a - s) as usize, first + (b - s) as usize));
+            for (a, b, tiers) in runs.held_pieces(s, e, pod) {
+                out.held_before.push((first + (a - s) as usize, first + (b - s) as usize, tiers));
             }
             let need = runs.unheld_by(s, e, pod);
             let grant = self.reserve(need);

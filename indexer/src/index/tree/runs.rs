@@ -199,14 +199,15 @@ impl Runs {
         n
     }
 
-    /// The sub-ranges of `[start, end)` that `pod` holds (in any tier).
-    pub fn held_pieces(&self, start: u32, end: u32, pod: PodId) -> SmallVec<[(u32, u32); 2]> {
-        let mut out: SmallVec<[(u32, u32); 2]> = SmallVec::new();
+    /// The sub-ranges of `[start, end)` that `pod` holds, with the tiers it holds each in.
+    pub fn held_pieces(&self, start: u32, end: u32, pod: PodId) -> SmallVec<[(u32, u32, u8); 2]> {
+        let mut out: SmallVec<[(u32, u32, u8); 2]> = SmallVec::new();
         self.for_each_piece(start, end, |s, e, hs| {
-            if tiers_in(hs, pod) != 0 {
+            let tiers = tiers_in(hs, pod);
+            if tiers != 0 {
                 match out.last_mut() {
-                    Some(last) if last.1 == s => last.1 = e,
-                    _ => out.push((s, e)),
+                    Some(last) if last.1 == s && last.2 == tiers => last.1 = e,
+                    _ => out.push((s, e, tiers)),
                 }
             }
         });
