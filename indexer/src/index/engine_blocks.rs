@@ -121,6 +121,19 @@ impl EngineBlocks {
         Ok(EngineBlocks(c))
     }
 
+    /// Empty, with room for `blocks` engine blocks of `keys` canonical blocks in all (an
+    /// export knows both before it fills the columns, so they grow without copying).
+    pub fn with_capacity(blocks: usize, keys: usize) -> Self {
+        EngineBlocks(Columns {
+            engines: Vec::with_capacity(blocks),
+            parents: Vec::with_capacity(blocks),
+            counts: Vec::with_capacity(blocks),
+            keys: Vec::with_capacity(keys),
+            tiers: Vec::with_capacity(keys),
+            ..Columns::default()
+        })
+    }
+
     pub fn columns(&self) -> &Columns {
         &self.0
     }
@@ -171,8 +184,15 @@ impl EngineBlocks {
         c.engines.push(engine);
         c.parents.push(d);
         c.counts.push(keys.len() as u32);
-        c.keys.extend_from_slice(keys);
-        c.tiers.extend_from_slice(tiers);
+        if let ([key], [tier]) = (keys, tiers) {
+            // The usual engine block (one canonical block): a copy of unknown length is a
+            // library call per column, which showed in a large export's profile.
+            c.keys.push(*key);
+            c.tiers.push(*tier);
+        } else {
+            c.keys.extend_from_slice(keys);
+            c.tiers.extend_from_slice(tiers);
+        }
         if !path.is_empty() {
             c.path_blocks.push(i as u32);
             c.path_lens.push(path.len() as u32);

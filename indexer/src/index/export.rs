@@ -18,12 +18,14 @@
 //! they do not hold) are carried too: each group's kind and block size, which scoring needs,
 //! and its engine blocks under the group's own namespace root, with the path they hang off.
 
+use std::collections::hash_map::Entry;
+
 use rustc_hash::FxHashMap;
 
 use super::engine_blocks::EngineBlocks;
 use super::ingest::{GroupKind, GroupSpec, MAX_GROUPS};
 use super::tiers::{TierId, MAX_TIERS};
-use super::tree::{ParentKey, Pos};
+use super::tree::{HeldBlock, ParentKey, Pos};
 use super::KvIndex;
 use crate::keys::BlockKey;
 
@@ -121,6 +123,48 @@ struct Planned {
     parent: Result<u64, u32>,
 }
 
+/// Which engine block of an export's list ends at a position. `engine_blocks` lists a
+/// segment's blocks one after another in offset order, so this keeps each segment's range of
+/// the list and searches it: a map entry per segment, not per block (a map of every block was
+/// most of a large export's cost). Blocks listed out of that order (exceptions come first) are
+/// kept by position.
+struct EndIndex {
+    segments: FxHashMap<u32, (u32, u32)>,
+    others: FxHashMap<Pos, u32>,
+}
+
+impl EndIndex {
+    fn new(ends: &[(u64, u32, HeldBlock)]) -> EndIndex {
+        let mut index = EndIndex { segments: FxHashMap::default(), others: FxHashMap::default() };
+        let mut from = 0;
+        for i in 1..=ends.len() {
+            let (a, b) = (ends[i - 1].2.pos, ends.get(i).map(|e| e.2.pos));
+            if b.is_some_and(|b| b.seg == a.seg && b.off > a.off) {
+                continue;
+            }
+            // `from..i` is one segment's run in offset order; a segment seen twice goes by position.
+            match index.segments.entry(a.seg) {
+                Entry::Occupied(_) => index.others.extend((from..i).map(|j| (ends[j].2.pos, j as u32))),
+                Entry::Vacant(v) => {
+                    v.insert((from as u32, i as u32));
+                }
+            }
+            from = i;
+        }
+        index
+    }
+
+    fn find(&self, ends: &[(u64, u32, HeldBlock)], pos: Pos) -> Option<u32> {
+        if let Some(&(a, b)) = self.segments.get(&pos.seg) {
+            let run = &ends[a as usize..b as usize];
+            if let Ok(k) = run.binary_search_by_key(&pos.off, |e| e.2.pos.off) {
+                return Some(a + k as u32);
+            }
+        }
+        self.others.get(&pos).copied()
+    }
+}
+
 impl KvIndex {
     /// The residencies of `pod`, or `None` if it has no ingest state. Holds the pod's lock
     /// while it runs: the export is one point in the pod's event order.
@@ -131,11 +175,16 @@ impl KvIndex {
         let tree = &self.tree;
         let guard = tree.pin();
         let ends = state.engine_blocks(tree, &guard);
-        let by_end: FxHashMap<Pos, u32> =
-            ends.iter().enumerate().map(|(i, (_, _, last))| (last.pos, i as u32)).collect();
+        // Built on the first chain that does not continue the block listed just before it.
+        let mut by_end: Option<EndIndex> = None;
         // Every engine block's keys, tiers and path, into flat buffers (no allocation per block).
-        let mut buf = Buffers::default();
-        let plan = |buf: &mut Buffers, i: usize| -> Option<Planned> {
+        let spanned: usize = ends.iter().map(|e| e.1 as usize).sum();
+        let mut buf = Buffers {
+            keys: Vec::with_capacity(spanned),
+            tiers: Vec::with_capacity(spanned),
+            paths: Vec::new(),
+        };
+        let mut plan = |buf: &mut Buffers, i: usize| -> Option<Planned> {
             let (_, count, last) = ends[i];
             let from = buf.keys.len();
             buf.keys.push(last.key);
@@ -156,7 +205,7 @@ impl KvIndex {
                     // Usually the end just before it (a chain's blocks are listed in order).
                     Some(p) => match (i > 0 && ends[i - 1].2.pos == p)
                         .then(|| i as u32 - 1)
-                        .or_else(|| by_end.get(&p).copied())
+                        .or_else(|| by_end.get_or_insert_with(|| EndIndex::new(&ends)).find(&ends, p))
                     {
                         Some(j) => break Err(j),
                         None => {
@@ -186,7 +235,7 @@ impl KvIndex {
         // Each block after its parent: depth first from every end, parents first.
         let mut index: Vec<Option<u32>> = vec![None; ends.len()];
         let mut visited = vec![false; ends.len()];
-        let mut blocks = EngineBlocks::default();
+        let mut blocks = EngineBlocks::with_capacity(ends.len(), spanned);
         let mut stack = Vec::new();
         for start in 0..ends.len() {
             let mut i = start;

@@ -902,7 +902,8 @@ impl PodIngest {
     /// For the export facade: this pod's engine blocks, each held by the pod, as its scoped
     /// engine hash, the canonical blocks it spans, and its last block.
     pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, u32, HeldBlock)> {
-        let mut out = Vec::new();
+        // At most one per canonical block held: sized once, not grown by copying.
+        let mut out = Vec::with_capacity(self.blocks as usize);
         let mut named = rustc_hash::FxHashSet::default();
         for (&scoped, &(pos, first)) in &self.exceptions {
             let tiers = tree.tiers_at(pos, self.pod, guard);
