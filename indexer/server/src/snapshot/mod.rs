@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use self::format::{Header, StreamRecord};
-use self::store::Store;
+use self::store::{SnapshotBatch, Store};
 use crate::apply::Work;
 use crate::state::ServiceState;
 use crate::telemetry as m;
@@ -210,15 +210,16 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
     let block_size = state.config().block_size as u64;
     let snaps = snapshots.clone();
     let write = tokio::task::spawn_blocking(move || {
-        let mut puts = Vec::with_capacity(fresh.len());
+        let mut batch = SnapshotBatch::default();
+        for key in &deletes {
+            batch.delete(key);
+        }
+        // Each record is encoded into the batch and dropped, with its encoding, at once.
         for (key, version, record) in fresh {
             let value = format::encode_record(&record);
             let checksum = format::checksum_of(&value).unwrap_or(0);
-            next.insert(
-                key.clone(),
-                Held { cursor: record.cursor, version, checksum, residencies: record.residencies() },
-            );
-            puts.push((key, value));
+            batch.put(&key, &value);
+            next.insert(key, Held { cursor: record.cursor, version, checksum, residencies: record.residencies() });
         }
         let mut streams: Vec<(String, u64)> = next.iter().map(|(k, h)| (k.clone(), h.checksum)).collect();
         streams.sort_unstable();
@@ -229,7 +230,7 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
             residencies: next.values().map(|h| h.residencies).sum(),
             streams,
         };
-        let bytes = snaps.store.save(&header, &puts, &deletes)?;
+        let bytes = snaps.store.commit(batch, &header)?;
         Ok::<_, rocksdb::Error>((bytes, header.residencies, next))
     });
     let (bytes, residencies, next) = write.await.map_err(|e| e.to_string())?.map_err(|e| {

@@ -145,15 +145,20 @@ impl Store {
     /// and a snapshot left in the memtable would be lost to a kill -9. A crash mid-flush leaves
     /// the table out of the manifest: the previous snapshot, whole.
     pub fn save(&self, header: &Header, puts: &[(String, Vec<u8>)], deletes: &[String]) -> Result<u64, rocksdb::Error> {
-        let mut batch = WriteBatch::default();
+        let mut batch = SnapshotBatch::default();
         for key in deletes {
-            batch.delete(key.as_bytes());
+            batch.delete(key);
         }
-        let mut bytes = 0u64;
         for (key, value) in puts {
-            bytes += value.len() as u64;
-            batch.put(key.as_bytes(), value);
+            batch.put(key, value);
         }
+        self.commit(batch, header)
+    }
+
+    /// Writes `batch` and the header that describes the snapshot it completes, as
+    /// [`save`](Self::save) does: one atomic write, on disk when this returns.
+    pub fn commit(&self, batch: SnapshotBatch, header: &Header) -> Result<u64, rocksdb::Error> {
+        let SnapshotBatch { mut batch, mut bytes } = batch;
         let value = format::encode(header);
         bytes += value.len() as u64;
         batch.put(HEADER_KEY, value);
@@ -175,6 +180,26 @@ impl Store {
         ]
         .iter()
         .any(|p| self.db.property_int_value(*p).ok().flatten().unwrap_or(0) > 0)
+    }
+}
+
+/// The records of a snapshot being written, before its header: each encoded record goes
+/// straight in (and its own buffer can go), so a large snapshot is not held twice, as a list
+/// of encoded records and again as the batch copied from it.
+#[derive(Default)]
+pub struct SnapshotBatch {
+    batch: WriteBatch,
+    bytes: u64,
+}
+
+impl SnapshotBatch {
+    pub fn put(&mut self, key: &str, value: &[u8]) {
+        self.bytes += value.len() as u64;
+        self.batch.put(key.as_bytes(), value);
+    }
+
+    pub fn delete(&mut self, key: &str) {
+        self.batch.delete(key.as_bytes());
     }
 }
 
