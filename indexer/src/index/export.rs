@@ -179,11 +179,8 @@ impl KvIndex {
         let mut by_end: Option<EndIndex> = None;
         // Every engine block's keys, tiers and path, into flat buffers (no allocation per block).
         let spanned: usize = ends.iter().map(|e| e.1 as usize).sum();
-        let mut buf = Buffers {
-            keys: Vec::with_capacity(spanned),
-            tiers: Vec::with_capacity(spanned),
-            paths: Vec::new(),
-        };
+        let mut buf =
+            Buffers { keys: Vec::with_capacity(spanned), tiers: Vec::with_capacity(spanned), paths: Vec::new() };
         let mut plan = |buf: &mut Buffers, i: usize| -> Option<Planned> {
             let (_, count, last) = ends[i];
             let from = buf.keys.len();

@@ -636,7 +636,9 @@ impl PodIngest {
                         }
                     }
                     // Held before through one engine block (in its tiers), or several.
-                    (None, Some(tiers)) => self.covers.entry(p.pack()).or_insert_with(|| Cover::one(tiers)).add(tier_bit),
+                    (None, Some(tiers)) => {
+                        self.covers.entry(p.pack()).or_insert_with(|| Cover::one(tiers)).add(tier_bit)
+                    }
                     // Not held before: nothing may be remembered of it.
                     (None, None) => {
                         self.covers.remove(&p.pack());
