@@ -125,9 +125,9 @@ struct Planned {
 
 /// Which engine block of an export's list ends at a position. `engine_blocks` lists a
 /// segment's blocks one after another in offset order, so this keeps each segment's range of
-/// the list and searches it: a map entry per segment, not per block (a map of every block was
-/// most of a large export's cost). Blocks listed out of that order (exceptions come first) are
-/// kept by position.
+/// the list and searches it: a map entry per segment, not a hash insert per residency as a map
+/// of every block took. Blocks listed out of that order (exceptions come first) are kept by
+/// position.
 struct EndIndex {
     segments: FxHashMap<u32, (u32, u32)>,
     others: FxHashMap<Pos, u32>,
