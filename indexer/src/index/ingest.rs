@@ -657,15 +657,7 @@ impl PodIngest {
             self.note_stats(&stats);
             return (before, after);
         }
-        // The engine block's earlier blocks, found before anything is released: releasing a
-        // branch's last held block frees its segment, and `previous` could not step out of it.
-        let mut earlier: SmallVec<[Pos; 8]> = SmallVec::new();
-        let mut pos = last;
-        for _ in 1..count {
-            let Some(p) = tree.previous(pos, guard) else { break };
-            earlier.push(p);
-            pos = p;
-        }
+        let earlier = blocks_before(tree, guard, last, count - 1);
         let (before, after, stats) = tree.release(self.pod, last, 1, mask, guard);
         self.note_stats(&stats);
         self.release_inner(tree, guard, &earlier, before & !after, after == 0, mask);
@@ -703,10 +695,7 @@ impl PodIngest {
     /// An engine block of `count` canonical blocks ending at `last` now holds `tier_bit` too,
     /// which it did not: one more holder in that tier of each inner block another covers.
     fn cover_gain(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, tier_bit: u8) {
-        let mut pos = Some(last);
-        for _ in 1..count {
-            pos = pos.and_then(|p| tree.previous(p, guard));
-            let Some(p) = pos else { break };
+        for p in blocks_before(tree, guard, last, count - 1) {
             if let Some(c) = self.covers.get_mut(&p.pack()) {
                 c.gain(tier_bit);
             }
@@ -737,18 +726,10 @@ impl PodIngest {
             } else if prior_count > count {
                 // Same last block, fewer canonical blocks now: the old engine block's first ones
                 // leave it.
-                let mut dropped: SmallVec<[Pos; 8]> = SmallVec::new();
-                let mut pos = Some(last);
-                for _ in 0..count {
-                    pos = pos.and_then(|p| tree.previous(p, guard));
-                }
-                for _ in count..prior_count {
-                    let Some(p) = pos else { break };
-                    dropped.push(p);
-                    pos = tree.previous(p, guard);
-                }
+                let old = blocks_before(tree, guard, last, prior_count - 1);
+                let dropped = old.get(count as usize - 1..).unwrap_or_default();
                 let tiers = tree.tiers_at(last, self.pod, guard);
-                self.release_inner(tree, guard, &dropped, tiers, true, 0xff);
+                self.release_inner(tree, guard, dropped, tiers, true, 0xff);
             }
             if recorded {
                 self.forget_exception(scoped);
@@ -1080,6 +1061,20 @@ impl Cover {
         }
         self.per_tier.iter().enumerate().filter(|(_, &n)| n > 0).fold(0, |m, (t, _)| m | 1 << t)
     }
+}
+
+/// The `n` blocks of the chain before `last`, nearest first (fewer where the chain starts).
+/// Found before anything is released: releasing a branch's last held block frees its segment,
+/// and `previous` could not step out of it then.
+fn blocks_before(tree: &Tree, guard: &Guard, last: Pos, n: u32) -> SmallVec<[Pos; 8]> {
+    let mut out = SmallVec::new();
+    let mut pos = last;
+    for _ in 0..n {
+        let Some(p) = tree.previous(pos, guard) else { break };
+        out.push(p);
+        pos = p;
+    }
+    out
 }
 
 /// The tiers a store's block `idx` was held in before it (None: not held).
