@@ -268,6 +268,11 @@ async fn ingest_phase(rate: f64, secs: f64) -> IngestResult {
 
 /// A quantile of a server histogram (upper bound of the bucket holding it), in ms.
 fn server_quantile(server: &Server, name: &str, q: f64) -> f64 {
+    bucket_quantile(&server_buckets(server, name), q)
+}
+
+/// A server histogram's cumulative buckets: (upper bound, count), in bound order.
+fn server_buckets(server: &Server, name: &str) -> Vec<(f64, f64)> {
     let body = server.get("/metrics");
     let prefix = format!("{name}_bucket{{");
     let mut buckets: Vec<(f64, f64)> = body
@@ -280,8 +285,19 @@ fn server_quantile(server: &Server, name: &str, q: f64) -> f64 {
         })
         .collect();
     buckets.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    buckets
+}
+
+/// What a histogram counted between two reads of its buckets.
+fn bucket_delta(before: &[(f64, f64)], after: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    after.iter().map(|&(le, n)| (le, n - before.iter().find(|b| b.0 == le).map_or(0.0, |b| b.1))).collect()
+}
+
+/// The upper bound (ms) of the bucket holding quantile `q` of cumulative `buckets`; `q = 1`:
+/// the bucket of the largest value.
+fn bucket_quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
     let total = buckets.last().map_or(0.0, |b| b.1);
-    buckets.iter().find(|b| b.1 >= q * total).map_or(f64::NAN, |b| b.0 * 1e3)
+    buckets.iter().find(|b| b.1 >= q * total && b.1 > 0.0).map_or(f64::NAN, |b| b.0 * 1e3)
 }
 
 struct ScoreResult {
@@ -749,6 +765,8 @@ struct SteadyResult {
     clears: f64,
     snapshots: f64,
     snapshot_s: f64,
+    /// Socket receive → applied over the window, ms (bucket upper bounds): p50, p99, p99.9, max.
+    visible_ms: [f64; 4],
 }
 
 /// Steady ingest into a full index: 64 dialled pods fill it to `entries`, then every new
@@ -773,10 +791,13 @@ async fn steady_phase(entries: u64, secs: f64, rate: f64, serve_extra: &[String]
             s.metric("kvindex_clears_total", ""),
         )
     };
+    const VISIBLE: &str = "kvindex_receive_to_visible_seconds";
+    let visible0 = server_buckets(&server, VISIBLE);
     let (ops0, cpu0, snaps0, snap_s0, gaps0, clears0) = read(&server);
     let t = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     let (ops1, cpu1, snaps1, snap_s1, gaps1, clears1) = read(&server);
+    let visible = bucket_delta(&visible0, &server_buckets(&server, VISIBLE));
     let elapsed = t.elapsed().as_secs_f64();
     ctl.live.store(false, Ordering::Relaxed);
     SteadyResult {
@@ -788,6 +809,7 @@ async fn steady_phase(entries: u64, secs: f64, rate: f64, serve_extra: &[String]
         clears: clears1 - clears0,
         snapshots: snaps1 - snaps0,
         snapshot_s: snap_s1 - snap_s0,
+        visible_ms: [0.5, 0.99, 0.999, 1.0].map(|q| bucket_quantile(&visible, q)),
     }
 }
 
@@ -866,7 +888,7 @@ fn main() {
         let r = rt.block_on(steady_phase(steady_entries, secs, rate, &flags));
         println!();
         println!(
-            "Steady churn at {} entries ({PUBLISHERS} dialled pods, offered {rate:.0} block ops/s, filled in {:.1} s), snapshots {}: {:.0} applied block ops/s over {secs:.0} s, server {:.2} CPU s per million ops; {} snapshots in the window ({:.2} s in them), {} gaps, {} pod clears",
+            "Steady churn at {} entries ({PUBLISHERS} dialled pods, offered {rate:.0} block ops/s, filled in {:.1} s), snapshots {}: {:.0} applied block ops/s over {secs:.0} s, server {:.2} CPU s per million ops; {} snapshots in the window ({:.2} s in them), {} gaps, {} pod clears; receive→visible p50 ≤ {:.2} ms, p99 ≤ {:.2} ms, p99.9 ≤ {:.2} ms, max ≤ {:.2} ms",
             r.entries,
             r.fill_s,
             flags.get(1).map_or("off".to_string(), |s| format!("every {s} s")),
@@ -875,7 +897,11 @@ fn main() {
             r.snapshots,
             r.snapshot_s,
             r.gaps,
-            r.clears
+            r.clears,
+            r.visible_ms[0],
+            r.visible_ms[1],
+            r.visible_ms[2],
+            r.visible_ms[3]
         );
     }
     println!();

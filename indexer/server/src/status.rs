@@ -26,6 +26,8 @@ pub struct StreamDebug {
     pub endpoint: Option<String>,
     pub replay_endpoint: Option<String>,
     pub state: &'static str,
+    /// The last seq applied to the index (a batch held back behind its pod's snapshot export
+    /// or import is not, until it is).
     pub last_seq: Option<u64>,
     pub last_live_seq: Option<u64>,
     pub last_event_age_ms: Option<u64>,

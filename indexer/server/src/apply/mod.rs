@@ -21,7 +21,6 @@ use kvindex::sequencer::{Item, Reason, ReplayOutcome, Sequencer, SequencerConfig
 use kvindex::wire::{self, EventBatch};
 use kvindex::wire::{dp_pod_id, parse_topic};
 use kvindex::SkipReason;
-use rayon::prelude::*;
 
 use crate::config::pod;
 use crate::snapshot::format::{self, StreamRecord};
@@ -67,7 +66,12 @@ struct Stream {
     /// The record, being imported on the import pool: until it is done, this stream's steps
     /// wait in `waiting`, in order, so nothing touches the pod before its record is in.
     importing: Option<Importing>,
-    waiting: Vec<Step<Bytes>>,
+    /// The pod is being exported for a snapshot at this cursor (see [`Capture`]): like an
+    /// import, its steps wait in `waiting` until the export is done.
+    exporting: Option<u64>,
+    /// Steps held back by an import or an export, in order, each with the socket receive time
+    /// of the live batch it applies (for `kvindex_receive_to_visible_seconds`).
+    waiting: Vec<(Step<Bytes>, Option<Instant>)>,
     /// Central mode: the source address this stream's topic is bound to.
     bound: Option<Source>,
     /// Messages dropped because they came from another source.
@@ -112,8 +116,15 @@ impl Stream {
             restore,
             resume_at,
             importing: None,
+            exporting: None,
             waiting: Vec::new(),
         }
+    }
+
+    /// The last seq applied to the index: the sequencer's, unless its steps are held back
+    /// behind an import or a snapshot export, whose cursor then is what the index holds.
+    fn applied_seq(&self) -> Option<u64> {
+        self.exporting.or(self.importing.as_ref().map(|i| i.cursor)).or(self.seq.last_seq())
     }
 
     /// Binds this central-mode stream to the source address of its first publisher. A message
@@ -174,6 +185,8 @@ pub struct Worker {
     refused: u64,
     /// Streams whose snapshot record is being imported.
     imports: usize,
+    /// The snapshot this worker is capturing, if one is.
+    capture: Option<Capture>,
     /// When worker 0 next measures the index's bytes: a walk of every segment under each
     /// shard's writer lock, too dear for every tick of a large index.
     bytes_due: Instant,
@@ -196,6 +209,7 @@ impl Worker {
             max_streams: state.config().max_sources.div_ceil(state.config().apply_workers),
             refused: 0,
             imports: 0,
+            capture: None,
             bytes_due: Instant::now(),
             state,
         }
@@ -219,6 +233,11 @@ impl Worker {
             let mut timeout = next_tick.saturating_duration_since(Instant::now());
             if self.imports > 0 {
                 self.finish_imports();
+            }
+            if self.capture.is_some() {
+                self.advance_capture();
+            }
+            if self.imports > 0 || self.capture.is_some() {
                 timeout = timeout.min(IMPORT_POLL);
             }
             match rx.recv_timeout(timeout) {
@@ -277,6 +296,8 @@ impl Worker {
                     .collect();
                 let mut any = !keys.is_empty();
                 for k in keys {
+                    // Its export (a snapshot's) must not land after the pod is gone either.
+                    self.wait_export(&k);
                     if let Some(st) = self.streams.remove(&k) {
                         if let Some(import) = &st.importing {
                             // The import must not land after the pod is gone.
@@ -296,7 +317,16 @@ impl Worker {
                 let _ = done.send(any);
             }
             Work::Snapshot { held, reply } => {
-                let _ = reply.send(self.snapshot_records(&held));
+                // One capture at a time (`snapshot::take` waits for every reply); were another
+                // still running, it is finished first.
+                while self.capture.is_some() {
+                    self.wait_export_any();
+                    self.advance_capture();
+                }
+                let queue = self.streams.keys().cloned().collect();
+                let (done_tx, done) = std::sync::mpsc::channel();
+                self.capture = Some(Capture { held, queue, running: 0, out: Vec::new(), reply, done_tx, done });
+                self.advance_capture();
             }
             Work::Stop => {}
         }
@@ -500,8 +530,16 @@ impl Worker {
         let state = self.state.clone();
         for step in steps.drain(..) {
             let Some(st) = self.streams.get_mut(key) else { return };
-            if st.importing.is_some() {
-                st.waiting.push(step);
+            if st.importing.is_some() || st.exporting.is_some() {
+                let received = match (&step, current) {
+                    (Step::Apply { batch, .. }, Some((bytes, _, at)))
+                        if bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len() =>
+                    {
+                        Some(at)
+                    }
+                    _ => None,
+                };
+                st.waiting.push((step, received));
                 continue;
             }
             match step {
@@ -510,8 +548,9 @@ impl Worker {
                         // The stream continued from the snapshot's cursor: its residencies hold.
                         // They are imported on the import pool (every core), and this batch and
                         // the stream's next steps wait for them.
+                        let received = current.map(|(_, _, at)| at);
                         st.importing = Some(start_import(&state, record));
-                        st.waiting.push(Step::Apply { seq, batch });
+                        st.waiting.push((Step::Apply { seq, batch }, received));
                         self.imports += 1;
                         continue;
                     }
@@ -619,9 +658,24 @@ impl Worker {
             let Some(st) = self.streams.get_mut(&key) else { continue };
             st.importing = None;
             self.imports -= 1;
-            let mut steps = std::mem::take(&mut st.waiting);
-            self.execute(&key, &mut steps, None);
+            self.run_waiting(&key);
         }
+    }
+
+    /// Runs the steps `key`'s stream held back while its pod was imported or exported.
+    fn run_waiting(&mut self, key: &StreamKey) {
+        let Some(st) = self.streams.get_mut(key) else { return };
+        let waiting = std::mem::take(&mut st.waiting);
+        let mut steps = std::mem::take(&mut self.steps);
+        for (step, received) in waiting {
+            steps.push(step);
+            self.execute(key, &mut steps, None);
+            if let Some(at) = received {
+                // Held back, not lost: the wait counts in the latency.
+                histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
+            }
+        }
+        self.steps = steps;
     }
 
     fn tick(&mut self) {
@@ -653,7 +707,7 @@ impl Worker {
                     endpoint: st.endpoint.as_deref().map(str::to_string),
                     replay_endpoint: reg.replay_endpoint(&key.base, key.rank),
                     state: st.seq.state().label(),
-                    last_seq: st.seq.last_seq(),
+                    last_seq: st.applied_seq(),
                     last_live_seq: st.seq.last_live_seq(),
                     last_event_age_ms: st.seq.last_data_at().map(|at| now.saturating_sub(at)),
                     gaps: s.gaps,
@@ -692,62 +746,161 @@ impl Worker {
     }
 }
 
+/// A snapshot being captured by a worker: its streams are taken one at a time, each at a point
+/// between two of its own batches, so each record is exact at its cursor. A stream that needs
+/// an export is handed to the snapshot pool, at most one per pool thread at once, and only that
+/// stream's steps wait meanwhile; the worker goes on applying every other stream's.
+struct Capture {
+    /// What the store holds: a stream whose record is still exact is kept, not exported.
+    held: Arc<HeldMap>,
+    /// Streams not taken yet.
+    queue: Vec<StreamKey>,
+    /// Exports on the pool.
+    running: usize,
+    out: Vec<Captured>,
+    reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
+    done_tx: std::sync::mpsc::Sender<(StreamKey, Option<Captured>)>,
+    done: std::sync::mpsc::Receiver<(StreamKey, Option<Captured>)>,
+}
+
+/// What a stream gives a snapshot at this point of its sequence.
+enum Part {
+    /// Nothing: it has applied no batch yet.
+    Nothing,
+    Now(Captured),
+    /// Its pod's residencies must be exported: (store key, pod, model, cursor, pod version).
+    Export(String, Arc<str>, Arc<str>, u64, Option<u64>),
+}
+
 impl Worker {
-    /// This worker's streams for a snapshot: each pod's residencies at its last applied seq,
-    /// or, for a stream still waiting to prove its snapshot record, that record again. A stream
-    /// whose stored record (`held`) is still exact (same cursor, the pod unchanged since it was
-    /// exported) is not exported again.
-    fn snapshot_records(&self, held: &HeldMap) -> Vec<Captured> {
-        let mut out = Vec::with_capacity(self.streams.len());
-        let mut moved = Vec::new();
-        let index = self.state.index();
-        for (key, st) in &self.streams {
-            let skey = format::stream_key(&key.base, key.rank);
-            let stored = held.get(&skey);
-            if let Some(import) = &st.importing {
-                // Its record is going in: the stored one stands (none is, if it was not stored).
-                if stored.is_some_and(|h| h.cursor == import.cursor) {
-                    out.push(Captured::Kept { key: skey });
-                }
-                continue;
-            }
-            if let Some(record) = &st.restore {
-                if stored.is_some_and(|h| h.cursor == record.cursor) {
-                    out.push(Captured::Kept { key: skey });
-                } else {
-                    out.push(Captured::Fresh { key: skey, version: None, record: Box::new(record.clone()) });
-                }
-                continue;
-            }
-            let Some(cursor) = st.seq.last_seq() else { continue };
-            // Read before the export: a change in between makes the next snapshot export again.
-            let version = index.pod_version(&st.pod);
-            if stored.is_some_and(|h| h.cursor == cursor && version.is_some() && h.version == version) {
-                out.push(Captured::Kept { key: skey });
-                continue;
-            }
-            moved.push((skey, key, st.pod.clone(), st.model.clone(), cursor, version));
+    /// Finished exports in; then streams out to the pool while it has threads free, or taken
+    /// at once where no export is needed. Answers the snapshot when every stream is in.
+    fn advance_capture(&mut self) {
+        let Some(capture) = self.capture.as_mut() else { return };
+        let mut finished = Vec::new();
+        while let Ok(done) = capture.done.try_recv() {
+            finished.push(done);
         }
-        // The moved pods are exported on every core (rayon's pool) while this worker waits: its
-        // streams apply nothing until the snapshot has them, so the pause is as short as the
-        // cores make it. Other workers' pods are not touched by these exports.
-        let exported: Vec<Captured> = moved
-            .into_par_iter()
-            .filter_map(|(skey, key, pod, model, cursor, version)| {
-                let export = index.export_pod(&pod).unwrap_or_else(|| kvindex::PodExport {
-                    pod: pod.to_string(),
-                    model: model.to_string(),
-                    ..Default::default()
-                });
-                (export.model == *model).then(|| {
-                    let record = StreamRecord::new(&key.base, key.rank, cursor, export);
-                    Captured::Fresh { key: skey, version, record: Box::new(record) }
-                })
-            })
-            .collect();
-        out.extend(exported);
-        out
+        for (key, captured) in finished {
+            self.export_finished(&key, captured);
+        }
+        let Some(capture) = self.capture.as_mut() else { return };
+        let state = self.state.clone();
+        while capture.running < crate::snapshot::pool::threads() {
+            let Some(key) = capture.queue.pop() else { break };
+            let Some(st) = self.streams.get_mut(&key) else { continue };
+            match stream_part(&key, st, &capture.held, state.index()) {
+                Part::Nothing => {}
+                Part::Now(captured) => capture.out.push(captured),
+                Part::Export(skey, pod, model, cursor, version) => {
+                    st.exporting = Some(cursor);
+                    capture.running += 1;
+                    let (tx, state) = (capture.done_tx.clone(), state.clone());
+                    crate::snapshot::pool::pool().spawn(move || {
+                        let export = || {
+                            let export = state.index().export_pod(&pod).unwrap_or_else(|| kvindex::PodExport {
+                                pod: pod.to_string(),
+                                model: model.to_string(),
+                                ..Default::default()
+                            });
+                            (export.model == *model).then(|| {
+                                let record = StreamRecord::new(&key.base, key.rank, cursor, export);
+                                Captured::Fresh { key: skey, version, record: Box::new(record) }
+                            })
+                        };
+                        // Always answered, so the stream's held-back steps always run: an export
+                        // that panicked (it never should) leaves the pod out of this snapshot.
+                        let captured = std::panic::catch_unwind(std::panic::AssertUnwindSafe(export))
+                            .unwrap_or_else(|_| {
+                                tracing::error!(pod = %pod, "snapshot export failed: the pod is left out of this snapshot");
+                                None
+                            });
+                        let _ = tx.send((key, captured));
+                    });
+                }
+            }
+        }
+        if capture.running == 0 && capture.queue.is_empty() {
+            if let Some(capture) = self.capture.take() {
+                let _ = capture.reply.send(capture.out);
+            }
+        }
     }
+
+    /// A stream's export is in: counted in the snapshot, and the stream's held-back steps run.
+    fn export_finished(&mut self, key: &StreamKey, captured: Option<Captured>) {
+        if let Some(capture) = self.capture.as_mut() {
+            capture.running -= 1;
+            capture.out.extend(captured);
+        }
+        if let Some(st) = self.streams.get_mut(key) {
+            st.exporting = None;
+            if st.importing.is_none() {
+                self.run_waiting(key);
+            }
+        }
+    }
+
+    /// Blocks until one running export of the capture is in (none running: returns at once).
+    fn wait_export_any(&mut self) {
+        let Some(capture) = self.capture.as_ref() else { return };
+        if capture.running == 0 {
+            return;
+        }
+        match capture.done.recv() {
+            Ok((key, captured)) => self.export_finished(&key, captured),
+            // The capture keeps a sender, so this is only reachable if that changes: what was
+            // held back runs, and the snapshot is answered without those streams.
+            Err(_) => {
+                let exporting: Vec<StreamKey> =
+                    self.streams.iter().filter(|(_, st)| st.exporting.is_some()).map(|(k, _)| k.clone()).collect();
+                for key in exporting {
+                    self.export_finished(&key, None);
+                }
+                if let Some(capture) = self.capture.as_mut() {
+                    capture.running = 0;
+                }
+            }
+        }
+    }
+
+    /// Blocks until `key`'s stream is not being exported.
+    fn wait_export(&mut self, key: &StreamKey) {
+        while self.streams.get(key).is_some_and(|st| st.exporting.is_some()) && self.capture.is_some() {
+            self.wait_export_any();
+        }
+    }
+}
+
+/// What `st` gives a snapshot now: the pod's residencies at its last applied seq or, for a
+/// stream still waiting to prove its snapshot record, that record again. A stream whose stored
+/// record (`held`) is still exact (same cursor, the pod unchanged since it was exported) is
+/// kept, not exported again.
+fn stream_part(key: &StreamKey, st: &Stream, held: &HeldMap, index: &kvindex::KvIndex) -> Part {
+    let skey = format::stream_key(&key.base, key.rank);
+    let stored = held.get(&skey);
+    if let Some(import) = &st.importing {
+        // Its record is going in: the stored one stands (none is, if it was not stored).
+        return if stored.is_some_and(|h| h.cursor == import.cursor) {
+            Part::Now(Captured::Kept { key: skey })
+        } else {
+            Part::Nothing
+        };
+    }
+    if let Some(record) = &st.restore {
+        return Part::Now(if stored.is_some_and(|h| h.cursor == record.cursor) {
+            Captured::Kept { key: skey }
+        } else {
+            Captured::Fresh { key: skey, version: None, record: Box::new(record.clone()) }
+        });
+    }
+    let Some(cursor) = st.seq.last_seq() else { return Part::Nothing };
+    // Read before the export: a change in between makes the next snapshot export again.
+    let version = index.pod_version(&st.pod);
+    if stored.is_some_and(|h| h.cursor == cursor && version.is_some() && h.version == version) {
+        return Part::Now(Captured::Kept { key: skey });
+    }
+    Part::Export(skey, st.pod.clone(), st.model.clone(), cursor, version)
 }
 
 /// Imports a pod's snapshot record on the import pool (rayon's: one thread per core), so that

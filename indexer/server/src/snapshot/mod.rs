@@ -2,9 +2,11 @@
 //! embedded RocksDB ([`store`]) periodically and on graceful shutdown, and loaded at start.
 //!
 //! A snapshot is taken by the apply workers themselves, between two batches of each stream, so
-//! every pod's residencies are exactly those of its cursor. Workers export into memory, all at
-//! once, each its moved pods on every core; encoding and the RocksDB write run on a blocking
-//! thread, off the ingest path. It is incremental: a
+//! every pod's residencies are exactly those of its cursor. A worker never stops for it: it
+//! hands its moved pods' exports to the snapshot [`pool`] a few at a time, and only the pod
+//! being exported waits (its batches queue behind the export, in order) while the worker
+//! applies every other pod's. The encoding and the RocksDB write run on the same pool, whose
+//! threads run below ingest's CPU priority. It is incremental: a
 //! stream whose cursor and pod are where the stored record has them (`KvIndex::pod_version`)
 //! keeps that record, unexported and unwritten; only the streams that moved are exported again.
 //!
@@ -19,6 +21,7 @@
 //! (`kvindex_snapshot_load_errors_total`) and overwrites it with its next snapshot.
 
 pub mod format;
+pub mod pool;
 pub mod store;
 
 use std::collections::HashMap;
@@ -209,34 +212,13 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
     let deleted = deletes.len();
     let block_size = state.config().block_size as u64;
     let snaps = snapshots.clone();
-    let write = tokio::task::spawn_blocking(move || {
-        let mut batch = SnapshotBatch::default();
-        for key in &deletes {
-            batch.delete(key);
-        }
-        // Each record is encoded into the batch and dropped, with its encoding, at once.
-        for (key, version, record) in fresh {
-            let value = format::encode_record(&record);
-            let checksum = format::checksum_of(&value).unwrap_or(0);
-            batch.put(&key, &value);
-            next.insert(key, Held { cursor: record.cursor, version, checksum, residencies: record.residencies() });
-        }
-        let mut streams: Vec<(String, u64)> = next.iter().map(|(k, h)| (k.clone(), h.checksum)).collect();
-        streams.sort_unstable();
-        let header = Header {
-            recipe_version: kvindex::keys::RECIPE_VERSION,
-            block_size,
-            created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-            residencies: next.values().map(|h| h.residencies).sum(),
-            streams,
-        };
-        let bytes = snaps.store.commit(batch, &header)?;
-        Ok::<_, rocksdb::Error>((bytes, header.residencies, next))
+    let (done, written_rx) = tokio::sync::oneshot::channel();
+    pool::pool().spawn(move || {
+        let _ = done.send(write_snapshot(&snaps, deletes, fresh, next, block_size));
     });
-    let (bytes, residencies, next) = write.await.map_err(|e| e.to_string())?.map_err(|e| {
-        counter!(m::SNAPSHOT_WRITES, "outcome" => "error").increment(1);
-        e.to_string()
-    })?;
+    let outcome = written_rx.await.unwrap_or_else(|_| Err("the snapshot write stopped (a panic, see the log)".into()));
+    let (bytes, residencies, next) =
+        outcome.inspect_err(|_| counter!(m::SNAPSHOT_WRITES, "outcome" => "error").increment(1))?;
     *held = next;
     // The streams before the write count: a reader that sees a write sees its streams.
     counter!(m::SNAPSHOT_STREAMS, "outcome" => "written").increment(written as u64);
@@ -257,6 +239,40 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
         "snapshot written"
     );
     Ok(())
+}
+
+/// Encodes the fresh records into one batch beside the deletes, and commits it with the header
+/// that lists every record the snapshot keeps. Returns bytes written, residencies and the new
+/// held map.
+fn write_snapshot(
+    snaps: &Snapshots,
+    deletes: Vec<String>,
+    fresh: Vec<(String, Option<u64>, Box<StreamRecord>)>,
+    mut next: HeldMap,
+    block_size: u64,
+) -> Result<(u64, u64, HeldMap), String> {
+    let mut batch = SnapshotBatch::default();
+    for key in &deletes {
+        batch.delete(key);
+    }
+    // Each record is encoded into the batch and dropped, with its encoding, at once.
+    for (key, version, record) in fresh {
+        let value = format::encode_record(&record);
+        let checksum = format::checksum_of(&value).unwrap_or(0);
+        batch.put(&key, &value);
+        next.insert(key, Held { cursor: record.cursor, version, checksum, residencies: record.residencies() });
+    }
+    let mut streams: Vec<(String, u64)> = next.iter().map(|(k, h)| (k.clone(), h.checksum)).collect();
+    streams.sort_unstable();
+    let header = Header {
+        recipe_version: kvindex::keys::RECIPE_VERSION,
+        block_size,
+        created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        residencies: next.values().map(|h| h.residencies).sum(),
+        streams,
+    };
+    let bytes = snaps.store.commit(batch, &header).map_err(|e| e.to_string())?;
+    Ok((bytes, header.residencies, next))
 }
 
 /// Snapshots every `snapshot_interval` until `stop`. The interval counts from the end of the

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use rocksdb::{Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{Env, Options, WriteBatch, WriteOptions, DB};
 
 use super::format::{self, FormatError, Header, StreamRecord};
 
@@ -68,6 +68,13 @@ fn options() -> Options {
     let mut o = Options::default();
     o.create_if_missing(true);
     o.set_paranoid_checks(true);
+    // RocksDB's flushes and compactions are a snapshot's background work: below ingest in CPU
+    // priority, like the snapshot pool (`pool.rs`). Without an env the defaults stand.
+    if let Ok(mut env) = Env::new() {
+        env.lower_thread_pool_cpu_priority();
+        env.lower_high_priority_thread_pool_cpu_priority();
+        o.set_env(&env);
+    }
     o
 }
 
