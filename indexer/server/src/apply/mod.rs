@@ -966,3 +966,158 @@ fn record_event_to_visible(ts: f64) {
         histogram!(m::EVENT_TO_VISIBLE).record(lat);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
+    use kvindex_zmtp::Budget;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::snapshot::pool;
+    use crate::transport::Peer;
+
+    const MODEL: &str = "m";
+
+    /// A vLLM `BlockStored` in the map form (the wire decoder's vectors cover the forms; this
+    /// test is about the worker's scheduling).
+    #[derive(serde::Serialize)]
+    struct Stored {
+        #[serde(rename = "type")]
+        ty: &'static str,
+        block_hashes: Vec<u64>,
+        parent_block_hash: Option<u64>,
+        token_ids: Vec<u32>,
+        block_size: u32,
+        lora_id: Option<i64>,
+        medium: &'static str,
+    }
+
+    fn tokens(pod: usize, seq: u64) -> Vec<u32> {
+        (0..16).map(|t| pod as u32 * 100_000 + seq as u32 * 16 + t).collect()
+    }
+
+    fn hash(pod: usize, seq: u64) -> u64 {
+        1_000 * (pod as u64 + 1) + seq
+    }
+
+    /// Pod `pod`'s live batch `seq`: one block continuing the block of `seq - 1`.
+    fn live(pods: &[String], pod: usize, seq: u64) -> Work {
+        let event = Stored {
+            ty: "BlockStored",
+            block_hashes: vec![hash(pod, seq)],
+            parent_block_hash: seq.checked_sub(1).map(|s| hash(pod, s)),
+            token_ids: tokens(pod, seq),
+            block_size: 16,
+            lora_id: None,
+            medium: "GPU",
+        };
+        let payload = rmp_serde::to_vec_named(&(1.0f64, vec![event], 0i64)).unwrap();
+        Work::Live {
+            origin: Origin::Central,
+            conn: ConnId(pod as u64 + 1),
+            peer: Arc::new(Peer::Tcp(format!("127.0.0.{}:5557", pod + 1).parse().unwrap())),
+            frames: vec![
+                Bytes::from(format!("kv@{}@{MODEL}", pods[pod])),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                Bytes::from(payload),
+            ],
+            lease: Budget::new(1 << 20).lease(),
+            at: Instant::now(),
+        }
+    }
+
+    /// Blocks of pod `pod`'s chain (batches 0 and 1) the index credits it.
+    fn matched(state: &ServiceState, pods: &[String], pod: usize) -> u32 {
+        let tokens: Vec<u32> = [tokens(pod, 0), tokens(pod, 1)].concat();
+        let query = ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: &tokens, pods: None };
+        let score = state.index().score(&query);
+        let id = state.index().pods().get(&pods[pod]);
+        score.matches.iter().find(|m| Some(m.pod) == id).map_or(0, |m| m.matched_blocks)
+    }
+
+    #[test]
+    fn a_snapshot_holds_back_only_the_pods_it_is_exporting() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let _entered = runtime.enter();
+        let config = Config::from_args(["--block-size", "16"]).unwrap();
+        let (queues, _receivers) = Queues::new(1, 64);
+        let index = KvIndex::new(KvIndexConfig { block_size: 16, ..Default::default() });
+        let state = Arc::new(ServiceState::new(config, index, queues));
+        let mut worker = Worker::new(state.clone(), 0);
+        // One pod more than the pool has threads: that one is not exported while they are busy.
+        let threads = pool::threads();
+        let pods: Vec<String> = (0..=threads).map(|i| format!("10.0.0.{}:8000", i + 1)).collect();
+        for pod in 0..pods.len() {
+            worker.handle(live(&pods, pod, 0));
+            assert_eq!(matched(&state, &pods, pod), 1);
+        }
+
+        // Every pool thread held at a gate: the exports the capture hands out cannot run yet.
+        let (started_tx, started) = mpsc::channel();
+        let gates: Vec<mpsc::Sender<()>> = (0..threads)
+            .map(|_| {
+                let (gate, wait) = mpsc::channel::<()>();
+                let started_tx = started_tx.clone();
+                pool::pool().spawn(move || {
+                    started_tx.send(()).unwrap();
+                    let _ = wait.recv();
+                });
+                gate
+            })
+            .collect();
+        for _ in 0..threads {
+            started.recv_timeout(Duration::from_secs(10)).expect("every pool thread reaches its gate");
+        }
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        worker.handle(Work::Snapshot { held: Arc::new(HeldMap::new()), reply });
+        let exporting: Vec<usize> = (0..pods.len())
+            .filter(|&p| worker.streams.values().any(|st| *st.pod == *pods[p] && st.exporting.is_some()))
+            .collect();
+        assert_eq!(exporting.len(), threads, "one pod per pool thread is out for export, no more");
+
+        // Batch 1 of every pod, while the exports wait.
+        for pod in 0..pods.len() {
+            worker.handle(live(&pods, pod, 1));
+        }
+        for pod in 0..pods.len() {
+            let st = worker.streams.values().find(|st| *st.pod == *pods[pod]).unwrap();
+            if exporting.contains(&pod) {
+                assert_eq!(matched(&state, &pods, pod), 1, "a pod being exported waits for its export");
+                assert_eq!(st.applied_seq(), Some(0), "its status says what is applied");
+            } else {
+                assert_eq!(matched(&state, &pods, pod), 2, "the worker goes on with the other pods");
+                assert_eq!(st.applied_seq(), Some(1));
+            }
+        }
+        assert!(answer.try_recv().is_err(), "the snapshot is not answered before its exports");
+
+        drop(gates);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let captured = loop {
+            worker.advance_capture();
+            match answer.try_recv() {
+                Ok(captured) => break captured,
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
+                    assert!(Instant::now() < deadline, "the snapshot was never answered");
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => panic!("the capture dropped its answer: {e}"),
+            }
+        };
+        for pod in 0..pods.len() {
+            assert_eq!(matched(&state, &pods, pod), 2, "held-back batches apply once the export is done");
+        }
+        // Each record is its pod at its cursor: the exported ones before batch 1, the other after.
+        assert_eq!(captured.len(), pods.len());
+        for c in captured {
+            let Captured::Fresh { record, .. } = c else { panic!("nothing was stored: every stream is fresh") };
+            let pod = pods.iter().position(|p| **p == *record.pod()).unwrap();
+            let cursor = if exporting.contains(&pod) { 0 } else { 1 };
+            assert_eq!(record.cursor, cursor);
+            assert_eq!(record.residencies(), cursor + 1, "the record holds exactly the blocks up to its cursor");
+        }
+    }
+}
