@@ -53,6 +53,7 @@ pub const SNAPSHOT_SECONDS: &str = "kvindex_snapshot_seconds";
 pub const SNAPSHOT_BYTES: &str = "kvindex_snapshot_bytes";
 pub const SNAPSHOT_STREAMS: &str = "kvindex_snapshot_streams_total";
 pub const SNAPSHOT_RESIDENCIES: &str = "kvindex_snapshot_residencies";
+pub const SNAPSHOT_EXPORT_WAITS: &str = "kvindex_snapshot_export_waits_total";
 pub const SNAPSHOT_LOADS: &str = "kvindex_snapshot_loads_total";
 pub const SNAPSHOT_LOAD_ERRORS: &str = "kvindex_snapshot_load_errors_total";
 pub const SNAPSHOT_LOAD_SECONDS: &str = "kvindex_snapshot_load_seconds";

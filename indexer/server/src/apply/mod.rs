@@ -35,6 +35,11 @@ const TICK: Duration = Duration::from_millis(100);
 const BYTES_EVERY: Duration = Duration::from_secs(5);
 /// How often a worker looks for finished imports while any is running.
 const IMPORT_POLL: Duration = Duration::from_millis(2);
+/// Steps a stream may hold back behind its pod's snapshot export before the worker waits for
+/// that export: what a publisher can make us keep while a starved export runs is bounded (the
+/// socket's byte lease ends when its message is taken), at the price of a pause for one pod's
+/// export, the old behaviour, only when the export falls that far behind.
+const MAX_HELD_BACK: usize = 4096;
 
 /// A pod's snapshot record being imported off the worker (see `start_import`).
 struct Importing {
@@ -540,6 +545,10 @@ impl Worker {
                     _ => None,
                 };
                 st.waiting.push((step, received));
+                if st.exporting.is_some() && st.waiting.len() >= MAX_HELD_BACK {
+                    counter!(m::SNAPSHOT_EXPORT_WAITS).increment(1);
+                    self.wait_export(key);
+                }
                 continue;
             }
             match step {
@@ -1038,26 +1047,30 @@ mod tests {
         score.matches.iter().find(|m| Some(m.pod) == id).map_or(0, |m| m.matched_blocks)
     }
 
-    #[test]
-    fn a_snapshot_holds_back_only_the_pods_it_is_exporting() {
+    /// A worker on a service state of its own, and one pod more than the snapshot pool has
+    /// threads (that one is not exported while they are busy), each with batch 0 applied.
+    fn worker_with_pods() -> (tokio::runtime::Runtime, Arc<ServiceState>, Worker, Vec<String>) {
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        let _entered = runtime.enter();
+        let entered = runtime.enter();
         let config = Config::from_args(["--block-size", "16"]).unwrap();
         let (queues, _receivers) = Queues::new(1, 64);
         let index = KvIndex::new(KvIndexConfig { block_size: 16, ..Default::default() });
         let state = Arc::new(ServiceState::new(config, index, queues));
         let mut worker = Worker::new(state.clone(), 0);
-        // One pod more than the pool has threads: that one is not exported while they are busy.
-        let threads = pool::threads();
-        let pods: Vec<String> = (0..=threads).map(|i| format!("10.0.0.{}:8000", i + 1)).collect();
+        let pods: Vec<String> = (0..=pool::threads()).map(|i| format!("10.0.0.{}:8000", i + 1)).collect();
         for pod in 0..pods.len() {
             worker.handle(live(&pods, pod, 0));
             assert_eq!(matched(&state, &pods, pod), 1);
         }
+        drop(entered);
+        (runtime, state, worker, pods)
+    }
 
-        // Every pool thread held at a gate: the exports the capture hands out cannot run yet.
+    /// Holds every snapshot pool thread at a gate until the returned senders are dropped: the
+    /// exports a capture hands out cannot run meanwhile.
+    fn close_the_pool() -> Vec<mpsc::Sender<()>> {
         let (started_tx, started) = mpsc::channel();
-        let gates: Vec<mpsc::Sender<()>> = (0..threads)
+        let gates: Vec<mpsc::Sender<()>> = (0..pool::threads())
             .map(|_| {
                 let (gate, wait) = mpsc::channel::<()>();
                 let started_tx = started_tx.clone();
@@ -1068,14 +1081,28 @@ mod tests {
                 gate
             })
             .collect();
-        for _ in 0..threads {
+        for _ in 0..gates.len() {
             started.recv_timeout(Duration::from_secs(10)).expect("every pool thread reaches its gate");
         }
+        gates
+    }
+
+    /// The pods out for export.
+    fn exporting(worker: &Worker, pods: &[String]) -> Vec<usize> {
+        (0..pods.len())
+            .filter(|&p| worker.streams.values().any(|st| *st.pod == *pods[p] && st.exporting.is_some()))
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_holds_back_only_the_pods_it_is_exporting() {
+        let (runtime, state, mut worker, pods) = worker_with_pods();
+        let _entered = runtime.enter();
+        let threads = pool::threads();
+        let gates = close_the_pool();
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         worker.handle(Work::Snapshot { held: Arc::new(HeldMap::new()), reply });
-        let exporting: Vec<usize> = (0..pods.len())
-            .filter(|&p| worker.streams.values().any(|st| *st.pod == *pods[p] && st.exporting.is_some()))
-            .collect();
+        let exporting = exporting(&worker, &pods);
         assert_eq!(exporting.len(), threads, "one pod per pool thread is out for export, no more");
 
         // Batch 1 of every pod, while the exports wait.
@@ -1119,5 +1146,35 @@ mod tests {
             assert_eq!(record.cursor, cursor);
             assert_eq!(record.residencies(), cursor + 1, "the record holds exactly the blocks up to its cursor");
         }
+    }
+
+    #[test]
+    fn a_pod_held_back_too_long_makes_the_worker_wait_for_its_export() {
+        let (runtime, state, mut worker, pods) = worker_with_pods();
+        let _entered = runtime.enter();
+        let gates = close_the_pool();
+        let (reply, _answer) = tokio::sync::oneshot::channel();
+        worker.handle(Work::Snapshot { held: Arc::new(HeldMap::new()), reply });
+        let held = exporting(&worker, &pods)[0];
+        let stream = |w: &Worker| {
+            w.streams
+                .values()
+                .find(|st| *st.pod == *pods[held])
+                .map(|st| (st.exporting, st.waiting.len(), st.applied_seq()))
+                .unwrap()
+        };
+        for seq in 1..MAX_HELD_BACK as u64 {
+            worker.handle(live(&pods, held, seq));
+        }
+        assert_eq!(stream(&worker), (Some(0), MAX_HELD_BACK - 1, Some(0)), "held back, up to the bound");
+        // The pool may run again; the batch that reaches the bound waits for the pod's export.
+        drop(gates);
+        worker.handle(live(&pods, held, MAX_HELD_BACK as u64));
+        assert_eq!(
+            stream(&worker),
+            (None, 0, Some(MAX_HELD_BACK as u64)),
+            "the export is done and every batch applied"
+        );
+        assert_eq!(matched(&state, &pods, held), 2);
     }
 }
