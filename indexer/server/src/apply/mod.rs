@@ -794,17 +794,16 @@ impl Worker {
             self.export_finished(&key, captured);
         }
         let Some(capture) = self.capture.as_mut() else { return };
-        let state = self.state.clone();
         while capture.running < crate::snapshot::pool::threads() {
             let Some(key) = capture.queue.pop() else { break };
             let Some(st) = self.streams.get_mut(&key) else { continue };
-            match stream_part(&key, st, &capture.held, state.index()) {
+            match stream_part(&key, st, &capture.held, self.state.index()) {
                 Part::Nothing => {}
                 Part::Now(captured) => capture.out.push(captured),
                 Part::Export(skey, pod, model, cursor, version) => {
                     st.exporting = Some(cursor);
                     capture.running += 1;
-                    let (tx, state) = (capture.done_tx.clone(), state.clone());
+                    let (tx, state) = (capture.done_tx.clone(), self.state.clone());
                     crate::snapshot::pool::pool().spawn(move || {
                         let export = || {
                             let export = state.index().export_pod(&pod).unwrap_or_else(|| kvindex::PodExport {
