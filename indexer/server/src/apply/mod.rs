@@ -823,6 +823,9 @@ impl Worker {
                                 tracing::error!(pod = %pod, "snapshot export failed: the pod is left out of this snapshot");
                                 None
                             });
+                        // The service state goes first, as the snapshot write lets go of the
+                        // store: nothing of the service outlives the answer on a pool thread.
+                        drop(state);
                         let _ = tx.send((key, captured));
                     });
                 }

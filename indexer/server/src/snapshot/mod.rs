@@ -214,7 +214,11 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
     let snaps = snapshots.clone();
     let (done, written_rx) = tokio::sync::oneshot::channel();
     pool::pool().spawn(move || {
-        let _ = done.send(write_snapshot(&snaps, deletes, fresh, next, block_size));
+        let outcome = write_snapshot(&snaps, deletes, fresh, next, block_size);
+        // Let go of the store before answering: once answered, shutdown may close it and the
+        // process exit, and RocksDB must not be closed by a pool thread racing that exit.
+        drop(snaps);
+        let _ = done.send(outcome);
     });
     let outcome = written_rx.await.unwrap_or_else(|_| Err("the snapshot write stopped (a panic, see the log)".into()));
     let (bytes, residencies, next) =
