@@ -536,12 +536,8 @@ impl Worker {
         for step in steps.drain(..) {
             let Some(st) = self.streams.get_mut(key) else { return };
             if st.importing.is_some() || st.exporting.is_some() {
-                let received = match (&step, current) {
-                    (Step::Apply { batch, .. }, Some((bytes, _, at)))
-                        if bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len() =>
-                    {
-                        Some(at)
-                    }
+                let received = match &step {
+                    Step::Apply { batch, .. } => decoded_here(current, batch).map(|(_, at)| at),
                     _ => None,
                 };
                 st.waiting.push((step, received));
@@ -557,17 +553,15 @@ impl Worker {
                         // The stream continued from the snapshot's cursor: its residencies hold.
                         // They are imported on the import pool (every core), and this batch and
                         // the stream's next steps wait for them.
-                        let received = current.map(|(_, _, at)| at);
+                        let received = decoded_here(current, &batch).map(|(_, at)| at);
                         st.importing = Some(start_import(&state, record));
                         st.waiting.push((Step::Apply { seq, batch }, received));
                         self.imports += 1;
                         continue;
                     }
-                    let report = match current {
+                    let report = match decoded_here(current, &batch) {
                         // The batch this call decoded: do not decode it again.
-                        Some((bytes, decoded, at))
-                            if bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len() =>
-                        {
+                        Some((decoded, at)) => {
                             let r = state.index().apply(&st.pod, &st.model, decoded);
                             histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
                             record_event_to_visible(decoded.ts);
@@ -912,6 +906,17 @@ fn stream_part(key: &StreamKey, st: &Stream, held: &HeldMap, index: &kvindex::Kv
         return Part::Now(Captured::Kept { key: skey });
     }
     Part::Export(skey, st.pod.clone(), st.model.clone(), cursor, version)
+}
+
+/// `batch` decoded and its receive time, if it is the batch the caller of `execute` decoded
+/// (the same bytes, not a copy: a step released later carries another).
+fn decoded_here<'a, 'b>(
+    current: Option<(&Bytes, &'a EventBatch<'b>, Instant)>,
+    batch: &Bytes,
+) -> Option<(&'a EventBatch<'b>, Instant)> {
+    current
+        .filter(|(bytes, _, _)| bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len())
+        .map(|(_, decoded, at)| (decoded, at))
 }
 
 /// Imports a pod's snapshot record on the import pool (rayon's: one thread per core), so that
