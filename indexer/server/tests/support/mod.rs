@@ -428,6 +428,21 @@ pub fn chain(k: u32, blocks: usize) -> Vec<u32> {
 }
 
 /// A free loopback TCP port (bound and released; for an engine that must start later).
+///
+/// Drawn at random below Linux's ephemeral range (32768 and up), not from it: a port the
+/// kernel handed out for `:0` and took back could be handed out again, before the peer binds
+/// it, to the server's own `:0` listeners or to a client's source port (CI once saw the
+/// server's HTTP listener take the publisher's port).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::hash::{BuildHasher, Hasher};
+    for attempt in 0u32..10_000 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u32(attempt);
+        let port = 20_000 + (h.finish() % 12_000) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000..32000 on 127.0.0.1")
 }
