@@ -1,7 +1,8 @@
-//! The core's test support: the vLLM vectors in the repository ([`vectors`]) and the frames of
-//! a captured record.
+//! The core's test support: the vLLM vectors in the repository ([`vectors`]), the frames of
+//! a captured record, and the reference model of what an engine holds ([`reference`]).
 #![allow(dead_code)]
 
+pub mod reference;
 pub mod vectors;
 
 #[allow(unused_imports)] // not every test uses the vectors

@@ -338,6 +338,17 @@ class Peer:
             return {"ok": False, "code": e.code().name, "details": e.details()}
         return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms}
 
+    def op_score_pod_many(self, model, pod, prompts):
+        """Matched blocks and state of `pod` for each prompt (one round trip for many queries)."""
+        out = []
+        for tokens in prompts:
+            r = self.op_score(model, tokens, pods=[pod])
+            if r.get("ok") is False:
+                return r
+            s = r["scores"][0] if r["scores"] else {"matched_blocks": 0, "state": "UNKNOWN"}
+            out.append([s["matched_blocks"], s["state"]])
+        return {"scores": out}
+
     def op_score_raw(self, model, n_tokens, pods=()):
         return self.op_score(model, list(range(n_tokens)), pods)
 

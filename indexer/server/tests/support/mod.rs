@@ -2,7 +2,7 @@
 //! ([`Server`], through `kvindex_server::run`) or as the `kvindex` binary ([`ServeProcess`],
 //! for the tests of the binary itself), the independent Python peers
 //! (`tests/python/kvpeer.py`: pyzmq publishers, msgspec encoder, grpcio client), a small HTTP
-//! client, and the vLLM vectors.
+//! client, the vLLM vectors and the reference model of what an engine holds.
 //!
 //! Python comes from `KVINDEX_PYTHON` (set by `source scripts/env.sh`; `bash scripts/setup.sh`
 //! installs it). Without it a test is skipped with a message, except under `CI`, where it fails.
@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+#[path = "../../../tests/support/reference.rs"]
+pub mod reference;
 #[path = "../../../tests/support/vectors.rs"]
 pub mod vectors;
 #[allow(unused_imports)] // not every test uses the vectors
