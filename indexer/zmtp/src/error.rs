@@ -79,6 +79,10 @@ pub enum Reason {
     ListenerFull { limit: usize },
     #[error("listener already holds {limit} connections from this source")]
     SourceFull { limit: usize },
+    #[error("listener already holds {limit} connections that have not finished their handshake")]
+    HandshakingFull { limit: usize },
+    #[error("listener already holds {limit} connections from this source that have not finished their handshake")]
+    SourceHandshakingFull { limit: usize },
     #[error("address not allowed to connect")]
     NotAllowed,
 }
@@ -96,6 +100,8 @@ impl Reason {
             Reason::IdleTimeout => "idle_timeout",
             Reason::ListenerFull { .. } => "listener_full",
             Reason::SourceFull { .. } => "source_full",
+            Reason::HandshakingFull { .. } => "handshaking_full",
+            Reason::SourceHandshakingFull { .. } => "source_handshaking_full",
             Reason::NotAllowed => "not_allowed",
         }
     }

@@ -37,6 +37,15 @@ pub struct Limits {
     /// Most connections a listener holds from one source (an IP address, or a uid for
     /// `ipc://`), so one address cannot lock the others out. Default 32.
     pub max_connections_per_source: usize,
+    /// Most connections a listener holds that have not finished their handshake yet. A
+    /// socket that never greets still holds a descriptor until `handshake_timeout`, so these
+    /// are bounded apart from (and well below) `max_connections`: half-open sockets can never
+    /// take the room of publishers that did handshake. Default 256.
+    pub max_handshaking: usize,
+    /// The same, from one source: an address holding many half-open sockets cannot keep a
+    /// publisher from another address from handshaking. Default 4 (an engine handshakes in
+    /// milliseconds, and a node's DP ranks dial one after another).
+    pub max_handshaking_per_source: usize,
     /// Time from accept (or connect) to a finished ZMTP handshake. Default 10 s.
     pub handshake_timeout: Duration,
     /// Silence after which we PING a ZMTP 3.1 peer (3.0 has no heartbeat). Default 10 s.
@@ -60,6 +69,8 @@ impl Default for Limits {
             max_bytes_in_flight_per_source: 64 << 20,
             max_connections: 1024,
             max_connections_per_source: 32,
+            max_handshaking: 256,
+            max_handshaking_per_source: 4,
             handshake_timeout: Duration::from_secs(10),
             heartbeat_interval: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
@@ -81,6 +92,8 @@ impl Limits {
             ("max_bytes_in_flight_per_source", self.max_bytes_in_flight_per_source),
             ("max_connections", self.max_connections),
             ("max_connections_per_source", self.max_connections_per_source),
+            ("max_handshaking", self.max_handshaking),
+            ("max_handshaking_per_source", self.max_handshaking_per_source),
             ("max_queued_events", self.max_queued_events),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {

@@ -5,8 +5,11 @@
 //!
 //! One task accepts; one task per connection reads. Connections are capped before the
 //! handshake starts (a refused one is closed at once and reported), so a flood of sockets from
-//! one address costs us a descriptor for microseconds, not for the handshake timeout. Dropping
-//! the listener stops the accept task and every connection task with it.
+//! one address costs us a descriptor for microseconds, not for the handshake timeout. Those
+//! still handshaking are capped apart, in total and per source, so sockets that never greet
+//! (each holding a descriptor until the handshake timeout) cannot take the room of publishers
+//! from other addresses. Dropping the listener stops the accept task and every connection
+//! task with it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -56,11 +59,14 @@ struct Shared {
 #[derive(Default)]
 struct Sources {
     total: usize,
+    /// Of `total`, those that have not finished their handshake.
+    handshaking: usize,
     by_source: HashMap<Source, SourceEntry>,
 }
 
 struct SourceEntry {
     connections: usize,
+    handshaking: usize,
     budget: Budget,
 }
 
@@ -68,14 +74,32 @@ struct SourceEntry {
 struct Slot {
     shared: Arc<Shared>,
     source: Source,
+    /// Still counted among the handshaking connections.
+    handshaking: bool,
+}
+
+impl Slot {
+    /// The handshake is done: the connection leaves the handshaking caps (not the others).
+    fn handshaken(&mut self) {
+        if std::mem::take(&mut self.handshaking) {
+            let mut sources = self.shared.sources.lock().unwrap_or_else(|e| e.into_inner());
+            sources.handshaking -= 1;
+            if let Some(entry) = sources.by_source.get_mut(&self.source) {
+                entry.handshaking -= 1;
+            }
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        let handshaking = usize::from(self.handshaking);
         let mut sources = self.shared.sources.lock().unwrap_or_else(|e| e.into_inner());
         sources.total -= 1;
+        sources.handshaking -= handshaking;
         if let Some(entry) = sources.by_source.get_mut(&self.source) {
             entry.connections -= 1;
+            entry.handshaking -= handshaking;
             if entry.connections == 0 && entry.budget.used() == 0 {
                 sources.by_source.remove(&self.source);
             }
@@ -93,23 +117,32 @@ impl Shared {
         if sources.total >= self.limits.max_connections {
             return Err(Reason::ListenerFull { limit: self.limits.max_connections });
         }
+        if sources.handshaking >= self.limits.max_handshaking {
+            return Err(Reason::HandshakingFull { limit: self.limits.max_handshaking });
+        }
         let source = peer.source();
         if sources.by_source.len() > 2 * self.limits.max_connections {
             // Sources whose last connection left while their messages were still queued.
             sources.by_source.retain(|_, e| e.connections > 0 || e.budget.used() > 0);
         }
         let per_source = self.limits.max_bytes_in_flight_per_source;
-        let entry = sources
-            .by_source
-            .entry(source)
-            .or_insert_with(|| SourceEntry { connections: 0, budget: Budget::new(per_source) });
+        let entry = sources.by_source.entry(source).or_insert_with(|| SourceEntry {
+            connections: 0,
+            handshaking: 0,
+            budget: Budget::new(per_source),
+        });
         if entry.connections >= self.limits.max_connections_per_source {
             return Err(Reason::SourceFull { limit: self.limits.max_connections_per_source });
         }
+        if entry.handshaking >= self.limits.max_handshaking_per_source {
+            return Err(Reason::SourceHandshakingFull { limit: self.limits.max_handshaking_per_source });
+        }
         entry.connections += 1;
+        entry.handshaking += 1;
         let budget = entry.budget.clone();
         sources.total += 1;
-        Ok((Slot { shared: self.clone(), source }, budget))
+        sources.handshaking += 1;
+        Ok((Slot { shared: self.clone(), source, handshaking: true }, budget))
     }
 }
 
@@ -200,8 +233,7 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
     }
 }
 
-async fn serve(shared: Arc<Shared>, stream: Stream, peer: Arc<Peer>, slot: Slot, source_budget: Budget) {
-    let _slot = slot;
+async fn serve(shared: Arc<Shared>, stream: Stream, peer: Arc<Peer>, mut slot: Slot, source_budget: Budget) {
     let lease = shared.budget.lease_with(source_budget);
     let handshake = async {
         let (mut conn, info) = handshake::handshake(stream, SocketType::Sub, &shared.limits, lease).await?;
@@ -213,6 +245,7 @@ async fn serve(shared: Arc<Shared>, stream: Stream, peer: Arc<Peer>, slot: Slot,
         Ok(Err(reason)) => return drop(shared.events.send(Event::Rejected { peer, reason }).await),
         Err(_) => return drop(shared.events.send(Event::Rejected { peer, reason: Reason::HandshakeTimeout }).await),
     };
+    slot.handshaken();
     let conn_id = ConnId::next();
     if shared.events.send(Event::Connected { conn: conn_id, peer: peer.clone(), info }).await.is_err() {
         return;

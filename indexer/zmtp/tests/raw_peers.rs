@@ -257,6 +257,44 @@ fn one_address_holding_unfinished_messages_cannot_stall_another() {
 }
 
 #[test]
+fn half_open_connections_are_capped_apart_per_source_and_in_total() {
+    let Some(mut py) = Peer::start() else { return };
+    let rt = runtime();
+    let limits = Limits {
+        max_connections: 16,
+        max_connections_per_source: 8,
+        max_handshaking: 3,
+        max_handshaking_per_source: 2,
+        ..quick_limits()
+    };
+    let (mut sub, endpoint) = listen(&rt, limits, &[b""]);
+    // Five silent connections from 127.0.0.2: two held, three refused at once.
+    py.cmd(json!({"op": "flood", "name": "f2", "endpoint": endpoint, "n": 5, "source": "127.0.0.2"}));
+    sub.wait_for(&rt, 20, "three SourceHandshakingFull", {
+        let mut n = 0;
+        move |e| {
+            n += matches!(e, Event::Rejected { reason: Reason::SourceHandshakingFull { limit: 2 }, .. }) as usize;
+            (n == 3).then_some(())
+        }
+    });
+    // A publisher from another address still handshakes while they are held.
+    py.cmd(json!({"op": "pub", "name": "good", "connect": endpoint}));
+    connected(&mut sub, &rt);
+    // A third address takes the last handshaking place; the next is refused for the total.
+    py.cmd(json!({"op": "flood", "name": "f3", "endpoint": endpoint, "n": 1, "source": "127.0.0.3"}));
+    py.cmd(json!({"op": "flood", "name": "f4", "endpoint": endpoint, "n": 1, "source": "127.0.0.4"}));
+    let (reason, _) = sub.wait_for(&rt, 20, "HandshakingFull", |e| match e {
+        Event::Rejected { reason: r @ Reason::HandshakingFull { .. }, peer } => Some((r.clone(), peer.clone())),
+        _ => None,
+    });
+    assert_eq!(reason.0, Reason::HandshakingFull { limit: 3 });
+    assert_eq!(reason.1.source().to_string(), "127.0.0.4");
+    py.cmd(json!({"op": "flood_close", "name": "f2"}));
+    py.cmd(json!({"op": "flood_close", "name": "f3"}));
+    py.cmd(json!({"op": "flood_close", "name": "f4"}));
+}
+
+#[test]
 fn connection_caps_hold_per_source_and_per_listener() {
     let Some(mut py) = Peer::start() else { return };
     let rt = runtime();

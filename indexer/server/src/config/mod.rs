@@ -104,9 +104,18 @@ pub struct Settings {
     /// less when the descriptor limit (RLIMIT_NOFILE) is low, keeping room for gRPC and HTTP.
     #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS")]
     pub zmq_max_connections: Option<i64>,
-    /// Most connections the central SUB holds from one source address. Default 32.
+    /// Most connections the central SUB holds from one source address. Default 32, or a
+    /// quarter of `zmq_max_connections` when that is lower.
     #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS_PER_SOURCE")]
     pub zmq_max_connections_per_source: Option<i64>,
+    /// Most central-SUB connections that have not finished their ZeroMQ handshake. Default a
+    /// quarter of `zmq_max_connections` (at least 2).
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_HANDSHAKING")]
+    pub zmq_max_handshaking: Option<i64>,
+    /// The same from one source address. Default 4, or half of `zmq_max_handshaking` when that
+    /// is lower; `zmq_max_connections_per_source` when that is set.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_HANDSHAKING_PER_SOURCE")]
+    pub zmq_max_handshaking_per_source: Option<i64>,
     /// Time a ZeroMQ peer has to finish its handshake. Default 10000.
     #[arg(long, env = "KVINDEX_ZMQ_HANDSHAKE_TIMEOUT_MS")]
     pub zmq_handshake_timeout_ms: Option<i64>,
@@ -642,6 +651,19 @@ fn zmq_limits(s: &Settings, src: &Sources<'_>, int: &IntCheck<'_>) -> Result<kvi
     const GIB: i64 = 1 << 30;
     let bytes = |key, v, default| int(key, v, default, 1, 64 * GIB).map(|v| v as usize);
     let ms = |key, v, default| int(key, v, default, 1, 86_400_000).map(|v| Duration::from_millis(v as u64));
+    let max_connections =
+        int("zmq_max_connections", s.zmq_max_connections, default_max_connections(), 1, 1 << 20)? as usize;
+    // Sockets that never greet hold a descriptor each until the handshake timeout: they get a
+    // share of the listener, not all of it, so publishers that did handshake always find room.
+    let max_handshaking =
+        int("zmq_max_handshaking", s.zmq_max_handshaking, (max_connections as i64 / 4).max(2), 1, 1 << 20)? as usize;
+    let max_connections_per_source = int(
+        "zmq_max_connections_per_source",
+        s.zmq_max_connections_per_source,
+        (max_connections as i64 / 4).clamp(1, 32),
+        1,
+        1 << 20,
+    )? as usize;
     let limits = kvindex_zmtp::Limits {
         max_frame_size: bytes("zmq_max_frame_bytes", s.zmq_max_frame_bytes, 16 << 20)?,
         max_message_size: bytes("zmq_max_message_bytes", s.zmq_max_message_bytes, 16 << 20)?,
@@ -652,12 +674,18 @@ fn zmq_limits(s: &Settings, src: &Sources<'_>, int: &IntCheck<'_>) -> Result<kvi
             s.zmq_max_bytes_in_flight_per_source,
             64 << 20,
         )?,
-        max_connections: int("zmq_max_connections", s.zmq_max_connections, default_max_connections(), 1, 1 << 20)?
-            as usize,
-        max_connections_per_source: int(
-            "zmq_max_connections_per_source",
-            s.zmq_max_connections_per_source,
-            32,
+        max_connections,
+        max_connections_per_source,
+        max_handshaking,
+        max_handshaking_per_source: int(
+            "zmq_max_handshaking_per_source",
+            s.zmq_max_handshaking_per_source,
+            // An operator who lets one address hold N connections (many publishers on one
+            // host) lets them connect at once.
+            match s.zmq_max_connections_per_source {
+                Some(_) => max_connections_per_source as i64,
+                None => (max_handshaking as i64 / 2).clamp(1, 4),
+            },
             1,
             1 << 20,
         )? as usize,
@@ -845,6 +873,20 @@ mod tests {
         assert_eq!(c.zmq_bind.as_deref(), Some("tcp://0.0.0.0:5557"));
         assert_eq!((c.tier_weights["CPU"], c.tier_weights["DISK"]), (0.25, 0.1));
         assert_eq!(c.topic_map.iter().map(|t| t.pod.as_str()).collect::<Vec<_>>(), ["b", "d"]);
+    }
+
+    #[test]
+    fn half_open_connections_get_a_share_of_the_listener_by_default() {
+        let l = config(&["--zmq-max-connections", "16"]).unwrap().zmq_limits;
+        assert_eq!((l.max_connections_per_source, l.max_handshaking, l.max_handshaking_per_source), (4, 4, 2));
+        let l = config(&["--zmq-max-connections", "1024"]).unwrap().zmq_limits;
+        assert_eq!((l.max_connections_per_source, l.max_handshaking, l.max_handshaking_per_source), (32, 256, 4));
+        // Many publishers on one host, declared: they may connect at once.
+        let l = config(&["--zmq-max-connections-per-source", "64"]).unwrap().zmq_limits;
+        assert_eq!(l.max_handshaking_per_source, 64);
+        let l = config(&["--zmq-max-handshaking", "9", "--zmq-max-handshaking-per-source", "3"]).unwrap().zmq_limits;
+        assert_eq!((l.max_handshaking, l.max_handshaking_per_source), (9, 3));
+        assert_eq!(config(&["--zmq-max-handshaking", "0"]).unwrap_err().key, "zmq_max_handshaking");
     }
 
     #[test]

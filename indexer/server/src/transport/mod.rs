@@ -62,7 +62,13 @@ pub fn note_event(socket: SocketKind, what: &str, event: &Event) {
         }
         Event::Rejected { peer, reason } => {
             metrics::counter!(m::ZMQ_REJECTED, "socket" => s, "reason" => reason.label()).increment(1);
-            tracing::warn!(socket = s, peer = %peer, reason = %escape(&reason.to_string()), "connection refused");
+            // A flood of refused sockets is counted in full but logged at powers of two, so it
+            // cannot flood the log as well.
+            static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(socket = s, peer = %peer, reason = %escape(&reason.to_string()), refused_total = n, "connection refused");
+            }
         }
         Event::ConnectFailed { endpoint, reason, retry_in } => {
             // An engine that is not up yet is the normal state of a dialled pod: counted, not logged.

@@ -349,6 +349,55 @@ class Peer:
             out.append([s["matched_blocks"], s["state"]])
         return {"scores": out}
 
+    def op_hold_half_open(self, target, count, source="127.0.0.2"):
+        """An attacker: keeps `count` TCP connections from `source` to `target` (host:port)
+        open without ever sending a byte (no ZMTP greeting), reopening any the server closes,
+        until `release_half_open`."""
+        import selectors
+        import socket
+
+        host, port = target.rsplit(":", 1)
+        stop = threading.Event()
+        opened = [0]
+
+        def dial():
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((source, 0))
+            s.setblocking(False)
+            s.connect_ex((host, int(port)))
+            opened[0] += 1
+            return s
+
+        def run():
+            sel = selectors.DefaultSelector()
+            for _ in range(count):
+                sel.register(dial(), selectors.EVENT_READ)
+            while not stop.is_set():
+                for key, _ in sel.select(timeout=0.01):
+                    try:
+                        data = key.fileobj.recv(4096)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        data = b""
+                    if data:
+                        continue  # the server's greeting: never answered
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+                    sel.register(dial(), selectors.EVENT_READ)
+            for key in list(sel.get_map().values()):
+                key.fileobj.close()
+
+        self.half_open = (stop, threading.Thread(target=run, daemon=True), opened)
+        self.half_open[1].start()
+        return {}
+
+    def op_release_half_open(self):
+        stop, thread, opened = self.half_open
+        stop.set()
+        thread.join()
+        return {"opened": opened[0]}
+
     def op_score_raw(self, model, n_tokens, pods=()):
         return self.op_score(model, list(range(n_tokens)), pods)
 

@@ -388,9 +388,25 @@ pub struct ServeProcess {
 
 impl ServeProcess {
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-            .arg("serve")
-            .args(args)
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kvindex"));
+        command.arg("serve").args(args);
+        Self::spawn(command, env)
+    }
+
+    /// [`ServeProcess::start`] under a descriptor limit (`ulimit -n`, soft and hard), as a
+    /// container's RLIMIT_NOFILE would set it.
+    pub fn start_with_open_files(max_open_files: u32, args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        let mut command = Command::new("bash");
+        command
+            .arg("-c")
+            .arg(format!("ulimit -n {max_open_files} && exec \"$0\" serve \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_kvindex"))
+            .args(args);
+        Self::spawn(command, env)
+    }
+
+    fn spawn(mut command: Command, env: &[(&str, &str)]) -> ServeProcess {
+        let mut child = command
             .envs(env.iter().copied())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
             .stdout(Stdio::piped())
