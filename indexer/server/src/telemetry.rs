@@ -42,6 +42,7 @@ pub const TLS_HANDSHAKE_FAILURES: &str = "kvindex_tls_handshake_failures_total";
 pub const CONTROL_DENIED: &str = "kvindex_control_denied_total";
 pub const TOPIC_CONFLICTS: &str = "kvindex_topic_conflicts_total";
 pub const SOURCES_REFUSED: &str = "kvindex_sources_refused_total";
+pub const SOURCES_RECLAIMED: &str = "kvindex_sources_reclaimed_total";
 pub const READY: &str = "kvindex_ready";
 pub const PODS: &str = "kvindex_pods";
 pub const HASH_MISMATCHES: &str = "kvindex_hash_check_mismatches_total";
@@ -141,7 +142,11 @@ fn describe() {
     describe_counter!(TOPIC_CONFLICTS, "Central-mode messages dropped: their topic is bound to another source address");
     describe_counter!(
         SOURCES_REFUSED,
-        "Messages dropped because they would start a source past max_sources, or name one too long"
+        "Messages dropped because they would start a source past max_sources or max_sources_per_address, or name one too long"
+    );
+    describe_counter!(
+        SOURCES_RECLAIMED,
+        "Streams forgotten to make room in a full source table: never EXACT and silent, or silent past stale_after_ms"
     );
     describe_gauge!(READY, "1 once the initial replays are done");
     describe_gauge!(PODS, "Pods with index state");

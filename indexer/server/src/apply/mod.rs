@@ -81,6 +81,11 @@ struct Stream {
     bound: Option<Source>,
     /// Messages dropped because they came from another source.
     conflicts: u64,
+    /// When the stream was made (service clock), for reclaiming one that never spoke again.
+    created_at: u64,
+    /// Whether the stream was ever EXACT: a stream a peer made up (a topic no engine
+    /// publishes) never is, and is the first to go when the table is full.
+    confirmed: bool,
 }
 
 impl Stream {
@@ -123,6 +128,27 @@ impl Stream {
             importing: None,
             exporting: None,
             waiting: Vec::new(),
+            created_at: state.now_ms(),
+            confirmed: false,
+        }
+    }
+
+    /// Why this stream may be reclaimed now to make room for another, if it may: only streams
+    /// no operator or registration configured, not being imported or exported, that never were
+    /// EXACT and said nothing for [`UNCONFIRMED_RECLAIM_MS`], or that said nothing for
+    /// `stale_after_ms`. With its last activity, to reclaim the longest silent first.
+    fn reclaimable(&self, state: &ServiceState, key: &StreamKey, now: u64) -> Option<(&'static str, u64)> {
+        if self.importing.is_some() || self.exporting.is_some() || state.registry().origin_of(&key.base).is_some() {
+            return None;
+        }
+        let last = self.seq.last_data_at().unwrap_or(self.created_at).max(self.created_at);
+        let silent = now.saturating_sub(last);
+        if !self.confirmed && silent >= UNCONFIRMED_RECLAIM_MS {
+            Some(("unconfirmed", last))
+        } else if silent >= state.config().stale_after_ms {
+            Some(("silent", last))
+        } else {
+            None
         }
     }
 
@@ -165,6 +191,9 @@ impl Stream {
     }
 }
 
+/// Silence after which a stream that was never EXACT may be reclaimed when the table is full.
+const UNCONFIRMED_RECLAIM_MS: u64 = 1_000;
+
 /// Longest topic accepted: `kv@` + an id and a model of [`pod::MAX_NAME_LEN`] each.
 const MAX_TOPIC_LEN: usize = 2 * pod::MAX_NAME_LEN + 8;
 
@@ -187,6 +216,8 @@ pub struct Worker {
     duplicates: Counter,
     /// This worker's share of `max_sources`.
     max_streams: usize,
+    /// This worker's share of `max_sources_per_address` (central mode).
+    max_streams_per_address: usize,
     refused: u64,
     /// Streams whose snapshot record is being imported.
     imports: usize,
@@ -212,6 +243,7 @@ impl Worker {
             replay_msgs: counter!(m::MESSAGES, "socket" => "DEALER"),
             duplicates: counter!(m::DUPLICATES),
             max_streams: state.config().max_sources.div_ceil(state.config().apply_workers),
+            max_streams_per_address: state.config().max_sources_per_address.div_ceil(state.config().apply_workers),
             refused: 0,
             imports: 0,
             capture: None,
@@ -301,21 +333,7 @@ impl Worker {
                     .collect();
                 let mut any = !keys.is_empty();
                 for k in keys {
-                    // Its export (a snapshot's) must not land after the pod is gone either.
-                    self.wait_export(&k);
-                    if let Some(st) = self.streams.remove(&k) {
-                        if let Some(import) = &st.importing {
-                            // The import must not land after the pod is gone.
-                            let _ = import.done.recv();
-                            self.imports -= 1;
-                        }
-                        if st.startup_sync.is_some() {
-                            self.state.readiness().sync_finished();
-                        }
-                        self.state.status().remove(&k, &st.pod, st.seq.state());
-                        any |= self.state.index().remove_pod(&st.pod);
-                        self.state.end_speculation(&st.pod, "removed");
-                    }
+                    any |= self.drop_stream(&k, "removed");
                 }
                 any |= self.state.index().remove_pod(&pod);
                 self.state.end_speculation(&pod, "removed");
@@ -335,6 +353,48 @@ impl Worker {
             }
             Work::Stop => {}
         }
+    }
+
+    /// Forgets `key`'s stream and everything its pod holds. Returns whether the index held
+    /// anything of it.
+    fn drop_stream(&mut self, key: &StreamKey, why: &'static str) -> bool {
+        // Its export (a snapshot's) must not land after the pod is gone either.
+        self.wait_export(key);
+        let Some(st) = self.streams.remove(key) else { return false };
+        if let Some(import) = &st.importing {
+            // The import must not land after the pod is gone.
+            let _ = import.done.recv();
+            self.imports -= 1;
+        }
+        if st.startup_sync.is_some() {
+            self.state.readiness().sync_finished();
+        }
+        self.state.status().remove(key, &st.pod, st.seq.state());
+        let held = self.state.index().remove_pod(&st.pod);
+        self.state.end_speculation(&st.pod, why);
+        held
+    }
+
+    /// Makes room in a full stream table: reclaims the longest-silent stream that may go
+    /// ([`Stream::reclaimable`]), never-confirmed ones first. False when none may.
+    fn reclaim_one(&mut self, now: u64) -> bool {
+        let state = self.state.clone();
+        let pick = self
+            .streams
+            .iter()
+            .filter_map(|(k, st)| {
+                st.reclaimable(&state, k, now).map(|(why, last)| (why != "unconfirmed", last, k, why))
+            })
+            .min_by_key(|(confirmed, last, _, _)| (*confirmed, *last))
+            .map(|(_, _, k, why)| (k.clone(), why));
+        let Some((key, why)) = pick else { return false };
+        let pod = self.streams.get(&key).map(|st| st.pod.clone());
+        self.drop_stream(&key, "reclaimed");
+        counter!(m::SOURCES_RECLAIMED, "reason" => why).increment(1);
+        if let Some(pod) = pod {
+            tracing::info!(pod = %escape(&pod), reason = why, "source reclaimed to make room for a new one");
+        }
+        true
     }
 
     /// Clears every stream the closed connection `conn` carried: a restarted engine publishes
@@ -456,11 +516,21 @@ impl Worker {
         };
         for rank in ranks {
             let key = StreamKey { base: base.clone(), rank };
-            if !self.streams.contains_key(&key) && self.streams.len() >= self.max_streams {
-                self.refuse_source("max_sources", "max_sources reached", topic);
-                continue;
-            }
             let now = self.state.now_ms();
+            if !self.streams.contains_key(&key) {
+                if mode == "central" {
+                    // One address cannot take the table: its streams are capped.
+                    let source = Some(peer.source());
+                    if self.streams.values().filter(|st| st.bound == source).count() >= self.max_streams_per_address {
+                        self.refuse_source("max_sources_per_address", "max_sources_per_address reached", topic);
+                        continue;
+                    }
+                }
+                if self.streams.len() >= self.max_streams && !self.reclaim_one(now) {
+                    self.refuse_source("max_sources", "max_sources reached", topic);
+                    continue;
+                }
+            }
             let mut steps = std::mem::take(&mut self.steps);
             let state = self.state.clone();
             let st = self.stream(&key, &model, mode);
@@ -637,6 +707,7 @@ impl Worker {
                 }
                 Step::Duplicate { .. } => self.duplicates.increment(1),
                 Step::Transition { from, to, reason } => {
+                    st.confirmed |= to == SourceState::Exact;
                     transition(&state, &st.pod, from, to, reason);
                 }
             }

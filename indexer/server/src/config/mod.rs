@@ -182,6 +182,10 @@ pub struct Settings {
     /// another are dropped and counted.
     #[arg(long, env = "KVINDEX_MAX_SOURCES")]
     pub max_sources: Option<i64>,
+    /// Central mode: most sources the topics from one publisher address may start (a node's
+    /// DP ranks and models). Default 64.
+    #[arg(long, env = "KVINDEX_MAX_SOURCES_PER_ADDRESS")]
+    pub max_sources_per_address: Option<i64>,
     /// Watched file of `[[pods]]` (reloaded on change).
     #[arg(long, env = "KVINDEX_PODS_FILE")]
     pub pods_file: Option<PathBuf>,
@@ -321,6 +325,7 @@ pub struct Config {
     /// Where registered endpoints may point (empty: anywhere).
     pub register_allow: Vec<Cidr>,
     pub max_sources: usize,
+    pub max_sources_per_address: usize,
     pub tier_weights: BTreeMap<String, f64>,
     /// Bounds on tier names learned from publishers (hardening block).
     pub tier_limits: kvindex::TierLimits,
@@ -588,6 +593,8 @@ impl Config {
             zmq_allow,
             register_allow,
             max_sources: int("max_sources", s.max_sources, 4096, 1, 1 << 20)? as usize,
+            max_sources_per_address: int("max_sources_per_address", s.max_sources_per_address, 64, 1, 1 << 20)?
+                as usize,
             pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
             tier_weights,
             tier_limits: kvindex::TierLimits {

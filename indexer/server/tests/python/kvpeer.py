@@ -349,6 +349,18 @@ class Peer:
             out.append([s["matched_blocks"], s["state"]])
         return {"scores": out}
 
+    def op_topics_flood(self, name, prefix, n, model, seq=0):
+        """Publishes one store on each of `n` made-up topics `kv@<prefix><i>@<model>` (a peer
+        trying to fill the source table), all at `seq`."""
+        p = self.pubs[name]
+        tokens = list(range(1, p.block_size + 1))
+        ev = BlockStored(block_hashes=[chain_hash(None, tokens)], parent_block_hash=None, token_ids=tokens,
+                         block_size=p.block_size, lora_id=None, medium="GPU", lora_name=None, extra_keys=[None], group_idx=0)
+        payload = p.batch([ev])
+        for i in range(n):
+            p.sock.send_multipart([f"kv@{prefix}{i}@{model}".encode(), seq.to_bytes(8, "big"), payload])
+        return {}
+
     def op_hold_half_open(self, target, count, source="127.0.0.2"):
         """An attacker: keeps `count` TCP connections from `source` to `target` (host:port)
         open without ever sending a byte (no ZMTP greeting), reopening any the server closes,
