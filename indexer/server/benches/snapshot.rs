@@ -19,7 +19,7 @@ use std::time::Instant;
 use kvindex::wire::{BlockStored, EngineHash, Event, EventBatch};
 use kvindex::{KvIndex, KvIndexConfig};
 use kvindex_server::snapshot::format::{self, Header, StreamRecord};
-use kvindex_server::snapshot::store::Store;
+use kvindex_server::snapshot::store::{SnapshotDir, Store};
 
 const PODS: u64 = 256;
 const BLOCKS_PER_STORE: u64 = 32;
@@ -126,7 +126,7 @@ fn main() {
         exports.into_iter().map(|e| StreamRecord::new(&e.pod.clone(), 0, 1000, e)).collect();
     let residencies: u64 = records.iter().map(StreamRecord::residencies).sum();
     let dir = tempfile::tempdir().unwrap();
-    let db = Store::open(dir.path()).unwrap();
+    let db = Store::open(SnapshotDir::claim(dir.path()).unwrap().into()).unwrap();
     let (t, c) = (Instant::now(), cpu_s());
     let puts: Vec<(String, Vec<u8>)> = records.iter().map(|r| (r.key(), format::encode_record(r))).collect();
     let header = Header {
@@ -176,7 +176,7 @@ fn main() {
     drop(index);
 
     let (t, c) = (Instant::now(), cpu_s());
-    let db = Store::open(dir.path()).unwrap();
+    let db = Store::open(SnapshotDir::claim(dir.path()).unwrap().into()).unwrap();
     let loaded = db.load(kvindex::keys::RECIPE_VERSION, 16).unwrap().unwrap();
     let (load_s, load_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
     let (t, c) = (Instant::now(), cpu_s());

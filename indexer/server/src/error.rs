@@ -31,6 +31,8 @@ pub enum ServerError {
     Tls(String),
     #[error("snapshot_dir: {0}")]
     Snapshot(String),
+    #[error("snapshot_dir: {0}")]
+    SnapshotDir(crate::snapshot::store::DirError),
     #[error("discovery: {0}")]
     Discovery(String),
     #[error("{what}: {source}")]

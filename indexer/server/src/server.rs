@@ -40,6 +40,9 @@ pub struct Listeners {
     tokenizer: Option<PromptTokenizer>,
     /// Kubernetes client of pod discovery, built in `bind` so a missing cluster config fails it.
     discovery: Option<kvindex_discovery::Client>,
+    /// The snapshot directory, claimed in `bind`: one another kvindex holds, or that holds
+    /// foreign files, fails the start before the server announces it listens.
+    snapshot_dir: Option<snapshot::store::SnapshotDir>,
 }
 
 impl Listeners {
@@ -62,9 +65,10 @@ impl Listeners {
     }
 }
 
-/// Loads the prompt tokenizers and binds `config`'s gRPC and HTTP addresses and, when
-/// `zmq_bind` is set, the central SUB: everything that can fail on a bad config, so that a
-/// caller announcing the listeners afterwards never announces a server that then exits.
+/// Loads the prompt tokenizers, binds `config`'s gRPC and HTTP addresses and, when
+/// `zmq_bind` is set, the central SUB, and claims the snapshot directory: everything that can
+/// fail on a bad config (or a directory another kvindex holds), so that a caller announcing
+/// the listeners afterwards never announces a server that then exits.
 pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
     let tcp = |key, addr: SocketAddr| async move {
         TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { key, addr: addr.to_string(), source })
@@ -95,7 +99,11 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
         Some(d) => Some(kvindex_discovery::watcher::client(&d.api_server).await.map_err(ServerError::Discovery)?),
         None => None,
     };
-    Ok(Listeners { grpc, http, metrics, zmq, tokenizer, discovery })
+    let snapshot_dir = match &config.snapshot_dir {
+        Some(dir) => Some(snapshot::store::SnapshotDir::claim(dir).map_err(ServerError::SnapshotDir)?),
+        None => None,
+    };
+    Ok(Listeners { grpc, http, metrics, zmq, tokenizer, discovery, snapshot_dir })
 }
 
 /// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
@@ -120,7 +128,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         None => None,
     };
     let state = Arc::new(state);
-    let snapshots = snapshot::open(&state).map_err(ServerError::Snapshot)?;
+    let snapshots = snapshot::open(&state, listeners.snapshot_dir.take()).map_err(ServerError::Snapshot)?;
     let mut workers = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
         let worker = Worker::new(state.clone(), i);

@@ -204,17 +204,7 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     server.child.wait().unwrap();
 
     // Damage every file of the store: the next start refuses it, starts clean and says why.
-    for entry in std::fs::read_dir(dir.path()).unwrap() {
-        let path = entry.unwrap().path();
-        let len = std::fs::metadata(&path).unwrap().len();
-        if len > 64 {
-            let mut bytes = std::fs::read(&path).unwrap();
-            for b in bytes.iter_mut().skip(len as usize / 3).take(32) {
-                *b ^= 0x5a;
-            }
-            std::fs::write(&path, bytes).unwrap();
-        }
-    }
+    corrupt_store(dir.path());
     let server = start(&args);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
     assert_eq!(metric(&server.http, "kvindex_snapshot_loads_total", &["outcome=\"refused\""]), 1.0);
@@ -227,6 +217,21 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     settle(&mut peer, &server.http, 30);
     peer.check(&["a"], MODEL);
     assert_eq!(peer.score_pod(MODEL, &chain(1, 4), POD).0, 0, "nothing from the refused snapshot");
+}
+
+/// Damages every file of the store in `dir` (those over 64 bytes): the next start refuses it.
+fn corrupt_store(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let len = std::fs::metadata(&path).unwrap().len();
+        if len > 64 {
+            let mut bytes = std::fs::read(&path).unwrap();
+            for b in bytes.iter_mut().skip(len as usize / 3).take(32) {
+                *b ^= 0x5a;
+            }
+            std::fs::write(&path, bytes).unwrap();
+        }
+    }
 }
 
 /// The real vLLM hybrid capture (Gemma 3: a sliding-window group and a full-attention group;
@@ -389,4 +394,121 @@ fn service_snapshots_rewrite_only_the_streams_that_moved() {
     // Chains long out of both replay buffers, credited in full: b's from its kept record.
     assert_eq!(peer.score_pod(MODEL, &chain(1002, 4), "idle:8000"), (4, "EXACT".to_string()));
     assert_eq!(peer.score_pod(MODEL, &chain(2, 4), "busy:8000"), (4, "EXACT".to_string()));
+}
+
+/// `kvindex serve` flags of a server with no pods, snapshotting to `dir` every second.
+fn bare_args(dir: &Path) -> Vec<String> {
+    ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--snapshot-dir", dir.to_str().unwrap()]
+        .into_iter()
+        .chain(["--snapshot-interval", "1"])
+        .map(String::from)
+        .collect()
+}
+
+fn refused(args: &[String]) -> (std::process::ExitStatus, String) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    serve_refused(&args, 30)
+}
+
+fn snapshots_written(http: &str) -> f64 {
+    metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""])
+}
+
+/// The names in `dir`, sorted, with each file's contents.
+fn listing(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut names: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap_or_default())
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// A store in `dir` as a server leaves it after a snapshot (SIGKILLed), then damaged.
+fn a_corrupt_store(dir: &Path) {
+    let mut server = start(&bare_args(dir));
+    wait_until("a snapshot", 20, || (snapshots_written(&server.http) >= 1.0).then_some(()));
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    corrupt_store(dir);
+}
+
+/// Issue 23: a refused snapshot removed the whole directory, the operator's files in it too,
+/// and through a symlink replaced the link with a directory of its own. A directory holding a
+/// file kvindex did not write is refused at start, naming the file, with nothing touched,
+/// whether named directly or through a link; a store of RocksDB's files alone still starts
+/// clean (through the link too, which stays a link).
+#[test]
+fn service_a_snapshot_dir_with_an_operator_file_refuses_to_start_and_nothing_is_deleted() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("snapshots");
+    a_corrupt_store(&dir);
+    std::fs::write(dir.join("notes.txt"), "the operator's notes").unwrap();
+    let before = listing(&dir);
+
+    let (status, stderr) = refused(&bare_args(&dir));
+    assert!(!status.success(), "{status}");
+    assert!(
+        stderr.contains(dir.to_str().unwrap()) && stderr.contains("\"notes.txt\""),
+        "names the dir and the file: {stderr}"
+    );
+    assert!(stderr.contains("did not write"), "{stderr}");
+    assert_eq!(listing(&dir), before, "nothing in the directory was touched");
+
+    let link = root.path().join("link");
+    std::os::unix::fs::symlink(&dir, &link).unwrap();
+    let (status, stderr) = refused(&bare_args(&link));
+    assert!(!status.success(), "{status}");
+    assert!(stderr.contains("\"notes.txt\""), "{stderr}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link is still a link");
+    assert_eq!(listing(&dir), before, "nothing in the link's target was touched");
+
+    // Only RocksDB's files: refused and started clean, in the link's target.
+    std::fs::remove_file(dir.join("notes.txt")).unwrap();
+    let server = start(&bare_args(&link));
+    assert_eq!(metric(&server.http, "kvindex_snapshot_loads_total", &["outcome=\"refused\""]), 1.0);
+    wait_until("a snapshot", 20, || (snapshots_written(&server.http) >= 1.0).then_some(()));
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link is still a link");
+    assert!(dir.join("CURRENT").is_file(), "the new store is in the link's target");
+}
+
+/// Issue 23: a second server on the same snapshot directory (a rolling update on a shared
+/// volume) deleted the first one's live store, and the first went on writing snapshots into
+/// deleted files. It must fail at start, naming the directory and the holder, and leave the
+/// first one's store whole: that store, not an empty one, is what the next server loads. A
+/// holder that predates kvindex's lock file (here: the file removed under it) is still seen,
+/// through RocksDB's own lock.
+#[test]
+fn service_a_second_server_on_a_held_snapshot_dir_fails_and_the_first_ones_store_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = bare_args(dir.path());
+    let mut first = start(&args);
+    wait_until("a snapshot", 20, || (snapshots_written(&first.http) >= 1.0).then_some(()));
+
+    let (status, stderr) = refused(&args);
+    assert!(!status.success(), "{status}");
+    assert!(stderr.contains(dir.path().to_str().unwrap()), "names the directory: {stderr}");
+    assert!(stderr.contains("another kvindex holds") && stderr.contains("kvindex.lock"), "{stderr}");
+    assert_eq!(stderr.matches("another kvindex holds").count(), 1, "said once: {stderr}");
+
+    std::fs::remove_file(dir.path().join("kvindex.lock")).unwrap();
+    let (status, stderr) = refused(&args);
+    assert!(!status.success(), "{status}");
+    assert!(stderr.contains("another kvindex holds") && stderr.contains("/LOCK is locked"), "{stderr}");
+
+    // The first goes on snapshotting into its own store; SIGTERM writes the final one.
+    let written = snapshots_written(&first.http);
+    wait_until("two more snapshots", 20, || (snapshots_written(&first.http) >= written + 2.0).then_some(()));
+    let pid = first.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(first.child.wait().unwrap().success());
+    let next = start(&args);
+    assert_eq!(
+        metric(&next.http, "kvindex_snapshot_loads_total", &["outcome=\"loaded\""]),
+        1.0,
+        "the first server's store, whole"
+    );
 }

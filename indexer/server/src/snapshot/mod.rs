@@ -18,7 +18,9 @@
 //! engine or any other loss clears the pod (DEGRADED) and the record is dropped. A snapshot that
 //! cannot be read, fails a checksum, is truncated or was made under another format, key recipe
 //! or block size is refused whole: the service starts clean, says so in one log line, counts it
-//! (`kvindex_snapshot_load_errors_total`) and overwrites it with its next snapshot.
+//! (`kvindex_snapshot_load_errors_total`) and overwrites it with its next snapshot. The
+//! directory itself is never given up that way: one another process holds, or one that holds
+//! files kvindex did not write, stops the start ([`store::SnapshotDir`]).
 
 pub mod format;
 pub mod pool;
@@ -33,7 +35,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use self::format::{Header, StreamRecord};
-use self::store::{SnapshotBatch, Store};
+use self::store::{SnapshotBatch, SnapshotDir, Store};
 use crate::apply::Work;
 use crate::state::ServiceState;
 use crate::telemetry as m;
@@ -113,15 +115,17 @@ impl Snapshots {
     }
 }
 
-/// Opens the store at the configured directory and loads its snapshot into `state`'s
-/// [`Restored`]. Any refusal starts clean (and recreates the store); only an unusable
-/// directory is an error.
-pub fn open(state: &ServiceState) -> Result<Option<Arc<Snapshots>>, String> {
-    let Some(dir) = state.config().snapshot_dir.clone() else { return Ok(None) };
+/// Opens the store in the claimed snapshot directory (`crate::bind` claims it: see
+/// [`SnapshotDir::claim`]) and loads its snapshot into `state`'s [`Restored`]. Any refusal of
+/// the snapshot starts clean (and recreates the store from RocksDB's files only); only an
+/// unusable directory is an error.
+pub fn open(state: &ServiceState, dir: Option<SnapshotDir>) -> Result<Option<Arc<Snapshots>>, String> {
+    let Some(dir) = dir else { return Ok(None) };
+    let dir = Arc::new(dir);
     let started = Instant::now();
     let recipe = kvindex::keys::RECIPE_VERSION;
     let block_size = state.config().block_size as u64;
-    let opened = Store::open(&dir).and_then(|s| s.load(recipe, block_size).map(|l| (s, l)));
+    let opened = Store::open(dir.clone()).and_then(|s| s.load(recipe, block_size).map(|l| (s, l)));
     let mut held = HeldMap::new();
     let store = match opened {
         Ok((store, Some(loaded))) => {
@@ -137,7 +141,7 @@ pub fn open(state: &ServiceState) -> Result<Option<Arc<Snapshots>>, String> {
             counter!(m::SNAPSHOT_LOADS, "outcome" => "loaded").increment(1);
             histogram!(m::SNAPSHOT_LOAD_SECONDS).record(started.elapsed().as_secs_f64());
             tracing::info!(
-                dir = %dir.display(),
+                dir = %dir.path().display(),
                 streams,
                 residencies,
                 elapsed_ms = started.elapsed().as_millis() as u64,
@@ -147,14 +151,14 @@ pub fn open(state: &ServiceState) -> Result<Option<Arc<Snapshots>>, String> {
         }
         Ok((store, None)) => {
             counter!(m::SNAPSHOT_LOADS, "outcome" => "empty").increment(1);
-            tracing::info!(dir = %dir.display(), "no snapshot yet: starting clean");
+            tracing::info!(dir = %dir.path().display(), "no snapshot yet: starting clean");
             store
         }
         Err(e) => {
             counter!(m::SNAPSHOT_LOADS, "outcome" => "refused").increment(1);
             counter!(m::SNAPSHOT_LOAD_ERRORS, "reason" => e.label()).increment(1);
-            tracing::error!(dir = %dir.display(), error = %e, "snapshot refused: starting clean");
-            Store::recreate(&dir)?
+            tracing::error!(dir = %dir.path().display(), error = %e, "snapshot refused: starting clean");
+            Store::recreate(dir)?
         }
     };
     Ok(Some(Arc::new(Snapshots { store, held: tokio::sync::Mutex::new(held) })))

@@ -7,9 +7,18 @@
 //! header lists every stream record with its checksum, so a store that lost records, holds one
 //! it should not, was damaged, or was written by another format or key recipe is refused as a
 //! whole.
+//!
+//! The directory is the operator's ([`SnapshotDir`]): claimed with a lock held as long as the
+//! store is open, so a second kvindex on the same directory (a rolling update on a shared
+//! volume) fails at start instead of replacing the first one's live store, and refused only
+//! ever by deleting the files RocksDB and kvindex themselves write in it. A directory holding
+//! anything else is not used at all.
 
 use std::collections::HashMap;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rocksdb::{Env, Options, WriteBatch, WriteOptions, DB};
 
@@ -52,6 +61,151 @@ impl LoadError {
     }
 }
 
+/// Why the snapshot directory cannot be used. The server does not start: unlike a refused
+/// snapshot, nothing here may be deleted or overwritten to start clean.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    #[error(
+        "{dir}: another kvindex holds this snapshot directory ({lock} is locked by another process); \
+         nothing in it was touched. Give each server its own snapshot_dir"
+    )]
+    Held { dir: String, lock: String },
+    #[error(
+        "{dir} holds {names}, which kvindex did not write: it deletes only its own files and does not \
+         share the directory. Move them out, or give snapshot_dir a directory of its own"
+    )]
+    Foreign { dir: String, names: String },
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+/// The lock file kvindex holds in the snapshot directory while its store is open.
+pub const LOCK_FILE: &str = "kvindex.lock";
+
+/// What a fresh ext4 volume's root holds: left alone, neither foreign nor ever deleted.
+const LOST_AND_FOUND: &str = "lost+found";
+
+/// Whether `name` is one RocksDB writes in its directory (RocksDB's `ParseFileName`: the
+/// fixed names, the info logs, numbered manifests and options files, and numbered table,
+/// log, blob and temporary files).
+fn written_by_rocksdb(name: &str) -> bool {
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if matches!(name, "CURRENT" | "IDENTITY" | "LOCK" | "LOG") || name.starts_with("LOG.old.") {
+        return true;
+    }
+    if let Some(rest) = ["MANIFEST-", "OPTIONS-", "METADB-"].iter().find_map(|p| name.strip_prefix(p)) {
+        return number(rest.strip_suffix(".dbtmp").unwrap_or(rest));
+    }
+    let name = name.strip_suffix(".trash").unwrap_or(name);
+    name.split_once('.').is_some_and(|(n, ext)| number(n) && matches!(ext, "sst" | "ldb" | "log" | "blob" | "dbtmp"))
+}
+
+/// The entries of `dir` neither RocksDB nor kvindex wrote (a link counts, whatever its name),
+/// sorted by name.
+fn foreign_entries(dir: &Path) -> Result<Vec<String>, DirError> {
+    let io = |source| DirError::Io { path: dir.display().to_string(), source };
+    let mut foreign = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let kind = entry.file_type().map_err(io)?;
+        let name = entry.file_name();
+        let ours = match name.to_str() {
+            Some(LOCK_FILE) => kind.is_file(),
+            Some(LOST_AND_FOUND) => kind.is_dir(),
+            Some(n) => kind.is_file() && written_by_rocksdb(n),
+            None => false,
+        };
+        if !ours {
+            foreign.push(format!("{:?}", name.to_string_lossy()));
+        }
+    }
+    foreign.sort_unstable();
+    Ok(foreign)
+}
+
+/// Whether another process holds RocksDB's own lock on `lock` (RocksDB takes a POSIX write
+/// lock on the whole file while a database is open): a kvindex from before [`LOCK_FILE`], or
+/// any other RocksDB user. Tested, never taken: an open-file-description lock query, so
+/// closing the file releases nothing this process holds.
+fn rocksdb_lock_held(lock: &Path) -> Result<bool, DirError> {
+    let io = |source| DirError::Io { path: lock.display().to_string(), source };
+    let file = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(lock) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io(e)),
+    };
+    // SAFETY: a zeroed `flock` is a valid value of the plain C struct; the fields that
+    // matter are set below.
+    let mut query: libc::flock = unsafe { std::mem::zeroed() };
+    query.l_type = libc::F_WRLCK as _;
+    query.l_whence = libc::SEEK_SET as _;
+    #[cfg(target_os = "linux")]
+    let cmd = libc::F_OFD_GETLK;
+    #[cfg(not(target_os = "linux"))]
+    let cmd = libc::F_GETLK;
+    use std::os::fd::AsRawFd;
+    // SAFETY: `file` is open for the duration of the call and `query` is a valid `flock`.
+    if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut query) } != 0 {
+        return Err(io(std::io::Error::last_os_error()));
+    }
+    Ok(i32::from(query.l_type) != libc::F_UNLCK)
+}
+
+/// The snapshot directory, claimed by this process: its [`LOCK_FILE`] locked (`flock`) for as
+/// long as this value lives (the store keeps it), and checked to hold nothing but what
+/// RocksDB and kvindex write (and an empty volume's `lost+found`).
+#[derive(Debug)]
+pub struct SnapshotDir {
+    path: PathBuf,
+    _lock: File,
+}
+
+impl SnapshotDir {
+    /// Creates `dir` if need be (a symlink to a directory is used as it is, never replaced)
+    /// and claims it. Refused, with nothing touched, when another process holds it (our lock
+    /// file, or RocksDB's own lock) or when it holds a file kvindex did not write.
+    pub fn claim(dir: &Path) -> Result<SnapshotDir, DirError> {
+        let shown = || dir.display().to_string();
+        std::fs::create_dir_all(dir).map_err(|source| DirError::Io { path: shown(), source })?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&lock_path)
+            .map_err(|source| DirError::Io { path: lock_path.display().to_string(), source })?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(DirError::Held { dir: shown(), lock: lock_path.display().to_string() })
+            }
+            Err(TryLockError::Error(source)) => {
+                return Err(DirError::Io { path: lock_path.display().to_string(), source })
+            }
+        }
+        let foreign = foreign_entries(dir)?;
+        if !foreign.is_empty() {
+            const SHOWN: usize = 8;
+            let mut names = foreign.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+            if foreign.len() > SHOWN {
+                names.push_str(&format!(" and {} more", foreign.len() - SHOWN));
+            }
+            return Err(DirError::Foreign { dir: shown(), names });
+        }
+        let rocksdb_lock = dir.join("LOCK");
+        if rocksdb_lock_held(&rocksdb_lock)? {
+            return Err(DirError::Held { dir: shown(), lock: rocksdb_lock.display().to_string() });
+        }
+        Ok(SnapshotDir { path: dir.to_path_buf(), _lock: lock })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// A loaded snapshot.
 #[derive(Debug)]
 pub struct Loaded {
@@ -60,8 +214,9 @@ pub struct Loaded {
 }
 
 pub struct Store {
+    // Dropped (closed) before the claim on its directory is let go.
     db: DB,
-    path: PathBuf,
+    dir: Arc<SnapshotDir>,
 }
 
 fn options() -> Options {
@@ -79,27 +234,33 @@ fn options() -> Options {
 }
 
 impl Store {
-    /// Opens (or creates) the store at `dir`.
-    pub fn open(dir: &Path) -> Result<Store, LoadError> {
-        let db = DB::open(&options(), dir).map_err(|e| LoadError::Open(e.to_string()))?;
-        Ok(Store { db, path: dir.to_path_buf() })
+    /// Opens (or creates) the store in the claimed `dir`.
+    pub fn open(dir: Arc<SnapshotDir>) -> Result<Store, LoadError> {
+        let db = DB::open(&options(), dir.path()).map_err(|e| LoadError::Open(e.to_string()))?;
+        Ok(Store { db, dir })
     }
 
-    /// Removes whatever is at `dir` (a refused snapshot) and opens an empty store there.
-    pub fn recreate(dir: &Path) -> Result<Store, String> {
-        if dir.exists() {
-            if let Err(e) = DB::destroy(&options(), dir) {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot destroy the snapshot store; removing it");
-            }
-            if dir.exists() {
-                std::fs::remove_dir_all(dir).map_err(|e| format!("cannot remove {}: {e}", dir.display()))?;
+    /// Deletes the files of a refused store in `dir` (those RocksDB writes; nothing else, and
+    /// never the directory, which may be a mount point or a symlink) and opens an empty store.
+    pub fn recreate(dir: Arc<SnapshotDir>) -> Result<Store, String> {
+        let path = dir.path();
+        if rocksdb_lock_held(&path.join("LOCK")).map_err(|e| e.to_string())? {
+            return Err(format!("{}: another process opened the store since start; not removing it", path.display()));
+        }
+        let entries = std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("{}: {e}", path.display()))?;
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            if is_file && entry.file_name().to_str().is_some_and(written_by_rocksdb) {
+                std::fs::remove_file(entry.path())
+                    .map_err(|e| format!("cannot remove {}: {e}", entry.path().display()))?;
             }
         }
         Store::open(dir).map_err(|e| e.to_string())
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.dir.path()
     }
 
     /// The stored snapshot, `Ok(None)` when the store holds none yet.
@@ -266,10 +427,14 @@ mod tests {
         store.save(&header, &puts, &deletes).unwrap();
     }
 
+    fn open(dir: &Path) -> Store {
+        Store::open(Arc::new(SnapshotDir::claim(dir).unwrap())).unwrap()
+    }
+
     #[test]
     fn a_snapshot_rewrites_what_moved_and_keeps_the_rest() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = open(dir.path());
         assert!(store.load(1, 16).unwrap().is_none());
         let (a, b, c) = (record("a", 1), record("b", 1), record("c", 1));
         save(&store, &[&a, &b, &c], &[&a, &b, &c], &[]);
@@ -277,7 +442,7 @@ mod tests {
         let b2 = record("b", 2);
         save(&store, &[&a, &b2], &[&b2], &["c"]);
         drop(store);
-        let store = Store::open(dir.path()).unwrap();
+        let store = open(dir.path());
         let mut loaded = store.load(1, 16).unwrap().unwrap().streams;
         loaded.sort_by(|x, y| x.base.cmp(&y.base));
         assert_eq!(loaded, vec![a.clone(), b2]);
@@ -288,7 +453,7 @@ mod tests {
     #[test]
     fn records_the_header_does_not_list_as_stored_refuse_the_snapshot() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = open(dir.path());
         let (a, b) = (record("a", 1), record("b", 1));
         // The header promises b; it is not there.
         save(&store, &[&a, &b], &[&a], &[]);
@@ -300,5 +465,94 @@ mod tests {
         // A record the header does not list at all.
         save(&store, &[&a], &[&b], &[]);
         assert_eq!(store.load(1, 16).map(|_| ()).unwrap_err().label(), "stray");
+    }
+
+    #[test]
+    fn rocksdb_file_names_are_told_from_others() {
+        for name in [
+            "CURRENT",
+            "IDENTITY",
+            "LOCK",
+            "LOG",
+            "LOG.old.1733112000123456",
+            "MANIFEST-000005",
+            "OPTIONS-000007",
+            "OPTIONS-000009.dbtmp",
+            "000012.sst",
+            "000013.log",
+            "000014.blob",
+            "000015.dbtmp",
+            "000016.sst.trash",
+        ] {
+            assert!(written_by_rocksdb(name), "{name}");
+        }
+        for name in [
+            "notes.txt",
+            "CURRENT.bak",
+            "MANIFEST-",
+            "MANIFEST-x",
+            "backup.sst",
+            "12.txt",
+            ".sst",
+            "LOCK2",
+            "",
+            "kvindex.lock",
+        ] {
+            assert!(!written_by_rocksdb(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_directory_with_a_foreign_file_is_refused_and_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()));
+        std::fs::write(dir.path().join("notes.txt"), "the operator's").unwrap();
+        std::fs::create_dir(dir.path().join("backup")).unwrap();
+        let before = listing(dir.path());
+        let e = SnapshotDir::claim(dir.path()).unwrap_err();
+        assert!(matches!(e, DirError::Foreign { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("\"notes.txt\"") && msg.contains("\"backup\""), "{msg}");
+        assert!(!msg.contains("CURRENT"), "RocksDB's files are not foreign: {msg}");
+        assert_eq!(listing(dir.path()), before);
+        assert_eq!(std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(), "the operator's");
+    }
+
+    #[test]
+    fn a_claimed_directory_cannot_be_claimed_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = SnapshotDir::claim(dir.path()).unwrap();
+        let e = SnapshotDir::claim(dir.path()).unwrap_err();
+        assert!(matches!(&e, DirError::Held { lock, .. } if lock.ends_with(LOCK_FILE)), "{e}");
+        assert!(e.to_string().contains("another kvindex holds"), "{e}");
+        drop(first);
+        SnapshotDir::claim(dir.path()).expect("free again once the first lets go");
+    }
+
+    #[test]
+    fn recreating_through_a_symlink_deletes_only_rocksdb_files_and_keeps_the_link() {
+        let root = tempfile::tempdir().unwrap();
+        let (real, link) = (root.path().join("real"), root.path().join("link"));
+        std::fs::create_dir(&real).unwrap();
+        std::fs::create_dir(real.join(LOST_AND_FOUND)).unwrap();
+        std::fs::write(real.join(LOST_AND_FOUND).join("#1234"), "fsck's").unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let store = open(&link);
+        let a = record("a", 1);
+        save(&store, &[&a], &[&a], &[]);
+        drop(store);
+        let claimed = Arc::new(SnapshotDir::claim(&link).unwrap());
+        let store = Store::recreate(claimed).unwrap();
+        assert!(store.load(1, 16).unwrap().is_none(), "the refused snapshot is gone");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link is still a link");
+        assert_eq!(std::fs::read_to_string(real.join(LOST_AND_FOUND).join("#1234")).unwrap(), "fsck's");
+        assert!(real.join("CURRENT").is_file(), "the new store lives in the link's target");
+    }
+
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
     }
 }

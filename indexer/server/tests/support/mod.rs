@@ -433,6 +433,56 @@ impl ServeProcess {
     }
 }
 
+/// Runs `kvindex serve` with `args`, expecting it to refuse to start: waits at most `secs`
+/// for it to exit and returns its exit status and its stderr. Panics if it announces that it
+/// listens (it started after all) or is still running at the deadline.
+pub fn serve_refused(args: &[&str], secs: u64) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .arg("serve")
+        .args(args)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kvindex");
+    let stdout = line_reader(child.stdout.take().unwrap());
+    let stderr = line_reader(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut err = String::new();
+    let drain = |err: &mut String| {
+        while let Ok(line) = stderr.try_recv() {
+            eprintln!("{line}");
+            err.push_str(&line);
+            err.push('\n');
+        }
+    };
+    let status = loop {
+        drain(&mut err);
+        if let Some(line) = stdout.try_iter().find(|l| l.starts_with("KVINDEX_LISTENING ")) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kvindex serve started ({line}) where it should have refused to; stderr:\n{err}");
+        }
+        if let Some(status) = child.try_wait().expect("wait for kvindex") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kvindex serve still running after {secs}s; stderr:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The pipe's last lines: the reader thread ends at EOF, after the process exits.
+    let until = Instant::now() + Duration::from_secs(5);
+    while let Ok(line) = stderr.recv_timeout(until.saturating_duration_since(Instant::now())) {
+        eprintln!("{line}");
+        err.push_str(&line);
+        err.push('\n');
+    }
+    (status, err)
+}
+
 impl Drop for ServeProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
