@@ -1,6 +1,8 @@
 //! Replay requests: ask an engine's replay ROUTER for every buffered batch from a seq, and hand
-//! the replies to the stream's apply worker. Bounded by the replay timeout, by
-//! `max_concurrent_replays` and by the ZeroMQ limits (a ROUTER declaring a huge frame is
+//! the replies to the stream's apply worker. At most `max_concurrent_replays` run at once; the
+//! others wait for a slot (up to `replay_queue_timeout_ms`), so a burst of gaps is served in
+//! turn rather than refused and cleared. A replay that began is bounded by the replay timeout
+//! and by the ZeroMQ limits (a ROUTER declaring a huge frame is
 //! refused on the header, counted, and the replay fails: the sequencer then drops or degrades
 //! the pod, never guesses). The cooldown after a failure is the sequencer's. The DEALER is
 //! [`crate::transport::Dealer`].
@@ -21,6 +23,15 @@ use crate::transport::{Dealer, TransportError, ZmtpError};
 /// Runs replay `id` of `stream` from `from` against `endpoint`; always ends with an `End` or
 /// a `Failed` item for the worker.
 pub async fn run(state: Arc<ServiceState>, worker: usize, stream: StreamKey, id: u64, from: u64, endpoint: String) {
+    let queued_until = Instant::now() + Duration::from_millis(state.config().replay_queue_timeout_ms);
+    let Ok(Ok(_permit)) = timeout_at(queued_until, state.replay_permits().acquire_owned()).await else {
+        TransportError::new("replay", "capacity", &endpoint, "no replay slot within replay_queue_timeout_ms").record();
+        let item = ReplayItem::Failed { timeout: true };
+        state.queues().send(worker, Work::Replay { stream, id, item }).await;
+        return;
+    };
+    // Begun: the sequencer's replay timeout counts from here, as does ours.
+    state.queues().send(worker, Work::Replay { stream: stream.clone(), id, item: ReplayItem::Begun }).await;
     let deadline = Instant::now() + Duration::from_millis(state.config().replay_timeout_ms);
     if let Err(failure) = fetch(&state, worker, &stream, id, from, &endpoint, deadline).await {
         let item = ReplayItem::Failed { timeout: failure == Failure::Timeout };
@@ -32,7 +43,7 @@ pub async fn run(state: Arc<ServiceState>, worker: usize, stream: StreamKey, id:
 enum Failure {
     /// No end marker before the deadline.
     Timeout,
-    /// No capacity, the endpoint could not be used, or the peer broke the protocol or a bound.
+    /// The endpoint could not be used, or the peer broke the protocol or a bound.
     Unavailable,
 }
 
@@ -53,10 +64,6 @@ async fn fetch(
     endpoint: &str,
     deadline: Instant,
 ) -> Result<(), Failure> {
-    let Ok(Ok(_permit)) = timeout_at(deadline, state.replay_permits().acquire_owned()).await else {
-        TransportError::new("replay", "capacity", endpoint, "too many concurrent replays").record();
-        return Err(Failure::Unavailable);
-    };
     // A replay holds one message at a time: a source's share of the budget is plenty.
     let mut limits = state.config().zmq_limits.clone();
     limits.max_bytes_in_flight = limits.max_bytes_in_flight_per_source;

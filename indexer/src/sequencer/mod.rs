@@ -68,8 +68,14 @@ pub struct SequencerConfig {
     pub replay: bool,
     /// Silence after which the stream is STALE.
     pub stale_after_ms: Millis,
-    /// A replay without its end marker after this long has failed.
+    /// A replay without its end marker this long after it began (see
+    /// [`Sequencer::on_replay_begun`]) has failed.
     pub replay_timeout_ms: Millis,
+    /// A requested replay may wait this long for the shell to begin it (replays run a few at
+    /// a time; under load the others queue): so a burst of gaps costs lag, not state. A shell
+    /// that never reports the begin gets `replay_timeout_ms` from the request on as before,
+    /// when this is not longer.
+    pub replay_queue_timeout_ms: Millis,
     /// After a failed replay, gaps are not replayed (but cleared) for this long.
     pub replay_cooldown_ms: Millis,
     /// Live messages held during a replay; past it the replay is abandoned.
@@ -82,6 +88,7 @@ impl Default for SequencerConfig {
             replay: true,
             stale_after_ms: 30_000,
             replay_timeout_ms: 5_000,
+            replay_queue_timeout_ms: 60_000,
             replay_cooldown_ms: 5_000,
             max_pending: 100_000,
         }
@@ -109,6 +116,9 @@ struct ActiveReplay {
     id: u64,
     from: u64,
     started_at: Millis,
+    /// Whether the shell began it (see [`Sequencer::on_replay_begun`]); until then it is queued
+    /// and `replay_queue_timeout_ms` bounds it.
+    begun: bool,
     first_seen: Option<u64>,
     /// `next` when the replay started, to tell progress from a replay that brought nothing.
     next_at_start: Option<u64>,
@@ -246,7 +256,7 @@ impl<P> Sequencer<P> {
         let id = self.replay_ids;
         let next_at_start = self.next;
         self.next = Some(from);
-        self.replay = Some(ActiveReplay { id, from, started_at: now, first_seen: None, next_at_start });
+        self.replay = Some(ActiveReplay { id, from, started_at: now, begun: false, first_seen: None, next_at_start });
         self.stats.replays_started += 1;
         out.push(Step::RequestReplay { id, from });
         self.set_state(SourceState::Replaying, reason, out);
@@ -456,6 +466,15 @@ impl<P> Sequencer<P> {
         }
     }
 
+    /// The shell began replay `id` (it had waited for a free replay slot): from now on it has
+    /// `replay_timeout_ms` to finish.
+    pub fn on_replay_begun(&mut self, id: u64, now: Millis) {
+        if let Some(r) = self.replay.as_mut().filter(|r| r.id == id && !r.begun) {
+            r.begun = true;
+            r.started_at = now;
+        }
+    }
+
     /// The end marker of replay `id`.
     pub fn on_replay_end(&mut self, id: u64, now: Millis, out: &mut Vec<Step<P>>) {
         if self.replay.as_ref().is_none_or(|r| r.id != id) {
@@ -518,7 +537,12 @@ impl<P> Sequencer<P> {
     /// Clock tick: replay timeouts and staleness.
     pub fn on_tick(&mut self, now: Millis, out: &mut Vec<Step<P>>) {
         if let Some(r) = &self.replay {
-            if now.saturating_sub(r.started_at) >= self.config.replay_timeout_ms {
+            let limit = if r.begun {
+                self.config.replay_timeout_ms
+            } else {
+                self.config.replay_queue_timeout_ms.max(self.config.replay_timeout_ms)
+            };
+            if now.saturating_sub(r.started_at) >= limit {
                 self.abandon_replay(Reason::ReplayTimeout, now, out);
             }
         }

@@ -7,7 +7,14 @@ use SourceState::*;
 type Seq = Sequencer<&'static str>;
 
 fn cfg(replay: bool) -> SequencerConfig {
-    SequencerConfig { replay, stale_after_ms: 1_000, replay_timeout_ms: 500, replay_cooldown_ms: 2_000, max_pending: 4 }
+    SequencerConfig {
+        replay,
+        stale_after_ms: 1_000,
+        replay_timeout_ms: 500,
+        replay_queue_timeout_ms: 500,
+        replay_cooldown_ms: 2_000,
+        max_pending: 4,
+    }
 }
 
 fn b(s: &'static str) -> Item<&'static str> {
@@ -184,6 +191,37 @@ fn replay_timeout_on_tick() {
     s.on_replay_message(id, 3, b("R"), 601, &mut late);
     s.on_replay_end(id, 601, &mut late);
     assert!(late.is_empty());
+}
+
+#[test]
+fn a_queued_replay_waits_for_its_slot_then_has_the_replay_timeout() {
+    let mut s = Seq::new(SequencerConfig { replay_queue_timeout_ms: 10_000, ..cfg(true) });
+    let mut out = Vec::new();
+    s.on_live(0, b("L"), 0, &mut out);
+    let id = replay_id(&live(&mut s, 4, 100));
+    // Queued far past the replay timeout (500 ms): not abandoned, nothing cleared.
+    let mut out = Vec::new();
+    s.on_tick(5_000, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(s.state(), SourceState::Replaying);
+    // Begun at 8 s: the replay timeout counts from there.
+    s.on_replay_begun(id, 8_000);
+    s.on_tick(8_499, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    s.on_replay_message(id, 1, b("R1"), 8_450, &mut out);
+    s.on_replay_message(id, 2, b("R2"), 8_450, &mut out);
+    s.on_replay_message(id, 3, b("R3"), 8_450, &mut out);
+    s.on_replay_end(id, 8_460, &mut out);
+    assert_eq!(actions(&out), ["apply 1 R1", "apply 2 R2", "apply 3 R3", "apply 4 L"]);
+    assert_eq!(s.state(), SourceState::Exact);
+    // A replay never begun is abandoned after the queue timeout, and one begun after the
+    // replay timeout.
+    let id = replay_id(&live(&mut s, 6, 9_000));
+    let mut out = Vec::new();
+    s.on_tick(18_999, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    s.on_tick(19_000, &mut out);
+    assert!(out.contains(&Step::ReplayDone { id, outcome: ReplayOutcome::Timeout }), "{out:?}");
 }
 
 #[test]
@@ -461,6 +499,7 @@ fn randomized_never_guesses() {
             replay,
             stale_after_ms: u64::MAX,
             replay_timeout_ms: 1_000,
+            replay_queue_timeout_ms: 1_000,
             replay_cooldown_ms: rand(3) * 10,
             max_pending: 1 + rand(6) as usize,
         });

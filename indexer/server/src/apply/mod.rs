@@ -100,6 +100,7 @@ impl Stream {
             replay: false,
             stale_after_ms: c.stale_after_ms,
             replay_timeout_ms: c.replay_timeout_ms,
+            replay_queue_timeout_ms: c.replay_queue_timeout_ms,
             replay_cooldown_ms: c.replay_cooldown_ms,
             max_pending: c.max_pending,
         });
@@ -588,6 +589,7 @@ impl Worker {
                 };
                 st.seq.on_replay_message(id, seq, item, now, &mut steps);
             }
+            ReplayItem::Begun => st.seq.on_replay_begun(id, now),
             ReplayItem::End => st.seq.on_replay_end(id, now, &mut steps),
             ReplayItem::Failed { timeout } => st.seq.on_replay_failed(id, timeout, now, &mut steps),
         }

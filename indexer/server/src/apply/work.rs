@@ -27,9 +27,17 @@ pub enum Origin {
 /// What a replay request got.
 #[derive(Debug)]
 pub enum ReplayItem {
-    Message { seq: u64, payload: Bytes },
+    /// The replay got one of the `max_concurrent_replays` slots and starts now (it may have
+    /// waited for one): its timeout counts from here.
+    Begun,
+    Message {
+        seq: u64,
+        payload: Bytes,
+    },
     End,
-    Failed { timeout: bool },
+    Failed {
+        timeout: bool,
+    },
 }
 
 /// Work for an apply worker.

@@ -140,9 +140,13 @@ pub struct Settings {
     /// A source silent this long is STALE.
     #[arg(long, env = "KVINDEX_STALE_AFTER_MS")]
     pub stale_after_ms: Option<i64>,
-    /// A replay must finish within this.
+    /// A replay must finish within this once it has begun.
     #[arg(long, env = "KVINDEX_REPLAY_TIMEOUT_MS")]
     pub replay_timeout_ms: Option<i64>,
+    /// A replay may wait this long for one of the `max_concurrent_replays` slots before it
+    /// fails (its stream holds live messages meanwhile, up to `max_pending`). Default 60000.
+    #[arg(long, env = "KVINDEX_REPLAY_QUEUE_TIMEOUT_MS")]
+    pub replay_queue_timeout_ms: Option<i64>,
     /// After a failed replay, gaps are cleared instead of replayed for this long.
     #[arg(long, env = "KVINDEX_REPLAY_COOLDOWN_MS")]
     pub replay_cooldown_ms: Option<i64>,
@@ -309,6 +313,7 @@ pub struct Config {
     pub apply_workers: usize,
     pub stale_after_ms: u64,
     pub replay_timeout_ms: u64,
+    pub replay_queue_timeout_ms: u64,
     pub replay_cooldown_ms: u64,
     pub max_concurrent_replays: usize,
     pub max_pending: usize,
@@ -570,6 +575,8 @@ impl Config {
             apply_workers: int("apply_workers", s.apply_workers, 1, 1, 256)? as usize,
             stale_after_ms: int("stale_after_ms", s.stale_after_ms, 30_000, 1, i64::MAX)? as u64,
             replay_timeout_ms: int("replay_timeout_ms", s.replay_timeout_ms, 5_000, 1, i64::MAX)? as u64,
+            replay_queue_timeout_ms: int("replay_queue_timeout_ms", s.replay_queue_timeout_ms, 60_000, 1, i64::MAX)?
+                as u64,
             replay_cooldown_ms: int("replay_cooldown_ms", s.replay_cooldown_ms, 5_000, 0, i64::MAX)? as u64,
             max_concurrent_replays: int("max_concurrent_replays", s.max_concurrent_replays, 8, 1, 4096)? as usize,
             max_pending: int("max_pending", s.max_pending, 100_000, 1, 1 << 24)? as usize,

@@ -164,6 +164,8 @@ class Publisher:
                 continue  # vLLM: "Invalid replay request"
             ident, _, start = frames
             start = int.from_bytes(start, "big")
+            if self.cfg.get("replay_delay_ms"):
+                time.sleep(self.cfg["replay_delay_ms"] / 1000)  # a slow engine: it answers late
             with self.lock:
                 items = [(s, p) for s, p in self.buffer if s >= start]
             for s, p in items:
