@@ -2,8 +2,10 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use kvindex_tokenizer::client_template::{self, ClientTemplates, Sandbox, SandboxLimits};
 use kvindex_tokenizer::server::{serve, BoundListeners};
 use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 
@@ -50,9 +52,29 @@ struct ServeArgs {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9090).
     #[arg(long)]
     http_addr: Option<SocketAddr>,
+    /// Accept `chat_template` in requests, rendered in a bounded child process. Off: such
+    /// requests get INVALID_ARGUMENT.
+    #[arg(long)]
+    allow_client_chat_template: bool,
+    /// Wall-clock budget of one client template render.
+    #[arg(long, default_value_t = client_template::DEFAULT_TIMEOUT.as_millis() as u64, value_name = "MS")]
+    client_chat_template_timeout_ms: u64,
+    /// Largest prompt a client template may render, in bytes.
+    #[arg(long, default_value_t = client_template::DEFAULT_MAX_OUTPUT_BYTES, value_name = "BYTES")]
+    client_chat_template_max_output_bytes: usize,
+    /// Memory of one client template render process, in MiB.
+    #[arg(long, default_value_t = client_template::DEFAULT_MEMORY_BYTES >> 20, value_name = "MIB")]
+    client_chat_template_memory_mib: u64,
+    /// Client template render processes at once.
+    #[arg(long, default_value_t = client_template::DEFAULT_CONCURRENCY, value_name = "N")]
+    client_chat_template_concurrency: usize,
 }
 
 fn main() -> std::process::ExitCode {
+    // A client chat template's render process is this executable (docs: src/client_template.rs).
+    if let Some(code) = client_template::run_worker_if_requested() {
+        return code;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -88,6 +110,24 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
     if config.models.is_empty() {
         return Err("no models configured: pass --model <name>=<dir> or --models-dir <dir>".into());
     }
+    let limits = SandboxLimits {
+        timeout: Duration::from_millis(args.client_chat_template_timeout_ms),
+        max_output_bytes: args.client_chat_template_max_output_bytes,
+        memory_bytes: args.client_chat_template_memory_mib.saturating_mul(1 << 20),
+        concurrency: args.client_chat_template_concurrency,
+    };
+    let sandbox = if args.allow_client_chat_template {
+        let sandbox = Sandbox::for_current_exe(limits).map_err(|e| format!("--allow-client-chat-template: {e}"))?;
+        let checked = sandbox.clone();
+        tokio::task::spawn_blocking(move || checked.check())
+            .await?
+            .map_err(|e| format!("--allow-client-chat-template: {e}"))?;
+        config.client_templates = ClientTemplates::Sandboxed(sandbox.clone());
+        tracing::info!(?limits, "client chat templates allowed, rendered in bounded processes");
+        Some(sandbox)
+    } else {
+        None
+    };
     if let Some(addr) = args.http_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
     }
@@ -98,7 +138,14 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
         let name = name.clone();
         tokio::task::spawn_blocking(move || registry.initialize(&name)).await??;
     }
-    let shutdown = shutdown_signal()?;
+    let signal = shutdown_signal()?;
+    // Client template renders in flight are killed at once, so they never hold up the stop.
+    let shutdown = async move {
+        signal.await;
+        if let Some(sandbox) = sandbox {
+            sandbox.shutdown();
+        }
+    };
     let listeners = BoundListeners::bind(args.grpc_addr, args.uds.clone()).await?;
     let tcp = listeners.tcp_addr()?;
     // One machine-readable line on stdout so supervisors and tests learn the bound address.
