@@ -24,7 +24,7 @@ use crate::tokenize::{TokenizeError, Tokenizers};
 /// Why a request cannot be placed. Each maps to one OpenAI error status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
-    #[error("the model `{0}` does not exist")]
+    #[error("the model `{}` does not exist", crate::request::echo(.0))]
     UnknownModel(String),
     #[error("{0}")]
     InvalidPrompt(String),

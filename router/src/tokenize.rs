@@ -43,7 +43,7 @@ impl Unavailable {
 /// A prompt the client must fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenizeError {
-    #[error("the model `{0}` does not exist")]
+    #[error("the model `{}` does not exist", crate::request::echo(.0))]
     UnknownModel(String),
     /// Template or request error; the message is the tokenizer's (it may quote the request,
     /// which goes back to its own sender only, never to logs).
