@@ -62,6 +62,7 @@ pub async fn run(
         load_band: config.load_band,
     });
     let ext_proc_router = router.clone();
+    let stopping = router.clone();
     let app = Arc::new(App {
         router,
         client,
@@ -71,6 +72,8 @@ pub async fn run(
     });
     tokio::spawn(async move {
         shutdown.await;
+        // Client template renders in flight are killed, so they never hold up the stop.
+        stopping.tokenizers().shutdown();
         let _ = stop.send(true);
     });
     let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
