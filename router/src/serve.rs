@@ -60,6 +60,7 @@ pub async fn run(
         max_buffered_bytes: e.max_buffered_bytes,
         fallbacks: config.upstream_retries,
         load_band: config.load_band,
+        request_timeout: e.request_timeout,
     });
     let ext_proc_router = router.clone();
     let stopping = router.clone();
