@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use kvindex_tokenizer::client_template::{self, SandboxLimits};
+use kvindex_tokenizer::client_template::{ClientTemplateArgs, SandboxLimits};
 
 use crate::cost::{CostWeights, Policy};
 use crate::extproc::{ExtProcArgs, ExtProcConfig};
@@ -136,22 +136,8 @@ pub struct ServeArgs {
     /// after this.
     #[arg(long, default_value_t = 250, value_name = "MS")]
     pub record_route_timeout_ms: u64,
-    /// Accept `chat_template` in chat requests: rendered (for placement) in a bounded child
-    /// process, within the --client-chat-template-* budgets. Off: such requests get 400.
-    #[arg(long)]
-    pub allow_client_chat_template: bool,
-    /// Wall-clock budget of one client template render; past it the request gets 400.
-    #[arg(long, default_value_t = client_template::DEFAULT_TIMEOUT.as_millis() as u64, value_name = "MS")]
-    pub client_chat_template_timeout_ms: u64,
-    /// Largest prompt a client template may render, in bytes.
-    #[arg(long, default_value_t = client_template::DEFAULT_MAX_OUTPUT_BYTES, value_name = "BYTES")]
-    pub client_chat_template_max_output_bytes: usize,
-    /// Memory of one client template render process, in MiB.
-    #[arg(long, default_value_t = client_template::DEFAULT_MEMORY_BYTES >> 20, value_name = "MIB")]
-    pub client_chat_template_memory_mib: u64,
-    /// Client template render processes at once.
-    #[arg(long, default_value_t = client_template::DEFAULT_CONCURRENCY, value_name = "N")]
-    pub client_chat_template_concurrency: usize,
+    #[command(flatten)]
+    pub client_templates: ClientTemplateArgs,
     /// Log format: `text` or `json` (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -494,21 +480,7 @@ impl ServeArgs {
             return Err(err("--max-prompt-tokens", "must be at least 1"));
         }
         let score_deadline = positive_ms("--score-deadline-ms", self.score_deadline_ms)?;
-        let template_limits = SandboxLimits {
-            timeout: positive_ms("--client-chat-template-timeout-ms", self.client_chat_template_timeout_ms)?,
-            max_output_bytes: self.client_chat_template_max_output_bytes,
-            memory_bytes: self.client_chat_template_memory_mib.saturating_mul(1 << 20),
-            concurrency: self.client_chat_template_concurrency,
-        };
-        if template_limits.max_output_bytes == 0 {
-            return Err(err("--client-chat-template-max-output-bytes", "must be at least 1"));
-        }
-        if self.client_chat_template_memory_mib < 16 {
-            return Err(err("--client-chat-template-memory-mib", "must be at least 16"));
-        }
-        if template_limits.concurrency == 0 {
-            return Err(err("--client-chat-template-concurrency", "must be at least 1"));
-        }
+        let client_chat_templates = self.client_templates.limits().map_err(|(flag, message)| err(flag, message))?;
         let policy = match self.policy {
             PolicyArg::Cost => Policy::Cost,
             PolicyArg::LoadBand => Policy::LoadBand { band: self.load_band },
@@ -549,7 +521,7 @@ impl ServeArgs {
             speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
             record_route_timeout: positive_ms("--record-route-timeout-ms", self.record_route_timeout_ms)?,
             log_format: self.log_format,
-            client_chat_templates: self.allow_client_chat_template.then_some(template_limits),
+            client_chat_templates,
             ext_proc: self.ext_proc.into_config(check_host_port, self.max_body_bytes)?,
             discovery,
         })

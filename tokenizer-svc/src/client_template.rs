@@ -166,21 +166,64 @@ impl Default for SandboxLimits {
 }
 
 impl SandboxLimits {
-    fn validate(&self) -> Result<()> {
-        let bad = |m: &str| Err(TokenizerError::Config(m.to_string()));
+    /// Every budget must allow something.
+    pub fn validate(&self) -> Result<()> {
+        self.check().map_err(|(flag, message)| TokenizerError::Config(format!("{flag}: {message}")))
+    }
+
+    /// The first budget that allows nothing, as (the flag that sets it, why).
+    fn check(&self) -> Result<(), (&'static str, &'static str)> {
         if self.timeout.is_zero() {
-            return bad("the client chat template timeout must be at least 1 ms");
+            return Err(("--client-chat-template-timeout-ms", "must be at least 1"));
         }
         if self.max_output_bytes == 0 {
-            return bad("the client chat template output budget must be at least 1 byte");
+            return Err(("--client-chat-template-max-output-bytes", "must be at least 1"));
         }
         if self.memory_bytes < 16 << 20 {
-            return bad("the client chat template memory budget must be at least 16 MiB");
+            return Err(("--client-chat-template-memory-mib", "must be at least 16"));
         }
         if self.concurrency == 0 {
-            return bad("the client chat template concurrency must be at least 1");
+            return Err(("--client-chat-template-concurrency", "must be at least 1"));
         }
         Ok(())
+    }
+}
+
+/// The client-template flags of `kvindex-tokenizer serve` and `kvindex-router serve`, one
+/// declaration flattened into both.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientTemplateArgs {
+    /// Accept `chat_template` in requests, rendered in a bounded child process within the
+    /// --client-chat-template-* budgets. Off: such requests are refused (gRPC
+    /// INVALID_ARGUMENT, HTTP 400).
+    #[arg(long)]
+    pub allow_client_chat_template: bool,
+    /// Wall-clock budget of one client template render.
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT.as_millis() as u64, value_name = "MS")]
+    pub client_chat_template_timeout_ms: u64,
+    /// Largest prompt a client template may render, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_OUTPUT_BYTES, value_name = "BYTES")]
+    pub client_chat_template_max_output_bytes: usize,
+    /// Memory (RLIMIT_DATA) of one client template render process, in MiB.
+    #[arg(long, default_value_t = DEFAULT_MEMORY_BYTES >> 20, value_name = "MIB")]
+    pub client_chat_template_memory_mib: u64,
+    /// Client template render processes at once.
+    #[arg(long, default_value_t = DEFAULT_CONCURRENCY, value_name = "N")]
+    pub client_chat_template_concurrency: usize,
+}
+
+impl ClientTemplateArgs {
+    /// The validated budgets when client templates are allowed, `None` when they are refused;
+    /// a budget that allows nothing is `Err((its flag, why))`.
+    pub fn limits(&self) -> Result<Option<SandboxLimits>, (&'static str, &'static str)> {
+        let limits = SandboxLimits {
+            timeout: Duration::from_millis(self.client_chat_template_timeout_ms),
+            max_output_bytes: self.client_chat_template_max_output_bytes,
+            memory_bytes: self.client_chat_template_memory_mib.saturating_mul(1 << 20),
+            concurrency: self.client_chat_template_concurrency,
+        };
+        limits.check()?;
+        Ok(self.allow_client_chat_template.then_some(limits))
     }
 }
 

@@ -2,10 +2,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use kvindex_tokenizer::client_template::{self, ClientTemplates, Sandbox, SandboxLimits};
+use kvindex_tokenizer::client_template::{self, ClientTemplateArgs, ClientTemplates, Sandbox};
 use kvindex_tokenizer::server::{serve, BoundListeners};
 use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 
@@ -52,22 +51,8 @@ struct ServeArgs {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9090).
     #[arg(long)]
     http_addr: Option<SocketAddr>,
-    /// Accept `chat_template` in requests, rendered in a bounded child process. Off: such
-    /// requests get INVALID_ARGUMENT.
-    #[arg(long)]
-    allow_client_chat_template: bool,
-    /// Wall-clock budget of one client template render.
-    #[arg(long, default_value_t = client_template::DEFAULT_TIMEOUT.as_millis() as u64, value_name = "MS")]
-    client_chat_template_timeout_ms: u64,
-    /// Largest prompt a client template may render, in bytes.
-    #[arg(long, default_value_t = client_template::DEFAULT_MAX_OUTPUT_BYTES, value_name = "BYTES")]
-    client_chat_template_max_output_bytes: usize,
-    /// Memory of one client template render process, in MiB.
-    #[arg(long, default_value_t = client_template::DEFAULT_MEMORY_BYTES >> 20, value_name = "MIB")]
-    client_chat_template_memory_mib: u64,
-    /// Client template render processes at once.
-    #[arg(long, default_value_t = client_template::DEFAULT_CONCURRENCY, value_name = "N")]
-    client_chat_template_concurrency: usize,
+    #[command(flatten)]
+    client_templates: ClientTemplateArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -110,13 +95,8 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
     if config.models.is_empty() {
         return Err("no models configured: pass --model <name>=<dir> or --models-dir <dir>".into());
     }
-    let limits = SandboxLimits {
-        timeout: Duration::from_millis(args.client_chat_template_timeout_ms),
-        max_output_bytes: args.client_chat_template_max_output_bytes,
-        memory_bytes: args.client_chat_template_memory_mib.saturating_mul(1 << 20),
-        concurrency: args.client_chat_template_concurrency,
-    };
-    let sandbox = if args.allow_client_chat_template {
+    let limits = args.client_templates.limits().map_err(|(flag, message)| format!("{flag}: {message}"))?;
+    let sandbox = if let Some(limits) = limits {
         let sandbox = Sandbox::for_current_exe(limits).map_err(|e| format!("--allow-client-chat-template: {e}"))?;
         let checked = sandbox.clone();
         tokio::task::spawn_blocking(move || checked.check())
