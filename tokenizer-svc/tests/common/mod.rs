@@ -96,6 +96,13 @@ pub fn peak_rss_bytes(pid: u32) -> u64 {
     kib * 1024
 }
 
+/// A process's start time (clock ticks since boot, /proc/<pid>/stat field 22): with the pid,
+/// it names one process even when pids wrap around.
+pub fn started_at(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// Pids of the live children of `parent` (from /proc/<pid>/stat's ppid).
 pub fn children_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
