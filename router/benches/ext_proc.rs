@@ -84,6 +84,7 @@ fn main() {
             max_buffered_bytes: 1 << 30,
             fallbacks: 2,
             load_band: 1.0,
+            request_timeout: Duration::from_secs(30),
         };
         tokio::spawn(extproc::serve(router.clone(), picker, listener, None, std::future::pending()));
         let channel =

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use kvindex_tokenizer::client_template::{ClientTemplateArgs, SandboxLimits};
 
 use crate::cost::{CostWeights, Policy};
 use crate::extproc::{ExtProcArgs, ExtProcConfig};
@@ -135,6 +136,8 @@ pub struct ServeArgs {
     /// after this.
     #[arg(long, default_value_t = 250, value_name = "MS")]
     pub record_route_timeout_ms: u64,
+    #[command(flatten)]
+    pub client_templates: ClientTemplateArgs,
     /// Log format: `text` or `json` (one object per line).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -281,6 +284,9 @@ pub struct Config {
     pub speculative_ttl: Duration,
     pub record_route_timeout: Duration,
     pub log_format: LogFormat,
+    /// Budgets of client-supplied chat templates (`--allow-client-chat-template`); `None`:
+    /// refused.
+    pub client_chat_templates: Option<SandboxLimits>,
     /// The Gateway API endpoint picker (`--ext-proc-*`), when `--ext-proc-addr` is given.
     pub ext_proc: Option<ExtProcConfig>,
     /// Kubernetes pod discovery (`--discovery kubernetes`).
@@ -474,6 +480,7 @@ impl ServeArgs {
             return Err(err("--max-prompt-tokens", "must be at least 1"));
         }
         let score_deadline = positive_ms("--score-deadline-ms", self.score_deadline_ms)?;
+        let client_chat_templates = self.client_templates.limits().map_err(|(flag, message)| err(flag, message))?;
         let policy = match self.policy {
             PolicyArg::Cost => Policy::Cost,
             PolicyArg::LoadBand => Policy::LoadBand { band: self.load_band },
@@ -514,6 +521,7 @@ impl ServeArgs {
             speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
             record_route_timeout: positive_ms("--record-route-timeout-ms", self.record_route_timeout_ms)?,
             log_format: self.log_format,
+            client_chat_templates,
             ext_proc: self.ext_proc.into_config(check_host_port, self.max_body_bytes)?,
             discovery,
         })
@@ -568,6 +576,7 @@ mod tests {
         assert_eq!(config.pods.len(), 2);
         assert_eq!(config.pods[0].url, "http://127.0.0.1:8001", "trailing slash dropped");
         assert_eq!(config.pods[0].role, Role::Both);
+        assert!(config.client_chat_templates.is_none(), "client chat templates are off by default");
     }
 
     #[test]
@@ -595,6 +604,8 @@ mod tests {
             (&["--discovery", "consul"], "--discovery: must be kubernetes or none"),
             (&["--discovery", "kubernetes", "--discovery-dp-size", "0"], "--discovery-dp-size"),
             (&["--discovery", "kubernetes", "--discovery-namespace", "No"], "--discovery-namespace"),
+            (&["--pod", "a=http://x:1", "--client-chat-template-memory-mib", "1"], "--client-chat-template-memory-mib"),
+            (&["--pod", "a=http://x:1", "--client-chat-template-timeout-ms", "0"], "--client-chat-template-timeout-ms"),
         ];
         for (extra, expected) in cases {
             let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();

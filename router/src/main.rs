@@ -91,6 +91,10 @@ async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, String>
 }
 
 fn main() -> ExitCode {
+    // A client chat template's render process is this executable (kvindex_tokenizer::client_template).
+    if let Some(code) = kvindex_tokenizer::client_template::run_worker_if_requested() {
+        return code;
+    }
     let Cli { command: Command::Serve(args) } = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,

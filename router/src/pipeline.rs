@@ -24,7 +24,7 @@ use crate::tokenize::{TokenizeError, Tokenizers};
 /// Why a request cannot be placed. Each maps to one OpenAI error status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
-    #[error("the model `{0}` does not exist")]
+    #[error("the model `{}` does not exist", crate::request::echo(.0))]
     UnknownModel(String),
     #[error("{0}")]
     InvalidPrompt(String),
@@ -34,6 +34,11 @@ pub enum RouteError {
     NoPods,
     #[error("none of the allowed pods is known to this router")]
     NoEligiblePods,
+    #[error(
+        "chat_template in requests is not accepted by this router, which renders only the model's own chat \
+         template (operators can allow client templates with --allow-client-chat-template)"
+    )]
+    ClientTemplateDisabled,
 }
 
 impl RouteError {
@@ -45,6 +50,7 @@ impl RouteError {
             RouteError::PromptTooLong { .. } => "prompt_too_long",
             RouteError::NoPods => "no_pods",
             RouteError::NoEligiblePods => "no_eligible_pods",
+            RouteError::ClientTemplateDisabled => "client_chat_template_disabled",
         }
     }
 }
@@ -64,6 +70,8 @@ pub struct RouterSettings {
     pub models: HashSet<String>,
     /// adapter → base model.
     pub loras: HashMap<String, String>,
+    /// Whether chat requests may carry their own `chat_template` (`--allow-client-chat-template`).
+    pub allow_client_chat_template: bool,
 }
 
 impl RouterSettings {
@@ -78,6 +86,7 @@ impl RouterSettings {
             record_route_timeout: config.record_route_timeout,
             models: config.served_models().into_iter().collect(),
             loras: config.loras.iter().cloned().collect(),
+            allow_client_chat_template: config.client_chat_templates.is_some(),
         }
     }
 }
@@ -124,7 +133,11 @@ impl Router {
 
     /// Builds the pipeline from a validated configuration (pods are added separately).
     pub fn from_config(config: &Config, fleet: Arc<Fleet>) -> Result<Router, String> {
-        let tokenizers = Tokenizers::new(&config.tokenizers, config.tokenizer_endpoint.as_deref())?;
+        let tokenizers = Tokenizers::with_client_templates(
+            &config.tokenizers,
+            config.tokenizer_endpoint.as_deref(),
+            config.client_chat_templates,
+        )?;
         let indexer = IndexerPool::with_tls(
             &config.indexers,
             config.score_deadline,
@@ -164,6 +177,11 @@ impl Router {
         let s = &self.settings;
         if !s.models.is_empty() && !s.models.contains(&request.model) {
             return Err(RouteError::UnknownModel(request.model.clone()));
+        }
+        if !s.allow_client_chat_template && matches!(&request.prompt, Prompt::Chat(c) if c.chat_template.is_some()) {
+            // Whoever tokenizes (in process, a sidecar, or nobody): a stranger's template is a
+            // program, refused unless the operator allowed them (kvindex_tokenizer::client_template).
+            return Err(RouteError::ClientTemplateDisabled);
         }
         let (base_model, lora_name) = match s.loras.get(&request.model) {
             Some(base) => (base.clone(), Some(request.model.clone())),

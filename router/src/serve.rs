@@ -60,8 +60,10 @@ pub async fn run(
         max_buffered_bytes: e.max_buffered_bytes,
         fallbacks: config.upstream_retries,
         load_band: config.load_band,
+        request_timeout: e.request_timeout,
     });
     let ext_proc_router = router.clone();
+    let stopping = router.clone();
     let app = Arc::new(App {
         router,
         client,
@@ -71,6 +73,8 @@ pub async fn run(
     });
     tokio::spawn(async move {
         shutdown.await;
+        // Client template renders in flight are killed, so they never hold up the stop.
+        stopping.tokenizers().shutdown();
         let _ = stop.send(true);
     });
     let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

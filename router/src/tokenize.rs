@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvindex_proto::tokenization as tok;
-use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
+use kvindex_tokenizer::{ChatRequest, ClientTemplates, RegistryConfig, Sandbox, SandboxLimits, TokenizerRegistry};
 use serde_json::Value;
 use tok::tokenization_service_client::TokenizationServiceClient;
 use tonic::transport::Channel;
@@ -43,7 +43,7 @@ impl Unavailable {
 /// A prompt the client must fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenizeError {
-    #[error("the model `{0}` does not exist")]
+    #[error("the model `{}` does not exist", crate::request::echo(.0))]
     UnknownModel(String),
     /// Template or request error; the message is the tokenizer's (it may quote the request,
     /// which goes back to its own sender only, never to logs).
@@ -56,15 +56,38 @@ pub struct Tokenizers {
     local: Option<Arc<TokenizerRegistry>>,
     local_models: HashSet<String>,
     remote: Option<TokenizationServiceClient<Channel>>,
+    /// Renders client-supplied chat templates for the in-process tokenizers, when allowed.
+    sandbox: Option<Arc<Sandbox>>,
 }
 
 impl Tokenizers {
-    /// `local`: `(model, dir)` pairs; `remote`: a tokenizer service `host:port`.
+    /// `local`: `(model, dir)` pairs; `remote`: a tokenizer service `host:port`. Chat
+    /// templates sent with requests are refused.
     pub fn new(local: &[(String, std::path::PathBuf)], remote: Option<&str>) -> Result<Tokenizers, String> {
+        Self::with_client_templates(local, remote, None)
+    }
+
+    /// [`Tokenizers::new`], rendering chat templates sent with requests in a bounded child
+    /// process (this executable, see `kvindex_tokenizer::client_template`) when `client_templates`
+    /// gives the budgets.
+    pub fn with_client_templates(
+        local: &[(String, std::path::PathBuf)],
+        remote: Option<&str>,
+        client_templates: Option<SandboxLimits>,
+    ) -> Result<Tokenizers, String> {
+        let sandbox = match client_templates {
+            Some(limits) => {
+                Some(Sandbox::for_current_exe(limits).map_err(|e| format!("--allow-client-chat-template: {e}"))?)
+            }
+            None => None,
+        };
         let registry = if local.is_empty() {
             None
         } else {
             let mut config = RegistryConfig::default();
+            if let Some(sandbox) = &sandbox {
+                config.client_templates = ClientTemplates::Sandboxed(sandbox.clone());
+            }
             config.max_loaded_models = config.max_loaded_models.max(local.len());
             for (model, dir) in local {
                 config.add_model(model, dir).map_err(|e| format!("--tokenizer {model}: {e}"))?;
@@ -80,7 +103,19 @@ impl Tokenizers {
                 Some(TokenizationServiceClient::new(channel))
             }
         };
-        Ok(Tokenizers { local: registry, local_models: local.iter().map(|(m, _)| m.clone()).collect(), remote })
+        Ok(Tokenizers {
+            local: registry,
+            local_models: local.iter().map(|(m, _)| m.clone()).collect(),
+            remote,
+            sandbox,
+        })
+    }
+
+    /// Kills the client template renders in flight and refuses new ones (at shutdown).
+    pub fn shutdown(&self) {
+        if let Some(sandbox) = &self.sandbox {
+            sandbox.shutdown();
+        }
     }
 
     /// The in-process registry, for preloading and its statistics.
@@ -88,8 +123,15 @@ impl Tokenizers {
         self.local.as_ref()
     }
 
-    /// Loads every in-process tokenizer now rather than on the first request.
+    /// Loads every in-process tokenizer now rather than on the first request, and checks that
+    /// client templates can be rendered when they are allowed.
     pub async fn preload(&self) -> Result<(), String> {
+        if let Some(sandbox) = self.sandbox.clone() {
+            tokio::task::spawn_blocking(move || sandbox.check())
+                .await
+                .map_err(|e| format!("--allow-client-chat-template: {e}"))?
+                .map_err(|e| format!("--allow-client-chat-template: {e}"))?;
+        }
         let Some(registry) = self.local.clone() else { return Ok(()) };
         let models: Vec<String> = self.local_models.iter().cloned().collect();
         tokio::task::spawn_blocking(move || {
@@ -176,6 +218,10 @@ async fn remote(
         }
     };
     match reply {
+        // The service refuses the request itself (e.g. it does not accept client templates).
+        Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+            Err(TokenizeError::Invalid(status.message().to_string()))
+        }
         Err(_) | Ok(Err(_)) => {
             tracing::warn!("remote tokenizer unavailable or slow; placing by load");
             Ok(Err(Unavailable::TokenizerFailed))

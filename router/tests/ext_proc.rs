@@ -7,10 +7,12 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response;
 use serde_json::json;
 use support::ext_proc::*;
+use support::fake_pod::{FakePod, Script};
 use support::*;
 
 const MODEL: &str = "deepseek-sim";
@@ -224,4 +226,31 @@ async fn with_the_indexer_gone_the_picker_still_picks_by_load() {
         assert!(destination(&answers[0]).is_some(), "fail open: a pick without the index");
     }
     assert!(metric(&epp.http, "kvindex_router_fail_open_total", &[]).await >= 4.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_stops_before_its_request_ends_is_answered_408_in_time() {
+    let Some(bins) = bins() else { return };
+    let pod = FakePod::start(Script::Echo("p".into())).await;
+    let args = ["--pod", &pod.spec(), "--model", "m", "--ext-proc-request-timeout-ms", "500"].map(String::from);
+    let epp = PickerProcess::start(&bins, &args);
+    let mut client = connect(&epp.ext_proc).await;
+    let opened = Instant::now();
+    let mut headers_only = Stream::open(&mut client).await;
+    headers_only.send(post_headers("/v1/completions")).await;
+    let mut half_body = Stream::open(&mut client).await;
+    half_body.send(post_headers("/v1/completions")).await;
+    half_body.send(body(br#"{"model": "m", "prompt": [1, "#, false)).await;
+    // Meanwhile a whole request is answered at once.
+    let answers = pick(&mut client, "/v1/completions", br#"{"model": "m", "prompt": [1, 2, 3]}"#).await;
+    assert!(destination(&answers[0]).is_some(), "{answers:?}");
+    for stream in [&mut headers_only, &mut half_body] {
+        let answer = stream.recv().await.unwrap().expect("an answer");
+        assert_eq!(immediate_status(&answer), Some(408), "{answer:?}");
+        assert!(opened.elapsed() >= Duration::from_millis(500), "answered before the timeout");
+        assert!(stream.recv().await.unwrap().is_none(), "the stream ends after the 408");
+    }
+    assert!(opened.elapsed() < Duration::from_secs(10), "took {:?}", opened.elapsed());
+    assert_eq!(metric(&epp.http, "kvindex_router_request_errors_total", &["reason=\"request_timeout\""]).await, 2.0);
+    assert_eq!(metric(&epp.http, "kvindex_router_extproc_streams_total", &["outcome=\"timeout\""]).await, 2.0);
 }

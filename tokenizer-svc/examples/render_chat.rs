@@ -3,14 +3,15 @@
 //! Usage: cargo run -p kvindex-tokenizer --example render_chat -- <model-dir> < request.json
 use std::io::Read;
 
-use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
+use kvindex_tokenizer::{ChatRequest, ClientTemplates, RegistryConfig, TokenizerRegistry};
 
 fn main() {
     let dir = std::env::args().nth(1).expect("usage: render_chat <model-dir> < request.json");
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input).expect("read stdin");
     let request: ChatRequest = serde_json::from_str(&input).expect("request JSON");
-    let mut config = RegistryConfig::default();
+    // The request's own `chat_template`, if any, is the user's: render it in process.
+    let mut config = RegistryConfig { client_templates: ClientTemplates::Trusted, ..Default::default() };
     config.add_model("m", &dir).expect("model dir");
     match TokenizerRegistry::new(config).render_chat_text("m", &request) {
         Ok(text) => print!("{text}"),

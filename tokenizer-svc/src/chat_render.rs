@@ -22,6 +22,20 @@ pub fn render_chat(
     special_tokens: &[(String, String)],
     request: &ChatRequest,
 ) -> Result<String> {
+    render_chat_with(template_source, special_tokens, request, |context| {
+        template.render(Value::from_serialize(context))
+    })
+}
+
+/// [`render_chat`] with the template run by `render`, given the template's globals: how a
+/// client template reaches its sandbox ([`crate::client_template`]) with the same context,
+/// checks and `continue_final_message` cut as the model's own templates.
+pub fn render_chat_with(
+    template_source: &str,
+    special_tokens: &[(String, String)],
+    request: &ChatRequest,
+    render: impl FnOnce(&Map<String, Json>) -> Result<String>,
+) -> Result<String> {
     if request.messages.is_empty() {
         return Err(TokenizerError::InvalidRequest("the conversation has no messages".into()));
     }
@@ -52,7 +66,7 @@ pub fn render_chat(
     context.insert("documents".into(), request.documents.clone().map(Json::Array).unwrap_or(Json::Null));
     context.insert("add_generation_prompt".into(), Json::Bool(request.add_generation_prompt));
 
-    let rendered = template.render(Value::from_serialize(&context))?;
+    let rendered = render(&context)?;
     match final_text {
         Some(final_text) => cut_at_continue_tag(rendered, &final_text),
         None => Ok(rendered),

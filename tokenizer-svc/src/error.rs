@@ -2,6 +2,8 @@
 //! failure to a precise status without parsing messages.
 use std::path::PathBuf;
 
+use crate::client_template::Rejection;
+
 /// Everything that can go wrong between a request and its token ids.
 ///
 /// `Display` is for the caller (it is returned in `error_message`): a template's own
@@ -33,6 +35,11 @@ pub enum TokenizerError {
     /// Configuration given at start-up is unusable.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A chat template sent with the request was not rendered: client templates are off
+    /// (the default), or it went past a budget (output, time, memory), crashed its renderer,
+    /// or no renderer was free. See [`crate::client_template`].
+    #[error("chat template {template:?}: {detail}")]
+    ClientTemplateRejected { template: String, reason: Rejection, detail: String },
 }
 
 impl TokenizerError {
@@ -47,6 +54,8 @@ impl TokenizerError {
             Self::InvalidRequest(_) => "invalid_request",
             Self::Encode { .. } => "encode_error",
             Self::Config(_) => "config_error",
+            Self::ClientTemplateRejected { reason: Rejection::Disabled, .. } => "client_template_disabled",
+            Self::ClientTemplateRejected { .. } => "client_template_rejected",
         }
     }
 
@@ -71,15 +80,19 @@ impl TokenizerError {
                 )
             }
             Self::InvalidRequest(_) | Self::Config(_) => self.kind().to_string(),
+            Self::ClientTemplateRejected { template, reason, .. } => {
+                format!("{} template={template:?} reason={}", self.kind(), reason.label())
+            }
         }
     }
 
     /// Whether the caller is at fault (as opposed to the server's model files).
     pub fn is_client_error(&self) -> bool {
-        matches!(
-            self,
-            Self::UnknownModel(_) | Self::NoChatTemplate(_) | Self::Template { .. } | Self::InvalidRequest(_)
-        )
+        match self {
+            Self::UnknownModel(_) | Self::NoChatTemplate(_) | Self::Template { .. } | Self::InvalidRequest(_) => true,
+            Self::ClientTemplateRejected { reason, .. } => reason.is_client_error(),
+            _ => false,
+        }
     }
 }
 

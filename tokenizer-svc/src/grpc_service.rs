@@ -1,6 +1,8 @@
 //! llm-d's `tokenization.TokenizationService` over the registry. Thin: convert, run the CPU
 //! work off the async runtime, count the outcome, and report failures the way llm-d's contract
-//! does (`success = false` + `error_message`), never with prompt text in logs.
+//! does (`success = false` + `error_message`), never with prompt text in logs. One exception:
+//! a `chat_template` sent while client templates are off is `INVALID_ARGUMENT`, a request for
+//! something this server does not do rather than a render that failed.
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,6 +11,7 @@ use kvindex_proto::tokenization as pb;
 use kvindex_proto::tokenization::tokenization_service_server::TokenizationService;
 use tonic::{Request, Response, Status};
 
+use crate::client_template::Rejection;
 use crate::error::TokenizerError;
 use crate::proto_convert::{chat_completion_request, chat_template_request};
 use crate::registry::TokenizerRegistry;
@@ -55,6 +58,10 @@ impl TokenizationGrpc {
         if let Err(e) = &result {
             // Only the log-safe summary: a template's own message may quote the prompt.
             tracing::warn!(method, model, error = %e.log_summary(), "request failed");
+        }
+        if let Err(e @ TokenizerError::ClientTemplateRejected { reason: Rejection::Disabled, .. }) = &result {
+            // A request for something this server does not do at all, not a failed render.
+            return Err(Status::invalid_argument(e.to_string()));
         }
         Ok(result)
     }

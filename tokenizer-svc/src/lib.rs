@@ -7,6 +7,7 @@
 
 pub mod chat_render;
 pub mod chat_request;
+pub mod client_template;
 pub mod error;
 pub mod grpc_service;
 pub mod incremental;
@@ -23,6 +24,7 @@ pub mod server;
 pub mod template_env;
 
 pub use chat_request::ChatRequest;
+pub use client_template::{ClientTemplates, Sandbox, SandboxLimits};
 pub use error::{Result, TokenizerError};
 pub use loaded_model::{LoadedModel, TokenizedText};
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};

@@ -9,8 +9,9 @@ use parking_lot::Mutex;
 
 use tokenizers::{AddedToken, Tokenizer};
 
-use crate::chat_render::render_chat;
+use crate::chat_render::{render_chat, render_chat_with};
 use crate::chat_request::ChatRequest;
+use crate::client_template::{self, ClientTemplates};
 use crate::error::{Result, TokenizerError};
 use crate::incremental::{self, CutPlan};
 use crate::model_files::{ModelDir, NamedTemplate, TokenizerConfig};
@@ -34,11 +35,14 @@ pub struct LoadedModel {
     cuts: std::result::Result<CutPlan, String>,
     config: TokenizerConfig,
     templates: Vec<(NamedTemplate, ChatTemplate)>,
-    /// Templates sent with requests (llm-d may send one on every call), compiled once each.
+    /// What happens to templates sent with requests.
+    client_templates: ClientTemplates,
+    /// Templates sent with requests (llm-d may send one on every call), compiled once each;
+    /// only with [`ClientTemplates::Trusted`].
     request_templates: Mutex<Vec<(String, Arc<ChatTemplate>)>>,
 }
 
-/// How many distinct request-supplied templates stay compiled per model.
+/// How many distinct trusted request-supplied templates stay compiled per model.
 const REQUEST_TEMPLATE_CACHE: usize = 8;
 
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
@@ -50,8 +54,15 @@ impl std::fmt::Debug for LoadedModel {
 }
 
 impl LoadedModel {
-    /// Loads `dir` as model `name`. Template syntax errors surface here, naming the template.
+    /// Loads `dir` as model `name`, refusing templates sent with requests. Template syntax
+    /// errors surface here, naming the template.
     pub fn load(name: &str, dir: &Path) -> Result<Self> {
+        Self::load_with(name, dir, ClientTemplates::Refused)
+    }
+
+    /// [`Self::load`], with `client_templates` deciding what happens to templates sent with
+    /// requests.
+    pub fn load_with(name: &str, dir: &Path, client_templates: ClientTemplates) -> Result<Self> {
         let files = ModelDir { dir: dir.to_path_buf() };
         let tokenizer_path = files.tokenizer_json();
         if !tokenizer_path.exists() {
@@ -88,6 +99,7 @@ impl LoadedModel {
             cuts,
             config,
             templates,
+            client_templates,
             request_templates: Mutex::new(Vec::new()),
         })
     }
@@ -171,8 +183,7 @@ impl LoadedModel {
     /// Renders the chat to text exactly as `apply_chat_template(..., tokenize=False)`.
     pub fn render_chat_text(&self, request: &ChatRequest) -> Result<String> {
         if let Some(source) = &request.chat_template {
-            let template = self.request_template(source)?;
-            return render_chat(&template, source, &self.config.special_tokens, request);
+            return self.render_client_template(source, request);
         }
         let chosen = self
             .config
@@ -184,6 +195,23 @@ impl LoadedModel {
             .find(|(t, _)| t.name == chosen.name)
             .expect("every configured template is compiled at load");
         render_chat(template, &named.source, &self.config.special_tokens, request)
+    }
+
+    /// A template that came with the request: refused, sandboxed or trusted, per the policy.
+    fn render_client_template(&self, source: &str, request: &ChatRequest) -> Result<String> {
+        let name = format!("{}/request", self.name);
+        match &self.client_templates {
+            ClientTemplates::Refused => Err(client_template::disabled(&name)),
+            ClientTemplates::Sandboxed(sandbox) => {
+                render_chat_with(source, &self.config.special_tokens, request, |context| {
+                    sandbox.render(&name, source, context)
+                })
+            }
+            ClientTemplates::Trusted => {
+                let template = self.request_template(source)?;
+                render_chat(&template, source, &self.config.special_tokens, request)
+            }
+        }
     }
 
     fn request_template(&self, source: &str) -> Result<Arc<ChatTemplate>> {

@@ -61,7 +61,7 @@ impl TokenizerRegistry {
         }
         let dir = self.config.models.get(name).ok_or_else(|| TokenizerError::UnknownModel(name.to_string()))?;
         let started = std::time::Instant::now();
-        let loaded = LoadedModel::load(name, dir);
+        let loaded = LoadedModel::load_with(name, dir, self.config.client_templates.clone());
         metrics::counter!("kvindex_tokenizer_model_loads_total", "outcome" => if loaded.is_ok() { "ok" } else { "error" })
             .increment(1);
         let (model, evicted) = self.cache.insert(name, Arc::new(loaded?));

@@ -3,13 +3,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::client_template::ClientTemplates;
 use crate::error::{Result, TokenizerError};
 pub use crate::prefix_cache::DEFAULT_PREFIX_CACHE_BYTES;
 
 /// Default number of tokenizers kept in memory at once.
 pub const DEFAULT_MAX_LOADED_MODELS: usize = 8;
 
-/// Model name → directory, plus the cache bounds.
+/// Model name → directory, the cache bounds, and the client-template policy.
 #[derive(Debug, Clone)]
 pub struct RegistryConfig {
     pub models: BTreeMap<String, PathBuf>,
@@ -18,6 +19,9 @@ pub struct RegistryConfig {
     /// Memory for tokenized prompt prefixes reused across requests (incremental tokenization),
     /// shared by all models; 0 disables reuse. In memory only, never persisted or logged.
     pub prefix_cache_bytes: usize,
+    /// What happens to chat templates sent with requests: refused by default (see
+    /// [`crate::client_template`]).
+    pub client_templates: ClientTemplates,
 }
 
 impl Default for RegistryConfig {
@@ -26,6 +30,7 @@ impl Default for RegistryConfig {
             models: BTreeMap::new(),
             max_loaded_models: DEFAULT_MAX_LOADED_MODELS,
             prefix_cache_bytes: DEFAULT_PREFIX_CACHE_BYTES,
+            client_templates: ClientTemplates::Refused,
         }
     }
 }

@@ -23,7 +23,14 @@ impl std::fmt::Debug for ChatTemplate {
 impl ChatTemplate {
     /// Compiles `source`; `name` appears in every error (e.g. `Qwen3-8B/default`).
     pub fn compile(name: &str, source: &str) -> Result<Self> {
+        Self::compile_with_fuel(name, source, TEMPLATE_FUEL)
+    }
+
+    /// [`Self::compile`] with another instruction budget per render (client templates get
+    /// [`CLIENT_TEMPLATE_FUEL`]).
+    pub fn compile_with_fuel(name: &str, source: &str, fuel: u64) -> Result<Self> {
         let mut env = hf_environment();
+        env.set_fuel(Some(fuel));
         let source = rewrite_jinja2_quirks(source);
         env.add_template_owned(name.to_string(), source).map_err(|e| template_error(name, &e))?;
         Ok(Self { env, name: name.to_string() })
@@ -38,12 +45,77 @@ impl ChatTemplate {
         let template = self.env.get_template(&self.name).map_err(|e| template_error(&self.name, &e))?;
         template.render(context).map_err(|e| template_error(&self.name, &e))
     }
+
+    /// Renders like [`Self::render`], writing into a buffer that refuses to grow past
+    /// `max_output_bytes`: the render stops at the first write beyond it.
+    pub fn render_bounded(&self, context: Value, max_output_bytes: usize) -> Result<String, BoundedRenderError> {
+        let template = self.env.get_template(&self.name).map_err(|e| template_error(&self.name, &e))?;
+        let mut out = BoundedOutput { buf: Vec::new(), limit: max_output_bytes, overflowed: false };
+        match template.render_captured_to(context, &mut out) {
+            Ok(_) => String::from_utf8(out.buf).map_err(|_| {
+                BoundedRenderError::Template(TokenizerError::Template {
+                    template: self.name.clone(),
+                    line: None,
+                    reason: "rendered output is not UTF-8".into(),
+                })
+            }),
+            Err(_) if out.overflowed => Err(BoundedRenderError::OutputLimit),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(BoundedRenderError::OutOfFuel),
+            Err(e) => Err(BoundedRenderError::Template(template_error(&self.name, &e))),
+        }
+    }
+}
+
+/// Why [`ChatTemplate::render_bounded`] produced no text.
+#[derive(Debug)]
+pub enum BoundedRenderError {
+    /// The output reached its byte budget.
+    OutputLimit,
+    /// The instruction budget (fuel) ran out.
+    OutOfFuel,
+    /// Any other template error (syntax, `raise_exception`, type errors, ...).
+    Template(TokenizerError),
+}
+
+impl From<TokenizerError> for BoundedRenderError {
+    fn from(e: TokenizerError) -> Self {
+        BoundedRenderError::Template(e)
+    }
+}
+
+/// An output buffer with a hard size: a write that would pass `limit` fails (and is remembered),
+/// so the render ends there instead of growing the buffer.
+struct BoundedOutput {
+    buf: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + bytes.len() > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("output budget exceeded"));
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Instruction budget per render. Templates can arrive with requests, so a hostile one (nested
 /// `range` loops) must end with an error instead of pinning a core; real templates rendering a
 /// long multi-turn chat use well under 1 % of this.
 pub const TEMPLATE_FUEL: u64 = 50_000_000;
+
+/// Instruction budget per render of a template sent with a request (rendered only in the
+/// sandbox, see [`crate::client_template`]): about a second of CPU for a tight loop in a
+/// release build, far above what real chat templates use on long chats. The sandbox's
+/// wall-clock deadline bounds the rest (filters that loop without spending fuel).
+pub const CLIENT_TEMPLATE_FUEL: u64 = 10_000_000;
 
 /// The environment HF's `_compile_jinja_template` builds, in minijinja.
 fn hf_environment() -> Environment<'static> {

@@ -35,6 +35,18 @@ fn start_up_errors_are_clear_and_exit_non_zero() {
     assert!(!ok && err.contains("has no tokenizer.json"), "{err}");
     let (ok, err) = run_to_exit(&["serve", "--grpc-addr", "not-an-address", "--model", "m=/x"]);
     assert!(!ok && err.contains("--grpc-addr"), "{err}");
+    let root = common::scratch_dir("cli-budget");
+    let model = format!("m={}", trained::chatml_model(&root, "m").display());
+    let (ok, err) = run_to_exit(&[
+        "serve",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--model",
+        &model,
+        "--client-chat-template-memory-mib",
+        "1",
+    ]);
+    assert!(!ok && err.contains("--client-chat-template-memory-mib: must be at least 16"), "{err}");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! llm-d's TokenizationService end to end over real gRPC on loopback TCP and a Unix socket,
-//! with a tonic client: every method, the `success=false` error contract, health and reflection.
+//! with a tonic client: every method, the `success=false` error contract (and `INVALID_ARGUMENT`
+//! for a client chat template while they are off), health and reflection.
 mod common;
 
 use std::sync::Arc;
@@ -202,7 +203,9 @@ async fn failures_follow_llm_d_success_false_contract() {
     );
     assert!(!raised.error_message.contains("secret prompt"), "errors never echo the prompt");
 
-    let bad_template = client
+    // Client templates are off by default: refused before anything is compiled
+    // (tests/client_templates.rs renders them when allowed).
+    let client_template = client
         .render_chat_completion(pb::RenderChatCompletionRequest {
             model_name: "chatml".into(),
             messages: vec![user("Hi")],
@@ -210,13 +213,9 @@ async fn failures_follow_llm_d_success_false_contract() {
             ..Default::default()
         })
         .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        !bad_template.success && bad_template.error_message.contains("chatml/request"),
-        "{}",
-        bad_template.error_message
-    );
+        .unwrap_err();
+    assert_eq!(client_template.code(), tonic::Code::InvalidArgument, "{client_template:?}");
+    assert!(client_template.message().contains("chatml/request"), "{}", client_template.message());
 
     let bad_tool = client
         .render_chat_completion(pb::RenderChatCompletionRequest {

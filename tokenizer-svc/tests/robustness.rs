@@ -5,7 +5,7 @@ mod common;
 use std::sync::OnceLock;
 
 use common::trained;
-use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
+use kvindex_tokenizer::{ChatRequest, ClientTemplates, RegistryConfig, TokenizerRegistry};
 use proptest::prelude::*;
 use serde_json::{json, Value as Json};
 
@@ -13,7 +13,9 @@ fn registry() -> &'static TokenizerRegistry {
     static REGISTRY: OnceLock<TokenizerRegistry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
         let root = common::scratch_dir("robustness");
-        let mut config = RegistryConfig::default();
+        // In process, so a panic in the template environment fails the test (a sandboxed render
+        // would only report a crashed worker).
+        let mut config = RegistryConfig { client_templates: ClientTemplates::Trusted, ..Default::default() };
         config.add_model("m", trained::chatml_model(&root, "m")).unwrap();
         TokenizerRegistry::new(config)
     })

@@ -122,6 +122,7 @@ impl World {
             record_route_timeout: Duration::from_millis(250),
             models: [MODEL.to_string()].into(),
             loras: Default::default(),
+            allow_client_chat_template: false,
         };
         let tokenizers = Tokenizers::new(&[(MODEL.to_string(), tokenizer_dir.to_path_buf())], None).unwrap();
         tokenizers.preload().await.unwrap();

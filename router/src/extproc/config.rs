@@ -26,6 +26,11 @@ pub struct ExtProcArgs {
     /// is shed with a 429 (each body is also bounded by --max-body-bytes, answered with 413).
     #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
     pub ext_proc_max_buffered_bytes: usize,
+    /// A stream must bring its whole request (headers, then body to `end_of_stream` or
+    /// trailers) within this many ms of opening; past it the request is answered 408 and the
+    /// stream ends, so streams that stop after their headers cannot pile up.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    pub ext_proc_request_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -50,6 +55,8 @@ pub struct ExtProcConfig {
     pub health_addr: Option<String>,
     pub mode: Mode,
     pub max_buffered_bytes: usize,
+    /// From the stream's start to the end of its request (`--ext-proc-request-timeout-ms`).
+    pub request_timeout: std::time::Duration,
 }
 
 impl ExtProcArgs {
@@ -70,11 +77,15 @@ impl ExtProcArgs {
                 message: format!("must be at least --max-body-bytes ({max_body_bytes})"),
             });
         }
+        if self.ext_proc_request_timeout_ms == 0 {
+            return Err(ConfigError { flag: "--ext-proc-request-timeout-ms", message: "must be at least 1".into() });
+        }
         Ok(Some(ExtProcConfig {
             addr,
             health_addr: self.ext_proc_health_addr,
             mode: self.ext_proc_mode,
             max_buffered_bytes: self.ext_proc_max_buffered_bytes,
+            request_timeout: std::time::Duration::from_millis(self.ext_proc_request_timeout_ms),
         }))
     }
 }
@@ -103,12 +114,17 @@ mod tests {
         assert!(parse(&[]).unwrap().is_none());
         let on = parse(&["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-mode", "prefilter"]).unwrap().unwrap();
         assert_eq!((on.addr.as_str(), on.mode, on.health_addr), ("0.0.0.0:9002", Mode::Prefilter, None));
+        assert_eq!(on.request_timeout, std::time::Duration::from_secs(30), "the default request timeout");
         let cases: &[(&[&str], &str)] = &[
             (&["--ext-proc-addr", "9002"], "--ext-proc-addr: expected <host>:<port>"),
             (&["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-health-addr", "x"], "--ext-proc-health-addr"),
             (&["--ext-proc-health-addr", "0.0.0.0:9003"], "--ext-proc-addr"),
             (&["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-max-buffered-bytes", "1024"], "--max-body-bytes"),
             (&["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-mode", "both"], "--ext-proc-mode"),
+            (
+                &["--ext-proc-addr", "0.0.0.0:9002", "--ext-proc-request-timeout-ms", "0"],
+                "--ext-proc-request-timeout-ms",
+            ),
         ];
         for (args, expected) in cases {
             let error = parse(args).expect_err(expected);

@@ -44,6 +44,8 @@ pub struct Settings {
     pub max_buffered_bytes: usize,
     pub fallbacks: usize,
     pub load_band: f64,
+    /// From a stream's start to the end of its request.
+    pub request_timeout: std::time::Duration,
 }
 
 /// The ext_proc service (with `grpc.health.v1` beside it) until `shutdown` completes; the
@@ -62,6 +64,7 @@ pub async fn serve(
         max_body_bytes: settings.max_body_bytes,
         fallbacks: settings.fallbacks,
         load_band: settings.load_band,
+        request_timeout: settings.request_timeout,
         budget: Budget::new(settings.max_buffered_bytes),
     });
     let picker = ExternalProcessorServer::new(Picker { shared })

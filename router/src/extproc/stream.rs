@@ -37,6 +37,8 @@ pub struct Shared {
     /// Pods named after the primary (`--upstream-retries`).
     pub fallbacks: usize,
     pub load_band: f64,
+    /// From the stream's start to the end of its request (headers, body, trailers).
+    pub request_timeout: std::time::Duration,
     pub budget: Arc<Budget>,
 }
 
@@ -101,8 +103,31 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<ProcessingRequest>,
         attempt: None,
         guards: Vec::new(),
     };
+    // The request must be complete by then; the response phase has no bound (a generation
+    // may take minutes).
+    let request_deadline = tokio::time::Instant::now() + state.shared.request_timeout;
     let outcome = loop {
-        let message = match inbound.message().await {
+        let next = inbound.message();
+        let received = if matches!(state.phase, Phase::RequestHeaders | Phase::RequestBody) {
+            match tokio::time::timeout_at(request_deadline, next).await {
+                Ok(received) => received,
+                Err(_) => {
+                    // Envoy's own request timeouts answer 408; so does the picker for a request
+                    // whose body never came (GIE's protocol has no rule of its own for it).
+                    let ms = state.shared.request_timeout.as_millis();
+                    let error = ApiError::new(
+                        axum::http::StatusCode::REQUEST_TIMEOUT,
+                        "request_timeout",
+                        format!("the request did not arrive in full within {ms} ms"),
+                    );
+                    let _ = out.send(Ok(immediate_response(error))).await;
+                    break "timeout";
+                }
+            }
+        } else {
+            next.await
+        };
+        let message = match received {
             Ok(Some(message)) => message,
             Ok(None) | Err(_) => break if state.phase == Phase::Done { "completed" } else { "closed" },
         };
@@ -139,8 +164,13 @@ fn out_of_order(what: &str, phase: Phase) -> Stop {
 }
 
 fn immediate(error: ApiError) -> Stop {
+    Stop::Immediate(Box::new(immediate_response(error)))
+}
+
+/// The `ImmediateResponse` for `error`, counted in `kvindex_router_request_errors_total`.
+fn immediate_response(error: ApiError) -> ProcessingResponse {
     metrics::counter!(m::REQUEST_ERRORS, "reason" => error.code).increment(1);
-    Stop::Immediate(Box::new(envoy::immediate(error.status.as_u16(), error.code, &error.message)))
+    envoy::immediate(error.status.as_u16(), error.code, &error.message)
 }
 
 /// The OpenAI endpoint of a request: by path, else by the body's shape.

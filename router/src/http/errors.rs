@@ -69,6 +69,7 @@ impl From<RouteError> for ApiError {
         let (status, param) = match &e {
             RouteError::UnknownModel(_) => (StatusCode::NOT_FOUND, Some("model")),
             RouteError::InvalidPrompt(_) => (StatusCode::BAD_REQUEST, None),
+            RouteError::ClientTemplateDisabled => (StatusCode::BAD_REQUEST, Some("chat_template")),
             RouteError::PromptTooLong { .. } => (StatusCode::BAD_REQUEST, Some("prompt")),
             RouteError::NoPods | RouteError::NoEligiblePods => (StatusCode::SERVICE_UNAVAILABLE, None),
         };

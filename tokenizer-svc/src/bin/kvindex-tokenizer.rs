@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use kvindex_tokenizer::client_template::{self, ClientTemplateArgs, ClientTemplates, Sandbox};
 use kvindex_tokenizer::server::{serve, BoundListeners};
 use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 
@@ -50,9 +51,15 @@ struct ServeArgs {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9090).
     #[arg(long)]
     http_addr: Option<SocketAddr>,
+    #[command(flatten)]
+    client_templates: ClientTemplateArgs,
 }
 
 fn main() -> std::process::ExitCode {
+    // A client chat template's render process is this executable (docs: src/client_template.rs).
+    if let Some(code) = client_template::run_worker_if_requested() {
+        return code;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -88,6 +95,19 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
     if config.models.is_empty() {
         return Err("no models configured: pass --model <name>=<dir> or --models-dir <dir>".into());
     }
+    let limits = args.client_templates.limits().map_err(|(flag, message)| format!("{flag}: {message}"))?;
+    let sandbox = if let Some(limits) = limits {
+        let sandbox = Sandbox::for_current_exe(limits).map_err(|e| format!("--allow-client-chat-template: {e}"))?;
+        let checked = sandbox.clone();
+        tokio::task::spawn_blocking(move || checked.check())
+            .await?
+            .map_err(|e| format!("--allow-client-chat-template: {e}"))?;
+        config.client_templates = ClientTemplates::Sandboxed(sandbox.clone());
+        tracing::info!(?limits, "client chat templates allowed, rendered in bounded processes");
+        Some(sandbox)
+    } else {
+        None
+    };
     if let Some(addr) = args.http_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
     }
@@ -98,7 +118,14 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
         let name = name.clone();
         tokio::task::spawn_blocking(move || registry.initialize(&name)).await??;
     }
-    let shutdown = shutdown_signal()?;
+    let signal = shutdown_signal()?;
+    // Client template renders in flight are killed at once, so they never hold up the stop.
+    let shutdown = async move {
+        signal.await;
+        if let Some(sandbox) = sandbox {
+            sandbox.shutdown();
+        }
+    };
     let listeners = BoundListeners::bind(args.grpc_addr, args.uds.clone()).await?;
     let tcp = listeners.tcp_addr()?;
     // One machine-readable line on stdout so supervisors and tests learn the bound address.
