@@ -150,7 +150,10 @@ fn describe() {
     describe_counter!(GET_POD_SCORES_REQUESTS, "llm-d GetPodScores requests, by outcome");
     describe_histogram!(GET_POD_SCORES_SECONDS, Unit::Seconds, "llm-d GetPodScores latency, tokenization included");
     describe_counter!(RECORD_ROUTE_REQUESTS, "RecordRoute requests, by outcome");
-    describe_counter!(SPECULATIVE_BLOCKS, "Blocks credited / refused (table bound) by RecordRoute");
+    describe_counter!(
+        SPECULATIVE_BLOCKS,
+        "Blocks credited / refused (by the bound: table, pod, caller) by RecordRoute"
+    );
     describe_gauge!(SPECULATIVE_ENTRIES, "Speculative credits held (block, pod)");
     describe_gauge!(SPECULATIVE_BYTES, Unit::Bytes, "Approximate memory of the speculative credits");
     describe_counter!(

@@ -161,8 +161,12 @@ pub struct Settings {
     /// RecordRoute: speculative credits held for one pod.
     #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_POD")]
     pub speculative_max_entries_per_pod: Option<i64>,
+    /// RecordRoute: speculative credits one caller (peer address) may hold, all pods together.
+    /// Default: a quarter of `speculative_max_entries`.
+    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_CALLER")]
+    pub speculative_max_entries_per_caller: Option<i64>,
     /// File holding the bearer token of the control plane (pod registration over HTTP and
-    /// gRPC). Unset: registration is disabled.
+    /// gRPC, and RecordRoute). Unset: registration and RecordRoute are disabled.
     #[arg(long, env = "KVINDEX_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
     /// Central mode: source addresses allowed to connect, as CIDRs (`10.0.0.0/8`, `::1/128`;
@@ -305,7 +309,8 @@ pub struct Config {
     pub speculative: kvindex::speculative::SpeculativeConfig,
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
-    /// The control plane's bearer token; `None`: registration is disabled.
+    /// The control plane's bearer token (registration and RecordRoute); `None`: both are
+    /// disabled.
     pub admin_token: Option<crate::control::AdminToken>,
     /// Central mode: the address ranges allowed to connect (empty: any).
     pub zmq_allow: Vec<Cidr>,
@@ -535,6 +540,7 @@ impl Config {
             return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
         }
 
+        let speculative_max_entries = int("speculative_max_entries", s.speculative_max_entries, 1 << 20, 0, 1 << 32)?;
         let mut config = Config {
             discovery,
             zmq_limits,
@@ -565,11 +571,18 @@ impl Config {
                 block_size: 0, // set below from block_size
                 default_ttl_ms: int("speculative_ttl_ms", s.speculative_ttl_ms, 2_000, 1, 3_600_000)? as u64,
                 max_ttl_ms: int("speculative_max_ttl_ms", s.speculative_max_ttl_ms, 10_000, 1, 3_600_000)? as u64,
-                max_entries: int("speculative_max_entries", s.speculative_max_entries, 1 << 20, 0, 1 << 32)? as usize,
+                max_entries: speculative_max_entries as usize,
                 max_entries_per_pod: int(
                     "speculative_max_entries_per_pod",
                     s.speculative_max_entries_per_pod,
                     1 << 16,
+                    1,
+                    1 << 32,
+                )? as usize,
+                max_entries_per_caller: int(
+                    "speculative_max_entries_per_caller",
+                    s.speculative_max_entries_per_caller,
+                    (speculative_max_entries / 4).max(1),
                     1,
                     1 << 32,
                 )? as usize,

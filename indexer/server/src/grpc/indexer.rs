@@ -1,5 +1,6 @@
-//! `kvindex.v1.Indexer`: ScoreTokens and RecordRoute (the read plane), and pod registration
-//! (RegisterPod, UnregisterPod), which only answers a bearer token ([`crate::control`]).
+//! `kvindex.v1.Indexer`: ScoreTokens (the read plane), RecordRoute (which steers placement, so
+//! it takes the control plane's token) and pod registration (RegisterPod, UnregisterPod), which
+//! only answers a bearer token ([`crate::control`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,6 +10,7 @@ use tonic::{Request, Response, Status};
 use kvindex_proto::kvindex::v1 as pb;
 use pb::indexer_server::Indexer;
 
+use super::record_route;
 use super::score::Scorer;
 use crate::config::PodConfig;
 use crate::control::{self, Denied};
@@ -27,11 +29,14 @@ impl IndexerService {
     }
 }
 
+fn authorization<T>(request: &Request<T>) -> Option<&str> {
+    request.metadata().get("authorization").and_then(|v| v.to_str().ok())
+}
+
 /// The control plane's gate: PERMISSION_DENIED while registration is disabled,
 /// UNAUTHENTICATED without the right bearer token (`authorization` metadata).
 fn authorize<T>(state: &ServiceState, request: &Request<T>) -> Result<(), Status> {
-    let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
-    control::authorize(state, "grpc", authorization).map_err(|denied| match denied {
+    control::authorize(state, "grpc", authorization(request)).map_err(|denied| match denied {
         Denied::Disabled => Status::permission_denied(denied.to_string()),
         _ => Status::unauthenticated(denied.to_string()),
     })
@@ -54,7 +59,9 @@ impl Indexer for IndexerService {
         &self,
         request: Request<pb::RecordRouteRequest>,
     ) -> Result<Response<pb::RecordRouteResponse>, Status> {
-        super::record_route::record_route(&self.state, request.get_ref()).map(Response::new)
+        let caller = record_route::caller_of(request.remote_addr());
+        record_route::authorize(&self.state, authorization(&request), &caller)?;
+        record_route::record_route(&self.state, request.get_ref(), &caller).map(Response::new)
     }
 
     async fn register_pod(

@@ -10,6 +10,9 @@ does not hold.
 
 Publishers use XPUB (wire-identical to PUB for the subscriber) only to learn when the
 subscription has arrived, so tests never sleep-and-hope.
+
+A gRPC client may reach the server through a TCP relay whose connections leave from another
+loopback address (`grpc` with `source`), so one host can play two callers.
 """
 
 import collections
@@ -18,6 +21,7 @@ import importlib
 import json
 import os
 import shutil
+import socket
 import struct
 import sys
 import tempfile
@@ -258,6 +262,39 @@ class Publisher:
         return n
 
 
+class Relay:
+    """Forwards every connection made to it to `target`, from the local address `source`
+    (e.g. 127.0.0.2: Linux gives the whole 127/8 to loopback), so the server sees a peer address
+    other than 127.0.0.1. Bytes pass unchanged both ways."""
+
+    def __init__(self, target, source):
+        host, port = target.rsplit(":", 1)
+        self.target, self.source = (host, int(port)), source
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            client, _ = self.listener.accept()
+            upstream = socket.create_connection(self.target, source_address=(self.source, 0))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self.pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def pump(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                b.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+
 class Peer:
     def __init__(self, proto):
         out = tempfile.mkdtemp(prefix="kvindex-stubs-")
@@ -275,7 +312,12 @@ class Peer:
         self.stub = None
 
     # --- gRPC -----------------------------------------------------------------------------
-    def op_grpc(self, addr):
+    def op_grpc(self, addr, source=None):
+        """A plain channel to `addr`; with `source`, through a [`Relay`] from that address."""
+        self.addr = addr
+        if source:
+            self.relay = Relay(addr, source)
+            addr = self.relay.addr
         self.channel = grpc.insecure_channel(addr)
         self.stub = self.pb_grpc.IndexerStub(self.channel)
         grpc.channel_ready_future(self.channel).result(timeout=10)
@@ -330,10 +372,11 @@ class Peer:
         replies = list(call(iter([b"\x3a\x00"]), timeout=10))
         return {"raw": b"".join(replies).decode("latin-1")}
 
-    def op_record_route(self, pod, model, tokens, ttl_ms=0, lora_name="", cache_salt=""):
+    def op_record_route(self, pod, model, tokens, ttl_ms=0, lora_name="", cache_salt="", token=None):
+        """RecordRoute with the test's bearer token unless `token` says otherwise ("" = none)."""
         req = self.pb.RecordRouteRequest(pod=pod, model=model, token_ids=tokens, ttl_ms=ttl_ms, lora_name=lora_name, cache_salt=cache_salt)
         try:
-            r = self.stub.RecordRoute(req, timeout=10)
+            r = self.stub.RecordRoute(req, timeout=10, metadata=self.auth(token))
         except grpc.RpcError as e:
             return {"ok": False, "code": e.code().name, "details": e.details()}
         return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms}
