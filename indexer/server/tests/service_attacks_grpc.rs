@@ -6,6 +6,9 @@
 //!   UNAUTHENTICATED; both are counted and change no score.
 //! - One caller (peer address) cannot hold more than its share of the credit table: a second
 //!   caller, through a relay from another loopback address, still gets credit.
+//! - A flood of large ScoreTokens queries is shed (RESOURCE_EXHAUSTED, counted) while small
+//!   queries keep being answered. Latency is the benchmarks' business (BENCHMARKS.md); this
+//!   asserts outcomes only.
 
 mod support;
 
@@ -144,4 +147,42 @@ fn attack_one_caller_cannot_exceed_its_share_of_the_credit_table() {
     assert_eq!(score_of(&mut peer, &chain(2, 12), B), (0, 12));
     wait_entries(&server, 24.0);
     assert_eq!(refused(&server), 12.0, "nothing of the second caller's was refused");
+}
+
+/// Issue 23, item 2: 32 concurrent 262,144-token queries over 8 connections, round after
+/// round, against one slot for large queries and room for one more to wait: the excess is
+/// refused at once with RESOURCE_EXHAUSTED and counted, some large queries are answered, and
+/// every small query sent meanwhile is answered.
+#[test]
+fn a_flood_of_large_queries_is_shed_while_small_ones_are_answered() {
+    let Some(py) = python() else { return };
+    let large = chain(0, 16_384);
+    let (server, mut peer) =
+        central(&py, &["--grpc-max-concurrent-large", "1", "--grpc-max-queued-tokens", "262144"], &large);
+    let r = peer.cmd(json!({
+        "op": "flood", "model": MODEL, "large": large, "small": chain(0, 4), "concurrency": 32, "clients": 8,
+    }));
+    let count = |kind: &str, code: &str| r[kind][code].as_f64().unwrap_or(0.0);
+    assert!(count("large", "RESOURCE_EXHAUSTED") > 0.0, "no large query was shed: {r}");
+    assert!(count("large", "OK") > 0.0, "no large query was answered: {r}");
+    let small: f64 = r["small"].as_object().unwrap().values().map(|n| n.as_f64().unwrap()).sum();
+    assert!(small > 0.0 && count("small", "OK") == small, "every small query is answered: {r}");
+    assert_eq!(
+        r["large"].as_object().unwrap().keys().filter(|c| *c != "OK" && *c != "RESOURCE_EXHAUSTED").count(),
+        0,
+        "{r}"
+    );
+    assert!(r["messages"]["large RESOURCE_EXHAUSTED"].as_str().unwrap().contains("grpc_max_queued_tokens"), "{r}");
+    assert_eq!(
+        server.metric("kvindex_grpc_shed_total", &["method=\"ScoreTokens\""]),
+        count("large", "RESOURCE_EXHAUSTED"),
+        "each shed query is counted"
+    );
+    // Nothing is left queued or running, and the index answers exactly.
+    wait_until("the large queries to drain", 30, || {
+        (server.metric("kvindex_grpc_large_in_flight", &[]) == 0.0
+            && server.metric("kvindex_grpc_queued_tokens", &[]) == 0.0)
+            .then_some(())
+    });
+    assert_eq!(peer.score_pod(MODEL, &large, A), (16_384, "EXACT".to_string()));
 }

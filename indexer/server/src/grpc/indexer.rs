@@ -1,6 +1,7 @@
 //! `kvindex.v1.Indexer`: ScoreTokens (the read plane), RecordRoute (which steers placement, so
 //! it takes the control plane's token) and pod registration (RegisterPod, UnregisterPod), which
-//! only answers a bearer token ([`crate::control`]).
+//! only answers a bearer token ([`crate::control`]). ScoreTokens and RecordRoute go through the
+//! [`Admission`] of large requests.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,6 +11,7 @@ use tonic::{Request, Response, Status};
 use kvindex_proto::kvindex::v1 as pb;
 use pb::indexer_server::Indexer;
 
+use super::admission::Admission;
 use super::record_route;
 use super::score::Scorer;
 use crate::config::PodConfig;
@@ -21,11 +23,12 @@ use crate::telemetry as m;
 pub struct IndexerService {
     state: Arc<ServiceState>,
     scorer: Arc<Scorer>,
+    admission: Arc<Admission>,
 }
 
 impl IndexerService {
-    pub fn new(state: Arc<ServiceState>, scorer: Arc<Scorer>) -> Self {
-        IndexerService { state, scorer }
+    pub fn new(state: Arc<ServiceState>, scorer: Arc<Scorer>, admission: Arc<Admission>) -> Self {
+        IndexerService { state, scorer, admission }
     }
 }
 
@@ -49,7 +52,11 @@ impl Indexer for IndexerService {
         request: Request<pb::ScoreTokensRequest>,
     ) -> Result<Response<pb::ScoreTokensResponse>, Status> {
         let start = Instant::now();
-        let resp = self.scorer.score(request.get_ref())?;
+        let req = request.into_inner();
+        self.scorer.check(&req)?;
+        let admitted = self.admission.admit("ScoreTokens", req.token_ids.len()).await?;
+        let scorer = self.scorer.clone();
+        let resp = admitted.run(move || scorer.score(&req)).await??;
         metrics::histogram!(m::SCORE_LATENCY).record(start.elapsed().as_secs_f64());
         metrics::counter!(m::SCORE_REQUESTS, "outcome" => "ok").increment(1);
         Ok(Response::new(resp))
@@ -61,7 +68,11 @@ impl Indexer for IndexerService {
     ) -> Result<Response<pb::RecordRouteResponse>, Status> {
         let caller = record_route::caller_of(request.remote_addr());
         record_route::authorize(&self.state, authorization(&request), &caller)?;
-        record_route::record_route(&self.state, request.get_ref(), &caller).map(Response::new)
+        let req = request.into_inner();
+        record_route::check_request(&self.state, &req)?;
+        let admitted = self.admission.admit("RecordRoute", req.token_ids.len()).await?;
+        let state = self.state.clone();
+        admitted.run(move || record_route::record_route(&state, &req, &caller)).await?.map(Response::new)
     }
 
     async fn register_pod(

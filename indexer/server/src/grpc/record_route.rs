@@ -71,7 +71,8 @@ pub fn caller_of(remote: Option<SocketAddr>) -> String {
     }
 }
 
-/// The checks that need no index lookup: RecordRoute on, token and name bounds.
+/// The checks that need no index lookup (RecordRoute on, token and name bounds), made before a
+/// request is admitted to a scoring slot.
 pub fn check_request(state: &ServiceState, req: &pb::RecordRouteRequest) -> Result<(), Status> {
     if state.speculative().config().max_entries == 0 {
         return Err(rejected(

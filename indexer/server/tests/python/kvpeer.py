@@ -12,7 +12,8 @@ Publishers use XPUB (wire-identical to PUB for the subscriber) only to learn whe
 subscription has arrived, so tests never sleep-and-hope.
 
 A gRPC client may reach the server through a TCP relay whose connections leave from another
-loopback address (`grpc` with `source`), so one host can play two callers.
+loopback address (`grpc` with `source`), so one host can play two callers; `flood` plays many
+clients sending large queries at once.
 """
 
 import collections
@@ -383,6 +384,47 @@ class Peer:
 
     def op_score_raw(self, model, n_tokens, pods=()):
         return self.op_score(model, list(range(n_tokens)), pods)
+
+    def op_flood(self, model, large, small, concurrency, clients=8, secs=60):
+        """Overload: `concurrency` ScoreTokens of the `large` tokens in flight at once, spread
+        over `clients` channels (connections), round after round; while a round is in flight this
+        channel sends the `small` prompt, one query after another. Stops once some large queries
+        were answered and some shed (RESOURCE_EXHAUSTED), or after `secs`. Returns the status
+        codes seen for each kind, and the first message of each non-OK code."""
+        raw = self.pb.ScoreTokensRequest(model=model, token_ids=large).SerializeToString()
+        channels = [grpc.insecure_channel(self.addr) for _ in range(clients)]
+        calls = [
+            ch.unary_unary("/kvindex.v1.Indexer/ScoreTokens", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            for ch in channels
+        ]
+        small_req = self.pb.ScoreTokensRequest(model=model, token_ids=small)
+        codes = {"large": collections.Counter(), "small": collections.Counter()}
+        messages = {}
+        rounds, deadline = 0, time.monotonic() + secs
+
+        def seen(kind, error):
+            code = "OK" if error is None else error.code().name
+            codes[kind][code] += 1
+            if error is not None:
+                messages.setdefault(f"{kind} {code}", error.details())
+
+        while True:
+            rounds += 1
+            futures = [calls[i % clients].future(raw, timeout=120) for i in range(concurrency)]
+            while not all(f.done() for f in futures):
+                try:
+                    self.stub.ScoreTokens(small_req, timeout=30)
+                    seen("small", None)
+                except grpc.RpcError as e:
+                    seen("small", e)
+            for f in futures:
+                seen("large", f.exception())
+            large = codes["large"]
+            if (large["OK"] and large["RESOURCE_EXHAUSTED"] and codes["small"]) or time.monotonic() > deadline:
+                break
+        for ch in channels:
+            ch.close()
+        return {"rounds": rounds, "large": dict(codes["large"]), "small": dict(codes["small"]), "messages": messages}
 
     @staticmethod
     def auth(token):
