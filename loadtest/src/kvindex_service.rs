@@ -84,6 +84,12 @@ impl KvindexService {
         Ok(())
     }
 
+    /// The file holding the control plane's bearer token: a router in front of this service
+    /// needs it for RecordRoute (`kvindex-router --indexer-admin-token-file`).
+    pub fn admin_token_file(&self) -> &Path {
+        &self.admin_token_file
+    }
+
     /// Every source stream, as `/debug/sources` lists them.
     pub async fn sources(&self) -> Result<Vec<Value>, String> {
         let (status, text) = http(&self.http_addr, "GET", "/debug/sources", None).await?;

@@ -82,6 +82,11 @@ pub struct ServeArgs {
     /// The name the indexers' certificates carry (default: the host of each --indexer).
     #[arg(long, value_name = "NAME")]
     pub indexer_tls_domain: Option<String>,
+    /// File holding the indexers' admin bearer token (their `--admin-token-file`), sent with
+    /// RecordRoute only: the indexer refuses RecordRoute without it. Unset: predict on route
+    /// is off (RecordRoute is not called).
+    #[arg(long, value_name = "PATH", env = "KVINDEX_INDEXER_ADMIN_TOKEN_FILE")]
+    pub indexer_admin_token_file: Option<PathBuf>,
     /// An indexer endpoint that failed or timed out is skipped this long.
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     pub indexer_retry_after_ms: u64,
@@ -271,6 +276,8 @@ pub struct Config {
     pub indexer_retry_after: Duration,
     /// TLS to the indexers (`--indexer-tls-*`); `None`: plain gRPC.
     pub indexer_tls: Option<IndexerTls>,
+    /// The indexers' admin token (`--indexer-admin-token-file`), for RecordRoute.
+    pub indexer_admin_token: Option<IndexerToken>,
     pub weights: CostWeights,
     pub policy: Policy,
     pub load_band: f64,
@@ -343,6 +350,50 @@ impl IndexerTls {
             identity,
             domain: args.indexer_tls_domain.clone(),
         }))
+    }
+}
+
+/// The indexers' admin bearer token, as the `authorization` value RecordRoute sends. Never
+/// printed.
+#[derive(Clone)]
+pub struct IndexerToken(tonic::metadata::AsciiMetadataValue);
+
+impl std::fmt::Debug for IndexerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IndexerToken(<redacted>)")
+    }
+}
+
+impl IndexerToken {
+    /// Fewest characters a token may have: the indexer's own rule (`kvindex serve
+    /// --admin-token-file`), so a token it would refuse is refused here, at start.
+    const MIN_LEN: usize = 16;
+
+    /// The token in a file's `text` (surrounding whitespace ignored).
+    pub fn parse(text: &str) -> Result<IndexerToken, String> {
+        let token = text.trim();
+        if token.len() < Self::MIN_LEN {
+            return Err(format!("the token must have at least {} characters", Self::MIN_LEN));
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the token must be printable ASCII without spaces".into());
+        }
+        let mut value: tonic::metadata::AsciiMetadataValue =
+            format!("Bearer {token}").parse().map_err(|_| "the token is not a valid header value".to_string())?;
+        value.set_sensitive(true);
+        Ok(IndexerToken(value))
+    }
+
+    fn from_file(path: &PathBuf) -> Result<IndexerToken, ConfigError> {
+        let flag = "--indexer-admin-token-file";
+        let text =
+            std::fs::read_to_string(path).map_err(|e| err(flag, format!("cannot read {}: {e}", path.display())))?;
+        IndexerToken::parse(&text).map_err(|m| err(flag, format!("{}: {m}", path.display())))
+    }
+
+    /// The `authorization` metadata value: `Bearer <token>`.
+    pub fn authorization(&self) -> tonic::metadata::AsciiMetadataValue {
+        self.0.clone()
     }
 }
 
@@ -425,6 +476,7 @@ impl ServeArgs {
             }
         }
         let indexer_tls = IndexerTls::from_args(&self)?;
+        let indexer_admin_token = self.indexer_admin_token_file.as_ref().map(IndexerToken::from_file).transpose()?;
         let discovery = self.discovery.into_config()?;
         if pods.is_empty() && self.pods_file.is_none() && self.admin_addr.is_none() && discovery.is_none() {
             return Err(err(
@@ -502,6 +554,7 @@ impl ServeArgs {
             hedge_after: score_deadline.mul_f64(self.hedge_fraction),
             indexer_retry_after: positive_ms("--indexer-retry-after-ms", self.indexer_retry_after_ms)?,
             indexer_tls,
+            indexer_admin_token,
             weights: CostWeights {
                 prefill: self.prefill_weight,
                 decode: self.decode_weight,
@@ -580,6 +633,24 @@ mod tests {
     }
 
     #[test]
+    fn the_indexer_admin_token_is_read_checked_and_never_printed() {
+        let dir = std::env::temp_dir().join(format!("kvindex-router-token-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (good, short) = (dir.join("good"), dir.join("short"));
+        std::fs::write(&good, "  0123456789abcdef-secret\n").unwrap();
+        std::fs::write(&short, "tooshort").unwrap();
+        let base = ["--http-addr", "127.0.0.1:8080", "--pod", "a=http://x:1", "--indexer-admin-token-file"];
+        let config = parse(&[&base[..], &[good.to_str().unwrap()]].concat()).unwrap();
+        let token = config.indexer_admin_token.clone().expect("a token");
+        assert_eq!(token.authorization().to_str().unwrap(), "Bearer 0123456789abcdef-secret");
+        assert!(!format!("{token:?} {config:?}").contains("secret"), "the token is never printed");
+        let e = parse(&[&base[..], &[short.to_str().unwrap()]].concat()).unwrap_err();
+        assert!(e.contains("--indexer-admin-token-file") && e.contains("at least 16"), "{e}");
+        assert!(parse(&base[..4]).unwrap().indexer_admin_token.is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn discovery_alone_is_a_source_of_pods_with_the_indexers_defaults() {
         let config = parse(&["--http-addr", "127.0.0.1:8080", "--discovery", "kubernetes"]).unwrap();
         let d = config.discovery.unwrap();
@@ -606,6 +677,10 @@ mod tests {
             (&["--discovery", "kubernetes", "--discovery-namespace", "No"], "--discovery-namespace"),
             (&["--pod", "a=http://x:1", "--client-chat-template-memory-mib", "1"], "--client-chat-template-memory-mib"),
             (&["--pod", "a=http://x:1", "--client-chat-template-timeout-ms", "0"], "--client-chat-template-timeout-ms"),
+            (
+                &["--pod", "a=http://x:1", "--indexer-admin-token-file", "/nonexistent/token"],
+                "--indexer-admin-token-file: cannot read /nonexistent/token",
+            ),
         ];
         for (extra, expected) in cases {
             let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kvindex_proto::kvindex::v1 as pb;
 
-use crate::config::Config;
+use crate::config::{Config, IndexerToken};
 use crate::cost::{self, Candidate, CostWeights, Policy};
 use crate::decision::{Decision, PodChoice, ScoreOutcome, Timings};
 use crate::fleet::{Fleet, InFlight, Pod};
@@ -66,6 +66,8 @@ pub struct RouterSettings {
     /// RecordRoute's TTL; zero = RecordRoute off.
     pub speculative_ttl: Duration,
     pub record_route_timeout: Duration,
+    /// The indexers' admin token, which RecordRoute needs; `None` = RecordRoute off.
+    pub indexer_admin_token: Option<IndexerToken>,
     /// Served model names; empty = any.
     pub models: HashSet<String>,
     /// adapter → base model.
@@ -84,6 +86,7 @@ impl RouterSettings {
             max_prompt_tokens: config.max_prompt_tokens,
             speculative_ttl: config.speculative_ttl,
             record_route_timeout: config.record_route_timeout,
+            indexer_admin_token: config.indexer_admin_token.clone(),
             models: config.served_models().into_iter().collect(),
             loras: config.loras.iter().cloned().collect(),
             allow_client_chat_template: config.client_chat_templates.is_some(),
@@ -100,6 +103,9 @@ pub struct Router {
     block_size_warned: AtomicBool,
     /// RecordRoute calls in flight (bounded: a slow indexer must not pile them up).
     recording: Arc<AtomicUsize>,
+    /// Whether a RecordRoute refused for its token was logged already (once is enough: every
+    /// pick would log it).
+    denied_logged: Arc<AtomicBool>,
 }
 
 /// Most RecordRoute calls in flight at once; past it a pick is not recorded (counted).
@@ -120,6 +126,12 @@ fn state_label(state: i32) -> Option<&'static str> {
 
 impl Router {
     pub fn new(settings: RouterSettings, tokenizers: Tokenizers, indexer: IndexerPool, fleet: Arc<Fleet>) -> Router {
+        if !settings.speculative_ttl.is_zero() && !indexer.is_empty() && settings.indexer_admin_token.is_none() {
+            tracing::info!(
+                "predict on route (RecordRoute) is off: the indexer takes it only with its admin token \
+                 (--indexer-admin-token-file)"
+            );
+        }
         Router {
             settings,
             tokenizers,
@@ -128,6 +140,7 @@ impl Router {
             next_id: AtomicU64::new(0),
             block_size_warned: AtomicBool::new(false),
             recording: Arc::new(AtomicUsize::new(0)),
+            denied_logged: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -384,6 +397,7 @@ impl Router {
     /// costs the prediction (counted in `kvindex_router_record_route_total`).
     fn record_route(&self, decision: &Decision, pod: &str) {
         let ttl = self.settings.speculative_ttl;
+        let Some(token) = &self.settings.indexer_admin_token else { return };
         if ttl.is_zero() || decision.total_blocks == 0 {
             return;
         }
@@ -406,12 +420,27 @@ impl Router {
         };
         let timeout = self.settings.record_route_timeout;
         let recording = self.recording.clone();
+        let (authorization, denied_logged) = (token.authorization(), self.denied_logged.clone());
         runtime.spawn(async move {
             let mut call = tonic::Request::new(request);
             call.set_timeout(timeout);
+            call.metadata_mut().insert("authorization", authorization);
             let outcome = match tokio::time::timeout(timeout, client.record_route(call)).await {
                 Ok(Ok(_)) => "ok",
                 Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => "timeout",
+                Ok(Err(status))
+                    if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) =>
+                {
+                    if !denied_logged.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            code = ?status.code(),
+                            message = status.message(),
+                            "the indexer refuses RecordRoute: check --indexer-admin-token-file against its admin_token_file \
+                             (logged once; counted in kvindex_router_record_route_total{{outcome=\"denied\"}})"
+                        );
+                    }
+                    "denied"
+                }
                 Ok(Err(status)) => {
                     tracing::debug!(code = ?status.code(), message = status.message(), "RecordRoute refused");
                     "error"

@@ -4,7 +4,9 @@
 //!
 //! Without the prediction the second replica, which has scraped the first pick's load off the
 //! chosen pod, places the copy elsewhere and the prefix is computed twice: the control run
-//! (`--speculative-ttl-ms 0`) shows that, so the test can fail.
+//! (`--speculative-ttl-ms 0`) shows that, so the test can fail. RecordRoute takes the indexer's
+//! admin token: routers holding a wrong one are refused (counted on both sides) and predict
+//! nothing.
 
 mod support;
 
@@ -13,9 +15,18 @@ use support::*;
 
 const MODEL: &str = "sim/model";
 
+/// How the routers of a burst authenticate RecordRoute.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Token {
+    /// The indexer's admin token (what `Stack::router_args` gives).
+    Right,
+    /// Another token: the indexer refuses every RecordRoute.
+    Wrong,
+}
+
 /// Starts 4 slow-prefilling pods and routers `a` and `b`, sends a new 256-token prompt through
 /// `a`, waits until `b` has scraped the chosen pod busy, and returns (a's pod, b's decision).
-async fn burst(bins: &Bins, speculative_ttl_ms: &str) -> (String, Value) {
+async fn burst(bins: &Bins, speculative_ttl_ms: &str, token: Token) -> (String, Value) {
     // 40 prompt tokens per second: the burst's prefill takes ~6 s, so no BlockStored of it
     // can reach the indexer while the test looks.
     let stack = Stack::start(bins, 4, &["--model", MODEL, "--prefill-tokens-per-s", "40"]).await;
@@ -29,6 +40,12 @@ async fn burst(bins: &Bins, speculative_ttl_ms: &str) -> (String, Value) {
     stack.settle().await;
 
     let mut args = stack.router_args();
+    let wrong = std::env::temp_dir().join(format!("kvindex-router-wrong-token-{}", std::process::id()));
+    if token == Token::Wrong {
+        std::fs::write(&wrong, "not-the-indexers-admin-token").unwrap();
+        let at = args.iter().position(|a| a == "--indexer-admin-token-file").expect("router_args passes the token");
+        args[at + 1] = wrong.to_string_lossy().into_owned();
+    }
     args.extend(["--scrape-interval-ms", "20", "--score-deadline-ms", "500", "--speculative-ttl-ms"].map(String::from));
     args.push(speculative_ttl_ms.to_string());
     let (a, b) = (router(bins, &args), router(bins, &args));
@@ -62,11 +79,17 @@ async fn burst(bins: &Bins, speculative_ttl_ms: &str) -> (String, Value) {
     })
     .await;
     if speculative_ttl_ms != "0" {
+        let outcome = if token == Token::Right { "ok" } else { "denied" };
         wait_for("router a's RecordRoute", DEADLINE, || {
             let a = a.http.clone();
-            async move { (metric(&a, "kvindex_router_record_route_total", &["ok"]).await >= 1.0).then_some(()) }
+            async move { (metric(&a, "kvindex_router_record_route_total", &[outcome]).await >= 1.0).then_some(()) }
         })
         .await;
+    }
+    if token == Token::Wrong {
+        let refused = metric(&stack.kv.http_addr, "kvindex_record_route_requests_total", &["wrong_token"]).await;
+        assert!(refused >= 1.0, "the indexer counts the refusal");
+        let _ = std::fs::remove_file(&wrong);
     }
     let decision = post(&b.http, "/route/v1/completions", &body).await;
     assert_eq!(decision.status, 200, "{:?}", decision.body);
@@ -77,7 +100,7 @@ async fn burst(bins: &Bins, speculative_ttl_ms: &str) -> (String, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sibling_burst_lands_on_the_pod_of_the_first_pick() {
     let Some(bins) = bins() else { return };
-    let (home, decision) = burst(&bins, "5000").await;
+    let (home, decision) = burst(&bins, "5000", Token::Right).await;
     let best = &decision["ranked"][0];
     assert_eq!(best["pod"], home.as_str(), "router b follows router a's pick: {decision}");
     assert_eq!(best["matched_blocks"], 0, "nothing announced yet: the credit is speculative: {decision}");
@@ -90,8 +113,19 @@ async fn a_sibling_burst_lands_on_the_pod_of_the_first_pick() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_record_route_the_sibling_goes_elsewhere() {
     let Some(bins) = bins() else { return };
-    let (home, decision) = burst(&bins, "0").await;
+    let (home, decision) = burst(&bins, "0", Token::Right).await;
     let best = &decision["ranked"][0];
     assert_ne!(best["pod"], home.as_str(), "the busy pod costs more when nothing is predicted: {decision}");
     assert_eq!(best["speculative_blocks"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_wrong_token_record_route_is_refused_and_predicts_nothing() {
+    let Some(bins) = bins() else { return };
+    let (home, decision) = burst(&bins, "5000", Token::Wrong).await;
+    let best = &decision["ranked"][0];
+    assert_ne!(best["pod"], home.as_str(), "nothing was credited, so the busy pod costs more: {decision}");
+    for pod in decision["ranked"].as_array().unwrap() {
+        assert_eq!(pod["speculative_blocks"], 0, "{decision}");
+    }
 }

@@ -4,6 +4,8 @@
 //! (`admin_token_file`), and then every call must present it. Pods the operator configured
 //! (config file, `--pod`, pods file, Kubernetes discovery) cannot be replaced or removed
 //! through the API at all.
+//! RecordRoute steers traffic (its credit moves new prompts to the pod it names), so it takes
+//! the same token ([`check`]), counted with its own outcomes (`grpc/record_route.rs`).
 //! Reads (ScoreTokens, GetPodScores, health, `/metrics`, `/debug`) are not gated here.
 //! Registered endpoints obey a host policy (`register_allow`): resolved once, checked, and
 //! pinned to the checked address, so registration cannot make the server dial just any host.
@@ -67,17 +69,23 @@ impl Denied {
     }
 }
 
-/// Checks a control-plane call on `api` (`http` or `grpc`) that presented the `authorization`
-/// value (header or metadata); counts and logs a refusal.
-pub fn authorize(state: &ServiceState, api: &'static str, authorization: Option<&str>) -> Result<(), Denied> {
-    let outcome = match &state.config().admin_token {
+/// Whether a call that presented the `authorization` value (header or metadata) holds the
+/// control plane's token; neither counts nor logs.
+pub fn check(state: &ServiceState, authorization: Option<&str>) -> Result<(), Denied> {
+    match &state.config().admin_token {
         None => Err(Denied::Disabled),
         Some(token) => match authorization.and_then(|v| v.strip_prefix("Bearer ")) {
             None => Err(Denied::MissingToken),
             Some(presented) if token.matches(presented.trim()) => Ok(()),
             Some(_) => Err(Denied::WrongToken),
         },
-    };
+    }
+}
+
+/// Checks a control-plane call on `api` (`http` or `grpc`) that presented the `authorization`
+/// value (header or metadata); counts and logs a refusal.
+pub fn authorize(state: &ServiceState, api: &'static str, authorization: Option<&str>) -> Result<(), Denied> {
+    let outcome = check(state, authorization);
     if let Err(denied) = outcome {
         metrics::counter!(m::CONTROL_DENIED, "api" => api, "reason" => denied.label()).increment(1);
         tracing::warn!(api, reason = denied.label(), "control-plane call refused");

@@ -38,6 +38,9 @@ pub const REGISTRATIONS: &str = "kvindex_registrations_total";
 pub const CONFIG_ERRORS: &str = "kvindex_config_errors_total";
 pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
 pub const GRPC_REJECTED: &str = "kvindex_grpc_rejected_total";
+pub const GRPC_SHED: &str = "kvindex_grpc_shed_total";
+pub const GRPC_LARGE_IN_FLIGHT: &str = "kvindex_grpc_large_in_flight";
+pub const GRPC_QUEUED_TOKENS: &str = "kvindex_grpc_queued_tokens";
 pub const TLS_HANDSHAKE_FAILURES: &str = "kvindex_tls_handshake_failures_total";
 pub const CONTROL_DENIED: &str = "kvindex_control_denied_total";
 pub const TOPIC_CONFLICTS: &str = "kvindex_topic_conflicts_total";
@@ -136,6 +139,12 @@ fn describe() {
     describe_counter!(TLS_HANDSHAKE_FAILURES, "TLS handshakes that failed (no or a bad client certificate, timeout)");
     describe_counter!(GRPC_REJECTED, "gRPC requests refused before their handler (too_large: over max_message_bytes)");
     describe_counter!(
+        GRPC_SHED,
+        "Requests over grpc_small_query_tokens refused RESOURCE_EXHAUSTED: every slot busy and the queue full, by method"
+    );
+    describe_gauge!(GRPC_LARGE_IN_FLIGHT, "Requests over grpc_small_query_tokens being computed");
+    describe_gauge!(GRPC_QUEUED_TOKENS, "Tokens of requests over grpc_small_query_tokens waiting for a slot");
+    describe_counter!(
         CONTROL_DENIED,
         "Control-plane calls refused (registration disabled, bad token, operator pod), by api and reason"
     );
@@ -155,7 +164,10 @@ fn describe() {
     describe_counter!(GET_POD_SCORES_REQUESTS, "llm-d GetPodScores requests, by outcome");
     describe_histogram!(GET_POD_SCORES_SECONDS, Unit::Seconds, "llm-d GetPodScores latency, tokenization included");
     describe_counter!(RECORD_ROUTE_REQUESTS, "RecordRoute requests, by outcome");
-    describe_counter!(SPECULATIVE_BLOCKS, "Blocks credited / refused (table bound) by RecordRoute");
+    describe_counter!(
+        SPECULATIVE_BLOCKS,
+        "Blocks credited / refused (by the bound: table, pod, caller) by RecordRoute"
+    );
     describe_gauge!(SPECULATIVE_ENTRIES, "Speculative credits held (block, pod)");
     describe_gauge!(SPECULATIVE_BYTES, Unit::Bytes, "Approximate memory of the speculative credits");
     describe_counter!(

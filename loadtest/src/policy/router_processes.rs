@@ -87,6 +87,9 @@ impl RouterProcesses {
         let feed = ServiceFeed::start(&self.kvindex, self.pods, self.block_size, &self.model)?;
         let loads: Vec<Arc<Mutex<PodLoad>>> = (0..self.pods).map(|_| Arc::default()).collect();
         let mut args = vec!["--indexer".to_string(), feed.service().grpc_addr.clone()];
+        // RecordRoute (predict on route) needs the service's admin token.
+        let token_file = feed.service().admin_token_file().to_string_lossy().into_owned();
+        args.extend(["--indexer-admin-token-file".to_string(), token_file]);
         args.extend(["--block-size".into(), self.block_size.to_string(), "--model".into(), self.model.clone()]);
         args.extend(["--scrape-interval-ms".into(), "5".into(), "--score-deadline-ms".into(), "1000".into()]);
         for (index, load) in loads.iter().enumerate() {

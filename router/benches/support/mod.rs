@@ -120,6 +120,7 @@ impl World {
             max_prompt_tokens: 262_144,
             speculative_ttl: Duration::ZERO,
             record_route_timeout: Duration::from_millis(250),
+            indexer_admin_token: None,
             models: [MODEL.to_string()].into(),
             loras: Default::default(),
             allow_client_chat_template: false,

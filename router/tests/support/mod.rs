@@ -83,9 +83,12 @@ impl Stack {
         }
     }
 
-    /// `--indexer … --pod …` for a router in front of this stack.
+    /// `--indexer … --pod …` for a router in front of this stack, with the indexer's admin
+    /// token (RecordRoute needs it).
     pub fn router_args(&self) -> Vec<String> {
         let mut args = vec!["--indexer".to_string(), self.kv.grpc_addr.clone()];
+        args.push("--indexer-admin-token-file".into());
+        args.push(self.kv.admin_token_file().to_string_lossy().into_owned());
         for pod in &self.sim.pods {
             args.push("--pod".into());
             args.push(pod.router_spec());

@@ -174,8 +174,24 @@ pub struct Settings {
     /// RecordRoute: speculative credits held for one pod.
     #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_POD")]
     pub speculative_max_entries_per_pod: Option<i64>,
+    /// RecordRoute: speculative credits one caller (peer address) may hold, all pods together.
+    /// Default: a quarter of `speculative_max_entries`.
+    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_CALLER")]
+    pub speculative_max_entries_per_caller: Option<i64>,
+    /// ScoreTokens, GetPodScores and RecordRoute requests of at most this many tokens are
+    /// answered at once, never queued or shed. Default 16384.
+    #[arg(long, env = "KVINDEX_GRPC_SMALL_QUERY_TOKENS")]
+    pub grpc_small_query_tokens: Option<i64>,
+    /// Larger requests computed at once (each on its own thread, off the gRPC I/O threads).
+    /// Default: half the cores, at least 1.
+    #[arg(long, env = "KVINDEX_GRPC_MAX_CONCURRENT_LARGE")]
+    pub grpc_max_concurrent_large: Option<i64>,
+    /// Tokens of larger requests that may wait for a thread; a request that would take the
+    /// wait past it is refused at once (RESOURCE_EXHAUSTED). Default: 4 × `max_tokens`.
+    #[arg(long, env = "KVINDEX_GRPC_MAX_QUEUED_TOKENS")]
+    pub grpc_max_queued_tokens: Option<i64>,
     /// File holding the bearer token of the control plane (pod registration over HTTP and
-    /// gRPC). Unset: registration is disabled.
+    /// gRPC, and RecordRoute). Unset: registration and RecordRoute are disabled.
     #[arg(long, env = "KVINDEX_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
     /// Central mode: source addresses allowed to connect, as CIDRs (`10.0.0.0/8`, `::1/128`;
@@ -323,7 +339,10 @@ pub struct Config {
     pub speculative: kvindex::speculative::SpeculativeConfig,
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
-    /// The control plane's bearer token; `None`: registration is disabled.
+    /// Admission of expensive gRPC calls (ScoreTokens, GetPodScores, RecordRoute).
+    pub grpc_admission: crate::grpc::admission::AdmissionConfig,
+    /// The control plane's bearer token (registration and RecordRoute); `None`: both are
+    /// disabled.
     pub admin_token: Option<crate::control::AdminToken>,
     /// Central mode: the address ranges allowed to connect (empty: any).
     pub zmq_allow: Vec<Cidr>,
@@ -554,7 +573,23 @@ impl Config {
             return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
         }
 
+        let max_tokens = int("max_tokens", s.max_tokens, 262_144, 1, 1 << 28)?;
+        let speculative_max_entries = int("speculative_max_entries", s.speculative_max_entries, 1 << 20, 0, 1 << 32)?;
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
         let mut config = Config {
+            grpc_admission: crate::grpc::admission::AdmissionConfig {
+                small_query_tokens: int("grpc_small_query_tokens", s.grpc_small_query_tokens, 16_384, 0, 1 << 28)?
+                    as usize,
+                max_concurrent_large: int(
+                    "grpc_max_concurrent_large",
+                    s.grpc_max_concurrent_large,
+                    (cores / 2).max(1),
+                    1,
+                    4096,
+                )? as usize,
+                max_queued_tokens: int("grpc_max_queued_tokens", s.grpc_max_queued_tokens, 4 * max_tokens, 0, 1 << 40)?
+                    as usize,
+            },
             discovery,
             zmq_limits,
             grpc_addr,
@@ -580,17 +615,24 @@ impl Config {
             replay_cooldown_ms: int("replay_cooldown_ms", s.replay_cooldown_ms, 5_000, 0, i64::MAX)? as u64,
             max_concurrent_replays: int("max_concurrent_replays", s.max_concurrent_replays, 8, 1, 4096)? as usize,
             max_pending: int("max_pending", s.max_pending, 100_000, 1, 1 << 24)? as usize,
-            max_tokens: int("max_tokens", s.max_tokens, 262_144, 1, 1 << 28)? as usize,
+            max_tokens: max_tokens as usize,
             max_message_bytes: int("max_message_bytes", s.max_message_bytes, 4 << 20, 1024, 1 << 30)? as usize,
             speculative: kvindex::speculative::SpeculativeConfig {
                 block_size: 0, // set below from block_size
                 default_ttl_ms: int("speculative_ttl_ms", s.speculative_ttl_ms, 2_000, 1, 3_600_000)? as u64,
                 max_ttl_ms: int("speculative_max_ttl_ms", s.speculative_max_ttl_ms, 10_000, 1, 3_600_000)? as u64,
-                max_entries: int("speculative_max_entries", s.speculative_max_entries, 1 << 20, 0, 1 << 32)? as usize,
+                max_entries: speculative_max_entries as usize,
                 max_entries_per_pod: int(
                     "speculative_max_entries_per_pod",
                     s.speculative_max_entries_per_pod,
                     1 << 16,
+                    1,
+                    1 << 32,
+                )? as usize,
+                max_entries_per_caller: int(
+                    "speculative_max_entries_per_caller",
+                    s.speculative_max_entries_per_caller,
+                    (speculative_max_entries / 4).max(1),
                     1,
                     1 << 32,
                 )? as usize,

@@ -1,5 +1,7 @@
-//! `kvindex.v1.Indexer`: ScoreTokens and RecordRoute (the read plane), and pod registration
-//! (RegisterPod, UnregisterPod), which only answers a bearer token ([`crate::control`]).
+//! `kvindex.v1.Indexer`: ScoreTokens (the read plane), RecordRoute (which steers placement, so
+//! it takes the control plane's token) and pod registration (RegisterPod, UnregisterPod), which
+//! only answers a bearer token ([`crate::control`]). ScoreTokens and RecordRoute go through the
+//! [`Admission`] of large requests.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,6 +11,8 @@ use tonic::{Request, Response, Status};
 use kvindex_proto::kvindex::v1 as pb;
 use pb::indexer_server::Indexer;
 
+use super::admission::Admission;
+use super::record_route;
 use super::score::Scorer;
 use crate::config::PodConfig;
 use crate::control::{self, Denied};
@@ -19,19 +23,23 @@ use crate::telemetry as m;
 pub struct IndexerService {
     state: Arc<ServiceState>,
     scorer: Arc<Scorer>,
+    admission: Arc<Admission>,
 }
 
 impl IndexerService {
-    pub fn new(state: Arc<ServiceState>, scorer: Arc<Scorer>) -> Self {
-        IndexerService { state, scorer }
+    pub fn new(state: Arc<ServiceState>, scorer: Arc<Scorer>, admission: Arc<Admission>) -> Self {
+        IndexerService { state, scorer, admission }
     }
+}
+
+fn authorization<T>(request: &Request<T>) -> Option<&str> {
+    request.metadata().get("authorization").and_then(|v| v.to_str().ok())
 }
 
 /// The control plane's gate: PERMISSION_DENIED while registration is disabled,
 /// UNAUTHENTICATED without the right bearer token (`authorization` metadata).
 fn authorize<T>(state: &ServiceState, request: &Request<T>) -> Result<(), Status> {
-    let authorization = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
-    control::authorize(state, "grpc", authorization).map_err(|denied| match denied {
+    control::authorize(state, "grpc", authorization(request)).map_err(|denied| match denied {
         Denied::Disabled => Status::permission_denied(denied.to_string()),
         _ => Status::unauthenticated(denied.to_string()),
     })
@@ -44,7 +52,11 @@ impl Indexer for IndexerService {
         request: Request<pb::ScoreTokensRequest>,
     ) -> Result<Response<pb::ScoreTokensResponse>, Status> {
         let start = Instant::now();
-        let resp = self.scorer.score(request.get_ref())?;
+        let req = request.into_inner();
+        self.scorer.check(&req)?;
+        let admitted = self.admission.admit("ScoreTokens", req.token_ids.len()).await?;
+        let scorer = self.scorer.clone();
+        let resp = admitted.run(move || scorer.score(&req)).await??;
         metrics::histogram!(m::SCORE_LATENCY).record(start.elapsed().as_secs_f64());
         metrics::counter!(m::SCORE_REQUESTS, "outcome" => "ok").increment(1);
         Ok(Response::new(resp))
@@ -54,7 +66,13 @@ impl Indexer for IndexerService {
         &self,
         request: Request<pb::RecordRouteRequest>,
     ) -> Result<Response<pb::RecordRouteResponse>, Status> {
-        super::record_route::record_route(&self.state, request.get_ref()).map(Response::new)
+        let caller = record_route::caller_of(request.remote_addr());
+        record_route::authorize(&self.state, authorization(&request), &caller)?;
+        let req = request.into_inner();
+        record_route::check_request(&self.state, &req)?;
+        let admitted = self.admission.admit("RecordRoute", req.token_ids.len()).await?;
+        let state = self.state.clone();
+        admitted.run(move || record_route::record_route(&state, &req, &caller)).await?.map(Response::new)
     }
 
     async fn register_pod(

@@ -5,6 +5,10 @@
 //!
 //! The score is llm-d's convention before the EPP normalizes it: the pod's tier-weighted
 //! matched blocks (GPU 1.0, CPU 0.8 by default), not divided by the prompt's block count.
+//!
+//! A request goes through the same [`Admission`] as ScoreTokens: with an in-process tokenizer
+//! before tokenizing (that is CPU here too), counting the prompt's bytes (at least its tokens);
+//! with a remote one after, counting its tokens.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +19,7 @@ use kvindex_proto::indexer::v1 as llmd;
 use kvindex_proto::kvindex::v1 as pb;
 use llmd::indexer_service_server::{IndexerService as LlmdIndexer, IndexerServiceServer};
 
+use super::admission::Admission;
 use super::score::Scorer;
 use super::tokenizer::PromptTokenizer;
 use crate::telemetry as m;
@@ -25,11 +30,12 @@ const MAX_PROMPT_BYTES: usize = 16 << 20;
 pub struct LlmdScores {
     scorer: Arc<Scorer>,
     tokenizer: Option<PromptTokenizer>,
+    admission: Arc<Admission>,
 }
 
 impl LlmdScores {
-    pub fn new(scorer: Arc<Scorer>, tokenizer: Option<PromptTokenizer>) -> Self {
-        LlmdScores { scorer, tokenizer }
+    pub fn new(scorer: Arc<Scorer>, tokenizer: Option<PromptTokenizer>, admission: Arc<Admission>) -> Self {
+        LlmdScores { scorer, tokenizer, admission }
     }
 
     pub fn into_server(self) -> IndexerServiceServer<Self> {
@@ -57,14 +63,28 @@ impl LlmdIndexer for LlmdScores {
                     "no tokenizer configured: start kvindex serve with --tokenizer-model, --tokenizer-models-dir or --tokenizer-endpoint",
                 )
             })?;
+            // In process, tokenizing is ours to bound too: a byte-level tokenizer makes at most
+            // one token per byte, plus BOS.
+            let early = if matches!(tokenizer, PromptTokenizer::Local(_)) {
+                Some(self.admission.admit("GetPodScores", req.prompt.len() + 1).await?)
+            } else {
+                None
+            };
             let token_ids = tokenizer.tokenize(&req.model_name, &req.prompt).await?;
-            let scored = self.scorer.score(&pb::ScoreTokensRequest {
+            let score = pb::ScoreTokensRequest {
                 model: req.model_name.clone(),
                 token_ids,
                 pods: req.pod_identifiers.clone(),
                 lora_name: String::new(),
                 cache_salt: String::new(),
-            })?;
+            };
+            self.scorer.check(&score)?;
+            let admitted = match early {
+                Some(admitted) => admitted,
+                None => self.admission.admit("GetPodScores", score.token_ids.len()).await?,
+            };
+            let scorer = self.scorer.clone();
+            let scored = admitted.run(move || scorer.score(&score)).await??;
             let scores =
                 scored.scores.into_iter().map(|s| llmd::PodScore { pod: s.pod, score: s.weighted_score }).collect();
             Ok(llmd::GetPodScoresResponse { scores })

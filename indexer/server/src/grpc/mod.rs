@@ -1,7 +1,9 @@
 //! gRPC: `kvindex.v1.Indexer` ([`indexer`]), llm-d's `indexer.v1.IndexerService` ([`llmd`]),
 //! `grpc.health.v1` and server reflection (so `grpcurl` works without the proto file). Both
-//! scoring contracts answer through one [`score::Scorer`].
+//! scoring contracts answer through one [`score::Scorer`], behind one [`admission::Admission`]
+//! that bounds the large requests computed and waiting at once.
 
+pub mod admission;
 pub mod indexer;
 pub mod limits;
 pub mod llmd;
@@ -15,6 +17,7 @@ use std::sync::Arc;
 use kvindex_proto::indexer::v1::indexer_service_server::IndexerServiceServer;
 use kvindex_proto::kvindex::v1::indexer_server::IndexerServer;
 
+use self::admission::Admission;
 use self::indexer::IndexerService;
 use self::llmd::LlmdScores;
 use self::score::Scorer;
@@ -34,8 +37,10 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     let max = state.config().max_message_bytes;
     let scorer = Arc::new(Scorer::new(state.clone()));
-    let indexer = IndexerServer::new(IndexerService::new(state, scorer.clone())).max_decoding_message_size(max);
-    let llmd = LlmdScores::new(scorer, tokenizer).into_server().max_decoding_message_size(max);
+    let admission = Arc::new(Admission::new(state.config().grpc_admission.clone()));
+    let indexer = IndexerServer::new(IndexerService::new(state, scorer.clone(), admission.clone()))
+        .max_decoding_message_size(max);
+    let llmd = LlmdScores::new(scorer, tokenizer, admission).into_server().max_decoding_message_size(max);
     health.set_serving::<IndexerServer<IndexerService>>().await;
     health.set_serving::<IndexerServiceServer<LlmdScores>>().await;
     let reflection = tonic_reflection::server::Builder::configure()

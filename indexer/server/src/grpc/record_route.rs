@@ -2,12 +2,20 @@
 //! credit ([`kvindex::speculative`]) that every router replica sees in
 //! `PodScore.speculative_blocks` until the engine's own events replace it or its TTL ends.
 //!
-//! It never changes what the index holds, so it belongs with ScoreTokens on the read plane.
+//! It never changes what the index holds, but it does change where routers send new prompts:
+//! whoever may call it can steer traffic to a pod of its choosing and fill the credit table
+//! (issue 23). So it takes the control plane's bearer token ([`authorize`]): without
+//! `admin_token_file` it is off (PERMISSION_DENIED, as RegisterPod), with it a call without the
+//! token is UNAUTHENTICATED; both are counted and change nothing. Each caller (peer address,
+//! [`caller_of`]) holds at most `speculative_max_entries_per_caller` credits.
+//!
 //! Every request is checked before anything is recorded: a known pod whose source can be
 //! trusted, serving the request's model, within the token and name bounds; a bad request gets
 //! INVALID_ARGUMENT (or NOT_FOUND / FAILED_PRECONDITION) and a counted outcome. A TTL above
 //! the configured maximum is capped to it (the answer says which TTL applied).
 
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tonic::Status;
@@ -16,6 +24,7 @@ use kvindex::ScoreQuery;
 use kvindex_proto::kvindex::v1 as pb;
 
 use super::score::{may_speculate, speculative_namespace, wire_state, MAX_NAME};
+use crate::control::{self, Denied};
 use crate::state::ServiceState;
 use crate::telemetry as m;
 
@@ -24,13 +33,48 @@ fn rejected(outcome: &'static str, status: Status) -> Status {
     status
 }
 
-/// Checks and records one RecordRoute request.
-pub fn record_route(
-    state: &Arc<ServiceState>,
-    req: &pb::RecordRouteRequest,
-) -> Result<pb::RecordRouteResponse, Status> {
-    let speculative = state.speculative();
-    if speculative.config().max_entries == 0 {
+/// RecordRoute calls refused for want of the token, for logging at powers of two only (a
+/// misconfigured router sends one per request).
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// The gate: the control plane's token in the `authorization` value, or PERMISSION_DENIED
+/// (no token configured: `no_admin_token`) / UNAUTHENTICATED (`missing_token`,
+/// `wrong_token`), counted in `kvindex_record_route_requests_total`.
+pub fn authorize(state: &ServiceState, authorization: Option<&str>, caller: &str) -> Result<(), Status> {
+    let Err(denied) = control::check(state, authorization) else { return Ok(()) };
+    let n = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
+    if n.is_power_of_two() {
+        tracing::warn!(caller, reason = denied.label(), refused = n, "RecordRoute refused: no valid admin token");
+    }
+    Err(match denied {
+        Denied::Disabled => rejected(
+            "no_admin_token",
+            Status::permission_denied(
+                "RecordRoute is disabled: it needs the control plane's bearer token \
+                 (start kvindex serve with admin_token_file, and kvindex-router with --indexer-admin-token-file)",
+            ),
+        ),
+        other => rejected(other.label(), Status::unauthenticated(other.to_string())),
+    })
+}
+
+/// Who a call comes from, for its share of the credit table: the peer's IP address, an IPv6
+/// peer by its /64 (one host may hold a whole /64), `unknown` without an address.
+pub fn caller_of(remote: Option<SocketAddr>) -> String {
+    match remote.map(|a| a.ip().to_canonical()) {
+        Some(IpAddr::V4(ip)) => ip.to_string(),
+        Some(IpAddr::V6(ip)) => {
+            let s = ip.segments();
+            format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+        }
+        None => "unknown".to_string(),
+    }
+}
+
+/// The checks that need no index lookup (RecordRoute on, token and name bounds), made before a
+/// request is admitted to a scoring slot.
+pub fn check_request(state: &ServiceState, req: &pb::RecordRouteRequest) -> Result<(), Status> {
+    if state.speculative().config().max_entries == 0 {
         return Err(rejected(
             "disabled",
             Status::failed_precondition("RecordRoute is off (speculative_max_entries = 0)"),
@@ -59,6 +103,18 @@ pub fn record_route(
             ));
         }
     }
+    Ok(())
+}
+
+/// Checks and records one RecordRoute request from `caller` (see [`caller_of`]); the caller
+/// is authorized already ([`authorize`]).
+pub fn record_route(
+    state: &Arc<ServiceState>,
+    req: &pb::RecordRouteRequest,
+    caller: &str,
+) -> Result<pb::RecordRouteResponse, Status> {
+    check_request(state, req)?;
+    let speculative = state.speculative();
     let source = state.status().pod_states().get(&req.pod).copied();
     let Some(source) = source else {
         return Err(rejected(
@@ -103,11 +159,12 @@ pub fn record_route(
         (!req.cache_salt.is_empty()).then_some(req.cache_salt.as_str()),
         &req.token_ids,
     );
-    let outcome = speculative.record(&req.pod, &keys, held, u64::from(req.ttl_ms), state.now_ms());
+    let outcome = speculative.record(&req.pod, caller, &keys, held, u64::from(req.ttl_ms), state.now_ms());
     metrics::counter!(m::RECORD_ROUTE_REQUESTS, "outcome" => "ok").increment(1);
     metrics::counter!(m::SPECULATIVE_BLOCKS, "result" => "credited").increment(u64::from(outcome.credited));
-    if outcome.refused > 0 {
-        metrics::counter!(m::SPECULATIVE_BLOCKS, "result" => "refused").increment(u64::from(outcome.refused));
+    if let Some(bound) = outcome.bound.filter(|_| outcome.refused > 0) {
+        metrics::counter!(m::SPECULATIVE_BLOCKS, "result" => "refused", "bound" => bound.label())
+            .increment(u64::from(outcome.refused));
     }
     Ok(pb::RecordRouteResponse { credited_blocks: outcome.credited, ttl_ms: outcome.ttl_ms as u32 })
 }

@@ -61,7 +61,8 @@ impl Scorer {
         Scorer { state }
     }
 
-    pub fn score(&self, req: &pb::ScoreTokensRequest) -> Result<pb::ScoreTokensResponse, Status> {
+    /// The request's limits (tokens, filter, names): INVALID_ARGUMENT, counted, past one.
+    pub fn check(&self, req: &pb::ScoreTokensRequest) -> Result<(), Status> {
         let max_tokens = self.state.config().max_tokens;
         if req.token_ids.len() > max_tokens {
             return Err(invalid(format!(
@@ -80,6 +81,12 @@ impl Scorer {
         if req.pods.iter().any(|p| p.is_empty() || p.len() > MAX_NAME) {
             return Err(invalid("pods entries must be non-empty pod ids".to_string()));
         }
+        Ok(())
+    }
+
+    /// Checks `req` ([`check`](Self::check)) and scores it.
+    pub fn score(&self, req: &pb::ScoreTokensRequest) -> Result<pb::ScoreTokensResponse, Status> {
+        self.check(req)?;
         let index = self.state.index();
         let filter: Option<Vec<&str>> = (!req.pods.is_empty()).then(|| req.pods.iter().map(String::as_str).collect());
         let result = index.score(&ScoreQuery {

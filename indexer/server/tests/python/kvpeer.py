@@ -10,6 +10,10 @@ does not hold.
 
 Publishers use XPUB (wire-identical to PUB for the subscriber) only to learn when the
 subscription has arrived, so tests never sleep-and-hope.
+
+A gRPC client may reach the server through a TCP relay whose connections leave from another
+loopback address (`grpc` with `source`), so one host can play two callers; `flood` plays many
+clients sending large queries at once.
 """
 
 import collections
@@ -18,6 +22,7 @@ import importlib
 import json
 import os
 import shutil
+import socket
 import struct
 import sys
 import tempfile
@@ -260,6 +265,39 @@ class Publisher:
         return n
 
 
+class Relay:
+    """Forwards every connection made to it to `target`, from the local address `source`
+    (e.g. 127.0.0.2: Linux gives the whole 127/8 to loopback), so the server sees a peer address
+    other than 127.0.0.1. Bytes pass unchanged both ways."""
+
+    def __init__(self, target, source):
+        host, port = target.rsplit(":", 1)
+        self.target, self.source = (host, int(port)), source
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            client, _ = self.listener.accept()
+            upstream = socket.create_connection(self.target, source_address=(self.source, 0))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self.pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def pump(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                b.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+
 class Peer:
     def __init__(self, proto):
         out = tempfile.mkdtemp(prefix="kvindex-stubs-")
@@ -277,7 +315,12 @@ class Peer:
         self.stub = None
 
     # --- gRPC -----------------------------------------------------------------------------
-    def op_grpc(self, addr):
+    def op_grpc(self, addr, source=None):
+        """A plain channel to `addr`; with `source`, through a [`Relay`] from that address."""
+        self.addr = addr
+        if source:
+            self.relay = Relay(addr, source)
+            addr = self.relay.addr
         self.channel = grpc.insecure_channel(addr)
         self.stub = self.pb_grpc.IndexerStub(self.channel)
         grpc.channel_ready_future(self.channel).result(timeout=10)
@@ -332,10 +375,11 @@ class Peer:
         replies = list(call(iter([b"\x3a\x00"]), timeout=10))
         return {"raw": b"".join(replies).decode("latin-1")}
 
-    def op_record_route(self, pod, model, tokens, ttl_ms=0, lora_name="", cache_salt=""):
+    def op_record_route(self, pod, model, tokens, ttl_ms=0, lora_name="", cache_salt="", token=None):
+        """RecordRoute with the test's bearer token unless `token` says otherwise ("" = none)."""
         req = self.pb.RecordRouteRequest(pod=pod, model=model, token_ids=tokens, ttl_ms=ttl_ms, lora_name=lora_name, cache_salt=cache_salt)
         try:
-            r = self.stub.RecordRoute(req, timeout=10)
+            r = self.stub.RecordRoute(req, timeout=10, metadata=self.auth(token))
         except grpc.RpcError as e:
             return {"ok": False, "code": e.code().name, "details": e.details()}
         return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms}
@@ -414,6 +458,47 @@ class Peer:
 
     def op_score_raw(self, model, n_tokens, pods=()):
         return self.op_score(model, list(range(n_tokens)), pods)
+
+    def op_flood(self, model, large, small, concurrency, clients=8, secs=60):
+        """Overload: `concurrency` ScoreTokens of the `large` tokens in flight at once, spread
+        over `clients` channels (connections), round after round; while a round is in flight this
+        channel sends the `small` prompt, one query after another. Stops once some large queries
+        were answered and some shed (RESOURCE_EXHAUSTED), or after `secs`. Returns the status
+        codes seen for each kind, and the first message of each non-OK code."""
+        raw = self.pb.ScoreTokensRequest(model=model, token_ids=large).SerializeToString()
+        channels = [grpc.insecure_channel(self.addr) for _ in range(clients)]
+        calls = [
+            ch.unary_unary("/kvindex.v1.Indexer/ScoreTokens", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            for ch in channels
+        ]
+        small_req = self.pb.ScoreTokensRequest(model=model, token_ids=small)
+        codes = {"large": collections.Counter(), "small": collections.Counter()}
+        messages = {}
+        rounds, deadline = 0, time.monotonic() + secs
+
+        def seen(kind, error):
+            code = "OK" if error is None else error.code().name
+            codes[kind][code] += 1
+            if error is not None:
+                messages.setdefault(f"{kind} {code}", error.details())
+
+        while True:
+            rounds += 1
+            futures = [calls[i % clients].future(raw, timeout=120) for i in range(concurrency)]
+            while not all(f.done() for f in futures):
+                try:
+                    self.stub.ScoreTokens(small_req, timeout=30)
+                    seen("small", None)
+                except grpc.RpcError as e:
+                    seen("small", e)
+            for f in futures:
+                seen("large", f.exception())
+            large = codes["large"]
+            if (large["OK"] and large["RESOURCE_EXHAUSTED"] and codes["small"]) or time.monotonic() > deadline:
+                break
+        for ch in channels:
+            ch.close()
+        return {"rounds": rounds, "large": dict(codes["large"]), "small": dict(codes["small"]), "messages": messages}
 
     @staticmethod
     def auth(token):
