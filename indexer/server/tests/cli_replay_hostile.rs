@@ -1,8 +1,9 @@
 //! `kvindex replay` on hostile or damaged dumps, as the binary (issue 23): a gzip bomb of short
 //! lines and one huge line replays in bounded memory (peak RSS of the replay process, from
-//! `wait4`), an invalid UTF-8 line is counted and the lines around it still replay, and a
-//! truncated gzip replays every whole line before the cut and exits 2. The dumps are built
-//! here: vLLM-shaped map-form batches (msgpack), real gzip.
+//! `wait4`), recorded replay replies are held within `--max-reply-bytes`, a dump whose seq
+//! keeps going back replays in linear time, an invalid UTF-8 line is counted and the lines
+//! around it still replay, and a truncated gzip replays every whole line before the cut and
+//! exits 2. The dumps are built here: vLLM-shaped map-form batches (msgpack), real gzip.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -37,6 +38,12 @@ fn live(seq: u64, tokens: &[u32], t: f64) -> String {
     let topic = format!("kv@{POD}@{MODEL}");
     let frames = [hex::encode(topic), hex::encode(seq.to_be_bytes()), hex::encode(store_payload(tokens))];
     json!({"t": t, "kind": "live", "source": "central", "frames_hex": frames}).to_string()
+}
+
+/// A recorded replay reply of `POD` at `seq` (the DEALER's 0.26+ layout).
+fn reply(seq: u64, payload: &[u8], t: f64) -> String {
+    let frames = ["".to_string(), "".to_string(), hex::encode(seq.to_be_bytes()), hex::encode(payload)];
+    json!({"t": t, "kind": "replay", "pod": POD, "model": MODEL, "frames_hex": frames}).to_string()
 }
 
 fn gzip(path: &Path, write: impl FnOnce(&mut dyn Write)) {
@@ -174,8 +181,78 @@ fn replay_of_a_gzip_bomb_holds_little_memory_and_replays_around_the_junk() {
     // 40 MiB bound it is buffered up to. Before this bound: over 200 MiB.
     let grew = run.max_rss_kib.saturating_sub(base);
     assert!(grew < 64 << 10, "peak RSS {} KiB, {grew} KiB over a two-line replay's {base} KiB", run.max_rss_kib);
-    // Measured on the loaded 2-core box, debug build: about 10 s, peak RSS +40 MiB over the base.
+    // Measured on the loaded 2-core box, debug build: 10-16 s, peak RSS +40 MiB over the base.
     eprintln!("bomb: {size} bytes of gzip, {:?}, peak RSS {} KiB (base {base} KiB)", run.wall, run.max_rss_kib);
+}
+
+#[test]
+fn replay_holds_recorded_replies_within_max_reply_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = baseline_rss_kib(dir.path());
+    // 24 replies of 1 MiB each (highly compressible), then a live stream that joins at seq 70
+    // and asks for a replay from 0. At 2 MiB held, one reply waits and 23 are dropped.
+    let dump = dir.path().join("replies.jsonl.gz");
+    gzip(&dump, |w| {
+        let payload = vec![0xc0u8; 1 << 20];
+        for seq in 0..24 {
+            writeln!(w, "{}", reply(seq, &payload, 1.0)).unwrap();
+        }
+        writeln!(w, "{}", live(70, &chain(3, 2), 2.0)).unwrap();
+    });
+    let s = format!("{MODEL}:{}", ids(&chain(3, 2)));
+    let run = replay(&dump, &["--max-reply-bytes", "2097152", "--score", &s], Duration::from_secs(300));
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report["totals"]["replay"], 24, "{report:#}");
+    assert_eq!(report["totals"]["replies_dropped"], 23, "{report:#}");
+    let source = &report["sources"][0];
+    assert_eq!(source["state"], "DEGRADED", "a replay that lacks replies never guesses: {source:#}");
+    assert_eq!(run.matched(0), 2, "batches after the loss still apply");
+    let grew = run.max_rss_kib.saturating_sub(base);
+    // Lines of 2 MiB (hex) in flight, one 1 MiB reply held. Holding them all: over 24 MiB.
+    assert!(grew < 16 << 10, "peak RSS {} KiB, {grew} KiB over {base} KiB", run.max_rss_kib);
+    eprintln!("replies: {:?}, peak RSS {} KiB (base {base} KiB)", run.wall, run.max_rss_kib);
+}
+
+#[test]
+fn replay_of_a_dump_whose_seq_keeps_going_back_is_linear() {
+    let dir = tempfile::tempdir().unwrap();
+    // 20,000 lines: a recorded reply and a live batch, in turn, the live seqs going down. Every
+    // live line is a restart, and each restart asks for a replay from 0; answering each from
+    // every recorded reply (not once per reply) was quadratic: 8k lines took 47 s.
+    const N: u64 = 10_000;
+    let dump = dir.path().join("backwards.jsonl");
+    let shared = chain(7, 2);
+    let payload = store_payload(&shared);
+    let mut text = String::new();
+    for i in 0..N {
+        let t = 1_764_600_000.0 + i as f64 * 0.01;
+        text.push_str(&reply(i, &payload, t));
+        text.push('\n');
+        text.push_str(&live(N - i, &shared, t));
+        text.push('\n');
+    }
+    std::fs::write(&dump, text).unwrap();
+    let s = format!("{MODEL}:{}", ids(&shared));
+    let run = replay(&dump, &["--score", &s, "--explain", &s, "--pod", POD], Duration::from_secs(120));
+    // Measured on the loaded 2-core box (load average ~9), debug build: about 6 s; before the
+    // fix the same box had not finished 8,000 such lines in 300 s.
+    assert!(run.wall < Duration::from_secs(30), "20,000 lines took {:?}", run.wall);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let report = run.report();
+    assert_eq!(report["totals"]["live"], N, "{report:#}");
+    let source = &report["sources"][0];
+    assert_eq!(source["restarts"], N - 1, "{source:#}");
+    assert_eq!(source["last_seq"], 1, "{source:#}");
+    assert_eq!(run.matched(0), 2, "the last batch holds the chain: {report:#}");
+    // The explained prompt is cleared and stored again on every line: its history keeps the
+    // latest 10,000 changes and counts the rest; each block's last change is the last line's.
+    let ex = &report["explain"];
+    assert_eq!(ex["matched_blocks"], 2, "{:#}", ex["blocks"]);
+    assert_eq!(ex["history"].as_array().unwrap().len(), 10_000);
+    assert!(ex["history_dropped"].as_u64().unwrap() > 20_000, "{}", ex["history_dropped"]);
+    assert_eq!(ex["blocks"][1]["last_change"]["seq"], 1, "{:#}", ex["blocks"]);
+    eprintln!("backwards: {} lines in {:?}", 2 * N, run.wall);
 }
 
 #[test]
@@ -185,6 +262,10 @@ fn replay_counts_an_invalid_utf8_line_and_replays_the_lines_around_it() {
     let secret = "987654321";
     let mut bytes = Vec::new();
     writeln!(bytes, "{}", live(0, &a, 1.0)).unwrap();
+    // A record naming a pod with a control character (and token ids for a model): refused.
+    let mut named: Value = serde_json::from_str(&live(2, &a, 1.5)).unwrap();
+    (named["pod"], named["model"]) = (json!("x\u{1}"), json!(secret));
+    writeln!(bytes, "{named}").unwrap();
     // One invalid byte in a line that also holds token ids.
     let prefix = format!("{{\"kind\":\"live\",\"pod\":\"{secret}");
     bytes.extend_from_slice(prefix.as_bytes());
@@ -197,16 +278,17 @@ fn replay_counts_an_invalid_utf8_line_and_replays_the_lines_around_it() {
         replay(&dump, &["--score", &sa, "--score", &sb, "--explain", &sa, "--pod", POD], Duration::from_secs(120));
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let report = run.report();
-    assert_eq!(report["input"], json!({"complete": true, "lines": 3}), "{report:#}");
+    assert_eq!(report["input"], json!({"complete": true, "lines": 4}), "{report:#}");
     assert_eq!(report["bad_lines"], 1, "{report:#}");
     assert_eq!(
         report["bad_line_samples"],
-        json!([{"line": 2, "reason": "not_utf8", "detail": format!("invalid UTF-8 at byte {}", prefix.len())}])
+        json!([{"line": 3, "reason": "not_utf8", "detail": format!("invalid UTF-8 at byte {}", prefix.len())}])
     );
+    assert_eq!(report["totals"]["refused_names"], 1, "a control character in a pod name: {report:#}");
     assert_eq!((run.matched(0), run.matched(1)), (2, 2), "the lines before and after: {report:#}");
     assert_eq!(report["explain"]["matched_blocks"], 2);
     assert_eq!(report["sources"][0]["state"], "EXACT", "seqs 0 and 1 both applied: {report:#}");
-    assert!(run.stderr.contains("1 bad lines skipped (not_utf8: 1); first: line 2: invalid UTF-8"), "{}", run.stderr);
+    assert!(run.stderr.contains("1 bad lines skipped (not_utf8: 1); first: line 3: invalid UTF-8"), "{}", run.stderr);
     assert!(!run.stdout.contains(secret) && !run.stderr.contains(secret), "no contents: {}{}", run.stdout, run.stderr);
 }
 

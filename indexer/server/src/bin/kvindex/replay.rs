@@ -15,7 +15,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use kvindex::KvIndexConfig;
-use kvindex_server::dump::offline::{Offline, Until};
+use kvindex_server::dump::offline::{Limits, Offline, Until};
 use kvindex_server::dump::{self, parse_line, BadLine, BadLines, Line, Lines, ReadError};
 
 #[derive(Debug, Clone, Args)]
@@ -46,6 +46,11 @@ pub struct ReplayArgs {
     /// Longest line read; a longer one is skipped (never held whole) and counted as a bad line.
     #[arg(long, default_value_t = dump::DEFAULT_MAX_LINE_BYTES)]
     pub max_line_bytes: usize,
+    /// Bytes of recorded replay replies held for the replays the sequencers ask for (payload
+    /// plus 64 per reply); replies past it are dropped and counted (`replies_dropped`): a replay
+    /// that needed one fails, and its pod is degraded, never guessed.
+    #[arg(long, default_value_t = Limits::DEFAULT_MAX_REPLY_BYTES)]
+    pub max_reply_bytes: u64,
 }
 
 /// How a replay went. Exit status: 0 when the dump was read to its end (bad lines, if any,
@@ -119,7 +124,8 @@ fn query(spec: &str) -> anyhow::Result<(String, Vec<u32>)> {
 pub fn rebuild(args: &ReplayArgs) -> anyhow::Result<(Offline, Reading)> {
     anyhow::ensure!(args.block_size > 0, "--block-size must be positive");
     anyhow::ensure!(args.max_line_bytes > 0, "--max-line-bytes must be positive");
-    let mut offline = Offline::new(KvIndexConfig { block_size: args.block_size, ..Default::default() });
+    let limits = Limits { max_reply_bytes: args.max_reply_bytes, ..Default::default() };
+    let mut offline = Offline::with_limits(KvIndexConfig { block_size: args.block_size, ..Default::default() }, limits);
     if let (Some(spec), Some(pod)) = (&args.explain, &args.pod) {
         let (model, tokens) = query(spec)?;
         offline.explain(pod, &model, &tokens);
@@ -212,14 +218,10 @@ pub fn report(offline: &Offline, reading: &Reading, args: &ReplayArgs) -> anyhow
 /// The explained prompt: how far the pod's run reaches now, where it breaks, and every change.
 fn explain(offline: &Offline, pod: &str) -> Value {
     let events = offline.explained();
-    let mut held: Vec<Option<&kvindex_server::dump::offline::ExplainEvent>> = Vec::new();
-    for e in events {
-        if held.len() <= e.block {
-            held.resize(e.block + 1, None);
-        }
-        held[e.block] = Some(e);
-    }
-    let matched = held.iter().take_while(|e| e.is_some_and(|e| e.change == "stored")).count();
+    // Blocks up to the last one that ever changed (one that never did was never held).
+    let all = offline.explained_blocks();
+    let held = &all[..all.iter().rposition(Option::is_some).map_or(0, |i| i + 1)];
+    let matched = held.iter().take_while(|e| e.as_ref().is_some_and(|e| e.change == "stored")).count();
     let blocks: Vec<Value> = held
         .iter()
         .enumerate()
@@ -228,7 +230,8 @@ fn explain(offline: &Offline, pod: &str) -> Value {
             None => json!({"block": i, "held": false, "last_change": null}),
         })
         .collect();
-    json!({"pod": pod, "matched_blocks": matched, "breaks_at": matched, "blocks": blocks, "history": events})
+    json!({"pod": pod, "matched_blocks": matched, "breaks_at": matched, "blocks": blocks, "history": events,
+           "history_dropped": offline.explained_dropped()})
 }
 
 /// The stderr lines of a replay that read its dump with trouble (none when it went cleanly).
