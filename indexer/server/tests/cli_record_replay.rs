@@ -1,8 +1,8 @@
 //! `kvindex record` and `kvindex replay`, as the binary: a recording of independent pyzmq
 //! publishers with injected faults (a frame lost on the wire and recovered by replay, a
 //! malformed payload, removals, a publisher restart) replays offline to the answers the live
-//! (recording) indexer gave; `--explain` is checked on a constructed case; damaged dumps give
-//! clear errors.
+//! (recording) indexer gave; `--explain` is checked on a constructed case; damaged dumps are
+//! reported clearly (hostile ones: `cli_replay_hostile.rs`).
 
 mod support;
 
@@ -188,15 +188,20 @@ fn cli_replay_reads_vectors_and_reports_damaged_dumps_clearly() {
     assert_eq!(report["bad_lines"], 1, "{report:#}");
     assert!(report["first_bad_line"].as_str().unwrap().starts_with("line 3"), "{report:#}");
 
-    // A truncated gzip dump: a clear error naming the file, exit status 1, no panic.
+    // A truncated gzip dump: the lines before the cut replay, a clear message naming the
+    // file, exit status 2, no panic.
     let gz = dir.path().join("cut.jsonl.gz");
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut enc, text.as_bytes()).unwrap();
     let bytes = enc.finish().unwrap();
     std::fs::write(&gz, &bytes[..bytes.len() / 2]).unwrap();
-    let (ok, _, stderr) = kvindex(&["replay", gz.to_str().unwrap(), "--quiet"]);
-    assert!(!ok);
-    assert!(stderr.contains("cut.jsonl.gz") && !stderr.contains("panicked"), "{stderr}");
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_kvindex")).args(["replay", gz.to_str().unwrap(), "--quiet"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cut.jsonl.gz: input ends early") && !stderr.contains("panicked"), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["totals"]["live"].as_u64().unwrap() > 0, "{report:#}");
     let (ok, _, stderr) = kvindex(&["replay", "/nonexistent/dump", "--quiet"]);
     assert!(!ok && stderr.contains("/nonexistent/dump"), "{stderr}");
 }

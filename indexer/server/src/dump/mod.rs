@@ -7,6 +7,11 @@
 //!
 //! Dumps contain token ids: they are only written when an operator runs `kvindex record`,
 //! within the size and age bounds of [`recorder::Retention`].
+//!
+//! A dump is also untrusted input (an operator replays what someone hands them): [`Lines`]
+//! streams it a bounded line at a time whatever the gzip expands to, a bad line is a
+//! [`BadLine`] (number and reason, never contents) and the run goes on, and a stream that
+//! ends early (a `record` killed mid-write) is a [`ReadError`] after every whole line before it.
 
 pub mod offline;
 pub mod recorder;
@@ -46,16 +51,15 @@ impl DumpRecord {
     }
 }
 
-/// Why a dump line was not usable.
+/// A dump that cannot be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum DumpError {
     #[error("cannot read {path}: {source}")]
     Io { path: String, source: std::io::Error },
-    #[error("line {line}: {message}")]
-    Line { line: u64, message: String },
 }
 
-/// Opens a dump, gzip or plain (by its first two bytes), as lines.
+/// Opens a dump, gzip or plain (by its first two bytes), as a byte stream. Nothing is read
+/// ahead beyond the decoder's buffer: [`Lines`] takes it a bounded line at a time.
 pub fn open(path: &Path) -> Result<Box<dyn BufRead>, DumpError> {
     let io = |source| DumpError::Io { path: path.display().to_string(), source };
     let mut file = File::open(path).map_err(io)?;
@@ -66,6 +70,153 @@ pub fn open(path: &Path) -> Result<Box<dyn BufRead>, DumpError> {
         Ok(Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(file))))
     } else {
         Ok(Box::new(BufReader::new(file)))
+    }
+}
+
+/// The longest dump line read by default: every message the service accepts at its default
+/// `zmq_max_message_bytes` (16 MiB) is 32 MiB in hex, plus the JSON around it.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 40 << 20;
+
+/// One line of a dump, as [`Lines`] yields it.
+#[derive(Debug, PartialEq)]
+pub enum Line<'a> {
+    /// A whole line, without its newline.
+    Bytes(&'a [u8]),
+    /// A line longer than the bound, skipped as it streamed by (never buffered whole); its
+    /// length in bytes.
+    TooLong(u64),
+}
+
+/// Where a dump stops being readable: every line before `line` was read whole.
+#[derive(Debug, thiserror::Error)]
+#[error("input ends early at line {line} ({reason}: {source})")]
+pub struct ReadError {
+    /// The line that could not be read whole (dropped, even if partly read).
+    pub line: u64,
+    /// `truncated` (the gzip stream ends inside a member, as when `kvindex record` is killed
+    /// mid-write), `corrupt` (bad compressed data or checksum) or `io`.
+    pub reason: &'static str,
+    pub source: std::io::Error,
+}
+
+/// A dump's lines, each at most `max` bytes, from a byte stream: memory holds one line (at
+/// most `max`), whatever the stream expands to. Not an `Iterator`: each line borrows the
+/// reader's buffer, so nothing is allocated per line.
+pub struct Lines<R> {
+    inner: R,
+    max: usize,
+    buf: Vec<u8>,
+    /// Bytes of the current line past the bound (it is being skipped), if any.
+    skipping: Option<u64>,
+    number: u64,
+    bytes: u64,
+    done: bool,
+}
+
+impl<R: BufRead> Lines<R> {
+    pub fn new(inner: R, max: usize) -> Lines<R> {
+        Lines { inner, max, buf: Vec::new(), skipping: None, number: 0, bytes: 0, done: false }
+    }
+
+    /// Uncompressed bytes read so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The number of the line last returned (1-based).
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    /// The next line and its number; `Ok(None)` at the end. After an `Err` the stream is over
+    /// (a decoder cannot resynchronize), and the line it interrupted is not returned. A last
+    /// line without a newline is a line when the stream ends cleanly.
+    pub fn next_line(&mut self) -> Result<Option<(u64, Line<'_>)>, ReadError> {
+        if self.done {
+            return Ok(None);
+        }
+        self.buf.clear();
+        self.skipping = None;
+        loop {
+            let chunk = match self.inner.fill_buf() {
+                Ok(chunk) => chunk,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    self.done = true;
+                    let reason = match source.kind() {
+                        std::io::ErrorKind::UnexpectedEof => "truncated",
+                        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => "corrupt",
+                        _ => "io",
+                    };
+                    return Err(ReadError { line: self.number + 1, reason, source });
+                }
+            };
+            if chunk.is_empty() {
+                self.done = true;
+                if self.buf.is_empty() && self.skipping.is_none() {
+                    return Ok(None);
+                }
+                break;
+            }
+            let (take, end) = match chunk.iter().position(|&b| b == b'\n') {
+                Some(i) => (i, true),
+                None => (chunk.len(), false),
+            };
+            match &mut self.skipping {
+                Some(skipped) => *skipped += take as u64,
+                None if self.buf.len() + take > self.max => {
+                    self.skipping = Some((self.buf.len() + take) as u64);
+                    self.buf.clear();
+                    self.buf.shrink_to(1 << 16);
+                }
+                None => self.buf.extend_from_slice(&chunk[..take]),
+            }
+            let used = take + usize::from(end);
+            self.inner.consume(used);
+            self.bytes += used as u64;
+            if end {
+                break;
+            }
+        }
+        self.number += 1;
+        let line = match self.skipping {
+            Some(len) => Line::TooLong(len),
+            None => Line::Bytes(&self.buf),
+        };
+        Ok(Some((self.number, line)))
+    }
+}
+
+/// Why a line was not usable: its number, a stable reason label, and what is wrong with it
+/// (never its contents: dumps hold token ids).
+#[derive(Debug, Clone, PartialEq, Serialize, thiserror::Error)]
+#[error("line {line}: {detail}")]
+pub struct BadLine {
+    pub line: u64,
+    /// `too_long`, `not_utf8`, `json` or `frames_hex`.
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// Bad lines of a run: all counted (in total and by reason), the first few kept whole, so a
+/// dump of nothing but bad lines costs no memory per line.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BadLines {
+    pub count: u64,
+    pub by_reason: std::collections::BTreeMap<&'static str, u64>,
+    pub first: Vec<BadLine>,
+}
+
+impl BadLines {
+    /// How many bad lines are kept whole.
+    pub const KEPT: usize = 20;
+
+    pub fn add(&mut self, bad: BadLine) {
+        self.count += 1;
+        *self.by_reason.entry(bad.reason).or_default() += 1;
+        if self.first.len() < Self::KEPT {
+            self.first.push(bad);
+        }
     }
 }
 
@@ -106,17 +257,33 @@ fn decode_hex(s: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// What is wrong with a line that is not JSON or not a dump record, without its contents:
+/// serde's message up to any quoted value, and the column.
+fn json_detail(e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    let message = message.split(" at line ").next().unwrap_or_default();
+    let message = if message.starts_with("missing field") {
+        message
+    } else {
+        message.split(['"', '`']).next().unwrap_or_default().trim_end_matches([' ', ':', ','])
+    };
+    format!("{message} at column {}", e.column())
+}
+
 /// Parses one line; `Ok(None)` for blank lines.
-pub fn parse_line(line: &str, number: u64) -> Result<Option<ParsedLine>, DumpError> {
-    if line.trim().is_empty() {
+pub fn parse_line(line: &[u8], number: u64) -> Result<Option<ParsedLine>, BadLine> {
+    let bad = |reason, detail| BadLine { line: number, reason, detail };
+    let text =
+        std::str::from_utf8(line).map_err(|e| bad("not_utf8", format!("invalid UTF-8 at byte {}", e.valid_up_to())))?;
+    if text.trim().is_empty() {
         return Ok(None);
     }
-    let record: DumpRecord =
-        serde_json::from_str(line).map_err(|e| DumpError::Line { line: number, message: e.to_string() })?;
+    let record: DumpRecord = serde_json::from_str(text).map_err(|e| bad("json", json_detail(&e)))?;
     let frames = record
         .frames_hex
         .iter()
-        .map(|f| decode_hex(f).map_err(|e| DumpError::Line { line: number, message: format!("frames_hex: {e}") }))
+        .enumerate()
+        .map(|(i, f)| decode_hex(f).map_err(|e| bad("frames_hex", format!("frames_hex[{i}]: {e}"))))
         .collect::<Result<_, _>>()?;
     Ok(Some((record, frames)))
 }
@@ -135,5 +302,88 @@ mod hex_tests {
         assert_eq!(decode_hex("0g"), Err("invalid hex digit at 1".into()));
         assert_eq!(decode_hex("zz00"), Err("invalid hex digit at 0".into()));
         assert_eq!(decode_hex("0é0"), Err("invalid hex digit at 1".into()));
+    }
+}
+
+#[cfg(test)]
+mod lines_tests {
+    use std::io::Write;
+
+    use super::{parse_line, Line, Lines};
+
+    fn all(input: &[u8], max: usize) -> (Vec<String>, Option<(u64, &'static str)>) {
+        let mut lines = Lines::new(input, max);
+        let mut out = Vec::new();
+        loop {
+            match lines.next_line() {
+                Ok(Some((n, Line::Bytes(b)))) => out.push(format!("{n}:{}", String::from_utf8_lossy(b))),
+                Ok(Some((n, Line::TooLong(len)))) => out.push(format!("{n}:too long {len}")),
+                Ok(None) => return (out, None),
+                Err(e) => return (out, Some((e.line, e.reason))),
+            }
+        }
+    }
+
+    #[test]
+    fn dump_lines_are_bounded_numbered_and_end_cleanly() {
+        let (lines, end) = all(b"ab\n\nabcdef\nabcd\nxyz", 4);
+        assert_eq!(lines, ["1:ab", "2:", "3:too long 6", "4:abcd", "5:xyz"]);
+        assert_eq!(end, None);
+        // A long line spanning many reads of a small buffer is still skipped whole.
+        let long = [b"a".repeat(100_000), b"\nok\n".to_vec()].concat();
+        let (lines, _) = all(&long, 1000);
+        assert_eq!(lines, ["1:too long 100000", "2:ok"]);
+        let mut reader = Lines::new(std::io::BufReader::with_capacity(7, &long[..]), 1000);
+        assert_eq!(reader.next_line().unwrap(), Some((1, Line::TooLong(100_000))));
+        assert!(reader.buf.capacity() < 4096, "a skipped line is not buffered: {}", reader.buf.capacity());
+        assert_eq!(reader.next_line().unwrap(), Some((2, Line::Bytes(b"ok"))));
+        assert_eq!(reader.next_line().unwrap(), None);
+    }
+
+    #[test]
+    fn dump_truncated_gzip_yields_whole_lines_then_says_where_it_ends() {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        for i in 0..2000 {
+            writeln!(enc, "line {i} {}", "x".repeat(i % 50)).unwrap();
+        }
+        let gz = enc.finish().unwrap();
+        let cut = &gz[..gz.len() / 2];
+        let decoder = std::io::BufReader::new(flate2::read::MultiGzDecoder::new(cut));
+        let mut reader = Lines::new(decoder, 1 << 20);
+        let mut n = 0;
+        let err = loop {
+            match reader.next_line() {
+                Ok(Some((i, Line::Bytes(b)))) => {
+                    n += 1;
+                    assert_eq!(i, n);
+                    assert!(b.starts_with(format!("line {} ", i - 1).as_bytes()), "{i}");
+                }
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => break e,
+            }
+        };
+        assert!(n > 100, "the whole lines before the cut are read: {n}");
+        assert_eq!((err.line, err.reason), (n + 1, "truncated"), "{err}");
+        assert_eq!(reader.next_line().unwrap(), None, "nothing after the end");
+    }
+
+    #[test]
+    fn dump_bad_lines_name_the_reason_never_the_contents() {
+        let secret = "123456789";
+        let cases: [(&[u8], &str); 5] = [
+            (b"{\"frames_hex\": [\"00\"], \"t\": \"123456789\"}", "json"),
+            (b"{\"frames_hex\": [\"0g\"]}", "frames_hex"),
+            (b"{\"t\": 1}", "json"),
+            (b"[123456789", "json"),
+            (b"{\"frames_hex\": [\"00\"], \"pod\": \"\xff123456789\"}", "not_utf8"),
+        ];
+        for (line, reason) in cases {
+            let bad = parse_line(line, 7).unwrap_err();
+            assert_eq!((bad.line, bad.reason), (7, reason), "{bad}");
+            assert!(!bad.detail.contains(secret), "{bad}");
+        }
+        assert_eq!(parse_line(b"{\"t\": 1}", 1).unwrap_err().detail, "missing field `frames_hex` at column 8");
+        assert_eq!(parse_line(b"  ", 1).unwrap(), None);
+        assert!(parse_line(b"{\"frames_hex\": [\"00ff\"]}", 1).unwrap().is_some());
     }
 }

@@ -8,8 +8,14 @@
 //!
 //! [`Offline::explain`] follows one prompt for one pod: after every batch of that pod, which of
 //! the prompt's blocks it holds; each change is attributed to the batch (seq, time) that made it.
+//!
+//! A dump is untrusted input, so what a replay holds besides the index is bounded: each
+//! recorded reply answers at most one replay (as it did live; a dump whose seq keeps going
+//! back asks for a replay from 0 on every line, and re-applying every reply each time was
+//! quadratic), the replies held wait within [`Limits::max_reply_bytes`], pod and model names
+//! within the service's bound, and `--explain`'s history within [`Limits::max_history`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use kvindex::sequencer::{Item, Sequencer, SequencerConfig, Step};
 use kvindex::wire::{self, dp_pod_id, parse_topic, ReplayReply};
@@ -17,6 +23,34 @@ use kvindex::{KvIndex, KvIndexConfig, ScoreQuery, ScoreResult};
 use serde::Serialize;
 
 use super::DumpRecord;
+use crate::config::pod as names;
+
+/// What a replay holds besides the index.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes of recorded replay replies held until a replay asks for them (each reply's payload
+    /// plus [`REPLY_OVERHEAD`]); replies past it are dropped and counted (a replay that needed
+    /// them fails: the pod is degraded, never guessed).
+    pub max_reply_bytes: u64,
+    /// Changes `--explain` keeps in its history (the most recent); each block's last change is
+    /// kept regardless.
+    pub max_history: usize,
+}
+
+/// What one held reply costs besides its payload (map entry, queue), so that many tiny replies
+/// are bounded too.
+pub const REPLY_OVERHEAD: u64 = 64;
+
+impl Limits {
+    pub const DEFAULT_MAX_REPLY_BYTES: u64 = 512 << 20;
+    pub const DEFAULT_MAX_HISTORY: usize = 10_000;
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_reply_bytes: Self::DEFAULT_MAX_REPLY_BYTES, max_history: Self::DEFAULT_MAX_HISTORY }
+    }
+}
 
 /// Where to stop: after a Unix time, or after a seq.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,6 +103,11 @@ pub struct Totals {
     pub live: u64,
     pub replay: u64,
     pub undecodable: u64,
+    /// Records whose pod or model name is over the service's bound or holds control
+    /// characters: skipped.
+    pub refused_names: u64,
+    /// Recorded replay replies not held: over `max_reply_bytes`.
+    pub replies_dropped: u64,
     pub first_t: Option<f64>,
     pub last_t: Option<f64>,
 }
@@ -97,14 +136,22 @@ struct Explain {
     model: String,
     tokens: Vec<u32>,
     held: Vec<bool>,
-    events: Vec<ExplainEvent>,
+    /// Each block's last change.
+    last: Vec<Option<ExplainEvent>>,
+    /// The most recent changes, at most `max_history`.
+    events: VecDeque<ExplainEvent>,
+    dropped: u64,
 }
 
 pub struct Offline {
     index: KvIndex,
     streams: BTreeMap<String, Stream>,
-    /// Recorded replay replies by pod: seq → payload.
-    replies: HashMap<String, BTreeMap<u64, Vec<u8>>>,
+    /// Recorded replay replies by pod: seq → payloads in dump order, each taken by the first
+    /// replay that asks for its seq (a restarted engine's replies of the same seqs wait behind
+    /// the earlier process's).
+    replies: HashMap<String, BTreeMap<u64, VecDeque<Vec<u8>>>>,
+    reply_bytes: u64,
+    limits: Limits,
     totals: Totals,
     start_t: Option<f64>,
     explain: Option<Explain>,
@@ -112,10 +159,16 @@ pub struct Offline {
 
 impl Offline {
     pub fn new(config: KvIndexConfig) -> Offline {
+        Offline::with_limits(config, Limits::default())
+    }
+
+    pub fn with_limits(config: KvIndexConfig, limits: Limits) -> Offline {
         Offline {
             index: KvIndex::new(config),
             streams: BTreeMap::new(),
             replies: HashMap::new(),
+            reply_bytes: 0,
+            limits,
             totals: Totals::default(),
             start_t: None,
             explain: None,
@@ -136,13 +189,25 @@ impl Offline {
 
     /// Follow `tokens` in `model` for `pod` (call before feeding records).
     pub fn explain(&mut self, pod: &str, model: &str, tokens: &[u32]) {
-        let held = vec![false; tokens.len() / self.index.block_size()];
+        let blocks = tokens.len() / self.index.block_size();
         let (pod, model, tokens) = (pod.to_string(), model.to_string(), tokens.to_vec());
-        self.explain = Some(Explain { pod, model, tokens, held, events: Vec::new() });
+        let (held, last) = (vec![false; blocks], vec![None; blocks]);
+        self.explain = Some(Explain { pod, model, tokens, held, last, events: Default::default(), dropped: 0 });
     }
 
-    pub fn explained(&self) -> &[ExplainEvent] {
-        self.explain.as_ref().map_or(&[], |e| &e.events)
+    /// The explained prompt's most recent changes (at most `max_history`), oldest first.
+    pub fn explained(&self) -> Vec<&ExplainEvent> {
+        self.explain.as_ref().map_or(Vec::new(), |e| e.events.iter().collect())
+    }
+
+    /// Each block of the explained prompt: its last change, if any.
+    pub fn explained_blocks(&self) -> &[Option<ExplainEvent>] {
+        self.explain.as_ref().map_or(&[], |e| &e.last)
+    }
+
+    /// Changes of the explained prompt left out of [`Offline::explained`] (older ones).
+    pub fn explained_dropped(&self) -> u64 {
+        self.explain.as_ref().map_or(0, |e| e.dropped)
     }
 
     /// Notes a recorded replay reply (call for every replay record before the live ones).
@@ -154,8 +219,23 @@ impl Offline {
             Some(parse_topic(topic).id.to_string())
         });
         let Some(pod) = pod else { return };
+        if names::name(&pod).is_err() {
+            self.totals.refused_names += 1;
+            return;
+        }
+        let size = msg.payload.len() as u64 + REPLY_OVERHEAD;
+        if self.reply_bytes.saturating_add(size) > self.limits.max_reply_bytes {
+            self.totals.replies_dropped += 1;
+            return;
+        }
         let rank = wire::decode_batch(msg.payload).ok().and_then(|b| b.data_parallel_rank);
-        self.replies.entry(dp_pod_id(&pod, rank)).or_default().insert(msg.seq, msg.payload.to_vec());
+        self.replies
+            .entry(dp_pod_id(&pod, rank))
+            .or_default()
+            .entry(msg.seq)
+            .or_default()
+            .push_back(msg.payload.to_vec());
+        self.reply_bytes += size;
     }
 
     /// Whether `record` lies beyond `until` (replay stops there).
@@ -196,6 +276,10 @@ impl Offline {
                 return;
             }
         };
+        if names::name(&base).is_err() || names::name(&model).is_err() {
+            self.totals.refused_names += 1;
+            return;
+        }
         let decoded = wire::decode_batch(raw.payload);
         let rank = decoded.as_ref().ok().and_then(|b| b.data_parallel_rank);
         if decoded.is_err() {
@@ -243,13 +327,11 @@ impl Offline {
                     self.note(pod, seq, t, reason.label());
                 }
                 Step::RequestReplay { id, from } => {
-                    // What the engine's buffer answered: the recorded replies from `from` on.
+                    // What the engine's buffer answered: the recorded replies from `from` on,
+                    // taken, so each answers one replay, as live (and the work is linear).
                     let mut out = Vec::new();
-                    let replies: Vec<(u64, Vec<u8>)> = self
-                        .replies
-                        .get(pod)
-                        .map(|r| r.range(from..).map(|(s, p)| (*s, p.clone())).collect())
-                        .unwrap_or_default();
+                    let replies = take_replies(self.replies.get_mut(pod), from);
+                    self.reply_bytes -= replies.iter().map(|(_, p)| p.len() as u64 + REPLY_OVERHEAD).sum::<u64>();
                     if replies.is_empty() {
                         stream.seq.on_replay_failed(id, false, now, &mut out);
                     } else {
@@ -289,7 +371,13 @@ impl Offline {
             if now != ex.held[i] {
                 ex.held[i] = now;
                 let change = if now { "stored" } else { "removed" };
-                ex.events.push(ExplainEvent { seq, t, block: i, change, cause: cause.to_string() });
+                let event = ExplainEvent { seq, t, block: i, change, cause: cause.to_string() };
+                ex.last[i] = Some(event.clone());
+                ex.events.push_back(event);
+                if ex.events.len() > self.limits.max_history {
+                    ex.events.pop_front();
+                    ex.dropped += 1;
+                }
             }
         }
     }
@@ -324,5 +412,47 @@ impl Offline {
 
     pub fn score(&self, model: &str, tokens: &[u32]) -> ScoreResult {
         self.index.score(&ScoreQuery { model, lora_name: None, cache_salt: None, token_ids: tokens, pods: None })
+    }
+}
+
+/// The first waiting reply of every seq from `from` on, taken out of `replies`. Every entry
+/// visited gives one up (emptied entries are removed), so all replays of a dump together cost
+/// what its replies number, however often a seq that keeps going back asks from 0.
+fn take_replies(replies: Option<&mut BTreeMap<u64, VecDeque<Vec<u8>>>>, from: u64) -> Vec<(u64, Vec<u8>)> {
+    let Some(replies) = replies else { return Vec::new() };
+    let mut taken = Vec::new();
+    let mut emptied = Vec::new();
+    for (seq, waiting) in replies.range_mut(from..) {
+        if let Some(payload) = waiting.pop_front() {
+            taken.push((*seq, payload));
+        }
+        if waiting.is_empty() {
+            emptied.push(*seq);
+        }
+    }
+    for seq in emptied {
+        replies.remove(&seq);
+    }
+    taken
+}
+
+#[cfg(test)]
+mod dump_offline_tests {
+    use std::collections::{BTreeMap, VecDeque};
+
+    use super::take_replies;
+
+    #[test]
+    fn dump_replies_answer_one_replay_each_in_recorded_order() {
+        let mut replies: BTreeMap<u64, VecDeque<Vec<u8>>> = BTreeMap::new();
+        for (seq, p) in [(0, 1), (1, 2), (0, 3), (5, 4)] {
+            replies.entry(seq).or_default().push_back(vec![p]);
+        }
+        assert_eq!(take_replies(Some(&mut replies), 1), [(1, vec![2]), (5, vec![4])]);
+        assert_eq!(take_replies(Some(&mut replies), 0), [(0, vec![1])]);
+        assert_eq!(take_replies(Some(&mut replies), 0), [(0, vec![3])]);
+        assert!(replies.is_empty(), "{replies:?}");
+        assert!(take_replies(Some(&mut replies), 0).is_empty());
+        assert!(take_replies(None, 0).is_empty());
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Subcommands: `serve` (the indexer service, `kvindex_server::run`), `record` / `replay` (KV-event
 //! dumps), `decode` (captured frames → normalized events) and `vllm-hash` (vLLM's own block hashes, for cross-checking an
-//! engine's configuration). Exit status 1 on any error, with one line on stderr.
+//! engine's configuration). Exit status 1 on any error, with one line on stderr; `replay` exits
+//! 2 when its dump ends early (truncated or corrupt), after reporting every whole line before.
 
 mod decode;
 mod record;
@@ -36,6 +37,10 @@ enum Command {
     /// Run the sources like `serve`, appending every message (with token ids) to a dump.
     Record(Box<record::RecordArgs>),
     /// Rebuild an index offline from a dump: statistics, scores, explain, read-only gRPC.
+    ///
+    /// Bad lines (too long, not UTF-8, not a record) are counted and named in the report and
+    /// skipped. Exit status: 0 when the dump was read to its end, 2 when it ends early (a
+    /// truncated or corrupt gzip; the report covers every whole line before), 1 on an error.
     Replay(Box<replay::ReplayArgs>),
 }
 
@@ -64,9 +69,15 @@ fn main() -> ExitCode {
             Err(e) => fail("kvindex record", &e),
         };
     }
+    if let Command::Replay(args) = &cli.command {
+        return match replay::run(args) {
+            Ok(replay::Outcome::Complete) => ExitCode::SUCCESS,
+            Ok(replay::Outcome::EndedEarly) => ExitCode::from(2),
+            Err(e) => fail("kvindex", &e.context("replay")),
+        };
+    }
     let result = match cli.command {
-        Command::Serve(_) | Command::Record(_) => unreachable!("handled above"),
-        Command::Replay(args) => replay::run(&args).context("replay"),
+        Command::Serve(_) | Command::Record(_) | Command::Replay(_) => unreachable!("handled above"),
         Command::Decode => {
             decode::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock())).context("decode")
         }

@@ -2,17 +2,21 @@
 //! vectors) rebuilt into an index offline through the live path's core, then reported on:
 //! per-source statistics, scores (`--score`), one prompt's history for one pod (`--explain`),
 //! and optionally served read-only over the gRPC API (`--grpc-addr`).
+//!
+//! A dump may be hostile or damaged: it is streamed a bounded line at a time, a bad line is
+//! counted and named (number and reason, never contents) and the run goes on, and a stream
+//! that ends early still reports every whole line before it, with exit status 2.
 
-use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
 
 use kvindex::KvIndexConfig;
-use kvindex_server::dump::offline::{Offline, Until};
-use kvindex_server::dump::{self, parse_line};
+use kvindex_server::dump::offline::{Limits, Offline, Until};
+use kvindex_server::dump::{self, parse_line, BadLine, BadLines, Line, Lines, ReadError};
 
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
@@ -39,6 +43,71 @@ pub struct ReplayArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Longest line read; a longer one is skipped (never held whole) and counted as a bad line.
+    #[arg(long, default_value_t = dump::DEFAULT_MAX_LINE_BYTES)]
+    pub max_line_bytes: usize,
+    /// Bytes of recorded replay replies held for the replays the sequencers ask for (payload
+    /// plus 64 per reply); replies past it are dropped and counted (`replies_dropped`): a replay
+    /// that needed one fails, and its pod is degraded, never guessed.
+    #[arg(long, default_value_t = Limits::DEFAULT_MAX_REPLY_BYTES)]
+    pub max_reply_bytes: u64,
+}
+
+/// How a replay went. Exit status: 0 when the dump was read to its end (bad lines, if any,
+/// are counted in the report and summed up on stderr), 2 when it ends early (a truncated or
+/// corrupt gzip: the report covers every whole line before that point), 1 when it cannot be
+/// replayed at all (missing file, bad arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Complete,
+    EndedEarly,
+}
+
+/// What reading the dump came to: its bad lines and where it ended.
+#[derive(Debug, Default)]
+pub struct Reading {
+    pub lines: u64,
+    pub bad: BadLines,
+    pub ended_early: Option<ReadError>,
+}
+
+/// Reads `path` line by line, calling `each` with every parsed record until it returns false;
+/// `on_bad` gets the lines that are not records.
+fn read_dump(
+    path: &Path,
+    max_line_bytes: usize,
+    mut progress: impl FnMut(u64),
+    mut on_bad: impl FnMut(BadLine),
+    mut each: impl FnMut(&dump::DumpRecord, &[Vec<u8>]) -> bool,
+) -> anyhow::Result<(u64, Option<ReadError>)> {
+    let mut lines = Lines::new(dump::open(path)?, max_line_bytes);
+    loop {
+        let (number, line) = match lines.next_line() {
+            Ok(Some(line)) => line,
+            Ok(None) => return Ok((lines.number(), None)),
+            Err(e) => return Ok((lines.number(), Some(e))),
+        };
+        let parsed = match line {
+            Line::TooLong(len) => Err(BadLine {
+                line: number,
+                reason: "too_long",
+                detail: format!("{len} bytes, over --max-line-bytes {max_line_bytes}"),
+            }),
+            Line::Bytes(bytes) => parse_line(bytes, number),
+        };
+        match parsed {
+            Ok(Some((record, frames))) => {
+                if !each(&record, &frames) {
+                    return Ok((number, None));
+                }
+            }
+            Ok(None) => {}
+            Err(bad) => on_bad(bad),
+        }
+        if number % 4096 == 0 {
+            progress(lines.bytes());
+        }
+    }
 }
 
 fn query(spec: &str) -> anyhow::Result<(String, Vec<u32>)> {
@@ -52,9 +121,11 @@ fn query(spec: &str) -> anyhow::Result<(String, Vec<u32>)> {
 }
 
 /// Rebuilds the index from `args.file`.
-pub fn rebuild(args: &ReplayArgs) -> anyhow::Result<(Offline, Vec<String>)> {
+pub fn rebuild(args: &ReplayArgs) -> anyhow::Result<(Offline, Reading)> {
     anyhow::ensure!(args.block_size > 0, "--block-size must be positive");
-    let mut offline = Offline::new(KvIndexConfig { block_size: args.block_size, ..Default::default() });
+    anyhow::ensure!(args.max_line_bytes > 0, "--max-line-bytes must be positive");
+    let limits = Limits { max_reply_bytes: args.max_reply_bytes, ..Default::default() };
+    let mut offline = Offline::with_limits(KvIndexConfig { block_size: args.block_size, ..Default::default() }, limits);
     if let (Some(spec), Some(pod)) = (&args.explain, &args.pod) {
         let (model, tokens) = query(spec)?;
         offline.explain(pod, &model, &tokens);
@@ -68,42 +139,42 @@ pub fn rebuild(args: &ReplayArgs) -> anyhow::Result<(Offline, Vec<String>)> {
         )?)
     };
     // Pass 1: the recorded replay replies, which answer the replays the sequencers ask for.
-    let mut errors = Vec::new();
-    for (number, line) in dump::open(&args.file)?.lines().enumerate() {
-        let line = line.with_context(|| format!("{}: line {}", args.file.display(), number + 1))?;
-        if let Ok(Some((record, frames))) = parse_line(&line, number as u64 + 1) {
-            if args.until.is_some_and(|u| Offline::beyond(&record, &frames, u)) {
-                break;
+    let until = args.until;
+    read_dump(
+        &args.file,
+        args.max_line_bytes,
+        |_| {},
+        |_| {},
+        |record, frames| {
+            if until.is_some_and(|u| Offline::beyond(record, frames, u)) {
+                return false;
             }
             if record.is_replay() {
-                offline.add_reply(&record, &frames);
+                offline.add_reply(record, frames);
             }
-        }
-    }
+            true
+        },
+    )?;
     // Pass 2: every message in order, through the live path.
-    let mut read = 0u64;
-    for (number, line) in dump::open(&args.file)?.lines().enumerate() {
-        let line = line.with_context(|| format!("{}: line {}", args.file.display(), number + 1))?;
-        read += line.len() as u64 + 1;
-        if number % 4096 == 0 {
-            bar.set_position(read.min(size));
-        }
-        match parse_line(&line, number as u64 + 1) {
-            Ok(Some((record, frames))) => {
-                if args.until.is_some_and(|u| Offline::beyond(&record, &frames, u)) {
-                    break;
-                }
-                offline.feed(&record, &frames);
+    let mut bad = BadLines::default();
+    let (lines, ended_early) = read_dump(
+        &args.file,
+        args.max_line_bytes,
+        |read| bar.set_position(read.min(size)),
+        |line| bad.add(line),
+        |record, frames| {
+            if until.is_some_and(|u| Offline::beyond(record, frames, u)) {
+                return false;
             }
-            Ok(None) => {}
-            Err(e) => errors.push(e.to_string()),
-        }
-    }
+            offline.feed(record, frames);
+            true
+        },
+    )?;
     bar.finish_and_clear();
-    Ok((offline, errors))
+    Ok((offline, Reading { lines, bad, ended_early }))
 }
 
-pub fn report(offline: &Offline, errors: &[String], args: &ReplayArgs) -> anyhow::Result<Value> {
+pub fn report(offline: &Offline, reading: &Reading, args: &ReplayArgs) -> anyhow::Result<Value> {
     let mut scores = Vec::new();
     for spec in &args.score {
         let (model, tokens) = query(spec)?;
@@ -120,9 +191,17 @@ pub fn report(offline: &Offline, errors: &[String], args: &ReplayArgs) -> anyhow
         scores.push(json!({"model": model, "total_blocks": r.total_blocks, "matches": matches}));
     }
     let table = offline.index().table();
+    let input = match &reading.ended_early {
+        None => json!({"complete": true, "lines": reading.lines}),
+        Some(e) => json!({"complete": false, "lines": reading.lines, "ended_at_line": e.line,
+                          "reason": e.reason, "detail": e.source.to_string()}),
+    };
     let mut out = json!({
+        "input": input,
         "totals": offline.totals(),
-        "bad_lines": errors.len(),
+        "bad_lines": reading.bad.count,
+        "bad_line_reasons": reading.bad.by_reason,
+        "bad_line_samples": reading.bad.first,
         "index": {"entries": table.entries(), "keys": table.keys()},
         "sources": offline.stream_stats(),
         "scores": scores,
@@ -130,8 +209,8 @@ pub fn report(offline: &Offline, errors: &[String], args: &ReplayArgs) -> anyhow
     if let Some(pod) = &args.pod {
         out["explain"] = explain(offline, pod);
     }
-    if let Some(first) = errors.first() {
-        out["first_bad_line"] = json!(first);
+    if let Some(first) = reading.bad.first.first() {
+        out["first_bad_line"] = json!(first.to_string());
     }
     Ok(out)
 }
@@ -139,14 +218,10 @@ pub fn report(offline: &Offline, errors: &[String], args: &ReplayArgs) -> anyhow
 /// The explained prompt: how far the pod's run reaches now, where it breaks, and every change.
 fn explain(offline: &Offline, pod: &str) -> Value {
     let events = offline.explained();
-    let mut held: Vec<Option<&kvindex_server::dump::offline::ExplainEvent>> = Vec::new();
-    for e in events {
-        if held.len() <= e.block {
-            held.resize(e.block + 1, None);
-        }
-        held[e.block] = Some(e);
-    }
-    let matched = held.iter().take_while(|e| e.is_some_and(|e| e.change == "stored")).count();
+    // Blocks up to the last one that ever changed (one that never did was never held).
+    let all = offline.explained_blocks();
+    let held = &all[..all.iter().rposition(Option::is_some).map_or(0, |i| i + 1)];
+    let matched = held.iter().take_while(|e| e.as_ref().is_some_and(|e| e.change == "stored")).count();
     let blocks: Vec<Value> = held
         .iter()
         .enumerate()
@@ -155,18 +230,49 @@ fn explain(offline: &Offline, pod: &str) -> Value {
             None => json!({"block": i, "held": false, "last_change": null}),
         })
         .collect();
-    json!({"pod": pod, "matched_blocks": matched, "breaks_at": matched, "blocks": blocks, "history": events})
+    json!({"pod": pod, "matched_blocks": matched, "breaks_at": matched, "blocks": blocks, "history": events,
+           "history_dropped": offline.explained_dropped()})
 }
 
-pub fn run(args: &ReplayArgs) -> anyhow::Result<()> {
-    let (offline, errors) = rebuild(args)?;
-    let report = report(&offline, &errors, args)?;
+/// The stderr lines of a replay that read its dump with trouble (none when it went cleanly).
+fn warnings(file: &Path, reading: &Reading) -> Vec<String> {
+    let mut lines = Vec::new();
+    let file = file.display();
+    if reading.bad.count > 0 {
+        let reasons: Vec<String> = reading.bad.by_reason.iter().map(|(r, n)| format!("{r}: {n}")).collect();
+        let first = reading.bad.first.first().map(ToString::to_string).unwrap_or_default();
+        lines.push(format!(
+            "kvindex replay: warning: {file}: {} bad lines skipped ({}); first: {first}",
+            reading.bad.count,
+            reasons.join(", ")
+        ));
+    }
+    if let Some(e) = &reading.ended_early {
+        lines.push(format!(
+            "kvindex replay: {file}: input ends early at line {} ({}: {}); the report covers lines 1-{}",
+            e.line,
+            e.reason,
+            e.source,
+            e.line - 1
+        ));
+    }
+    lines
+}
+
+pub fn run(args: &ReplayArgs) -> anyhow::Result<Outcome> {
+    let (offline, reading) = rebuild(args)?;
+    let report = report(&offline, &reading, args)?;
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, &report)?;
     writeln!(out)?;
+    out.flush()?;
     drop(out);
+    for line in warnings(&args.file, &reading) {
+        eprintln!("{line}");
+    }
+    let outcome = if reading.ended_early.is_some() { Outcome::EndedEarly } else { Outcome::Complete };
     if let Some(addr) = &args.grpc_addr {
         crate::serve_read_only(offline, addr)?;
     }
-    Ok(())
+    Ok(outcome)
 }
