@@ -24,7 +24,7 @@ pub mod template_env;
 
 pub use chat_request::ChatRequest;
 pub use error::{Result, TokenizerError};
-pub use loaded_model::{LoadedModel, TokenizedText};
+pub use loaded_model::{Bounded, LoadedModel, TokenizedText};
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
 pub use registry::TokenizerRegistry;
 pub use registry_config::RegistryConfig;
