@@ -128,6 +128,9 @@ pub struct ServeArgs {
     /// Longest prompt accepted, in tokens (after tokenization).
     #[arg(long, default_value_t = 262_144)]
     pub max_prompt_tokens: usize,
+    /// Most messages in one chat request (400 past it, before any template or tokenizer runs).
+    #[arg(long, default_value_t = 4096)]
+    pub max_messages: usize,
     /// Further pods tried when a pod fails before sending any response byte.
     #[arg(long, default_value_t = 2)]
     pub upstream_retries: usize,
@@ -286,6 +289,7 @@ pub struct Config {
     pub load_stale_after: Duration,
     pub max_body_bytes: usize,
     pub max_prompt_tokens: usize,
+    pub max_messages: usize,
     pub upstream_retries: usize,
     pub upstream_connect_timeout: Duration,
     pub speculative_ttl: Duration,
@@ -531,6 +535,9 @@ impl ServeArgs {
         if self.max_prompt_tokens == 0 {
             return Err(err("--max-prompt-tokens", "must be at least 1"));
         }
+        if self.max_messages == 0 {
+            return Err(err("--max-messages", "must be at least 1"));
+        }
         let score_deadline = positive_ms("--score-deadline-ms", self.score_deadline_ms)?;
         let client_chat_templates = self.client_templates.limits().map_err(|(flag, message)| err(flag, message))?;
         let policy = match self.policy {
@@ -569,6 +576,7 @@ impl ServeArgs {
             load_stale_after: positive_ms("--load-stale-after-ms", self.load_stale_after_ms)?,
             max_body_bytes: self.max_body_bytes,
             max_prompt_tokens: self.max_prompt_tokens,
+            max_messages: self.max_messages,
             upstream_retries: self.upstream_retries,
             upstream_connect_timeout: positive_ms("--upstream-connect-timeout-ms", self.upstream_connect_timeout_ms)?,
             speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),

@@ -9,6 +9,7 @@ pub const ROUTE_SECONDS: &str = "kvindex_router_route_seconds";
 pub const SCORE_ATTEMPTS: &str = "kvindex_router_score_attempts_total";
 pub const FAIL_OPEN: &str = "kvindex_router_fail_open_total";
 pub const TOKENIZE: &str = "kvindex_router_tokenize_total";
+pub const TOKENS_TOKENIZED: &str = "kvindex_router_tokens_tokenized_total";
 pub const PICKS: &str = "kvindex_router_picks_total";
 pub const PROMPT_BLOCKS: &str = "kvindex_router_prompt_blocks_total";
 pub const CACHED_BLOCKS: &str = "kvindex_router_predicted_cached_blocks_total";
@@ -67,6 +68,10 @@ fn describe() {
     describe_counter!(SCORE_ATTEMPTS, "ScoreTokens calls by indexer endpoint and outcome");
     describe_counter!(FAIL_OPEN, "Requests placed by load only, by reason");
     describe_counter!(TOKENIZE, "Prompt tokenizations by where and outcome");
+    describe_counter!(
+        TOKENS_TOKENIZED,
+        "Tokens the router's tokenizers produced for prompts (counted up to where tokenization stopped)"
+    );
     describe_counter!(PICKS, "Requests sent to each pod, by role");
     describe_counter!(PROMPT_BLOCKS, "Full prompt blocks of routed requests");
     describe_counter!(CACHED_BLOCKS, "Prompt blocks the chosen pod was predicted to hold, by kind");

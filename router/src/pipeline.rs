@@ -30,6 +30,14 @@ pub enum RouteError {
     InvalidPrompt(String),
     #[error("the prompt has {tokens} tokens, more than the maximum of {max}")]
     PromptTooLong { tokens: usize, max: usize },
+    /// Tokenization stopped once the count passed the limit.
+    #[error("the prompt has more than the maximum of {max} tokens ({counted} counted before tokenization stopped)")]
+    PromptOverLimit { counted: usize, max: usize },
+    /// Refused before tokenizing: more text than `max` tokens can hold (see [`MAX_PROMPT_BYTES_PER_TOKEN`]).
+    #[error("the prompt has {bytes} bytes of text, more than the maximum of {max} tokens can hold")]
+    PromptTooManyBytes { bytes: usize, max: usize },
+    #[error("the chat has {count} messages, more than the maximum of {max}")]
+    TooManyMessages { count: usize, max: usize },
     #[error("no pods are available")]
     NoPods,
     #[error("none of the allowed pods is known to this router")]
@@ -47,7 +55,10 @@ impl RouteError {
         match self {
             RouteError::UnknownModel(_) => "unknown_model",
             RouteError::InvalidPrompt(_) => "invalid_prompt",
-            RouteError::PromptTooLong { .. } => "prompt_too_long",
+            RouteError::PromptTooLong { .. }
+            | RouteError::PromptOverLimit { .. }
+            | RouteError::PromptTooManyBytes { .. } => "prompt_too_long",
+            RouteError::TooManyMessages { .. } => "too_many_messages",
             RouteError::NoPods => "no_pods",
             RouteError::NoEligiblePods => "no_eligible_pods",
             RouteError::ClientTemplateDisabled => "client_chat_template_disabled",
@@ -63,6 +74,8 @@ pub struct RouterSettings {
     pub load_band: f64,
     pub block_size: usize,
     pub max_prompt_tokens: usize,
+    /// Most chat messages in one request.
+    pub max_messages: usize,
     /// RecordRoute's TTL; zero = RecordRoute off.
     pub speculative_ttl: Duration,
     pub record_route_timeout: Duration,
@@ -84,6 +97,7 @@ impl RouterSettings {
             load_band: config.load_band,
             block_size: config.block_size,
             max_prompt_tokens: config.max_prompt_tokens,
+            max_messages: config.max_messages,
             speculative_ttl: config.speculative_ttl,
             record_route_timeout: config.record_route_timeout,
             indexer_admin_token: config.indexer_admin_token.clone(),
@@ -106,6 +120,44 @@ pub struct Router {
     /// Whether a RecordRoute refused for its token was logged already (once is enough: every
     /// pick would log it).
     denied_logged: Arc<AtomicBool>,
+}
+
+/// A prompt whose text has more than `--max-prompt-tokens` × this many bytes is refused before
+/// tokenizing (400 `context_length_exceeded`): it cannot fit unless its tokens average more than
+/// 16 bytes, which only long runs of one character come near (the byte cap derived from the
+/// token limit, documented in router/README.md). Chats count the bytes of every string in their
+/// messages, tools and documents.
+pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 16;
+
+/// Bytes of text in a JSON value: the sum of its strings' (keys included) lengths.
+fn text_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => s.len(),
+        Value::Array(items) => items.iter().map(text_bytes).sum(),
+        Value::Object(map) => map.iter().map(|(k, v)| k.len() + text_bytes(v)).sum(),
+        _ => 0,
+    }
+}
+
+/// The checks that need no tokenizer: the message count and the text byte cap.
+fn check_size(s: &RouterSettings, prompt: &Prompt) -> Result<(), RouteError> {
+    let bytes = match prompt {
+        Prompt::Tokens(_) => return Ok(()),
+        Prompt::Text(text) => text.len(),
+        Prompt::Chat(chat) => {
+            if chat.messages.len() > s.max_messages {
+                return Err(RouteError::TooManyMessages { count: chat.messages.len(), max: s.max_messages });
+            }
+            let lists = [&chat.tools, &chat.documents];
+            chat.messages.iter().map(text_bytes).sum::<usize>()
+                + lists.iter().copied().flatten().flatten().map(text_bytes).sum::<usize>()
+        }
+    };
+    if bytes > s.max_prompt_tokens.saturating_mul(MAX_PROMPT_BYTES_PER_TOKEN) {
+        return Err(RouteError::PromptTooManyBytes { bytes, max: s.max_prompt_tokens });
+    }
+    Ok(())
 }
 
 /// Most RecordRoute calls in flight at once; past it a pick is not recorded (counted).
@@ -202,17 +254,19 @@ impl Router {
         };
         let namespace = lora_name.as_deref().unwrap_or(&base_model).to_string();
 
-        let tokens = match self.tokenizers.tokenize(&base_model, &request.prompt).await {
+        check_size(s, &request.prompt)?;
+        let tokens = match self.tokenizers.tokenize(&base_model, &request.prompt, s.max_prompt_tokens).await {
             Ok(tokens) => tokens,
             Err(TokenizeError::UnknownModel(m)) => return Err(RouteError::UnknownModel(m)),
             Err(TokenizeError::Invalid(message)) => return Err(RouteError::InvalidPrompt(message)),
+            Err(TokenizeError::OverLimit { counted, max }) => {
+                return Err(match &request.prompt {
+                    Prompt::Tokens(_) => RouteError::PromptTooLong { tokens: counted, max },
+                    _ => RouteError::PromptOverLimit { counted, max },
+                })
+            }
         };
         let tokenized = Instant::now();
-        if let Ok(ids) = &tokens {
-            if ids.len() > s.max_prompt_tokens {
-                return Err(RouteError::PromptTooLong { tokens: ids.len(), max: s.max_prompt_tokens });
-            }
-        }
 
         let pods: Vec<Arc<Pod>> = match &request.subset {
             None => self.fleet.snapshot(),

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvindex_proto::tokenization as tok;
-use kvindex_tokenizer::{ChatRequest, ClientTemplates, RegistryConfig, Sandbox, SandboxLimits, TokenizerRegistry};
+use kvindex_tokenizer::{
+    Bounded, ChatRequest, ClientTemplates, RegistryConfig, Sandbox, SandboxLimits, TokenizerRegistry,
+};
 use serde_json::Value;
 use tok::tokenization_service_client::TokenizationServiceClient;
 use tonic::transport::Channel;
@@ -49,6 +51,9 @@ pub enum TokenizeError {
     /// which goes back to its own sender only, never to logs).
     #[error("{0}")]
     Invalid(String),
+    /// More tokens than the limit: `counted` (over it) were counted when tokenization stopped.
+    #[error("the prompt has more than {max} tokens ({counted} counted before tokenization stopped)")]
+    OverLimit { counted: usize, max: usize },
 }
 
 /// Where tokens come from, per model.
@@ -144,27 +149,42 @@ impl Tokenizers {
         .map_err(|e| format!("tokenizer preload: {e}"))?
     }
 
-    /// Token ids of `prompt` for `model`, or why there are none.
-    pub async fn tokenize(&self, model: &str, prompt: &Prompt) -> Result<Result<Vec<u32>, Unavailable>, TokenizeError> {
-        if let Prompt::Tokens(ids) = prompt {
-            metrics::counter!(m::TOKENIZE, "where" => "ids", "outcome" => "ok").increment(1);
-            return Ok(Ok(ids.clone()));
-        }
-        let (place, result) = if let Some(registry) = self.local.as_ref().filter(|_| self.local_models.contains(model))
-        {
-            ("local", local(registry.clone(), model, prompt).await)
+    /// Token ids of `prompt` for `model`, or why there are none. More than `max_tokens` is
+    /// [`TokenizeError::OverLimit`]; the in-process tokenizer stops counting soon past the limit
+    /// (at the first cut point past it, see `kvindex_tokenizer::LoadedModel::ids_within`)
+    /// instead of tokenizing the whole prompt first.
+    pub async fn tokenize(
+        &self,
+        model: &str,
+        prompt: &Prompt,
+        max_tokens: usize,
+    ) -> Result<Result<Vec<u32>, Unavailable>, TokenizeError> {
+        let (place, result) = if let Prompt::Tokens(ids) = prompt {
+            ("ids", Ok(Ok(ids.clone())))
+        } else if let Some(registry) = self.local.as_ref().filter(|_| self.local_models.contains(model)) {
+            ("local", local(registry.clone(), model, prompt, max_tokens).await)
         } else if let Some(client) = &self.remote {
             ("remote", remote(client.clone(), model, prompt).await)
         } else {
             ("none", Ok(Err(Unavailable::NoTokenizer)))
         };
-        let outcome = match &result {
-            Ok(Ok(_)) => "ok",
-            Ok(Err(u)) => u.label(),
-            Err(TokenizeError::UnknownModel(_)) => "unknown_model",
-            Err(TokenizeError::Invalid(_)) => "invalid",
+        let result = match result {
+            Ok(Ok(ids)) if ids.len() > max_tokens => {
+                Err(TokenizeError::OverLimit { counted: ids.len(), max: max_tokens })
+            }
+            other => other,
+        };
+        let (outcome, counted) = match &result {
+            Ok(Ok(ids)) => ("ok", ids.len()),
+            Ok(Err(u)) => (u.label(), 0),
+            Err(TokenizeError::UnknownModel(_)) => ("unknown_model", 0),
+            Err(TokenizeError::Invalid(_)) => ("invalid", 0),
+            Err(TokenizeError::OverLimit { counted, .. }) => ("over_limit", *counted),
         };
         metrics::counter!(m::TOKENIZE, "where" => place, "outcome" => outcome).increment(1);
+        if place != "ids" {
+            metrics::counter!(m::TOKENS_TOKENIZED, "where" => place).increment(counted as u64);
+        }
         result
     }
 }
@@ -173,17 +193,19 @@ async fn local(
     registry: Arc<TokenizerRegistry>,
     model: &str,
     prompt: &Prompt,
+    max_tokens: usize,
 ) -> Result<Result<Vec<u32>, Unavailable>, TokenizeError> {
     let (model, prompt) = (model.to_string(), prompt.clone());
     let joined = tokio::task::spawn_blocking(move || match &prompt {
-        Prompt::Text(text) => registry.render_completion(&model, text),
-        Prompt::Chat(chat) => registry.render_chat(&model, chat),
-        Prompt::Tokens(ids) => Ok(ids.clone()),
+        Prompt::Text(text) => registry.render_completion_within(&model, text, max_tokens),
+        Prompt::Chat(chat) => registry.render_chat_within(&model, chat, max_tokens),
+        Prompt::Tokens(ids) => Ok(Bounded::Ids(ids.clone())),
     })
     .await;
     match joined {
         Err(_) => Ok(Err(Unavailable::TokenizerFailed)),
-        Ok(Ok(ids)) => Ok(Ok(ids)),
+        Ok(Ok(Bounded::Ids(ids))) => Ok(Ok(ids)),
+        Ok(Ok(Bounded::OverLimit { counted })) => Err(TokenizeError::OverLimit { counted, max: max_tokens }),
         Ok(Err(e)) if e.is_client_error() => Err(TokenizeError::Invalid(e.to_string())),
         Ok(Err(e)) => {
             tracing::warn!(error = %e.log_summary(), "in-process tokenizer failed; placing by load");

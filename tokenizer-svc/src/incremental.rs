@@ -329,8 +329,22 @@ impl CutContext<'_> {
     }
 }
 
+/// What [`encode`] made of a text.
+pub(crate) enum Encoded {
+    Done(TokenizedText),
+    /// The text has more than the limit's tokens: segments were tokenized (exactly, by the
+    /// claim) until the running count passed it, and the rest was not tokenized. `counted` is
+    /// a lower bound on the text's tokens (the frame included).
+    OverLimit {
+        counted: usize,
+    },
+}
+
 /// Tokenizes `text` reusing cached prefixes, or `None` when the text cannot be cut (the caller
-/// then tokenizes in full and counts a bypass).
+/// then tokenizes in full and counts a bypass). With `limit`, stops at the first cut point past
+/// `limit` tokens: the ids up to a cut point are the whole text's first ids, so the count there
+/// is exact and the text is over the limit whatever follows.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn encode(
     plan: &CutPlan,
     tokenizer: &Tokenizer,
@@ -339,7 +353,8 @@ pub(crate) fn encode(
     text: &str,
     add_special_tokens: bool,
     with_offsets: bool,
-) -> tokenizers::Result<Option<TokenizedText>> {
+    limit: Option<usize>,
+) -> tokenizers::Result<Option<Encoded>> {
     if !cache.enabled() || (with_offsets && !plan.frame.offsets_exact) {
         return Ok(None);
     }
@@ -385,6 +400,11 @@ pub(crate) fn encode(
         }
     }
     let reused = out.ids.len();
+    let frame_len = if add_special_tokens { plan.frame.prefix.len() + plan.frame.suffix.len() } else { 0 };
+    let over = |n: usize| limit.is_some_and(|limit| n + frame_len > limit);
+    if over(reused) {
+        return Ok(Some(Encoded::OverLimit { counted: reused + frame_len }));
+    }
 
     let cuts = if candidates.iter().any(|&(start, _)| start >= at) {
         plan.cuts_after(tokenizer, text, lead.map_or(at, |(m_start, _)| m_start), at)
@@ -413,6 +433,13 @@ pub(crate) fn encode(
         };
         let base = at_chars as u32;
         out.ids.extend_from_slice(&segment.ids);
+        if over(out.ids.len()) {
+            match &hit {
+                Some(_) => cache.record_hit(reused, out.ids.len() - reused),
+                None => cache.record_miss(out.ids.len() - reused),
+            }
+            return Ok(Some(Encoded::OverLimit { counted: out.ids.len() + frame_len }));
+        }
         if with_offsets {
             out.offsets.extend(segment.offsets.iter().map(|&(s, e)| (s + base, e + base)));
             at_chars += text[at..end].chars().count();
@@ -451,7 +478,7 @@ pub(crate) fn encode(
             cache.store(new_nodes, &[]);
         }
     }
-    Ok(Some(if add_special_tokens { plan.frame.wrap(out, with_offsets) } else { out }))
+    Ok(Some(Encoded::Done(if add_special_tokens { plan.frame.wrap(out, with_offsets) } else { out })))
 }
 
 /// Ids (and offsets relative to `start`, in characters) of `text[start..end]`, tokenized behind

@@ -26,7 +26,7 @@ pub mod template_env;
 pub use chat_request::ChatRequest;
 pub use client_template::{ClientTemplates, Sandbox, SandboxLimits};
 pub use error::{Result, TokenizerError};
-pub use loaded_model::{LoadedModel, TokenizedText};
+pub use loaded_model::{Bounded, LoadedModel, TokenizedText};
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};
 pub use registry::TokenizerRegistry;
 pub use registry_config::RegistryConfig;

@@ -13,7 +13,7 @@ use crate::chat_render::{render_chat, render_chat_with};
 use crate::chat_request::ChatRequest;
 use crate::client_template::{self, ClientTemplates};
 use crate::error::{Result, TokenizerError};
-use crate::incremental::{self, CutPlan};
+use crate::incremental::{self, CutPlan, Encoded};
 use crate::model_files::{ModelDir, NamedTemplate, TokenizerConfig};
 use crate::prefix_cache::PrefixCache;
 use crate::template_env::ChatTemplate;
@@ -23,6 +23,17 @@ use crate::template_env::ChatTemplate;
 pub struct TokenizedText {
     pub ids: Vec<u32>,
     pub offsets: Vec<(u32, u32)>,
+}
+
+/// Ids of a text tokenized against a token limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bounded {
+    /// The text's ids, at most the limit.
+    Ids(Vec<u32>),
+    /// The text has more tokens than the limit; `counted` of them (more than the limit) were
+    /// counted before tokenization stopped (at the first cut point past the limit, or the whole
+    /// text when it has none).
+    OverLimit { counted: usize },
 }
 
 /// A loaded model. Cheap to share behind an `Arc`; all methods take `&self`.
@@ -148,7 +159,7 @@ impl LoadedModel {
     /// Like [`Self::tokenize`] (same ids and offsets), reusing prefixes stored in `cache` and
     /// storing this text's (see [`crate::incremental`]).
     pub fn tokenize_reusing(&self, cache: &PrefixCache, text: &str, add_special_tokens: bool) -> Result<TokenizedText> {
-        if let Some(done) = self.incremental(cache, text, add_special_tokens, true)? {
+        if let Some(Encoded::Done(done)) = self.incremental(cache, text, add_special_tokens, true, None)? {
             return Ok(done);
         }
         let full = self.tokenize(text, add_special_tokens)?;
@@ -158,12 +169,34 @@ impl LoadedModel {
 
     /// The ids of [`Self::tokenize_reusing`], without computing offsets.
     pub fn ids_reusing(&self, cache: &PrefixCache, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        if let Some(done) = self.incremental(cache, text, add_special_tokens, false)? {
+        if let Some(Encoded::Done(done)) = self.incremental(cache, text, add_special_tokens, false, None)? {
             return Ok(done.ids);
         }
         let ids = self.full_ids(text, add_special_tokens)?;
         cache.record_bypass(ids.len());
         Ok(ids)
+    }
+
+    /// The ids of [`Self::ids_reusing`] when there are at most `limit`; past it, tokenization
+    /// stops at the first cut point past the limit (a text without cut points is tokenized in
+    /// full and then compared).
+    pub fn ids_within(
+        &self,
+        cache: &PrefixCache,
+        text: &str,
+        add_special_tokens: bool,
+        limit: usize,
+    ) -> Result<Bounded> {
+        let ids = match self.incremental(cache, text, add_special_tokens, false, Some(limit))? {
+            Some(Encoded::Done(done)) => done.ids,
+            Some(Encoded::OverLimit { counted }) => return Ok(Bounded::OverLimit { counted }),
+            None => {
+                let ids = self.full_ids(text, add_special_tokens)?;
+                cache.record_bypass(ids.len());
+                ids
+            }
+        };
+        Ok(if ids.len() > limit { Bounded::OverLimit { counted: ids.len() } } else { Bounded::Ids(ids) })
     }
 
     fn incremental(
@@ -172,11 +205,12 @@ impl LoadedModel {
         text: &str,
         add_special_tokens: bool,
         with_offsets: bool,
-    ) -> Result<Option<TokenizedText>> {
+        limit: Option<usize>,
+    ) -> Result<Option<Encoded>> {
         let Ok(plan) = &self.cuts else {
             return Ok(None);
         };
-        incremental::encode(plan, &self.tokenizer, cache, self.instance, text, add_special_tokens, with_offsets)
+        incremental::encode(plan, &self.tokenizer, cache, self.instance, text, add_special_tokens, with_offsets, limit)
             .map_err(|e| self.encode_error(e))
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::chat_request::ChatRequest;
 use crate::error::{Result, TokenizerError};
-use crate::loaded_model::{LoadedModel, TokenizedText};
+use crate::loaded_model::{Bounded, LoadedModel, TokenizedText};
 use crate::model_cache::ModelCache;
 use crate::prefix_cache::{PrefixCache, PrefixCacheStats};
 use crate::registry_config::RegistryConfig;
@@ -94,6 +94,19 @@ impl TokenizerRegistry {
         let model = self.model(model)?;
         let text = model.render_chat_text(request)?;
         model.ids_reusing(&self.prefixes, &text, false)
+    }
+
+    /// [`Self::render_chat`] against a token limit: tokenization stops once the running count
+    /// passes `limit` at a cut point (see [`LoadedModel::ids_within`]).
+    pub fn render_chat_within(&self, model: &str, request: &ChatRequest, limit: usize) -> Result<Bounded> {
+        let model = self.model(model)?;
+        let text = model.render_chat_text(request)?;
+        model.ids_within(&self.prefixes, &text, false, limit)
+    }
+
+    /// [`Self::render_completion`] against a token limit.
+    pub fn render_completion_within(&self, model: &str, prompt: &str, limit: usize) -> Result<Bounded> {
+        self.model(model)?.ids_within(&self.prefixes, prompt, true, limit)
     }
 
     /// Tokenizes a completion prompt exactly as vLLM's completions endpoint would.

@@ -118,6 +118,7 @@ impl World {
             load_band: 1.0,
             block_size: 16,
             max_prompt_tokens: 262_144,
+            max_messages: 4096,
             speculative_ttl: Duration::ZERO,
             record_route_timeout: Duration::from_millis(250),
             indexer_admin_token: None,

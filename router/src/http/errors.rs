@@ -70,12 +70,18 @@ impl From<RouteError> for ApiError {
             RouteError::UnknownModel(_) => (StatusCode::NOT_FOUND, Some("model")),
             RouteError::InvalidPrompt(_) => (StatusCode::BAD_REQUEST, None),
             RouteError::ClientTemplateDisabled => (StatusCode::BAD_REQUEST, Some("chat_template")),
-            RouteError::PromptTooLong { .. } => (StatusCode::BAD_REQUEST, Some("prompt")),
+            RouteError::PromptTooLong { .. }
+            | RouteError::PromptOverLimit { .. }
+            | RouteError::PromptTooManyBytes { .. } => (StatusCode::BAD_REQUEST, Some("prompt")),
+            RouteError::TooManyMessages { .. } => (StatusCode::BAD_REQUEST, Some("messages")),
             RouteError::NoPods | RouteError::NoEligiblePods => (StatusCode::SERVICE_UNAVAILABLE, None),
         };
         let code = match &e {
             RouteError::UnknownModel(_) => "model_not_found",
-            RouteError::PromptTooLong { .. } => "context_length_exceeded",
+            RouteError::PromptTooLong { .. }
+            | RouteError::PromptOverLimit { .. }
+            | RouteError::PromptTooManyBytes { .. } => "context_length_exceeded",
+            RouteError::TooManyMessages { .. } => "too_many_messages",
             other => other.label(),
         };
         ApiError { status, message: e.to_string(), param, code }
