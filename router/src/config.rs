@@ -125,6 +125,20 @@ pub struct ServeArgs {
     /// Largest request body accepted.
     #[arg(long, default_value_t = 16 << 20)]
     pub max_body_bytes: usize,
+    /// Request body bytes held at once over all requests on `--http-addr` (503 with Retry-After
+    /// past it); at least --max-body-bytes.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_inflight_body_bytes: usize,
+    /// Time for a request's headers to arrive (and for an idle keep-alive connection to start
+    /// its next request) before the connection is closed.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    pub http_header_timeout_ms: u64,
+    /// Time for a whole request body to arrive (408 past it).
+    #[arg(long, default_value_t = 60_000, value_name = "MS")]
+    pub http_body_timeout_ms: u64,
+    /// Most open connections per HTTP listener; past it a new connection is closed at accept.
+    #[arg(long, default_value_t = 2048)]
+    pub max_connections: usize,
     /// Longest prompt accepted, in tokens (after tokenization).
     #[arg(long, default_value_t = 262_144)]
     pub max_prompt_tokens: usize,
@@ -288,6 +302,10 @@ pub struct Config {
     pub scrape_timeout: Duration,
     pub load_stale_after: Duration,
     pub max_body_bytes: usize,
+    pub max_inflight_body_bytes: usize,
+    pub http_header_timeout: Duration,
+    pub http_body_timeout: Duration,
+    pub max_connections: usize,
     pub max_prompt_tokens: usize,
     pub max_messages: usize,
     pub upstream_retries: usize,
@@ -535,6 +553,15 @@ impl ServeArgs {
         if self.max_prompt_tokens == 0 {
             return Err(err("--max-prompt-tokens", "must be at least 1"));
         }
+        if self.max_inflight_body_bytes < self.max_body_bytes {
+            return Err(err(
+                "--max-inflight-body-bytes",
+                format!("must be at least --max-body-bytes ({})", self.max_body_bytes),
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(err("--max-connections", "must be at least 1"));
+        }
         if self.max_messages == 0 {
             return Err(err("--max-messages", "must be at least 1"));
         }
@@ -575,6 +602,10 @@ impl ServeArgs {
             scrape_timeout: positive_ms("--scrape-timeout-ms", self.scrape_timeout_ms)?,
             load_stale_after: positive_ms("--load-stale-after-ms", self.load_stale_after_ms)?,
             max_body_bytes: self.max_body_bytes,
+            max_inflight_body_bytes: self.max_inflight_body_bytes,
+            http_header_timeout: positive_ms("--http-header-timeout-ms", self.http_header_timeout_ms)?,
+            http_body_timeout: positive_ms("--http-body-timeout-ms", self.http_body_timeout_ms)?,
+            max_connections: self.max_connections,
             max_prompt_tokens: self.max_prompt_tokens,
             max_messages: self.max_messages,
             upstream_retries: self.upstream_retries,

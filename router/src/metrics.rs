@@ -29,6 +29,10 @@ pub const EXTPROC_STREAMS: &str = "kvindex_router_extproc_streams_total";
 pub const EXTPROC_PROTOCOL_ERRORS: &str = "kvindex_router_extproc_protocol_errors_total";
 pub const EXTPROC_PICK_SECONDS: &str = "kvindex_router_extproc_pick_seconds";
 pub const PREFILTER: &str = "kvindex_router_prefilter_total";
+pub const HTTP_CONNECTIONS: &str = "kvindex_router_http_connections";
+pub const HTTP_CONNECTIONS_REFUSED: &str = "kvindex_router_http_connections_refused_total";
+pub const HTTP_TIMEOUTS: &str = "kvindex_router_http_timeouts_total";
+pub const HTTP_BODY_BYTES: &str = "kvindex_router_http_body_bytes";
 
 /// Installs the global recorder; `None` when one is already installed (a second router in
 /// one process, e.g. a benchmark), which then records nothing of its own.
@@ -93,5 +97,16 @@ fn describe() {
     describe_counter!(EXTPROC_STREAMS, "ext_proc streams (gateway requests) by how they ended");
     describe_counter!(EXTPROC_PROTOCOL_ERRORS, "ext_proc streams ended for breaking the protocol, by reason");
     describe_histogram!(EXTPROC_PICK_SECONDS, Unit::Seconds, "ext_proc: first request body byte in to destination out");
+    describe_gauge!(HTTP_CONNECTIONS, "Open HTTP connections by listener");
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        "HTTP connections closed at accept: the listener was at --max-connections"
+    );
+    describe_counter!(HTTP_TIMEOUTS, "HTTP requests cut off for a slow client, by phase (header, body)");
+    describe_gauge!(
+        HTTP_BODY_BYTES,
+        Unit::Bytes,
+        "Request body bytes held by the proxy now (bounded by --max-inflight-body-bytes)"
+    );
     describe_counter!(PREFILTER, "Pre-filter answers: hint, miss (no hint) or error (no hint, request passed on)");
 }

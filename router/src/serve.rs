@@ -69,8 +69,14 @@ pub async fn run(
         client,
         prometheus,
         max_body_bytes: config.max_body_bytes,
+        body_budget: crate::extproc::budget::Budget::new(config.max_inflight_body_bytes),
+        body_timeout: config.http_body_timeout,
         upstream_retries: config.upstream_retries,
     });
+    let limits = http::server::ConnLimits {
+        header_timeout: config.http_header_timeout,
+        max_connections: config.max_connections,
+    };
     tokio::spawn(async move {
         shutdown.await;
         // Client template renders in flight are killed, so they never hold up the stop.
@@ -84,12 +90,12 @@ pub async fn run(
     let metrics = listeners.metrics.map(|listener| {
         let app = http::metrics_only(app.clone());
         let stopped = until(stopped.clone());
-        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+        tokio::spawn(http::server::serve("metrics", listener, app, limits, stopped))
     });
     let admin = listeners.admin.map(|listener| {
         let app = http::admin::admin(app.clone(), with_metrics);
         let stopped = until(stopped.clone());
-        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+        tokio::spawn(http::server::serve("admin", listener, app, limits, stopped))
     });
     let ext_proc = match (listeners.ext_proc, ext_proc_settings) {
         (Some(listener), Some(settings)) => {
@@ -100,8 +106,7 @@ pub async fn run(
         _ => None,
     };
     tracing::info!(pods = fleet.snapshot().len(), indexers = config.indexers.len(), "kvindex-router serving");
-    axum::serve(listeners.http, http::public(app, with_metrics))
-        .with_graceful_shutdown(until(stopped))
+    http::server::serve("http", listeners.http, http::public(app, with_metrics), limits, until(stopped))
         .await
         .map_err(|e| e.to_string())?;
     for server in admin.into_iter().chain(metrics) {

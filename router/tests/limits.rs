@@ -8,9 +8,13 @@
 
 mod support;
 
+use std::time::{Duration, Instant};
+
 use serde_json::{json, Value};
 use support::fake_pod::{FakePod, Script};
 use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 const MODEL: &str = "deepseek";
 
@@ -108,4 +112,139 @@ async fn too_many_messages_and_too_much_text_are_refused_before_tokenizing() {
     assert_eq!(tokenized().await, 0.0, "nothing was tokenized");
     let errors = metric(&addr, "kvindex_router_request_errors_total", &["too_many_messages"]).await;
     assert_eq!(errors, 1.0);
+}
+
+/// Reads until the peer closes (or `DEADLINE`), returning what came.
+async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the router did not close the connection within {DEADLINE:?}");
+    answer
+}
+
+async fn healthz_on(stream: &mut TcpStream) -> String {
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
+    String::from_utf8_lossy(&read_until_closed(stream).await).into_owned()
+}
+
+fn fake_router(bins: &Bins, pod: &FakePod, extra: &[&str]) -> RouterProcess {
+    let mut args = vec!["--pod".to_string(), pod.spec(), "--model".into(), "m".into(), "--metrics-addr".into()];
+    args.push("127.0.0.1:0".into());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    router(bins, &args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_trickling_its_headers_is_cut_off_while_others_are_served() {
+    let Some(bins) = bins() else { return };
+    let pod = FakePod::start(Script::Echo("p".into())).await;
+    let router = fake_router(&bins, &pod, &["--http-header-timeout-ms", "500", "--http-body-timeout-ms", "500"]);
+    let (addr, metrics) = (router.http.clone(), router.metrics.clone().unwrap());
+
+    // One byte of the request head every 50 ms, never finishing in time.
+    let mut slow = TcpStream::connect(&addr).await.unwrap();
+    let trickle = tokio::spawn(async move {
+        let head = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let started = Instant::now();
+        for byte in head.iter().cycle() {
+            if slow.write_all(&[*byte]).await.is_err() {
+                return started.elapsed();
+            }
+            let mut probe = [0u8; 1];
+            if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(50), slow.read(&mut probe)).await {
+                return started.elapsed();
+            }
+            assert!(started.elapsed() < DEADLINE, "the trickling client was never cut off");
+        }
+        unreachable!()
+    });
+    // A silent connection too (stops mid-headers).
+    let mut silent = TcpStream::connect(&addr).await.unwrap();
+    silent.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    // Meanwhile a normal request is served.
+    let ok = post(&addr, "/v1/completions", &json!({"model": "m", "prompt": [1, 2, 3]})).await;
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
+    let cut_after = trickle.await.unwrap();
+    assert!(cut_after >= Duration::from_millis(500), "not before the timeout: {cut_after:?}");
+    read_until_closed(&mut silent).await;
+    wait_for("both header timeouts counted", DEADLINE, || async {
+        let n = metric(&metrics, "kvindex_router_http_timeouts_total", &["phase=\"header\""]).await;
+        (n >= 2.0).then_some(())
+    })
+    .await;
+
+    // A body that stops half way gets a 408 after the body timeout.
+    let mut stalled = TcpStream::connect(&addr).await.unwrap();
+    stalled
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"model\": ")
+        .await
+        .unwrap();
+    let answer = String::from_utf8_lossy(&read_until_closed(&mut stalled).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert_eq!(metric(&metrics, "kvindex_router_http_timeouts_total", &["phase=\"body\""]).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_over_the_size_or_the_shared_budget_are_refused_before_buffering_more() {
+    let Some(bins) = bins() else { return };
+    let pod = FakePod::start(Script::Echo("p".into())).await;
+    let router = fake_router(&bins, &pod, &["--max-body-bytes", "4096", "--max-inflight-body-bytes", "8192"]);
+    let (addr, metrics) = (router.http.clone(), router.metrics.clone().unwrap());
+
+    let big = json!({"model": "m", "prompt": "x".repeat(5000)});
+    let reply = post(&addr, "/v1/completions", &big).await;
+    assert_eq!(reply.status, 413, "{}", String::from_utf8_lossy(&reply.body));
+
+    // Two clients declare 4096-byte bodies and stall: the budget is spent.
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(&addr).await.unwrap();
+        stream.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 4096\r\n\r\n{").await.unwrap();
+        holders.push(stream);
+    }
+    wait_for("both bodies reserved", DEADLINE, || async {
+        (metric(&metrics, "kvindex_router_http_body_bytes", &[]).await == 8192.0).then_some(())
+    })
+    .await;
+    let busy = post(&addr, "/v1/completions", &json!({"model": "m", "prompt": [1]})).await;
+    assert_eq!(busy.status, 503, "{}", String::from_utf8_lossy(&busy.body));
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    assert_eq!(busy.json()["error"]["code"], "overloaded");
+    assert_eq!(metric(&metrics, "kvindex_router_request_errors_total", &["overloaded"]).await, 1.0);
+    // Given back when a holder leaves.
+    drop(holders.pop());
+    wait_for("the budget given back", DEADLINE, || async {
+        let ok = post(&addr, "/v1/completions", &json!({"model": "m", "prompt": [1]})).await;
+        (ok.status == 200).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_past_the_cap_is_refused_and_counted() {
+    let Some(bins) = bins() else { return };
+    let pod = FakePod::start(Script::Echo("p".into())).await;
+    let router = fake_router(&bins, &pod, &["--max-connections", "4"]);
+    let (addr, metrics) = (router.http.clone(), router.metrics.clone().unwrap());
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        open.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    wait_for("four connections open", DEADLINE, || async {
+        let n = metric(&metrics, "kvindex_router_http_connections", &["listener=\"http\""]).await;
+        (n == 4.0).then_some(())
+    })
+    .await;
+    let mut fifth = TcpStream::connect(&addr).await.unwrap();
+    let answer = healthz_on(&mut fifth).await;
+    assert!(answer.is_empty(), "the fifth connection was served: {answer}");
+    assert_eq!(metric(&metrics, "kvindex_router_http_connections_refused_total", &[]).await, 1.0);
+    // The open ones are still served, and a closed one makes room.
+    assert!(healthz_on(&mut open[0]).await.starts_with("HTTP/1.1 200"));
+    wait_for("room for a new connection", DEADLINE, || async {
+        let mut stream = TcpStream::connect(&addr).await.ok()?;
+        healthz_on(&mut stream).await.starts_with("HTTP/1.1 200").then_some(())
+    })
+    .await;
 }

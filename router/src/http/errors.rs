@@ -32,6 +32,24 @@ impl ApiError {
         )
     }
 
+    /// 503 with `Retry-After`: the in-flight body budget is spent.
+    pub fn busy() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "the router holds too many request bodies now; retry shortly",
+        )
+    }
+
+    /// 408: the body did not arrive within the body timeout.
+    pub fn body_timeout(timeout: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("the request body did not arrive within {} ms", timeout.as_millis()),
+        )
+    }
+
     pub fn upstream_unavailable(attempts: usize) -> ApiError {
         ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -93,6 +111,10 @@ impl IntoResponse for ApiError {
         metrics::counter!(m::REQUEST_ERRORS, "reason" => self.code).increment(1);
         let body =
             json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}});
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if self.code == "overloaded" {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+        }
+        response
     }
 }

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod body;
 pub mod errors;
 pub mod openai;
+pub mod server;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -18,6 +19,7 @@ use axum::{Json, Router as AxumRouter};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
+use crate::extproc::budget::Budget;
 use crate::pipeline::Router;
 use crate::upstream::HttpClient;
 use errors::ApiError;
@@ -28,6 +30,10 @@ pub struct App {
     pub client: HttpClient,
     pub prometheus: Option<PrometheusHandle>,
     pub max_body_bytes: usize,
+    /// Request body bytes held over all requests (`--max-inflight-body-bytes`).
+    pub body_budget: Arc<Budget>,
+    /// Time for a whole request body to arrive.
+    pub body_timeout: std::time::Duration,
     pub upstream_retries: usize,
 }
 
@@ -70,6 +76,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     crate::metrics::record_tokenizer_cache(app.router.tokenizers());
+    metrics::gauge!(crate::metrics::HTTP_BODY_BYTES).set(app.body_budget.used() as f64);
     let text = app.prometheus.as_ref().map(PrometheusHandle::render).unwrap_or_default();
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }

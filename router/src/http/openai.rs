@@ -10,12 +10,14 @@ use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use serde_json::json;
 
 use super::body::PassThrough;
 use super::errors::ApiError;
 use super::App;
 use crate::decision::Decision;
+use crate::extproc::budget::Reservation;
 use crate::metrics as m;
 use crate::request::{self, Endpoint};
 use crate::upstream::{self, is_hop_by_hop, Outgoing};
@@ -48,26 +50,54 @@ pub async fn models(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
-async fn read_body(app: &App, request: Request) -> Result<(axum::http::request::Parts, Bytes), ApiError> {
+/// The body, read within its bounds: at most `--max-body-bytes` (413, before reading more),
+/// within `--http-body-timeout-ms` (408), and only while the bytes fit the budget shared by all
+/// requests (503 with Retry-After). The reservation is held until the request is forwarded.
+async fn read_body(app: &App, request: Request) -> Result<(axum::http::request::Parts, Bytes, Reservation), ApiError> {
     let (parts, body) = request.into_parts();
+    let max = app.max_body_bytes;
     let declared = parts
         .headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > app.max_body_bytes as u64) {
-        return Err(ApiError::too_large(app.max_body_bytes));
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(ApiError::too_large(max));
     }
-    let bytes = axum::body::to_bytes(Body::new(body), app.max_body_bytes).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-            || e.to_string().contains("length limit");
-        if too_large {
-            ApiError::too_large(app.max_body_bytes)
-        } else {
-            ApiError::new(axum::http::StatusCode::BAD_REQUEST, "body_error", "the request body could not be read")
+    let mut reservation = Reservation::new(app.body_budget.clone());
+    let mut reserved = declared.unwrap_or(0) as usize;
+    if !reservation.grow(reserved) {
+        return Err(ApiError::busy());
+    }
+    let read = async {
+        let mut body = Body::new(body);
+        let mut bytes = Vec::with_capacity(reserved);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| {
+                ApiError::new(axum::http::StatusCode::BAD_REQUEST, "body_error", "the request body could not be read")
+            })?;
+            let Ok(data) = frame.into_data() else { continue };
+            let len = bytes.len() + data.len();
+            if len > max {
+                return Err(ApiError::too_large(max));
+            }
+            if len > reserved {
+                if !reservation.grow(len - reserved) {
+                    return Err(ApiError::busy());
+                }
+                reserved = len;
+            }
+            bytes.extend_from_slice(&data);
         }
-    })?;
-    Ok((parts, bytes))
+        Ok(Bytes::from(bytes))
+    };
+    match tokio::time::timeout(app.body_timeout, read).await {
+        Ok(bytes) => Ok((parts, bytes?, reservation)),
+        Err(_) => {
+            metrics::counter!(m::HTTP_TIMEOUTS, "listener" => "http", "phase" => "body").increment(1);
+            Err(ApiError::body_timeout(app.body_timeout))
+        }
+    }
 }
 
 async fn place(app: &App, endpoint: Endpoint, body: &[u8]) -> Result<Decision, ApiError> {
@@ -76,13 +106,13 @@ async fn place(app: &App, endpoint: Endpoint, body: &[u8]) -> Result<Decision, A
 }
 
 async fn explain(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Response, ApiError> {
-    let (_, body) = read_body(&app, request).await?;
+    let (_, body, _reservation) = read_body(&app, request).await?;
     let decision = place(&app, endpoint, &body).await?;
     Ok(Json(decision).into_response())
 }
 
 async fn proxy(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Response, ApiError> {
-    let (parts, body) = read_body(&app, request).await?;
+    let (parts, body, _reservation) = read_body(&app, request).await?;
     let decision = place(&app, endpoint, &body).await?;
     let outgoing = Outgoing { path: endpoint.path(), headers: &parts.headers, body };
     let forwarded = match upstream::forward(&app.client, &app.router, &decision, outgoing, app.upstream_retries).await {
