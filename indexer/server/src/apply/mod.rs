@@ -138,16 +138,16 @@ impl Stream {
     /// no operator or registration configured, not being imported or exported, that never were
     /// EXACT and said nothing for [`UNCONFIRMED_RECLAIM_MS`], or that said nothing for
     /// `stale_after_ms`. With its last activity, to reclaim the longest silent first.
-    fn reclaimable(&self, state: &ServiceState, key: &StreamKey, now: u64) -> Option<(&'static str, u64)> {
+    fn reclaimable(&self, state: &ServiceState, key: &StreamKey, now: u64) -> Option<(Reclaim, u64)> {
         if self.importing.is_some() || self.exporting.is_some() || state.registry().origin_of(&key.base).is_some() {
             return None;
         }
-        let last = self.seq.last_data_at().unwrap_or(self.created_at).max(self.created_at);
+        let last = self.seq.last_data_at().unwrap_or(0).max(self.created_at);
         let silent = now.saturating_sub(last);
         if !self.confirmed && silent >= UNCONFIRMED_RECLAIM_MS {
-            Some(("unconfirmed", last))
+            Some((Reclaim::Unconfirmed, last))
         } else if silent >= state.config().stale_after_ms {
-            Some(("silent", last))
+            Some((Reclaim::Silent, last))
         } else {
             None
         }
@@ -194,6 +194,24 @@ impl Stream {
 
 /// Silence after which a stream that was never EXACT may be reclaimed when the table is full.
 const UNCONFIRMED_RECLAIM_MS: u64 = 1_000;
+
+/// Why a stream may be reclaimed, in the order they go: never-confirmed streams first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Reclaim {
+    /// Never EXACT, and silent for [`UNCONFIRMED_RECLAIM_MS`].
+    Unconfirmed,
+    /// Silent for `stale_after_ms`.
+    Silent,
+}
+
+impl Reclaim {
+    fn label(self) -> &'static str {
+        match self {
+            Reclaim::Unconfirmed => "unconfirmed",
+            Reclaim::Silent => "silent",
+        }
+    }
+}
 
 /// Longest topic accepted: `kv@` + an id and a model of [`pod::MAX_NAME_LEN`] each.
 const MAX_TOPIC_LEN: usize = 2 * pod::MAX_NAME_LEN + 8;
@@ -383,11 +401,9 @@ impl Worker {
         let pick = self
             .streams
             .iter()
-            .filter_map(|(k, st)| {
-                st.reclaimable(&state, k, now).map(|(why, last)| (why != "unconfirmed", last, k, why))
-            })
-            .min_by_key(|(confirmed, last, _, _)| (*confirmed, *last))
-            .map(|(_, _, k, why)| (k.clone(), why));
+            .filter_map(|(k, st)| st.reclaimable(&state, k, now).map(|(why, last)| (why, last, k)))
+            .min_by_key(|(why, last, _)| (*why, *last))
+            .map(|(why, _, k)| (k.clone(), why.label()));
         let Some((key, why)) = pick else { return false };
         let pod = self.streams.get(&key).map(|st| st.pod.clone());
         self.drop_stream(&key, "reclaimed");
