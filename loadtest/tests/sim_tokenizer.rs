@@ -23,17 +23,7 @@ const MODEL: &str = "deepseek-sim";
 const DEADLINE: Duration = Duration::from_secs(60);
 
 fn deepseek_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("KVINDEX_FIXTURES").map(|root| PathBuf::from(root).join("models/deepseek"));
-    match dir {
-        Some(dir) if dir.join("tokenizer.json").is_file() => Some(dir),
-        _ => {
-            let message = "no deepseek tokenizer fixture under $KVINDEX_FIXTURES/models/deepseek \
-                           (run `source scripts/env.sh` after scripts/setup)";
-            assert!(std::env::var_os("CI").is_none(), "{message}");
-            eprintln!("SKIPPED: {message}");
-            None
-        }
-    }
+    kvindex_testkit::env::deepseek_tokenizer()
 }
 
 /// Starts one pod with the tokenizer and returns it with its HTTP address.

@@ -19,20 +19,7 @@ const MODEL: &str = "deepseek-sim";
 
 /// The venv's Python with grpcio and envoy-data-plane, or `None` (skipped; failed under CI).
 fn python() -> Option<PathBuf> {
-    let py = std::env::var_os("KVINDEX_PYTHON").map(PathBuf::from);
-    let usable = py.as_ref().is_some_and(|p| {
-        Command::new(p)
-            .args(["-c", "import grpc, grpc_tools, betterproto2, envoy_data_plane"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if usable {
-        return py;
-    }
-    let message = format!("KVINDEX_PYTHON ({py:?}) lacks grpcio or envoy-data-plane: run scripts/setup.sh");
-    assert!(std::env::var_os("CI").is_none(), "{message}");
-    eprintln!("SKIPPED: {message}");
-    None
+    kvindex_testkit::env::python_with(&["grpc", "grpc_tools", "betterproto2", "envoy_data_plane"])
 }
 
 async fn stack(bins: &Bins) -> Option<(Stack, String)> {

@@ -20,9 +20,7 @@ impl Drop for Running {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use kvindex_testkit::ports::free_port;
 
 #[test]
 fn grpcio_client_drives_the_binary_over_tcp_and_uds() {

@@ -13,20 +13,9 @@ use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 use serde_json::json;
 use support::*;
 
-/// The DeepSeek tokenizer directory laid out by `tokenizer-svc/tests/fixtures/fetch.sh`.
+/// The DeepSeek tokenizer directory laid out by `scripts/setup.sh`.
 fn deepseek_dir() -> Option<PathBuf> {
-    let root =
-        std::env::var_os("KVINDEX_FIXTURES").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/fixtures"));
-    let dir = root.join("models/deepseek");
-    if dir.join("tokenizer.json").exists() {
-        return Some(dir);
-    }
-    let msg = format!("no tokenizer fixtures at {}: run `bash scripts/setup.sh`", dir.display());
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
+    kvindex_testkit::env::deepseek_tokenizer()
 }
 
 const PROMPT: &str = "You are a careful assistant for the operations team. Answer in short sentences, cite the \
@@ -104,18 +93,9 @@ fn service_llmd_without_a_tokenizer_says_how_to_configure_one() {
     });
 }
 
-/// `kvindex-tokenizer`, built beside `kvindex` by a workspace build (`scripts/test.sh`).
+/// `kvindex-tokenizer` (built on demand when this crate's tests run alone).
 fn tokenizer_binary() -> Option<PathBuf> {
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_kvindex")).with_file_name("kvindex-tokenizer");
-    if path.exists() {
-        return Some(path);
-    }
-    let msg = format!("{} is not built: run the workspace tests (`bash scripts/test.sh`)", path.display());
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
+    Some(kvindex_testkit::binaries::required_binary("kvindex-tokenizer", "KVINDEX_TOKENIZER_BIN"))
 }
 
 /// Kills the tokenizer service when the test ends, however it ends.

@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -51,27 +50,9 @@ pub async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> H
     HttpResponse { status, body }
 }
 
-/// The `kvindex` binary (built by any workspace build, or `cargo build -p kvindex-server --bin
-/// kvindex`): `$KVINDEX_BIN`, else `$CARGO_TARGET_DIR/debug/kvindex`, else the one beside this
-/// test's target directory. `None` (the test is skipped with a message) when there is none,
-/// except under `CI`, where that fails the test.
+/// The `kvindex` binary (`$KVINDEX_BIN`, the target directory's, or built on demand).
 pub fn kvindex_binary() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("KVINDEX_BIN").map(PathBuf::from),
-        std::env::var_os("CARGO_TARGET_DIR").map(|dir| PathBuf::from(dir).join("debug/kvindex")),
-        // target/<profile>/deps/<this test> → target/<profile>/kvindex
-        std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.join("kvindex"))),
-    ];
-    if let Some(found) = candidates.iter().flatten().find(|path| path.is_file()) {
-        return Some(found.clone());
-    }
-    let message = format!(
-        "no kvindex binary among {:?} (build it with `cargo build -p kvindex-server --bin kvindex` or set KVINDEX_BIN)",
-        candidates.iter().flatten().collect::<Vec<_>>()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{message}");
-    eprintln!("SKIPPED: {message}");
-    None
+    Some(kvindex_testkit::binaries::required_binary("kvindex", "KVINDEX_BIN"))
 }
 
 pub async fn post_json(addr: &str, path: &str, body: &Value) -> HttpResponse {
@@ -93,18 +74,6 @@ pub async fn post_json_as(addr: &str, path: &str, body: &Value, token: &str) -> 
     HttpResponse { status, body }
 }
 
-/// Polls `check` until it returns `Some`, failing the test at the deadline.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+/// Polls a condition until it returns `Some`, failing the test at the deadline.
+#[allow(unused_imports)] // not every test binary that includes this module waits
+pub use kvindex_testkit::wait::until_async as wait_for;

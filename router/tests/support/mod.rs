@@ -43,17 +43,7 @@ pub fn bins() -> Bins {
 /// The deepseek tokenizer fixture (129k vocabulary, chat template), or `None` (skipped, failed
 /// under CI).
 pub fn deepseek_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("KVINDEX_FIXTURES").map(|root| PathBuf::from(root).join("models/deepseek"));
-    match dir {
-        Some(dir) if dir.join("tokenizer.json").is_file() => Some(dir),
-        _ => {
-            let message = "no deepseek tokenizer fixture under $KVINDEX_FIXTURES/models/deepseek \
-                           (run `source scripts/env.sh` after scripts/setup.sh)";
-            assert!(std::env::var_os("CI").is_none(), "{message}");
-            eprintln!("SKIPPED: {message}");
-            None
-        }
-    }
+    kvindex_testkit::env::deepseek_tokenizer()
 }
 
 /// `kvindex serve` and a `kvindex-sim` fleet dialing it, every pod registered with its replay
@@ -166,21 +156,9 @@ pub async fn get(addr: &str, path: &str) -> Reply {
     request(addr, "GET", path, None, &[]).await
 }
 
-/// Polls `check` until it returns `Some`, failing the test at the deadline.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+/// Polls a condition until it returns `Some`, failing the test at the deadline.
+#[allow(unused_imports)] // not every test binary that includes this module waits
+pub use kvindex_testkit::wait::until_async as wait_for;
 
 /// The router's view of one pod (`/debug/pods`).
 pub async fn router_pod(router: &str, id: &str) -> Value {

@@ -11,11 +11,7 @@ pub fn repo_root() -> PathBuf {
 }
 
 fn missing(what: &str, hint: &str) -> Option<PathBuf> {
-    if std::env::var_os("CI").is_some() {
-        panic!("{what} is required in CI but missing: {hint}");
-    }
-    eprintln!("SKIPPED: {what} not found ({hint})");
-    None
+    kvindex_testkit::env::missing(&format!("{what} not found ({hint})"))
 }
 
 /// `$KVINDEX_FIXTURES`, else `<repo>/target/fixtures`, holding `models/deepseek/tokenizer.json`.
@@ -69,21 +65,8 @@ pub fn run_python(python: &Path, args: &[&str]) {
     );
 }
 
-/// A free loopback TCP port (bound and released; for a server started later), drawn at
-/// random below Linux's ephemeral range, so no `:0` listener or source port can take it first.
-pub fn free_port() -> u16 {
-    use std::hash::{BuildHasher, Hasher};
-    for attempt in 0u32..10_000 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_u32(attempt);
-        let port = 20_000 + (h.finish() % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in 20000..32000 on 127.0.0.1")
-}
+#[allow(unused_imports)] // not every test binary that includes this module starts a server
+pub use kvindex_testkit::ports::free_port;
 
 /// A process's peak resident memory (`VmHWM`), in bytes.
 pub fn peak_rss_bytes(pid: u32) -> u64 {

@@ -30,41 +30,12 @@ pub fn workspace() -> PathBuf {
 
 /// The Python interpreter with pyzmq, msgspec and grpcio, or `None` (skip) outside CI.
 pub fn python() -> Option<PathBuf> {
-    let in_ci = std::env::var_os("CI").is_some();
-    let py = std::env::var_os("KVINDEX_PYTHON").map(PathBuf::from);
-    let usable = py.as_ref().is_some_and(|p| {
-        Command::new(p)
-            .args(["-c", "import zmq, msgspec, grpc, grpc_tools"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if usable {
-        return py;
-    }
-    let msg = format!(
-        "KVINDEX_PYTHON ({py:?}) is not a Python with pyzmq, msgspec and grpcio: run `bash scripts/setup.sh` and `source scripts/env.sh`"
-    );
-    if in_ci {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
+    kvindex_testkit::env::python_with(&["zmq", "msgspec", "grpc", "grpc_tools"])
 }
 
-/// Polls `f` every 20 ms until it returns `Some`, for at most `secs` seconds.
-pub fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {secs}s waiting for: {what}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Polls `f` until it returns `Some`, for at most `secs` seconds.
+pub fn wait_until<T>(what: &str, secs: u64, f: impl FnMut() -> Option<T>) -> T {
+    kvindex_testkit::wait::until(what, Duration::from_secs(secs), f)
 }
 
 fn line_reader(r: impl Read + Send + 'static) -> Receiver<String> {
@@ -495,22 +466,5 @@ pub fn chain(k: u32, blocks: usize) -> Vec<u32> {
     (0..blocks as u32 * 16).map(|j| 1 + k * 10_000 + j).collect()
 }
 
-/// A free loopback TCP port (bound and released; for an engine that must start later).
-///
-/// Drawn at random below Linux's ephemeral range (32768 and up), not from it: a port the
-/// kernel handed out for `:0` and took back could be handed out again, before the peer binds
-/// it, to the server's own `:0` listeners or to a client's source port (CI once saw the
-/// server's HTTP listener take the publisher's port).
-pub fn free_port() -> u16 {
-    use std::hash::{BuildHasher, Hasher};
-    for attempt in 0u32..10_000 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_u32(attempt);
-        let port = 20_000 + (h.finish() % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in 20000..32000 on 127.0.0.1")
-}
+#[allow(unused_imports)] // not every test binary that includes this module starts a server on a chosen port
+pub use kvindex_testkit::ports::free_port;

@@ -18,24 +18,7 @@ use tokio::runtime::Runtime;
 
 /// The Python interpreter with pyzmq, or `None` (skip) outside CI.
 pub fn python() -> Option<PathBuf> {
-    let py = std::env::var_os("KVINDEX_PYTHON").map(PathBuf::from);
-    let usable = py.as_ref().is_some_and(|p| {
-        Command::new(p)
-            .args(["-c", "import zmq"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    if usable {
-        return py;
-    }
-    let msg = format!("KVINDEX_PYTHON ({py:?}) has no pyzmq: run `bash scripts/setup.sh` and `source scripts/env.sh`");
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
+    kvindex_testkit::env::python_with(&["zmq"])
 }
 
 /// The Python peer process; killed when dropped.
