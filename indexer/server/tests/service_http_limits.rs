@@ -78,6 +78,18 @@ fn exchange(stream: &mut TcpStream, request: &str) -> String {
     read_until_closed(stream)
 }
 
+/// `GET /healthz` on a connection that stays open (keep-alive), answered.
+fn healthz_kept_alive(stream: &mut TcpStream) {
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    let mut answered = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&answered).ends_with("ok\n") {
+        let n = stream.read(&mut buf).expect("the keep-alive request is answered");
+        assert!(n > 0, "closed before answering: {}", String::from_utf8_lossy(&answered));
+        answered.extend_from_slice(&buf[..n]);
+    }
+}
+
 const HEALTHZ: &str = "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
 
 fn registration_head(content_length: usize, token: bool) -> String {
@@ -93,12 +105,13 @@ fn a_client_trickling_its_head_is_cut_off_and_an_idle_keep_alive_closed_while_ot
     let addr = server.http.clone();
 
     // One byte of a request head every 50 ms, never finishing it.
+    // Times are taken before the server can start its timer: "not before the timeout" holds.
+    let started = Instant::now();
     let mut slow = connect(&addr);
     let trickle = std::thread::spawn(move || {
         let head =
             b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
         slow.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-        let started = Instant::now();
         for byte in head.iter().cycle() {
             if slow.write_all(&[*byte]).is_err() {
                 return started.elapsed();
@@ -117,15 +130,8 @@ fn a_client_trickling_its_head_is_cut_off_and_an_idle_keep_alive_closed_while_ot
     silent.write_all(b"POST /pods HTTP/1.1\r\nhost: x\r\n").unwrap();
     // A keep-alive client that sends one request and then idles.
     let mut idle = connect(&addr);
-    idle.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
-    let mut answered = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&answered).ends_with("ok\n") {
-        let n = idle.read(&mut buf).expect("the keep-alive request is answered");
-        assert!(n > 0, "closed before answering: {}", String::from_utf8_lossy(&answered));
-        answered.extend_from_slice(&buf[..n]);
-    }
     let idle_since = Instant::now();
+    healthz_kept_alive(&mut idle);
 
     // Meanwhile a normal request is served.
     assert_eq!(http_request(&addr, "GET", "/healthz", None), (200, "ok\n".to_string()));
@@ -171,10 +177,10 @@ fn connections_past_the_cap_are_refused_and_counted_and_healthz_answers_once_one
         ("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "60000"),
     ]);
     let addr = server.http.clone();
+    // Four connections, each served once and kept open.
     let mut open: Vec<TcpStream> = (0..4).map(|_| connect(&addr)).collect();
-    wait_until("four connections open", 10, || {
-        (server.metric("kvindex_http_connections", &["listener=\"http\""]) == 4.0).then_some(())
-    });
+    open.iter_mut().for_each(healthz_kept_alive);
+    assert_eq!(server.metric("kvindex_http_connections", &["listener=\"http\""]), 4.0);
     let answer = exchange(&mut connect(&addr), HEALTHZ);
     assert_eq!(answer, "", "the fifth connection was served");
     assert_eq!(refused(&server, "max_connections"), 1.0);
@@ -207,10 +213,8 @@ fn one_address_cannot_take_the_listener_from_the_probes() {
         ("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "60000"),
     ]);
     let addr = server.http.clone();
-    let _held: Vec<TcpStream> = (0..2).map(|_| connect_from("127.0.0.2", &addr)).collect();
-    wait_until("the attacker's connections open", 10, || {
-        (server.metric("kvindex_http_connections", &["listener=\"http\""]) == 2.0).then_some(())
-    });
+    let mut held: Vec<TcpStream> = (0..2).map(|_| connect_from("127.0.0.2", &addr)).collect();
+    held.iter_mut().for_each(healthz_kept_alive);
     let answer = exchange(&mut connect_from("127.0.0.2", &addr), HEALTHZ);
     assert_eq!(answer, "", "a third connection from one address was served");
     assert_eq!(refused(&server, "max_connections_per_address"), 1.0);
@@ -268,10 +272,14 @@ fn bodies_past_the_shared_budget_get_503_until_one_is_given_back() {
             stream
         })
         .collect();
-    wait_until("both bodies reserved", 10, || (server.metric("kvindex_http_body_bytes", &[]) == 8192.0).then_some(()));
+    // Once the server has read their heads (and reserved their declared lengths), a third
+    // registration finds no room.
     let body = "{}";
-    let busy = exchange(&mut connect(&addr), &format!("{}{body}", registration_head(body.len(), true)));
-    assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+    let busy = wait_until("the budget spent", 10, || {
+        let answer = exchange(&mut connect(&addr), &format!("{}{body}", registration_head(body.len(), true)));
+        answer.starts_with("HTTP/1.1 503").then_some(answer)
+    });
+    assert_eq!(server.metric("kvindex_http_body_bytes", &[]), 8192.0);
     assert!(busy.to_ascii_lowercase().contains("retry-after: 1"), "{busy}");
     assert_eq!(refused(&server, "body_budget"), 1.0);
     // Given back when a holder leaves.
