@@ -57,7 +57,7 @@ impl TokenizationGrpc {
             .record(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
             // Only the log-safe summary: a template's own message may quote the prompt.
-            tracing::warn!(method, model, error = %e.log_summary(), "request failed");
+            tracing::warn!(method, model = %crate::echo(model), error = %e.log_summary(), "request failed");
         }
         if let Err(e @ TokenizerError::ClientTemplateRejected { reason: Rejection::Disabled, .. }) = &result {
             // A request for something this server does not do at all, not a failed render.

@@ -244,6 +244,81 @@ async fn failures_follow_llm_d_success_false_contract() {
     assert!(!empty.success);
 }
 
+/// A client's model or tool name comes back in `error_message` cut to 256 bytes with its
+/// length, and escaped (issue 23: a 1 MB name was echoed whole), by every method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_names_in_errors_are_cut_and_escaped() {
+    let server = start("grpc-echo").await;
+    let mut client = tcp_client(&server).await;
+    let name = format!("evil\nINFO forged{}", "x".repeat(1 << 20));
+    let bounded = |message: &str| {
+        assert!(message.len() < 400, "{} bytes echoed", message.len());
+        assert!(message.contains(&format!("({} bytes)", name.len())), "{message}");
+        assert!(!message.contains('\n') && message.contains("evil\\nINFO"), "{message}");
+    };
+    let model_name = name.clone();
+    let messages = [
+        client
+            .tokenize(pb::TokenizeRequest {
+                input: "x".into(),
+                model_name: model_name.clone(),
+                add_special_tokens: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .error_message,
+        client
+            .initialize_tokenizer(pb::InitializeTokenizerRequest {
+                model_name: model_name.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .error_message,
+        client
+            .render_completion(pb::RenderCompletionRequest { model_name: model_name.clone(), prompt: "x".into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .error_message,
+        client
+            .render_chat_completion(pb::RenderChatCompletionRequest {
+                model_name: model_name.clone(),
+                messages: vec![user("Hi")],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .error_message,
+    ];
+    for message in &messages {
+        assert!(message.starts_with("unknown model \"evil"), "{}", &message[..message.len().min(300)]);
+        bounded(message);
+    }
+    let bad_tool = client
+        .render_chat_completion(pb::RenderChatCompletionRequest {
+            model_name: "chatml".into(),
+            messages: vec![user("Hi")],
+            tools: vec![pb::ChatCompletionTool {
+                r#type: "function".into(),
+                function: Some(pb::FunctionDefinition {
+                    name: name.clone(),
+                    parameters_json: Some("[oops".into()),
+                    ..Default::default()
+                }),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(bad_tool.error_message.contains("parameters_json"), "{}", &bad_tool.error_message[..300]);
+    bounded(&bad_tool.error_message);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_reflection_are_served() {
     use tonic_health::pb::health_client::HealthClient;
