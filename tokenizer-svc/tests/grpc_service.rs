@@ -258,7 +258,9 @@ async fn failures_follow_llm_d_success_false_contract() {
 /// On the deepseek fixture, whose turn markers are cut points.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_limit_in_the_metadata_stops_tokenizing_past_it() {
-    use kvindex_tokenizer::grpc_service::{COUNTED_METADATA, MAX_TOKENS_METADATA};
+    // The wire names, as a client knows them (`grpc_service::MAX_TOKENS_METADATA`, ...).
+    const MAX_TOKENS_METADATA: &str = "x-kvindex-max-tokens";
+    const COUNTED_METADATA: &str = "x-kvindex-tokens-counted";
     let Some(fixtures) = common::fixtures() else { return };
     let server = start_with("grpc-limit", &[("deepseek", fixtures.join("models/deepseek"))]).await;
     let mut client = tcp_client(&server).await;
