@@ -218,6 +218,52 @@ def flag_values(args, env):
     return out
 
 
+# Flags that name a file or directory the binary reads or writes: each must lie under one of
+# its container's volume mounts (the image's root filesystem is read-only), writable where
+# the binary writes.
+PATH_FLAGS = {
+    "--admin-token-file": "read",
+    "--indexer-admin-token-file": "read",
+    "--snapshot-dir": "write",
+}
+
+
+def check_mounts(where, doc, problems):
+    """Every volumeMount names a volume of its pod; every path flag lies under a mount."""
+    spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    for c, _, _ in containers(doc):
+        mounts = c.get("volumeMounts") or []
+        for m in mounts:
+            if m.get("name") not in volumes:
+                problems.append(f"{where}: container {c['name']} mounts {m.get('name')!r}, which is not a volume of its pod")
+        env = {e["name"]: str(e["value"]) for e in c.get("env") or [] if "value" in e}
+        for flag, value in flag_values(c.get("args") or [], env).items():
+            use = PATH_FLAGS.get(flag)
+            if use is None:
+                continue
+            under = [m for m in mounts if value == m.get("mountPath") or value.startswith(m.get("mountPath", "").rstrip("/") + "/")]
+            if not under:
+                problems.append(f"{where}: container {c['name']}: {flag}={value} is under no volume mount (read-only root filesystem)")
+            elif use == "write" and all(m.get("readOnly") for m in under):
+                problems.append(f"{where}: container {c['name']}: {flag}={value} is on a read-only mount")
+
+
+def admin_token_source(doc, c, flag):
+    """(secret name, key) a container reads its token flag from, or None."""
+    spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
+    volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    value = flag_values(c.get("args") or [], {}).get(flag)
+    if not value:
+        return None
+    for m in c.get("volumeMounts") or []:
+        base = m.get("mountPath", "").rstrip("/") + "/"
+        secret = (volumes.get(m.get("name")) or {}).get("secret")
+        if value.startswith(base) and secret:
+            return secret.get("secretName"), value[len(base):]
+    return None
+
+
 def coherence(docs):
     """Engines and kvindex in one render must agree (see the module doc)."""
     problems = []
@@ -328,6 +374,7 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
         kind = doc.get("kind")
         spec = doc.get("spec") or {}
         if kind == "Deployment":
+            check_mounts(where, doc, problems)
             sel = (spec.get("selector") or {}).get("matchLabels")
             labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
             if not sel or not selects(sel, labels):
@@ -357,6 +404,26 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
                     except yaml.YAMLError as err:
                         problems.append(f"{where}: data[{k}] is not YAML: {err}")
     problems += coherence(docs)
+    problems += token_coherence(docs)
+    return problems
+
+
+def token_coherence(docs):
+    """Routers hold the indexer's admin token (RecordRoute): the same Secret and key, or none."""
+    problems, indexers, routers = [], [], []
+    for _, doc in docs:
+        if doc.get("kind") != "Deployment":
+            continue
+        for c, _, _ in containers(doc):
+            cmd = pathlib.PurePath((c.get("command") or [""])[0]).name
+            if cmd == "kvindex":
+                indexers.append((name_of(doc), admin_token_source(doc, c, "--admin-token-file")))
+            elif cmd == "kvindex-router":
+                routers.append((name_of(doc), admin_token_source(doc, c, "--indexer-admin-token-file")))
+    for iname, itoken in indexers:
+        for rname, rtoken in routers:
+            if itoken != rtoken:
+                problems.append(f"{rname} reads the indexer admin token from {rtoken}, {iname} from {itoken}: RecordRoute would be refused")
     return problems
 
 
@@ -448,6 +515,20 @@ def self_test(k8s_version, bin_dir=None):
         {"name": "kvindex", "image": "i", "command": ["kvindex"], "args": ["serve"],
          "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9190}}})
     broken.append(("sidecar gating its host's readiness", d))
+    d = copy.deepcopy(deployment)
+    d["spec"]["template"]["spec"]["containers"][0].update(
+        command=["kvindex"], args=["serve", "--snapshot-dir=/var/lib/kvindex/snapshots"])
+    broken.append(("snapshot dir on the read-only root", d))
+    d = copy.deepcopy(deployment)
+    d["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [{"name": "gone", "mountPath": "/x"}]
+    broken.append(("mount of a missing volume", d))
+    d = copy.deepcopy(deployment)
+    d["spec"]["template"]["spec"]["volumes"] = [{"name": "t", "secret": {"secretName": "a"}}]
+    d["spec"]["template"]["spec"]["containers"] = [
+        {"name": "i", "image": "i", "command": ["kvindex"], "args": ["serve", "--admin-token-file=/t/token"],
+         "volumeMounts": [{"name": "t", "mountPath": "/t"}]},
+        {"name": "r", "image": "i", "command": ["kvindex-router"], "args": ["serve"]}]
+    broken.append(("router without the indexer's admin token", d))
     if bin_dir:
         d = copy.deepcopy(deployment)
         d["spec"]["template"]["spec"]["containers"][0].update(

@@ -4,7 +4,7 @@ Why: kvindex's decoder and index must be held to what a real engine sends, not o
 made with vLLM's publisher in isolation. This records every ZeroMQ message (a pyzmq SUB on the
 event port, a pyzmq DEALER on the replay port), decodes it with the engine's own msgspec structs
 (`vllm.distributed.kv_events`, so run it with the vLLM venv's python) and writes JSON Lines in
-the schema of shared/vectors/frames-*.jsonl (`frames_hex`, `expect`, ...), which
+the schema of testdata/vllm-vectors/frames-*.jsonl (`frames_hex`, `expect`, ...), which
 `kvindex decode` reads.
 """
 

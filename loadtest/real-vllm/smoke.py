@@ -8,7 +8,7 @@ every request's cached tokens, and the prediction is compared with the engine's 
 same check issue 15 asks of kvindex, done here with the simplest possible index.
 
 Two engines, one after the other: A (dev mode, roomy cache) and B (20 KV blocks: evictions).
-Writes captures/frames-0.32.0-real.jsonl (schema of shared/vectors/frames-*.jsonl) and
+Writes captures/frames-0.32.0-real.jsonl (schema of testdata/vllm-vectors/frames-*.jsonl) and
 captures/requests-0.32.0-real.jsonl (each request: prompt ids, cached_tokens, prediction).
 
 Run with the vLLM venv's python (see setup.sh). Exits non-zero when a check fails.

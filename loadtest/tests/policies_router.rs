@@ -10,7 +10,7 @@ use kvindex_loadtest::engine::EngineConfig;
 use kvindex_loadtest::policy::oracle::Oracle;
 use kvindex_loadtest::policy::round_robin::RoundRobin;
 use kvindex_loadtest::policy::router_processes::RouterProcesses;
-use kvindex_loadtest::process::binary_or_skip;
+use kvindex_loadtest::process::required_binary;
 use kvindex_loadtest::workload::MultiTurnConfig;
 
 const SCALE: usize = 16;
@@ -19,11 +19,8 @@ const PODS: usize = 4;
 
 #[test]
 fn router_processes_place_as_well_as_the_oracle_with_one_or_four_replicas() {
-    let (Some(kvindex), Some(router)) =
-        (binary_or_skip("kvindex", "KVINDEX_BIN"), binary_or_skip("kvindex-router", "KVINDEX_ROUTER_BIN"))
-    else {
-        return;
-    };
+    let kvindex = required_binary("kvindex", "KVINDEX_BIN");
+    let router = required_binary("kvindex-router", "KVINDEX_ROUTER_BIN");
     let conversations =
         MultiTurnConfig { conversations: 16, ..MultiTurnConfig::reference() }.scaled_down(SCALE).generate();
     let engine = EngineConfig {

@@ -62,7 +62,7 @@ fn children_of(parent: u32) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_templates_are_refused_by_default_and_model_names_are_echoed_bounded() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let router = router(&bins, &["--pod", &pod.spec(), "--model", "m"].map(String::from));
     let addr = router.http.clone();
@@ -95,7 +95,7 @@ async fn client_templates_are_refused_by_default_and_model_names_are_echoed_boun
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_client_templates_render_within_their_budget_and_sigterm_still_stops_the_router() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some(deepseek) = deepseek_dir() else { return };
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let base = ["--pod".to_string(), pod.spec(), "--tokenizer".into(), format!("m={}", deepseek.display())];

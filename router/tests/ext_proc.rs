@@ -64,7 +64,7 @@ fn gateway(py: &PathBuf, checks: &str, config: &serde_json::Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_independent_gateway_drives_the_picker_and_the_prefilter() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some(py) = python() else { return };
     let Some((stack, dir)) = stack(&bins).await else { return };
     let pods: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
@@ -99,7 +99,7 @@ fn completion(seed: u32, tokens: u32) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_streams_fail_alone_and_the_picker_keeps_serving() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some((stack, dir)) = stack(&bins).await else { return };
     let epp = picker(&bins, &stack, &dir, &["--max-body-bytes", "65536"]);
     let mut client = connect(&epp.ext_proc).await;
@@ -173,7 +173,7 @@ async fn malformed_streams_fail_alone_and_the_picker_keeps_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bodiless_request_is_placed_by_load_and_the_subset_still_binds() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some((stack, dir)) = stack(&bins).await else { return };
     let epp = picker(&bins, &stack, &dir, &[]);
     let mut client = connect(&epp.ext_proc).await;
@@ -189,7 +189,7 @@ async fn a_bodiless_request_is_placed_by_load_and_the_subset_still_binds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_ending_on_trailers_is_answered_before_its_trailers() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some((stack, dir)) = stack(&bins).await else { return };
     let epp = picker(&bins, &stack, &dir, &[]);
     let mut client = connect(&epp.ext_proc).await;
@@ -216,7 +216,7 @@ async fn a_request_ending_on_trailers_is_answered_before_its_trailers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_indexer_gone_the_picker_still_picks_by_load() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some((mut stack, dir)) = stack(&bins).await else { return };
     let epp = picker(&bins, &stack, &dir, &[]);
     let mut client = connect(&epp.ext_proc).await;
@@ -230,7 +230,7 @@ async fn with_the_indexer_gone_the_picker_still_picks_by_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_that_stops_before_its_request_ends_is_answered_408_in_time() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let args = ["--pod", &pod.spec(), "--model", "m", "--ext-proc-request-timeout-ms", "500"].map(String::from);
     let epp = PickerProcess::start(&bins, &args);

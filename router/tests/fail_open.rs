@@ -41,7 +41,7 @@ fn within_deadline(took: Duration, deadline_ms: u64) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_or_dead_indexer_fails_open_within_the_deadline() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let mut stack = Stack::start(&bins, 2, &["--model", "sim/model", "--time-scale", "100"]).await;
     let mut args = stack.router_args();
     args.extend(["--score-deadline-ms", &DEADLINE_MS.to_string(), "--indexer-retry-after-ms", "200"].map(String::from));
@@ -87,7 +87,7 @@ async fn a_hung_or_dead_indexer_fails_open_within_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_two_indexers_the_live_one_answers_when_the_first_hangs() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let stack = Stack::start(&bins, 2, &["--model", "sim/model", "--time-scale", "100"]).await;
     let spare = KvindexService::start(&bins.kvindex, BLOCK).expect("second kvindex serve");
     let mut args = stack.router_args();

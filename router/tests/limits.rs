@@ -46,7 +46,7 @@ fn assert_error(reply: &Reply, status: u16, code: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_far_over_the_token_limit_is_refused_after_tokenizing_little_more_than_the_limit() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some(dir) = deepseek_dir() else { return };
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let limit = 1000;
@@ -139,7 +139,7 @@ async fn a_prompt_far_over_the_token_limit_is_refused_by_the_remote_tokenizer_af
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_many_messages_and_too_much_text_are_refused_before_tokenizing() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some(dir) = deepseek_dir() else { return };
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let router = router(
@@ -190,7 +190,7 @@ fn fake_router(bins: &Bins, pod: &FakePod, extra: &[&str]) -> RouterProcess {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_trickling_its_headers_is_cut_off_while_others_are_served() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let router = fake_router(&bins, &pod, &["--http-header-timeout-ms", "500", "--http-body-timeout-ms", "500"]);
     let (addr, metrics) = (router.http.clone(), router.metrics.clone().unwrap());
@@ -241,7 +241,7 @@ async fn a_client_trickling_its_headers_is_cut_off_while_others_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_over_the_size_or_the_shared_budget_are_refused_before_buffering_more() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let router = fake_router(&bins, &pod, &["--max-body-bytes", "4096", "--max-inflight-body-bytes", "8192"]);
     let (addr, metrics) = (router.http.clone(), router.metrics.clone().unwrap());
@@ -277,7 +277,7 @@ async fn bodies_over_the_size_or_the_shared_budget_are_refused_before_buffering_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_past_the_cap_is_refused_and_counted() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let router = fake_router(&bins, &pod, &["--max-connections", "4"]);
     let (addr, metrics) = (router.http.clone(), router.metrics.clone().unwrap());

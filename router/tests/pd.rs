@@ -15,7 +15,7 @@ fn prompt(base: u32) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decode_by_load_prefill_by_cache_within_the_band() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let stack = Stack::start(&bins, 2, &["--model", "sim/model"]).await;
     let (a, b) = (stack.sim.pods[0].clone(), stack.sim.pods[1].clone());
     let decode = [FakePod::start(Script::Echo("d0".into())).await, FakePod::start(Script::Echo("d1".into())).await];

@@ -29,7 +29,7 @@ async fn served_by(router: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_from_a_watched_file_and_from_registration() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let pods = [
         FakePod::start(Script::Echo("p0".into())).await,
         FakePod::start(Script::Echo("p1".into())).await,
@@ -107,7 +107,7 @@ async fn pods_from_a_watched_file_and_from_registration() {
 /// and admin ports keep health and readiness (and their own routes) and answer 404 for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_and_debug_on_their_own_listener() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let args = ["--pod", &pod.spec(), "--admin-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"].map(String::from);
     let router = router(&bins, &args);

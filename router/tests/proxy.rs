@@ -44,7 +44,7 @@ async fn record_from_sim(bins: &Bins, body: &serde_json::Value) -> (Vec<u8>, Vec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_answer_passes_through_byte_for_byte_and_unbuffered() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let body = json!({"model": "sim/model", "prompt": (0..40).collect::<Vec<u32>>(), "max_tokens": 12, "stream": true});
     let (head, chunks) = record_from_sim(&bins, &body).await;
     let gate = Arc::new(Notify::new());
@@ -83,7 +83,7 @@ async fn a_streamed_answer_passes_through_byte_for_byte_and_unbuffered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_streamed_answer_passes_through_unchanged() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let body = json!({"model": "sim/model", "prompt": "hello there", "max_tokens": 5, "return_token_ids": true});
     let sim =
         SimFleet::start(&bins.sim, 1, &["--model", "sim/model", "--http-base-port", "0", "--zmq-bind-base-port", "0"])
@@ -107,7 +107,7 @@ async fn a_non_streamed_answer_passes_through_unchanged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_the_upstream_request() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
     let streaming = FakePod::start(Script::Replay {
         head,
@@ -147,7 +147,7 @@ async fn a_client_that_goes_away_cancels_the_upstream_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_failing_before_any_byte_is_retried_on_the_next_but_never_after_a_byte() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let failing = FakePod::start(Script::Close).await;
     let healthy = FakePod::start(Script::Echo("healthy".into())).await;
     let router = router(&bins, &["--pod".into(), failing.spec(), "--pod".into(), healthy.spec()]);

@@ -93,7 +93,7 @@ fn occupy(pod: &SimPod, count: usize, prompt_len: u32, max_tokens: u32) -> Vec<t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_sticks_to_its_pod_until_load_makes_another_cheaper() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some((stack, router)) = start(&bins, &[], &["--decode-weight", "16"]).await else { return };
     let mut chat = Chat::new(1);
     let home = sticky_turns(&stack, &router.http, &mut chat, 0..4).await;
@@ -119,7 +119,7 @@ async fn a_conversation_sticks_to_its_pod_until_load_makes_another_cheaper() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_leaves_a_pod_whose_kv_cache_is_nearly_full() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     // 300 blocks of 16 per pod; the cutoff at 30%; no KV term in the cost, so that only the
     // cutoff can move the conversation.
     let Some((stack, router)) =

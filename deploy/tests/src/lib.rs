@@ -3,7 +3,11 @@
 //! validation (deploy/tests/validate.py), the Grafana dashboard may only chart metrics the code
 //! exports, and the image must run as non-root with no build tools. A manifest that drifts from
 //! the binaries (a flag renamed, a metric dropped) fails here instead of in a cluster.
+//!
+//! The same crate also holds the repository's source-layout check (`imports`: no import circle
+//! of more than one file in a crate), since it reads the workspace's files the same way.
 
 pub mod exported;
+pub mod imports;
 pub mod promql;
 pub mod tools;

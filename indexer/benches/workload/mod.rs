@@ -1,5 +1,5 @@
 //! A seeded fleet workload for the core benchmarks, shaped like the one used to measure
-//! Dynamo's indexer on this machine (shared/reference/anchors.md): shared "system prompt"
+//! Dynamo's indexer on this machine (`docs/reference/anchors.md`): shared "system prompt"
 //! prefixes with Zipf popularity, per-conversation suffixes stored in chunks chained to the
 //! previous block, 10% of conversations replicated on 2–4 pods. Events are built as vLLM's
 //! block pool builds them (engine hash = a function of the block's content prefix), and can be

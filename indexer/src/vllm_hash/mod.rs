@@ -7,7 +7,7 @@
 //! comparing them with what it published detects exactly that. This module is pure computation:
 //! no I/O, no async, no panics on any input.
 //!
-//! The rules (reference: `shared/reference/vllm-kv-events.md` §3, checked against vLLM's wheels):
+//! The rules (reference: `docs/reference/vllm-kv-events.md` §3, checked against vLLM's wheels):
 //! * `hash_i = H((parent, tuple(tokens_i), extra_keys_i))`, with `parent` the previous block's full
 //!   internal hash, or NONE_HASH for the first block (a falsy parent counts as none).
 //! * `H` is canonical CBOR (cbor2) or pickle protocol 5 (CPython 3.11), then SHA-256 or XXH3-128.

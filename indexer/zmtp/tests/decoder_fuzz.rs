@@ -200,7 +200,37 @@ fn check(bytes: &[u8], cuts: &[usize]) {
 
 fn config() -> ProptestConfig {
     let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
-    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
+    // Failures are recorded beside this file (`decoder_fuzz.proptest-regressions`), and proptest
+    // re-runs their seeds first; `recorded_failures_still_pass` re-runs their shrunk inputs too,
+    // which stay valid when a strategy changes and the seeds no longer reproduce the case.
+    let persistence = proptest::test_runner::FileFailurePersistence::SourceParallel("proptest-regressions");
+    ProptestConfig { cases, failure_persistence: Some(Box::new(persistence)), ..ProptestConfig::default() }
+}
+
+/// The shrunk `(bytes, cuts)` of every case recorded in the regressions file.
+fn recorded_failures() -> Vec<(Vec<u8>, Vec<usize>)> {
+    fn list<T: std::str::FromStr>(line: &str, name: &str) -> Vec<T> {
+        let start =
+            line.find(&format!("{name} = [")).unwrap_or_else(|| panic!("no `{name}` in {line:.80}")) + name.len() + 4;
+        let end = start + line[start..].find(']').expect("an unclosed list");
+        line[start..end]
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(|v| v.parse().ok().expect("a number"))
+            .collect()
+    }
+    let text = include_str!("decoder_fuzz.proptest-regressions");
+    text.lines().filter(|l| l.starts_with("cc ")).map(|l| (list(l, "bytes"), list(l, "cuts"))).collect()
+}
+
+#[test]
+fn recorded_failures_still_pass() {
+    let cases = recorded_failures();
+    assert!(!cases.is_empty(), "the regressions file lists no case");
+    for (bytes, cuts) in &cases {
+        check(bytes, cuts);
+    }
 }
 
 proptest! {

@@ -3,7 +3,7 @@
 //!
 //! It exists because a figure for our index means little without the best open peer measured
 //! on the same machine, trace and queries. The trace follows the recipe in
-//! `shared/reference/anchors.md` ("Workload used"): splitmix64 seed 42; 200 shared prefixes of
+//! `docs/reference/anchors.md` ("Workload used"): splitmix64 seed 42; 200 shared prefixes of
 //! U[8,64] blocks with Zipf(1.0) popularity; each conversation = one prefix + U[16,256] own
 //! blocks; 10% replicated on 2–4 workers; the whole prefix is stored (no parent) the first time
 //! a worker needs it, then the suffix in chunks of U[1,32] blocks chained to the previous

@@ -1,5 +1,5 @@
 //! The knobs of one simulated engine, with defaults from the reference scenario
-//! (`shared/reference/anchors.md`: ~160k tokens of KV per pod, prefill ~16k tokens/s).
+//! (`docs/reference/anchors.md`: ~160k tokens of KV per pod, prefill ~16k tokens/s).
 
 use kvindex::vllm_hash::{HashAlgo, VllmHashConfig, VllmVersion};
 

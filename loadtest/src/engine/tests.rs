@@ -201,7 +201,7 @@ fn impossible_requests_are_rejected() {
 
 #[test]
 fn hash_seed_is_configurable() {
-    // shared/reference/vllm-kv-events.md §5: tokens 1..=16, block 16, sha256_cbor.
+    // docs/reference/vllm-kv-events.md §5: tokens 1..=16, block 16, sha256_cbor.
     let first_block = |seed: Option<&str>| {
         let mut engine =
             Engine::new(EngineConfig { block_size: 16, hash_seed: seed.map(str::to_string), ..config(8) }).unwrap();

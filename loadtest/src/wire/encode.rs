@@ -178,7 +178,7 @@ mod tests {
         }
     }
 
-    // Captures documented in shared/reference/vllm-kv-events.md §5 (B0 and B3).
+    // Captures documented in docs/reference/vllm-kv-events.md §5 (B0 and B3).
     #[test]
     fn matches_vllm_0_33_capture() {
         let b0 = "93cb41d954fc4020000091de000aa474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392cf1e0b2e028ef071cbcfefad121d154ab2d6b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0aa65787472615f6b65797392c0c0a967726f75705f6964780000";

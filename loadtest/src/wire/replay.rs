@@ -1,7 +1,7 @@
 //! The replay ROUTER: answers a DEALER's `[b"", start_seq]` with the buffered batches from that
 //! seq and an end marker, in the layout of the chosen vLLM release.
 //!
-//! Layouts (`shared/reference/vllm-kv-events.md` §2): from vLLM 0.26 each reply is
+//! Layouts (`docs/reference/vllm-kv-events.md` §2): from vLLM 0.26 each reply is
 //! `[b"", topic, seq, payload]` and the end marker `[b"", b"", ff×8, b""]`; up to 0.25 the
 //! topic frame is absent. A request that is not exactly `[identity, b"", start]` is ignored,
 //! as vLLM logs "Invalid replay request" and ignores it.

@@ -1,4 +1,4 @@
-//! The reference scenario's workload (`shared/reference/anchors.md`): multi-turn conversations
+//! The reference scenario's workload (`docs/reference/anchors.md`): multi-turn conversations
 //! that each grow to about 8k tokens of context over 6 turns, sharing one system prompt.
 //!
 //! Each conversation is a shared system prompt, its own document, then per turn a user

@@ -2,7 +2,7 @@
 //! request headers and the gateway's subset hint out of `metadata_context`, and building the
 //! answers (destination headers and `envoy.lb` metadata, the body re-emitted in chunks,
 //! immediate errors). The protocol's names live here so the state machine reads as the
-//! protocol does (`../shared/reference/gie-epp.md`; the GIE proposal and llm-d's handlers win
+//! protocol does (`docs/reference/gie-epp.md`; the GIE proposal and llm-d's handlers win
 //! where they disagree).
 
 use std::collections::HashMap;

@@ -2,7 +2,7 @@
 //! gateway asks over Envoy's ext_proc where to send each request, or as a prefix pre-filter
 //! ahead of an existing EPP, narrowing its candidates through the subset hint. Both run the
 //! same per-request pipeline as the OpenAI proxy ([`crate::pipeline::Router`]); only the
-//! protocol differs. Protocol facts: `../shared/reference/gie-epp.md` (the GIE endpoint picker
+//! protocol differs. Protocol facts: `docs/reference/gie-epp.md` (the GIE endpoint picker
 //! protocol and llm-d's handlers win where they disagree).
 //!
 //! ```text

@@ -18,25 +18,26 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 pub use kvindex_loadtest::kvindex_service::{sim_next_seq, KvindexService};
-pub use kvindex_loadtest::process::{binary_or_skip, ChildProcess, RouterProcess, SimFleet, SimPod};
+pub use kvindex_loadtest::process::{required_binary, ChildProcess, RouterProcess, SimFleet, SimPod};
 use serde_json::Value;
 
 pub const DEADLINE: Duration = Duration::from_secs(30);
 pub const BLOCK: usize = 16;
 
-/// The three binaries, or `None` (test skipped, failed under CI) when one is not built.
+/// The three binaries the router's tests run (the other two are built on demand when a test
+/// of this crate runs alone).
 pub struct Bins {
     pub kvindex: PathBuf,
     pub sim: PathBuf,
     pub router: PathBuf,
 }
 
-pub fn bins() -> Option<Bins> {
-    Some(Bins {
-        kvindex: binary_or_skip("kvindex", "KVINDEX_BIN")?,
-        sim: binary_or_skip("kvindex-sim", "KVINDEX_SIM_BIN")?,
-        router: Some(PathBuf::from(env!("CARGO_BIN_EXE_kvindex-router")))?,
-    })
+pub fn bins() -> Bins {
+    Bins {
+        kvindex: required_binary("kvindex", "KVINDEX_BIN"),
+        sim: required_binary("kvindex-sim", "KVINDEX_SIM_BIN"),
+        router: PathBuf::from(env!("CARGO_BIN_EXE_kvindex-router")),
+    }
 }
 
 /// The deepseek tokenizer fixture (129k vocabulary, chat template), or `None` (skipped, failed

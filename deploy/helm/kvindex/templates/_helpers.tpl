@@ -96,6 +96,10 @@ prometheus.io/path: /metrics
   {{- if .Values.tokenizer.enabled }}
   - --tokenizer-endpoint=http://127.0.0.1:{{ $p.tokenizerGrpc }}
   {{- end }}
+  {{- include "kvindex.snapshotArgs" . | trim | nindent 2 }}
+  {{- if .Values.adminToken.enabled }}
+  - --admin-token-file={{ include "kvindex.adminTokenPath" . }}
+  {{- end }}
   {{- with .Values.indexer.extraArgs }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
@@ -113,6 +117,11 @@ prometheus.io/path: /metrics
       port: {{ $p.indexerHttp }}
     periodSeconds: 10
     failureThreshold: 6
+  {{- if or .Values.indexer.snapshots.enabled .Values.adminToken.enabled }}
+  volumeMounts:
+  {{- include "kvindex.snapshotMount" . | trim | nindent 2 }}
+  {{- include "kvindex.adminTokenMount" . | trim | nindent 2 }}
+  {{- end }}
   resources:
     {{- toYaml .Values.indexer.resources | nindent 4 }}
   securityContext:
@@ -138,6 +147,9 @@ prometheus.io/path: /metrics
   - --load-band={{ .Values.router.loadBand }}
   - --score-deadline-ms={{ .Values.router.scoreDeadlineMs }}
   - --log-format={{ .Values.router.logFormat }}
+  {{- if .Values.adminToken.enabled }}
+  - --indexer-admin-token-file={{ include "kvindex.adminTokenPath" . }}
+  {{- end }}
   {{- include "kvindex.discoveryArgs" . | nindent 2 }}
   {{- with .Values.router.extraArgs }}
   {{- toYaml . | nindent 2 }}
@@ -157,6 +169,10 @@ prometheus.io/path: /metrics
       port: {{ $p.routerHttp }}
     periodSeconds: 10
     failureThreshold: 6
+  {{- if .Values.adminToken.enabled }}
+  volumeMounts:
+  {{- include "kvindex.adminTokenMount" . | trim | nindent 2 }}
+  {{- end }}
   resources:
     {{- toYaml .Values.router.resources | nindent 4 }}
   securityContext:
@@ -186,4 +202,59 @@ prometheus.io/path: /metrics
     mountPath: /tokenizers
     readOnly: true
 {{- end }}
+{{- end -}}
+
+{{/* The admin token: the Secret's name, and where the indexer and the routers read it. */}}
+{{- define "kvindex.adminTokenSecret" -}}
+{{- .Values.adminToken.existingSecret | default (printf "%s-admin-token" (include "kvindex.prefix" .)) -}}
+{{- end -}}
+{{- define "kvindex.adminTokenPath" -}}
+/etc/kvindex/admin/{{ .Values.adminToken.key }}
+{{- end -}}
+{{- define "kvindex.adminTokenMount" -}}
+{{- if .Values.adminToken.enabled }}
+- name: kvindex-admin-token
+  mountPath: /etc/kvindex/admin
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "kvindex.adminTokenVolume" -}}
+{{- if .Values.adminToken.enabled }}
+- name: kvindex-admin-token
+  secret:
+    secretName: {{ include "kvindex.adminTokenSecret" . }}
+    defaultMode: 0444
+{{- end }}
+{{- end -}}
+
+{{/* The indexer's snapshot directory (warm restarts), its flags, mount and volume. */}}
+{{- define "kvindex.snapshotArgs" -}}
+{{- if .Values.indexer.snapshots.enabled }}
+- --snapshot-dir=/var/lib/kvindex/snapshots
+- --snapshot-interval={{ .Values.indexer.snapshots.intervalSeconds }}
+{{- end }}
+{{- end -}}
+{{- define "kvindex.snapshotMount" -}}
+{{- if .Values.indexer.snapshots.enabled }}
+- name: kvindex-snapshots
+  mountPath: /var/lib/kvindex/snapshots
+{{- end }}
+{{- end -}}
+{{- define "kvindex.snapshotVolume" -}}
+{{- $s := .Values.indexer.snapshots -}}
+{{- if $s.enabled }}
+- name: kvindex-snapshots
+  emptyDir:
+    sizeLimit: {{ $s.sizeLimit }}
+{{- end }}
+{{- end -}}
+
+{{/* The volumes of the sidecar containers (tokenizers, snapshots, admin token). */}}
+{{- define "kvindex.eppSidecarVolumes" -}}
+{{- if .Values.tokenizer.enabled }}
+- name: kvindex-tokenizers
+  {{- toYaml .Values.tokenizer.volume | nindent 2 }}
+{{- end }}
+{{- include "kvindex.snapshotVolume" . }}
+{{- include "kvindex.adminTokenVolume" . }}
 {{- end -}}
