@@ -7,6 +7,7 @@
 pub mod cidr;
 pub mod discovery;
 pub mod error;
+pub mod http_limits;
 pub mod pod;
 
 use std::collections::{BTreeMap, HashSet};
@@ -333,9 +334,9 @@ pub struct Config {
     /// TLS (and with a client CA, mTLS) on every API listener; `None`: plain TCP.
     pub tls: Option<crate::tls::TlsFiles>,
     /// Connection bounds of each HTTP listener (`http_addr`, `metrics_addr`).
-    pub http_conn_limits: crate::http::serve::ConnLimits,
+    pub http_conn_limits: http_limits::ConnLimits,
     /// Bounds on the HTTP request bodies read (registrations).
-    pub http_body_limits: crate::http::body::BodyLimits,
+    pub http_body_limits: http_limits::BodyLimits,
     pub block_size: usize,
     /// The sampled vLLM hash cross-check, when `hash_seed` is set.
     pub hash_check: Option<HashCheckConfig>,
@@ -800,7 +801,7 @@ fn http_limits(
     s: &Settings,
     src: &Sources<'_>,
     int: &IntCheck<'_>,
-) -> Result<(crate::http::serve::ConnLimits, crate::http::body::BodyLimits), ConfigError> {
+) -> Result<(http_limits::ConnLimits, http_limits::BodyLimits), ConfigError> {
     use std::time::Duration;
     let ms = |key, v, default| int(key, v, default, 1, 3_600_000).map(|v| Duration::from_millis(v as u64));
     // The defaults fit in the descriptors kept beside the central SUB (DESCRIPTORS_KEPT):
@@ -822,12 +823,12 @@ fn http_limits(
             format!("must be at least http_max_body_bytes ({max_bytes}), got {max_inflight_bytes}"),
         ));
     }
-    let conn = crate::http::serve::ConnLimits {
+    let conn = http_limits::ConnLimits {
         header_timeout: ms("http_header_timeout_ms", s.http_header_timeout_ms, 10_000)?,
         max_connections: max_connections as usize,
         max_connections_per_address: max_connections_per_address as usize,
     };
-    let body = crate::http::body::BodyLimits {
+    let body = http_limits::BodyLimits {
         max_bytes: max_bytes as usize,
         max_inflight_bytes: max_inflight_bytes as usize,
         timeout: ms("http_body_timeout_ms", s.http_body_timeout_ms, 10_000)?,

@@ -6,8 +6,6 @@
 //! (issue 23). Bodies are read only after the bearer token was checked, so nobody without it
 //! can make the server hold a byte of one.
 
-use std::time::Duration;
-
 use axum::body::Body;
 use axum::http::header::{CONTENT_LENGTH, RETRY_AFTER};
 use axum::http::{HeaderMap, StatusCode};
@@ -18,16 +16,8 @@ use kvindex_zmtp::{Budget, Lease};
 use serde_json::json;
 use tokio_stream::StreamExt;
 
+use crate::config::http_limits::BodyLimits;
 use crate::telemetry as m;
-
-/// The bounds on request bodies (settings `http_max_body_bytes`,
-/// `http_max_inflight_body_bytes`, `http_body_timeout_ms`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BodyLimits {
-    pub max_bytes: usize,
-    pub max_inflight_bytes: usize,
-    pub timeout: Duration,
-}
 
 /// The bodies being read now, over all connections of the HTTP listeners.
 #[derive(Debug, Clone)]

@@ -35,6 +35,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
+use crate::config::http_limits::ConnLimits;
 use crate::telemetry as m;
 
 /// Largest request head (request line and headers) accepted; a larger one is answered 431.
@@ -43,18 +44,6 @@ pub const MAX_HEAD_BYTES: usize = 32 << 10;
 
 /// Most bytes hyper buffers for one connection (hyper's default is ~400 KiB).
 pub const MAX_BUFFER_BYTES: usize = 64 << 10;
-
-/// The per-listener connection bounds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnLimits {
-    /// Time for a request's head to arrive, and for an idle keep-alive connection to start its
-    /// next request.
-    pub header_timeout: Duration,
-    /// Most connections open at once on the listener.
-    pub max_connections: usize,
-    /// Most connections open at once from one client IP address.
-    pub max_connections_per_address: usize,
-}
 
 /// Serves `app` on `listener` (TLS with `tls`) until `shutdown`, then lets the open
 /// connections finish their requests. `name` labels the metrics (`http`, `metrics`).
