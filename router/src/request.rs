@@ -61,29 +61,8 @@ pub struct RequestError {
     pub param: Option<&'static str>,
 }
 
-/// Most bytes of client text quoted back in an error message (see [`echo`]).
-pub const MAX_ECHO_BYTES: usize = 256;
-
-/// Client text (a model name) as it may be quoted back in an error: cut after
-/// [`MAX_ECHO_BYTES`] with a marker giving its real length, control and bidi-override
-/// characters escaped, so a 1 MB name is not echoed whole and a newline or ANSI escape cannot
-/// forge a line where the message is shown or logged.
-pub fn echo(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(MAX_ECHO_BYTES + 32));
-    for c in text.chars() {
-        if out.len() >= MAX_ECHO_BYTES {
-            out.push_str(&format!("… ({} bytes)", text.len()));
-            break;
-        }
-        let invisible = matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c.is_control() || invisible {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+/// Client text quoted back in an error is cut and escaped as the tokenizer service does it.
+pub use kvindex_tokenizer::echo::echo;
 
 fn bad(param: &'static str, message: impl Into<String>) -> RequestError {
     RequestError { message: message.into(), param: Some(param) }
@@ -256,16 +235,6 @@ mod tests {
         let default = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         let Prompt::Chat(chat) = parse_json(Endpoint::ChatCompletions, default).unwrap().prompt else { panic!("chat") };
         assert!(chat.add_generation_prompt, "vLLM's default");
-    }
-
-    #[test]
-    fn echoed_text_is_bounded_and_escaped() {
-        assert_eq!(echo("Qwen/Qwen3-8B"), "Qwen/Qwen3-8B");
-        assert_eq!(echo("a\nb\u{1b}[31m\u{202e}c"), "a\\nb\\u{1b}[31m\\u{202e}c");
-        let huge = "é".repeat(500_000);
-        let echoed = echo(&huge);
-        assert!(echoed.len() < MAX_ECHO_BYTES + 32, "{}", echoed.len());
-        assert!(echoed.starts_with("éé") && echoed.ends_with("… (1000000 bytes)"), "{echoed}");
     }
 
     #[test]

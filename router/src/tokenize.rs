@@ -152,7 +152,9 @@ impl Tokenizers {
     /// Token ids of `prompt` for `model`, or why there are none. More than `max_tokens` is
     /// [`TokenizeError::OverLimit`]; the in-process tokenizer stops counting soon past the limit
     /// (at the first cut point past it, see `kvindex_tokenizer::LoadedModel::ids_within`)
-    /// instead of tokenizing the whole prompt first.
+    /// instead of tokenizing the whole prompt first, and so does a `kvindex-tokenizer`, which is
+    /// sent the limit (llm-d's sidecar ignores it and tokenizes the whole prompt; it is then
+    /// refused here).
     pub async fn tokenize(
         &self,
         model: &str,
@@ -164,7 +166,7 @@ impl Tokenizers {
         } else if let Some(registry) = self.local.as_ref().filter(|_| self.local_models.contains(model)) {
             ("local", local(registry.clone(), model, prompt, max_tokens).await)
         } else if let Some(client) = &self.remote {
-            ("remote", remote(client.clone(), model, prompt).await)
+            ("remote", remote(client.clone(), model, prompt, max_tokens).await)
         } else {
             ("none", Ok(Err(Unavailable::NoTokenizer)))
         };
@@ -214,32 +216,49 @@ async fn local(
     }
 }
 
+/// A request to the tokenizer service, with its deadline and our token limit
+/// (`kvindex_tokenizer::grpc_service::MAX_TOKENS_METADATA`).
+fn remote_request<T>(message: T, max_tokens: usize) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(REMOTE_TIMEOUT);
+    if let Ok(limit) = max_tokens.to_string().parse() {
+        request.metadata_mut().insert(kvindex_tokenizer::grpc_service::MAX_TOKENS_METADATA, limit);
+    }
+    request
+}
+
 async fn remote(
     mut client: TokenizationServiceClient<Channel>,
     model: &str,
     prompt: &Prompt,
+    max_tokens: usize,
 ) -> Result<Result<Vec<u32>, Unavailable>, TokenizeError> {
     let reply = match prompt {
         Prompt::Tokens(ids) => return Ok(Ok(ids.clone())),
         Prompt::Text(text) => {
-            let mut request = tonic::Request::new(tok::RenderCompletionRequest {
-                model_name: model.to_string(),
-                prompt: text.clone(),
-            });
-            request.set_timeout(REMOTE_TIMEOUT);
-            tokio::time::timeout(REMOTE_TIMEOUT, client.render_completion(request))
+            let message = tok::RenderCompletionRequest { model_name: model.to_string(), prompt: text.clone() };
+            tokio::time::timeout(REMOTE_TIMEOUT, client.render_completion(remote_request(message, max_tokens)))
                 .await
                 .map(|r| r.map(|r| r.into_inner()).map(|r| (r.success, r.error_message, r.token_ids)))
         }
         Prompt::Chat(chat) => {
-            let mut request = tonic::Request::new(chat_request(model, chat));
-            request.set_timeout(REMOTE_TIMEOUT);
-            tokio::time::timeout(REMOTE_TIMEOUT, client.render_chat_completion(request))
+            let message = chat_request(model, chat);
+            tokio::time::timeout(REMOTE_TIMEOUT, client.render_chat_completion(remote_request(message, max_tokens)))
                 .await
                 .map(|r| r.map(|r| r.into_inner()).map(|r| (r.success, r.error_message, r.token_ids)))
         }
     };
     match reply {
+        // Over our limit: the service stopped tokenizing soon past it.
+        Ok(Err(status)) if status.code() == tonic::Code::OutOfRange => {
+            let counted = status
+                .metadata()
+                .get(kvindex_tokenizer::grpc_service::COUNTED_METADATA)
+                .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+                .filter(|&counted| counted > max_tokens)
+                .unwrap_or(max_tokens + 1);
+            Err(TokenizeError::OverLimit { counted, max: max_tokens })
+        }
         // The service refuses the request itself (e.g. it does not accept client templates).
         Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
             Err(TokenizeError::Invalid(status.message().to_string()))

@@ -1,6 +1,7 @@
 //! The router's HTTP front holds its bounds against a hostile client (issue 23, item 8), on
 //! the real binary over loopback TCP: a prompt far over `--max-prompt-tokens` is refused after
 //! tokenizing little more than the limit (read from `kvindex_router_tokens_tokenized_total`),
+//! in process and through a `kvindex-tokenizer` that is sent the limit,
 //! chats over `--max-messages` and texts over the byte cap before any tokenizing, bodies over
 //! `--max-body-bytes` with 413, bodies over the in-flight budget with 503, a client that trickles
 //! its headers or body is cut off after the timeout while others are served, and connections
@@ -81,6 +82,59 @@ async fn a_prompt_far_over_the_token_limit_is_refused_after_tokenizing_little_mo
     let counted = (tokenized().await - before) as usize;
     assert!(counted > limit, "tokenization ran past the limit before stopping: {counted}");
     assert!(counted < limit + (full - limit) / 2, "tokenization stopped near the limit ({counted} of {full})");
+}
+
+/// The same through a `kvindex-tokenizer` over gRPC (served here in process, real gRPC on
+/// loopback): the router sends its limit with the request, and the service stops tokenizing
+/// soon past it instead of tokenizing the whole chat (issue 23: the remote path had no bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_far_over_the_token_limit_is_refused_by_the_remote_tokenizer_after_little_more_than_the_limit() {
+    let bins = bins();
+    let Some(dir) = deepseek_dir() else { return };
+    let mut config = kvindex_tokenizer::RegistryConfig::default();
+    config.add_model(MODEL, &dir).unwrap();
+    let registry = std::sync::Arc::new(kvindex_tokenizer::TokenizerRegistry::new(config));
+    // Loaded before the first request, which the router gives a second.
+    let loading = registry.clone();
+    tokio::task::spawn_blocking(move || loading.initialize(MODEL)).await.unwrap().unwrap();
+    let listeners =
+        kvindex_tokenizer::server::BoundListeners::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
+    let endpoint = listeners.tcp_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(kvindex_tokenizer::server::serve(registry, listeners, async {
+        let _ = stopped.await;
+    }));
+    let pod = FakePod::start(Script::Echo("p".into())).await;
+    let limit = 1000;
+    let router = router(
+        &bins,
+        &[
+            "--pod".into(),
+            pod.spec(),
+            "--tokenizer-endpoint".into(),
+            endpoint,
+            "--max-prompt-tokens".into(),
+            limit.to_string(),
+            "--max-messages".into(),
+            "3000".into(),
+        ],
+    );
+    let addr = router.http.clone();
+    let tokenized = || metric(&addr, "kvindex_router_tokens_tokenized_total", &["where=\"remote\""]);
+
+    let body = chat(700);
+    let full = full_count(&dir, &body);
+    assert!(full > 2 * limit, "the chat is far over the limit: {full} tokens");
+    let long = post(&addr, "/v1/chat/completions", &body).await;
+    assert_error(&long, 400, "context_length_exceeded");
+    let counted = tokenized().await as usize;
+    assert!(counted > limit, "tokenization ran past the limit before stopping: {counted}");
+    assert!(counted < limit + (full - limit) / 2, "the service stopped near the limit ({counted} of {full})");
+    // Under the limit: tokenized remotely and forwarded.
+    let small = post(&addr, "/v1/chat/completions", &chat(2)).await;
+    assert_eq!(small.status, 200, "{}", String::from_utf8_lossy(&small.body));
+    let _ = stop.send(());
+    let _ = service.await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

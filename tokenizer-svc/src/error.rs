@@ -11,8 +11,9 @@ use crate::client_template::Rejection;
 /// [`TokenizerError::log_summary`], which never carries request content.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    /// The model name is not configured.
-    #[error("unknown model {0:?}")]
+    /// The model name is not configured. The name is the client's: quoted cut and escaped
+    /// ([`crate::echo`]), in the message and in logs.
+    #[error("unknown model \"{}\"", crate::echo(.0))]
     UnknownModel(String),
     /// A model directory lacks a file the model needs, or a file cannot be read.
     #[error("model {model:?}: cannot read {path}: {reason}")]
@@ -63,9 +64,8 @@ impl TokenizerError {
     /// template's message (which may quote the prompt) or request-derived text.
     pub fn log_summary(&self) -> String {
         match self {
-            Self::UnknownModel(model) | Self::NoChatTemplate(model) => {
-                format!("{} model={model:?}", self.kind())
-            }
+            Self::UnknownModel(model) => format!("{} model=\"{}\"", self.kind(), crate::echo(model)),
+            Self::NoChatTemplate(model) => format!("{} model={model:?}", self.kind()),
             Self::ModelFiles { model, path, .. } => {
                 format!("{} model={model:?} path={}", self.kind(), path.display())
             }

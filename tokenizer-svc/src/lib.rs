@@ -8,6 +8,7 @@
 pub mod chat_render;
 pub mod chat_request;
 pub mod client_template;
+pub mod echo;
 pub mod error;
 pub mod grpc_service;
 pub mod incremental;
@@ -25,6 +26,7 @@ pub mod template_env;
 
 pub use chat_request::ChatRequest;
 pub use client_template::{ClientTemplates, Sandbox, SandboxLimits};
+pub use echo::echo;
 pub use error::{Result, TokenizerError};
 pub use loaded_model::{Bounded, LoadedModel, TokenizedText};
 pub use prefix_cache::{PrefixCache, PrefixCacheStats};

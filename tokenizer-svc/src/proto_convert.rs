@@ -104,7 +104,10 @@ fn tool_json(tool: &pb::ChatCompletionTool) -> Result<Json> {
     }
     if let Some(parameters) = &function.parameters_json {
         let parsed: Json = serde_json::from_str(parameters).map_err(|e| {
-            TokenizerError::InvalidRequest(format!("tool {:?}: parameters_json is not valid JSON: {e}", function.name))
+            TokenizerError::InvalidRequest(format!(
+                "tool \"{}\": parameters_json is not valid JSON: {e}",
+                crate::echo(&function.name)
+            ))
         })?;
         f.insert("parameters".into(), parsed);
     }

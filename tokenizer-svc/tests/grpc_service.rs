@@ -21,10 +21,18 @@ struct Server {
 }
 
 async fn start(name: &str) -> Server {
+    start_with(name, &[]).await
+}
+
+/// [`start`] with more `(name, dir)` models beside the trained ones.
+async fn start_with(name: &str, models: &[(&str, std::path::PathBuf)]) -> Server {
     let root = common::scratch_dir(name);
     let mut config = RegistryConfig::default();
     config.add_model("chatml", trained::chatml_model(&root, "chatml")).unwrap();
     config.add_model("strict", trained::raising_model(&root, "strict")).unwrap();
+    for (model, dir) in models {
+        config.add_model(model, dir).unwrap();
+    }
     let registry = Arc::new(TokenizerRegistry::new(config));
     let uds = root.join("tokenizer.sock");
     let listeners = BoundListeners::bind("127.0.0.1:0".parse().unwrap(), Some(uds.clone())).await.unwrap();
@@ -242,6 +250,132 @@ async fn failures_follow_llm_d_success_false_contract() {
         .unwrap()
         .into_inner();
     assert!(!empty.success);
+}
+
+/// With a token limit in the metadata (the router sends its `--max-prompt-tokens`), a chat far
+/// over it is tokenized only up to the first turn marker past the limit and answered
+/// `OUT_OF_RANGE` with the count; within the limit, or without one (llm-d), the ids come back.
+/// On the deepseek fixture, whose turn markers are cut points.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_limit_in_the_metadata_stops_tokenizing_past_it() {
+    // The wire names, as a client knows them (`grpc_service::MAX_TOKENS_METADATA`, ...).
+    const MAX_TOKENS_METADATA: &str = "x-kvindex-max-tokens";
+    const COUNTED_METADATA: &str = "x-kvindex-tokens-counted";
+    let Some(fixtures) = common::fixtures() else { return };
+    let server = start_with("grpc-limit", &[("deepseek", fixtures.join("models/deepseek"))]).await;
+    let mut client = tcp_client(&server).await;
+    let chat = pb::RenderChatCompletionRequest {
+        model_name: "deepseek".into(),
+        // Alternating turns: every turn opens with a marker.
+        messages: (0..400)
+            .map(|i| pb::ChatMessage {
+                role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+                content: Some(format!("message {i}")),
+                content_parts: vec![],
+            })
+            .collect(),
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    fn limited<T>(message: T, limit: usize) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.metadata_mut().insert(MAX_TOKENS_METADATA, limit.to_string().parse().unwrap());
+        request
+    }
+    // Limited first: a prompt tokenized before is reused from the prefix cache, not tokenized.
+    let limit = 100;
+    let over = client.render_chat_completion(limited(chat.clone(), limit)).await.unwrap_err();
+    assert_eq!(over.code(), tonic::Code::OutOfRange, "{over:?}");
+    let counted: usize = over.metadata().get(COUNTED_METADATA).unwrap().to_str().unwrap().parse().unwrap();
+    assert!(over.message().contains(&format!("more than {limit} tokens")), "{}", over.message());
+
+    let full = client.render_chat_completion(chat.clone()).await.unwrap().into_inner();
+    assert!(full.success, "no limit, no change: {}", full.error_message);
+    let full = full.token_ids.len();
+    assert!(full > 10 * limit, "the chat is far over the limit: {full}");
+    assert!(counted > limit && counted < 2 * limit, "stopped soon past the limit: {counted} of {full}");
+
+    let within = client.render_chat_completion(limited(chat, full)).await.unwrap().into_inner();
+    assert_eq!(within.token_ids.len(), full, "within the limit: every id");
+    let prompt = pb::RenderCompletionRequest { model_name: "deepseek".into(), prompt: "word ".repeat(500) };
+    let over = client.render_completion(limited(prompt.clone(), 10)).await.unwrap_err();
+    assert_eq!(over.code(), tonic::Code::OutOfRange, "{over:?}");
+    assert!(client.render_completion(prompt).await.unwrap().into_inner().success);
+}
+
+/// A client's model or tool name comes back in `error_message` cut to 256 bytes with its
+/// length, and escaped (issue 23: a 1 MB name was echoed whole), by every method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_names_in_errors_are_cut_and_escaped() {
+    let server = start("grpc-echo").await;
+    let mut client = tcp_client(&server).await;
+    let name = format!("evil\nINFO forged{}", "x".repeat(1 << 20));
+    let bounded = |message: &str| {
+        assert!(message.len() < 400, "{} bytes echoed", message.len());
+        assert!(message.contains(&format!("({} bytes)", name.len())), "{message}");
+        assert!(!message.contains('\n') && message.contains("evil\\nINFO"), "{message}");
+    };
+    let model_name = name.clone();
+    let messages = [
+        client
+            .tokenize(pb::TokenizeRequest {
+                input: "x".into(),
+                model_name: model_name.clone(),
+                add_special_tokens: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .error_message,
+        client
+            .initialize_tokenizer(pb::InitializeTokenizerRequest {
+                model_name: model_name.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .error_message,
+        client
+            .render_completion(pb::RenderCompletionRequest { model_name: model_name.clone(), prompt: "x".into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .error_message,
+        client
+            .render_chat_completion(pb::RenderChatCompletionRequest {
+                model_name: model_name.clone(),
+                messages: vec![user("Hi")],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .error_message,
+    ];
+    for message in &messages {
+        assert!(message.starts_with("unknown model \"evil"), "{}", &message[..message.len().min(300)]);
+        bounded(message);
+    }
+    let bad_tool = client
+        .render_chat_completion(pb::RenderChatCompletionRequest {
+            model_name: "chatml".into(),
+            messages: vec![user("Hi")],
+            tools: vec![pb::ChatCompletionTool {
+                r#type: "function".into(),
+                function: Some(pb::FunctionDefinition {
+                    name: name.clone(),
+                    parameters_json: Some("[oops".into()),
+                    ..Default::default()
+                }),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(bad_tool.error_message.contains("parameters_json"), "{}", &bad_tool.error_message[..300]);
+    bounded(&bad_tool.error_message);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -167,20 +167,22 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let (grpc_tls, http_tls) = (tls.as_ref().map(|t| t.0.clone()), tls.as_ref().map(|t| t.1.clone()));
     let mut grpc =
         tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, grpc_tls, stopped(stopping.clone())));
+    let bodies = http::body::Bodies::new(state.config().http_body_limits);
     let (app, metrics_app) = match listeners.metrics {
         Some(metrics) => {
-            let app = http::router(state.clone(), prometheus.clone(), false);
-            (app, Some((metrics, http::metrics_router(state.clone(), prometheus))))
+            let app = http::router(state.clone(), prometheus.clone(), bodies.clone(), false);
+            (app, Some((metrics, http::metrics_router(state.clone(), prometheus, bodies))))
         }
-        None => (http::router(state.clone(), prometheus, true), None),
+        None => (http::router(state.clone(), prometheus, bodies, true), None),
     };
-    let main_tls = http_tls.clone().map(|c| (c, "http"));
-    let mut http = tokio::spawn(http::serve(listeners.http, app, main_tls, stopped(stopping.clone())));
+    let limits = state.config().http_conn_limits;
+    let serve_http =
+        http::serve::serve("http", listeners.http, app, http_tls.clone(), limits, stopped(stopping.clone()));
+    let mut http = tokio::spawn(async move { serve_http.await.map_err(ServerError::Http) });
     if let Some((listener, app)) = metrics_app {
         let metrics_stopping = stopped(stopping.clone());
-        let metrics_tls = http_tls.map(|c| (c, "metrics"));
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = http::serve(listener, app, metrics_tls, metrics_stopping).await {
+            if let Err(e) = http::serve::serve("metrics", listener, app, http_tls, limits, metrics_stopping).await {
                 tracing::error!(error = %e, "metrics listener stopped");
             }
         }));

@@ -37,6 +37,9 @@ pub const RECONNECTIONS: &str = "kvindex_subscriber_reconnections_total";
 pub const REGISTRATIONS: &str = "kvindex_registrations_total";
 pub const CONFIG_ERRORS: &str = "kvindex_config_errors_total";
 pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
+pub const HTTP_CONNECTIONS: &str = "kvindex_http_connections";
+pub const HTTP_REFUSED: &str = "kvindex_http_refused_total";
+pub const HTTP_BODY_BYTES: &str = "kvindex_http_body_bytes";
 pub const GRPC_REJECTED: &str = "kvindex_grpc_rejected_total";
 pub const GRPC_SHED: &str = "kvindex_grpc_shed_total";
 pub const GRPC_LARGE_IN_FLIGHT: &str = "kvindex_grpc_large_in_flight";
@@ -136,6 +139,12 @@ fn describe() {
     describe_counter!(REGISTRATIONS, "Pod registrations and unregistrations, by origin");
     describe_counter!(CONFIG_ERRORS, "Rejected configuration (pods file, registration)");
     describe_counter!(HTTP_INVALID, "Rejected HTTP admin requests");
+    describe_gauge!(HTTP_CONNECTIONS, "Open HTTP connections, by listener");
+    describe_counter!(
+        HTTP_REFUSED,
+        "HTTP connections and requests refused for a bound (connection caps, slow or oversized heads and bodies)"
+    );
+    describe_gauge!(HTTP_BODY_BYTES, Unit::Bytes, "HTTP request body bytes held now (http_max_inflight_body_bytes)");
     describe_counter!(TLS_HANDSHAKE_FAILURES, "TLS handshakes that failed (no or a bad client certificate, timeout)");
     describe_counter!(GRPC_REJECTED, "gRPC requests refused before their handler (too_large: over max_message_bytes)");
     describe_counter!(

@@ -1,9 +1,11 @@
 //! TLS and mTLS for the gRPC and HTTP listeners (`tls_cert`, `tls_key`, `tls_client_ca`).
 //!
-//! One rustls configuration serves every TCP listener of the API: connections are accepted
-//! and handshaken here, off the accept loop (a client that stalls its handshake holds one
-//! task until [`HANDSHAKE_TIMEOUT`], never the listener), and only finished TLS streams reach
-//! tonic or axum. With `tls_client_ca` a client must present a certificate that CA signed, or
+//! One rustls configuration serves every TCP listener of the API: connections are handshaken
+//! off the accept loop (a client that stalls its handshake holds one task until
+//! [`HANDSHAKE_TIMEOUT`], never the listener), and only finished TLS streams reach tonic or
+//! hyper. gRPC's are accepted here ([`accept`], at most 256 handshakes at once); the HTTP
+//! listeners accept their own, within their connection caps, and call [`handshake`]
+//! (`crate::http::serve`). With `tls_client_ca` a client must present a certificate that CA signed, or
 //! its handshake fails. Every failed handshake is counted
 //! (`kvindex_tls_handshake_failures_total{listener}`), and logged at debug level only: a port
 //! scanner must not fill the logs.
@@ -145,12 +147,8 @@ pub fn accept(
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 let _permit = permit;
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send((stream, peer)).await;
-                    }
-                    Ok(Err(e)) => failed(name, "handshake", &peer, &e.to_string()),
-                    Err(_) => failed(name, "timeout", &peer, "no finished handshake in time"),
+                if let Some(stream) = handshake(&acceptor, tcp, peer, name).await {
+                    let _ = tx.send((stream, peer)).await;
                 }
             });
         }
@@ -158,37 +156,28 @@ pub fn accept(
     rx
 }
 
+/// Handshakes TLS on an accepted connection within [`HANDSHAKE_TIMEOUT`]; a failure is
+/// counted for `name` and logged at debug level, and gives `None`.
+pub async fn handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    name: &'static str,
+) -> Option<TlsStream<TcpStream>> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => Some(stream),
+        Ok(Err(e)) => {
+            failed(name, "handshake", &peer, &e.to_string());
+            None
+        }
+        Err(_) => {
+            failed(name, "timeout", &peer, "no finished handshake in time");
+            None
+        }
+    }
+}
+
 fn failed(listener: &'static str, reason: &'static str, peer: &SocketAddr, error: &str) {
     metrics::counter!(m::TLS_HANDSHAKE_FAILURES, "listener" => listener, "reason" => reason).increment(1);
     tracing::debug!(listener, %peer, error = %crate::transport::escape(error), "TLS handshake failed");
-}
-
-/// A TLS listener for `axum::serve`: the handshaken streams of [`accept`].
-pub struct AxumTls {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl AxumTls {
-    pub fn new(listener: TcpListener, config: Arc<rustls::ServerConfig>, name: &'static str) -> std::io::Result<Self> {
-        let local = listener.local_addr()?;
-        Ok(AxumTls { rx: accept(listener, config, name), local })
-    }
-}
-
-impl axum::serve::Listener for AxumTls {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(accepted) => accepted,
-            // The acceptor only stops once this receiver is dropped.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }

@@ -263,11 +263,14 @@ fn attack_registration_with_a_wrong_token_or_on_an_operator_pod() {
     let registered = server.sources()["registered_pods"].clone();
     let op = registered.as_array().unwrap().iter().find(|p| p["pod"] == "pod-op").expect("pod-op still registered");
     assert_eq!(op["endpoint"], format!("tcp://127.0.0.1:{}", operator_pod.rsplit(':').next().unwrap()));
-    // Names that would forge log lines or bloat metrics are refused, with the token too.
-    for id in ["pod\nINFO forged line".to_string(), "x".repeat(1 << 20)] {
+    // Names that would forge log lines or bloat metrics are refused, with the token too; a
+    // longer one is not even read (over http_max_body_bytes, 64 KiB).
+    for (id, refused) in
+        [("pod\nINFO forged line".to_string(), 400), ("x".repeat(4096), 400), ("x".repeat(256 << 10), 413)]
+    {
         let body = json!({"pod": id, "model": MODEL}).to_string();
         let (status, resp) = http_request_as(&server.http, "POST", "/pods", Some(&body), Some(ADMIN_TOKEN));
-        assert_eq!(status, 400, "{}", &resp[..resp.len().min(200)]);
+        assert_eq!(status, refused, "{}", &resp[..resp.len().min(200)]);
     }
     peer.check(&["a"], MODEL);
     assert_alive(&mut server);

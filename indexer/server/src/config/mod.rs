@@ -7,6 +7,7 @@
 pub mod cidr;
 pub mod discovery;
 pub mod error;
+pub mod http_limits;
 pub mod pod;
 
 use std::collections::{BTreeMap, HashSet};
@@ -233,6 +234,28 @@ pub struct Settings {
     /// etcd's `--listen-metrics-urls`). Unset: they stay on `http_addr`.
     #[arg(long, env = "KVINDEX_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
+    /// Time for an HTTP request's head to arrive, and for an idle keep-alive connection to
+    /// start its next request, before the connection is closed. Default 10000.
+    #[arg(long, env = "KVINDEX_HTTP_HEADER_TIMEOUT_MS")]
+    pub http_header_timeout_ms: Option<i64>,
+    /// Time for a whole HTTP request body to arrive (408 past it). Default 10000.
+    #[arg(long, env = "KVINDEX_HTTP_BODY_TIMEOUT_MS")]
+    pub http_body_timeout_ms: Option<i64>,
+    /// Most open connections per HTTP listener (`http_addr`, `metrics_addr` each); past it a
+    /// new connection is closed at accept. Default 64.
+    #[arg(long, env = "KVINDEX_HTTP_MAX_CONNECTIONS")]
+    pub http_max_connections: Option<i64>,
+    /// Most open connections per HTTP listener from one client address. Default a quarter of
+    /// `http_max_connections`.
+    #[arg(long, env = "KVINDEX_HTTP_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub http_max_connections_per_address: Option<i64>,
+    /// Largest HTTP request body (a registration); 413 past it. Default 65536.
+    #[arg(long, env = "KVINDEX_HTTP_MAX_BODY_BYTES")]
+    pub http_max_body_bytes: Option<i64>,
+    /// HTTP request body bytes held at once over all requests (503 past it); at least
+    /// `http_max_body_bytes`. Default 1 MiB.
+    #[arg(long, env = "KVINDEX_HTTP_MAX_INFLIGHT_BODY_BYTES")]
+    pub http_max_inflight_body_bytes: Option<i64>,
     /// PEM certificate chain: serve gRPC and HTTP (and the metrics listener) over TLS.
     #[arg(long, env = "KVINDEX_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
@@ -310,6 +333,10 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     /// TLS (and with a client CA, mTLS) on every API listener; `None`: plain TCP.
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Connection bounds of each HTTP listener (`http_addr`, `metrics_addr`).
+    pub http_conn_limits: http_limits::ConnLimits,
+    /// Bounds on the HTTP request bodies read (registrations).
+    pub http_body_limits: http_limits::BodyLimits,
     pub block_size: usize,
     /// The sampled vLLM hash cross-check, when `hash_seed` is set.
     pub hash_check: Option<HashCheckConfig>,
@@ -433,6 +460,7 @@ impl Config {
             v.parse().map_err(|e| src.error(key, format!("not a host:port socket address ({v:?}): {e}")))
         };
         let zmq_limits = zmq_limits(&s, src, &int)?;
+        let (http_conn_limits, http_body_limits) = http_limits(&s, src, &int)?;
         let central = s.zmq_bind.as_deref().is_some_and(|e| !e.is_empty());
         let discovery = discovery::validate(&s, src, &int, central)?;
         let tls = tls_files(&s, src)?;
@@ -596,6 +624,8 @@ impl Config {
             http_addr,
             metrics_addr,
             tls,
+            http_conn_limits,
+            http_body_limits,
             block_size: int("block_size", s.block_size, 16, 1, 1 << 16)? as usize,
             hash_check,
             tokenizer_models,
@@ -764,6 +794,46 @@ fn zmq_limits(s: &Settings, src: &Sources<'_>, int: &IntCheck<'_>) -> Result<kvi
         src.error(key, message)
     })?;
     Ok(limits)
+}
+
+/// The `http_*` bounds of the HTTP listeners: their connections and the bodies they read.
+fn http_limits(
+    s: &Settings,
+    src: &Sources<'_>,
+    int: &IntCheck<'_>,
+) -> Result<(http_limits::ConnLimits, http_limits::BodyLimits), ConfigError> {
+    use std::time::Duration;
+    let ms = |key, v, default| int(key, v, default, 1, 3_600_000).map(|v| Duration::from_millis(v as u64));
+    // The defaults fit in the descriptors kept beside the central SUB (DESCRIPTORS_KEPT):
+    // both listeners full take half of them.
+    let max_connections = int("http_max_connections", s.http_max_connections, 64, 1, 1 << 20)?;
+    let max_connections_per_address = int(
+        "http_max_connections_per_address",
+        s.http_max_connections_per_address,
+        (max_connections / 4).max(1),
+        1,
+        max_connections,
+    )?;
+    let max_bytes = int("http_max_body_bytes", s.http_max_body_bytes, 64 << 10, 1, 1 << 30)?;
+    let max_inflight_bytes =
+        int("http_max_inflight_body_bytes", s.http_max_inflight_body_bytes, (1 << 20).max(max_bytes), 1, 1 << 36)?;
+    if max_inflight_bytes < max_bytes {
+        return Err(src.error(
+            "http_max_inflight_body_bytes",
+            format!("must be at least http_max_body_bytes ({max_bytes}), got {max_inflight_bytes}"),
+        ));
+    }
+    let conn = http_limits::ConnLimits {
+        header_timeout: ms("http_header_timeout_ms", s.http_header_timeout_ms, 10_000)?,
+        max_connections: max_connections as usize,
+        max_connections_per_address: max_connections_per_address as usize,
+    };
+    let body = http_limits::BodyLimits {
+        max_bytes: max_bytes as usize,
+        max_inflight_bytes: max_inflight_bytes as usize,
+        timeout: ms("http_body_timeout_ms", s.http_body_timeout_ms, 10_000)?,
+    };
+    Ok((conn, body))
 }
 
 /// Descriptors kept for everything but the central SUB: gRPC and HTTP clients, dialled pods,
@@ -970,6 +1040,24 @@ mod tests {
             config(&["--pod", "p,m,ipc:///run/engine.sock"]).unwrap().pods[0].endpoint.as_deref(),
             Some("ipc:///run/engine.sock")
         );
+    }
+
+    #[test]
+    fn http_bounds_default_within_the_kept_descriptors_and_are_checked() {
+        let c = config(&[]).unwrap();
+        let (conn, body) = (c.http_conn_limits, c.http_body_limits);
+        assert_eq!((conn.max_connections, conn.max_connections_per_address), (64, 16));
+        assert!(2 * conn.max_connections as i64 <= DESCRIPTORS_KEPT, "both HTTP listeners full leave room");
+        assert_eq!(conn.header_timeout, std::time::Duration::from_secs(10));
+        assert_eq!((body.max_bytes, body.max_inflight_bytes), (64 << 10, 1 << 20));
+        let c = config(&["--http-max-connections", "8", "--http-max-body-bytes", "4194304"]).unwrap();
+        assert_eq!(c.http_conn_limits.max_connections_per_address, 2);
+        assert_eq!(c.http_body_limits.max_inflight_bytes, 4 << 20, "the budget holds at least one body");
+        let e = config(&["--http-max-connections", "8", "--http-max-connections-per-address", "9"]).unwrap_err();
+        assert_eq!(e.key, "http_max_connections_per_address");
+        let e = config(&["--http-max-body-bytes", "4096", "--http-max-inflight-body-bytes", "4095"]).unwrap_err();
+        assert_eq!(e.key, "http_max_inflight_body_bytes");
+        assert_eq!(config(&["--http-header-timeout-ms", "0"]).unwrap_err().key, "http_header_timeout_ms");
     }
 
     #[test]

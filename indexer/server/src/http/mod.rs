@@ -3,12 +3,17 @@
 //! With `metrics_addr` set, `/metrics` and `/debug/*` move to their own listener
 //! ([`metrics_router`]) so the port that serves probes and registration can be exposed without
 //! the debug views, and Prometheus can reach the metrics without reaching anything else.
+//! Both listeners are served within connection and time bounds ([`serve`]); the one body an
+//! endpoint reads, a registration's, within size, time and memory bounds ([`body`]).
+
+pub mod body;
+pub mod serve;
 
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
+use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -29,11 +34,19 @@ use crate::telemetry as m;
 struct AppState {
     state: Arc<ServiceState>,
     prometheus: PrometheusHandle,
+    /// The request bodies being read, shared by both listeners (only `http_addr` reads any;
+    /// `/metrics` reports what they hold).
+    bodies: body::Bodies,
 }
 
 /// The routes of `http_addr`: health, readiness, registration, and `/metrics` and `/debug/*`
 /// when `with_metrics` (no separate metrics listener).
-pub fn router(state: Arc<ServiceState>, prometheus: PrometheusHandle, with_metrics: bool) -> Router {
+pub fn router(
+    state: Arc<ServiceState>,
+    prometheus: PrometheusHandle,
+    bodies: body::Bodies,
+    with_metrics: bool,
+) -> Router {
     let mut router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -42,17 +55,17 @@ pub fn router(state: Arc<ServiceState>, prometheus: PrometheusHandle, with_metri
     if with_metrics {
         router = router.merge(observability());
     }
-    router.fallback(not_found).with_state(AppState { state, prometheus })
+    router.fallback(not_found).with_state(AppState { state, prometheus, bodies })
 }
 
 /// The routes of the metrics-only listener (`metrics_addr`): `/metrics`, `/debug/*`, and
 /// health and readiness (harmless, and handy for a sidecar probing one port).
-pub fn metrics_router(state: Arc<ServiceState>, prometheus: PrometheusHandle) -> Router {
+pub fn metrics_router(state: Arc<ServiceState>, prometheus: PrometheusHandle, bodies: body::Bodies) -> Router {
     observability()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .fallback(not_found)
-        .with_state(AppState { state, prometheus })
+        .with_state(AppState { state, prometheus, bodies })
 }
 
 fn observability() -> Router<AppState> {
@@ -64,25 +77,8 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, Json(json!({"error": "no such endpoint"}))).into_response()
 }
 
-/// Serves `app` on `listener` (over TLS with `tls`; `name` labels its handshake failures)
-/// until `shutdown` resolves.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    tls: Option<(Arc<tokio_rustls::rustls::ServerConfig>, &'static str)>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), crate::error::ServerError> {
-    use crate::error::ServerError::Http;
-    match tls {
-        None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(Http),
-        Some((config, name)) => {
-            let listener = crate::tls::AxumTls::new(listener, config, name).map_err(Http)?;
-            axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(Http)
-        }
-    }
-}
-
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    metrics::gauge!(m::HTTP_BODY_BYTES).set(s.bodies.held() as f64);
     ([("content-type", "text/plain; version=0.0.4")], s.prometheus.render())
 }
 
@@ -178,18 +174,26 @@ fn refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
     Some((status, [(WWW_AUTHENTICATE, "Bearer")], body).into_response())
 }
 
-async fn register(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-    body: Result<Json<RegisterBody>, JsonRejection>,
-) -> Response {
+/// `POST /pods`. The token is checked before the body is read: without it, nobody can make
+/// the server hold a byte of one.
+async fn register(State(s): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     if let Some(refusal) = refused(&s, &headers) {
         return refusal;
     }
-    let b = match body {
+    let json = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(is_json);
+    if !json {
+        return bad_request("body", "Expected request with `Content-Type: application/json`".into());
+    }
+    let (bytes, held) = match s.bodies.read(&headers, body).await {
+        Ok(read) => read,
+        Err(refusal) => return refusal,
+    };
+    let b = match Json::<RegisterBody>::from_bytes(&bytes) {
         Ok(Json(b)) => b,
         Err(e) => return bad_request("body", e.body_text()),
     };
+    // Parsed: the bytes leave the budget.
+    drop((bytes, held));
     let mut cfg = PodConfig {
         id: b.pod,
         model: b.model,
@@ -208,6 +212,13 @@ async fn register(
         Ok(()) => (StatusCode::OK, Json(json!({"registered": true}))).into_response(),
         Err(e) => bad_request("config", e.to_string()),
     }
+}
+
+/// `application/json`, with or without parameters, or a `+json` type (what axum's `Json`
+/// accepted).
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 async fn unregister(State(s): State<AppState>, headers: HeaderMap, Path(pod): Path<String>) -> Response {

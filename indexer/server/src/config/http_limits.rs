@@ -1,0 +1,27 @@
+//! The bounds of the HTTP listeners (`http_*` settings), as plain values: what
+//! `crate::http::serve` holds each connection to and `crate::http::body` each request body to.
+//! Kept apart from the code that applies them so that the configuration names no server code.
+
+use std::time::Duration;
+
+/// The per-listener connection bounds (`http_header_timeout_ms`, `http_max_connections`,
+/// `http_max_connections_per_address`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Time for a request's head to arrive, and for an idle keep-alive connection to start its
+    /// next request.
+    pub header_timeout: Duration,
+    /// Most connections open at once on the listener.
+    pub max_connections: usize,
+    /// Most connections open at once from one client IP address.
+    pub max_connections_per_address: usize,
+}
+
+/// The bounds on request bodies (`http_max_body_bytes`, `http_max_inflight_body_bytes`,
+/// `http_body_timeout_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    pub max_inflight_bytes: usize,
+    pub timeout: Duration,
+}

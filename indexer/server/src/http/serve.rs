@@ -1,0 +1,298 @@
+//! Serves the HTTP admin routes on a listener with the bounds an open port needs and
+//! `axum::serve` cannot set (issue 23: its connections had no header timeout and no cap, so
+//! slowloris clients could hold every descriptor and stall every request):
+//!
+//! - a connection cap per listener (`http_max_connections`) and per client address
+//!   (`http_max_connections_per_address`): past either, a new connection is closed at accept,
+//!   before any byte is read or a TLS handshake starts, and counted; the open ones are served,
+//!   and one client address cannot take the whole listener from the kubelet's probes;
+//! - a header read timeout (`http_header_timeout_ms`, hyper's own timer), which is also how long
+//!   an idle keep-alive connection may wait for its next request;
+//! - a bound on a request head ([`MAX_HEAD_BYTES`], 431) and on what hyper buffers per
+//!   connection ([`MAX_BUFFER_BYTES`]).
+//!
+//! Bodies are bounded where they are read ([`super::body`]). The same approach as the router's
+//! `router/src/http/server.rs`; the two crates share no crate where a hyper serving loop would
+//! belong (the pure core has no I/O), so each has its own.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::http_limits::ConnLimits;
+use crate::telemetry as m;
+
+/// Largest request head (request line and headers) accepted; a larger one is answered 431.
+/// A registration's head is well under 1 KiB; a bearer token and a long pod id fit many times.
+pub const MAX_HEAD_BYTES: usize = 32 << 10;
+
+/// Most bytes hyper buffers for one connection (hyper's default is ~400 KiB).
+pub const MAX_BUFFER_BYTES: usize = 64 << 10;
+
+/// Serves `app` on `listener` (TLS with `tls`) until `shutdown`, then lets the open
+/// connections finish their requests. `name` labels the metrics (`http`, `metrics`).
+pub async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    app: axum::Router,
+    tls: Option<Arc<ServerConfig>>,
+    limits: ConnLimits,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let acceptor = tls.map(TlsAcceptor::from);
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let addresses = Arc::new(Addresses::new(limits.max_connections_per_address));
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_BUFFER_BYTES);
+    let builder = Arc::new(builder);
+    let gauge = metrics::gauge!(m::HTTP_CONNECTIONS, "listener" => name);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    // Out of descriptors, most likely: wait for some to be given back.
+                    tracing::warn!(listener = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let admitted = match admit(&open, &addresses, peer.ip()) {
+            Ok(admitted) => admitted,
+            Err(reason) => {
+                metrics::counter!(m::HTTP_REFUSED, "listener" => name, "reason" => reason).increment(1);
+                drop(tcp);
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        gauge.increment(1.0);
+        let connection = Connection {
+            name,
+            builder: builder.clone(),
+            app: app.clone(),
+            watcher: graceful.watcher(),
+            acceptor: acceptor.clone(),
+        };
+        let gauge = gauge.clone();
+        tokio::spawn(async move {
+            connection.run(tcp, peer).await;
+            gauge.decrement(1.0);
+            drop(admitted);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// One accepted connection, handshaken (with TLS) and served.
+struct Connection {
+    name: &'static str,
+    builder: Arc<hyper::server::conn::http1::Builder>,
+    app: axum::Router,
+    watcher: Watcher,
+    acceptor: Option<TlsAcceptor>,
+}
+
+impl Connection {
+    async fn run(self, tcp: TcpStream, peer: SocketAddr) {
+        match self.acceptor.clone() {
+            None => self.serve(tcp).await,
+            Some(acceptor) => {
+                if let Some(stream) = crate::tls::handshake(&acceptor, tcp, peer, self.name).await {
+                    self.serve(stream).await;
+                }
+            }
+        }
+    }
+
+    async fn serve<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, io: I) {
+        let activity = Arc::new(Activity::default());
+        let io = Tracked { inner: io, activity: activity.clone() };
+        let service = TowerToHyperService::new(self.app);
+        let connection = self.watcher.watch(self.builder.serve_connection(TokioIo::new(io), service));
+        let Err(e) = connection.await else { return };
+        let reason = if e.is_timeout() {
+            // An idle keep-alive connection closed after the same timeout is not a refusal.
+            (!activity.idle()).then_some("header_timeout")
+        } else if e.is_parse_too_large() {
+            Some("head_too_large")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            metrics::counter!(m::HTTP_REFUSED, "listener" => self.name, "reason" => reason).increment(1);
+        }
+    }
+}
+
+/// A connection's place in the listener and in its address's share, given back when dropped.
+struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    _address: AddressSlot,
+}
+
+/// A place for a connection from `ip`, or the bound it is refused by (the metric's `reason`).
+fn admit(open: &Arc<Semaphore>, addresses: &Arc<Addresses>, ip: IpAddr) -> Result<Admitted, &'static str> {
+    let permit = open.clone().try_acquire_owned().map_err(|_| "max_connections")?;
+    let address = Addresses::take(addresses, ip).ok_or("max_connections_per_address")?;
+    Ok(Admitted { _permit: permit, _address: address })
+}
+
+/// Open connections per client address. Every entry holds at least one connection, so the
+/// map is bounded by the listener's cap.
+struct Addresses {
+    max: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Addresses {
+    fn new(max: usize) -> Addresses {
+        Addresses { max, open: Mutex::new(HashMap::new()) }
+    }
+
+    fn take(this: &Arc<Addresses>, ip: IpAddr) -> Option<AddressSlot> {
+        // An IPv4 client on a dual-stack listener is one address, however it is written.
+        let ip = ip.to_canonical();
+        let mut open = this.open.lock();
+        if open.get(&ip).is_some_and(|&n| n >= this.max) {
+            return None;
+        }
+        *open.entry(ip).or_insert(0) += 1;
+        Some(AddressSlot { addresses: this.clone(), ip })
+    }
+}
+
+struct AddressSlot {
+    addresses: Arc<Addresses>,
+    ip: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut open = self.addresses.open.lock();
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// What a connection did last, so that a header timeout on a connection idle since its last
+/// response (keep-alive) is told apart from a client that started a request and stalled.
+#[derive(Default)]
+struct Activity(AtomicU8);
+
+const WROTE: u8 = 1;
+const READ_SINCE_WRITE: u8 = 2;
+
+impl Activity {
+    /// A response went out and not one byte came in since.
+    fn idle(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == WROTE
+    }
+}
+
+/// The connection's stream, noting reads and writes in its [`Activity`].
+struct Tracked<I> {
+    inner: I,
+    activity: Arc<Activity>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Tracked<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.0.fetch_or(READ_SINCE_WRITE, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.0.store(WROTE, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.0.store(WROTE, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+fn is_connection_error(e: &io::Error) -> bool {
+    use io::ErrorKind;
+    matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_holds_at_most_its_share_and_gives_it_back() {
+        let addresses = Arc::new(Addresses::new(2));
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let a = Addresses::take(&addresses, ip).unwrap();
+        let b = Addresses::take(&addresses, mapped).expect("the same address written as IPv6");
+        assert!(Addresses::take(&addresses, ip).is_none(), "past its share");
+        assert!(Addresses::take(&addresses, "10.0.0.2".parse().unwrap()).is_some(), "another address");
+        drop(a);
+        assert!(Addresses::take(&addresses, ip).is_some(), "given back");
+        drop(b);
+        assert!(addresses.open.lock().is_empty(), "no entry without a connection");
+    }
+}

@@ -1,0 +1,291 @@
+//! The HTTP admin listener holds its bounds against a hostile client (issue 23, item 8), on
+//! the real `kvindex serve` binary over loopback TCP: a client that trickles its request head
+//! is cut off after `http_header_timeout_ms`, a silent one too, and an idle keep-alive
+//! connection is closed after as long (not counted as a refusal); a registration body that
+//! stalls gets 408 after `http_body_timeout_ms`; connections past `http_max_connections` are
+//! closed at accept while the open ones are served, and `/healthz` answers again once one
+//! leaves; one address cannot hold more than `http_max_connections_per_address` while another
+//! is served; a body over `http_max_body_bytes` gets 413 (declared or streamed), all bodies
+//! over `http_max_inflight_body_bytes` get 503, a head over 32 KiB 431, each counted in
+//! `kvindex_http_refused_total{reason}`. Without the token no body is read at all.
+//!
+//! The bounds are set through their env vars, which a server without them ignores: against
+//! such a server every test here fails on the behaviour, not on a flag it does not know.
+
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// `kvindex serve` with a metrics listener of its own (so that scraping is not subject to the
+/// main listener's caps) and the test's admin token, with `env` on top.
+fn serve(env: &[(&str, &str)]) -> ServeProcess {
+    let token = admin_token_file();
+    let server = ServeProcess::start(
+        &[
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--admin-token-file",
+            token.to_str().unwrap(),
+        ],
+        env,
+    );
+    assert!(server.metrics.is_some(), "the metrics listener is announced");
+    server
+}
+
+fn refused(server: &ServeProcess, reason: &str) -> f64 {
+    server.metric("kvindex_http_refused_total", &[&format!("reason=\"{reason}\"")])
+}
+
+fn connect(addr: &str) -> TcpStream {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    stream
+}
+
+/// Reads until the server closes the connection (a reset counts as closed), returning what
+/// came; panics if it is still open after [`DEADLINE`].
+fn read_until_closed(stream: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                panic!("the server did not close the connection within {DEADLINE:?}")
+            }
+            Err(_) => break, // reset
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// One request on `stream` (with `Connection: close`), answered and closed.
+fn exchange(stream: &mut TcpStream, request: &str) -> String {
+    // A refused connection may be closed before the request is written.
+    let _ = stream.write_all(request.as_bytes());
+    read_until_closed(stream)
+}
+
+/// `GET /healthz` on a connection that stays open (keep-alive), answered.
+fn healthz_kept_alive(stream: &mut TcpStream) {
+    stream.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    let mut answered = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&answered).ends_with("ok\n") {
+        let n = stream.read(&mut buf).expect("the keep-alive request is answered");
+        assert!(n > 0, "closed before answering: {}", String::from_utf8_lossy(&answered));
+        answered.extend_from_slice(&buf[..n]);
+    }
+}
+
+const HEALTHZ: &str = "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+
+fn registration_head(content_length: usize, token: bool) -> String {
+    let auth = if token { format!("authorization: Bearer {ADMIN_TOKEN}\r\n") } else { String::new() };
+    format!(
+        "POST /pods HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{auth}content-type: application/json\r\ncontent-length: {content_length}\r\n\r\n"
+    )
+}
+
+#[test]
+fn a_client_trickling_its_head_is_cut_off_and_an_idle_keep_alive_closed_while_others_are_served() {
+    let server = serve(&[("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "500")]);
+    let addr = server.http.clone();
+
+    // One byte of a request head every 50 ms, never finishing it.
+    // Times are taken before the server can start its timer: "not before the timeout" holds.
+    let started = Instant::now();
+    let mut slow = connect(&addr);
+    let trickle = std::thread::spawn(move || {
+        let head =
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        slow.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        for byte in head.iter().cycle() {
+            if slow.write_all(&[*byte]).is_err() {
+                return started.elapsed();
+            }
+            match slow.read(&mut [0u8; 1]) {
+                Ok(0) => return started.elapsed(),
+                Err(e) if !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return started.elapsed(),
+                _ => {}
+            }
+            assert!(started.elapsed() < DEADLINE, "the trickling client was never cut off");
+        }
+        unreachable!()
+    });
+    // One that stops mid-head and says nothing more.
+    let mut silent = connect(&addr);
+    silent.write_all(b"POST /pods HTTP/1.1\r\nhost: x\r\n").unwrap();
+    // A keep-alive client that sends one request and then idles.
+    let mut idle = connect(&addr);
+    let idle_since = Instant::now();
+    healthz_kept_alive(&mut idle);
+
+    // Meanwhile a normal request is served.
+    assert_eq!(http_request(&addr, "GET", "/healthz", None), (200, "ok\n".to_string()));
+
+    let cut_after = trickle.join().unwrap();
+    assert!(cut_after >= Duration::from_millis(500), "not before the timeout: {cut_after:?}");
+    assert_eq!(read_until_closed(&mut silent), "", "the stalled head is closed without an answer");
+    assert_eq!(read_until_closed(&mut idle), "", "the idle keep-alive connection is closed");
+    assert!(idle_since.elapsed() >= Duration::from_millis(500), "not before the timeout");
+    wait_until("both stalled heads counted", 10, || (refused(&server, "header_timeout") >= 2.0).then_some(()));
+    assert_eq!(refused(&server, "header_timeout"), 2.0, "the idle keep-alive close is not a refusal");
+    assert_eq!(http_request(&addr, "GET", "/healthz", None).0, 200, "still serving");
+}
+
+#[test]
+fn a_registration_body_that_stalls_gets_408_and_without_the_token_none_is_read() {
+    let server = serve(&[("KVINDEX_HTTP_BODY_TIMEOUT_MS", "500")]);
+    let addr = server.http.clone();
+
+    // Without the token: refused at once, the declared body never read.
+    let mut stranger = connect(&addr);
+    let answer = exchange(&mut stranger, &registration_head(100, false));
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+
+    // With it: half a body, then silence.
+    let mut stalled = connect(&addr);
+    let started = Instant::now();
+    let answer = exchange(&mut stalled, &format!("{}{{\"pod\": ", registration_head(100, true)));
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(500), "not before the timeout");
+    assert_eq!(refused(&server, "body_timeout"), 1.0);
+    // A registration that arrives in time is still read.
+    let body = r#"{"pod": "p", "model": "m", "bogus": 1}"#;
+    let answer = exchange(&mut connect(&addr), &format!("{}{body}", registration_head(body.len(), true)));
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("bogus"), "{answer}");
+}
+
+#[test]
+fn connections_past_the_cap_are_refused_and_counted_and_healthz_answers_once_one_leaves() {
+    let server = serve(&[
+        ("KVINDEX_HTTP_MAX_CONNECTIONS", "4"),
+        ("KVINDEX_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "4"),
+        ("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "60000"),
+    ]);
+    let addr = server.http.clone();
+    // Four connections, each served once and kept open.
+    let mut open: Vec<TcpStream> = (0..4).map(|_| connect(&addr)).collect();
+    open.iter_mut().for_each(healthz_kept_alive);
+    let answer = exchange(&mut connect(&addr), HEALTHZ);
+    assert_eq!(answer, "", "the fifth connection was served");
+    assert_eq!(refused(&server, "max_connections"), 1.0);
+    assert_eq!(server.metric("kvindex_http_connections", &["listener=\"http\""]), 4.0);
+    // The open ones are still served, and one that leaves makes room.
+    assert!(exchange(&mut open[0], HEALTHZ).starts_with("HTTP/1.1 200"));
+    wait_until("room for a new connection", 10, || {
+        exchange(&mut connect(&addr), HEALTHZ).starts_with("HTTP/1.1 200").then_some(())
+    });
+}
+
+/// A connection to `addr` from the loopback address `source` (Linux routes all of 127/8).
+fn connect_from(source: &str, addr: &str) -> TcpStream {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let stream = runtime.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        socket.connect(addr.parse().unwrap()).await.unwrap()
+    });
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    stream
+}
+
+#[test]
+fn one_address_cannot_take_the_listener_from_the_probes() {
+    let server = serve(&[
+        ("KVINDEX_HTTP_MAX_CONNECTIONS", "8"),
+        ("KVINDEX_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "2"),
+        ("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "60000"),
+    ]);
+    let addr = server.http.clone();
+    let mut held: Vec<TcpStream> = (0..2).map(|_| connect_from("127.0.0.2", &addr)).collect();
+    held.iter_mut().for_each(healthz_kept_alive);
+    let answer = exchange(&mut connect_from("127.0.0.2", &addr), HEALTHZ);
+    assert_eq!(answer, "", "a third connection from one address was served");
+    assert_eq!(refused(&server, "max_connections_per_address"), 1.0);
+    let probe = exchange(&mut connect_from("127.0.0.1", &addr), HEALTHZ);
+    assert!(probe.starts_with("HTTP/1.1 200"), "the probe from another address: {probe}");
+}
+
+#[test]
+fn oversized_heads_and_registration_bodies_are_refused_and_counted() {
+    // Default bounds: 64 KiB bodies, 32 KiB heads.
+    let server = serve(&[]);
+    let addr = server.http.clone();
+    let over = (64 << 10) + 1;
+
+    // Declared over the limit: 413 before a byte of it is read.
+    let answer = exchange(&mut connect(&addr), &registration_head(over, true));
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert_eq!(refused(&server, "body_too_large"), 1.0);
+    // Without the token the same request is refused for the token, unread.
+    let answer = exchange(&mut connect(&addr), &registration_head(over, false));
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+
+    // Streamed (chunked, no length declared) past the limit: 413 once the bytes pass it.
+    let mut streamed = connect(&addr);
+    let head = format!(
+        "POST /pods HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer {ADMIN_TOKEN}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    // The chunk's end is not sent: every byte sent is read before the answer, so closing
+    // the connection cannot reset it under the answer.
+    let chunk = format!("{over:x}\r\n{}", "x".repeat(over));
+    let answer = exchange(&mut streamed, &format!("{head}{chunk}"));
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert_eq!(refused(&server, "body_too_large"), 2.0);
+
+    // A head over 32 KiB: 431.
+    let big_head = format!("GET /healthz HTTP/1.1\r\nhost: x\r\nx-padding: {}\r\n\r\n", "a".repeat(40 << 10));
+    let answer = exchange(&mut connect(&addr), &big_head);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    wait_until("the head counted", 10, || (refused(&server, "head_too_large") == 1.0).then_some(()));
+}
+
+#[test]
+fn bodies_past_the_shared_budget_get_503_until_one_is_given_back() {
+    let server = serve(&[
+        ("KVINDEX_HTTP_MAX_BODY_BYTES", "4096"),
+        ("KVINDEX_HTTP_MAX_INFLIGHT_BODY_BYTES", "8192"),
+        ("KVINDEX_HTTP_BODY_TIMEOUT_MS", "60000"),
+    ]);
+    let addr = server.http.clone();
+    // Two registrations declare 4096-byte bodies and stall: the budget is spent.
+    let mut holders: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = connect(&addr);
+            stream.write_all(format!("{}{{", registration_head(4096, true)).as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    // Once the server has read their heads (and reserved their declared lengths), a third
+    // registration finds no room.
+    let body = "{}";
+    let busy = wait_until("the budget spent", 10, || {
+        let answer = exchange(&mut connect(&addr), &format!("{}{body}", registration_head(body.len(), true)));
+        answer.starts_with("HTTP/1.1 503").then_some(answer)
+    });
+    assert_eq!(server.metric("kvindex_http_body_bytes", &[]), 8192.0);
+    assert!(busy.to_ascii_lowercase().contains("retry-after: 1"), "{busy}");
+    assert_eq!(refused(&server, "body_budget"), 1.0);
+    // Given back when a holder leaves.
+    drop(holders.pop());
+    wait_until("the budget given back", 10, || {
+        let answer = exchange(&mut connect(&addr), &format!("{}{body}", registration_head(body.len(), true)));
+        answer.starts_with("HTTP/1.1 400").then_some(())
+    });
+}
