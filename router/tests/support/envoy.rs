@@ -95,15 +95,28 @@ fn socket(addr: &str) -> Value {
     json!({"socket_address": {"address": host, "port_value": port.parse::<u16>().expect("port")}})
 }
 
-/// Points a cluster at these `host:port`s (its DNS names become static addresses).
+/// Points a cluster at these `host:port`s (its DNS names become static addresses). An
+/// `ORIGINAL_DST` cluster has no addresses of its own (it connects where the header says) and is
+/// left as it is.
 pub fn point(bootstrap: &mut Value, name: &str, addrs: &[&str]) {
     let cluster = cluster(bootstrap, name);
+    if cluster["type"] == "ORIGINAL_DST" {
+        return;
+    }
     cluster["type"] = json!("STATIC");
     if let Some(map) = cluster.as_object_mut() {
         map.remove("dns_lookup_family");
     }
     let endpoints: Vec<Value> = addrs.iter().map(|a| json!({"endpoint": {"address": socket(a)}})).collect();
     cluster["load_assignment"] = json!({"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]});
+}
+
+/// Whether Envoy's admin answers `/ready` with 200 (LIVE); false while it cannot be reached.
+async fn ready(admin: &str) -> bool {
+    let request = hyper::Request::get(format!("http://{admin}/ready"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("request");
+    matches!(super::client().request(request).await, Ok(response) if response.status() == 200)
 }
 
 /// A running Envoy; killed, and its files removed, on drop.
@@ -147,19 +160,28 @@ impl Envoy {
             ]),
         )
         .expect("envoy");
+        let mut process = process;
         let deadline = Instant::now() + DEADLINE;
-        let admin = loop {
-            if let Some(addr) = std::fs::read_to_string(&admin_file).ok().filter(|a| a.contains(':')) {
-                break addr.trim().to_string();
+        let mut admin = None;
+        loop {
+            if let Some(status) = process.try_wait() {
+                panic!(
+                    "Envoy exited ({status}) on the bootstrap {} (its log: set KVINDEX_TEST_LOG_DIR)",
+                    config.display()
+                );
             }
-            assert!(Instant::now() < deadline, "Envoy did not start (bootstrap: {})", config.display());
+            if admin.is_none() {
+                admin = std::fs::read_to_string(&admin_file).ok().filter(|a| a.contains(':'));
+            }
+            if let Some(addr) = &admin {
+                if ready(addr.trim()).await {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "Envoy not ready in {DEADLINE:?} (bootstrap: {})", config.display());
             tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        super::wait_for("Envoy to be ready", DEADLINE, || {
-            let admin = admin.clone();
-            async move { (get(&admin, "/ready").await.status == 200).then_some(()) }
-        })
-        .await;
+        }
+        let admin = admin.unwrap().trim().to_string();
         let listeners = get(&admin, "/listeners?format=json").await.json();
         let address = &listeners["listener_statuses"][0]["local_address"]["socket_address"];
         let listener = format!("{}:{}", address["address"].as_str().unwrap(), address["port_value"]);
