@@ -119,20 +119,22 @@ async fn ready(admin: &str) -> bool {
     matches!(super::client().request(request).await, Ok(response) if response.status() == 200)
 }
 
+/// A directory removed on drop (also when a start fails midway).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A running Envoy; killed, and its files removed, on drop.
 pub struct Envoy {
     pub process: ChildProcess,
     /// `host:port` of the (first) listener.
     pub listener: String,
     pub admin: String,
-    dir: PathBuf,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        self.process.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    _dir: Scratch,
 }
 
 impl Envoy {
@@ -143,6 +145,7 @@ impl Envoy {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("kvindex-envoy-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
+        let scratch = Scratch(dir.clone());
         bootstrap["admin"] = json!({"address": socket("127.0.0.1:0")});
         bootstrap["static_resources"]["listeners"][0]["address"] = socket("127.0.0.1:0");
         connection_manager(&mut bootstrap)["route_config"]["response_headers_to_add"] =
@@ -185,7 +188,7 @@ impl Envoy {
         let listeners = get(&admin, "/listeners?format=json").await.json();
         let address = &listeners["listener_statuses"][0]["local_address"]["socket_address"];
         let listener = format!("{}:{}", address["address"].as_str().unwrap(), address["port_value"]);
-        Envoy { process, listener, admin, dir }
+        Envoy { process, listener, admin, _dir: scratch }
     }
 
     /// Envoy's counter or gauge `name` (0 when absent).
