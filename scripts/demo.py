@@ -8,9 +8,17 @@ checks the engine's `cached_tokens` against the router's prediction. Then two fa
 hangs (the router places by load, no client error) and an engine's publisher restarts (the index
 drops that pod instead of guessing).
 
-Run through scripts/demo.sh, which builds the binaries and sets up the Python venv and fixtures.
+With `--gateway envoy` the same fleet sits behind a real Envoy (1.40, the endpoint-picker
+bootstrap deploy/ ships, scripts/demo_envoy.py) with kvindex-router as its ext_proc endpoint
+picker: the chats go to Envoy, which asks the router where each goes and sends it there; the demo
+prints where Envoy really sent it beside the router's reason. One more fault then: the picker
+frozen, and Envoy still routes every request (fail-open), then takes the picker back.
+
+Run through scripts/demo.sh [--gateway envoy], which builds the binaries and sets up the Python
+venv and fixtures.
 """
 
+import argparse
 import json
 import os
 import queue
@@ -84,6 +92,10 @@ def why(decision):
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gateway", choices=("router", "envoy"), default="router",
+                    help="router: clients call kvindex-router's OpenAI API; envoy: a real Envoy in front, the router its endpoint picker")
+    gateway = ap.parse_args().gateway
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     fixtures = os.environ.get("KVINDEX_FIXTURES")
     tokenizer = os.path.join(fixtures or "", "models", "deepseek")
@@ -91,6 +103,7 @@ def main():
         sys.exit("demo: no tokenizer fixture; run scripts/demo.sh (it runs scripts/setup.sh)")
     binary = lambda name: os.path.join(target, "debug", name)  # noqa: E731
     procs = []
+    envoy = None
     # Pod registration is off unless kvindex serve has a bearer token (docs/SECURITY.md).
     token = secrets.token_urlsafe(24)
     token_file = tempfile.NamedTemporaryFile("w", prefix="kvindex-demo-token-", delete=False)
@@ -122,10 +135,12 @@ def main():
             [binary("kvindex-router"), "serve", "--http-addr", "127.0.0.1:0", "--indexer", addrs["grpc"],
              "--tokenizer", f"{MODEL}={tokenizer}", "--log-format", "json", "--score-deadline-ms", "50",
              "--indexer-retry-after-ms", "300", "--scrape-interval-ms", "50"]
+            + (["--ext-proc-addr", "127.0.0.1:0"] if gateway == "envoy" else [])
             + [arg for p in pods for arg in ("--pod", f"{p['pod_id']}=http://{p['http']}")],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(router)
-        router_http = listening(router, "KVINDEX_ROUTER_LISTENING ")["http"]
+        router_addrs = listening(router, "KVINDEX_ROUTER_LISTENING ")
+        router_http = router_addrs["http"]
         decisions = queue.Queue()
 
         def read_log():
@@ -139,7 +154,19 @@ def main():
         threading.Thread(target=read_log, daemon=True).start()
         wait_for("the router to scrape every pod", lambda: all(
             p["load"]["scrape_age_ms"] is not None for p in request(f"http://{router_http}/debug/pods")[0]["pods"]))
-        print(f"kvindex-router: OpenAI API at http://{router_http}/v1 (tokenizes in process, scores against the indexer)\n")
+        if gateway == "envoy":
+            import demo_envoy
+
+            envoy = demo_envoy.Envoy(router_addrs["ext_proc"], [p["pod_id"] for p in pods])
+            envoy.wait_picker(True)
+            front = envoy.listener
+            print(f"kvindex-router: endpoint picker (ext_proc) at {router_addrs['ext_proc']} (tokenizes in process, "
+                  f"scores against the indexer)")
+            print(f"Envoy 1.40 ({demo_envoy.BOOTSTRAP}): OpenAI API at http://{front}/v1; each request's body goes "
+                  f"to the picker (BUFFERED), Envoy sends it to the pod the picker names (override_host)\n")
+        else:
+            front = router_http
+            print(f"kvindex-router: OpenAI API at http://{router_http}/v1 (tokenizes in process, scores against the indexer)\n")
 
         rng = random.Random(7)
         tenants = [f"You are the support assistant of tenant {t}. " + f"Tenant {t} rules: be brief, cite the manual, never guess, say which page. " * 12
@@ -153,10 +180,12 @@ def main():
         def send(i, note=None):
             nonlocal prompt_total, cached_total, mismatches
             applied_all()
-            out, headers = request(f"http://{router_http}/v1/chat/completions",
+            out, headers = request(f"http://{front}/v1/chat/completions",
                                    {"model": MODEL, "messages": chats[i], "max_tokens": 12})
             decision = decisions.get(timeout=10)
             pod, matched = headers["x-kvindex-pod"], int(headers["x-kvindex-matched-blocks"])
+            if envoy is not None and headers[demo_envoy.UPSTREAM_HOST] != pod:
+                sys.exit(f"demo: Envoy sent chat {i} to {headers[demo_envoy.UPSTREAM_HOST]}, the picker said {pod}")
             usage = out["usage"]
             cached, tokens = usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"]
             predicted = min(matched * BLOCK, (tokens - 1) // BLOCK * BLOCK)
@@ -177,7 +206,8 @@ def main():
             for pod in pods:
                 applied(addrs["http"], pod)
 
-        print(f"{'request':<14} {'routed to':<16} {'why (router decision log)':<74} {'engine cached':>13}")
+        routed = "Envoy sent to" if envoy is not None else "routed to"
+        print(f"{'request':<14} {routed:<16} {'why (router decision log)':<74} {'engine cached':>13}")
         for step in range(18):
             send(step if step < 6 else rng.randrange(6))
 
@@ -186,7 +216,7 @@ def main():
         wait_for("the indexer to stop", lambda: open(f"/proc/{indexer.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T")
         print("\nindexer stopped (SIGSTOP): requests keep flowing, placed by load within the 50 ms score deadline")
         for i in (0, 1, 2):
-            out, headers = request(f"http://{router_http}/v1/chat/completions",
+            out, headers = request(f"http://{front}/v1/chat/completions",
                                    {"model": MODEL, "messages": chats[i], "max_tokens": 4})
             decision = decisions.get(timeout=10)
             print(f"chat {i} (hung)  {headers['x-kvindex-pod']:<16} {why(decision):<74} status 200")
@@ -194,6 +224,7 @@ def main():
         wait_for("the router to take the indexer back", lambda: request(
             f"http://{router_http}/route/v1/chat/completions", {"model": MODEL, "messages": chats[0]})[0]["score"]["outcome"] == "scored")
         print("indexer resumed: the router's background probe took it back\n")
+
 
         # Fault 2: one engine's publisher restarts (seq back to 0). The index drops that pod
         # rather than guess what it holds; the router sees 0 cached blocks there.
@@ -218,15 +249,46 @@ def main():
               f"guess; chat {victim_chat} now looks uncached everywhere (the engine kept its cache: under-reported, never over):")
         send(victim_chat, note="under-reported after the restart")
 
+        if envoy is not None:
+            print()
+            # Envoy's own fault: the picker frozen. Requests still go, placed by Envoy itself
+            # (least-request): the first waits out the filter's 2 s message timeout, then the
+            # health checks skip the picker at once; thawed, it is taken back.
+            router.send_signal(19)  # SIGSTOP
+            wait_for("the router to stop", lambda: open(f"/proc/{router.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T")
+            print("picker stopped (SIGSTOP): Envoy fails open (BUFFERED body, message_timeout 2s, health checks)")
+            for n in range(4):
+                started = time.monotonic()
+                out, headers = request(f"http://{front}/v1/chat/completions",
+                                       {"model": MODEL, "messages": chats[n % 3], "max_tokens": 4})
+                picked = "picked" if "x-kvindex-pod" in headers else "not picked: Envoy's least-request"
+                print(f"chat {n % 3} (frozen) {headers[demo_envoy.UPSTREAM_HOST]:<16} {picked:<45} "
+                      f"{1000 * (time.monotonic() - started):6.0f} ms, status 200")
+                if n == 0:
+                    envoy.wait_picker(False)
+            router.send_signal(18)  # SIGCONT
+            envoy.wait_picker(True)
+            while not decisions.empty():
+                decisions.get()
+            print("picker resumed: Envoy's health checks took it back, and it picks again:")
+            send(1, note="picked again")
         print(f"\nhit rate {cached_total / prompt_total:.2f} (cached / prompt tokens, engines' own counts); "
               f"router predictions that differed from the engine: {mismatches}")
+        if envoy is not None:
+            print("Envoy's ext_proc stats:")
+            for name, value in envoy.stats("http.inference.ext_proc.").items():
+                if value:
+                    print(f"  {name} {value}")
         metrics = urllib.request.urlopen(f"http://{router_http}/metrics", timeout=5).read().decode()
-        wanted = ("kvindex_router_fail_open_total", "kvindex_router_predicted_cached_blocks_total", "kvindex_router_prompt_blocks_total")
+        wanted = ("kvindex_router_fail_open_total", "kvindex_router_predicted_cached_blocks_total", "kvindex_router_prompt_blocks_total",
+                  "kvindex_router_extproc_streams_total")
         print("router metrics:")
         for line in metrics.splitlines():
             if line.startswith(wanted):
                 print("  " + line)
     finally:
+        if envoy is not None:
+            envoy.stop()
         for p in procs:
             p.terminate()
         for p in procs:

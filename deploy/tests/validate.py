@@ -9,14 +9,16 @@ without a cluster:
 - the Envoy configuration they carry (bootstraps in ConfigMaps, the HTTP filters an EnvoyFilter
   inserts or merges) against Envoy's own published protos (envoy-data-plane, the package the
   router's ext_proc tests use as their independent gateway): an unknown field, a wrong type or
-  an enum value Envoy does not have is an error, as `envoy --mode validate` would say;
+  an enum value Envoy does not have is an error; with --envoy PATH, Envoy's own
+  `envoy --mode validate` on each as well (envoy_validate.py: what only Envoy knows, such as a
+  filter without its typed_config or a cluster that does not exist);
 - kvindex containers riding in another workload's pod (the EPP) carrying a readiness probe: a
   pod is ready only when every container is, and the fail-open pre-filter must never take the
   EPP out of its Service;
 - what the API server or the controllers would reject or silently ignore: a Deployment whose
   selector does not match its pod template, a Service or PodDisruptionBudget selecting no pod of
   the render (unless annotated kvindex.io/selects-external: "true": it selects the pods of an
-  existing EPP that a patch adds labels to), an embedded Envoy/Prometheus YAML that does not parse;
+  existing EPP that a patch adds labels to, or the engines, which the chart need not render), an embedded Envoy/Prometheus YAML that does not parse;
 - when engines (vLLM) and kvindex are rendered together, that they agree: block size (the
   engines' a multiple of the index's), PYTHONHASHSEED and hash algorithm (the indexer's
   cross-check), model, serving port (topic, discovery, InferencePool), the KV-event ports
@@ -25,8 +27,8 @@ without a cluster:
 - with --bin-dir DIR: every `--flag` given to kvindex, kvindex-router and kvindex-tokenizer is
   one the binary's `serve --help` lists.
 
-Usage: validate.py [--k8s-version 1.32.0] [--bin-dir DIR] [--upstream-crds DIR] FILE|- ...
-       validate.py --self-test        (the checks reject broken objects)
+Usage: validate.py [--k8s-version 1.32.0] [--bin-dir DIR] [--upstream-crds DIR] [--envoy PATH] FILE|- ...
+       validate.py --self-test [--envoy PATH]   (the checks reject broken objects)
 Exit status 1 with every problem listed, 0 with a one-line summary per input.
 """
 
@@ -42,6 +44,8 @@ import kubernetes_validate
 import yaml
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import envoy_validate  # noqa: E402
 CRD_SCHEMAS = {
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool.json",
     ("gateway.envoyproxy.io/v1alpha1", "EnvoyExtensionPolicy"): "envoyextensionpolicy.json",
@@ -145,6 +149,8 @@ ENVOY_MODULES = (
     "envoy.extensions.filters.http.ext_proc.v3",
     "envoy.extensions.filters.http.router.v3",
     "envoy.extensions.upstreams.http.v3",
+    "envoy.extensions.load_balancing_policies.override_host.v3",
+    "envoy.extensions.load_balancing_policies.least_request.v3",
 )
 
 
@@ -346,7 +352,8 @@ def coherence(docs):
     return problems
 
 
-def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
+def validate(docs, k8s_version, bin_dir=None, upstream_crds=None, envoy=None, counts=None):
+    """Every problem found; `counts["envoy"]` (when given) counts what Envoy itself validated."""
     problems = []
     templates = list(pod_templates(docs))
     for src, doc in docs:
@@ -396,6 +403,12 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None):
                 problems.append(f"{where}: selector {sel} matches no pod template of this render")
         if kind in ("ConfigMap", "EnvoyFilter"):
             check_envoy(where, doc, problems)
+            for label, bootstrap in envoy_validate.bootstraps(where, doc) if envoy else ():
+                said = envoy_validate.check(envoy, bootstrap)
+                if said:
+                    problems.append(f"{label}: envoy --mode validate: {said}")
+                if counts is not None:
+                    counts["envoy"] = counts.get("envoy", 0) + 1
         if kind == "ConfigMap":
             for k, v in (doc.get("data") or {}).items():
                 if k.endswith((".yaml", ".yml")):
@@ -427,7 +440,7 @@ def token_coherence(docs):
     return problems
 
 
-def self_test(k8s_version, bin_dir=None):
+def self_test(k8s_version, bin_dir=None, envoy=None):
     """Each broken object must be rejected: the validator is not a rubber stamp."""
     deployment = {
         "apiVersion": "apps/v1",
@@ -535,7 +548,31 @@ def self_test(k8s_version, bin_dir=None):
             command=["kvindex"], args=["serve", "--grpc-addr=0.0.0.0:1", "--no-such-flag=1"]
         )
         broken.append(("unknown kvindex flag", d))
-    failures = [what for what, obj in broken if not validate([(what, deployment), (what, obj)], k8s_version, bin_dir)]
+    if envoy:
+        # What only Envoy catches (both decode into the protos), beside a chain it accepts.
+        def config_map(b):
+            return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "e"}, "data": {"envoy.yaml": yaml.safe_dump(b)}}
+        router = {"name": "envoy.filters.http.router",
+                  "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+        ext_proc = {"name": "envoy.filters.http.ext_proc", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "epp"}}}}
+        accepted = envoy_validate.around_filters([ext_proc, router])
+        assert not validate([("ok", deployment), ("ok", config_map(accepted))], k8s_version, envoy=envoy), \
+            "a valid chain rejected by Envoy"
+        b = envoy_validate.around_filters([{"name": "envoy.filters.http.router"}])
+        broken.append(("envoy: the router filter without its typed_config", config_map(b)))
+        b = copy.deepcopy(accepted)
+        b["static_resources"]["clusters"] = [c for c in b["static_resources"]["clusters"] if c["name"] != "inference-pool"]
+        broken.append(("envoy: a route to a cluster the bootstrap lacks", config_map(b)))
+        b = copy.deepcopy(accepted)
+        b["static_resources"]["clusters"][0]["load_balancing_policy"] = {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.override_host", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                "override_host_sources": [{"header": "x-gateway-destination-endpoint"}]}}}]}
+        broken.append(("envoy: override_host without its required fallback_policy", config_map(b)))
+    failures = [what for what, obj in broken
+                if not validate([(what, deployment), (what, obj)], k8s_version, bin_dir, envoy=envoy)]
     if failures or missed:
         raise SystemExit(f"self-test: these broken objects were accepted: {failures + missed}")
     print(f"self-test: {len(broken)} broken objects and 5 incoherent engine/indexer pairs rejected, valid ones accepted")
@@ -547,20 +584,23 @@ def main():
     ap.add_argument("--k8s-version", default="1.32.0")
     ap.add_argument("--bin-dir")
     ap.add_argument("--upstream-crds")
+    ap.add_argument("--envoy", help="Envoy's binary: `envoy --mode validate` on every Envoy config too")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args()
     if a.self_test:
-        self_test(a.k8s_version, a.bin_dir)
+        self_test(a.k8s_version, a.bin_dir, a.envoy)
         return
     docs = load_docs(a.inputs)
     if not docs:
         raise SystemExit("validate.py: no objects in the input")
-    problems = validate(docs, a.k8s_version, a.bin_dir, a.upstream_crds)
+    counts = {}
+    problems = validate(docs, a.k8s_version, a.bin_dir, a.upstream_crds, a.envoy, counts)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         raise SystemExit(f"validate.py: {len(problems)} problem(s) in {len(docs)} objects")
     kinds = sorted({d['kind'] for _, d in docs})
-    print(f"valid: {len(docs)} objects ({', '.join(kinds)})")
+    envoy = f", {counts.get('envoy', 0)} Envoy configs valid to Envoy" if a.envoy else ""
+    print(f"valid: {len(docs)} objects ({', '.join(kinds)}){envoy}")
 
 
 if __name__ == "__main__":

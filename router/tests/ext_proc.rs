@@ -143,7 +143,7 @@ async fn malformed_streams_fail_alone_and_the_picker_keeps_serving() {
     let first = patient.recv().await.unwrap().expect("the pick");
     let picked = destination(&first).expect("a destination");
     let pods: Vec<&str> = stack.sim.pods.iter().map(|p| p.pod_id.as_str()).collect();
-    assert!(picked.split(',').all(|p| pods.contains(&p)), "{picked}");
+    assert!(pods.contains(&picked.as_str()), "the header names one known pod: {picked}");
     let answers = pick(&mut client, "/v1/completions", &completion(2, 64)).await;
     assert!(destination(&answers[0]).is_some());
     assert!(matches!(answers.last().unwrap().response, Some(processing_response::Response::RequestBody(_))));

