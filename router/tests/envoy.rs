@@ -88,7 +88,7 @@ async fn wait_placed_on(router: &str, body: &Value, pod: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_sends_each_request_where_the_picker_says_by_metadata_and_by_header() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some(envoy_bin) = envoy_binary() else { return };
     let Some((stack, dir)) = stack(&bins, 3).await else { return };
     let pods: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
@@ -178,7 +178,7 @@ async fn envoy_sends_each_request_where_the_picker_says_by_metadata_and_by_heade
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pick_that_fails_is_retried_on_its_fallback_and_the_picker_hears_who_served() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some(envoy_bin) = envoy_binary() else { return };
     // Two pods that both report idle: one closes every request unanswered.
     let dead = FakePod::start(Script::Close).await;
@@ -217,7 +217,7 @@ async fn a_pick_that_fails_is_retried_on_its_fallback_and_the_picker_hears_who_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_picker_frozen_or_dead_envoy_still_routes_every_request_in_bounded_time() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some(envoy_bin) = envoy_binary() else { return };
     let a = FakePod::start(Script::Echo("a".into())).await;
     let b = FakePod::start(Script::Echo("b".into())).await;
@@ -311,7 +311,7 @@ fn epp_saw(epp: &ChildProcess) -> (Option<Vec<String>>, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prefilter_hint_reaches_the_endpoint_picker_behind_it() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some(envoy_bin) = envoy_binary() else { return };
     let Some(py) = python_peer() else { return };
     let Some((stack, dir)) = stack(&bins, 3).await else { return };
