@@ -44,6 +44,10 @@ pub struct PodChoice {
     /// The indexer's view of the pod's event stream (EXACT, STALE, DEGRADED), if scored.
     pub source_state: Option<&'static str>,
     pub cost: f64,
+    /// What a full KV cache costs on this pod (the KV weight scaled by its capacity).
+    pub kv_weight: f64,
+    /// The KV term of `cost` (`kv_weight × kv_usage`).
+    pub kv_cost: f64,
     pub over_kv_cutoff: bool,
     pub in_band: bool,
     pub load: LoadView,
@@ -126,6 +130,9 @@ impl Decision {
     }
 }
 
+/// `pod:cached/total[(spec n)],load=..[,kv=usage[/capacity blk],kv_cost=..],cost=..[,flags]`:
+/// enough to recompute the cost by hand (the KV term is `kv_cost`, the rest is the
+/// documented weights times the numbers shown).
 fn summarize(out: &mut String, c: &PodChoice, total: u32) {
     let _ = write!(out, "{}:{}/{}", c.pod, c.cached_blocks, total);
     if c.speculative_blocks > c.matched_blocks {
@@ -134,6 +141,10 @@ fn summarize(out: &mut String, c: &PodChoice, total: u32) {
     let _ = write!(out, ",load={}", c.load.load);
     if let Some(kv) = c.load.kv_usage {
         let _ = write!(out, ",kv={kv:.2}");
+        if let Some(blocks) = c.load.kv_blocks {
+            let _ = write!(out, "/{blocks}blk");
+        }
+        let _ = write!(out, ",kv_cost={:.1}", c.kv_cost);
     }
     let _ = write!(out, ",cost={:.1}", c.cost);
     if c.over_kv_cutoff {

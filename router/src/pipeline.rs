@@ -350,6 +350,7 @@ impl Router {
                 running: load.load - load.waiting.unwrap_or(0.0),
                 waiting: load.waiting.unwrap_or(0.0),
                 kv_usage: load.kv_usage,
+                kv_blocks: load.kv_blocks,
                 reachable: load.reachable,
                 last_picked: pod.last_picked(),
                 rendezvous: rendezvous::weight(key, &pod.id),
@@ -362,6 +363,8 @@ impl Router {
                 cached_blocks: 0,
                 source_state: found.and_then(|p| state_label(p.state)),
                 cost: 0.0,
+                kv_weight: 0.0,
+                kv_cost: 0.0,
                 over_kv_cutoff: false,
                 in_band: false,
                 load,
@@ -376,6 +379,8 @@ impl Router {
                     let mut choice = choices[indices[r.index]].clone();
                     choice.cached_blocks = r.cached_blocks;
                     choice.cost = r.cost;
+                    choice.kv_weight = r.kv_weight;
+                    choice.kv_cost = r.kv_cost;
                     choice.over_kv_cutoff = r.over_kv_cutoff;
                     choice.in_band = r.in_band;
                     choice
