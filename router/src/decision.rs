@@ -79,6 +79,9 @@ pub struct Decision {
     pub ranked: Vec<PodChoice>,
     /// P/D mode: the prefill pod, named to the decode pod by `x-prefiller-host-port`.
     pub prefill: Option<PodChoice>,
+    /// The most cached blocks any reachable pod of the pool that computes the prompt held
+    /// (in P/D mode the prefill pool): what the pick could have reused at best.
+    pub best_cached_blocks: u32,
     pub timings: Timings,
     /// The prompt's token ids, kept for RecordRoute only (never serialized or logged).
     #[serde(skip)]
@@ -121,12 +124,53 @@ impl Decision {
         out
     }
 
+    /// The pod whose KV cache the prompt is computed in when `ranked[attempt]` serves: the
+    /// prefill pod in P/D mode, else that pod.
+    pub fn holder(&self, attempt: usize) -> Option<&PodChoice> {
+        self.prefill.as_ref().or(self.ranked.get(attempt))
+    }
+
+    /// How the pick compares with the best overlap available (`kvindex_router_overlap_picks_total`).
+    pub fn overlap_outcome(&self, attempt: usize) -> OverlapOutcome {
+        let Some(holder) = self.holder(attempt) else { return OverlapOutcome::Unscored };
+        match &self.score {
+            ScoreOutcome::FailOpen { .. } => OverlapOutcome::Unscored,
+            ScoreOutcome::Scored { .. } if self.best_cached_blocks == 0 => OverlapOutcome::NoOverlap,
+            ScoreOutcome::Scored { .. } if holder.cached_blocks >= self.best_cached_blocks => OverlapOutcome::Best,
+            ScoreOutcome::Scored { .. } => OverlapOutcome::BelowBest,
+        }
+    }
+
     pub fn prefill_summary(&self) -> String {
         let mut out = String::new();
         if let Some(p) = &self.prefill {
             summarize(&mut out, p, self.total_blocks);
         }
         out
+    }
+}
+
+/// Where a pick stands against the best cached prefix any pod held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverlapOutcome {
+    /// The pod holding the most cached blocks (or one tied with it).
+    Best,
+    /// A pod holding fewer than the best: load or the KV cutoff outweighed the prefix.
+    BelowBest,
+    /// No pod held any block of the prompt: nothing to reuse.
+    NoOverlap,
+    /// Placed by load only (fail-open): the overlaps were not known.
+    Unscored,
+}
+
+impl OverlapOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            OverlapOutcome::Best => "best",
+            OverlapOutcome::BelowBest => "below_best",
+            OverlapOutcome::NoOverlap => "no_overlap",
+            OverlapOutcome::Unscored => "unscored",
+        }
     }
 }
 
