@@ -8,7 +8,8 @@
 //! offer (`kvindex_router_engine_*`, `kvindex_router_cache_prediction_total`).
 //!
 //! The scanner follows JSON strings (escapes included) so that text inside a completion can
-//! never pass for a key; it keeps a few bytes of state whatever the body's size.
+//! never pass for a key; it keeps a few bytes of state whatever the body's size, and jumps over
+//! what cannot be a key with `memchr`.
 
 use crate::metrics as m;
 
@@ -37,8 +38,12 @@ impl Key {
 enum State {
     /// Outside any string.
     Outside,
-    /// Inside a string: its first bytes (while they fit), whether the next byte is escaped.
-    InString { key: [u8; MAX_KEY], len: usize, escaped: bool },
+    /// Inside a string that may be a key we want: its first `len` bytes.
+    Key { key: [u8; MAX_KEY], len: usize },
+    /// Inside a string that is not one (too long, escaped): skipped to its closing quote.
+    Skip,
+    /// Inside a skipped string, right after a backslash: the next byte is not its end.
+    Escaped,
     /// After a key we want, before its colon.
     AfterKey(Key),
     /// After the colon, before the value.
@@ -62,9 +67,60 @@ impl Default for UsageScanner {
 }
 
 impl UsageScanner {
+    /// Reads the next bytes of the body. Outside strings and across whole strings it jumps to
+    /// the next quote (or backslash) with `memchr`, so most bytes cost a vectorised scan; only
+    /// a key's colon and number, and a string cut by a frame boundary, go byte by byte.
     pub fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.step(b);
+        let mut i = 0;
+        while i < bytes.len() {
+            match self.state {
+                State::Outside => {
+                    let Some(open) = memchr::memchr(b'"', &bytes[i..]) else { return };
+                    let start = i + open + 1;
+                    match memchr::memchr2(b'"', b'\\', &bytes[start..]) {
+                        // The whole string is here and has no escape: compare it at once.
+                        Some(end) if bytes[start + end] == b'"' => {
+                            self.state = match Key::from(&bytes[start..start + end]) {
+                                Some(wanted) => State::AfterKey(wanted),
+                                None => State::Outside,
+                            };
+                            i = start + end + 1;
+                        }
+                        // An escape: not a key of ours; skip past the escaped byte.
+                        Some(end) => {
+                            self.state = State::Escaped;
+                            i = start + end + 1;
+                        }
+                        // Cut by the end of this frame: keep what a key needs.
+                        None => {
+                            let rest = &bytes[start..];
+                            self.state = if rest.len() <= MAX_KEY {
+                                let mut key = [0; MAX_KEY];
+                                key[..rest.len()].copy_from_slice(rest);
+                                State::Key { key, len: rest.len() }
+                            } else {
+                                State::Skip
+                            };
+                            return;
+                        }
+                    }
+                }
+                State::Skip => match memchr::memchr2(b'"', b'\\', &bytes[i..]) {
+                    Some(at) => {
+                        self.state = if bytes[i + at] == b'"' { State::Outside } else { State::Escaped };
+                        i += at + 1;
+                    }
+                    None => return,
+                },
+                State::Escaped => {
+                    self.state = State::Skip;
+                    i += 1;
+                }
+                _ => {
+                    self.step(bytes[i]);
+                    i += 1;
+                }
+            }
         }
     }
 
@@ -83,24 +139,30 @@ impl UsageScanner {
         }
     }
 
+    /// One byte in the states that look at every byte (a short string, a key's colon, a number).
     fn step(&mut self, b: u8) {
         self.state = match self.state {
             State::Outside => match b {
-                b'"' => State::InString { key: [0; MAX_KEY], len: 0, escaped: false },
+                b'"' => State::Key { key: [0; MAX_KEY], len: 0 },
                 _ => State::Outside,
             },
-            State::InString { mut key, len, escaped } => match b {
-                _ if escaped => State::InString { key, len: MAX_KEY + 1, escaped: false },
-                b'\\' => State::InString { key, len: MAX_KEY + 1, escaped: true },
-                b'"' => match (len <= MAX_KEY).then(|| Key::from(&key[..len])).flatten() {
+            State::Skip => match b {
+                b'"' => State::Outside,
+                b'\\' => State::Escaped,
+                _ => State::Skip,
+            },
+            State::Escaped => State::Skip,
+            State::Key { mut key, len } => match b {
+                b'\\' => State::Escaped,
+                b'"' => match Key::from(&key[..len]) {
                     Some(wanted) => State::AfterKey(wanted),
                     None => State::Outside,
                 },
                 _ if len < MAX_KEY => {
                     key[len] = b;
-                    State::InString { key, len: len + 1, escaped: false }
+                    State::Key { key, len: len + 1 }
                 }
-                _ => State::InString { key, len: MAX_KEY + 1, escaped: false },
+                _ => State::Skip,
             },
             State::AfterKey(key) => match b {
                 b' ' | b'\t' | b'\r' | b'\n' => State::AfterKey(key),
@@ -244,15 +306,32 @@ mod tests {
                    data: [DONE]\n\n";
         assert_eq!(scan(&[sse]), (Some(33), Some(32)));
         assert_eq!(scan(&["{\"usage\":{\"prompt_tokens\":7"]), (Some(7), None), "a number at the very end");
+        // One byte at a time: every state carried across frames.
+        let bytes: Vec<String> = sse.chars().map(String::from).collect();
+        let bytes: Vec<&str> = bytes.iter().map(String::as_str).collect();
+        assert_eq!(scan(&bytes), (Some(33), Some(32)));
+    }
+
+    /// Scanned whole, byte by byte, and cut at every point: all must agree.
+    fn scan_every_way(body: &str) -> (Option<u64>, Option<u64>) {
+        let whole = scan(&[body]);
+        let bytes: Vec<String> = body.chars().map(String::from).collect();
+        assert_eq!(scan(&bytes.iter().map(String::as_str).collect::<Vec<_>>()), whole, "byte by byte: {body}");
+        for cut in 0..body.len() {
+            assert_eq!(scan(&[&body[..cut], &body[cut..]]), whole, "cut at {cut}: {body}");
+        }
+        whole
     }
 
     #[test]
     fn text_inside_strings_never_passes_for_a_key() {
         let sneaky = r#"{"choices":[{"text":"\"cached_tokens\":999 and \\\"prompt_tokens\":5"}],"usage":{"prompt_tokens_details":null}}"#;
-        assert_eq!(scan(&[sneaky]), (None, None));
+        assert_eq!(scan_every_way(sneaky), (None, None));
         let long_key = r#"{"cached_tokens_but_longer_than_sixteen":1,"x_cached_tokens":2}"#;
-        assert_eq!(scan(&[long_key]), (None, None));
-        assert_eq!(scan(&[r#"{"cached_tokens":null,"cached_tokens":"4"}"#]), (None, None));
+        assert_eq!(scan_every_way(long_key), (None, None));
+        assert_eq!(scan_every_way(r#"{"cached_tokens":null,"cached_tokens":"4"}"#), (None, None));
+        let escaped_then_real = r#"{"t":"a\\","cached_tokens":3,"u":"\u0022cached_tokens\u0022:9"}"#;
+        assert_eq!(scan_every_way(escaped_then_real), (None, Some(3)));
         assert_eq!(scan(&[r#"{"cached_tokens":123456789012345678901234567890}"#]).1, Some(1_234_567_890_123_456_789));
     }
 
