@@ -156,11 +156,12 @@ mod tests {
 
     #[test]
     fn the_kv_capacity_comes_from_cache_config_info_and_is_the_smallest_engines() {
-        // As vLLM 0.11 writes it (and kvindex-sim).
+        // As vLLM writes it (CacheConfig.metrics_info(): every field, `num_gpu_blocks_override`
+        // included), and kvindex-sim.
         let text = "vllm:num_requests_running{engine=\"0\"} 1\n\
             # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
             # TYPE vllm:cache_config_info gauge\n\
-            vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\",num_gpu_blocks=\"1280\",prefix_caching_hash_algo=\"sha256_cbor\"} 1.0\n\
+            vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\",num_cpu_blocks=\"None\",num_gpu_blocks_override=\"None\",num_gpu_blocks=\"1280\",prefix_caching_hash_algo=\"sha256_cbor\"} 1.0\n\
             vllm:cache_config_info{block_size=\"16\",engine=\"1\",note=\"a \\\" } b\",num_gpu_blocks=\"1000\"} 1.0\n";
         assert_eq!(parse(text).unwrap().kv_blocks, Some(1000));
         for unknown in
