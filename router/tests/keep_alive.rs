@@ -94,7 +94,7 @@ fn sim(bins: &Bins) -> SimFleet {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sims_first_chunk_is_not_held_back_on_a_kept_alive_connection() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let sim = sim(&bins);
     let times = first_chunk_on_a_reused_connection(&sim.pods[0].http).await;
     let median = median(times.clone());
@@ -104,7 +104,7 @@ async fn the_sims_first_chunk_is_not_held_back_on_a_kept_alive_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_routers_first_chunk_is_not_held_back_on_kept_alive_connections() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let sim = sim(&bins);
     // No indexer: placed by load, so the path is client → router → pod and back, nothing else.
     let router = router(&bins, &["--pod".into(), sim.pods[0].router_spec()]);

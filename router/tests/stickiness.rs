@@ -197,7 +197,7 @@ async fn explain_with_load(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_stays_on_a_small_pod_running_a_few_requests_and_leaves_it_when_requests_queue() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     // The pods: 1,280 blocks of 16 tokens; at most 5 running, so extra requests queue.
     let Some((stack, router)) = start(&bins, &["--kv-blocks", "1280", "--max-num-seqs", "5"], &[]).await else {
         return;
@@ -238,7 +238,7 @@ async fn a_conversation_stays_on_a_small_pod_running_a_few_requests_and_leaves_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_stays_on_a_big_pod_running_a_few_requests() {
-    let Some(bins) = bins() else { return };
+    let bins = bins();
     let Some((stack, router)) = start(&bins, &["--kv-blocks", "20000"], &[]).await else { return };
     let mut chat = Chat::with_system(4, 30);
     let home = sticky_turns(&stack, &router.http, &mut chat, 0..3).await;
