@@ -149,7 +149,7 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
         let pod = Pod::new(info, ranks);
         let app = crate::http::router(pod.clone());
         tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app).await {
+            if let Err(error) = axum::serve(crate::http::no_delay(listener), app).await {
                 tracing::error!(%error, "HTTP server stopped");
             }
         });

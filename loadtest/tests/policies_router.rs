@@ -32,8 +32,10 @@ fn router_processes_place_as_well_as_the_oracle_with_one_or_four_replicas() {
     let round_robin = run(&mut RoundRobin::default(), &engine, PODS, &conversations).unwrap();
     let oracle = run(&mut Oracle::default(), &engine, PODS, &conversations).unwrap();
     // Prompts are 16 times shorter than the defaults assume (a typical uncached prompt of 1k
-    // tokens): the load weights scale with them, as router/README.md says.
-    let weights: Vec<String> = ["--queue-weight", "4", "--kv-weight", "16"].map(String::from).into();
+    // tokens): the queue weight scales with them, as router/README.md says. The KV weight needs
+    // no flag: the router scales it with the pods' reported capacity (626 blocks: 256 × 626 /
+    // 10,000 = 16, what this test used to set by hand).
+    let weights: Vec<String> = ["--queue-weight", "4"].map(String::from).into();
     let mut one = RouterProcesses::new(&kvindex, &router, 1, PODS, BLOCK, "sim-model", &weights);
     let one = run(&mut one, &engine, PODS, &conversations).expect("1 router");
     let mut four = RouterProcesses::new(&kvindex, &router, 4, PODS, BLOCK, "sim-model", &weights);

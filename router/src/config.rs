@@ -99,9 +99,15 @@ pub struct ServeArgs {
     /// Cost of one waiting (queued) request on the pod (in uncached blocks).
     #[arg(long, default_value_t = 64.0)]
     pub queue_weight: f64,
-    /// Cost of a full KV cache (times the pod's KV usage, 0–1), in uncached blocks.
+    /// Cost of a full KV cache (times the pod's KV usage, 0–1), in uncached blocks, on a pod of
+    /// at least --kv-reference-blocks KV blocks (or whose capacity is unknown).
     #[arg(long, default_value_t = 256.0)]
     pub kv_weight: f64,
+    /// KV capacity (blocks, the engine's `num_gpu_blocks` from `vllm:cache_config_info`) below
+    /// which a full cache costs --kv-weight × capacity / this, so every block held costs alike
+    /// on small and big pods. 0 = --kv-weight on every pod.
+    #[arg(long, default_value_t = crate::cost::DEFAULT_KV_REFERENCE_BLOCKS, value_name = "BLOCKS")]
+    pub kv_reference_blocks: f64,
     /// Pods at or above this KV-cache usage (0–1) are picked only when every pod is.
     #[arg(long, default_value_t = 0.95)]
     pub kv_cutoff: f64,
@@ -538,6 +544,9 @@ impl ServeArgs {
         for (flag, v) in [
             ("--prefill-weight", self.prefill_weight),
             ("--decode-weight", self.decode_weight),
+            ("--queue-weight", self.queue_weight),
+            ("--kv-weight", self.kv_weight),
+            ("--kv-reference-blocks", self.kv_reference_blocks),
             ("--load-band", self.load_band),
         ] {
             if !v.is_finite() || v < 0.0 {
@@ -594,6 +603,7 @@ impl ServeArgs {
                 decode: self.decode_weight,
                 queue: self.queue_weight,
                 kv: self.kv_weight,
+                kv_reference_blocks: self.kv_reference_blocks,
                 kv_cutoff: self.kv_cutoff,
             },
             policy,
@@ -709,6 +719,9 @@ mod tests {
             (&["--pod", "a=http://x:1", "--indexer", "nohostport"], "--indexer: expected <host>:<port>"),
             (&["--pod", "a=http://x:1", "--tokenizer", "m=/nonexistent"], "no tokenizer.json"),
             (&["--pod", "a=http://x:1", "--kv-cutoff", "1.5"], "--kv-cutoff"),
+            (&["--pod", "a=http://x:1", "--kv-weight", "NaN"], "--kv-weight: must be a finite number"),
+            (&["--pod", "a=http://x:1", "--queue-weight=-1"], "--queue-weight: must be a finite number"),
+            (&["--pod", "a=http://x:1", "--kv-reference-blocks=-5"], "--kv-reference-blocks"),
             (&["--pod", "a=http://x:1", "--score-deadline-ms", "0"], "--score-deadline-ms: must be at least 1"),
             (&[], "no pods"),
             (&["--discovery", "consul"], "--discovery: must be kubernetes or none"),

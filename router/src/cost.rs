@@ -3,9 +3,11 @@
 //!
 //! **cost** (default):
 //! `prefill_weight × uncached prompt blocks + decode_weight × running + queue_weight × waiting +
-//! kv_weight × kv_usage`, where `running` = the pod's running requests (scraped) plus this
+//! kv_weight' × kv_usage`, where `running` = the pod's running requests (scraped) plus this
 //! router's requests sent since that scrape, `waiting` = its queued requests (scraped),
-//! `kv_usage` its KV-cache usage (0–1), and a pod's cached blocks are the larger of its exact
+//! `kv_usage` its KV-cache usage (0–1), `kv_weight' = kv_weight × min(1, kv_blocks /
+//! kv_reference_blocks)` with `kv_blocks` the pod's KV capacity (vLLM's `num_gpu_blocks`;
+//! `kv_weight` itself when unknown), and a pod's cached blocks are the larger of its exact
 //! matched prefix and its speculative credit. Lowest cost wins; equal costs go to the pod with
 //! the highest rendezvous weight of the prompt's first block key, so every replica breaks the
 //! tie the same way.
@@ -15,6 +17,16 @@
 //! at least one typical prefill (default 64 blocks, 1k tokens at block size 16); a fuller KV
 //! cache admits new work later and evicts what others will ask for (default 256 blocks for a
 //! full cache, so a conversation's long cached prefix still outweighs it).
+//!
+//! The KV term is scaled by capacity because usage is a fraction: on a pod of 1,280 blocks
+//! three or four ordinary requests hold a quarter of the cache, which at 256 blocks for a full
+//! cache cost 64 blocks and pushed follow-up turns off the pod holding their prefix. Below
+//! `kv_reference_blocks` (default 10,000: the 160k-token pods the weights were tuned on) a
+//! full cache costs proportionally less, i.e. every block held costs the same 256 / 10,000 of
+//! a prefill block as on the reference pod; at or above it nothing changes, so a big pod's
+//! many running requests (each also counted by `decode_weight`) are not charged more either.
+//! Genuine overload still moves work on any pod: a queue (`queue_weight` per waiting request)
+//! or the KV cutoff.
 //!
 //! **load-band** (option): among pods whose load is at most `band` above the least loaded, the
 //! longest cached prefix, then the lower load, then the pod this router picked least recently,
@@ -34,15 +46,42 @@ pub struct CostWeights {
     pub decode: f64,
     /// Per waiting (queued) request.
     pub queue: f64,
-    /// Times the pod's KV-cache usage (0–1): a fuller cache admits new work later.
+    /// Times the pod's KV-cache usage (0–1): a fuller cache admits new work later. The cost of
+    /// a full cache on a pod of at least `kv_reference_blocks` blocks (see [`CostWeights::kv_for`]).
     pub kv: f64,
+    /// KV capacity (blocks) at and above which a full cache costs `kv`; smaller pods pay in
+    /// proportion. 0 = no scaling.
+    pub kv_reference_blocks: f64,
     /// KV-cache usage (0–1) at or above which a pod is picked only if every pod is.
     pub kv_cutoff: f64,
 }
 
 impl Default for CostWeights {
     fn default() -> Self {
-        CostWeights { prefill: 1.0, decode: 2.0, queue: 64.0, kv: 256.0, kv_cutoff: 0.95 }
+        CostWeights {
+            prefill: 1.0,
+            decode: 2.0,
+            queue: 64.0,
+            kv: 256.0,
+            kv_reference_blocks: DEFAULT_KV_REFERENCE_BLOCKS,
+            kv_cutoff: 0.95,
+        }
+    }
+}
+
+/// The pod size (blocks) the default weights were tuned on: 160k tokens at block size 16.
+pub const DEFAULT_KV_REFERENCE_BLOCKS: f64 = 10_000.0;
+
+impl CostWeights {
+    /// What a full KV cache costs on a pod of `kv_blocks` blocks: `kv` at or above
+    /// `kv_reference_blocks` or when the capacity is unknown, in proportion below.
+    pub fn kv_for(&self, kv_blocks: Option<u64>) -> f64 {
+        match kv_blocks {
+            Some(blocks) if blocks > 0 && self.kv_reference_blocks > 0.0 => {
+                self.kv * (blocks as f64 / self.kv_reference_blocks).min(1.0)
+            }
+            _ => self.kv,
+        }
     }
 }
 
@@ -79,6 +118,8 @@ pub struct Candidate {
     pub waiting: f64,
     /// KV-cache usage 0–1, when known.
     pub kv_usage: Option<f64>,
+    /// KV-cache capacity in blocks, when the engine reports it.
+    pub kv_blocks: Option<u64>,
     /// Whether the pod's `/metrics` answers.
     pub reachable: bool,
     /// When this router last picked the pod (a monotonic tick; 0 = never).
@@ -97,6 +138,10 @@ pub struct Ranked {
     pub uncached_blocks: u32,
     /// Running + waiting.
     pub load: f64,
+    /// What a full KV cache costs on this pod ([`CostWeights::kv_for`]).
+    pub kv_weight: f64,
+    /// The KV term of `cost`: `kv_weight × kv_usage`.
+    pub kv_cost: f64,
     pub over_kv_cutoff: bool,
     pub reachable: bool,
     /// Load-band policy: inside the band.
@@ -112,15 +157,16 @@ pub fn rank(candidates: &[Candidate], total_blocks: u32, weights: &CostWeights, 
             let cached = c.matched_blocks.max(c.speculative_blocks).min(total_blocks);
             let uncached = total_blocks - cached;
             let prefill = if policy == Policy::LoadOnly { 0.0 } else { weights.prefill * f64::from(uncached) };
+            let kv_weight = weights.kv_for(c.kv_blocks);
+            let kv_cost = kv_weight * c.kv_usage.unwrap_or(0.0);
             Ranked {
                 index,
-                cost: prefill
-                    + weights.decode * c.running
-                    + weights.queue * c.waiting
-                    + weights.kv * c.kv_usage.unwrap_or(0.0),
+                cost: prefill + weights.decode * c.running + weights.queue * c.waiting + kv_cost,
                 cached_blocks: cached,
                 uncached_blocks: uncached,
                 load: c.running + c.waiting,
+                kv_weight,
+                kv_cost,
                 over_kv_cutoff: c.kv_usage.is_some_and(|u| u >= weights.kv_cutoff),
                 reachable: c.reachable,
                 in_band: false,
@@ -169,6 +215,7 @@ mod tests {
             running,
             waiting: 0.0,
             kv_usage: Some(0.1),
+            kv_blocks: None,
             reachable: true,
             last_picked: 0,
             rendezvous,
@@ -203,6 +250,33 @@ mod tests {
         // 0.4 × 256 = 102.4 blocks: a pod holding 200 more blocks stays ahead.
         fuller.matched_blocks = 200;
         assert_eq!(order(&[fuller, emptier], 400, Policy::Cost), [0, 1]);
+    }
+
+    #[test]
+    fn a_small_pods_full_cache_costs_in_proportion_to_its_size_and_a_big_or_unknown_one_the_full_weight() {
+        let w = CostWeights::default();
+        assert_eq!(w.kv_for(None), 256.0);
+        assert_eq!(w.kv_for(Some(50_000)), 256.0);
+        assert_eq!(w.kv_for(Some(10_000)), 256.0);
+        assert!((w.kv_for(Some(1_280)) - 32.768).abs() < 1e-9);
+        assert_eq!(CostWeights { kv_reference_blocks: 0.0, ..w }.kv_for(Some(1_280)), 256.0, "0 = no scaling");
+        // Four requests of 80 blocks on a 1,280-block pod (usage 0.25) against a 60-block
+        // prefix held there: unscaled the KV term alone (64) outweighs the prefix; scaled it
+        // costs 8.2 and the conversation stays.
+        let mut home = pod(60, 4.0, 1);
+        home.kv_usage = Some(0.25);
+        home.kv_blocks = Some(1_280);
+        let mut empty = pod(0, 0.0, 2);
+        empty.kv_usage = Some(0.0);
+        empty.kv_blocks = Some(1_280);
+        let ranked = rank(&[home, empty], 100, &w, Policy::Cost);
+        assert_eq!(ranked[0].index, 0, "{ranked:?}");
+        assert!((ranked[0].kv_cost - 8.192).abs() < 1e-9);
+        let unscaled = CostWeights { kv_reference_blocks: 0.0, ..w };
+        assert_eq!(rank(&[home, empty], 100, &unscaled, Policy::Cost)[0].index, 1);
+        // Two waiting requests are genuine overload on any pod.
+        home.waiting = 2.0;
+        assert_eq!(rank(&[home, empty], 100, &w, Policy::Cost)[0].index, 1);
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub struct PodChoice {
     /// The indexer's view of the pod's event stream (EXACT, STALE, DEGRADED), if scored.
     pub source_state: Option<&'static str>,
     pub cost: f64,
+    /// What a full KV cache costs on this pod (the KV weight scaled by its capacity).
+    pub kv_weight: f64,
+    /// The KV term of `cost` (`kv_weight × kv_usage`).
+    pub kv_cost: f64,
     pub over_kv_cutoff: bool,
     pub in_band: bool,
     pub load: LoadView,
@@ -75,6 +79,9 @@ pub struct Decision {
     pub ranked: Vec<PodChoice>,
     /// P/D mode: the prefill pod, named to the decode pod by `x-prefiller-host-port`.
     pub prefill: Option<PodChoice>,
+    /// The most cached blocks any reachable pod of the pool that computes the prompt held
+    /// (in P/D mode the prefill pool): what the pick could have reused at best.
+    pub best_cached_blocks: u32,
     pub timings: Timings,
     /// The prompt's token ids, kept for RecordRoute only (never serialized or logged).
     #[serde(skip)]
@@ -117,6 +124,23 @@ impl Decision {
         out
     }
 
+    /// The pod whose KV cache the prompt is computed in when `ranked[attempt]` serves: the
+    /// prefill pod in P/D mode, else that pod.
+    pub fn holder(&self, attempt: usize) -> Option<&PodChoice> {
+        self.prefill.as_ref().or(self.ranked.get(attempt))
+    }
+
+    /// How the pick compares with the best overlap available (`kvindex_router_overlap_picks_total`).
+    pub fn overlap_outcome(&self, attempt: usize) -> OverlapOutcome {
+        let Some(holder) = self.holder(attempt) else { return OverlapOutcome::Unscored };
+        match &self.score {
+            ScoreOutcome::FailOpen { .. } => OverlapOutcome::Unscored,
+            ScoreOutcome::Scored { .. } if self.best_cached_blocks == 0 => OverlapOutcome::NoOverlap,
+            ScoreOutcome::Scored { .. } if holder.cached_blocks >= self.best_cached_blocks => OverlapOutcome::Best,
+            ScoreOutcome::Scored { .. } => OverlapOutcome::BelowBest,
+        }
+    }
+
     pub fn prefill_summary(&self) -> String {
         let mut out = String::new();
         if let Some(p) = &self.prefill {
@@ -126,6 +150,33 @@ impl Decision {
     }
 }
 
+/// Where a pick stands against the best cached prefix any pod held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverlapOutcome {
+    /// The pod holding the most cached blocks (or one tied with it).
+    Best,
+    /// A pod holding fewer than the best: load or the KV cutoff outweighed the prefix.
+    BelowBest,
+    /// No pod held any block of the prompt: nothing to reuse.
+    NoOverlap,
+    /// Placed by load only (fail-open): the overlaps were not known.
+    Unscored,
+}
+
+impl OverlapOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            OverlapOutcome::Best => "best",
+            OverlapOutcome::BelowBest => "below_best",
+            OverlapOutcome::NoOverlap => "no_overlap",
+            OverlapOutcome::Unscored => "unscored",
+        }
+    }
+}
+
+/// `pod:cached/total[(spec n)],load=..[,kv=usage[/capacity blk],kv_cost=..],cost=..[,flags]`:
+/// enough to recompute the cost by hand (the KV term is `kv_cost`, the rest is the
+/// documented weights times the numbers shown).
 fn summarize(out: &mut String, c: &PodChoice, total: u32) {
     let _ = write!(out, "{}:{}/{}", c.pod, c.cached_blocks, total);
     if c.speculative_blocks > c.matched_blocks {
@@ -134,6 +185,10 @@ fn summarize(out: &mut String, c: &PodChoice, total: u32) {
     let _ = write!(out, ",load={}", c.load.load);
     if let Some(kv) = c.load.kv_usage {
         let _ = write!(out, ",kv={kv:.2}");
+        if let Some(blocks) = c.load.kv_blocks {
+            let _ = write!(out, "/{blocks}blk");
+        }
+        let _ = write!(out, ",kv_cost={:.1}", c.kv_cost);
     }
     let _ = write!(out, ",cost={:.1}", c.cost);
     if c.over_kv_cutoff {

@@ -86,6 +86,9 @@ pub struct LoadView {
     pub waiting: Option<f64>,
     pub running: Option<f64>,
     pub kv_usage: Option<f64>,
+    /// KV-cache capacity in blocks, as the engine last reported it (a property of the engine,
+    /// kept when the scrape goes stale).
+    pub kv_blocks: Option<u64>,
     pub inflight: u32,
     pub fresh: u32,
     pub reachable: bool,
@@ -128,6 +131,7 @@ impl Pod {
                 waiting: Some(l.waiting),
                 running: Some(l.running),
                 kv_usage: l.kv_usage,
+                kv_blocks: l.kv_blocks,
                 inflight: s.inflight,
                 fresh: s.fresh,
                 reachable,
@@ -138,6 +142,7 @@ impl Pod {
                 waiting: None,
                 running: None,
                 kv_usage: None,
+                kv_blocks: s.scraped.and_then(|(l, _)| l.kv_blocks),
                 inflight: s.inflight,
                 fresh: s.fresh,
                 reachable,
@@ -323,7 +328,7 @@ mod tests {
         let first = fleet.begin(&pod);
         let second = fleet.begin(&pod);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 2.0, "no scrape yet: own in-flight");
-        pod.scraped(EngineLoad { waiting: 1.0, running: 2.0, kv_usage: Some(0.5) }, now);
+        pod.scraped(EngineLoad { waiting: 1.0, running: 2.0, kv_usage: Some(0.5), kv_blocks: None }, now);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 3.0, "the scrape includes both");
         let third = fleet.begin(&pod);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 4.0);

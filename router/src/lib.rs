@@ -31,6 +31,7 @@ pub mod scrape;
 pub mod serve;
 pub mod tokenize;
 pub mod upstream;
+pub mod usage;
 pub mod vllm_metrics;
 
 pub use config::Config;

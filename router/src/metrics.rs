@@ -14,6 +14,13 @@ pub const PICKS: &str = "kvindex_router_picks_total";
 pub const PROMPT_BLOCKS: &str = "kvindex_router_prompt_blocks_total";
 pub const CACHED_BLOCKS: &str = "kvindex_router_predicted_cached_blocks_total";
 pub const KV_CUTOFF: &str = "kvindex_router_kv_cutoff_total";
+pub const OVERLAP_PICKS: &str = "kvindex_router_overlap_picks_total";
+pub const BEST_CACHED_BLOCKS: &str = "kvindex_router_best_cached_blocks_total";
+pub const OVERLAP_GIVEN_UP_BLOCKS: &str = "kvindex_router_overlap_given_up_blocks";
+pub const CACHE_PREDICTION: &str = "kvindex_router_cache_prediction_total";
+pub const ENGINE_CACHED_TOKENS: &str = "kvindex_router_engine_cached_tokens_total";
+pub const ENGINE_PROMPT_TOKENS: &str = "kvindex_router_engine_prompt_tokens_total";
+pub const PREDICTED_CACHED_TOKENS: &str = "kvindex_router_predicted_cached_tokens_total";
 pub const UPSTREAM_RETRIES: &str = "kvindex_router_upstream_retries_total";
 pub const UPSTREAM_FIRST_BYTE: &str = "kvindex_router_upstream_first_byte_seconds";
 pub const CLIENT_DISCONNECTS: &str = "kvindex_router_client_disconnects_total";
@@ -39,12 +46,16 @@ pub const HTTP_BODY_BYTES: &str = "kvindex_router_http_body_bytes";
 pub fn install() -> Option<PrometheusHandle> {
     let fast = [0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5];
     let slow = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+    // Blocks: 0 is a best-overlap pick; then a block to a 64k-token prefix.
+    let blocks = [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(ROUTE_SECONDS.into()), &fast)
         .ok()?
         .set_buckets_for_metric(Matcher::Full(EXTPROC_PICK_SECONDS.into()), &fast)
         .ok()?
         .set_buckets_for_metric(Matcher::Full(UPSTREAM_FIRST_BYTE.into()), &slow)
+        .ok()?
+        .set_buckets_for_metric(Matcher::Full(OVERLAP_GIVEN_UP_BLOCKS.into()), &blocks)
         .ok()?
         .install_recorder()
         .ok()?;
@@ -80,12 +91,34 @@ fn describe() {
     describe_counter!(PROMPT_BLOCKS, "Full prompt blocks of routed requests");
     describe_counter!(CACHED_BLOCKS, "Prompt blocks the chosen pod was predicted to hold, by kind");
     describe_counter!(KV_CUTOFF, "Picks that passed over a pod at or above the KV-usage cutoff");
+    describe_counter!(
+        OVERLAP_PICKS,
+        "Requests by how the pick compares with the best cached prefix on offer (best, below_best, no_overlap, unscored)"
+    );
+    describe_counter!(
+        BEST_CACHED_BLOCKS,
+        "Cached blocks on the best-overlap pod of each scored request, picked or not (over prompt_blocks: the reachable hit rate)"
+    );
+    describe_histogram!(
+        OVERLAP_GIVEN_UP_BLOCKS,
+        "Per scored request with some overlap: best pod's cached blocks minus the chosen pod's (0 = best pick)"
+    );
+    describe_counter!(
+        CACHE_PREDICTION,
+        "Responses by the engine's cached_tokens against the router's prediction (exact, over, under, unreported)"
+    );
+    describe_counter!(ENGINE_CACHED_TOKENS, "Cached prompt tokens the engines reported in responses' usage");
+    describe_counter!(ENGINE_PROMPT_TOKENS, "Prompt tokens of the responses whose usage reported cached_tokens");
+    describe_counter!(
+        PREDICTED_CACHED_TOKENS,
+        "Cached tokens the router predicted for the responses whose usage reported cached_tokens"
+    );
     describe_counter!(UPSTREAM_RETRIES, "Requests retried on the next pod before any response byte, by reason");
     describe_histogram!(UPSTREAM_FIRST_BYTE, Unit::Seconds, "Upstream response head latency");
     describe_counter!(CLIENT_DISCONNECTS, "Responses abandoned by the client before the end (upstream cancelled)");
     describe_gauge!(INFLIGHT, "Requests in flight per pod");
     describe_gauge!(PODS, "Pods by role");
-    describe_gauge!(POD_LOAD, "Last scraped load per pod (waiting, running, kv_usage)");
+    describe_gauge!(POD_LOAD, "Last scraped load per pod (waiting, running, kv_usage, kv_blocks)");
     describe_gauge!(
         TOKENIZER_CACHE_REQUESTS,
         "In-process tokenizations by prefix-cache result (hit, miss, bypass), since start"

@@ -12,7 +12,7 @@ use kvindex_proto::kvindex::v1 as pb;
 
 use crate::config::{Config, IndexerToken};
 use crate::cost::{self, Candidate, CostWeights, Policy};
-use crate::decision::{Decision, PodChoice, ScoreOutcome, Timings};
+use crate::decision::{Decision, OverlapOutcome, PodChoice, ScoreOutcome, Timings};
 use crate::fleet::{Fleet, InFlight, Pod};
 use crate::indexer::IndexerPool;
 use crate::metrics as m;
@@ -162,6 +162,18 @@ fn check_size(s: &RouterSettings, prompt: &Prompt) -> Result<(), RouteError> {
 
 /// Most RecordRoute calls in flight at once; past it a pick is not recorded (counted).
 const MAX_RECORDING: usize = 1024;
+
+/// Decision quality, once per request: whether the pick reused the most any pod held, and
+/// how many cached blocks it gave up for load (`kvindex_router_overlap_*`).
+fn record_overlap(decision: &Decision, holder: &PodChoice) {
+    let outcome = decision.overlap_outcome(0);
+    metrics::counter!(m::OVERLAP_PICKS, "outcome" => outcome.label()).increment(1);
+    if matches!(outcome, OverlapOutcome::Best | OverlapOutcome::BelowBest) {
+        let given_up = decision.best_cached_blocks.saturating_sub(holder.cached_blocks);
+        metrics::counter!(m::BEST_CACHED_BLOCKS).increment(u64::from(decision.best_cached_blocks));
+        metrics::histogram!(m::OVERLAP_GIVEN_UP_BLOCKS).record(f64::from(given_up));
+    }
+}
 
 fn micros(d: Duration) -> u64 {
     d.as_micros() as u64
@@ -350,6 +362,7 @@ impl Router {
                 running: load.load - load.waiting.unwrap_or(0.0),
                 waiting: load.waiting.unwrap_or(0.0),
                 kv_usage: load.kv_usage,
+                kv_blocks: load.kv_blocks,
                 reachable: load.reachable,
                 last_picked: pod.last_picked(),
                 rendezvous: rendezvous::weight(key, &pod.id),
@@ -362,6 +375,8 @@ impl Router {
                 cached_blocks: 0,
                 source_state: found.and_then(|p| state_label(p.state)),
                 cost: 0.0,
+                kv_weight: 0.0,
+                kv_cost: 0.0,
                 over_kv_cutoff: false,
                 in_band: false,
                 load,
@@ -376,6 +391,8 @@ impl Router {
                     let mut choice = choices[indices[r.index]].clone();
                     choice.cached_blocks = r.cached_blocks;
                     choice.cost = r.cost;
+                    choice.kv_weight = r.kv_weight;
+                    choice.kv_cost = r.kv_cost;
                     choice.over_kv_cutoff = r.over_kv_cutoff;
                     choice.in_band = r.in_band;
                     choice
@@ -390,6 +407,17 @@ impl Router {
                 (rank_pool(&p.decode, Policy::LoadOnly), prefill, "pd")
             }
         };
+        // The best reuse on offer: over the pool that computes the prompt, its reachable pods
+        // (all of them when none is).
+        let holders: &[usize] = pools.as_ref().map_or(&all, |p| &p.prefill);
+        let cached = |i: &usize| candidates[*i].matched_blocks.max(candidates[*i].speculative_blocks).min(total_blocks);
+        let best_cached_blocks = holders
+            .iter()
+            .filter(|&&i| candidates[i].reachable)
+            .map(cached)
+            .max()
+            .or_else(|| holders.iter().map(cached).max())
+            .unwrap_or(0);
         if let Some(best) = ranked.first() {
             if ranked.iter().any(|c| c.over_kv_cutoff && c.load.reachable && c.cost < best.cost) {
                 metrics::counter!(m::KV_CUTOFF).increment(1);
@@ -416,6 +444,7 @@ impl Router {
             score,
             ranked,
             prefill,
+            best_cached_blocks,
             timings,
             tokens: tokens.ok().map(Arc::new),
             lora_name,
@@ -434,14 +463,15 @@ impl Router {
             guards.push(self.fleet.begin(pod));
             metrics::counter!(m::PICKS, "pod" => c.pod.clone(), "role" => c.role.label()).increment(1);
         }
+        // The pod that computes the prompt's KV cache: the one to credit, and whose reuse counts.
+        let holder = decision.prefill.as_ref().unwrap_or(choice);
         if attempt == 0 {
             metrics::counter!(m::PROMPT_BLOCKS).increment(u64::from(decision.total_blocks));
             metrics::counter!(m::CACHED_BLOCKS, "kind" => "matched").increment(u64::from(choice.matched_blocks));
             metrics::counter!(m::CACHED_BLOCKS, "kind" => "speculative")
                 .increment(u64::from(choice.cached_blocks.saturating_sub(choice.matched_blocks)));
+            record_overlap(decision, holder);
         }
-        // The pod that computes the prompt's KV cache is the one to credit.
-        let holder = decision.prefill.as_ref().unwrap_or(choice);
         self.record_route(decision, &holder.pod);
         Some(guards)
     }

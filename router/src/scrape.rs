@@ -58,6 +58,9 @@ async fn scrape_loop(pod: Arc<Pod>, client: HttpClient, interval: Duration, time
                 {
                     metrics::gauge!(m::POD_LOAD, "pod" => pod.id.clone(), "kind" => kind).set(value);
                 }
+                if let Some(blocks) = load.kv_blocks {
+                    metrics::gauge!(m::POD_LOAD, "pod" => pod.id.clone(), "kind" => "kv_blocks").set(blocks as f64);
+                }
             }
             Ok(Err(reason)) => {
                 pod.scrape_failed();

@@ -1,8 +1,10 @@
 //! Reads an engine's load from its Prometheus `/metrics` text: the three gauges vLLM exports
 //! for routers (`vllm:num_requests_waiting`, `vllm:num_requests_running`,
-//! `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` before vLLM 0.10). A pod with
-//! several engines (data-parallel ranks, one series each) sums its requests and reports its
-//! fullest engine's KV usage.
+//! `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` before vLLM 0.10), and the KV
+//! capacity from `vllm:cache_config_info`'s `num_gpu_blocks` label (the cost scales the KV term
+//! with it). A pod with several engines (data-parallel ranks, one series each) sums its requests
+//! and reports its fullest engine's KV usage and its smallest engine's capacity (a request runs
+//! on one engine).
 
 /// One pod's load as last scraped.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -11,16 +13,28 @@ pub struct EngineLoad {
     pub running: f64,
     /// 0–1.
     pub kv_usage: Option<f64>,
+    /// KV-cache capacity in blocks (`num_gpu_blocks`), when the engine reports it.
+    pub kv_blocks: Option<u64>,
 }
 
 const WAITING: &str = "vllm:num_requests_waiting";
 const RUNNING: &str = "vllm:num_requests_running";
 const KV_USAGE: &str = "vllm:kv_cache_usage_perc";
 const KV_USAGE_OLD: &str = "vllm:gpu_cache_usage_perc";
+const CACHE_CONFIG: &str = "vllm:cache_config_info";
+const NUM_GPU_BLOCKS: &str = "num_gpu_blocks";
 
-/// Splits a sample line into its metric name and value; `None` for comments and lines that
-/// are not samples.
-fn sample(line: &str) -> Option<(&str, f64)> {
+/// One sample line: the metric name, the label set as written (between the braces, empty
+/// without), and the value.
+struct Sample<'a> {
+    name: &'a str,
+    labels: &'a str,
+    value: f64,
+}
+
+/// Splits a sample line into its metric name, labels and value; `None` for comments and lines
+/// that are not samples.
+fn sample(line: &str) -> Option<Sample<'_>> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
         return None;
@@ -28,6 +42,7 @@ fn sample(line: &str) -> Option<(&str, f64)> {
     let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
     let name = &line[..name_end];
     let mut rest = &line[name_end..];
+    let mut labels = "";
     if rest.starts_with('{') {
         // Skip the label set, honouring quoted values (which may hold `}` or spaces).
         let mut quoted = false;
@@ -45,7 +60,9 @@ fn sample(line: &str) -> Option<(&str, f64)> {
                 _ => {}
             }
         }
-        rest = &rest[end? + 1..];
+        let end = end?;
+        labels = &rest[1..end];
+        rest = &rest[end + 1..];
     }
     let value = rest.split_whitespace().next()?;
     let value = match value {
@@ -54,14 +71,44 @@ fn sample(line: &str) -> Option<(&str, f64)> {
         "-Inf" => f64::NEG_INFINITY,
         v => v.parse().ok()?,
     };
-    Some((name, value))
+    Some(Sample { name, labels, value })
+}
+
+/// The value of label `key` in a label set as written (`a="1",b="x \" y"`), unescaped only as
+/// far as a number needs: `None` when absent or holding an escape.
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    loop {
+        let (name, after) = rest.split_once('=')?;
+        let after = after.strip_prefix('"')?;
+        // The value runs to the first unescaped quote.
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in after.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let end = end?;
+        if name.trim() == key {
+            let value = &after[..end];
+            return (!value.contains('\\')).then_some(value);
+        }
+        rest = after[end + 1..].trim_start_matches([',', ' ']);
+    }
 }
 
 /// Parses a `/metrics` body; an error when it has no vLLM request gauges at all.
 pub fn parse(text: &str) -> Result<EngineLoad, &'static str> {
     let mut load = EngineLoad::default();
     let (mut seen_requests, mut kv_old) = (false, None::<f64>);
-    for (name, value) in text.lines().filter_map(sample) {
+    for Sample { name, labels, value } in text.lines().filter_map(sample) {
         seen_requests |= name == WAITING || name == RUNNING;
         if !value.is_finite() || value < 0.0 {
             continue;
@@ -71,6 +118,14 @@ pub fn parse(text: &str) -> Result<EngineLoad, &'static str> {
             RUNNING => load.running += value,
             KV_USAGE => load.kv_usage = Some(load.kv_usage.map_or(value, |u| u.max(value))),
             KV_USAGE_OLD => kv_old = Some(kv_old.map_or(value, |u| u.max(value))),
+            // vLLM writes `num_gpu_blocks="None"` before the cache is profiled: unknown.
+            CACHE_CONFIG => {
+                if let Some(blocks) =
+                    label(labels, NUM_GPU_BLOCKS).and_then(|v| v.parse::<u64>().ok()).filter(|&b| b > 0)
+                {
+                    load.kv_blocks = Some(load.kv_blocks.map_or(blocks, |b| b.min(blocks)));
+                }
+            }
             _ => {}
         }
     }
@@ -96,13 +151,31 @@ mod tests {
             vllm:kv_cache_usage_perc{engine=\"1\"} 0.75\n\
             vllm:num_requests_running_total 99\n";
         let load = parse(text).unwrap();
-        assert_eq!(load, EngineLoad { waiting: 4.0, running: 5.0, kv_usage: Some(0.75) });
+        assert_eq!(load, EngineLoad { waiting: 4.0, running: 5.0, kv_usage: Some(0.75), kv_blocks: None });
+    }
+
+    #[test]
+    fn the_kv_capacity_comes_from_cache_config_info_and_is_the_smallest_engines() {
+        // As vLLM writes it (CacheConfig.metrics_info(): every field, `num_gpu_blocks_override`
+        // included), and kvindex-sim.
+        let text = "vllm:num_requests_running{engine=\"0\"} 1\n\
+            # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+            # TYPE vllm:cache_config_info gauge\n\
+            vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\",num_cpu_blocks=\"None\",num_gpu_blocks_override=\"None\",num_gpu_blocks=\"1280\",prefix_caching_hash_algo=\"sha256_cbor\"} 1.0\n\
+            vllm:cache_config_info{block_size=\"16\",engine=\"1\",note=\"a \\\" } b\",num_gpu_blocks=\"1000\"} 1.0\n";
+        assert_eq!(parse(text).unwrap().kv_blocks, Some(1000));
+        for unknown in
+            ["num_gpu_blocks=\"None\"", "num_gpu_blocks=\"0\"", "num_gpu_blocks=\"-3\"", "block_size=\"16\"", ""]
+        {
+            let text = format!("vllm:num_requests_running 1\nvllm:cache_config_info{{{unknown}}} 1\n");
+            assert_eq!(parse(&text).unwrap().kv_blocks, None, "{unknown}");
+        }
     }
 
     #[test]
     fn older_vllm_names_and_garbage() {
         let load = parse("vllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc 0.5\nnot a sample\n{}\n").unwrap();
-        assert_eq!(load, EngineLoad { waiting: 1.0, running: 0.0, kv_usage: Some(0.5) });
+        assert_eq!(load, EngineLoad { waiting: 1.0, running: 0.0, kv_usage: Some(0.5), kv_blocks: None });
         assert!(parse("up 1\n").is_err());
         assert!(parse("vllm:num_requests_waiting{engine=\"0 1\n").is_err(), "unterminated labels");
         assert_eq!(parse("vllm:num_requests_running NaN\nvllm:num_requests_waiting -3\n").unwrap().running, 0.0);

@@ -5,7 +5,7 @@
 
 mod support;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use support::fake_pod::{vllm_metrics, FakePod, Script};
 use support::*;
 
@@ -61,9 +61,13 @@ async fn decode_by_load_prefill_by_cache_within_the_band() {
     for (busy, idle) in [(0, 1), (1, 0)] {
         *decode[busy].metrics.lock() = vllm_metrics(0.0, 8.0, 0.1);
         *decode[idle].metrics.lock() = vllm_metrics(0.0, 0.0, 0.1);
-        let busy_id = decode[busy].addr.clone();
+        let (busy_id, idle_id) = (decode[busy].addr.clone(), decode[idle].addr.clone());
+        // Both pods: the idle one was the busy one in the previous round.
         wait_for("the router to see the decode load", DEADLINE, || async {
-            (router_pod(&router.http, &busy_id).await["load"]["running"].as_f64() == Some(8.0)).then_some(())
+            let running = |pod: Value| pod["load"]["running"].as_f64();
+            (running(router_pod(&router.http, &busy_id).await) == Some(8.0)
+                && running(router_pod(&router.http, &idle_id).await) == Some(0.0))
+            .then_some(())
         })
         .await;
         for base in [5000, 6000, 7000] {

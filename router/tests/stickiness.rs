@@ -1,7 +1,10 @@
 //! A multi-turn chat, tokenized by the router exactly as the pods tokenize it (the deepseek
 //! tokenizer and chat template on both sides), sticks to the pod that holds its prefix, turn
 //! after turn, as the pods' own `cached_tokens` confirm, until that pod's load, or its KV-cache
-//! usage, makes another pod cheaper.
+//! usage, makes another pod cheaper. With the default weights it stays through the few running
+//! requests of ordinary traffic on small pods and big ones alike (the KV term scales with the
+//! pod's capacity, which the router reads from `vllm:cache_config_info`), and leaves a pod
+//! where requests queue.
 
 mod support;
 
@@ -16,9 +19,14 @@ struct Chat {
 
 impl Chat {
     fn new(seed: usize) -> Chat {
+        Chat::with_system(seed, 12)
+    }
+
+    /// A system prompt of about `repeats` × 16 tokens.
+    fn with_system(seed: usize, repeats: usize) -> Chat {
         let system = format!(
             "You are assistant number {seed}. {}",
-            "Answer briefly and precisely, citing the relevant section of the manual when you can. ".repeat(12)
+            "Answer briefly and precisely, citing the relevant section of the manual when you can. ".repeat(repeats)
         );
         Chat { messages: vec![json!({"role": "system", "content": system})] }
     }
@@ -154,6 +162,94 @@ async fn a_conversation_leaves_a_pod_whose_kv_cache_is_nearly_full() {
     let reply = post(&router.http, "/v1/chat/completions", &chat.ask(3)).await;
     assert_eq!(reply.status, 200);
     assert_ne!(reply.pod(), home, "the cutoff moves it off a nearly full pod");
+    for task in background {
+        task.abort();
+    }
+}
+
+/// Adds `add` long requests of 80 blocks each on the home pod and waits until the router sees
+/// `running` and `waiting` there, then returns the router's explanation for the next turn and
+/// the home pod's entry in it. (The busy pod publishes a block every few steps, so the index
+/// cannot be waited on here: settle before.)
+#[allow(clippy::too_many_arguments)]
+async fn explain_with_load(
+    stack: &Stack,
+    router: &str,
+    chat: &mut Chat,
+    home: &str,
+    turn: usize,
+    add: usize,
+    running: usize,
+    waiting: usize,
+) -> (Vec<tokio::task::JoinHandle<()>>, Value, Value) {
+    let background = occupy(stack.pod(home), add, 1280, 3000);
+    wait_for("the router to see the load", DEADLINE, || async {
+        let load = router_pod(router, home).await["load"].clone();
+        (load["running"].as_f64() >= Some(running as f64) && load["waiting"].as_f64() >= Some(waiting as f64))
+            .then_some(())
+    })
+    .await;
+    let explained = post(router, "/route/v1/chat/completions", &chat.ask(turn)).await.json();
+    chat.messages.pop();
+    let entry = explained["ranked"].as_array().unwrap().iter().find(|c| c["pod"] == home).unwrap().clone();
+    (background, explained, entry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_stays_on_a_small_pod_running_a_few_requests_and_leaves_it_when_requests_queue() {
+    let bins = bins();
+    // The pods: 1,280 blocks of 16 tokens; at most 5 running, so extra requests queue.
+    let Some((stack, router)) = start(&bins, &["--kv-blocks", "1280", "--max-num-seqs", "5"], &[]).await else {
+        return;
+    };
+    // About 35 cached blocks by the fourth turn: more than the scaled load below, less than
+    // the unscaled one.
+    let mut chat = Chat::with_system(3, 30);
+    let home = sticky_turns(&stack, &router.http, &mut chat, 0..3).await;
+    stack.settle().await;
+
+    // Four ordinary requests running there: a quarter of this small cache.
+    let (background, explained, entry) = explain_with_load(&stack, &router.http, &mut chat, &home, 3, 4, 4, 0).await;
+    let (kv_usage, cached) = (entry["load"]["kv_usage"].as_f64().unwrap(), entry["cached_blocks"].as_f64().unwrap());
+    assert!(kv_usage >= 0.25, "{entry}");
+    // The point of the scaling: unscaled, the KV term alone would outweigh the cached prefix.
+    assert!(256.0 * kv_usage > cached, "unscaled, {kv_usage} × 256 outweighs {cached} cached blocks: {explained}");
+    let reply = post(&router.http, "/v1/chat/completions", &chat.ask(3)).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.pod(), home, "4 running requests on a 1,280-block pod do not move the conversation: {explained}");
+    assert_eq!(reply.cached_tokens(), cached as u64 * BLOCK as u64, "and it hits there");
+    chat.answered(&reply);
+    // Explained: the capacity read from the pod's /metrics, the weight scaled by it.
+    assert_eq!(entry["load"]["kv_blocks"], 1280, "{entry}");
+    let kv_weight = entry["kv_weight"].as_f64().unwrap();
+    assert!((kv_weight - 256.0 * 1280.0 / 10_000.0).abs() < 1e-6, "{entry}");
+    assert!((entry["kv_cost"].as_f64().unwrap() - kv_weight * kv_usage).abs() < 1e-6, "{entry}");
+
+    // Three more: five running (the pod's limit) and two waiting. That is overload.
+    let (more, explained, entry) = explain_with_load(&stack, &router.http, &mut chat, &home, 4, 3, 5, 2).await;
+    assert!(entry["load"]["waiting"].as_f64() >= Some(2.0), "{entry}");
+    let reply = post(&router.http, "/v1/chat/completions", &chat.ask(4)).await;
+    assert_eq!(reply.status, 200);
+    assert_ne!(reply.pod(), home, "a pod with requests queued loses the conversation: {explained}");
+    for task in background.into_iter().chain(more) {
+        task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_stays_on_a_big_pod_running_a_few_requests() {
+    let bins = bins();
+    let Some((stack, router)) = start(&bins, &["--kv-blocks", "20000"], &[]).await else { return };
+    let mut chat = Chat::with_system(4, 30);
+    let home = sticky_turns(&stack, &router.http, &mut chat, 0..3).await;
+    stack.settle().await;
+    let (background, explained, entry) = explain_with_load(&stack, &router.http, &mut chat, &home, 3, 4, 4, 0).await;
+    assert_eq!(entry["load"]["kv_blocks"], 20000, "{entry}");
+    assert_eq!(entry["kv_weight"], 256.0, "a pod above the reference size pays the full weight: {entry}");
+    let reply = post(&router.http, "/v1/chat/completions", &chat.ask(3)).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.pod(), home, "{explained}");
+    assert_eq!(reply.cached_tokens(), entry["cached_blocks"].as_u64().unwrap() * BLOCK as u64);
     for task in background {
         task.abort();
     }

@@ -64,6 +64,13 @@ fn every_panel_charts_only_exported_metrics() {
         "kvindex_index_entries",
         "kvindex_router_picks_total",
         "kvindex_router_fail_open_total",
+        // Decision quality (issue 26): best-overlap picks, reuse on offer vs delivered.
+        "kvindex_router_overlap_picks_total",
+        "kvindex_router_best_cached_blocks_total",
+        "kvindex_router_overlap_given_up_blocks_bucket",
+        "kvindex_router_cache_prediction_total",
+        "kvindex_router_engine_cached_tokens_total",
+        "kvindex_router_predicted_cached_tokens_total",
     ] {
         assert!(used.contains(needed), "the dashboard does not chart {needed}");
     }

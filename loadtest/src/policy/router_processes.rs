@@ -8,7 +8,8 @@
 //! the asked router has scraped the load of this instant, so the router decides on exactly
 //! what a live router would know at that moment, with wall-clock effects (scrape intervals,
 //! slow ZeroMQ joins) taken out. Unlike the other cache-aware policies it uses the router's
-//! own cost model, not llm-d's scorer weights: this measures the product.
+//! own cost model, not llm-d's scorer weights: this measures the product. The pods also report
+//! their KV capacity (`vllm:cache_config_info`, as vLLM does), which the router's cost uses.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,6 +33,8 @@ struct PodLoad {
     waiting: f64,
     running: f64,
     kv_usage: f64,
+    /// `num_gpu_blocks`.
+    kv_blocks: usize,
 }
 
 struct Running {
@@ -115,6 +118,7 @@ impl RouterProcesses {
                     waiting: stats.num_waiting as f64,
                     running: stats.num_running as f64,
                     kv_usage: stats.kv_usage,
+                    kv_blocks: stats.num_gpu_blocks,
                 }
             })
             .collect();
@@ -179,14 +183,14 @@ async fn serve_metrics(load: Arc<Mutex<PodLoad>>) -> Result<String, String> {
             let l = *load.lock().unwrap_or_else(|e| e.into_inner());
             async move {
                 format!(
-                    "vllm:num_requests_waiting{{engine=\"0\"}} {}\nvllm:num_requests_running{{engine=\"0\"}} {}\nvllm:kv_cache_usage_perc{{engine=\"0\"}} {}\n",
-                    l.waiting, l.running, l.kv_usage
+                    "vllm:num_requests_waiting{{engine=\"0\"}} {}\nvllm:num_requests_running{{engine=\"0\"}} {}\nvllm:kv_cache_usage_perc{{engine=\"0\"}} {}\nvllm:cache_config_info{{engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0\n",
+                    l.waiting, l.running, l.kv_usage, l.kv_blocks
                 )
             }
         }),
     );
     tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        let _ = axum::serve(crate::http::no_delay(listener), app).await;
     });
     Ok(addr)
 }

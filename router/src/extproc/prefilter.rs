@@ -42,6 +42,8 @@ mod tests {
             cached_blocks: cached,
             source_state: None,
             cost: 0.0,
+            kv_weight: 0.0,
+            kv_cost: 0.0,
             over_kv_cutoff: false,
             in_band: false,
             load: LoadView {
@@ -49,6 +51,7 @@ mod tests {
                 waiting: None,
                 running: None,
                 kv_usage: None,
+                kv_blocks: None,
                 inflight: 0,
                 fresh: 0,
                 reachable: true,

@@ -521,6 +521,7 @@ fn load_only(router: &Router, subset: Option<Vec<String>>) -> Result<Vec<String>
                 running: load.load - load.waiting.unwrap_or(0.0),
                 waiting: load.waiting.unwrap_or(0.0),
                 kv_usage: load.kv_usage,
+                kv_blocks: load.kv_blocks,
                 reachable: load.reachable,
                 last_picked: pod.last_picked(),
                 rendezvous: crate::rendezvous::weight(0, &pod.id),

@@ -21,6 +21,7 @@ use crate::extproc::budget::Reservation;
 use crate::metrics as m;
 use crate::request::{self, Endpoint};
 use crate::upstream::{self, is_hop_by_hop, Outgoing};
+use crate::usage::{Prediction, UsageTap};
 
 pub async fn completions(State(app): State<Arc<App>>, request: Request) -> Response {
     proxy(app, Endpoint::Completions, request).await.unwrap_or_else(IntoResponse::into_response)
@@ -127,7 +128,18 @@ async fn proxy(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Re
     log_decision(&decision, endpoint, Some(forwarded.attempt), head.status.as_u16());
     metrics::counter!(m::REQUESTS, "endpoint" => endpoint.label(), "status" => head.status.as_str().to_string())
         .increment(1);
-    let mut response = Response::new(Body::new(PassThrough::new(incoming, forwarded.guards)));
+    let mut body = PassThrough::new(incoming, forwarded.guards);
+    // P/D: the decode pod's usage describes KV it received, not a prefix-cache hit.
+    if head.status.is_success() && decision.prefill.is_none() {
+        if let Some(served) = decision.ranked.get(forwarded.attempt) {
+            body = body.with_usage(UsageTap::new(Prediction {
+                cached_blocks: served.cached_blocks,
+                block_size: decision.block_size,
+                prompt_tokens: decision.prompt_tokens,
+            }));
+        }
+    }
+    let mut response = Response::new(Body::new(body));
     *response.status_mut() = head.status;
     let headers = response.headers_mut();
     for (name, value) in &head.headers {
@@ -158,6 +170,7 @@ fn log_decision(decision: &Decision, endpoint: Endpoint, attempt: Option<usize>,
         pod = chosen.map(|c| c.pod.as_str()),
         matched_blocks = chosen.map(|c| c.matched_blocks),
         cached_blocks = chosen.map(|c| c.cached_blocks),
+        best_cached_blocks = decision.best_cached_blocks,
         cost = chosen.map(|c| c.cost),
         attempt,
         status,
