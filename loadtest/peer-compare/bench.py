@@ -668,6 +668,11 @@ def aggregate(runs):
             for k, v in g["error_kinds"].items():
                 kinds[k] = kinds.get(k, 0) + v
         merged["error_kinds"] = kinds
+        outcomes = {}
+        for g in group:
+            for k, v in (g.get("kvindex_score") or {}).items():
+                outcomes[k] = outcomes.get(k, 0) + v
+        merged["kvindex_score"] = outcomes or None
         if group[0].get("probe"):
             probe = {"errors": sum(g["probe"]["errors"] for g in group)}
             for mode in ("keepalive", "fresh"):
@@ -699,12 +704,18 @@ def table(runs, meta):
         lines.append("Medians over the repeats; follow-up hit rate of each repeat: " + "; ".join(
             f"{LABEL[s['router']]} ×{s['replicas']} {s['variant']}: " + " / ".join(f"{h:.3f}" for h in s["hit_rates"] if h is not None)
             for s in runs))
+    scored = [s for s in runs if s.get("kvindex_score")]
+    if scored:
+        lines.append("")
+        lines.append("kvindex-router's scoring outcome per request (`x-kvindex-score`, all repeats): " + "; ".join(
+            f"×{s['replicas']} {s['variant']}: " + ", ".join(f"{k} {v}" for k, v in sorted(s["kvindex_score"].items()))
+            for s in scored))
     kills = [s for s in runs if s["variant"] == "kill"]
     if kills:
         lines.append("")
         lines.append(f"A pod SIGKILLed after {meta['kill_after']} of {meta['requests']} requests (keep-alive):")
         lines.append("")
-        lines.append("| router | replicas | errors | of them sent after the kill | follow-up hit rate | after the kill | TTFT p99 (ms) | error kinds |")
+        lines.append("| router | replicas | errors | of them sent after the kill | follow-up hit rate | after the kill | TTFT p99 (ms) | error kinds (all repeats) |")
         lines.append("|---|---|---|---|---|---|---|---|")
         for s in kills:
             kinds = "; ".join(f"{k} ×{v}" for k, v in s["error_kinds"].items()) or "–"
@@ -768,7 +779,13 @@ def main():
     p.add_argument("--smoke", action="store_true",
                    help="tiny and fast (kvindex-router and direct only, 4 conversations x 2 turns, 1 replica, keep-alive); "
                         "exits 1 on any error")
+    p.add_argument("--report", metavar="RESULTS_JSON", help="only print the tables of an earlier run's results.json")
     args = p.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            data = json.load(f)
+        print(table(aggregate(data["runs"]), data["meta"]))
+        return
     if args.smoke:
         args.routers, args.replicas, args.variants = "direct,kvindex", "1", "keepalive"
         args.conversations, args.turns, args.probes, args.probe_warmup = 4, 2, 3, 1

@@ -40,20 +40,23 @@ def main():
         for j, variant in enumerate(("keepalive", "kill")):
             values = [(find.get((r, n, variant)) or {}).get("follow_up_hit_rate") or 0 for r in peers]
             pos = [x + (2 * i + j - (2 * len(counts) - 1) / 2) * width for x in range(len(peers))]
+            spread = [[v - min(h), max(h) - v] if (h := [x for x in (find.get((r, n, variant)) or {}).get("hit_rates", []) if x is not None]) else [0, 0]
+                      for r, v in zip(peers, values)]
             ax.bar(pos, values, width, color=colors[i % 4], alpha=1.0 if variant == "keepalive" else 0.45,
+                   yerr=list(zip(*spread)) if any(a or b for a, b in spread) else None, capsize=2, ecolor="#444",
                    hatch=None if variant == "keepalive" else "//",
                    label=f"{n} replica{'s' if n > 1 else ''}" + ("" if variant == "keepalive" else ", pod killed"))
             for x, v in zip(pos, values):
                 if v:
-                    ax.text(x, v + 0.01, f"{v:.2f}", ha="center", fontsize=7, rotation=90)
+                    ax.text(x, 0.03, f"{v:.2f}", ha="center", fontsize=7, rotation=90, color="black")
     direct = find.get(("direct", 1, "keepalive"))
     if direct and direct.get("follow_up_hit_rate"):
         ax.axhline(direct["follow_up_hit_rate"], color="grey", ls="--", lw=1, label="direct, pinned")
     ax.set_xticks(range(len(peers)), [LABEL[r] for r in peers], fontsize=8)
-    ax.set_ylim(0, 1.15)
+    ax.set_ylim(0, 1.3)
     ax.set_ylabel("follow-up hit rate (engine cached / prompt tokens)")
-    ax.set_title("Cache hits on follow-up turns")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title("Cache hits on follow-up turns (median, min–max)")
+    ax.legend(fontsize=7, loc="upper center", ncol=3)
 
     # TTFT p50 and p99 per router, keep-alive and fresh, 1 replica.
     ax = axes[1]
@@ -66,7 +69,8 @@ def main():
     ax.set_xticks(range(len(routers)), [LABEL[r] for r in routers], fontsize=8)
     ax.set_ylabel("TTFT (ms)")
     ax.set_title("TTFT, 1 replica")
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.2)
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
 
     # Overhead over direct, from the probe.
     ax = axes[2]
@@ -81,7 +85,8 @@ def main():
     ax.set_xticks(range(len(probed)), [LABEL[r] for r in probed], fontsize=8)
     ax.set_ylabel("TTFT via router − direct, p50 (ms)")
     ax.set_title("Router overhead (sequential probe)")
-    ax.legend(fontsize=7)
+    ax.set_ylim(min(0, ax.get_ylim()[0]), ax.get_ylim()[1] * 1.3)
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
 
     fig.suptitle(f"peer-compare: {meta['args']['pods']} simulated pods, {meta['args']['conversations']} conversations × "
                  f"{meta['args']['turns']} turns, {meta['args']['tenants']} tenants — {meta['date']}, {meta['commit']}",
