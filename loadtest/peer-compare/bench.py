@@ -779,6 +779,8 @@ def main():
     p.add_argument("--smoke", action="store_true",
                    help="tiny and fast (kvindex-router and direct only, 4 conversations x 2 turns, 1 replica, keep-alive); "
                         "exits 1 on any error")
+    p.add_argument("--label", default=os.environ.get("PEER_COMPARE_LABEL"),
+                   help="what build this is, for the plot's title and results.json (default: this checkout's commit)")
     p.add_argument("--report", metavar="RESULTS_JSON", help="only print the tables of an earlier run's results.json")
     args = p.parse_args()
     if args.report:
@@ -809,7 +811,7 @@ def main():
                     continue
                 plan.append((router, replicas, variant))
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": args.label or commit,
             "bin_dir": args.bin_dir, "machine": f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
             "requests": args.conversations * args.turns, "kill_after": int(args.conversations * args.turns * args.kill_at),
             "probes": args.probes, "args": {k: v for k, v in vars(args).items()}}

@@ -80,7 +80,7 @@ def main():
         pos = [x + (j - 0.5) * 0.4 for x in range(len(probed))]
         ax.bar(pos, values, 0.38, color=colors[j], label=f"{mode} connections")
         for x, v in zip(pos, values):
-            ax.text(x, max(v, 0) + 0.5, f"{v:.1f}", ha="center", fontsize=8)
+            ax.annotate(f"{v:.1f}", (x, max(v, 0)), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=8)
     ax.axhline(0, color="black", lw=0.5)
     ax.set_xticks(range(len(probed)), [LABEL[r] for r in probed], fontsize=8)
     ax.set_ylabel("TTFT via router − direct, p50 (ms)")
