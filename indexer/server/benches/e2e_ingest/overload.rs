@@ -311,7 +311,8 @@ pub struct OverloadResult {
     caught_up_after_s: Option<f64>,
     /// How long after the stop they were waited for.
     window_s: f64,
-    final_under: u64,
+    /// None: the index was still applying at the end of the window, so not checked.
+    final_under: Option<u64>,
 }
 
 /// Starts 64 pods and a server dialling them; waits for `/readyz`.
@@ -436,7 +437,9 @@ pub async fn phase(multiple: f64, capacity: f64, secs: f64, hwm: usize) -> Overl
     set_rate(&rate, 0.0);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let last: Vec<u64> = pods.iter().map(|p| p.next.load(Ordering::Relaxed)).collect();
-    poll_until(30, || caught_up(&sources(&server), &pods, &last)).await;
+    // What was published after the stop is behind what was published before it: let it all in,
+    // so that the index stands still while it is checked.
+    let settled = poll_until(recover_s as u64, || caught_up(&sources(&server), &pods, &last)).await;
     let view = sources(&server);
     let (mut over_final, mut under) = (0, 0);
     for pod in &pods {
@@ -445,7 +448,7 @@ pub async fn phase(multiple: f64, capacity: f64, secs: f64, hwm: usize) -> Overl
         over_final += over_reports(&mut client, pod, applied, KEEP).await;
         // The conversations it holds, whole, at what it applied: under-reports (a DEGRADED pod
         // lost some; an EXACT one must hold them all).
-        if s.state == "EXACT" {
+        if s.state == "EXACT" && settled {
             let newest = (applied + 1) / CYCLE;
             for conv in newest.saturating_sub(KEEP)..=newest {
                 // Every store of it applied, its eviction not.
@@ -483,7 +486,7 @@ pub async fn phase(multiple: f64, capacity: f64, secs: f64, hwm: usize) -> Overl
         exact_after_s: exact_after,
         caught_up_after_s: caught_after,
         window_s: recover_s,
-        final_under: under,
+        final_under: settled.then_some(under),
     }
 }
 
@@ -544,7 +547,7 @@ pub fn run(rt: &tokio::runtime::Runtime) {
             r.degraded_end,
             r.over,
             r.probes,
-            r.final_under,
+            r.final_under.map_or("not checked".to_string(), |u| u.to_string()),
             secs(r.exact_after_s, r.window_s),
             secs(r.caught_up_after_s, r.window_s),
         );
