@@ -23,6 +23,15 @@
 //!    server's CPU per million ops (the snapshot overhead on ingest). The pods of phases 4 and 5
 //!    hash per pod, like engines with different seeds, unless `E2E_ONE_HASH` is set.
 //!
+//! 6. (`E2E_OVERLOAD` = comma list of multiples of the capacity, e.g. `1.5,2,4`; default off)
+//!    Overload: 64 dialled pods with vLLM's PUB high-water mark and replay buffer offered each
+//!    multiple of what the server applies for `E2E_OVERLOAD_SECS` (default 60), then a quarter
+//!    of it: lag, gaps, replays, clears, over-reports and the time back to all EXACT (see
+//!    `e2e_ingest/overload.rs`).
+//!
+//! `E2E_KVINDEX` = another `kvindex` binary to run instead of this build's (a before/after
+//! comparison with the same bench).
+//!
 //! Run: `cargo bench -p kvindex-server --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
 //! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`,
 //! `E2E_SERVE_ARGS` = extra `serve` flags, e.g. `--snapshot-dir /tmp/s --snapshot-interval 1`,
@@ -41,6 +50,11 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
+
+#[path = "e2e_ingest/hwm_pub.rs"]
+mod hwm_pub;
+#[path = "e2e_ingest/overload.rs"]
+mod overload;
 
 const PUBLISHERS: usize = 64;
 const BLOCK: usize = 16;
@@ -84,7 +98,8 @@ struct Server {
 impl Server {
     #[allow(clippy::zombie_processes)] // a bench that fails to start its server just exits
     fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        let binary = std::env::var("E2E_KVINDEX").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kvindex").to_string());
+        let mut child = Command::new(binary)
             .args([
                 "serve",
                 "--grpc-addr",
@@ -904,6 +919,7 @@ fn main() {
             r.visible_ms[3]
         );
     }
+    overload::run(&rt);
     println!();
     println!("ScoreTokens, 8k-token prompt (512 blocks, 4 holder pods), open loop, 8 HTTP/2 connections:");
     println!("| target req/s | sent req/s | ingest target block ops/s | ok | errors | client p50 | client p99 | server p50 ≤ | server p99 ≤ |");

@@ -64,7 +64,8 @@ async fn fetch(
     endpoint: &str,
     deadline: Instant,
 ) -> Result<(), Failure> {
-    // A replay holds one message at a time: a source's share of the budget is plenty.
+    // A reply holds its bytes until the worker takes it (replay output is served first, so the
+    // queue holds little of it): a source's share of the budget bounds what one replay queues.
     let mut limits = state.config().zmq_limits.clone();
     limits.max_bytes_in_flight = limits.max_bytes_in_flight_per_source;
     let request = [Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())];
@@ -72,12 +73,12 @@ async fn fetch(
         Dealer::request(endpoint, &request, &limits, deadline).await.map_err(|e| failed("replay", endpoint, &e))?;
     loop {
         let reply = dealer.recv().await.map_err(|e| failed("replay", endpoint, &e))?;
-        let frames = reply.frames;
+        let (frames, lease) = (reply.frames, reply.lease);
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let item = match wire::parse_replay(&refs) {
             Ok(ReplayReply::End { .. }) => ReplayItem::End,
             Ok(ReplayReply::Message(raw)) => {
-                ReplayItem::Message { seq: raw.seq, payload: frames[frames.len() - 1].clone() }
+                ReplayItem::Message { seq: raw.seq, payload: frames[frames.len() - 1].clone(), lease }
             }
             Err(e) => {
                 metrics::counter!(m::DECODE_ERRORS, "reason" => e.reason()).increment(1);

@@ -43,6 +43,10 @@ pub struct StreamDebug {
     pub replays_failed: u64,
     pub replay_in_flight: Option<u64>,
     pub pending: usize,
+    /// The age of the oldest live batch received for this stream and not yet visible: held
+    /// behind a replay, an export or an import, or waiting in its worker's queue (shared by
+    /// that worker's sources). 0 when nothing waits (see `apply::lag`).
+    pub lag_ms: f64,
 }
 
 #[derive(Default)]

@@ -23,7 +23,8 @@ pub const INDEX_KEYS: &str = "kvindex_index_keys";
 pub const INDEX_BYTES: &str = "kvindex_index_bytes";
 pub const QUEUE_DEPTH: &str = "kvindex_queue_depth";
 pub const QUEUE_CAPACITY: &str = "kvindex_queue_capacity";
-pub const QUEUE_DROPPED: &str = "kvindex_queue_dropped_total";
+pub const QUEUE_FULL: &str = "kvindex_queue_full_total";
+pub const SOURCE_LAG: &str = "kvindex_source_lag_seconds";
 pub const EVENT_TO_VISIBLE: &str = "kvindex_event_to_visible_seconds";
 pub const RECEIVE_TO_VISIBLE: &str = "kvindex_receive_to_visible_seconds";
 pub const SCORE_REQUESTS: &str = "kvindex_score_requests_total";
@@ -85,9 +86,9 @@ pub fn recorder() -> Result<PrometheusHandle, ServerError> {
 fn install() -> Result<PrometheusHandle, String> {
     let score_buckets =
         [0.000_025, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5];
-    // Ingest latencies: log-spaced from 50 µs to ~13 s (×1.25 per bucket), so quantiles over a
-    // whole run can be read off the buckets.
-    let ingest_buckets: Vec<f64> = (0..57).map(|i| 50e-6 * 1.25f64.powi(i)).collect();
+    // Ingest latencies: log-spaced from 50 µs to ~2 min (×1.25 per bucket), so quantiles over a
+    // whole run, overload included, can be read off the buckets.
+    let ingest_buckets: Vec<f64> = (0..67).map(|i| 50e-6 * 1.25f64.powi(i)).collect();
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(SCORE_LATENCY.to_string()), &score_buckets)
         .map_err(|e| e.to_string())?
@@ -119,7 +120,15 @@ fn describe() {
     describe_gauge!(INDEX_BYTES, Unit::Bytes, "Approximate index memory");
     describe_gauge!(QUEUE_DEPTH, "Messages waiting for the apply workers");
     describe_gauge!(QUEUE_CAPACITY, "Capacity of the apply queues");
-    describe_counter!(QUEUE_DROPPED, "Live messages dropped because the apply queue was full");
+    describe_counter!(
+        QUEUE_FULL,
+        "Live messages that found their apply queue full and waited for room (their socket stopped reading meanwhile)"
+    );
+    describe_gauge!(
+        SOURCE_LAG,
+        Unit::Seconds,
+        "Largest lag of any source: age of the oldest live batch received and not yet visible"
+    );
     describe_histogram!(EVENT_TO_VISIBLE, Unit::Seconds, "Batch ts (publisher clock) to applied");
     describe_histogram!(RECEIVE_TO_VISIBLE, Unit::Seconds, "Socket receive to applied");
     describe_counter!(SCORE_REQUESTS, "ScoreTokens requests, by outcome");

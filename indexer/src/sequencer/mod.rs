@@ -191,6 +191,26 @@ impl<P> Sequencer<P> {
         self.pending.len()
     }
 
+    /// The batches held while a replay fills a gap, in the order they came (for the shell to
+    /// date how long they wait).
+    pub fn held(&self) -> impl Iterator<Item = &P> {
+        self.pending.iter().filter_map(|(_, item)| match item {
+            Item::Batch(batch) => Some(batch),
+            Item::Malformed => None,
+        })
+    }
+
+    /// The live batch held for `seq`, if one is: a replay brings it again, and the live copy
+    /// is then dropped as a duplicate, so the shell can date the replayed one by it.
+    pub fn held_at(&self, seq: u64) -> Option<&P> {
+        // Held in seq order: a seq that goes back is a restart, which drops what is held.
+        let i = self.pending.binary_search_by_key(&seq, |(s, _)| *s).ok()?;
+        match &self.pending[i].1 {
+            Item::Batch(batch) => Some(batch),
+            Item::Malformed => None,
+        }
+    }
+
     /// `(id, from)` of the replay in flight.
     pub fn replay_in_flight(&self) -> Option<(u64, u64)> {
         self.replay.as_ref().map(|r| (r.id, r.from))

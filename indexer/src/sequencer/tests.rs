@@ -609,3 +609,16 @@ fn the_largest_seq_does_not_overflow_the_cursor() {
     assert_eq!(actions(&out), ["clear replay_unavailable", &format!("apply {} L", u64::MAX)]);
     assert_eq!(s.state(), Degraded);
 }
+
+#[test]
+fn held_lists_the_batches_a_replay_holds_in_the_order_they_came() {
+    let mut s = exact_from_zero(true);
+    let id = replay_id(&live(&mut s, 4, 1));
+    let mut out = Vec::new();
+    s.on_live(5, Item::Malformed, 1, &mut out);
+    s.on_live(6, b("six"), 1, &mut out);
+    assert_eq!(s.held().copied().collect::<Vec<_>>(), ["L", "six"], "a malformed message holds no batch");
+    assert_eq!((s.held_at(4), s.held_at(5), s.held_at(6), s.held_at(3)), (Some(&"L"), None, Some(&"six"), None));
+    s.on_replay_end(id, 2, &mut out);
+    assert_eq!(s.held().count(), 0);
+}

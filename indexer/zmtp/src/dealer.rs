@@ -74,7 +74,13 @@ impl Dealer {
     /// (closed by the peer, idle, or a broken bound).
     pub async fn recv(&mut self) -> Result<Message, Error> {
         match timeout_at(self.deadline, self.conn.recv()).await {
-            Ok(Ok((frames, lease))) => Ok(Message { conn: self.conn_id, peer: self.peer.clone(), frames, lease }),
+            Ok(Ok((frames, lease))) => Ok(Message {
+                conn: self.conn_id,
+                peer: self.peer.clone(),
+                frames,
+                lease,
+                received_at: std::time::Instant::now(),
+            }),
             Ok(Err(reason)) => Err(Error::Connection { endpoint: self.endpoint.clone(), reason }),
             Err(_) => Err(Error::Deadline { endpoint: self.endpoint.clone() }),
         }

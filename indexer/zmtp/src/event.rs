@@ -23,6 +23,9 @@ pub struct Message {
     pub peer: Arc<Peer>,
     pub frames: Vec<Bytes>,
     pub lease: Lease,
+    /// When its last frame was read off the socket: the start of the server's lag for it,
+    /// however long it then waits for the server to take it.
+    pub received_at: std::time::Instant,
 }
 
 impl Message {

@@ -23,7 +23,8 @@ pub(crate) async fn pump(
     loop {
         match conn.recv().await {
             Ok((frames, lease)) => {
-                let message = Message { conn: conn_id, peer: peer.clone(), frames, lease };
+                let received_at = std::time::Instant::now();
+                let message = Message { conn: conn_id, peer: peer.clone(), frames, lease, received_at };
                 if subscribed(subscriptions, &message) && events.send(Event::Message(message)).await.is_err() {
                     return Reason::Closed;
                 }

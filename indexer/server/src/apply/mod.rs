@@ -3,14 +3,15 @@
 //! index. One stream is only ever touched by its worker, so a pod's batches apply in seq order.
 //! Workers are threads; they take [`Work`] from their [`Queues`].
 
+mod lag;
 mod queue;
 mod work;
 
-pub use queue::Queues;
+pub use queue::{Queues, Receiver};
 pub use work::{Origin, ReplayItem, StreamKey, Work};
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,7 @@ use crate::state::ServiceState;
 use crate::status::StreamDebug;
 use crate::telemetry as m;
 use crate::transport::{escape, escape_bytes, ConnId, Peer, Source};
+use lag::Batch;
 
 const TICK: Duration = Duration::from_millis(100);
 /// How often `kvindex_index_bytes` is measured (the other gauges follow every tick).
@@ -49,7 +51,7 @@ struct Importing {
 }
 
 struct Stream {
-    seq: Sequencer<Bytes>,
+    seq: Sequencer<Batch>,
     /// DP-resolved pod id.
     pod: Arc<str>,
     model: Arc<str>,
@@ -74,9 +76,9 @@ struct Stream {
     /// The pod is being exported for a snapshot at this cursor (see [`Capture`]): like an
     /// import, its steps wait in `waiting` until the export is done.
     exporting: Option<u64>,
-    /// Steps held back by an import or an export, in order, each with the socket receive time
-    /// of the live batch it applies (for `kvindex_receive_to_visible_seconds`).
-    waiting: Vec<(Step<Bytes>, Option<Instant>)>,
+    /// Steps held back by an import or an export, in order (a live batch's carries its
+    /// receive time: the wait counts in its lag).
+    waiting: Vec<Step<Batch>>,
     /// Central mode: the source address this stream's topic is bound to.
     bound: Option<Source>,
     /// Messages dropped because they came from another source.
@@ -226,7 +228,7 @@ pub struct Worker {
     streams: HashMap<StreamKey, Stream>,
     topics: TopicCache,
     deferred: VecDeque<Work>,
-    steps: Vec<Step<Bytes>>,
+    steps: Vec<Step<Batch>>,
     blocks_stored: Counter,
     blocks_removed: Counter,
     skipped: Vec<Counter>,
@@ -280,7 +282,7 @@ impl Worker {
         }
     }
 
-    pub fn run(mut self, rx: Receiver<Work>) {
+    pub fn run(mut self, rx: Receiver) {
         let mut next_tick = Instant::now() + TICK;
         loop {
             while let Some(w) = self.deferred.pop_front() {
@@ -298,15 +300,12 @@ impl Worker {
             }
             match rx.recv_timeout(timeout) {
                 Ok(Work::Stop) => return,
-                Ok(w) => {
-                    self.state.queues().took_one();
-                    self.handle(w);
-                }
+                Ok(w) => self.handle(w),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,
             }
             if Instant::now() >= next_tick {
-                self.tick();
+                self.tick(&rx);
                 next_tick = Instant::now() + TICK;
             }
         }
@@ -576,9 +575,9 @@ impl Worker {
             if st.endpoint.is_none() {
                 st.endpoint = endpoint.clone();
             }
-            let item = if decoded.is_ok() { Item::Batch(payload.clone()) } else { Item::Malformed };
+            let item = if decoded.is_ok() { Item::Batch(Batch::live(payload.clone(), at)) } else { Item::Malformed };
             st.seq.on_live(seq_no, item, now, &mut steps);
-            let current = decoded.as_ref().ok().map(|b| (&payload, b, at));
+            let current = decoded.as_ref().ok().map(|b| (&payload, b));
             self.execute(&key, &mut steps, current);
             self.steps = steps;
         }
@@ -587,17 +586,22 @@ impl Worker {
     fn replay(&mut self, key: StreamKey, id: u64, item: ReplayItem) {
         let now = self.state.now_ms();
         let Some(st) = self.streams.get_mut(&key) else { return };
-        if let (Some(recorder), ReplayItem::Message { seq, payload }) = (self.state.recorder(), &item) {
+        if let (Some(recorder), ReplayItem::Message { seq, payload, .. }) = (self.state.recorder(), &item) {
             // The replay reply as a DEALER sees it (vLLM 0.26+ layout, topic left empty).
             let seq = seq.to_be_bytes();
             recorder.record("replay", Some(&key.base), Some(&st.model), None, &[b"", b"", &seq, payload]);
         }
         let mut steps = std::mem::take(&mut self.steps);
         match item {
-            ReplayItem::Message { seq, payload } => {
+            ReplayItem::Message { seq, payload, lease: _taken } => {
                 self.replay_msgs.increment(1);
                 let item = match wire::decode_batch(&payload) {
-                    Ok(_) => Item::Batch(payload.clone()),
+                    // Received live already and held: it is visible only now, so its wait
+                    // counts from that receive.
+                    Ok(_) => Item::Batch(Batch {
+                        bytes: payload.clone(),
+                        received: st.seq.held_at(seq).and_then(|b| b.received),
+                    }),
                     Err(e) => {
                         decode_error(e.reason(), "replay payload");
                         Item::Malformed
@@ -614,21 +618,12 @@ impl Worker {
     }
 
     /// Carries out the sequencer's steps for one stream, in order.
-    fn execute(
-        &mut self,
-        key: &StreamKey,
-        steps: &mut Vec<Step<Bytes>>,
-        current: Option<(&Bytes, &EventBatch<'_>, Instant)>,
-    ) {
+    fn execute(&mut self, key: &StreamKey, steps: &mut Vec<Step<Batch>>, current: Option<(&Bytes, &EventBatch<'_>)>) {
         let state = self.state.clone();
         for step in steps.drain(..) {
             let Some(st) = self.streams.get_mut(key) else { return };
             if st.importing.is_some() || st.exporting.is_some() {
-                let received = match &step {
-                    Step::Apply { batch, .. } => decoded_here(current, batch).map(|(_, at)| at),
-                    _ => None,
-                };
-                st.waiting.push((step, received));
+                st.waiting.push(step);
                 if st.exporting.is_some() && st.waiting.len() >= MAX_HELD_BACK {
                     counter!(m::SNAPSHOT_EXPORT_WAITS).increment(1);
                     self.wait_export(key);
@@ -641,25 +636,34 @@ impl Worker {
                         // The stream continued from the snapshot's cursor: its residencies hold.
                         // They are imported on the import pool (every core), and this batch and
                         // the stream's next steps wait for them.
-                        let received = decoded_here(current, &batch).map(|(_, at)| at);
                         st.importing = Some(start_import(&state, record));
-                        st.waiting.push((Step::Apply { seq, batch }, received));
+                        st.waiting.push(Step::Apply { seq, batch });
                         self.imports += 1;
                         continue;
                     }
-                    let report = match decoded_here(current, &batch) {
+                    let report = match decoded_here(current, &batch.bytes) {
                         // The batch this call decoded: do not decode it again.
-                        Some((decoded, at)) => {
+                        Some(decoded) => {
                             let r = state.index().apply(&st.pod, &st.model, decoded);
-                            histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
                             record_event_to_visible(decoded.ts);
                             r
                         }
-                        _ => match wire::decode_batch(&batch) {
-                            Ok(decoded) => state.index().apply(&st.pod, &st.model, &decoded),
+                        _ => match wire::decode_batch(&batch.bytes) {
+                            Ok(decoded) => {
+                                let r = state.index().apply(&st.pod, &st.model, &decoded);
+                                if batch.received.is_some() {
+                                    // A live batch held back (behind a replay, an export or an
+                                    // import): visible only now.
+                                    record_event_to_visible(decoded.ts);
+                                }
+                                r
+                            }
                             Err(_) => continue, // decoded fine before; cannot happen
                         },
                     };
+                    if let Some(at) = batch.received {
+                        histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
+                    }
                     st.events[0].increment(report.stored_events);
                     st.events[1].increment(report.removed_events);
                     st.events[2].increment(report.cleared_events);
@@ -759,18 +763,15 @@ impl Worker {
         let Some(st) = self.streams.get_mut(key) else { return };
         let waiting = std::mem::take(&mut st.waiting);
         let mut steps = std::mem::take(&mut self.steps);
-        for (step, received) in waiting {
+        for step in waiting {
+            // Held back, not lost: a live batch's wait counts in its receive-to-visible time.
             steps.push(step);
             self.execute(key, &mut steps, None);
-            if let Some(at) = received {
-                // Held back, not lost: the wait counts in the latency.
-                histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
-            }
         }
         self.steps = steps;
     }
 
-    fn tick(&mut self) {
+    fn tick(&mut self, lane: &Receiver) {
         let now = self.state.now_ms();
         let keys: Vec<StreamKey> = self.streams.keys().cloned().collect();
         for key in &keys {
@@ -784,8 +785,12 @@ impl Worker {
         // Refresh what /debug/sources shows.
         let reg = self.state.registry();
         let mut snapshot = Vec::with_capacity(self.streams.len());
+        let (instant, lane_oldest) = (Instant::now(), lane.oldest_live());
+        let mut worst = lag::source_lag(instant, lane_oldest, None);
         for (key, st) in &self.streams {
             let s = st.seq.stats();
+            let lag = lag::source_lag(instant, lane_oldest, lag::oldest_held(st.seq.held(), &st.waiting));
+            worst = worst.max(lag);
             snapshot.push((
                 key.clone(),
                 StreamDebug {
@@ -813,11 +818,14 @@ impl Worker {
                     replays_failed: s.replays_failed,
                     replay_in_flight: st.seq.replay_in_flight().map(|(_, from)| from),
                     pending: st.seq.pending(),
+                    lag_ms: lag.as_secs_f64() * 1e3,
                 },
             ));
         }
         drop(reg);
         self.state.status().publish(snapshot);
+        lane.set_lag(worst);
+        gauge!(m::SOURCE_LAG).set(self.state.queues().max_lag().as_secs_f64());
         if self.index == 0 {
             let table = self.state.index().table();
             gauge!(m::INDEX_ENTRIES).set(table.entries() as f64);
@@ -997,15 +1005,10 @@ fn stream_part(key: &StreamKey, st: &Stream, held: &HeldMap, index: &kvindex::Kv
     Part::Export(skey, st.pod.clone(), st.model.clone(), cursor, version)
 }
 
-/// `batch` decoded and its receive time, if it is the batch the caller of `execute` decoded
-/// (the same bytes, not a copy: a step released later carries another).
-fn decoded_here<'a, 'b>(
-    current: Option<(&Bytes, &'a EventBatch<'b>, Instant)>,
-    batch: &Bytes,
-) -> Option<(&'a EventBatch<'b>, Instant)> {
-    current
-        .filter(|(bytes, _, _)| bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len())
-        .map(|(_, decoded, at)| (decoded, at))
+/// `batch` decoded, if it is the batch the caller of `execute` decoded (the same bytes, not a
+/// copy: a step released later carries another).
+fn decoded_here<'a, 'b>(current: Option<(&Bytes, &'a EventBatch<'b>)>, batch: &Bytes) -> Option<&'a EventBatch<'b>> {
+    current.filter(|(bytes, _)| bytes.as_ptr() == batch.as_ptr() && bytes.len() == batch.len()).map(|(_, d)| d)
 }
 
 /// Imports a pod's snapshot record on the import pool (rayon's: one thread per core), so that

@@ -33,6 +33,9 @@ pub enum ReplayItem {
     Message {
         seq: u64,
         payload: Bytes,
+        /// The reply's bytes, counted against the replay socket's budget until the worker has
+        /// taken it: a replay's output waiting in the queue is bounded in bytes.
+        lease: Lease,
     },
     End,
     Failed {

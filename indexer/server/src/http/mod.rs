@@ -137,7 +137,7 @@ async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
         },
         "queue": {
             "depth": queues.depth(),
-            "dropped": queues.dropped(),
+            "lag_max_ms": queues.max_lag().as_secs_f64() * 1e3,
             "capacity_per_worker": queues.capacity_per_worker(),
             "workers": queues.workers(),
         },

@@ -1,9 +1,12 @@
 //! Live sources: the central SUB (bound; engines dial in, their topics name the pods) and
 //! per-pod SUBs (we dial each engine's PUB), and the [`registry`] of pods that decides which
 //! exist. The ZeroMQ side is [`crate::transport`]; here every message becomes work for its
-//! apply worker, without ever blocking on index application: a full queue drops the message,
-//! counts it, and the seq gap it leaves is replayed. A queued message keeps its lease on its
-//! socket's byte budget, so the apply queue is bounded in bytes as well as in messages.
+//! apply worker. A full queue is waited on, not dropped from: the socket is not read
+//! meanwhile, so TCP pushes back on the publisher, which queues up to its high-water mark and
+//! drops past it (a seq gap here, replayed from its buffer). A dialled pod waits on its own;
+//! the central SUB's one reading task hands messages through a door per worker ([`doors`]),
+//! so one full worker does not stop the others' sources. A queued message keeps its lease on
+//! its socket's byte budget, so the apply queue is bounded in bytes as well as in messages.
 //!
 //! Every message carries its connection id: a stream whose messages come on a new connection
 //! is resynced from seq 0 (a restarted engine may already be past our cursor). A closed
@@ -13,10 +16,11 @@
 //! filtering is done by the publisher from our subscription; the worker re-checks the prefix.
 
 pub mod discovery;
+mod doors;
 pub mod registry;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -33,6 +37,7 @@ pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut s
     tracing::info!(endpoint = %sub.endpoint(), filter = %transport::escape(&state.config().topic_filter), "central SUB bound");
     let gauge = metrics::gauge!(m::ZMQ_BYTES_IN_FLIGHT, "socket" => SocketKind::Central.label());
     let mut refresh = tokio::time::interval(GAUGE_PERIOD);
+    let doors = doors::Doors::open(&state);
     loop {
         let event = tokio::select! {
             event = sub.recv() => match event {
@@ -47,27 +52,29 @@ pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut s
         };
         match event {
             Event::Message(msg) => {
-                let queues = state.queues();
-                let worker = queues.worker_for(msg.frames.first().map_or(&[][..], |f| f.as_ref()));
+                let worker = state.queues().worker_for(msg.frames.first().map_or(&[][..], |f| f.as_ref()));
                 let work = Work::Live {
                     origin: Origin::Central,
                     conn: msg.conn,
                     peer: msg.peer,
                     frames: msg.frames,
                     lease: msg.lease,
-                    at: Instant::now(),
+                    at: msg.received_at,
                 };
-                queues.offer_live(worker, work);
+                tokio::select! {
+                    sent = doors.send(worker, work) => if !sent { return },
+                    _ = stop.wait_for(|stop| *stop) => return,
+                }
             }
             other => {
                 match &other {
                     Event::Connected { peer, .. } => state.central_connection(peer.source(), true),
                     Event::Disconnected { conn, peer, .. } => {
                         state.central_connection(peer.source(), false);
-                        // Any worker may hold a stream of this connection (one per topic).
-                        let queues = state.queues();
-                        for worker in 0..queues.workers() {
-                            queues.send(worker, Work::Disconnected { origin: Origin::Central, conn: *conn }).await;
+                        // Any worker may hold a stream of this connection (one per topic); the
+                        // doors keep it behind the connection's messages.
+                        for worker in 0..state.queues().workers() {
+                            doors.send(worker, Work::Disconnected { origin: Origin::Central, conn: *conn }).await;
                         }
                     }
                     _ => {}
@@ -117,9 +124,13 @@ pub async fn dial_pod(
                     peer: msg.peer,
                     frames: msg.frames,
                     lease: msg.lease,
-                    at: Instant::now(),
+                    at: msg.received_at,
                 };
-                state.queues().offer_live(worker, work);
+                // Waits for room: this pod's socket is not read meanwhile (backpressure).
+                tokio::select! {
+                    sent = state.queues().send(worker, work) => if !sent { return },
+                    _ = stop.wait_for(|stop| *stop) => return,
+                }
             }
             other => {
                 if matches!(other, Event::Connected { .. }) && std::mem::replace(&mut connected_before, true) {

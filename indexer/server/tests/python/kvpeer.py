@@ -578,18 +578,27 @@ class Peer:
     def op_held(self, name, tokens):
         return {"held": self.pubs[name].held_prefix(tokens)}
 
-    def op_burst(self, names, chains, blocks, model):
-        """Every named publisher sends `chains` stores of `blocks` blocks from its own thread."""
+    def op_burst(self, names, chains, blocks, model, prepared=False):
+        """Every named publisher sends `chains` stores of `blocks` blocks from its own thread.
+        `prepared`: every batch is built (and kept for replay) first, then all are sent back to
+        back, so they reach the indexer faster than it can apply them."""
         def run(p, k0):
             bs = p.block_size
             for k in range(chains):
                 tokens = [(k0 * 7919 + k * 104729 + j) % 150000 for j in range(blocks * bs)]
-                p.store(f"burst-{k}", tokens, 0, blocks)
+                p.store(f"burst-{k}", tokens, 0, blocks, drop=prepared)
         threads = [threading.Thread(target=run, args=(self.pubs[n], i)) for i, n in enumerate(names)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if prepared:
+            for n in names:
+                p = self.pubs[n]
+                with p.lock:
+                    built = list(p.buffer)[-chains:]
+                for s, payload in built:
+                    p.sock.send_multipart([p.topic, s.to_bytes(8, "big"), payload])
         return {"sent": chains * len(names)}
 
     def op_check(self, names, model):
