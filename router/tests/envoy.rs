@@ -15,11 +15,11 @@ use bytes::Bytes;
 use kvindex_loadtest::process::ChildProcess;
 use serde_json::{json, Value};
 use support::envoy::*;
-use support::ext_proc::PickerProcess;
+use support::ext_proc::{picker, tokenized_stack, PickerProcess, PICKER_MODEL};
 use support::fake_pod::{FakePod, Script};
 use support::*;
 
-const MODEL: &str = "deepseek-sim";
+const MODEL: &str = PICKER_MODEL;
 const ENDPOINT_PICKER: &str = "deploy/kustomize/overlays/endpoint-picker/envoy.yaml";
 const EPP_SIDECAR: &str = "deploy/kustomize/overlays/epp-sidecar/envoy-standalone.yaml";
 /// The shipped ext_proc filter's stats prefix (the connection manager's `stat_prefix`).
@@ -59,22 +59,6 @@ fn upstream(reply: &Reply) -> String {
         .into()
 }
 
-async fn stack(bins: &Bins, pods: usize) -> Option<(Stack, String)> {
-    let dir = deepseek_dir()?.to_str().unwrap().to_string();
-    let stack = Stack::start(bins, pods, &["--model", MODEL, "--tokenizer", &dir, "--decode-ms-per-token", "2"]).await;
-    Some((stack, dir))
-}
-
-fn picker(bins: &Bins, stack: &Stack, dir: &str, extra: &[&str]) -> PickerProcess {
-    let mut args = stack.router_args();
-    args.extend(
-        ["--tokenizer", &format!("{MODEL}={dir}"), "--scrape-interval-ms", "20", "--score-deadline-ms", "500"]
-            .map(String::from),
-    );
-    args.extend(extra.iter().map(|s| s.to_string()));
-    PickerProcess::start(bins, &args)
-}
-
 /// Waits until the router would place `body` on `pod` with a cached prefix there (the index
 /// caught up with the previous turn).
 async fn wait_placed_on(router: &str, body: &Value, pod: &str) {
@@ -90,7 +74,7 @@ async fn wait_placed_on(router: &str, body: &Value, pod: &str) {
 async fn envoy_sends_each_request_where_the_picker_says_by_metadata_and_by_header() {
     let bins = bins();
     let Some(envoy_bin) = envoy_binary() else { return };
-    let Some((stack, dir)) = stack(&bins, 3).await else { return };
+    let Some((stack, dir)) = tokenized_stack(&bins, 3, "2").await else { return };
     let pods: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
     let pod_refs: Vec<&str> = pods.iter().map(String::as_str).collect();
     let epp = picker(&bins, &stack, &dir, &["--max-body-bytes", "65536", "--upstream-retries", "2"]);
@@ -314,7 +298,7 @@ async fn the_prefilter_hint_reaches_the_endpoint_picker_behind_it() {
     let bins = bins();
     let Some(envoy_bin) = envoy_binary() else { return };
     let Some(py) = python_peer() else { return };
-    let Some((stack, dir)) = stack(&bins, 3).await else { return };
+    let Some((stack, dir)) = tokenized_stack(&bins, 3, "2").await else { return };
     let pods: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
     let mut prefilter = picker(&bins, &stack, &dir, &["--ext-proc-mode", "prefilter"]);
     wait_scraped(&prefilter.http, &pods).await;

@@ -15,27 +15,11 @@ use support::ext_proc::*;
 use support::fake_pod::{FakePod, Script};
 use support::*;
 
-const MODEL: &str = "deepseek-sim";
+const MODEL: &str = PICKER_MODEL;
 
 /// The venv's Python with grpcio and envoy-data-plane, or `None` (skipped; failed under CI).
 fn python() -> Option<PathBuf> {
     kvindex_testkit::env::python_with(&["grpc", "grpc_tools", "betterproto2", "envoy_data_plane"])
-}
-
-async fn stack(bins: &Bins) -> Option<(Stack, String)> {
-    let dir = deepseek_dir()?.to_str().unwrap().to_string();
-    let stack = Stack::start(bins, 3, &["--model", MODEL, "--tokenizer", &dir, "--decode-ms-per-token", "5"]).await;
-    Some((stack, dir))
-}
-
-fn picker(bins: &Bins, stack: &Stack, dir: &str, extra: &[&str]) -> PickerProcess {
-    let mut args = stack.router_args();
-    args.extend(
-        ["--tokenizer", &format!("{MODEL}={dir}"), "--scrape-interval-ms", "20", "--score-deadline-ms", "500"]
-            .map(String::from),
-    );
-    args.extend(extra.iter().map(|s| s.to_string()));
-    PickerProcess::start(bins, &args)
 }
 
 fn gateway(py: &PathBuf, checks: &str, config: &serde_json::Value) {
@@ -53,7 +37,7 @@ fn gateway(py: &PathBuf, checks: &str, config: &serde_json::Value) {
 async fn an_independent_gateway_drives_the_picker_and_the_prefilter() {
     let bins = bins();
     let Some(py) = python() else { return };
-    let Some((stack, dir)) = stack(&bins).await else { return };
+    let Some((stack, dir)) = tokenized_stack(&bins, 3, "5").await else { return };
     let pods: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
 
     let epp = picker(&bins, &stack, &dir, &["--ext-proc-health-addr", "127.0.0.1:0"]);
@@ -87,7 +71,7 @@ fn completion(seed: u32, tokens: u32) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_streams_fail_alone_and_the_picker_keeps_serving() {
     let bins = bins();
-    let Some((stack, dir)) = stack(&bins).await else { return };
+    let Some((stack, dir)) = tokenized_stack(&bins, 3, "5").await else { return };
     let epp = picker(&bins, &stack, &dir, &["--max-body-bytes", "65536"]);
     let mut client = connect(&epp.ext_proc).await;
 
@@ -161,7 +145,7 @@ async fn malformed_streams_fail_alone_and_the_picker_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bodiless_request_is_placed_by_load_and_the_subset_still_binds() {
     let bins = bins();
-    let Some((stack, dir)) = stack(&bins).await else { return };
+    let Some((stack, dir)) = tokenized_stack(&bins, 3, "5").await else { return };
     let epp = picker(&bins, &stack, &dir, &[]);
     let mut client = connect(&epp.ext_proc).await;
     let target = stack.sim.pods[2].pod_id.clone();
@@ -177,7 +161,7 @@ async fn a_bodiless_request_is_placed_by_load_and_the_subset_still_binds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_ending_on_trailers_is_answered_before_its_trailers() {
     let bins = bins();
-    let Some((stack, dir)) = stack(&bins).await else { return };
+    let Some((stack, dir)) = tokenized_stack(&bins, 3, "5").await else { return };
     let epp = picker(&bins, &stack, &dir, &[]);
     let mut client = connect(&epp.ext_proc).await;
     let mut stream = Stream::open(&mut client).await;
@@ -204,7 +188,7 @@ async fn a_request_ending_on_trailers_is_answered_before_its_trailers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_indexer_gone_the_picker_still_picks_by_load() {
     let bins = bins();
-    let Some((mut stack, dir)) = stack(&bins).await else { return };
+    let Some((mut stack, dir)) = tokenized_stack(&bins, 3, "5").await else { return };
     let epp = picker(&bins, &stack, &dir, &[]);
     let mut client = connect(&epp.ext_proc).await;
     stack.kv.process.kill();

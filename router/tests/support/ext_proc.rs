@@ -17,7 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::Streaming;
 
-use super::Bins;
+use super::{deepseek_dir, Bins, Stack};
 
 /// A `kvindex-router serve` with its ext_proc (and ext_proc health) addresses.
 pub struct PickerProcess {
@@ -181,4 +181,27 @@ pub fn trailers() -> ProcessingRequest {
         )),
         ..Default::default()
     }
+}
+
+/// The model the picker tests' sim pods serve, tokenized with the DeepSeek fixture.
+pub const PICKER_MODEL: &str = "deepseek-sim";
+
+/// `pods` sim pods serving [`PICKER_MODEL`] with the DeepSeek fixture's tokenizer, and that
+/// tokenizer's directory; `None` (skipped, failed under CI) without the fixture.
+pub async fn tokenized_stack(bins: &Bins, pods: usize, decode_ms_per_token: &str) -> Option<(Stack, String)> {
+    let dir = deepseek_dir()?.to_str().unwrap().to_string();
+    let args = ["--model", PICKER_MODEL, "--tokenizer", &dir, "--decode-ms-per-token", decode_ms_per_token];
+    Some((Stack::start(bins, pods, &args).await, dir))
+}
+
+/// A picker over `stack`'s pods with their tokenizer, fast scrapes and a generous score deadline
+/// (these tests are about placement, not a debug build's latency), plus `extra` flags.
+pub fn picker(bins: &Bins, stack: &Stack, dir: &str, extra: &[&str]) -> PickerProcess {
+    let mut args = stack.router_args();
+    args.extend(
+        ["--tokenizer", &format!("{PICKER_MODEL}={dir}"), "--scrape-interval-ms", "20", "--score-deadline-ms", "500"]
+            .map(String::from),
+    );
+    args.extend(extra.iter().map(|s| s.to_string()));
+    PickerProcess::start(bins, &args)
 }
