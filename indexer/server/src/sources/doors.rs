@@ -6,29 +6,34 @@
 //! full as well; every message behind a door keeps its lease on the central SUB's byte budget,
 //! so a door is bounded in bytes by `zmq_max_bytes_in_flight` too.
 
-use std::sync::Arc;
+//!
+//! Generic over what it carries and where it forwards it, so that it names nothing else of the
+//! service (the caller passes the queue's `send`).
+
+use std::future::Future;
 
 use tokio::sync::mpsc;
 
-use crate::apply::Work;
-use crate::state::ServiceState;
-
-pub struct Doors {
-    doors: Vec<mpsc::Sender<Work>>,
+pub struct Doors<W> {
+    doors: Vec<mpsc::Sender<W>>,
 }
 
-impl Doors {
-    /// A door per worker, each with its task (they end when the doors are dropped, or when
-    /// their worker is gone).
-    pub fn open(state: &Arc<ServiceState>) -> Doors {
-        let capacity = state.queues().capacity_per_worker();
-        let doors = (0..state.queues().workers())
+impl<W: Send + 'static> Doors<W> {
+    /// `workers` doors of `capacity` messages, each with a task that hands what comes through
+    /// to `forward(worker, message)` (they end when the doors are dropped, or when `forward`
+    /// says the worker is gone).
+    pub fn open<F, Fut>(workers: usize, capacity: usize, forward: F) -> Doors<W>
+    where
+        F: Fn(usize, W) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = bool> + Send,
+    {
+        let doors = (0..workers)
             .map(|worker| {
-                let (tx, mut rx) = mpsc::channel::<Work>(capacity);
-                let state = state.clone();
+                let (tx, mut rx) = mpsc::channel::<W>(capacity);
+                let forward = forward.clone();
                 tokio::spawn(async move {
                     while let Some(work) = rx.recv().await {
-                        if !state.queues().send(worker, work).await {
+                        if !forward(worker, work).await {
                             return;
                         }
                     }
@@ -41,7 +46,7 @@ impl Doors {
 
     /// Hands `work` to `worker`'s door, in order with everything sent to it before; waits only
     /// while the door is full. False when the worker is gone.
-    pub async fn send(&self, worker: usize, work: Work) -> bool {
+    pub async fn send(&self, worker: usize, work: W) -> bool {
         self.doors[worker].send(work).await.is_ok()
     }
 }

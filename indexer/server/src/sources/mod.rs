@@ -37,7 +37,12 @@ pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut s
     tracing::info!(endpoint = %sub.endpoint(), filter = %transport::escape(&state.config().topic_filter), "central SUB bound");
     let gauge = metrics::gauge!(m::ZMQ_BYTES_IN_FLIGHT, "socket" => SocketKind::Central.label());
     let mut refresh = tokio::time::interval(GAUGE_PERIOD);
-    let doors = doors::Doors::open(&state);
+    let forward_to = state.clone();
+    let doors =
+        doors::Doors::open(state.queues().workers(), state.queues().capacity_per_worker(), move |worker, work| {
+            let state = forward_to.clone();
+            async move { state.queues().send(worker, work).await }
+        });
     loop {
         let event = tokio::select! {
             event = sub.recv() => match event {
