@@ -275,7 +275,7 @@ fn bodies_past_the_shared_budget_get_503_until_one_is_given_back() {
     // Once the server has read their heads (and reserved their declared lengths), a third
     // registration finds no room.
     let body = "{}";
-    let busy = wait_until("the budget spent", 10, || {
+    let busy = wait_until("the budget spent", 30, || {
         let answer = exchange(&mut connect(&addr), &format!("{}{body}", registration_head(body.len(), true)));
         answer.starts_with("HTTP/1.1 503").then_some(answer)
     });
@@ -284,7 +284,7 @@ fn bodies_past_the_shared_budget_get_503_until_one_is_given_back() {
     assert_eq!(refused(&server, "body_budget"), 1.0);
     // Given back when a holder leaves.
     drop(holders.pop());
-    wait_until("the budget given back", 10, || {
+    wait_until("the budget given back", 30, || {
         let answer = exchange(&mut connect(&addr), &format!("{}{body}", registration_head(body.len(), true)));
         answer.starts_with("HTTP/1.1 400").then_some(())
     });
