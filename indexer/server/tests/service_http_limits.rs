@@ -275,9 +275,19 @@ fn bodies_past_the_shared_budget_get_503_until_one_is_given_back() {
     // Once the server has read their heads (and reserved their declared lengths), a third
     // registration finds no room.
     let body = "{}";
-    let busy = wait_until("the budget spent", 30, || {
+    // What the server answered instead, for the timeout's message (it failed in CI only).
+    let mut seen = Vec::new();
+    let busy = kvindex_testkit::wait::until_with("the budget spent", Duration::from_secs(30), || {
         let answer = exchange(&mut connect(&addr), &format!("{}{body}", registration_head(body.len(), true)));
-        answer.starts_with("HTTP/1.1 503").then_some(answer)
+        if answer.starts_with("HTTP/1.1 503") {
+            return Ok(answer);
+        }
+        seen.push(answer.lines().next().unwrap_or("(closed without an answer)").to_string());
+        Err(format!(
+            "held {} bytes; answers: {:?}",
+            server.metric("kvindex_http_body_bytes", &[]),
+            seen.iter().rev().take(3).collect::<Vec<_>>()
+        ))
     });
     assert_eq!(server.metric("kvindex_http_body_bytes", &[]), 8192.0);
     assert!(busy.to_ascii_lowercase().contains("retry-after: 1"), "{busy}");
