@@ -131,7 +131,7 @@ impl Registry {
             .collect()
     }
 
-    /// Where a registered pod came from (config, pods_file, grpc, http).
+    /// Where a registered pod came from (config, pods_file, discovery, grpc, http).
     pub fn origin_of(&self, pod: &str) -> Option<&'static str> {
         self.pods.get(pod).map(|p| p.origin)
     }
