@@ -6,18 +6,18 @@
 //! deleted, NotReady or moved to a new IP is unregistered, which clears everything it held:
 //! an old IP's blocks are never kept. `/readyz` waits for the first complete list. A pod id
 //! the config file or pods file already names is left to them; one registered through the
-//! API is taken over.
+//! API is taken over (the [`super::precedence`] rule).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kvindex_discovery::{Change, DiscoveredPod, Outcome, WatchConfig};
-use tokio::sync::watch;
 
 use crate::config::PodConfig;
-use crate::sources::registry;
-use crate::state::ServiceState;
+use crate::shutdown::Shutdown;
 use crate::telemetry as m;
+
+use super::{precedence, Pods};
 
 /// The registry origin of discovered pods.
 pub const ORIGIN: &str = "discovery";
@@ -26,54 +26,56 @@ pub const ORIGIN: &str = "discovery";
 /// carries the real one.
 const TOPIC_MODEL: &str = "(topic)";
 
-/// Runs discovery until `stop` is set.
+/// Runs discovery until `shutdown`; `central`: engines dial us (`zmq_bind`), so discovered
+/// pods are not dialled.
 pub async fn run(
-    state: Arc<ServiceState>,
+    pods: Pods,
     client: kvindex_discovery::Client,
     config: WatchConfig,
-    stop: watch::Receiver<bool>,
+    central: bool,
+    shutdown: Shutdown,
 ) {
-    state.readiness().sync_started();
+    pods.readiness().sync_started();
     let synced = Arc::new(AtomicBool::new(false));
     let consume = {
-        let (state, synced) = (state.clone(), synced.clone());
+        let (pods, synced) = (pods.clone(), synced.clone());
         move |outcome: Outcome| {
-            let (state, synced) = (state.clone(), synced.clone());
+            let (pods, synced) = (pods.clone(), synced.clone());
             async move {
                 let startup = !synced.load(Ordering::Acquire);
-                apply(&state, outcome.changes, startup).await;
+                apply(&pods, outcome.changes, startup, central).await;
                 if outcome.synced && !synced.swap(true, Ordering::AcqRel) {
-                    state.readiness().sync_finished();
+                    pods.readiness().sync_finished();
                 }
             }
         }
     };
-    kvindex_discovery::watcher::run(client, config, consume, stop).await;
+    kvindex_discovery::watcher::run(client, config, consume, shutdown.into_watch()).await;
     if !synced.load(Ordering::Acquire) {
-        state.readiness().sync_finished();
+        pods.readiness().sync_finished();
     }
 }
 
-async fn apply(state: &Arc<ServiceState>, changes: Vec<Change>, startup: bool) {
+async fn apply(pods: &Pods, changes: Vec<Change>, startup: bool, central: bool) {
     for change in changes {
         match change {
             Change::Remove(pod) => {
                 let id = pod.pod_id();
-                if state.registry().origin_of(&id) == Some(ORIGIN) {
-                    registry::unregister(state, &id, ORIGIN).await;
+                if pods.registry().origin_of(&id) == Some(ORIGIN) {
+                    pods.unregister(&id, ORIGIN).await;
                 }
             }
             Change::Add(pod) => {
                 let id = pod.pod_id();
                 // The operator's own configuration wins; an API registration is replaced.
-                let configured = state.registry().origin_of(&id).filter(|o| matches!(*o, "config" | "pods_file"));
-                if let Some(origin) = configured {
+                let existing = pods.registry().origin_of(&id);
+                if let Some(origin) = existing.filter(|_| !precedence::may_replace(ORIGIN, existing)) {
                     metrics::counter!(m::CONTROL_DENIED, "api" => ORIGIN, "reason" => "operator_pod").increment(1);
                     tracing::warn!(pod = %id, k8s_pod = %pod.name, origin, "discovered pod is configured by the operator elsewhere; left as configured");
                     continue;
                 }
-                let cfg = pod_config(&pod, state.config().zmq_bind.is_some());
-                if let Err(e) = registry::register(state, cfg, ORIGIN, startup).await {
+                let cfg = pod_config(&pod, central);
+                if let Err(e) = pods.register(cfg, ORIGIN, startup).await {
                     tracing::error!(error = %e, k8s_pod = %pod.name, "discovered pod rejected");
                 }
             }
