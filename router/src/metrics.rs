@@ -65,7 +65,7 @@ pub fn install() -> Option<PrometheusHandle> {
 
 /// Copies the in-process tokenizer's prefix-cache statistics (incremental tokenization) into
 /// gauges, when `/metrics` is scraped: reading them is a few atomic loads.
-pub fn record_tokenizer_cache(tokenizers: &crate::tokenize::Tokenizers) {
+pub fn record_tokenizer_cache(tokenizers: &crate::place::tokenize::Tokenizers) {
     let Some(registry) = tokenizers.registry() else { return };
     let stats = registry.prefix_cache_stats();
     for (result, n) in [("hit", stats.hits), ("miss", stats.misses), ("bypass", stats.bypassed)] {

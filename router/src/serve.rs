@@ -9,11 +9,12 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::extproc;
-use crate::fleet::{Fleet, Source};
-use crate::http::{self, App};
-use crate::pipeline::Router;
-use crate::{discovery, metrics as m, pods_file, scrape, upstream};
+use crate::doors::ext_proc;
+use crate::doors::http::{self, App};
+use crate::place::Router;
+use crate::pods::fleet::{Fleet, Source};
+use crate::pods::{discovery, file as pods_file, scrape};
+use crate::{metrics as m, upstream};
 
 pub struct Listeners {
     pub http: TcpListener,
@@ -54,7 +55,7 @@ pub async fn run(
             kvindex_discovery::watcher::client(&watch.api_server).await.map_err(|e| format!("--discovery: {e}"))?;
         tokio::spawn(discovery::run(fleet.clone(), client, watch, stopped.clone()));
     }
-    let ext_proc_settings = config.ext_proc.as_ref().map(|e| extproc::Settings {
+    let ext_proc_settings = config.ext_proc.as_ref().map(|e| ext_proc::Settings {
         mode: e.mode,
         max_body_bytes: config.max_body_bytes,
         max_buffered_bytes: e.max_buffered_bytes,
@@ -69,7 +70,7 @@ pub async fn run(
         client,
         prometheus,
         max_body_bytes: config.max_body_bytes,
-        body_budget: crate::extproc::budget::Budget::new(config.max_inflight_body_bytes),
+        body_budget: crate::doors::budget::Budget::new(config.max_inflight_body_bytes),
         body_timeout: config.http_body_timeout,
         upstream_retries: config.upstream_retries,
     });
@@ -101,7 +102,7 @@ pub async fn run(
         (Some(listener), Some(settings)) => {
             let stopped = until(stopped.clone());
             let health = listeners.ext_proc_health;
-            Some(tokio::spawn(extproc::serve(ext_proc_router, settings, listener, health, stopped)))
+            Some(tokio::spawn(ext_proc::serve(ext_proc_router, settings, listener, health, stopped)))
         }
         _ => None,
     };

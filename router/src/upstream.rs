@@ -13,11 +13,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::decision::Decision;
-use crate::fleet::InFlight;
 use crate::metrics as m;
-use crate::pd::PREFILLER_HEADER;
-use crate::pipeline::Router;
+use crate::place::decision::Decision;
+use crate::place::pd::PREFILLER_HEADER;
+use crate::place::Router;
+use crate::pods::fleet::InFlight;
 
 /// The pooled client for pods (requests and scrapes).
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;

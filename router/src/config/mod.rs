@@ -7,12 +7,14 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod ext_proc;
+
 use clap::Args;
 use kvindex_tokenizer::client_template::{ClientTemplateArgs, SandboxLimits};
 
-use crate::cost::{CostWeights, Policy};
-use crate::extproc::{ExtProcArgs, ExtProcConfig};
-use crate::fleet::Role;
+use crate::place::cost::{CostWeights, Policy};
+use crate::pods::fleet::Role;
+use ext_proc::{ExtProcArgs, ExtProcConfig};
 
 /// `kvindex-router serve` flags.
 #[derive(Debug, Clone, Args)]
@@ -106,7 +108,7 @@ pub struct ServeArgs {
     /// KV capacity (blocks, the engine's `num_gpu_blocks` from `vllm:cache_config_info`) below
     /// which a full cache costs --kv-weight × capacity / this, so every block held costs alike
     /// on small and big pods. 0 = --kv-weight on every pod.
-    #[arg(long, default_value_t = crate::cost::DEFAULT_KV_REFERENCE_BLOCKS, value_name = "BLOCKS")]
+    #[arg(long, default_value_t = crate::place::cost::DEFAULT_KV_REFERENCE_BLOCKS, value_name = "BLOCKS")]
     pub kv_reference_blocks: f64,
     /// Pods at or above this KV-cache usage (0–1) are picked only when every pod is.
     #[arg(long, default_value_t = 0.95)]

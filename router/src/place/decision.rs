@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::fleet::{LoadView, Pod, Role};
+use crate::pods::fleet::{LoadView, Pod, Role};
 
 /// How the prefix scores were obtained.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

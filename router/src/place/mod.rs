@@ -3,6 +3,14 @@
 //! decision marks the request in flight on its pod and asks the indexer for speculative credit
 //! (RecordRoute), so the next sibling request routed by any replica sees it.
 
+pub mod cost;
+pub mod decision;
+pub mod indexer;
+pub mod pd;
+pub mod rendezvous;
+pub mod request;
+pub mod tokenize;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,20 +19,18 @@ use std::time::{Duration, Instant};
 use kvindex_proto::kvindex::v1 as pb;
 
 use crate::config::{Config, IndexerToken};
-use crate::cost::{self, Candidate, CostWeights, Policy};
-use crate::decision::{Decision, OverlapOutcome, PodChoice, ScoreOutcome, Timings};
-use crate::fleet::{Fleet, InFlight, Pod};
-use crate::indexer::IndexerPool;
 use crate::metrics as m;
-use crate::pd;
-use crate::rendezvous;
-use crate::request::{Prompt, RouteRequest};
-use crate::tokenize::{TokenizeError, Tokenizers};
+use crate::place::decision::{Decision, OverlapOutcome, PodChoice, ScoreOutcome, Timings};
+use crate::place::indexer::IndexerPool;
+use crate::place::request::{Prompt, RouteRequest};
+use crate::place::tokenize::{TokenizeError, Tokenizers};
+use crate::pods::fleet::{Fleet, InFlight, Pod};
+use cost::{Candidate, CostWeights, Policy};
 
 /// Why a request cannot be placed. Each maps to one OpenAI error status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
-    #[error("the model `{}` does not exist", crate::request::echo(.0))]
+    #[error("the model `{}` does not exist", crate::place::request::echo(.0))]
     UnknownModel(String),
     #[error("{0}")]
     InvalidPrompt(String),

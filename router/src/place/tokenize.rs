@@ -19,7 +19,7 @@ use tok::tokenization_service_client::TokenizationServiceClient;
 use tonic::transport::Channel;
 
 use crate::metrics as m;
-use crate::request::Prompt;
+use crate::place::request::Prompt;
 
 /// A remote tokenizer slower than this is treated as unavailable.
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -45,7 +45,7 @@ impl Unavailable {
 /// A prompt the client must fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenizeError {
-    #[error("the model `{}` does not exist", crate::request::echo(.0))]
+    #[error("the model `{}` does not exist", crate::place::request::echo(.0))]
     UnknownModel(String),
     /// Template or request error; the message is the tokenizer's (it may quote the request,
     /// which goes back to its own sender only, never to logs).

@@ -8,8 +8,8 @@ use kvindex_discovery::{Change, DiscoveredPod, Outcome, WatchConfig};
 use tokio::sync::watch;
 
 use crate::config::PodSpec;
-use crate::fleet::{Fleet, Role, Source};
 use crate::metrics as m;
+use crate::pods::fleet::{Fleet, Role, Source};
 
 /// The fleet entries of one discovered pod: one per DP rank.
 pub fn specs(pod: &DiscoveredPod) -> Vec<PodSpec> {

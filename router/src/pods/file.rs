@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{normalize_url, PodSpec};
-use crate::fleet::{Fleet, Source};
 use crate::metrics as m;
+use crate::pods::fleet::{Fleet, Source};
 
 /// Largest pods file read.
 const MAX_FILE_BYTES: u64 = 8 << 20;
@@ -89,7 +89,7 @@ pub async fn watch(fleet: Arc<Fleet>, path: PathBuf, interval: Duration, mut las
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::Role;
+    use crate::pods::fleet::Role;
 
     #[test]
     fn parses_roles_and_refuses_bad_entries() {

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::config::PodSpec;
 use crate::metrics as m;
-use crate::vllm_metrics::EngineLoad;
+use crate::pods::vllm_metrics::EngineLoad;
 
 /// What a pod does in a prefill/decode (P/D) disaggregated fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]

@@ -30,17 +30,17 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use super::budget::{Budget, Reservation};
 use super::envoy::{self, BodyModes};
 use super::prefilter;
-use super::Mode;
-use crate::cost::{self, Candidate, Policy};
-use crate::decision::Decision;
-use crate::fleet::InFlight;
-use crate::http::errors::ApiError;
+use crate::config::ext_proc::Mode;
+use crate::doors::budget::{Budget, Reservation};
+use crate::doors::http::errors::ApiError;
 use crate::metrics as m;
-use crate::pipeline::{RouteError, Router};
-use crate::request::{self, Endpoint};
+use crate::place::cost::{self, Candidate, Policy};
+use crate::place::decision::Decision;
+use crate::place::request::{self, Endpoint};
+use crate::place::{RouteError, Router};
+use crate::pods::fleet::InFlight;
 
 /// What every stream shares.
 pub struct Shared {
@@ -524,7 +524,7 @@ fn load_only(router: &Router, subset: Option<Vec<String>>) -> Result<Vec<String>
                 kv_blocks: load.kv_blocks,
                 reachable: load.reachable,
                 last_picked: pod.last_picked(),
-                rendezvous: crate::rendezvous::weight(0, &pod.id),
+                rendezvous: crate::place::rendezvous::weight(0, &pod.id),
             }
         })
         .collect();

@@ -14,8 +14,8 @@ use serde_json::json;
 use super::errors::ApiError;
 use super::App;
 use crate::config::{normalize_url, PodSpec};
-use crate::fleet::Source;
 use crate::metrics as m;
+use crate::pods::fleet::Source;
 
 /// The routes of `--admin-addr`; `/metrics` and `/debug/pods` too when `with_metrics`.
 pub fn admin(app: Arc<App>, with_metrics: bool) -> AxumRouter {

@@ -7,8 +7,8 @@ use axum::Json;
 use serde_json::json;
 
 use crate::metrics as m;
-use crate::pipeline::RouteError;
-use crate::request::RequestError;
+use crate::place::request::RequestError;
+use crate::place::RouteError;
 
 #[derive(Debug)]
 pub struct ApiError {

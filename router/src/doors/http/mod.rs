@@ -7,6 +7,7 @@ pub mod body;
 pub mod errors;
 pub mod openai;
 pub mod server;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,8 +20,8 @@ use axum::{Json, Router as AxumRouter};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
-use crate::extproc::budget::Budget;
-use crate::pipeline::Router;
+use crate::doors::budget::Budget;
+use crate::place::Router;
 use crate::upstream::HttpClient;
 use errors::ApiError;
 

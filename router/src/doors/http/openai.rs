@@ -16,12 +16,12 @@ use serde_json::json;
 use super::body::PassThrough;
 use super::errors::ApiError;
 use super::App;
-use crate::decision::Decision;
-use crate::extproc::budget::Reservation;
+use crate::doors::budget::Reservation;
+use crate::doors::http::usage::{Prediction, UsageTap};
 use crate::metrics as m;
-use crate::request::{self, Endpoint};
+use crate::place::decision::Decision;
+use crate::place::request::{self, Endpoint};
 use crate::upstream::{self, is_hop_by_hop, Outgoing};
-use crate::usage::{Prediction, UsageTap};
 
 pub async fn completions(State(app): State<Arc<App>>, request: Request) -> Response {
     proxy(app, Endpoint::Completions, request).await.unwrap_or_else(IntoResponse::into_response)
