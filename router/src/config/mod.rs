@@ -7,13 +7,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod error;
 pub mod ext_proc;
+
+pub use error::ConfigError;
 
 use clap::Args;
 use kvindex_tokenizer::client_template::{ClientTemplateArgs, SandboxLimits};
 
 use crate::place::cost::{CostWeights, Policy};
-use crate::pods::fleet::Role;
+use crate::pods::spec::{PodSpec, Role};
 use ext_proc::{ExtProcArgs, ExtProcConfig};
 
 /// `kvindex-router serve` flags.
@@ -271,15 +274,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// A pod as configured: the indexer's id for it, where to send requests, what it does.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-pub struct PodSpec {
-    pub id: String,
-    pub url: String,
-    #[serde(default)]
-    pub role: Role,
-}
-
 /// Validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -328,14 +322,6 @@ pub struct Config {
     pub ext_proc: Option<ExtProcConfig>,
     /// Kubernetes pod discovery (`--discovery kubernetes`).
     pub discovery: Option<kvindex_discovery::WatchConfig>,
-}
-
-/// A configuration mistake, naming the flag.
-#[derive(Debug, thiserror::Error)]
-#[error("{flag}: {message}")]
-pub struct ConfigError {
-    pub flag: &'static str,
-    pub message: String,
 }
 
 /// TLS to the indexers: the CA to trust, the client identity for mTLS, the name to check.

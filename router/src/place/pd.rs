@@ -4,7 +4,7 @@
 //! The request goes to the decode pod with `x-prefiller-host-port: <prefill pod id>`, the
 //! header llm-d's routing sidecar on the decode pod reads to run the prefill there first.
 
-use crate::pods::fleet::Role;
+use crate::pods::spec::Role;
 
 /// The header naming the prefill pod to the decode pod's sidecar.
 pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";

@@ -128,6 +128,18 @@ impl Tokenizers {
         self.local.as_ref()
     }
 
+    /// Copies the in-process tokenizer's prefix-cache statistics (incremental tokenization) into
+    /// gauges, when `/metrics` is scraped: reading them is a few atomic loads.
+    pub fn record_cache_metrics(&self) {
+        let Some(registry) = self.registry() else { return };
+        let stats = registry.prefix_cache_stats();
+        for (result, n) in [("hit", stats.hits), ("miss", stats.misses), ("bypass", stats.bypassed)] {
+            metrics::gauge!(m::TOKENIZER_CACHE_REQUESTS, "result" => result).set(n as f64);
+        }
+        metrics::gauge!(m::TOKENIZER_CACHE_BYTES, "kind" => "used").set(stats.bytes as f64);
+        metrics::gauge!(m::TOKENIZER_CACHE_BYTES, "kind" => "capacity").set(stats.capacity_bytes as f64);
+    }
+
     /// Loads every in-process tokenizer now rather than on the first request, and checks that
     /// client templates can be rendered when they are allowed.
     pub async fn preload(&self) -> Result<(), String> {

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{normalize_url, PodSpec};
+use crate::config::normalize_url;
 use crate::metrics as m;
 use crate::pods::fleet::{Fleet, Source};
+use crate::pods::spec::PodSpec;
 
 /// Largest pods file read.
 const MAX_FILE_BYTES: u64 = 8 << 20;
@@ -89,7 +90,7 @@ pub async fn watch(fleet: Arc<Fleet>, path: PathBuf, interval: Duration, mut las
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::fleet::Role;
+    use crate::pods::spec::Role;
 
     #[test]
     fn parses_roles_and_refuses_bad_entries() {

@@ -14,33 +14,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::config::PodSpec;
+use super::spec::{PodSpec, Role};
 use crate::metrics as m;
 use crate::pods::vllm_metrics::EngineLoad;
-
-/// What a pod does in a prefill/decode (P/D) disaggregated fleet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Prefill and decode (an ordinary vLLM).
-    #[default]
-    Both,
-    Prefill,
-    Decode,
-}
-
-impl Role {
-    pub fn label(self) -> &'static str {
-        match self {
-            Role::Both => "both",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-}
 
 /// Where a pod's entry came from; a source only changes its own entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -7,4 +7,5 @@ pub mod discovery;
 pub mod file;
 pub mod fleet;
 pub mod scrape;
+pub mod spec;
 pub mod vllm_metrics;

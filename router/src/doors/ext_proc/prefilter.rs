@@ -31,7 +31,8 @@ pub fn hint(ranked: &[PodChoice], band: f64) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::fleet::{LoadView, Role};
+    use crate::pods::fleet::LoadView;
+    use crate::pods::spec::Role;
 
     fn choice(pod: &str, cached: u32, load: f64) -> PodChoice {
         PodChoice {

@@ -11,11 +11,12 @@ use axum::routing::{delete, post};
 use axum::{Json, Router as AxumRouter};
 use serde_json::json;
 
+use super::app::App;
 use super::errors::ApiError;
-use super::App;
-use crate::config::{normalize_url, PodSpec};
+use crate::config::normalize_url;
 use crate::metrics as m;
 use crate::pods::fleet::Source;
+use crate::pods::spec::PodSpec;
 
 /// The routes of `--admin-addr`; `/metrics` and `/debug/pods` too when `with_metrics`.
 pub fn admin(app: Arc<App>, with_metrics: bool) -> AxumRouter {

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::json;
 
+use super::app::App;
 use super::body::PassThrough;
 use super::errors::ApiError;
-use super::App;
 use crate::doors::budget::Reservation;
 use crate::doors::http::usage::{Prediction, UsageTap};
 use crate::metrics as m;
