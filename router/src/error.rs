@@ -1,14 +1,71 @@
-//! OpenAI-shaped error responses (`{"error": {"message", "type", "param", "code"}}`) with the
-//! status a client library expects, each counted by reason. Messages never quote the prompt.
+//! The router's errors, typed, in one place:
+//!
+//! - [`RouteError`]: why the pipeline cannot place a request;
+//! - [`ApiError`]: what a door answers for it (and for its own refusals: too large, too slow,
+//!   shed, no pod answered), mapped once to an HTTP status and OpenAI's `code`, and rendered
+//!   either as an OpenAI-shaped JSON response (`{"error": {"message", "type", "param",
+//!   "code"}}`, the proxy) or as an ext_proc `ImmediateResponse` (the endpoint picker), each
+//!   counted in `kvindex_router_request_errors_total` by its code. Messages never quote the
+//!   prompt;
+//! - [`StartError`]: why the router cannot start, naming the flag behind it.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
+
+use crate::config::ConfigError;
+use crate::doors::ext_proc::envoy;
 use crate::metrics as m;
 use crate::place::request::RequestError;
-use crate::place::RouteError;
+use crate::pods::fleet::PodRefused;
+
+/// Why a request cannot be placed. Each maps to one OpenAI error status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("the model `{}` does not exist", crate::place::request::echo(.0))]
+    UnknownModel(String),
+    #[error("{0}")]
+    InvalidPrompt(String),
+    #[error("the prompt has {tokens} tokens, more than the maximum of {max}")]
+    PromptTooLong { tokens: usize, max: usize },
+    /// Tokenization stopped once the count passed the limit.
+    #[error("the prompt has more than the maximum of {max} tokens ({counted} counted before tokenization stopped)")]
+    PromptOverLimit { counted: usize, max: usize },
+    /// Refused before tokenizing: more text than `max` tokens can hold (see [`MAX_PROMPT_BYTES_PER_TOKEN`]).
+    #[error("the prompt has {bytes} bytes of text, more than the maximum of {max} tokens can hold")]
+    PromptTooManyBytes { bytes: usize, max: usize },
+    #[error("the chat has {count} messages, more than the maximum of {max}")]
+    TooManyMessages { count: usize, max: usize },
+    #[error("no pods are available")]
+    NoPods,
+    #[error("none of the allowed pods is known to this router")]
+    NoEligiblePods,
+    #[error(
+        "chat_template in requests is not accepted by this router, which renders only the model's own chat \
+         template (operators can allow client templates with --allow-client-chat-template)"
+    )]
+    ClientTemplateDisabled,
+}
+
+impl RouteError {
+    /// The `kvindex_router_request_errors_total` reason.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RouteError::UnknownModel(_) => "unknown_model",
+            RouteError::InvalidPrompt(_) => "invalid_prompt",
+            RouteError::PromptTooLong { .. }
+            | RouteError::PromptOverLimit { .. }
+            | RouteError::PromptTooManyBytes { .. } => "prompt_too_long",
+            RouteError::TooManyMessages { .. } => "too_many_messages",
+            RouteError::NoPods => "no_pods",
+            RouteError::NoEligiblePods => "no_eligible_pods",
+            RouteError::ClientTemplateDisabled => "client_chat_template_disabled",
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -55,6 +112,25 @@ impl ApiError {
             StatusCode::BAD_GATEWAY,
             "upstream_unavailable",
             format!("no pod answered ({attempts} tried, each failed before responding)"),
+        )
+    }
+
+    /// 429 at the endpoint picker: the buffer bound over all streams is full.
+    pub fn shed() -> ApiError {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "shed",
+            "the endpoint picker is buffering too many requests; retry later",
+        )
+    }
+
+    /// 408 at the endpoint picker: the request (headers, body, trailers) did not arrive in full
+    /// within `--ext-proc-request-timeout-ms` of the stream's start.
+    pub fn request_incomplete(timeout: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("the request did not arrive in full within {} ms", timeout.as_millis()),
         )
     }
 
@@ -106,6 +182,15 @@ impl From<RouteError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The endpoint picker's answer: the gateway sends this error to the client itself.
+    pub fn into_immediate(self) -> ProcessingResponse {
+        metrics::counter!(m::REQUEST_ERRORS, "reason" => self.code).increment(1);
+        envoy::immediate(self.status.as_u16(), self.code, &self.message)
+    }
+}
+
+/// The proxy's answer.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         metrics::counter!(m::REQUEST_ERRORS, "reason" => self.code).increment(1);
@@ -116,5 +201,63 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }
         response
+    }
+}
+
+/// Why the router cannot start; each names the flag (or the part) behind it. The binary prints
+/// it and exits 2.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A setting that passed validation but cannot be put to use: a tokenizer's files, an
+    /// indexer address or certificate, an address that cannot be bound, the pods file.
+    #[error("{setting}: {message}")]
+    Setting { setting: String, message: String },
+    /// A pod of the command line the pod table refused.
+    #[error(transparent)]
+    Pod(#[from] PodRefused),
+    /// The endpoint picker's gRPC server failed.
+    #[error("ext_proc: {0}")]
+    ExtProc(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// A serving task panicked or was cancelled.
+    #[error("{0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl StartError {
+    /// `setting` (a flag, with its value when that helps) cannot be used, because of `why`.
+    pub fn setting(setting: impl Into<String>, why: impl std::fmt::Display) -> StartError {
+        StartError::Setting { setting: setting.into(), message: why.to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_route_error_has_one_status_and_code_for_both_doors() {
+        let cases = [
+            (RouteError::UnknownModel("m".into()), 404, "model_not_found", Some("model")),
+            (RouteError::InvalidPrompt("bad".into()), 400, "invalid_prompt", None),
+            (RouteError::PromptTooLong { tokens: 9, max: 8 }, 400, "context_length_exceeded", Some("prompt")),
+            (RouteError::PromptOverLimit { counted: 9, max: 8 }, 400, "context_length_exceeded", Some("prompt")),
+            (RouteError::PromptTooManyBytes { bytes: 9, max: 8 }, 400, "context_length_exceeded", Some("prompt")),
+            (RouteError::TooManyMessages { count: 9, max: 8 }, 400, "too_many_messages", Some("messages")),
+            (RouteError::NoPods, 503, "no_pods", None),
+            (RouteError::NoEligiblePods, 503, "no_eligible_pods", None),
+            (RouteError::ClientTemplateDisabled, 400, "client_chat_template_disabled", Some("chat_template")),
+        ];
+        for (error, status, code, param) in cases {
+            let message = error.to_string();
+            let api = ApiError::from(error);
+            assert_eq!((api.status.as_u16(), api.code, api.param), (status, code, param), "{message}");
+            assert_eq!(api.message, message);
+            let immediate = format!("{:?}", api.into_immediate());
+            assert!(immediate.contains(&format!("kvindex_router_{code}")), "{immediate}");
+        }
     }
 }

@@ -22,6 +22,7 @@
 
 pub mod config;
 pub mod doors;
+pub mod error;
 pub mod metrics;
 pub mod place;
 pub mod pods;
@@ -29,6 +30,7 @@ pub mod serve;
 pub mod upstream;
 
 pub use config::Config;
+pub use error::RouteError;
 pub use place::decision::Decision;
 pub use place::request::{Endpoint, Prompt, RouteRequest};
-pub use place::{RouteError, Router};
+pub use place::Router;

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use crate::config::Config;
 use crate::doors::ext_proc;
 use crate::doors::http::{self, App};
+use crate::error::StartError;
 use crate::place::Router;
 use crate::pods::fleet::{Fleet, Source};
 use crate::pods::{discovery, file as pods_file, scrape};
@@ -31,7 +32,7 @@ pub async fn run(
     config: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let prometheus = m::install();
     let fleet = Arc::new(Fleet::new(config.load_stale_after));
     for pod in &config.pods {
@@ -51,8 +52,9 @@ pub async fn run(
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     if let Some(watch) = config.discovery.clone() {
-        let client =
-            kvindex_discovery::watcher::client(&watch.api_server).await.map_err(|e| format!("--discovery: {e}"))?;
+        let client = kvindex_discovery::watcher::client(&watch.api_server)
+            .await
+            .map_err(|e| StartError::setting("--discovery", e))?;
         tokio::spawn(discovery::run(fleet.clone(), client, watch, stopped.clone()));
     }
     let ext_proc_settings = config.ext_proc.as_ref().map(|e| ext_proc::Settings {
@@ -107,14 +109,12 @@ pub async fn run(
         _ => None,
     };
     tracing::info!(pods = fleet.snapshot().len(), indexers = config.indexers.len(), "kvindex-router serving");
-    http::server::serve("http", listeners.http, http::public(app, with_metrics), limits, until(stopped))
-        .await
-        .map_err(|e| e.to_string())?;
+    http::server::serve("http", listeners.http, http::public(app, with_metrics), limits, until(stopped)).await?;
     for server in admin.into_iter().chain(metrics) {
         let _ = server.await;
     }
     if let Some(ext_proc) = ext_proc {
-        ext_proc.await.map_err(|e| e.to_string())??;
+        ext_proc.await??;
     }
     Ok(())
 }

@@ -369,6 +369,17 @@ impl IndexerTls {
     }
 }
 
+/// Why a token file's text is not a token the indexer would take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("the token must have at least {min} characters")]
+    TooShort { min: usize },
+    #[error("the token must be printable ASCII without spaces")]
+    NotPrintable,
+    #[error("the token is not a valid header value")]
+    NotAHeader,
+}
+
 /// The indexers' admin bearer token, as the `authorization` value RecordRoute sends. Never
 /// printed.
 #[derive(Clone)]
@@ -386,16 +397,16 @@ impl IndexerToken {
     const MIN_LEN: usize = 16;
 
     /// The token in a file's `text` (surrounding whitespace ignored).
-    pub fn parse(text: &str) -> Result<IndexerToken, String> {
+    pub fn parse(text: &str) -> Result<IndexerToken, TokenError> {
         let token = text.trim();
         if token.len() < Self::MIN_LEN {
-            return Err(format!("the token must have at least {} characters", Self::MIN_LEN));
+            return Err(TokenError::TooShort { min: Self::MIN_LEN });
         }
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err("the token must be printable ASCII without spaces".into());
+            return Err(TokenError::NotPrintable);
         }
         let mut value: tonic::metadata::AsciiMetadataValue =
-            format!("Bearer {token}").parse().map_err(|_| "the token is not a valid header value".to_string())?;
+            format!("Bearer {token}").parse().map_err(|_| TokenError::NotAHeader)?;
         value.set_sensitive(true);
         Ok(IndexerToken(value))
     }

@@ -1,76 +1,42 @@
-//! The per-request pipeline both front doors share, independent of HTTP: tokenize → score
-//! (within the deadline, else load only) → load → rank by cost → a [`Decision`]. Committing a
-//! decision marks the request in flight on its pod and asks the indexer for speculative credit
-//! (RecordRoute), so the next sibling request routed by any replica sees it.
+//! The per-request pipeline both front doors share, independent of any protocol, one step per
+//! file: the request's target (model, LoRA) → [`tokenize`] → score ([`indexer`], within the
+//! deadline, else load only) → [`candidates`] (load now, what each pod holds) → [`cost`] →
+//! [`pick`] → a [`Decision`], and the one decision line ([`log`]). Committing a decision marks
+//! the request in flight on its pod and asks the indexer for speculative credit ([`record`]),
+//! so the next sibling request routed by any replica sees it. The doors call [`Router::route`]
+//! (or [`Router::rank_by_load`] for a request with no prompt) and [`Router::commit`]; nothing
+//! here knows HTTP or ext_proc.
 
+pub mod candidates;
 pub mod cost;
 pub mod decision;
 pub mod indexer;
+pub mod log;
 pub mod pd;
+pub mod pick;
+pub mod record;
 pub mod rendezvous;
 pub mod request;
 pub mod tokenize;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvindex_proto::kvindex::v1 as pb;
 
 use crate::config::{Config, IndexerToken};
+use crate::error::{RouteError, StartError};
 use crate::metrics as m;
-use crate::place::decision::{Decision, OverlapOutcome, PodChoice, ScoreOutcome, Timings};
-use crate::place::indexer::IndexerPool;
-use crate::place::request::{Prompt, RouteRequest};
-use crate::place::tokenize::{TokenizeError, Tokenizers};
 use crate::pods::fleet::{Fleet, InFlight, Pod};
-use cost::{Candidate, CostWeights, Policy};
-
-/// Why a request cannot be placed. Each maps to one OpenAI error status.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RouteError {
-    #[error("the model `{}` does not exist", crate::place::request::echo(.0))]
-    UnknownModel(String),
-    #[error("{0}")]
-    InvalidPrompt(String),
-    #[error("the prompt has {tokens} tokens, more than the maximum of {max}")]
-    PromptTooLong { tokens: usize, max: usize },
-    /// Tokenization stopped once the count passed the limit.
-    #[error("the prompt has more than the maximum of {max} tokens ({counted} counted before tokenization stopped)")]
-    PromptOverLimit { counted: usize, max: usize },
-    /// Refused before tokenizing: more text than `max` tokens can hold (see [`MAX_PROMPT_BYTES_PER_TOKEN`]).
-    #[error("the prompt has {bytes} bytes of text, more than the maximum of {max} tokens can hold")]
-    PromptTooManyBytes { bytes: usize, max: usize },
-    #[error("the chat has {count} messages, more than the maximum of {max}")]
-    TooManyMessages { count: usize, max: usize },
-    #[error("no pods are available")]
-    NoPods,
-    #[error("none of the allowed pods is known to this router")]
-    NoEligiblePods,
-    #[error(
-        "chat_template in requests is not accepted by this router, which renders only the model's own chat \
-         template (operators can allow client templates with --allow-client-chat-template)"
-    )]
-    ClientTemplateDisabled,
-}
-
-impl RouteError {
-    /// The `kvindex_router_request_errors_total` reason.
-    pub fn label(&self) -> &'static str {
-        match self {
-            RouteError::UnknownModel(_) => "unknown_model",
-            RouteError::InvalidPrompt(_) => "invalid_prompt",
-            RouteError::PromptTooLong { .. }
-            | RouteError::PromptOverLimit { .. }
-            | RouteError::PromptTooManyBytes { .. } => "prompt_too_long",
-            RouteError::TooManyMessages { .. } => "too_many_messages",
-            RouteError::NoPods => "no_pods",
-            RouteError::NoEligiblePods => "no_eligible_pods",
-            RouteError::ClientTemplateDisabled => "client_chat_template_disabled",
-        }
-    }
-}
+use cost::{CostWeights, Policy};
+use decision::{Decision, OverlapOutcome, PodChoice, ScoreOutcome, Timings};
+use indexer::IndexerPool;
+use pd::Pools;
+use record::Recorder;
+use request::{Prompt, RouteRequest};
+use tokenize::{TokenizeError, Tokenizers, Unavailable};
 
 /// What the pipeline needs beyond the pods: the placement rule and the limits.
 #[derive(Debug, Clone)]
@@ -119,13 +85,9 @@ pub struct Router {
     tokenizers: Tokenizers,
     indexer: IndexerPool,
     fleet: Arc<Fleet>,
+    recorder: Recorder,
     next_id: AtomicU64,
     block_size_warned: AtomicBool,
-    /// RecordRoute calls in flight (bounded: a slow indexer must not pile them up).
-    recording: Arc<AtomicUsize>,
-    /// Whether a RecordRoute refused for its token was logged already (once is enough: every
-    /// pick would log it).
-    denied_logged: Arc<AtomicBool>,
 }
 
 /// A prompt whose text has more than `--max-prompt-tokens` × this many bytes is refused before
@@ -166,9 +128,6 @@ fn check_size(s: &RouterSettings, prompt: &Prompt) -> Result<(), RouteError> {
     Ok(())
 }
 
-/// Most RecordRoute calls in flight at once; past it a pick is not recorded (counted).
-const MAX_RECORDING: usize = 1024;
-
 /// Decision quality, once per request: whether the pick reused the most any pod held, and
 /// how many cached blocks it gave up for load (`kvindex_router_overlap_*`).
 fn record_overlap(decision: &Decision, holder: &PodChoice) {
@@ -185,12 +144,47 @@ fn micros(d: Duration) -> u64 {
     d.as_micros() as u64
 }
 
-fn state_label(state: i32) -> Option<&'static str> {
-    match pb::SourceState::try_from(state).ok()? {
-        pb::SourceState::Exact => Some("EXACT"),
-        pb::SourceState::Degraded => Some("DEGRADED"),
-        pb::SourceState::Stale => Some("STALE"),
-        pb::SourceState::Unspecified => None,
+/// Whom a request is for: the base model that tokenizes and is scored, the LoRA adapter if the
+/// model name is one, and the namespace its blocks are keyed under.
+struct Target {
+    base_model: String,
+    lora_name: Option<String>,
+    namespace: String,
+}
+
+/// What the indexer said, or why it was not asked or did not answer in time.
+struct Scores {
+    response: Option<pb::ScoreTokensResponse>,
+    outcome: ScoreOutcome,
+    /// The indexer's block size when it answered with another than ours (it wins).
+    block_size: usize,
+}
+
+/// When each stage ended, for the timings and `kvindex_router_route_seconds`.
+struct Clock {
+    start: Instant,
+    tokenized: Instant,
+    scored: Instant,
+    picked: Instant,
+}
+
+impl Clock {
+    fn timings(&self) -> Timings {
+        let stages = [
+            ("tokenize", self.tokenized - self.start),
+            ("score", self.scored - self.tokenized),
+            ("pick", self.picked - self.scored),
+            ("total", self.picked - self.start),
+        ];
+        for (stage, took) in stages {
+            metrics::histogram!(m::ROUTE_SECONDS, "stage" => stage).record(took.as_secs_f64());
+        }
+        Timings {
+            tokenize_us: micros(stages[0].1),
+            score_us: micros(stages[1].1),
+            pick_us: micros(stages[2].1),
+            total_us: micros(stages[3].1),
+        }
     }
 }
 
@@ -202,20 +196,24 @@ impl Router {
                  (--indexer-admin-token-file)"
             );
         }
+        let recorder = Recorder::new(
+            settings.speculative_ttl,
+            settings.record_route_timeout,
+            settings.indexer_admin_token.clone(),
+        );
         Router {
             settings,
             tokenizers,
             indexer,
             fleet,
+            recorder,
             next_id: AtomicU64::new(0),
             block_size_warned: AtomicBool::new(false),
-            recording: Arc::new(AtomicUsize::new(0)),
-            denied_logged: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// Builds the pipeline from a validated configuration (pods are added separately).
-    pub fn from_config(config: &Config, fleet: Arc<Fleet>) -> Result<Router, String> {
+    pub fn from_config(config: &Config, fleet: Arc<Fleet>) -> Result<Router, StartError> {
         let tokenizers = Tokenizers::with_client_templates(
             &config.tokenizers,
             config.tokenizer_endpoint.as_deref(),
@@ -257,6 +255,55 @@ impl Router {
     /// Places one request.
     pub async fn route(&self, request: &RouteRequest) -> Result<Decision, RouteError> {
         let start = Instant::now();
+        let target = self.target(request)?;
+        check_size(&self.settings, &request.prompt)?;
+        let tokens = self.tokenize(request, &target).await?;
+        let tokenized = Instant::now();
+        let pods = candidates::eligible(&self.fleet, request.subset.as_deref())?;
+        let pools = pools(&pods)?;
+        let scores = self.score(request, &target, &tokens).await;
+        let scored = Instant::now();
+        let total_blocks = match (&scores.response, &tokens) {
+            (Some(r), _) => r.total_blocks,
+            (None, Ok(ids)) => (ids.len() / scores.block_size) as u32,
+            (None, Err(_)) => 0,
+        };
+        let key = tie_key(&target.namespace, request, &tokens, scores.block_size);
+        let field = candidates::gather(&self.fleet, &pods, scores.response.as_ref(), key);
+        let s = &self.settings;
+        let pick = pick::pick(&field, pools.as_ref(), total_blocks, &s.weights, s.policy, s.load_band);
+        count_kv_cutoff(&pick.ranked);
+        let clock = Clock { start, tokenized, scored, picked: Instant::now() };
+        Ok(Decision {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
+            model: request.model.clone(),
+            policy: pick.policy,
+            prompt_tokens: tokens.as_ref().ok().map(Vec::len),
+            total_blocks,
+            block_size: scores.block_size as u32,
+            score: scores.outcome,
+            ranked: pick.ranked,
+            prefill: pick.prefill,
+            best_cached_blocks: pick.best_cached_blocks,
+            timings: clock.timings(),
+            tokens: tokens.ok().map(Arc::new),
+            lora_name: target.lora_name,
+            cache_salt: request.cache_salt.clone(),
+            base_model: target.base_model,
+        })
+    }
+
+    /// Pods by load alone (a request with no prompt to score), best first, within `subset` if
+    /// any: the same candidates and rule as [`Router::route`] with nothing cached.
+    pub fn rank_by_load(&self, subset: Option<&[String]>) -> Result<Vec<Arc<Pod>>, RouteError> {
+        let pods = candidates::eligible(&self.fleet, subset)?;
+        let field = candidates::gather(&self.fleet, &pods, None, 0);
+        let ranked = cost::rank(&field.candidates, 0, &self.settings.weights, Policy::LoadOnly);
+        Ok(ranked.into_iter().map(|r| pods[r.index].clone()).collect())
+    }
+
+    /// The model check, client templates, and the LoRA adapter a model name may be.
+    fn target(&self, request: &RouteRequest) -> Result<Target, RouteError> {
         let s = &self.settings;
         if !s.models.is_empty() && !s.models.contains(&request.model) {
             return Err(RouteError::UnknownModel(request.model.clone()));
@@ -271,192 +318,80 @@ impl Router {
             None => (request.model.clone(), None),
         };
         let namespace = lora_name.as_deref().unwrap_or(&base_model).to_string();
+        Ok(Target { base_model, lora_name, namespace })
+    }
 
-        check_size(s, &request.prompt)?;
-        let tokens = match self.tokenizers.tokenize(&base_model, &request.prompt, s.max_prompt_tokens).await {
-            Ok(tokens) => tokens,
-            Err(TokenizeError::UnknownModel(m)) => return Err(RouteError::UnknownModel(m)),
-            Err(TokenizeError::Invalid(message)) => return Err(RouteError::InvalidPrompt(message)),
-            Err(TokenizeError::OverLimit { counted, max }) => {
-                return Err(match &request.prompt {
-                    Prompt::Tokens(_) => RouteError::PromptTooLong { tokens: counted, max },
-                    _ => RouteError::PromptOverLimit { counted, max },
-                })
-            }
-        };
-        let tokenized = Instant::now();
-
-        let pods: Vec<Arc<Pod>> = match &request.subset {
-            None => self.fleet.snapshot(),
-            Some(allowed) => allowed.iter().filter_map(|id| self.fleet.get(id)).collect(),
-        };
-        if pods.is_empty() {
-            return Err(if request.subset.is_some() && !self.fleet.is_empty() {
-                RouteError::NoEligiblePods
-            } else {
-                RouteError::NoPods
-            });
+    /// The prompt's token ids, or why there are none (then placed by load); the client's
+    /// mistakes are errors.
+    async fn tokenize(
+        &self,
+        request: &RouteRequest,
+        target: &Target,
+    ) -> Result<Result<Vec<u32>, Unavailable>, RouteError> {
+        let max = self.settings.max_prompt_tokens;
+        match self.tokenizers.tokenize(&target.base_model, &request.prompt, max).await {
+            Ok(tokens) => Ok(tokens),
+            Err(TokenizeError::UnknownModel(m)) => Err(RouteError::UnknownModel(m)),
+            Err(TokenizeError::Invalid(message)) => Err(RouteError::InvalidPrompt(message)),
+            Err(TokenizeError::OverLimit { counted, max }) => Err(match &request.prompt {
+                Prompt::Tokens(_) => RouteError::PromptTooLong { tokens: counted, max },
+                _ => RouteError::PromptOverLimit { counted, max },
+            }),
         }
-        let roles: Vec<_> = pods.iter().map(|p| p.role).collect();
-        let pools = pd::pools(&roles);
-        if pools.as_ref().is_some_and(|p| p.decode.is_empty() || p.prefill.is_empty()) {
-            return Err(RouteError::NoPods);
-        }
+    }
 
-        let mut block_size = s.block_size;
-        let (scores, score) = match &tokens {
-            Err(unavailable) => (None, ScoreOutcome::FailOpen { reason: unavailable.label() }),
+    /// ScoreTokens within the deadline; without token ids or an answer in time, fail open
+    /// (counted by reason).
+    async fn score(&self, request: &RouteRequest, target: &Target, tokens: &Result<Vec<u32>, Unavailable>) -> Scores {
+        let ours = self.settings.block_size;
+        let scores = match tokens {
+            Err(unavailable) => Scores {
+                response: None,
+                outcome: ScoreOutcome::FailOpen { reason: unavailable.label() },
+                block_size: ours,
+            },
             Ok(ids) => {
                 let query = pb::ScoreTokensRequest {
-                    model: base_model.clone(),
+                    model: target.base_model.clone(),
                     token_ids: ids.clone(),
                     pods: Vec::new(),
-                    lora_name: lora_name.clone().unwrap_or_default(),
+                    lora_name: target.lora_name.clone().unwrap_or_default(),
                     cache_salt: request.cache_salt.clone().unwrap_or_default(),
                 };
                 match self.indexer.score(query).await {
                     Ok((response, indexer)) => {
-                        if response.block_size as usize != s.block_size && response.block_size > 0 {
-                            if !self.block_size_warned.swap(true, Ordering::Relaxed) {
-                                tracing::warn!(
-                                    router = s.block_size,
-                                    indexer = response.block_size,
-                                    "--block-size differs from the indexer's; using the indexer's"
-                                );
-                            }
-                            block_size = response.block_size as usize;
-                        }
-                        (Some(response), ScoreOutcome::Scored { indexer: indexer.to_string() })
+                        let block_size = self.block_size_of(&response);
+                        let outcome = ScoreOutcome::Scored { indexer: indexer.to_string() };
+                        Scores { response: Some(response), outcome, block_size }
                     }
-                    Err(failure) => (None, ScoreOutcome::FailOpen { reason: failure.label() }),
+                    Err(failure) => Scores {
+                        response: None,
+                        outcome: ScoreOutcome::FailOpen { reason: failure.label() },
+                        block_size: ours,
+                    },
                 }
             }
         };
-        if let ScoreOutcome::FailOpen { reason } = &score {
+        if let ScoreOutcome::FailOpen { reason } = &scores.outcome {
             metrics::counter!(m::FAIL_OPEN, "reason" => *reason).increment(1);
         }
-        let scored = Instant::now();
+        scores
+    }
 
-        let total_blocks = match (&scores, &tokens) {
-            (Some(r), _) => r.total_blocks,
-            (None, Ok(ids)) => (ids.len() / block_size) as u32,
-            (None, Err(_)) => 0,
-        };
-        let by_pod: HashMap<&str, &pb::PodScore> =
-            scores.iter().flat_map(|r| r.scores.iter()).map(|p| (p.pod.as_str(), p)).collect();
-        let key = match (&tokens, &request.prompt) {
-            (Ok(ids), _) => rendezvous::prompt_key(&namespace, ids, block_size, request.cache_salt.as_deref()),
-            (Err(_), Prompt::Text(text)) => rendezvous::text_key(&namespace, text),
-            (Err(_), Prompt::Chat(chat)) => {
-                let first = chat.messages.first().map(|m| m.to_string()).unwrap_or_default();
-                rendezvous::text_key(&namespace, &first)
-            }
-            (Err(_), Prompt::Tokens(_)) => 0,
-        };
-        let now = Instant::now();
-        let stale = self.fleet.stale_after();
-        let mut choices: Vec<PodChoice> = Vec::with_capacity(pods.len());
-        let mut candidates: Vec<Candidate> = Vec::with_capacity(pods.len());
-        for pod in &pods {
-            let load = pod.load(now, stale);
-            let found = by_pod.get(pod.id.as_str());
-            let matched = found.map_or(0, |p| p.matched_blocks);
-            let speculative = found.map_or(0, |p| p.speculative_blocks);
-            candidates.push(Candidate {
-                matched_blocks: matched,
-                speculative_blocks: speculative,
-                running: load.load - load.waiting.unwrap_or(0.0),
-                waiting: load.waiting.unwrap_or(0.0),
-                kv_usage: load.kv_usage,
-                kv_blocks: load.kv_blocks,
-                reachable: load.reachable,
-                last_picked: pod.last_picked(),
-                rendezvous: rendezvous::weight(key, &pod.id),
-            });
-            choices.push(PodChoice {
-                pod: pod.id.clone(),
-                role: pod.role,
-                matched_blocks: matched,
-                speculative_blocks: speculative,
-                cached_blocks: 0,
-                source_state: found.and_then(|p| state_label(p.state)),
-                cost: 0.0,
-                kv_weight: 0.0,
-                kv_cost: 0.0,
-                over_kv_cutoff: false,
-                in_band: false,
-                load,
-                handle: Some(pod.clone()),
-            });
+    /// The indexer's block size wins over `--block-size` (warned once).
+    fn block_size_of(&self, response: &pb::ScoreTokensResponse) -> usize {
+        let ours = self.settings.block_size;
+        if response.block_size as usize == ours || response.block_size == 0 {
+            return ours;
         }
-        let rank_pool = |indices: &[usize], policy: Policy| -> Vec<PodChoice> {
-            let pool: Vec<Candidate> = indices.iter().map(|&i| candidates[i]).collect();
-            cost::rank(&pool, total_blocks, &s.weights, policy)
-                .into_iter()
-                .map(|r| {
-                    let mut choice = choices[indices[r.index]].clone();
-                    choice.cached_blocks = r.cached_blocks;
-                    choice.cost = r.cost;
-                    choice.kv_weight = r.kv_weight;
-                    choice.kv_cost = r.kv_cost;
-                    choice.over_kv_cutoff = r.over_kv_cutoff;
-                    choice.in_band = r.in_band;
-                    choice
-                })
-                .collect()
-        };
-        let all: Vec<usize> = (0..pods.len()).collect();
-        let (ranked, prefill, policy) = match &pools {
-            None => (rank_pool(&all, s.policy), None, s.policy.label()),
-            Some(p) => {
-                let prefill = rank_pool(&p.prefill, Policy::LoadBand { band: s.load_band }).into_iter().next();
-                (rank_pool(&p.decode, Policy::LoadOnly), prefill, "pd")
-            }
-        };
-        // The best reuse on offer: over the pool that computes the prompt, its reachable pods
-        // (all of them when none is).
-        let holders: &[usize] = pools.as_ref().map_or(&all, |p| &p.prefill);
-        let cached = |i: &usize| candidates[*i].matched_blocks.max(candidates[*i].speculative_blocks).min(total_blocks);
-        let best_cached_blocks = holders
-            .iter()
-            .filter(|&&i| candidates[i].reachable)
-            .map(cached)
-            .max()
-            .or_else(|| holders.iter().map(cached).max())
-            .unwrap_or(0);
-        if let Some(best) = ranked.first() {
-            if ranked.iter().any(|c| c.over_kv_cutoff && c.load.reachable && c.cost < best.cost) {
-                metrics::counter!(m::KV_CUTOFF).increment(1);
-            }
+        if !self.block_size_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                router = ours,
+                indexer = response.block_size,
+                "--block-size differs from the indexer's; using the indexer's"
+            );
         }
-        let picked = Instant::now();
-        let timings = Timings {
-            tokenize_us: micros(tokenized - start),
-            score_us: micros(scored - tokenized),
-            pick_us: micros(picked - scored),
-            total_us: micros(picked - start),
-        };
-        metrics::histogram!(m::ROUTE_SECONDS, "stage" => "tokenize").record((tokenized - start).as_secs_f64());
-        metrics::histogram!(m::ROUTE_SECONDS, "stage" => "score").record((scored - tokenized).as_secs_f64());
-        metrics::histogram!(m::ROUTE_SECONDS, "stage" => "pick").record((picked - scored).as_secs_f64());
-        metrics::histogram!(m::ROUTE_SECONDS, "stage" => "total").record((picked - start).as_secs_f64());
-        Ok(Decision {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
-            model: request.model.clone(),
-            policy,
-            prompt_tokens: tokens.as_ref().ok().map(Vec::len),
-            total_blocks,
-            block_size: block_size as u32,
-            score,
-            ranked,
-            prefill,
-            best_cached_blocks,
-            timings,
-            tokens: tokens.ok().map(Arc::new),
-            lora_name,
-            cache_salt: request.cache_salt.clone(),
-            base_model,
-        })
+        response.block_size as usize
     }
 
     /// Sends the request to `decision.ranked[attempt]` (and its prefill pod): counts it in
@@ -478,67 +413,46 @@ impl Router {
                 .increment(u64::from(choice.cached_blocks.saturating_sub(choice.matched_blocks)));
             record_overlap(decision, holder);
         }
-        self.record_route(decision, &holder.pod);
+        self.recorder.record(&self.indexer, decision, &holder.pod);
         Some(guards)
     }
 
-    /// Asks the indexer to credit `pod` with the prompt's blocks for the speculative TTL
-    /// (RecordRoute), in the background: the request never waits for it, and a failure only
-    /// costs the prediction (counted in `kvindex_router_record_route_total`).
-    fn record_route(&self, decision: &Decision, pod: &str) {
-        let ttl = self.settings.speculative_ttl;
-        let Some(token) = &self.settings.indexer_admin_token else { return };
-        if ttl.is_zero() || decision.total_blocks == 0 {
-            return;
+    /// Counts the request in flight on `pod`, picked by load (no decision to commit: nothing
+    /// scored, nothing to credit).
+    pub fn commit_by_load(&self, pod: &Arc<Pod>) -> InFlight {
+        self.fleet.begin(pod)
+    }
+}
+
+/// The P/D pools of the eligible pods (`None`: not P/D); a P/D fleet missing either pool has
+/// no pods to serve.
+fn pools(pods: &[Arc<Pod>]) -> Result<Option<Pools>, RouteError> {
+    let roles: Vec<_> = pods.iter().map(|p| p.role).collect();
+    let pools = pd::pools(&roles);
+    if pools.as_ref().is_some_and(|p| p.decode.is_empty() || p.prefill.is_empty()) {
+        return Err(RouteError::NoPods);
+    }
+    Ok(pools)
+}
+
+/// The prompt's rendezvous key: its first block's prefix key, or without token ids, its text.
+fn tie_key(namespace: &str, request: &RouteRequest, tokens: &Result<Vec<u32>, Unavailable>, block_size: usize) -> u64 {
+    match (tokens, &request.prompt) {
+        (Ok(ids), _) => rendezvous::prompt_key(namespace, ids, block_size, request.cache_salt.as_deref()),
+        (Err(_), Prompt::Text(text)) => rendezvous::text_key(namespace, text),
+        (Err(_), Prompt::Chat(chat)) => {
+            let first = chat.messages.first().map(|m| m.to_string()).unwrap_or_default();
+            rendezvous::text_key(namespace, &first)
         }
-        // Placed by load only: the indexer did not answer in time, so don't queue more on it.
-        let (Some(tokens), ScoreOutcome::Scored { .. }) = (&decision.tokens, &decision.score) else { return };
-        let Some(mut client) = self.indexer.preferred_client() else { return };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        if self.recording.fetch_add(1, Ordering::AcqRel) >= MAX_RECORDING {
-            self.recording.fetch_sub(1, Ordering::AcqRel);
-            metrics::counter!(m::RECORD_ROUTE, "outcome" => "overloaded").increment(1);
-            return;
+        (Err(_), Prompt::Tokens(_)) => 0,
+    }
+}
+
+/// Counts a pick that passed over a cheaper pod at or above the KV cutoff.
+fn count_kv_cutoff(ranked: &[PodChoice]) {
+    if let Some(best) = ranked.first() {
+        if ranked.iter().any(|c| c.over_kv_cutoff && c.load.reachable && c.cost < best.cost) {
+            metrics::counter!(m::KV_CUTOFF).increment(1);
         }
-        let request = pb::RecordRouteRequest {
-            pod: pod.to_string(),
-            model: decision.base_model.clone(),
-            token_ids: tokens.as_ref().clone(),
-            lora_name: decision.lora_name.clone().unwrap_or_default(),
-            cache_salt: decision.cache_salt.clone().unwrap_or_default(),
-            ttl_ms: u32::try_from(ttl.as_millis()).unwrap_or(u32::MAX),
-        };
-        let timeout = self.settings.record_route_timeout;
-        let recording = self.recording.clone();
-        let (authorization, denied_logged) = (token.authorization(), self.denied_logged.clone());
-        runtime.spawn(async move {
-            let mut call = tonic::Request::new(request);
-            call.set_timeout(timeout);
-            call.metadata_mut().insert("authorization", authorization);
-            let outcome = match tokio::time::timeout(timeout, client.record_route(call)).await {
-                Ok(Ok(_)) => "ok",
-                Ok(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => "timeout",
-                Ok(Err(status))
-                    if matches!(status.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) =>
-                {
-                    if !denied_logged.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            code = ?status.code(),
-                            message = status.message(),
-                            "the indexer refuses RecordRoute: check --indexer-admin-token-file against its admin_token_file \
-                             (logged once; counted in kvindex_router_record_route_total{{outcome=\"denied\"}})"
-                        );
-                    }
-                    "denied"
-                }
-                Ok(Err(status)) => {
-                    tracing::debug!(code = ?status.code(), message = status.message(), "RecordRoute refused");
-                    "error"
-                }
-                Err(_) => "timeout",
-            };
-            recording.fetch_sub(1, Ordering::AcqRel);
-            metrics::counter!(m::RECORD_ROUTE, "outcome" => outcome).increment(1);
-        });
     }
 }

@@ -25,6 +25,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::Ex
 use tokio::net::TcpListener;
 
 use crate::config::ext_proc::Mode;
+use crate::error::StartError;
 
 use crate::doors::budget::Budget;
 use crate::place::Router;
@@ -53,7 +54,7 @@ pub async fn serve(
     listener: TcpListener,
     health: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let health_service = health::service(router.fleet().clone()).await;
     let shared = Arc::new(Shared {
         router,
@@ -90,7 +91,7 @@ pub async fn serve(
         .add_service(health_service)
         .serve_with_incoming_shutdown(no_delay(listener), until(stopped))
         .await
-        .map_err(|e| format!("ext_proc: {e}"));
+        .map_err(StartError::from);
     if let Some(task) = health_task {
         let _ = task.await;
     }

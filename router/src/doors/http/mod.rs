@@ -5,7 +5,7 @@
 pub mod admin;
 pub mod app;
 pub mod body;
-pub mod errors;
+pub mod forward;
 pub mod openai;
 pub mod server;
 pub mod usage;
@@ -21,8 +21,8 @@ use axum::{Json, Router as AxumRouter};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
+use crate::error::ApiError;
 pub use app::App;
-use errors::ApiError;
 
 /// Routes of `--http-addr` (`/metrics` and `/debug/pods` only `with_metrics`, i.e. without a
 /// `--metrics-addr`).
