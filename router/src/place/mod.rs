@@ -456,3 +456,69 @@ fn count_kv_cutoff(ranked: &[PodChoice]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pods::fleet::Source;
+    use crate::pods::spec::{PodSpec, Role};
+
+    /// A router over `ids` with no tokenizer and no indexer: everything it places is by load.
+    fn router(ids: &[&str]) -> Router {
+        let fleet = Arc::new(Fleet::new(Duration::from_secs(2)));
+        for id in ids {
+            let spec = PodSpec { id: id.to_string(), url: format!("http://{id}"), role: Role::Both };
+            fleet.upsert(&spec, Source::Static).unwrap();
+        }
+        let settings = RouterSettings {
+            weights: CostWeights::default(),
+            policy: Policy::Cost,
+            load_band: 1.0,
+            block_size: 16,
+            max_prompt_tokens: 1000,
+            max_messages: 10,
+            speculative_ttl: Duration::ZERO,
+            record_route_timeout: Duration::from_millis(250),
+            indexer_admin_token: None,
+            models: HashSet::new(),
+            loras: HashMap::new(),
+            allow_client_chat_template: false,
+        };
+        let indexer = IndexerPool::new(&[], Duration::from_millis(5), Duration::from_millis(2), Duration::from_secs(1));
+        Router::new(settings, Tokenizers::new(&[], None).unwrap(), indexer.unwrap(), fleet)
+    }
+
+    fn ids(pods: &[Arc<Pod>]) -> Vec<&str> {
+        pods.iter().map(|p| p.id.as_str()).collect()
+    }
+
+    #[test]
+    fn by_load_the_pod_just_given_a_request_goes_behind_and_the_subset_binds() {
+        let r = router(&["a:1", "b:1"]);
+        let first = r.rank_by_load(None).unwrap();
+        assert_eq!(first.len(), 2);
+        let _in_flight = r.commit_by_load(&first[0]);
+        let again = r.rank_by_load(None).unwrap();
+        assert_eq!(ids(&again), [first[1].id.as_str(), first[0].id.as_str()]);
+        assert_eq!(ids(&r.rank_by_load(Some(&["b:1".into(), "z:1".into()])).unwrap()), ["b:1"]);
+        assert_eq!(r.rank_by_load(Some(&["z:1".into()])).unwrap_err(), RouteError::NoEligiblePods);
+        assert_eq!(router(&[]).rank_by_load(None).unwrap_err(), RouteError::NoPods);
+    }
+
+    #[tokio::test]
+    async fn without_an_indexer_a_request_is_placed_by_load_in_the_same_order() {
+        let r = router(&["a:1", "b:1"]);
+        let request =
+            |prompt| RouteRequest { model: "m".into(), prompt, cache_salt: None, stream: false, subset: None };
+        let decision = r.route(&request(Prompt::Tokens(vec![7; 40]))).await.unwrap();
+        assert_eq!(decision.score, ScoreOutcome::FailOpen { reason: "no_indexer" });
+        assert_eq!((decision.prompt_tokens, decision.total_blocks, decision.best_cached_blocks), (Some(40), 2, 0));
+        assert_eq!(decision.ranked.len(), 2);
+        // Nothing cached, nothing running: each costs its two uncached blocks.
+        assert!(decision.ranked.iter().all(|c| c.cached_blocks == 0 && c.cost == 2.0));
+        let text = r.route(&request(Prompt::Text("hello".into()))).await.unwrap();
+        assert_eq!(text.score, ScoreOutcome::FailOpen { reason: "no_tokenizer" });
+        let subset = RouteRequest { subset: Some(vec!["z:1".into()]), ..request(Prompt::Tokens(vec![7; 40])) };
+        assert_eq!(r.route(&subset).await.unwrap_err(), RouteError::NoEligiblePods);
+    }
+}
