@@ -14,7 +14,7 @@ const BASELINE: &[(&str, usize)] = &[
     ("indexer/zmtp/src", 0),
     ("indexer/discovery/src", 0),
     ("indexer/server/src", 15),
-    ("router/src", 7),
+    ("router/src", 0),
     ("tokenizer-svc/src", 5),
     ("loadtest/src", 7),
 ];

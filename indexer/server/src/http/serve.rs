@@ -12,7 +12,7 @@
 //!   connection ([`MAX_BUFFER_BYTES`]).
 //!
 //! Bodies are bounded where they are read ([`super::body`]). The same approach as the router's
-//! `router/src/http/server.rs`; the two crates share no crate where a hyper serving loop would
+//! `router/src/doors/http/server.rs`; the two crates share no crate where a hyper serving loop would
 //! belong (the pure core has no I/O), so each has its own.
 
 use std::collections::HashMap;

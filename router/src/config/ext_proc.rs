@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use crate::config::ConfigError;
+use super::error::ConfigError;
 
 /// `kvindex-router serve` flags of the Gateway API endpoint picker (Envoy ext_proc).
 #[derive(Debug, Clone, Args)]

@@ -1,7 +1,7 @@
 //! The Gateway API Inference Extension door: `kvindex-router` as the endpoint picker (EPP) a
 //! gateway asks over Envoy's ext_proc where to send each request, or as a prefix pre-filter
 //! ahead of an existing EPP, narrowing its candidates through the subset hint. Both run the
-//! same per-request pipeline as the OpenAI proxy ([`crate::pipeline::Router`]); only the
+//! same per-request pipeline as the OpenAI proxy ([`crate::place::Router`]); only the
 //! protocol differs. Protocol facts: `docs/reference/gie-epp.md` (the GIE endpoint picker
 //! protocol and llm-d's handlers win where they disagree).
 //!
@@ -12,8 +12,6 @@
 //! then the body re-emitted in ≤62,000-byte chunks; the response echoed as it comes.
 //! ```
 
-pub mod budget;
-pub mod config;
 pub mod envoy;
 pub mod health;
 pub mod prefilter;
@@ -26,10 +24,11 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio::net::TcpListener;
 
-pub use config::{ExtProcArgs, ExtProcConfig, Mode};
+use crate::config::ext_proc::Mode;
+use crate::error::StartError;
 
-use crate::pipeline::Router;
-use budget::Budget;
+use crate::doors::budget::Budget;
+use crate::place::Router;
 use service::Picker;
 use stream::Shared;
 
@@ -55,7 +54,7 @@ pub async fn serve(
     listener: TcpListener,
     health: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let health_service = health::service(router.fleet().clone()).await;
     let shared = Arc::new(Shared {
         router,
@@ -92,7 +91,7 @@ pub async fn serve(
         .add_service(health_service)
         .serve_with_incoming_shutdown(no_delay(listener), until(stopped))
         .await
-        .map_err(|e| format!("ext_proc: {e}"));
+        .map_err(StartError::from);
     if let Some(task) = health_task {
         let _ = task.await;
     }

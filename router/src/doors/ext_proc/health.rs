@@ -8,7 +8,7 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::fleet::Fleet;
+use crate::pods::fleet::Fleet;
 
 pub const LIVENESS: &str = "liveness";
 pub const READINESS: &str = "readiness";

@@ -7,45 +7,65 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{normalize_url, PodSpec};
-use crate::fleet::{Fleet, Source};
+use crate::config::{normalize_url, ConfigError};
+use crate::error::StartError;
 use crate::metrics as m;
+use crate::pods::fleet::{Fleet, Source};
+use crate::pods::spec::PodSpec;
 
 /// Largest pods file read.
 const MAX_FILE_BYTES: u64 = 8 << 20;
 
+/// Why a pods file is not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum PodsFileError {
+    #[error("{0}")]
+    Unreadable(#[from] std::io::Error),
+    #[error("larger than {MAX_FILE_BYTES} bytes")]
+    TooLarge,
+    #[error("not a JSON array of {{id, url, role}}: {0}")]
+    NotJson(#[from] serde_json::Error),
+    #[error("a pod has an empty id")]
+    EmptyId,
+    #[error("pod {0:?} is listed twice")]
+    Twice(String),
+    #[error("pod {id:?}: {error}")]
+    BadUrl { id: String, error: ConfigError },
+}
+
 /// Parses and validates a pods file.
-pub fn parse(text: &str) -> Result<Vec<PodSpec>, String> {
-    let specs: Vec<PodSpec> =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON array of {{id, url, role}}: {e}"))?;
+pub fn parse(text: &str) -> Result<Vec<PodSpec>, PodsFileError> {
+    let specs: Vec<PodSpec> = serde_json::from_str(text)?;
     let mut seen = std::collections::HashSet::new();
     specs
         .into_iter()
         .map(|mut spec| {
             if spec.id.trim().is_empty() {
-                return Err("a pod has an empty id".to_string());
+                return Err(PodsFileError::EmptyId);
             }
             if !seen.insert(spec.id.clone()) {
-                return Err(format!("pod {:?} is listed twice", spec.id));
+                return Err(PodsFileError::Twice(spec.id));
             }
-            spec.url = normalize_url("url", &spec.url).map_err(|e| format!("pod {:?}: {e}", spec.id))?;
+            spec.url = normalize_url("url", &spec.url)
+                .map_err(|error| PodsFileError::BadUrl { id: spec.id.clone(), error })?;
             Ok(spec)
         })
         .collect()
 }
 
-fn read(path: &Path) -> Result<String, String> {
-    let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+fn read(path: &Path) -> Result<String, PodsFileError> {
+    let len = std::fs::metadata(path)?.len();
     if len > MAX_FILE_BYTES {
-        return Err(format!("larger than {MAX_FILE_BYTES} bytes"));
+        return Err(PodsFileError::TooLarge);
     }
-    std::fs::read_to_string(path).map_err(|e| e.to_string())
+    Ok(std::fs::read_to_string(path)?)
 }
 
 /// Reads the file once (at start a broken file is a configuration error).
-pub fn load(fleet: &Fleet, path: &Path) -> Result<String, String> {
-    let text = read(path).map_err(|e| format!("--pods-file {}: {e}", path.display()))?;
-    let specs = parse(&text).map_err(|e| format!("--pods-file {}: {e}", path.display()))?;
+pub fn load(fleet: &Fleet, path: &Path) -> Result<String, StartError> {
+    let flag = || format!("--pods-file {}", path.display());
+    let text = read(path).map_err(|e| StartError::setting(flag(), e))?;
+    let specs = parse(&text).map_err(|e| StartError::setting(flag(), e))?;
     let refused = fleet.replace_source(Source::File, &specs);
     metrics::counter!(m::POD_CHANGES, "source" => "file", "op" => "load").increment(1);
     if !refused.is_empty() {
@@ -89,7 +109,7 @@ pub async fn watch(fleet: Arc<Fleet>, path: PathBuf, interval: Duration, mut las
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::Role;
+    use crate::pods::spec::Role;
 
     #[test]
     fn parses_roles_and_refuses_bad_entries() {

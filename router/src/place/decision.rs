@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::fleet::{LoadView, Pod, Role};
+use crate::pods::fleet::{LoadView, Pod};
+use crate::pods::spec::Role;
 
 /// How the prefix scores were obtained.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

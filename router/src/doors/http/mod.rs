@@ -3,10 +3,12 @@
 //! `--admin-addr`, so the public port cannot redirect traffic.
 
 pub mod admin;
+pub mod app;
 pub mod body;
-pub mod errors;
+pub mod forward;
 pub mod openai;
 pub mod server;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,23 +21,8 @@ use axum::{Json, Router as AxumRouter};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
-use crate::extproc::budget::Budget;
-use crate::pipeline::Router;
-use crate::upstream::HttpClient;
-use errors::ApiError;
-
-/// Shared by every handler.
-pub struct App {
-    pub router: Arc<Router>,
-    pub client: HttpClient,
-    pub prometheus: Option<PrometheusHandle>,
-    pub max_body_bytes: usize,
-    /// Request body bytes held over all requests (`--max-inflight-body-bytes`).
-    pub body_budget: Arc<Budget>,
-    /// Time for a whole request body to arrive.
-    pub body_timeout: std::time::Duration,
-    pub upstream_retries: usize,
-}
+use crate::error::ApiError;
+pub use app::App;
 
 /// Routes of `--http-addr` (`/metrics` and `/debug/pods` only `with_metrics`, i.e. without a
 /// `--metrics-addr`).
@@ -75,7 +62,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    crate::metrics::record_tokenizer_cache(app.router.tokenizers());
+    app.router.tokenizers().record_cache_metrics();
     metrics::gauge!(crate::metrics::HTTP_BODY_BYTES).set(app.body_budget.used() as f64);
     let text = app.prometheus.as_ref().map(PrometheusHandle::render).unwrap_or_default();
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()

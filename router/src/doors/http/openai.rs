@@ -1,6 +1,6 @@
 //! The OpenAI-compatible endpoints: read the body (bounded), parse, place, forward, and pass
-//! the pod's response through with headers that say where it went and why. One log line per
-//! request records the decision (scores, load, cost), never the prompt.
+//! the pod's response through with headers that say where it went and why. The decision line
+//! ([`crate::place::log`]) is written once the pod answered (or none did).
 
 use std::sync::Arc;
 
@@ -13,15 +13,17 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::json;
 
+use super::app::App;
 use super::body::PassThrough;
-use super::errors::ApiError;
-use super::App;
-use crate::decision::Decision;
-use crate::extproc::budget::Reservation;
+use super::forward::forward;
+use crate::doors::budget::Reservation;
+use crate::doors::http::usage::{Prediction, UsageTap};
+use crate::error::ApiError;
 use crate::metrics as m;
-use crate::request::{self, Endpoint};
-use crate::upstream::{self, is_hop_by_hop, Outgoing};
-use crate::usage::{Prediction, UsageTap};
+use crate::place::decision::Decision;
+use crate::place::log::{self, Door};
+use crate::place::request::{self, Endpoint};
+use crate::upstream::{is_hop_by_hop, Outgoing};
 
 pub async fn completions(State(app): State<Arc<App>>, request: Request) -> Response {
     proxy(app, Endpoint::Completions, request).await.unwrap_or_else(IntoResponse::into_response)
@@ -116,16 +118,16 @@ async fn proxy(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Re
     let (parts, body, _reservation) = read_body(&app, request).await?;
     let decision = place(&app, endpoint, &body).await?;
     let outgoing = Outgoing { path: endpoint.path(), headers: &parts.headers, body };
-    let forwarded = match upstream::forward(&app.client, &app.router, &decision, outgoing, app.upstream_retries).await {
+    let forwarded = match forward(&app, &decision, outgoing).await {
         Ok(forwarded) => forwarded,
         Err(attempts) => {
-            log_decision(&decision, endpoint, None, 502);
+            log::routed(&decision, Door::Proxy { endpoint, attempt: None, status: 502 });
             metrics::counter!(m::REQUESTS, "endpoint" => endpoint.label(), "status" => "502").increment(1);
             return Err(ApiError::upstream_unavailable(attempts));
         }
     };
     let (head, incoming) = forwarded.response.into_parts();
-    log_decision(&decision, endpoint, Some(forwarded.attempt), head.status.as_u16());
+    log::routed(&decision, Door::Proxy { endpoint, attempt: Some(forwarded.attempt), status: head.status.as_u16() });
     metrics::counter!(m::REQUESTS, "endpoint" => endpoint.label(), "status" => head.status.as_str().to_string())
         .increment(1);
     let mut body = PassThrough::new(incoming, forwarded.guards);
@@ -153,33 +155,4 @@ async fn proxy(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Re
         }
     }
     Ok(response)
-}
-
-/// The per-request decision line.
-fn log_decision(decision: &Decision, endpoint: Endpoint, attempt: Option<usize>, status: u16) {
-    let chosen = attempt.and_then(|a| decision.ranked.get(a));
-    tracing::info!(
-        target: "kvindex_router::decision",
-        request_id = decision.id,
-        endpoint = endpoint.label(),
-        model = %decision.model,
-        policy = decision.policy,
-        prompt_tokens = decision.prompt_tokens,
-        total_blocks = decision.total_blocks,
-        score = decision.score.label(),
-        pod = chosen.map(|c| c.pod.as_str()),
-        matched_blocks = chosen.map(|c| c.matched_blocks),
-        cached_blocks = chosen.map(|c| c.cached_blocks),
-        best_cached_blocks = decision.best_cached_blocks,
-        cost = chosen.map(|c| c.cost),
-        attempt,
-        status,
-        prefill = %decision.prefill_summary(),
-        candidates = %decision.candidates_summary(),
-        tokenize_us = decision.timings.tokenize_us,
-        score_us = decision.timings.score_us,
-        pick_us = decision.timings.pick_us,
-        route_us = decision.timings.total_us,
-        "routed"
-    );
 }

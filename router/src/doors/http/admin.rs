@@ -11,11 +11,12 @@ use axum::routing::{delete, post};
 use axum::{Json, Router as AxumRouter};
 use serde_json::json;
 
-use super::errors::ApiError;
-use super::App;
-use crate::config::{normalize_url, PodSpec};
-use crate::fleet::Source;
+use super::app::App;
+use crate::config::normalize_url;
+use crate::error::ApiError;
 use crate::metrics as m;
+use crate::pods::fleet::Source;
+use crate::pods::spec::PodSpec;
 
 /// The routes of `--admin-addr`; `/metrics` and `/debug/pods` too when `with_metrics`.
 pub fn admin(app: Arc<App>, with_metrics: bool) -> AxumRouter {
@@ -51,7 +52,7 @@ async fn register(State(app): State<Arc<App>>, body: Result<Json<PodSpec>, JsonR
             tracing::info!(pod = %spec.id, url = %spec.url, role = spec.role.label(), "pod registered");
             Json(json!({"registered": spec.id})).into_response()
         }
-        Err(e) => refused(e),
+        Err(e) => refused(e.to_string()),
     }
 }
 
@@ -61,6 +62,6 @@ async fn unregister(State(app): State<Arc<App>>, Path(id): Path<String>) -> Resp
             metrics::counter!(m::POD_CHANGES, "source" => "registration", "op" => "remove").increment(1);
             Json(json!({"removed": existed})).into_response()
         }
-        Err(e) => refused(e),
+        Err(e) => refused(e.to_string()),
     }
 }

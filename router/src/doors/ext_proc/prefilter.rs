@@ -4,7 +4,7 @@
 //! subset is a 503 to the next picker. A pure function of the pipeline's decision, so every
 //! replica names the same pods.
 
-use crate::decision::PodChoice;
+use crate::place::decision::PodChoice;
 
 /// The pods to hint, best first, or `None` on a miss. `band` is `--load-band` (requests above
 /// the least loaded eligible pod); pods over the KV cutoff or unreachable are left out unless
@@ -31,7 +31,8 @@ pub fn hint(ranked: &[PodChoice], band: f64) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{LoadView, Role};
+    use crate::pods::fleet::LoadView;
+    use crate::pods::spec::Role;
 
     fn choice(pod: &str, cached: u32, load: f64) -> PodChoice {
         PodChoice {

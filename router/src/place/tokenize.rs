@@ -18,8 +18,12 @@ use serde_json::Value;
 use tok::tokenization_service_client::TokenizationServiceClient;
 use tonic::transport::Channel;
 
+use crate::error::StartError;
 use crate::metrics as m;
-use crate::request::Prompt;
+use crate::place::request::Prompt;
+
+/// The flag that allows client chat templates, named by their start errors.
+const CLIENT_TEMPLATES: &str = "--allow-client-chat-template";
 
 /// A remote tokenizer slower than this is treated as unavailable.
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -45,7 +49,7 @@ impl Unavailable {
 /// A prompt the client must fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenizeError {
-    #[error("the model `{}` does not exist", crate::request::echo(.0))]
+    #[error("the model `{}` does not exist", crate::place::request::echo(.0))]
     UnknownModel(String),
     /// Template or request error; the message is the tokenizer's (it may quote the request,
     /// which goes back to its own sender only, never to logs).
@@ -68,7 +72,7 @@ pub struct Tokenizers {
 impl Tokenizers {
     /// `local`: `(model, dir)` pairs; `remote`: a tokenizer service `host:port`. Chat
     /// templates sent with requests are refused.
-    pub fn new(local: &[(String, std::path::PathBuf)], remote: Option<&str>) -> Result<Tokenizers, String> {
+    pub fn new(local: &[(String, std::path::PathBuf)], remote: Option<&str>) -> Result<Tokenizers, StartError> {
         Self::with_client_templates(local, remote, None)
     }
 
@@ -79,10 +83,10 @@ impl Tokenizers {
         local: &[(String, std::path::PathBuf)],
         remote: Option<&str>,
         client_templates: Option<SandboxLimits>,
-    ) -> Result<Tokenizers, String> {
+    ) -> Result<Tokenizers, StartError> {
         let sandbox = match client_templates {
             Some(limits) => {
-                Some(Sandbox::for_current_exe(limits).map_err(|e| format!("--allow-client-chat-template: {e}"))?)
+                Some(Sandbox::for_current_exe(limits).map_err(|e| StartError::setting(CLIENT_TEMPLATES, e))?)
             }
             None => None,
         };
@@ -95,7 +99,7 @@ impl Tokenizers {
             }
             config.max_loaded_models = config.max_loaded_models.max(local.len());
             for (model, dir) in local {
-                config.add_model(model, dir).map_err(|e| format!("--tokenizer {model}: {e}"))?;
+                config.add_model(model, dir).map_err(|e| StartError::setting(format!("--tokenizer {model}"), e))?;
             }
             Some(Arc::new(TokenizerRegistry::new(config)))
         };
@@ -103,7 +107,7 @@ impl Tokenizers {
             None => None,
             Some(addr) => {
                 let channel = Channel::from_shared(format!("http://{addr}"))
-                    .map_err(|e| format!("--tokenizer-endpoint {addr}: {e}"))?
+                    .map_err(|e| StartError::setting(format!("--tokenizer-endpoint {addr}"), e))?
                     .connect_lazy();
                 Some(TokenizationServiceClient::new(channel))
             }
@@ -128,25 +132,37 @@ impl Tokenizers {
         self.local.as_ref()
     }
 
+    /// Copies the in-process tokenizer's prefix-cache statistics (incremental tokenization) into
+    /// gauges, when `/metrics` is scraped: reading them is a few atomic loads.
+    pub fn record_cache_metrics(&self) {
+        let Some(registry) = self.registry() else { return };
+        let stats = registry.prefix_cache_stats();
+        for (result, n) in [("hit", stats.hits), ("miss", stats.misses), ("bypass", stats.bypassed)] {
+            metrics::gauge!(m::TOKENIZER_CACHE_REQUESTS, "result" => result).set(n as f64);
+        }
+        metrics::gauge!(m::TOKENIZER_CACHE_BYTES, "kind" => "used").set(stats.bytes as f64);
+        metrics::gauge!(m::TOKENIZER_CACHE_BYTES, "kind" => "capacity").set(stats.capacity_bytes as f64);
+    }
+
     /// Loads every in-process tokenizer now rather than on the first request, and checks that
     /// client templates can be rendered when they are allowed.
-    pub async fn preload(&self) -> Result<(), String> {
+    pub async fn preload(&self) -> Result<(), StartError> {
         if let Some(sandbox) = self.sandbox.clone() {
             tokio::task::spawn_blocking(move || sandbox.check())
                 .await
-                .map_err(|e| format!("--allow-client-chat-template: {e}"))?
-                .map_err(|e| format!("--allow-client-chat-template: {e}"))?;
+                .map_err(|e| StartError::setting(CLIENT_TEMPLATES, e))?
+                .map_err(|e| StartError::setting(CLIENT_TEMPLATES, e))?;
         }
         let Some(registry) = self.local.clone() else { return Ok(()) };
         let models: Vec<String> = self.local_models.iter().cloned().collect();
         tokio::task::spawn_blocking(move || {
             for model in models {
-                registry.initialize(&model).map_err(|e| format!("--tokenizer {model}: {e}"))?;
+                registry.initialize(&model).map_err(|e| StartError::setting(format!("--tokenizer {model}"), e))?;
             }
             Ok(())
         })
         .await
-        .map_err(|e| format!("tokenizer preload: {e}"))?
+        .map_err(|e| StartError::setting("tokenizer preload", e))?
     }
 
     /// Token ids of `prompt` for `model`, or why there are none. More than `max_tokens` is

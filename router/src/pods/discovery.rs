@@ -7,9 +7,9 @@ use std::sync::Arc;
 use kvindex_discovery::{Change, DiscoveredPod, Outcome, WatchConfig};
 use tokio::sync::watch;
 
-use crate::config::PodSpec;
-use crate::fleet::{Fleet, Role, Source};
 use crate::metrics as m;
+use crate::pods::fleet::{Fleet, Source};
+use crate::pods::spec::{PodSpec, Role};
 
 /// The fleet entries of one discovered pod: one per DP rank.
 pub fn specs(pod: &DiscoveredPod) -> Vec<PodSpec> {

@@ -10,10 +10,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::task::AbortHandle;
 
-use crate::fleet::{Fleet, Pod};
 use crate::metrics as m;
+use crate::pods::fleet::{Fleet, Pod};
+use crate::pods::vllm_metrics;
 use crate::upstream::HttpClient;
-use crate::vllm_metrics;
 
 /// Largest `/metrics` body read (vLLM's is a few tens of kilobytes).
 const MAX_METRICS_BYTES: usize = 4 << 20;

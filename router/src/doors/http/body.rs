@@ -12,9 +12,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::fleet::InFlight;
+use crate::doors::http::usage::UsageTap;
 use crate::metrics as m;
-use crate::usage::UsageTap;
+use crate::pods::fleet::InFlight;
 
 pub struct PassThrough {
     inner: Incoming,

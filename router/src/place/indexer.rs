@@ -22,6 +22,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::config::IndexerTls;
 
+use crate::error::StartError;
 use crate::metrics as m;
 
 /// Why no score came back; the request is then placed by load.
@@ -105,7 +106,7 @@ impl IndexerPool {
         deadline: Duration,
         hedge_after: Duration,
         retry_after: Duration,
-    ) -> Result<IndexerPool, String> {
+    ) -> Result<IndexerPool, StartError> {
         Self::with_tls(addrs, deadline, hedge_after, retry_after, None)
     }
 
@@ -116,16 +117,17 @@ impl IndexerPool {
         hedge_after: Duration,
         retry_after: Duration,
         tls: Option<&IndexerTls>,
-    ) -> Result<IndexerPool, String> {
+    ) -> Result<IndexerPool, StartError> {
         let endpoints = addrs
             .iter()
             .map(|addr| {
                 let scheme = if tls.is_some() { "https" } else { "http" };
                 let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-                    .map_err(|e| format!("--indexer {addr}: {e}"))?;
+                    .map_err(|e| StartError::setting(format!("--indexer {addr}"), e))?;
                 if let Some(tls) = tls {
-                    endpoint =
-                        endpoint.tls_config(tls.client_config()).map_err(|e| format!("--indexer {addr}: {e}"))?;
+                    endpoint = endpoint
+                        .tls_config(tls.client_config())
+                        .map_err(|e| StartError::setting(format!("--indexer {addr}"), e))?;
                 }
                 let channel = endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect_lazy();
                 Ok(Arc::new(IndexerEndpoint {
@@ -136,7 +138,7 @@ impl IndexerPool {
                     probing: Mutex::new(false),
                 }))
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, StartError>>()?;
         Ok(IndexerPool { endpoints, deadline, hedge_after, retry_after, preferred: AtomicUsize::new(0) })
     }
 

@@ -13,34 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvindex_discovery::precedence::{self, PodOrigin};
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::config::PodSpec;
+use super::spec::{PodSpec, Role};
 use crate::metrics as m;
-use crate::vllm_metrics::EngineLoad;
-
-/// What a pod does in a prefill/decode (P/D) disaggregated fleet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Prefill and decode (an ordinary vLLM).
-    #[default]
-    Both,
-    Prefill,
-    Decode,
-}
-
-impl Role {
-    pub fn label(self) -> &'static str {
-        match self {
-            Role::Both => "both",
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-}
+use crate::pods::vllm_metrics::EngineLoad;
 
 /// Where a pod's entry came from; a source only changes its own entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -51,6 +31,39 @@ pub enum Source {
     Registered,
     /// Kubernetes pod discovery.
     Discovered,
+}
+
+impl Source {
+    /// Its place in the precedence both services share.
+    pub fn origin(self) -> PodOrigin {
+        match self {
+            Source::Static => PodOrigin::Static,
+            Source::File => PodOrigin::File,
+            Source::Discovered => PodOrigin::Discovered,
+            Source::Registered => PodOrigin::Registered,
+        }
+    }
+
+    /// Where its entries are named, for refusals.
+    fn describe(self) -> &'static str {
+        match self {
+            Source::Static => "configured on the command line",
+            Source::File => "listed in the pods file",
+            Source::Discovered => "discovered in Kubernetes",
+            Source::Registered => "registered",
+        }
+    }
+}
+
+/// A change of the pod table refused: the pod belongs to another source.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodRefused {
+    /// A source at least as strong holds it (the precedence).
+    #[error("pod {id:?} is {} and cannot be changed", .owner.describe())]
+    Stronger { id: String, owner: Source },
+    /// Only the source that added a pod removes it.
+    #[error("pod {id:?} was added by {owner:?} and cannot be removed here")]
+    NotOwner { id: String, owner: Source },
 }
 
 /// Consecutive failed scrapes after which a pod is tried only when no other pod answers.
@@ -222,16 +235,14 @@ impl Fleet {
         self.version.subscribe()
     }
 
-    /// Adds or updates a pod from `source`. Unchanged entries keep their load state.
-    pub fn upsert(&self, spec: &PodSpec, source: Source) -> Result<(), String> {
+    /// Adds or updates a pod from `source`. Unchanged entries keep their load state. A pod a
+    /// stronger source holds is refused ([`kvindex_discovery::precedence`]).
+    pub fn upsert(&self, spec: &PodSpec, source: Source) -> Result<(), PodRefused> {
         {
             let mut pods = self.pods.write();
             if let Some(existing) = pods.get(&spec.id) {
-                if existing.source == Source::Static && source != Source::Static {
-                    return Err(format!("pod {:?} is configured on the command line and cannot be changed", spec.id));
-                }
-                if existing.source == Source::Discovered && source == Source::Registered {
-                    return Err(format!("pod {:?} is discovered in Kubernetes and cannot be changed", spec.id));
+                if !precedence::may_replace(existing.source.origin(), source.origin()) {
+                    return Err(PodRefused::Stronger { id: spec.id.clone(), owner: existing.source });
                 }
                 if existing.url == spec.url && existing.role == spec.role && existing.source == source {
                     return Ok(());
@@ -244,13 +255,13 @@ impl Fleet {
     }
 
     /// Removes a pod that `source` added; `Err` when another source owns it.
-    pub fn remove(&self, id: &str, source: Source) -> Result<bool, String> {
+    pub fn remove(&self, id: &str, source: Source) -> Result<bool, PodRefused> {
         let removed = {
             let mut pods = self.pods.write();
             match pods.get(id) {
                 None => false,
                 Some(pod) if pod.source != source => {
-                    return Err(format!("pod {id:?} was added by {:?} and cannot be removed here", pod.source));
+                    return Err(PodRefused::NotOwner { id: id.to_string(), owner: pod.source });
                 }
                 Some(_) => pods.remove(id).is_some(),
             }
@@ -355,6 +366,22 @@ mod tests {
         let ids: Vec<String> = fleet.snapshot().iter().map(|p| p.id.clone()).collect();
         assert_eq!(ids, ["a:1", "c:1", "d:1"]);
         assert_eq!(fleet.get("a:1").unwrap().source, Source::Static);
+    }
+
+    #[test]
+    fn the_pods_file_outranks_discovery_and_registration() {
+        let fleet = Fleet::new(Duration::from_secs(2));
+        fleet.upsert(&spec("f:1"), Source::File).unwrap();
+        let refused = fleet.upsert(&spec("f:1"), Source::Discovered).unwrap_err();
+        assert_eq!(refused.to_string(), "pod \"f:1\" is listed in the pods file and cannot be changed");
+        assert!(fleet.upsert(&spec("f:1"), Source::Registered).is_err());
+        assert_eq!(fleet.get("f:1").unwrap().source, Source::File);
+        fleet.upsert(&spec("d:1"), Source::Discovered).unwrap();
+        fleet.upsert(&spec("d:1"), Source::File).unwrap();
+        assert_eq!(fleet.get("d:1").unwrap().source, Source::File, "the file takes over a discovered pod");
+        fleet.upsert(&spec("r:1"), Source::Registered).unwrap();
+        fleet.upsert(&spec("r:1"), Source::Discovered).unwrap();
+        assert_eq!(fleet.get("r:1").unwrap().source, Source::Discovered, "discovery takes over a registration");
     }
 
     #[test]

@@ -30,17 +30,17 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
-use super::budget::{Budget, Reservation};
 use super::envoy::{self, BodyModes};
 use super::prefilter;
-use super::Mode;
-use crate::cost::{self, Candidate, Policy};
-use crate::decision::Decision;
-use crate::fleet::InFlight;
-use crate::http::errors::ApiError;
+use crate::config::ext_proc::Mode;
+use crate::doors::budget::{Budget, Reservation};
+use crate::error::{ApiError, RouteError};
 use crate::metrics as m;
-use crate::pipeline::{RouteError, Router};
-use crate::request::{self, Endpoint};
+use crate::place::decision::Decision;
+use crate::place::log::{self, Door};
+use crate::place::request::{self, Endpoint};
+use crate::place::Router;
+use crate::pods::fleet::InFlight;
 
 /// What every stream shares.
 pub struct Shared {
@@ -130,13 +130,8 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<ProcessingRequest>,
                 Err(_) => {
                     // Envoy's own request timeouts answer 408; so does the picker for a request
                     // whose body never came (GIE's protocol has no rule of its own for it).
-                    let ms = state.shared.request_timeout.as_millis();
-                    let error = ApiError::new(
-                        axum::http::StatusCode::REQUEST_TIMEOUT,
-                        "request_timeout",
-                        format!("the request did not arrive in full within {ms} ms"),
-                    );
-                    let _ = out.send(Ok(immediate_response(error))).await;
+                    let error = ApiError::request_incomplete(state.shared.request_timeout);
+                    let _ = out.send(Ok(error.into_immediate())).await;
                     break "timeout";
                 }
             }
@@ -181,21 +176,12 @@ fn out_of_order(what: &str, phase: Phase) -> Stop {
 
 /// The buffer bound over all streams is full: 429.
 fn shed() -> Stop {
-    immediate(ApiError::new(
-        axum::http::StatusCode::TOO_MANY_REQUESTS,
-        "shed",
-        "the endpoint picker is buffering too many requests; retry later",
-    ))
+    immediate(ApiError::shed())
 }
 
+/// Answered by the gateway with `error` (counted).
 fn immediate(error: ApiError) -> Stop {
-    Stop::Immediate(Box::new(immediate_response(error)))
-}
-
-/// The `ImmediateResponse` for `error`, counted in `kvindex_router_request_errors_total`.
-fn immediate_response(error: ApiError) -> ProcessingResponse {
-    metrics::counter!(m::REQUEST_ERRORS, "reason" => error.code).increment(1);
-    envoy::immediate(error.status.as_u16(), error.code, &error.message)
+    Stop::Immediate(Box::new(error.into_immediate()))
 }
 
 /// The OpenAI endpoint of a request: by path, else by the body's shape.
@@ -395,7 +381,7 @@ impl State {
                 };
                 metrics::counter!(m::PREFILTER, "outcome" => outcome).increment(1);
                 if let Ok(decision) = &placed {
-                    log_decision(decision, Mode::Prefilter);
+                    log::routed(decision, Door::ExtProc { mode: Mode::Prefilter });
                 }
                 self.decision = placed.ok();
                 hint.map(|pods| envoy::subset_metadata(&pods))
@@ -412,11 +398,12 @@ impl State {
             self.picked();
             return Ok(vec![envoy::request_headers(Vec::new(), None)]);
         }
-        let ranked = load_only(&self.shared.router, self.subset()).map_err(|e| immediate(e.into()))?;
-        let destination: Vec<String> = ranked.into_iter().take(1 + self.shared.fallbacks).collect();
-        if let Some(pod) = destination.first().and_then(|id| self.shared.router.fleet().get(id)) {
-            self.guards = vec![self.shared.router.fleet().begin(&pod)];
+        let router = &self.shared.router;
+        let ranked = router.rank_by_load(self.subset().as_deref()).map_err(|e| immediate(e.into()))?;
+        if let Some(pod) = ranked.first() {
+            self.guards = vec![router.commit_by_load(pod)];
         }
+        let destination: Vec<String> = ranked.iter().take(1 + self.shared.fallbacks).map(|p| p.id.clone()).collect();
         self.picked();
         let set =
             destination.first().map(|primary| envoy::set_header(envoy::DESTINATION, primary)).into_iter().collect();
@@ -458,7 +445,7 @@ impl State {
         if let Some(prefill) = &decision.prefill {
             set.push(envoy::set_header(envoy::PREFILLER, &prefill.pod));
         }
-        log_decision(decision, self.shared.mode);
+        log::routed(decision, Door::ExtProc { mode: self.shared.mode });
         destination
     }
 
@@ -476,7 +463,7 @@ impl State {
                 if let Some(pod) = decision.ranked[now].handle.as_ref() {
                     // Keep the prefill pod's guard (P/D); move the decode pod's.
                     if !self.guards.is_empty() {
-                        self.guards[0] = self.shared.router.fleet().begin(pod);
+                        self.guards[0] = self.shared.router.commit_by_load(pod);
                     }
                 }
                 self.attempt = Some(now);
@@ -494,65 +481,6 @@ impl State {
             None => Vec::new(),
         }
     }
-}
-
-/// Pods by load alone (no prompt to score), best first, within the subset if any.
-fn load_only(router: &Router, subset: Option<Vec<String>>) -> Result<Vec<String>, RouteError> {
-    let fleet = router.fleet();
-    let pods: Vec<_> = match &subset {
-        None => fleet.snapshot(),
-        Some(allowed) => allowed.iter().filter_map(|id| fleet.get(id)).collect(),
-    };
-    if pods.is_empty() {
-        return Err(if subset.is_some() && !fleet.is_empty() {
-            RouteError::NoEligiblePods
-        } else {
-            RouteError::NoPods
-        });
-    }
-    let now = Instant::now();
-    let candidates: Vec<Candidate> = pods
-        .iter()
-        .map(|pod| {
-            let load = pod.load(now, fleet.stale_after());
-            Candidate {
-                matched_blocks: 0,
-                speculative_blocks: 0,
-                running: load.load - load.waiting.unwrap_or(0.0),
-                waiting: load.waiting.unwrap_or(0.0),
-                kv_usage: load.kv_usage,
-                kv_blocks: load.kv_blocks,
-                reachable: load.reachable,
-                last_picked: pod.last_picked(),
-                rendezvous: crate::rendezvous::weight(0, &pod.id),
-            }
-        })
-        .collect();
-    let weights = router.settings().weights;
-    Ok(cost::rank(&candidates, 0, &weights, Policy::LoadOnly).into_iter().map(|r| pods[r.index].id.clone()).collect())
-}
-
-/// The per-request decision line (as the proxy's, without an upstream status).
-fn log_decision(decision: &Decision, mode: Mode) {
-    let chosen = decision.ranked.first();
-    tracing::info!(
-        target: "kvindex_router::decision",
-        request_id = decision.id,
-        door = "ext_proc",
-        mode = mode.label(),
-        model = %decision.model,
-        policy = decision.policy,
-        prompt_tokens = decision.prompt_tokens,
-        total_blocks = decision.total_blocks,
-        score = decision.score.label(),
-        pod = chosen.map(|c| c.pod.as_str()),
-        matched_blocks = chosen.map(|c| c.matched_blocks),
-        cached_blocks = chosen.map(|c| c.cached_blocks),
-        prefill = %decision.prefill_summary(),
-        candidates = %decision.candidates_summary(),
-        route_us = decision.timings.total_us,
-        "routed"
-    );
 }
 
 #[cfg(test)]

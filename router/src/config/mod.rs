@@ -7,12 +7,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod error;
+pub mod ext_proc;
+
+pub use error::ConfigError;
+
 use clap::Args;
 use kvindex_tokenizer::client_template::{ClientTemplateArgs, SandboxLimits};
 
-use crate::cost::{CostWeights, Policy};
-use crate::extproc::{ExtProcArgs, ExtProcConfig};
-use crate::fleet::Role;
+use crate::place::cost::{CostWeights, Policy};
+use crate::pods::spec::{PodSpec, Role};
+use ext_proc::{ExtProcArgs, ExtProcConfig};
 
 /// `kvindex-router serve` flags.
 #[derive(Debug, Clone, Args)]
@@ -106,7 +111,7 @@ pub struct ServeArgs {
     /// KV capacity (blocks, the engine's `num_gpu_blocks` from `vllm:cache_config_info`) below
     /// which a full cache costs --kv-weight × capacity / this, so every block held costs alike
     /// on small and big pods. 0 = --kv-weight on every pod.
-    #[arg(long, default_value_t = crate::cost::DEFAULT_KV_REFERENCE_BLOCKS, value_name = "BLOCKS")]
+    #[arg(long, default_value_t = crate::place::cost::DEFAULT_KV_REFERENCE_BLOCKS, value_name = "BLOCKS")]
     pub kv_reference_blocks: f64,
     /// Pods at or above this KV-cache usage (0–1) are picked only when every pod is.
     #[arg(long, default_value_t = 0.95)]
@@ -269,15 +274,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// A pod as configured: the indexer's id for it, where to send requests, what it does.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-pub struct PodSpec {
-    pub id: String,
-    pub url: String,
-    #[serde(default)]
-    pub role: Role,
-}
-
 /// Validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -328,14 +324,6 @@ pub struct Config {
     pub discovery: Option<kvindex_discovery::WatchConfig>,
 }
 
-/// A configuration mistake, naming the flag.
-#[derive(Debug, thiserror::Error)]
-#[error("{flag}: {message}")]
-pub struct ConfigError {
-    pub flag: &'static str,
-    pub message: String,
-}
-
 /// TLS to the indexers: the CA to trust, the client identity for mTLS, the name to check.
 #[derive(Clone)]
 pub struct IndexerTls {
@@ -381,6 +369,17 @@ impl IndexerTls {
     }
 }
 
+/// Why a token file's text is not a token the indexer would take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("the token must have at least {min} characters")]
+    TooShort { min: usize },
+    #[error("the token must be printable ASCII without spaces")]
+    NotPrintable,
+    #[error("the token is not a valid header value")]
+    NotAHeader,
+}
+
 /// The indexers' admin bearer token, as the `authorization` value RecordRoute sends. Never
 /// printed.
 #[derive(Clone)]
@@ -398,16 +397,16 @@ impl IndexerToken {
     const MIN_LEN: usize = 16;
 
     /// The token in a file's `text` (surrounding whitespace ignored).
-    pub fn parse(text: &str) -> Result<IndexerToken, String> {
+    pub fn parse(text: &str) -> Result<IndexerToken, TokenError> {
         let token = text.trim();
         if token.len() < Self::MIN_LEN {
-            return Err(format!("the token must have at least {} characters", Self::MIN_LEN));
+            return Err(TokenError::TooShort { min: Self::MIN_LEN });
         }
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err("the token must be printable ASCII without spaces".into());
+            return Err(TokenError::NotPrintable);
         }
         let mut value: tonic::metadata::AsciiMetadataValue =
-            format!("Bearer {token}").parse().map_err(|_| "the token is not a valid header value".to_string())?;
+            format!("Bearer {token}").parse().map_err(|_| TokenError::NotAHeader)?;
         value.set_sensitive(true);
         Ok(IndexerToken(value))
     }

@@ -2,12 +2,10 @@
 //! The prefill pod computes the prompt's KV cache, so it is chosen for cache affinity within a
 //! load band; the decode pod only receives that cache, so it is chosen by load and rendezvous.
 //! The request goes to the decode pod with `x-prefiller-host-port: <prefill pod id>`, the
-//! header llm-d's routing sidecar on the decode pod reads to run the prefill there first.
+//! header llm-d's routing sidecar on the decode pod reads to run the prefill there first
+//! ([`crate::upstream::PREFILLER_HEADER`]).
 
-use crate::fleet::Role;
-
-/// The header naming the prefill pod to the decode pod's sidecar.
-pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
+use crate::pods::spec::Role;
 
 /// Candidate indices of each pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
