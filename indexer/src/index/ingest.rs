@@ -423,6 +423,9 @@ impl PodIngest {
     ) {
         let blocks = ev.block_hashes.len() as u64;
         let Some(tier) = self.event_tier(ctx, ev.medium, ev.group_idx, blocks, report) else { return };
+        if ctx.tiers.is_unweighted(tier) {
+            report.unweighted_tier_blocks += blocks;
+        }
         if ev.odd_token_ids.is_some() {
             // Bigram pages depend on the token after them, wide or placeholder ids are no u32
             // a prompt has: no query names these blocks, and they must not look re-announced.
@@ -502,6 +505,13 @@ impl PodIngest {
                 // block exactly as a query's `cache_salt` does, so only salted prompts match.
                 if let Some(salt) = layout.cache_salt.filter(|s| !s.is_empty()) {
                     extras.push_str(salt);
+                }
+            }
+            if let Some(Value::Array(segments)) = layout.mm_keys.as_ref().and_then(|m| m.get(i)) {
+                if !segments.is_empty() {
+                    // TensorRT-LLM's multimodal hashes are its own; no query names them yet, so
+                    // such a block must never match a plain prefix.
+                    extras.push_opaque(b'm');
                 }
             }
             if let Some(lookahead) = layout.lookahead_token_ids.as_ref().and_then(|l| l.get(i)) {

@@ -78,6 +78,9 @@ pub struct ApplyReport {
     pub skipped: [u64; SkipReason::ALL.len()],
     /// Sampled recomputation of the engine's own block hashes (see [`HashCheck`](super::HashCheck)).
     pub hash_check: Verification,
+    /// Engine blocks stored in a tier no weight is known for (a name outside llm-d's classes
+    /// and not configured): held, but scored 0.
+    pub unweighted_tier_blocks: u64,
 }
 
 impl ApplyReport {
@@ -101,5 +104,6 @@ impl ApplyReport {
             *a += b;
         }
         self.hash_check.merge(&other.hash_check);
+        self.unweighted_tier_blocks += other.unweighted_tier_blocks;
     }
 }

@@ -9,13 +9,16 @@ use std::str::FromStr;
 /// An engine family whose KV events kvindex reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Engine {
-    /// vLLM 0.9+: array-form events up to 0.23, map-form from 0.24.
+    /// vLLM 0.9+: array-form events up to 0.23, map-form from 0.24; token ids are u32s (any
+    /// other shape is malformed).
     #[default]
     Vllm,
     /// SGLang: array-form events of 6, 7 or 8 slots up to 0.5.19 (the 8th a `metadata` map),
-    /// map-form from 0.5.20; signed int64 hashes.
+    /// map-form from 0.5.20; signed int64 hashes; token ids may be bigram pairs or (0.5.23+)
+    /// past u32.
     Sglang,
-    /// TensorRT-LLM 1.3+: map-form events (its array form, if any, is read like vLLM's).
+    /// TensorRT-LLM 1.3+: map-form events (its array form, if any, is read like vLLM's);
+    /// token ids may be hex strings (multimodal items).
     Trtllm,
 }
 

@@ -92,6 +92,9 @@ pub struct BlockStored<'a> {
     /// carries its salt in `extra_keys` instead.
     pub cache_salt: Option<&'a str>,
     pub lookahead_token_ids: Option<Vec<Vec<u32>>>,
+    /// TensorRT-LLM's multimodal segments, one entry per block: `Value::Nil` or an array of
+    /// `{"type": "mm_key", "hash", "start_offset", "uuid"}` maps.
+    pub mm_keys: Option<Vec<Value<'a>>>,
     /// Map keys this decoder does not know, kept for diagnostics and `kvindex decode`.
     pub other: Vec<(&'a str, Value<'a>)>,
 }

@@ -127,6 +127,7 @@ fn kind_of(tag: &str) -> Option<Kind> {
 /// principle, carry `"type"` after other keys).
 #[derive(Default)]
 struct Fields<'de> {
+    engine: Engine,
     stored: BlockStored<'de>,
 }
 
@@ -137,11 +138,12 @@ impl<'de> Fields<'de> {
         name: &'de str,
         next: impl FnOnce(FieldSlot<'_, 'de>) -> Result<(), E>,
     ) -> Result<(), E> {
+        let engine = self.engine;
         let s = &mut self.stored;
         let slot = match name {
             "block_hashes" => FieldSlot::Hashes(&mut s.block_hashes),
             "parent_block_hash" => FieldSlot::OptHash(&mut s.parent_block_hash),
-            "token_ids" => FieldSlot::Tokens(&mut s.token_ids, &mut s.odd_token_ids),
+            "token_ids" => FieldSlot::Tokens(engine, &mut s.token_ids, &mut s.odd_token_ids),
             "block_size" => FieldSlot::Int(&mut s.block_size),
             "lora_id" => FieldSlot::Int(&mut s.lora_id),
             "medium" => FieldSlot::Str(&mut s.medium),
@@ -156,6 +158,7 @@ impl<'de> Fields<'de> {
             "cache_salt" => FieldSlot::Str(&mut s.cache_salt),
             "metadata" => FieldSlot::Metadata(&mut s.cache_salt, &mut s.other),
             "lookahead_token_ids" => FieldSlot::TokenLists(&mut s.lookahead_token_ids),
+            "mm_keys" => FieldSlot::Extra(&mut s.mm_keys),
             _ => FieldSlot::Other(name, &mut s.other),
         };
         next(slot)
@@ -185,7 +188,8 @@ impl<'de> Fields<'de> {
 enum FieldSlot<'s, 'de> {
     Hashes(&'s mut Vec<EngineHash<'de>>),
     OptHash(&'s mut Option<EngineHash<'de>>),
-    Tokens(&'s mut Option<Vec<u32>>, &'s mut Option<OddTokens<'de>>),
+    /// vLLM's ids are u32s (anything else is malformed); other engines' may take other shapes.
+    Tokens(Engine, &'s mut Option<Vec<u32>>, &'s mut Option<OddTokens<'de>>),
     TokenLists(&'s mut Option<Vec<Vec<u32>>>),
     Int(&'s mut Option<i64>),
     Str(&'s mut Option<&'de str>),
@@ -201,7 +205,8 @@ impl<'de> DeserializeSeed<'de> for FieldSlot<'_, 'de> {
         match self {
             FieldSlot::Hashes(out) => *out = Option::<HashList>::deserialize(d)?.map(|h| h.0).unwrap_or_default(),
             FieldSlot::OptHash(out) => *out = Option::<EngineHashDe>::deserialize(d)?.map(|h| h.0),
-            FieldSlot::Tokens(out, odd) => match Option::<AnyTokens>::deserialize(d)? {
+            FieldSlot::Tokens(Engine::Vllm, out, _) => *out = Option::<TokenList>::deserialize(d)?.map(|t| t.0),
+            FieldSlot::Tokens(_, out, odd) => match Option::<AnyTokens>::deserialize(d)? {
                 None => *out = None,
                 Some(AnyTokens::Plain(t)) => *out = Some(t),
                 Some(AnyTokens::Odd(t)) => {
@@ -218,7 +223,7 @@ impl<'de> DeserializeSeed<'de> for FieldSlot<'_, 'de> {
                 *out = match Value::deserialize(d)? {
                     Value::Nil => None,
                     Value::Array(items) => Some(items),
-                    _ => return Err(de::Error::custom("extra_keys must be an array or nil")),
+                    _ => return Err(de::Error::custom("extra_keys and mm_keys must be an array or nil")),
                 }
             }
             FieldSlot::Metadata(salt, out) => {
@@ -276,7 +281,7 @@ impl<'de> Visitor<'de> for EventVisitor {
             Kind::Removed => self.0.removed_fields(),
             Kind::Cleared => &[],
         };
-        let mut fields = Fields::default();
+        let mut fields = Fields { engine: self.0, ..Fields::default() };
         for &name in names {
             let mut present = true;
             fields.read(name, |slot| {
@@ -292,7 +297,7 @@ impl<'de> Visitor<'de> for EventVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::default();
+        let mut fields = Fields { engine: self.0, ..Fields::default() };
         let mut tag: Option<&'de str> = None;
         // msgspec writes the tag first; knowing it before the fields lets an unknown event be
         // read generically, so a field type we do not expect there cannot fail the batch.
@@ -642,6 +647,31 @@ mod tests {
         let batch = decode_batch(&payload).unwrap();
         assert_eq!(batch.unknown_events(), 1);
         assert!(matches!(batch.events[1], Event::AllBlocksCleared { .. }));
+    }
+
+    #[test]
+    fn token_shapes_follow_the_engine() {
+        // [ts, [["BlockStored", [1], nil, <tokens>]], 0]
+        let store = |tokens: &str| {
+            hex(&format!("93cb41d954fc4020000091 94ab426c6f636b53746f726564 9101 c0 {tokens} 00").replace(' ', ""))
+        };
+        let wide = store("92 01 cf0000000100000000");
+        let pairs = store("92 920102 920203");
+        let mixed = store("92 a461623132 05");
+        for payload in [&wide, &pairs, &mixed] {
+            assert!(decode_batch(payload).is_err(), "vLLM's ids are u32s: anything else is malformed");
+        }
+        let odd = |engine, payload| match decode_batch_as(engine, payload).unwrap().events.remove(0) {
+            Event::BlockStored(s) => (s.token_ids, s.odd_token_ids),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(odd(Engine::Sglang, &wide), (None, Some(OddTokens::Wide(vec![1, 1 << 32]))));
+        assert_eq!(odd(Engine::Sglang, &pairs), (None, Some(OddTokens::Pairs(vec![[1, 2], [2, 3]]))));
+        assert_eq!(
+            odd(Engine::Trtllm, &mixed),
+            (None, Some(OddTokens::Mixed(vec![Value::Str("ab12"), Value::Int(5)])))
+        );
+        assert_eq!(odd(Engine::Sglang, &store("92 01 02")), (Some(vec![1, 2]), None), "plain ids stay plain");
     }
 
     #[test]

@@ -160,6 +160,10 @@ fn stored_json(s: &BlockStored<'_>, m: &mut Map<String, Json>) {
         m.insert("cache_salt".into(), json!(s.cache_salt));
     }
     m.insert("lookahead_token_ids".into(), json!(s.lookahead_token_ids));
+    m.insert(
+        "mm_keys".into(),
+        s.mm_keys.as_ref().map_or(Json::Null, |e| Json::Array(e.iter().map(value_json).collect())),
+    );
     extend_other(m, &s.other);
 }
 
