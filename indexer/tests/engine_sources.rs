@@ -190,3 +190,46 @@ fn trtllm_multimodal_blocks_never_credit_a_plain_prompt() {
         ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: &tokens[0], pods: Some(&["pod-mm"]) };
     assert!(index.score(&q).matches.iter().all(|m| m.matched_blocks == 0), "{:?}", index.score(&q));
 }
+
+#[test]
+fn the_cross_check_recomputes_every_chained_store_of_every_release() {
+    use kvindex::sglang::{EventFormat, PageChainCheck, SglangRelease};
+    let mut total = kvindex::vllm_hash::Verification::default();
+    let mut checks: std::collections::HashMap<String, PageChainCheck> = Default::default();
+    for path in sglang_frame_files() {
+        for r in read_records(&path) {
+            let synthetic = r["hash_provenance"].as_array().is_some_and(|p| p.iter().any(|p| p.get("note").is_some()));
+            if r["kind"] != "live" || synthetic {
+                continue;
+            }
+            let release: SglangRelease = r["version"].as_str().unwrap().parse().unwrap();
+            let format = match r["publisher"]["kv_events_format"].as_str() {
+                Some("dynamo") => EventFormat::Dynamo,
+                _ => EventFormat::Default,
+            };
+            // One check per scenario run (a source), fed in seq order.
+            let key = format!("{} {}", r["version"], r["scenario"]);
+            let check = checks.entry(key).or_insert_with(|| PageChainCheck::new(release, format));
+            let frames = frames_of(&r);
+            let batch = wire::decode_batch_as(Engine::Sglang, &frames[2]).unwrap();
+            for e in &batch.events {
+                if let Event::BlockStored(s) = e {
+                    let v = check.check(s);
+                    assert_eq!(v.mismatched, 0, "{} {} seq {}: {v:?}", r["version"], r["scenario"], r["expect"]["seq"]);
+                    total.merge(&v);
+                }
+            }
+        }
+    }
+    assert!(total.matched >= 200 && total.unverifiable > 0, "{total:?}");
+    // Ids a misconfigured source would publish (another page size) all mismatch.
+    let r = &read_records(&sglang_frame_files()[2])[0];
+    let frames = frames_of(r);
+    let mut batch = wire::decode_batch_as(Engine::Sglang, &frames[2]).unwrap();
+    let Event::BlockStored(s) = &mut batch.events[0] else { panic!() };
+    let mut check = PageChainCheck::new(r["version"].as_str().unwrap().parse().unwrap(), EventFormat::Default);
+    s.block_size = Some(8);
+    s.block_hashes.extend(s.block_hashes.clone());
+    let v = check.check(s);
+    assert!(v.checked > 0 && v.matched == 0, "{v:?}");
+}

@@ -1,6 +1,6 @@
 //! SGLang as a source: the rules of its releases ([`release`]), its page hash
 //! ([`page_hash`]) and namespaces ([`namespace`]), the ids a radix path publishes
-//! ([`path_ids`]), its DP endpoint rule ([`ports`]), and how its events are keyed without crediting what it would not serve
+//! ([`path_ids`]), the sampled cross-check of a source's ids ([`cross_check`]), its DP endpoint rule ([`ports`]), and how its events are keyed without crediting what it would not serve
 //! ([`pages`]). Its events decode with the shared decoder ([`crate::wire::decode_batch_as`]
 //! with [`crate::wire::Engine::Sglang`]). Pure: no I/O.
 //!
@@ -9,6 +9,7 @@
 //! by the DP rank (`offset_endpoint_port`), so with the usual `replay = pub + 1`, rank 1's PUB
 //! port is rank 0's replay port: configure each rank's pair explicitly, never by "pub + 1".
 
+pub mod cross_check;
 pub mod namespace;
 pub mod page_hash;
 pub mod pages;
@@ -16,6 +17,7 @@ pub mod path_ids;
 pub mod ports;
 pub mod release;
 
+pub use cross_check::PageChainCheck;
 pub use page_hash::{event_id, page_digests, ChainTokens, PageDigest, PageHashError};
 pub use pages::{PageRules, PageVerdict};
 pub use path_ids::{path_ids, PathError, PathIds, RadixPath};
