@@ -233,3 +233,44 @@ fn the_cross_check_recomputes_every_chained_store_of_every_release() {
     let v = check.check(s);
     assert!(v.checked > 0 && v.matched == 0, "{v:?}");
 }
+
+#[test]
+fn page_size_1_credits_each_canonical_block_its_pages_complete() {
+    use kvindex::sglang::SmallPages;
+    for version in ["0.5.6", "0.5.19", "0.5.23"] {
+        for block_size in [4usize, 16] {
+            let index = KvIndex::new(KvIndexConfig { block_size, ..Default::default() });
+            let mut pages = SmallPages::new(block_size);
+            let records = live(version, "page-size-1");
+            let mut tokens = Vec::new();
+            let mut held = Vec::new();
+            for r in &records {
+                let frames = frames_of(r);
+                let mut batch = wire::decode_batch_as(Engine::Sglang, &frames[2]).unwrap();
+                PageRules { page_size: Some(1) }.keep_servable(&mut batch, block_size);
+                let (rewritten, dropped) = pages.rewrite(&batch);
+                assert_eq!(dropped, Default::default(), "{version}: every continuation resolves");
+                let report = index.apply("pod-p1", MODEL, &rewritten);
+                assert_eq!(report.skipped.iter().sum::<u64>(), 0, "{version}: {report:?}");
+                tokens.extend(stored_tokens(std::slice::from_ref(r)));
+                // The reference: the engine holds every stored token not yet removed (removals
+                // take a node's tail), so the pod holds the whole blocks of that prefix.
+                let removed: usize = batch
+                    .events
+                    .iter()
+                    .map(|e| if let Event::BlockRemoved(x) = e { x.block_hashes.len() } else { 0 })
+                    .sum();
+                held.push(tokens.len() - removed);
+                tokens.truncate(tokens.len() - removed);
+                let want = held.last().unwrap() / block_size;
+                assert_eq!(
+                    matched(&index, &tokens, None) as usize,
+                    want,
+                    "{version} bs {block_size} seq {}",
+                    r["expect"]["seq"]
+                );
+            }
+            assert!(held.iter().any(|&h| h >= block_size), "{version}: the scenario completes a block");
+        }
+    }
+}

@@ -208,7 +208,8 @@ mod tests {
         };
         assert_eq!(sglang(None), Ok(WireVersion::parse_sglang("0.5.23").unwrap()));
         assert_eq!(sglang(Some("0.5.19")), Ok(WireVersion::parse_sglang("0.5.19").unwrap()));
-        assert!(sglang(Some("0.33")).is_err(), "a vLLM version is no SGLang release");
+        assert!(sglang(Some("0.5.5")).is_err(), "no reproducible ids before 0.5.6");
+        assert!(sglang(Some("latest")).is_err());
         assert!(Cli::try_parse_from([
             "kvindex-sim",
             "--pods",

@@ -1,7 +1,7 @@
 //! SGLang as a source: the rules of its releases ([`release`]), its page hash
 //! ([`page_hash`]) and namespaces ([`namespace`]), the ids a radix path publishes
 //! ([`path_ids`]), the sampled cross-check of a source's ids ([`cross_check`]), its DP endpoint rule ([`ports`]), and how its events are keyed without crediting what it would not serve
-//! ([`pages`]). Its events decode with the shared decoder ([`crate::wire::decode_batch_as`]
+//! ([`pages`], and [`small_pages`] for pages smaller than a canonical block). Its events decode with the shared decoder ([`crate::wire::decode_batch_as`]
 //! with [`crate::wire::Engine::Sglang`]). Pure: no I/O.
 //!
 //! Conventions (documented in docs/CONFIG.md): the topic is whatever `kv_events_config.topic`
@@ -16,9 +16,11 @@ pub mod pages;
 pub mod path_ids;
 pub mod ports;
 pub mod release;
+pub mod small_pages;
 
 pub use cross_check::PageChainCheck;
 pub use page_hash::{event_id, page_digests, ChainTokens, PageDigest, PageHashError};
 pub use pages::{PageRules, PageVerdict};
 pub use path_ids::{path_ids, PathError, PathIds, RadixPath};
 pub use release::{EventFormat, PageHashImpl, SglangRelease};
+pub use small_pages::{SmallPages, SmallPagesReport};

@@ -2,10 +2,9 @@
 //! (`match_prefix` page-aligns the key), yet publishes a node's partial last page (its
 //! `block_size` is the page's length); it publishes EAGLE bigram pages, whose key depends on
 //! the token after the page. Neither may ever credit a block, so both are kept out of the
-//! index and counted (`partial_page`, `unkeyable_tokens`). Page size 1, SGLang's default,
-//! publishes one id per token: a canonical block then spans several engine blocks, which the
-//! index does not key yet, so such stores are refused as `block_size_mismatch` (they
-//! under-report, never over-report).
+//! index and counted (`partial_page`, `unkeyable_tokens`). Pages smaller than a canonical
+//! block (page size 1, SGLang's default) are whole pages here; [`super::small_pages`] then
+//! rewrites them into canonical blocks.
 
 use crate::wire::{BlockStored, Event, EventBatch};
 
