@@ -93,7 +93,7 @@ impl SmallPages {
         let pages = s.block_hashes.len() as u64;
         let page = s.block_size.and_then(|p| usize::try_from(p).ok()).unwrap_or(0);
         let tokens = s.token_ids.as_deref().unwrap_or(&[]);
-        if page == 0 || self.block_size % page != 0 || tokens.len() != s.block_hashes.len() * page {
+        if page == 0 || !self.block_size.is_multiple_of(page) || tokens.len() != s.block_hashes.len() * page {
             report.block_size_mismatch += pages;
             return None;
         }
