@@ -60,11 +60,10 @@ fn the_vllm_field_order_misreads_sglang_salted_stores() {
     let salted: Vec<u8> = read_records(&path)
         .into_iter()
         .filter(|r| r["scenario"] == "cache-salt")
-        .map(|mut r| {
+        .flat_map(|mut r| {
             r.as_object_mut().unwrap().remove("engine");
             format!("{r}\n").into_bytes()
         })
-        .flatten()
         .collect();
     let as_vllm = kvindex(&["decode", "--engine", "vllm"], salted.clone());
     assert!(as_vllm.iter().any(|l| l.get("reason").is_some()), "vLLM's order cannot read a metadata map");
