@@ -70,6 +70,7 @@ fn node_chain(path: &RadixPath<'_>, seed: Option<PageDigest>) -> Result<Vec<Page
         };
         let digests = match page_digests(prior.as_ref(), node, path.page_size, path.release.wide_pages()) {
             Err(PageHashError::WideToken(_)) => return Err(PathError::Refused(path.release.wide_token_error())),
+            Err(PageHashError::TokenPastInt64(_)) => return Err(PathError::Refused(path.release.past_int64_error())),
             other => other?,
         };
         if let Some(last) = digests.last() {
@@ -104,7 +105,8 @@ pub fn path_ids(path: &RadixPath<'_>) -> Result<PathIds, PathError> {
     });
     let ids_unnamespaced: Vec<i64> = page_digests.iter().map(event_id).collect();
     let ids = ids_unnamespaced.iter().map(|&id| namespaced_id(id, namespace_seed.as_ref())).collect();
-    let lora_name = path.lora_name.filter(|_| release.publishes_lora_name(path.format)).map(str::to_string);
+    // The name is looked up by the request's extra_key: without one there is none.
+    let lora_name = path.lora_name.filter(|_| named && release.publishes_lora_name(path.format)).map(str::to_string);
     Ok(PathIds {
         chain_seed,
         storage_digests: storage.filter(|s| *s != page_digests),

@@ -89,6 +89,14 @@ impl SglangRelease {
         }
     }
 
+    /// What the release raises for an id past int64 (its token buffer is `array("q")`).
+    pub fn past_int64_error(self) -> &'static str {
+        match self.page_hash() {
+            PageHashImpl::Sha256Native => "OverflowError: signed integer is greater than maximum",
+            _ => "OverflowError: int too big to convert",
+        }
+    }
+
     /// A cache salt seeds the event chain.
     pub fn salted_event_chain(self) -> bool {
         self.at_least(0, 5, 19)
