@@ -13,8 +13,8 @@ const BASELINE: &[(&str, usize)] = &[
     ("indexer/src", 11),
     ("indexer/zmtp/src", 0),
     ("indexer/discovery/src", 0),
-    ("indexer/server/src", 18),
-    ("router/src", 7),
+    ("indexer/server/src", 15),
+    ("router/src", 0),
     ("tokenizer-svc/src", 5),
     ("loadtest/src", 7),
 ];
