@@ -4,44 +4,15 @@
 //! and their topics carry the model, and discovery supplies replay endpoints and clears pods
 //! that go away.
 
-use kvindex_discovery::settings::{DEFAULT_HTTP_PORT, DEFAULT_PUB_PORT, DEFAULT_REPLAY_PORT};
-use kvindex_discovery::{watcher, ApiServer, WatchConfig};
+use kvindex_discovery::WatchConfig;
 
-use super::{ConfigError, IntCheck, Settings, Sources};
+use super::{ConfigError, Settings, Sources};
 
-/// The discovery config of `s`, or `None` when discovery is off.
-pub(super) fn validate(
-    s: &Settings,
-    src: &Sources<'_>,
-    int: &IntCheck<'_>,
-    central: bool,
-) -> Result<Option<WatchConfig>, ConfigError> {
-    match s.discovery.as_deref().unwrap_or("none") {
-        "none" | "" => return Ok(None),
-        "kubernetes" => {}
-        other => return Err(src.error("discovery", format!("must be \"kubernetes\" or \"none\", got {other:?}"))),
-    }
-    let port = |key, v, default| int(key, v, default, 1, 65535).map(|p| p as u16);
-    let replay_port = int("discovery_replay_port", s.discovery_replay_port, i64::from(DEFAULT_REPLAY_PORT), 0, 65535)?;
-    let settings = kvindex_discovery::Settings {
-        pub_port: port("discovery_pub_port", s.discovery_pub_port, i64::from(DEFAULT_PUB_PORT))?,
-        replay_port: (replay_port != 0).then_some(replay_port as u16),
-        http_port: port("discovery_http_port", s.discovery_http_port, i64::from(DEFAULT_HTTP_PORT))?,
-        dp_size: int("discovery_dp_size", s.discovery_dp_size, 1, 1, i64::from(super::pod::MAX_DP_SIZE))? as u32,
-        model: s.discovery_model.clone().filter(|m| !m.is_empty()),
-        model_required: !central,
-    };
-    if let Err(m) = settings.validate() {
-        let key = if m.starts_with("model") { "discovery_model" } else { "discovery_dp_size" };
-        return Err(src.error(key, m));
-    }
-    let namespace =
-        watcher::namespace(s.discovery_namespace.as_deref()).map_err(|m| src.error("discovery_namespace", m))?;
-    let label_selector = watcher::label_selector(s.discovery_label_selector.as_deref())
-        .map_err(|m| src.error("discovery_label_selector", m))?;
-    let api_server =
-        ApiServer::parse(s.discovery_api_server.as_deref()).map_err(|m| src.error("discovery_api_server", m))?;
-    Ok(Some(WatchConfig { namespace, label_selector, api_server, settings }))
+/// The discovery config of `s`, or `None` when discovery is off. The flags, defaults and
+/// ranges are `kvindex-discovery`'s ([`kvindex_discovery::DiscoveryArgs`], shared with the
+/// router); an error names the key and where its value came from.
+pub(super) fn validate(s: &Settings, src: &Sources<'_>, central: bool) -> Result<Option<WatchConfig>, ConfigError> {
+    s.discovery.watch_config(!central).map_err(|e| src.error(e.key, e.message))
 }
 
 #[cfg(test)]
