@@ -24,6 +24,7 @@
 //! - [`control`]: who may change what the index believes (registration auth).
 //! - [`grpc`], [`http`]: the servers; [`tls`]: their TLS / mTLS. [`telemetry`]: metric names and the recorder.
 
+pub mod admin_token;
 pub mod apply;
 pub mod config;
 pub mod control;

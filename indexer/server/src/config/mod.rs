@@ -5,7 +5,6 @@
 //! (tests/config_docs.rs holds it to this file).
 
 pub mod cidr;
-pub mod discovery;
 pub mod error;
 pub mod http_limits;
 pub mod pod;
@@ -18,30 +17,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, Command, FromArgMatches};
+use clap::{ArgMatches, FromArgMatches};
 
 pub use self::cidr::Cidr;
 pub use self::error::{ConfigError, Origin};
 pub use self::pod::{offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
 use self::settings::defs;
-pub use self::settings::Settings;
+pub use self::settings::{serve_command, ServeArgs, Settings};
 use self::spec::{IntSpec, TextSpec};
-
-/// `kvindex serve`'s command line: the config file, and the settings on top of it.
-#[derive(Debug, Clone, Default, Args)]
-pub struct ServeArgs {
-    /// TOML config file.
-    #[arg(long, env = "KVINDEX_CONFIG")]
-    pub config: Option<PathBuf>,
-    #[command(flatten)]
-    pub settings: Settings,
-}
-
-/// The `serve` command alone, for parsing its arguments and for introspection (the keys that
-/// docs/CONFIG.md must list).
-pub fn serve_command() -> Command {
-    ServeArgs::augment_args(Command::new("serve"))
-}
 
 /// The validated configuration.
 #[derive(Debug, Clone)]
@@ -89,7 +72,7 @@ pub struct Config {
     pub grpc_admission: crate::grpc::admission::AdmissionConfig,
     /// The control plane's bearer token (registration and RecordRoute); `None`: both are
     /// disabled.
-    pub admin_token: Option<crate::control::AdminToken>,
+    pub admin_token: Option<crate::admin_token::AdminToken>,
     /// Central mode: the address ranges allowed to connect (empty: any).
     pub zmq_allow: Vec<Cidr>,
     /// Where registered endpoints may point (empty: anywhere).
@@ -136,7 +119,7 @@ impl Config {
         let argv: Vec<OsString> =
             std::iter::once(OsString::from("serve")).chain(args.into_iter().map(Into::into)).collect();
         let matches = serve_command().try_get_matches_from(&argv).map_err(|e| {
-            ConfigError::from_clap(&e, &argv)
+            ConfigError::from_clap(&e, &argv, &serve_command())
                 .unwrap_or_else(|| ConfigError::new("arguments", Origin::Default, e.render().to_string()))
         })?;
         Config::from_matches(&matches)
@@ -175,13 +158,16 @@ impl Config {
         let zmq_limits = zmq_limits(&s, src, &ints)?;
         let (http_conn_limits, http_body_limits) = http_limits(&s, src, &ints)?;
         let central = s.zmq_bind.as_deref().is_some_and(|e| !e.is_empty());
-        let discovery = discovery::validate(&s, src, central)?;
+        // Kubernetes discovery: the flags, defaults, ranges and checks are kvindex-discovery's
+        // (shared with the router). Per-pod mode needs each pod's model; in central mode the
+        // topics carry it.
+        let discovery = s.discovery.watch_config(!central).map_err(|e| src.error(e.key, e.message))?;
         let tls = tls_files(&s, src)?;
         let admin_token = match &s.admin_token_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| src.error("admin_token_file", format!("cannot read {}: {e}", path.display())))?;
-                Some(crate::control::AdminToken::parse(&text).map_err(|m| src.error("admin_token_file", m))?)
+                Some(crate::admin_token::AdminToken::parse(&text).map_err(|m| src.error("admin_token_file", m))?)
             }
             None => None,
         };
@@ -783,5 +769,41 @@ mod tests {
         assert_eq!(c.zmq_bind.as_deref(), Some("tcp://0.0.0.0:5557"));
         assert_eq!(c.pods.len(), 1);
         assert_eq!(c.replay[0].endpoint, "tcp://10.0.0.7:5558");
+    }
+
+    #[test]
+    fn discovery_is_off_by_default_and_checked_when_on() {
+        assert!(Config::from_args(["--block-size", "16"]).unwrap().discovery.is_none());
+        let c = Config::from_args(["--discovery", "kubernetes", "--discovery-namespace", "llm"]).unwrap();
+        let d = c.discovery.unwrap();
+        assert_eq!((d.namespace.as_str(), d.label_selector.as_str()), ("llm", "llm-d.ai/inference-serving=true"));
+        assert_eq!((d.settings.pub_port, d.settings.replay_port, d.settings.http_port), (5557, Some(5558), 8000));
+        assert!(d.settings.model_required, "per-pod mode needs a model");
+        let d = Config::from_args([
+            "--discovery",
+            "kubernetes",
+            "--discovery-replay-port",
+            "0",
+            "--zmq-bind",
+            "tcp://*:5557",
+        ])
+        .unwrap()
+        .discovery
+        .unwrap();
+        assert_eq!(d.settings.replay_port, None);
+        assert!(!d.settings.model_required, "central mode: the topic names the model");
+        for (args, key) in [
+            (&["--discovery", "consul"][..], "discovery"),
+            (&["--discovery", "kubernetes", "--discovery-pub-port", "0"], "discovery_pub_port"),
+            (&["--discovery", "kubernetes", "--discovery-dp-size", "129"], "discovery_dp_size"),
+            (
+                &["--discovery", "kubernetes", "--discovery-http-port", "65535", "--discovery-dp-size", "2"],
+                "discovery_dp_size",
+            ),
+            (&["--discovery", "kubernetes", "--discovery-namespace", "a b"], "discovery_namespace"),
+            (&["--discovery", "kubernetes", "--discovery-api-server", "10.0.0.1:6443"], "discovery_api_server"),
+        ] {
+            assert_eq!(Config::from_args(args).unwrap_err().key, key, "{args:?}");
+        }
     }
 }

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, Command};
 use kvindex_discovery::args::{self as discovery_args, DiscoveryArgs};
 use serde::Deserialize;
 
@@ -21,8 +21,8 @@ macro_rules! settings {
     ($( $(#[$attr:meta])* $field:ident : $ty:ty = $spec:ident { $($body:tt)* } ),* $(,)?) => {
         /// The settings of `kvindex serve`: each one a flag (`--kebab-case`), a TOML key (the
         /// field's name) and, for single values, an env var (`KVINDEX_UPPER_SNAKE`). Unset
-        /// everywhere means the default (applied when the layers are validated into a
-        /// [`super::Config`]). List flags add to the file's lists.
+        /// everywhere means the default (applied when the layers are validated into the
+        /// runtime `Config`). List flags add to the file's lists.
         #[derive(Debug, Clone, Default, Args, Deserialize)]
         #[serde(default)]
         pub struct Settings {
@@ -294,6 +294,22 @@ settings! {
     tier_weights: Vec<TierWeight> = ListSpec {},
 }
 
+/// `kvindex serve`'s command line: the config file, and the settings on top of it.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML config file.
+    #[arg(long, env = "KVINDEX_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// The `serve` command alone, for parsing its arguments and for introspection (the keys that
+/// docs/CONFIG.md must list).
+pub fn serve_command() -> Command {
+    ServeArgs::augment_args(Command::new("serve"))
+}
+
 /// The discovery settings' specs, from the constants `kvindex-discovery` checks them with.
 fn discovery_specs() -> Vec<Spec> {
     let text = |key, default| TextSpec { key, default }.entry();
@@ -321,7 +337,7 @@ pub fn specs() -> Vec<Spec> {
 /// Every setting of `kvindex serve` (`--config` aside), in the order `--help` lists them: key,
 /// flag, env var, doc, default and range.
 pub fn table() -> Vec<Setting> {
-    spec::table(&super::serve_command(), &specs())
+    spec::table(&serve_command(), &specs())
 }
 
 #[cfg(test)]
@@ -332,7 +348,7 @@ mod tests {
 
     #[test]
     fn every_argument_has_one_spec_and_every_spec_an_argument() {
-        let args: BTreeSet<String> = super::super::serve_command()
+        let args: BTreeSet<String> = serve_command()
             .get_arguments()
             .map(|a| a.get_id().to_string())
             .filter(|id| !matches!(id.as_str(), "config" | "help"))
