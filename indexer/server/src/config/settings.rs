@@ -27,8 +27,8 @@ macro_rules! settings {
         #[serde(default)]
         pub struct Settings {
             $( $(#[$attr])* pub $field: $ty, )*
-            /// Kubernetes pod discovery (the `discovery_*` settings, validated in
-            /// config/discovery.rs), declared once by `kvindex-discovery` for both services.
+            /// Kubernetes pod discovery (the `discovery_*` settings), declared and checked once
+            /// by `kvindex-discovery` for both services.
             #[command(flatten)]
             #[serde(flatten)]
             pub discovery: DiscoveryArgs,
