@@ -22,6 +22,7 @@ pub mod python_repr;
 pub mod registry;
 pub mod registry_config;
 pub mod server;
+pub mod telemetry;
 pub mod template_env;
 
 pub use chat_request::ChatRequest;
