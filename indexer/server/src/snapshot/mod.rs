@@ -22,7 +22,9 @@
 //! directory itself is never given up that way: one another process holds, or one that holds
 //! files kvindex did not write, stops the start ([`store::SnapshotDir`]).
 
+pub mod capture;
 pub mod format;
+pub mod import;
 pub mod pool;
 pub mod store;
 

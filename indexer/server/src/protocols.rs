@@ -1,11 +1,18 @@
-//! What the sockets, the replay client and the control plane hand to an apply worker.
+//! The messages that cross the service's components: what the sockets, the replay client and
+//! the control plane hand to an apply worker, and the names they address streams by. A leaf
+//! (Dynamo's `kv_router/protocols.rs` is the model): it holds data, no behaviour, and imports
+//! no other part of the service but the snapshot's answer types, so that the components that
+//! talk through it are not tied to each other by it.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::transport::{ConnId, Frames, Lease, Peer};
+pub use kvindex_zmtp::{ConnId, Lease, Peer};
+
+/// One multipart message.
+pub type Frames = Vec<Bytes>;
 
 /// One sequenced stream: a source (topic id mapped to a pod, or a dialled pod) and a DP rank.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
