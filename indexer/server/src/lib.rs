@@ -10,7 +10,7 @@
 //!                                    full → dropped, counted; the seq gap is replayed   │
 //! replay (DEALER) ─────────────────────────────────────────────────send (waits)────────┤
 //!                                                                                      ▼
-//!         grpc (ScoreTokens, GetPodScores) ◀── index ◀── apply worker: decode → Sequencer → KvIndex
+//!         grpc (ScoreTokens, GetPodScores) ◀── index ◀── apply worker: stream table → KvIndex
 //!         http (admin, /metrics)
 //! ```
 //!
@@ -18,7 +18,10 @@
 //! - [`transport`]: the ZeroMQ boundary (`kvindex-zmtp`: SUB streams, replay requests, limits).
 //! - [`sources`]: live streams and the [`sources::registry`] of pods and topics.
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
-//! - [`apply`]: the apply workers and their bounded queues.
+//! - [`ingest`]: the stream table (admission, naming, connections, decode once, sequencing),
+//!   driven by the live [`apply`] workers and offline by `kvindex replay` ([`dump::offline`]).
+//! - [`apply`]: the apply workers and their bounded queues. [`protocols`]: the messages between
+//!   components. [`housekeeping`]: the index-wide gauges and the speculative sweep.
 //! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
 //! - [`state`], [`status`]: what the parts share, behind methods.
 //! - [`control`]: who may change what the index believes (registration auth).

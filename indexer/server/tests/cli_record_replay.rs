@@ -173,6 +173,10 @@ fn cli_record_then_replay_gives_the_live_answers_and_explains_a_constructed_case
     assert_eq!(early["explain"]["matched_blocks"], 4, "{:#}", early["explain"]);
 }
 
+/// A batch the live indexer applied: its stream's pod, its seq, and per probe every pod that
+/// matched with its blocks.
+type Observed = (String, u64, Vec<Vec<(String, u64)>>);
+
 /// Every pod that a prompt matched, with its blocks, by pod (live: the gRPC answer).
 fn matched(scores: &Value) -> Vec<(String, u64)> {
     let mut m: Vec<(String, u64)> = scores
@@ -206,13 +210,13 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     peer.cmd(json!({"op": "pub_start", "name": "b", "pod": "pod-b", "connect": zmq, "dp_rank": 1,
         "topic": format!("kv@pod-b@{MODEL}")}));
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a", "b"]}))["subscribed"], true);
-    let probes: Vec<Vec<u32>> = (0..4).map(|k| chain(k, 3)).chain((10..12).map(|k| chain(k, 2))).collect();
+    let probes: Vec<Vec<u32>> = (0..4).map(|k| chain(k, 3)).chain((10..13).map(|k| chain(k, 2))).collect();
     // (stream pod, seq) of every batch the live indexer received, and what the probes scored then.
-    let mut live: Vec<(String, u64, Vec<Vec<(String, u64)>>)> = Vec::new();
-    let mut observe = |peer: &mut Peer, pod: &str, seq: u64| {
+    let mut live: Vec<Observed> = Vec::new();
+    let mut observe = |peer: &mut Peer, pod: &str, seq: u64, state: &str| {
         wait_until(&format!("{pod} applied seq {seq}"), 30, || {
             source(&http, pod)
-                .filter(|s| s["last_seq"] == seq && s["state"] == "EXACT" && s["replay_in_flight"].is_null())
+                .filter(|s| s["last_seq"] == seq && s["state"] == state && s["replay_in_flight"].is_null())
                 .map(|_| ())
         });
         let scores = probes.iter().map(|q| matched(&peer.score(MODEL, q, &[])["scores"])).collect();
@@ -223,20 +227,31 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
         peer.cmd(op)["seq"].as_u64().unwrap()
     };
     let s = store(&mut peer, "a", 0, 3, false);
-    observe(&mut peer, "pod-a", s);
+    observe(&mut peer, "pod-a", s, "EXACT");
     let s = store(&mut peer, "b", 10, 2, false);
-    observe(&mut peer, "pod-b#dp1", s);
+    observe(&mut peer, "pod-b#dp1", s, "EXACT");
     let s = store(&mut peer, "a", 1, 3, false);
-    observe(&mut peer, "pod-a", s);
+    observe(&mut peer, "pod-a", s, "EXACT");
     // Lost on the wire: the next batch is a gap, which the replay fills.
     store(&mut peer, "a", 2, 3, true);
     let s = store(&mut peer, "a", 3, 3, false);
-    observe(&mut peer, "pod-a", s);
+    observe(&mut peer, "pod-a", s, "EXACT");
     let s =
         peer.cmd(json!({"op": "remove", "name": "b", "tokens": chain(10, 2), "blocks": [1]}))["seq"].as_u64().unwrap();
-    observe(&mut peer, "pod-b#dp1", s);
+    observe(&mut peer, "pod-b#dp1", s, "EXACT");
     let s = store(&mut peer, "b", 11, 2, false);
-    observe(&mut peer, "pod-b#dp1", s);
+    observe(&mut peer, "pod-b#dp1", s, "EXACT");
+    // A network blip: b's connection is replaced, its seq goes on. Nothing it sent before is
+    // trusted (the closed connection cleared the pod), and without a replay socket the pod
+    // stays DEGRADED with what comes next. A replay that did not see the connections would
+    // apply the next seq onto the old blocks.
+    peer.cmd(json!({"op": "reconnect", "name": "b"}));
+    wait_until("the blip's close cleared pod-b#dp1", 30, || {
+        source(&http, "pod-b#dp1").filter(|s| s["state"] == "CONNECTING").map(|_| ())
+    });
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["b"], "fresh": true}))["subscribed"], true);
+    let s = store(&mut peer, "b", 12, 2, false);
+    observe(&mut peer, "pod-b#dp1", s, "DEGRADED");
     // A new publisher process: the old connection closes (the pod is cleared), the new one
     // starts from seq 0 (an empty replay buffer; nothing of the old process is claimed).
     peer.cmd(json!({"op": "restart", "name": "a"}));
@@ -246,9 +261,9 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"], "fresh": true}))["subscribed"], true);
     let s = store(&mut peer, "a", 1, 3, false);
     assert_eq!(s, 0, "a restarted publisher starts over");
-    observe(&mut peer, "pod-a", s);
+    observe(&mut peer, "pod-a", s, "EXACT");
     let s = store(&mut peer, "a", 0, 2, false);
-    observe(&mut peer, "pod-a", s);
+    observe(&mut peer, "pod-a", s, "EXACT");
     let a = source(&http, "pod-a").unwrap();
     assert_eq!((a["gaps"].as_u64(), a["replays_filled"].as_u64()), (Some(1), Some(1)), "{a}");
     assert!(a["disconnects"].as_u64().unwrap() >= 1, "the restart closed a connection: {a}");

@@ -21,7 +21,7 @@
 //! quadratic), the replies held wait within [`Limits::max_reply_bytes`], pod and model names
 //! within the service's bound, and `--explain`'s history within [`Limits::max_history`].
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -161,9 +161,13 @@ struct Counts {
 
 impl Ext for Counts {}
 
-/// The registry as a dump knows it: the topic map given, every stream with replay replies (the
-/// recorded ones), nothing configured, no central source to bind to.
-struct DumpFleet<'a>(&'a HashMap<String, String>);
+/// The registry as a dump knows it: the topic map given, a replay socket for every stream
+/// whose replay replies were recorded (one the service had none for never asked), nothing
+/// configured, no central source to bind to.
+struct DumpFleet<'a> {
+    topic_map: &'a HashMap<String, String>,
+    replayable: &'a HashSet<StreamKey>,
+}
 
 impl Fleet for DumpFleet<'_> {
     fn generation(&self) -> u64 {
@@ -171,11 +175,11 @@ impl Fleet for DumpFleet<'_> {
     }
 
     fn pod_for_topic(&self, id: &str) -> String {
-        self.0.get(id).cloned().unwrap_or_else(|| id.to_string())
+        self.topic_map.get(id).cloned().unwrap_or_else(|| id.to_string())
     }
 
-    fn has_replay(&self, _base: &str, _rank: u32) -> bool {
-        true
+    fn has_replay(&self, base: &str, rank: u32) -> bool {
+        self.replayable.contains(&StreamKey { base: Arc::from(base), rank })
     }
 
     fn configured(&self, _base: &str) -> bool {
@@ -225,6 +229,8 @@ pub struct Offline {
     /// replay that asks for its seq (a restarted engine's replies of the same seqs wait behind
     /// the earlier process's).
     replies: HashMap<StreamKey, BTreeMap<u64, VecDeque<Vec<u8>>>>,
+    /// Streams with a recorded reply: the service had a replay socket for them.
+    replayable: HashSet<StreamKey>,
     reply_bytes: u64,
     limits: Limits,
     totals: Totals,
@@ -259,6 +265,7 @@ impl Offline {
             table,
             topic_map: naming.topic_map,
             replies: HashMap::new(),
+            replayable: HashSet::new(),
             reply_bytes: 0,
             limits,
             totals: Totals::default(),
@@ -322,7 +329,9 @@ impl Offline {
         // The recorder names the stream's rank-0 pod; a reply captured elsewhere names its topic.
         let pod = record.pod.clone().or_else(|| {
             let topic = std::str::from_utf8(msg.topic?).ok()?;
-            Some(DumpFleet(&self.topic_map).pod_for_topic(parse_topic(topic).id))
+            Some(
+                self.topic_map.get(parse_topic(topic).id).cloned().unwrap_or_else(|| parse_topic(topic).id.to_string()),
+            )
         });
         let Some(pod) = pod else { return };
         if names::name(&pod).is_err() {
@@ -336,12 +345,9 @@ impl Offline {
         }
         let rank = wire::decode_batch(msg.payload).ok().and_then(|b| b.data_parallel_rank);
         let rank = rank.unwrap_or(0).clamp(0, i64::from(u16::MAX)) as u32;
-        self.replies
-            .entry(StreamKey { base: Arc::from(pod.as_str()), rank })
-            .or_default()
-            .entry(msg.seq)
-            .or_default()
-            .push_back(msg.payload.to_vec());
+        let key = StreamKey { base: Arc::from(pod.as_str()), rank };
+        self.replayable.insert(key.clone());
+        self.replies.entry(key).or_default().entry(msg.seq).or_default().push_back(msg.payload.to_vec());
         self.reply_bytes += size;
     }
 
@@ -394,7 +400,7 @@ impl Offline {
         }
         self.totals.live += 1;
         let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
-        let fleet = DumpFleet(&self.topic_map);
+        let fleet = DumpFleet { topic_map: &self.topic_map, replayable: &self.replayable };
         let mut new = |_: &StreamKey, pod: &Arc<str>, model: &Arc<str>, _: Mode| {
             let stats = StreamStats { pod: pod.to_string(), model: model.to_string(), ..Default::default() };
             (Counts { stats }, None)

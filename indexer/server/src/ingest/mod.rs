@@ -17,6 +17,8 @@
 mod batch;
 mod naming;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Instant;
