@@ -198,11 +198,6 @@ fn transition(state: &ServiceState, pod: &str, from: SourceState, to: SourceStat
     }
 }
 
-pub(super) fn decode_error(reason: &'static str, what: &'static str) {
-    counter!(m::DECODE_ERRORS, "reason" => reason).increment(1);
-    tracing::debug!(reason, what, "message not decoded");
-}
-
 fn record_event_to_visible(ts: f64) {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
     let lat = now - ts;

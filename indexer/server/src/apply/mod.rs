@@ -7,6 +7,7 @@
 //! [`Queues`]. `kvindex replay` drives the same table offline (`crate::dump::offline`).
 
 mod execute;
+mod held;
 mod lag;
 pub(crate) mod live;
 mod queue;
@@ -258,7 +259,7 @@ impl Worker {
     fn carry_out(&mut self, effects: &mut Vec<Effect<Live>>, cx: Context<'_>) {
         for effect in effects.drain(..) {
             match effect {
-                Effect::Undecodable { reason, what } => execute::decode_error(reason, what),
+                Effect::Undecodable { reason, what } => decode_error(reason, what),
                 Effect::Refused { reason, why } => self.refuse_source(reason, why, cx.topic),
                 Effect::Created { .. } => {}
                 Effect::Reclaimed { key, stream, why } => {
@@ -315,6 +316,11 @@ impl Worker {
             housekeeping.tick(&self.state);
         }
     }
+}
+
+pub(crate) fn decode_error(reason: &'static str, what: &'static str) {
+    counter!(m::DECODE_ERRORS, "reason" => reason).increment(1);
+    tracing::debug!(reason, what, "message not decoded");
 }
 
 /// What a dump records of a message's origin: (pod, model, source).

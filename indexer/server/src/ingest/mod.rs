@@ -15,6 +15,7 @@
 //! [`Fleet`] (what the registry knows), which makes the table testable and replayable.
 
 mod batch;
+mod fleet;
 mod naming;
 mod stream;
 #[cfg(test)]
@@ -29,25 +30,11 @@ use kvindex::sequencer::{Item, Sequencer, SequencerConfig, SourceState, Step};
 use kvindex::wire::{self, EventBatch};
 
 pub use batch::Batch;
+pub use fleet::Fleet;
 pub use naming::{Mode, Name, Naming, Unnamed, MAX_TOPIC_LEN};
 pub use stream::{Binding, Ext, Reclaim, Stream, UNCONFIRMED_RECLAIM_MS};
 
 use crate::protocols::{ConnId, Origin, Peer, StreamKey};
-
-/// What the table asks of the world around it (the registry, the central SUB).
-pub trait Fleet {
-    /// The registry's generation: a stream re-reads whether it has a replay endpoint, and a
-    /// topic its pod, when it changes.
-    fn generation(&self) -> u64;
-    /// The pod a central-mode topic id names (the topic map; the id itself by default).
-    fn pod_for_topic(&self, id: &str) -> String;
-    /// Whether `base`'s rank `rank` has a replay endpoint.
-    fn has_replay(&self, base: &str, rank: u32) -> bool;
-    /// Whether an operator or a registration configured `base` (never reclaimed).
-    fn configured(&self, base: &str) -> bool;
-    /// Central mode: whether `source` holds a connection to the central SUB.
-    fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool;
-}
 
 /// The table's settings (from the service's config; `kvindex replay` uses the defaults).
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kvindex::wire::{dp_pod_id, parse_topic};
 
-use super::Fleet;
+use super::fleet::Fleet;
 use crate::config::pod;
 use crate::protocols::{Origin, StreamKey};
 

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use kvindex::sequencer::{Sequencer, SourceState, Step};
 
-use super::{Batch, Fleet, Mode};
+use super::batch::Batch;
+use super::fleet::Fleet;
+use super::naming::Mode;
 use crate::protocols::{ConnId, StreamKey};
 use kvindex_zmtp::{Peer, Source};
 

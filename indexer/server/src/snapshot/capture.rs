@@ -2,17 +2,20 @@
 //! point between two of its own batches, so each record is exact at its cursor. A stream that
 //! needs an export is handed to the snapshot pool, at most one per pool thread at once, and
 //! only that stream's steps wait meanwhile (in its `waiting`, see `apply::live`); the worker
-//! goes on applying every other stream's. Lives beside the store it feeds; it reaches into the
-//! worker only for the streams it takes.
+//! goes on applying every other stream's, and runs a stream's held-back steps when its export
+//! is in (`apply::held`). Lives beside the store it feeds; it sees the worker's streams only
+//! through the table it is handed.
 
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
 use super::format::{self, StreamRecord};
+use super::pool;
 use super::{Captured, HeldMap};
 use crate::apply::live::Live;
-use crate::apply::Worker;
-use crate::ingest::Stream;
+use crate::ingest::{Stream, StreamTable};
 use crate::protocols::StreamKey;
+use crate::state::ServiceState;
 
 /// A snapshot being captured by a worker (see the module doc).
 pub struct Capture {
@@ -24,8 +27,8 @@ pub struct Capture {
     running: usize,
     out: Vec<Captured>,
     reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
-    done_tx: std::sync::mpsc::Sender<(StreamKey, Option<Captured>)>,
-    done: std::sync::mpsc::Receiver<(StreamKey, Option<Captured>)>,
+    done_tx: Sender<(StreamKey, Option<Captured>)>,
+    done: Receiver<(StreamKey, Option<Captured>)>,
 }
 
 /// What a stream gives a snapshot at this point of its sequence.
@@ -37,44 +40,39 @@ enum Part {
     Export(String, Arc<str>, Arc<str>, u64, Option<u64>),
 }
 
-impl Worker {
-    /// Starts capturing a snapshot of this worker's streams (`held`: what the store holds).
-    /// One capture at a time (`snapshot::take` waits for every reply); were another still
-    /// running, it is finished first.
-    pub(crate) fn start_capture(&mut self, held: Arc<HeldMap>, reply: tokio::sync::oneshot::Sender<Vec<Captured>>) {
-        while self.capture.is_some() {
-            self.wait_export_any();
-            self.advance_capture();
-        }
-        let queue = self.table.keys();
+impl Capture {
+    /// A capture of the streams `queue` (`held`: what the store holds), answered on `reply`.
+    pub fn new(
+        held: Arc<HeldMap>,
+        reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
+        queue: Vec<StreamKey>,
+    ) -> Capture {
         let (done_tx, done) = std::sync::mpsc::channel();
-        self.capture = Some(Capture { held, queue, running: 0, out: Vec::new(), reply, done_tx, done });
-        self.advance_capture();
+        Capture { held, queue, running: 0, out: Vec::new(), reply, done_tx, done }
     }
 
-    /// Finished exports in; then streams out to the pool while it has threads free, or taken
-    /// at once where no export is needed. Answers the snapshot when every stream is in.
-    pub(crate) fn advance_capture(&mut self) {
-        let Some(capture) = self.capture.as_mut() else { return };
-        let mut finished = Vec::new();
-        while let Ok(done) = capture.done.try_recv() {
-            finished.push(done);
+    /// Takes the finished exports in; the streams they held back are pushed to `finished`
+    /// (their waiting steps may run).
+    pub fn collect(&mut self, table: &mut StreamTable<Live>, finished: &mut Vec<StreamKey>) {
+        while let Ok((key, captured)) = self.done.try_recv() {
+            self.landed(table, key, captured, finished);
         }
-        for (key, captured) in finished {
-            self.export_finished(&key, captured);
-        }
-        let Some(capture) = self.capture.as_mut() else { return };
-        while capture.running < super::pool::threads() {
-            let Some(key) = capture.queue.pop() else { break };
-            let Some(st) = self.table.get_mut(&key) else { continue };
-            match stream_part(&key, st, &capture.held, self.state.index()) {
+    }
+
+    /// Hands streams out to the pool while it has threads free, or takes them at once where no
+    /// export is needed. True when every stream is in: [`Capture::answer`].
+    pub fn hand_out(&mut self, table: &mut StreamTable<Live>, state: &Arc<ServiceState>) -> bool {
+        while self.running < pool::threads() {
+            let Some(key) = self.queue.pop() else { break };
+            let Some(st) = table.get_mut(&key) else { continue };
+            match stream_part(&key, st, &self.held, state.index()) {
                 Part::Nothing => {}
-                Part::Now(captured) => capture.out.push(captured),
+                Part::Now(captured) => self.out.push(captured),
                 Part::Export(skey, pod, model, cursor, version) => {
                     st.ext.exporting = Some(cursor);
-                    capture.running += 1;
-                    let (tx, state) = (capture.done_tx.clone(), self.state.clone());
-                    super::pool::pool().spawn(move || {
+                    self.running += 1;
+                    let (tx, state) = (self.done_tx.clone(), state.clone());
+                    pool::pool().spawn(move || {
                         let export = || {
                             let export = state.index().export_pod(&pod).unwrap_or_else(|| kvindex::PodExport {
                                 pod: pod.to_string(),
@@ -101,54 +99,52 @@ impl Worker {
                 }
             }
         }
-        if capture.running == 0 && capture.queue.is_empty() {
-            if let Some(capture) = self.capture.take() {
-                let _ = capture.reply.send(capture.out);
-            }
-        }
+        self.running == 0 && self.queue.is_empty()
     }
 
-    /// A stream's export is in: counted in the snapshot, and the stream's held-back steps run.
-    fn export_finished(&mut self, key: &StreamKey, captured: Option<Captured>) {
-        if let Some(capture) = self.capture.as_mut() {
-            capture.running -= 1;
-            capture.out.extend(captured);
-        }
-        if let Some(st) = self.table.get_mut(key) {
-            st.ext.exporting = None;
-            if st.ext.importing.is_none() {
-                self.run_waiting(key);
-            }
-        }
+    /// Answers the snapshot with every stream's part.
+    pub fn answer(self) {
+        let _ = self.reply.send(self.out);
     }
 
-    /// Blocks until one running export of the capture is in (none running: returns at once).
-    pub(crate) fn wait_export_any(&mut self) {
-        let Some(capture) = self.capture.as_ref() else { return };
-        if capture.running == 0 {
+    /// Whether any export is on the pool.
+    pub fn running(&self) -> bool {
+        self.running > 0
+    }
+
+    /// Blocks until one running export is in (none running: returns at once).
+    pub fn wait_any(&mut self, table: &mut StreamTable<Live>, finished: &mut Vec<StreamKey>) {
+        if self.running == 0 {
             return;
         }
-        match capture.done.recv() {
-            Ok((key, captured)) => self.export_finished(&key, captured),
+        match self.done.recv() {
+            Ok((key, captured)) => self.landed(table, key, captured, finished),
             // The capture keeps a sender, so this is only reachable if that changes: what was
             // held back runs, and the snapshot is answered without those streams.
             Err(_) => {
                 let exporting: Vec<StreamKey> =
-                    self.table.iter().filter(|(_, st)| st.ext.exporting.is_some()).map(|(k, _)| k.clone()).collect();
+                    table.iter().filter(|(_, st)| st.ext.exporting.is_some()).map(|(k, _)| k.clone()).collect();
                 for key in exporting {
-                    self.export_finished(&key, None);
+                    self.landed(table, key, None, finished);
                 }
-                if let Some(capture) = self.capture.as_mut() {
-                    capture.running = 0;
-                }
+                self.running = 0;
             }
         }
     }
 
-    /// Blocks until `key`'s stream is not being exported.
-    pub(crate) fn wait_export(&mut self, key: &StreamKey) {
-        while self.table.get(key).is_some_and(|st| st.ext.exporting.is_some()) && self.capture.is_some() {
-            self.wait_export_any();
+    /// A stream's export is in: counted in the snapshot, and the stream no longer exporting.
+    fn landed(
+        &mut self,
+        table: &mut StreamTable<Live>,
+        key: StreamKey,
+        captured: Option<Captured>,
+        finished: &mut Vec<StreamKey>,
+    ) {
+        self.running = self.running.saturating_sub(1);
+        self.out.extend(captured);
+        if let Some(st) = table.get_mut(&key) {
+            st.ext.exporting = None;
+            finished.push(key);
         }
     }
 }

@@ -80,28 +80,7 @@ impl Restored {
     }
 }
 
-/// What the store holds for a stream: whether it is still exact, and what it adds up to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Held {
-    /// The record's cursor.
-    pub cursor: u64,
-    /// The pod's `KvIndex::pod_version` when this process exported it (None: loaded).
-    pub version: Option<u64>,
-    checksum: u64,
-    residencies: u64,
-}
-
-/// Every stored stream record, by store key.
-pub type HeldMap = HashMap<String, Held>;
-
-/// A stream's part in a snapshot, as its apply worker captured it.
-#[derive(Debug)]
-pub enum Captured {
-    /// The stored record is still exact: same cursor, the pod unchanged since its export.
-    Kept { key: String },
-    /// A new record (`version`: the pod's version it was exported at).
-    Fresh { key: String, version: Option<u64>, record: Box<StreamRecord> },
-}
+pub use crate::protocols::{Captured, Held, HeldMap};
 
 /// The snapshot store, and what it holds now.
 pub struct Snapshots {
