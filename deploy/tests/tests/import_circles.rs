@@ -13,8 +13,8 @@ const BASELINE: &[(&str, usize)] = &[
     ("indexer/src", 13),
     ("indexer/zmtp/src", 0),
     ("indexer/discovery/src", 0),
-    ("indexer/server/src", 17),
-    ("router/src", 7),
+    ("indexer/server/src", 4),
+    ("router/src", 0),
     ("tokenizer-svc/src", 5),
     ("loadtest/src", 7),
 ];

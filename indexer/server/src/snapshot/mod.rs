@@ -26,6 +26,7 @@ pub mod capture;
 pub mod format;
 pub mod import;
 pub mod pool;
+pub mod restored;
 pub mod store;
 
 use std::collections::HashMap;
@@ -33,54 +34,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics::{counter, gauge, histogram};
-use parking_lot::Mutex;
-use tokio::sync::watch;
 
 use self::format::{Header, StreamRecord};
 use self::store::{SnapshotBatch, SnapshotDir, Store};
 use crate::apply::Work;
+use crate::shutdown::Shutdown;
 use crate::state::ServiceState;
 use crate::telemetry as m;
 
-/// Loaded records not yet picked up by a stream, by DP-resolved pod id.
-#[derive(Default)]
-pub struct Restored {
-    records: Mutex<HashMap<String, StreamRecord>>,
-}
-
-impl Restored {
-    /// The record of `pod`, once: the stream that takes it owns it.
-    pub fn take(&self, pod: &str) -> Option<StreamRecord> {
-        self.records.lock().remove(pod)
-    }
-
-    pub fn len(&self) -> usize {
-        self.records.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn fill(&self, records: Vec<StreamRecord>) {
-        let mut map = self.records.lock();
-        for r in records {
-            map.insert(r.pod().to_string(), r);
-        }
-    }
-
-    /// The store keys of the records no stream has asked for yet.
-    fn keys(&self) -> Vec<String> {
-        self.records.lock().values().map(StreamRecord::key).collect()
-    }
-
-    /// Forgets the records no stream asked for: their engines did not come back in time.
-    fn drain(&self) -> usize {
-        self.records.lock().drain().count()
-    }
-}
-
 pub use crate::protocols::{Captured, Held, HeldMap};
+pub use restored::Restored;
 
 /// The snapshot store, and what it holds now.
 pub struct Snapshots {
@@ -264,16 +227,16 @@ fn write_snapshot(
     Ok((bytes, header.residencies, next))
 }
 
-/// Snapshots every `snapshot_interval` until `stop`. The interval counts from the end of the
+/// Snapshots every `snapshot_interval` until `shutdown`. The interval counts from the end of the
 /// previous snapshot, not on a fixed clock: a snapshot that takes longer than the interval (a
 /// large index on busy cores) is never followed at once by another, so ingest always gets a
 /// whole interval between two.
-pub async fn periodic(state: Arc<ServiceState>, snapshots: Arc<Snapshots>, mut stop: watch::Receiver<bool>) {
+pub async fn periodic(state: Arc<ServiceState>, snapshots: Arc<Snapshots>, mut shutdown: Shutdown) {
     let every = Duration::from_millis(state.config().snapshot_interval_ms);
     loop {
         let stopping = tokio::select! {
             _ = tokio::time::sleep(every) => false,
-            _ = stop.wait_for(|s| *s) => true,
+            _ = shutdown.recv() => true,
         };
         if stopping {
             return;
