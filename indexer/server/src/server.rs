@@ -262,6 +262,7 @@ fn build_index(config: &Config) -> Result<KvIndex, ServerError> {
         max_entries: config.max_entries,
         hash_check,
         tier_limits: config.tier_limits,
+        ..Default::default()
     });
     for (medium, weight) in &config.tier_weights {
         if index.tiers().set_weight(medium, *weight).is_none() {

@@ -39,7 +39,7 @@ pub use self::engine_blocks::{BlockRef, ColumnError, Columns, EngineBlocks};
 pub use self::export::{ChainParent, GroupExport, ImportReport, PodExport};
 pub use self::ingest::HashCheck;
 pub use self::report::{ApplyReport, SkipReason};
-pub use self::tiers::TierLimits;
+pub use self::tiers::{TierClass, TierLimits, TierWeights};
 
 #[derive(Debug, Clone)]
 pub struct KvIndexConfig {
@@ -54,6 +54,8 @@ pub struct KvIndexConfig {
     pub hash_check: Option<HashCheck>,
     /// Bounds on tier names learned from publishers.
     pub tier_limits: TierLimits,
+    /// Weights of llm-d's tier classes (a name's configured weight overrides its class).
+    pub tier_classes: TierWeights,
 }
 
 impl Default for KvIndexConfig {
@@ -64,6 +66,7 @@ impl Default for KvIndexConfig {
             max_entries: 50_000_000,
             hash_check: None,
             tier_limits: TierLimits::default(),
+            tier_classes: TierWeights::default(),
         }
     }
 }
@@ -128,7 +131,7 @@ impl KvIndex {
         KvIndex {
             tree: Tree::new(config.shards, config.max_entries),
             pods: Pods::new(),
-            tiers: Tiers::with_limits(config.tier_limits),
+            tiers: Tiers::with_weights(config.tier_limits, config.tier_classes),
             states: RwLock::new(FxHashMap::default()),
             plans: Atomic::new(FxHashMap::default()),
             plans_writer: Mutex::new(()),

@@ -12,7 +12,7 @@ use crate::config::PodConfig;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 
-use super::Pods;
+use super::{precedence, Pods};
 
 /// The registry origin of the pods file's pods.
 const ORIGIN: &str = "pods_file";
@@ -65,6 +65,13 @@ async fn apply(pods: &Pods, wanted: Vec<PodConfig>, startup: bool) {
         }
     }
     for (_, p) in wanted {
+        let existing = pods.registry().origin_of(&p.id);
+        if let Some(origin) = existing.filter(|_| !precedence::may_replace(ORIGIN, existing)) {
+            // The shared precedence rule: the command line and config file outrank the file.
+            metrics::counter!(m::CONTROL_DENIED, "api" => ORIGIN, "reason" => "operator_pod").increment(1);
+            tracing::warn!(pod = %crate::transport::escape(&p.id), origin, "pods file entry names a pod configured on the command line or in the config file; left as configured");
+            continue;
+        }
         let unchanged = pods.registry().get(&p.id).is_some_and(|r| r.cfg == p && r.origin == ORIGIN);
         if !unchanged {
             if let Err(e) = pods.register(p, ORIGIN, startup).await {

@@ -1,36 +1,25 @@
-//! Whose word about a pod counts: static (the config file, `--pod`, the pods file) >
-//! discovered (Kubernetes) > registered (the HTTP and gRPC registration API). One function,
-//! so the API's refusal, discovery's "left as configured" and the pods file agree; the router
-//! applies the same order to its fleet (issue 24 item 5: the rule is meant to move to
-//! `kvindex-discovery` and be shared once it is there).
+//! Whose word about a pod counts, in the registry's origin labels: the shared rule of
+//! `kvindex_discovery::precedence` (static > pods file > discovered > registered), which the
+//! router's fleet applies too, so the two services cannot disagree about who owns a pod. Here
+//! only the mapping of the registry's labels onto it.
 
-/// Where a pod's declaration came from, in the order of precedence (later wins).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Rank {
-    /// The registration API (`grpc`, `http`).
-    Registered,
-    /// Kubernetes discovery (`discovery`).
-    Discovered,
-    /// The operator's files and flags (`config`, `pods_file`).
-    Static,
-}
+use kvindex_discovery::precedence::{self, PodOrigin};
 
-impl Rank {
-    /// The rank of a registry origin label (`config`, `pods_file`, `discovery`, `grpc`, `http`).
-    pub fn of(origin: &str) -> Rank {
-        match origin {
-            "config" | "pods_file" => Rank::Static,
-            "discovery" => Rank::Discovered,
-            _ => Rank::Registered,
-        }
+/// The origin of a registry label (`config`, `pods_file`, `discovery`, `grpc`, `http`).
+pub fn origin(label: &str) -> PodOrigin {
+    match label {
+        "config" => PodOrigin::Static,
+        "pods_file" => PodOrigin::File,
+        "discovery" => PodOrigin::Discovered,
+        _ => PodOrigin::Registered,
     }
 }
 
 /// Whether a declaration from `incoming` may replace or remove a pod that `existing` declared
-/// (`None`: the pod is not registered). Equal ranks replace each other (a pods file reload, a
-/// re-registration); a lower rank never overrides a higher one.
+/// (`None`: the pod is not registered). A source updates its own pods (a pods file reload, a
+/// re-registration); a weaker one never overrides a stronger one.
 pub fn may_replace(incoming: &str, existing: Option<&str>) -> bool {
-    existing.is_none_or(|existing| Rank::of(incoming) >= Rank::of(existing))
+    existing.is_none_or(|existing| precedence::may_replace(origin(existing), origin(incoming)))
 }
 
 #[cfg(test)]
@@ -38,7 +27,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn static_beats_discovered_beats_registered() {
+    fn config_beats_the_pods_file_beats_discovered_beats_registered() {
         for api in ["grpc", "http"] {
             assert!(may_replace(api, None));
             assert!(may_replace(api, Some("grpc")) && may_replace(api, Some("http")));
@@ -50,8 +39,10 @@ mod tests {
         assert!(may_replace("discovery", Some("discovery")));
         assert!(!may_replace("discovery", Some("config")));
         assert!(!may_replace("discovery", Some("pods_file")));
-        for existing in ["config", "pods_file", "discovery", "http"] {
+        for existing in ["pods_file", "discovery", "http"] {
             assert!(may_replace("pods_file", Some(existing)), "pods file over {existing}");
         }
+        assert!(!may_replace("pods_file", Some("config")), "the command line beats the pods file");
+        assert!(may_replace("config", Some("pods_file")));
     }
 }
