@@ -318,7 +318,7 @@ impl<P> Sequencer<P> {
     pub fn on_epoch(&mut self, epoch: Option<[u8; 16]>, out: &mut Vec<Step<P>>) {
         let Some(epoch) = epoch else { return };
         if self.epoch.replace(epoch).is_some_and(|previous| previous != epoch) {
-            self.restart(Reason::Restart, out);
+            self.restart(Reason::Epoch, out);
             // The new process's seq is not comparable with the old one's.
             self.last_live = None;
             self.reconnected = false;

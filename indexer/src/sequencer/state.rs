@@ -61,6 +61,9 @@ pub enum Reason {
     PendingOverflow,
     /// The seq went backwards: the publisher restarted.
     Restart,
+    /// A live message carried a new publisher epoch (vLLM's 24-byte seq frame): a new
+    /// publisher process, cleared like a restart whatever its seq.
+    Epoch,
     /// The publisher's connection was replaced: it may have restarted with its seq already
     /// past ours, so its history is re-read from seq 0 instead of trusted.
     Reconnect,
@@ -89,6 +92,7 @@ impl Reason {
             Reason::ReplayCooldown => "replay_cooldown",
             Reason::PendingOverflow => "pending_overflow",
             Reason::Restart => "restart",
+            Reason::Epoch => "epoch",
             Reason::Reconnect => "reconnect",
             Reason::Disconnect => "disconnect",
             Reason::Malformed => "malformed",

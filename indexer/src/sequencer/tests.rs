@@ -255,7 +255,7 @@ fn a_new_epoch_clears_like_a_restart_whatever_its_seq() {
     let mut out = Vec::new();
     s.on_epoch(Some(b2), &mut out);
     s.on_live(9, b("L"), 2, &mut out);
-    assert_eq!(actions(&out), ["clear restart", "replay 0"]);
+    assert_eq!(actions(&out), ["clear epoch", "replay 0"]);
     assert_eq!(s.stats().restarts, 1);
     // A new epoch at seq 0 applies at once, with a single clear.
     let mut s = exact_from_zero(false);
@@ -264,7 +264,7 @@ fn a_new_epoch_clears_like_a_restart_whatever_its_seq() {
     s.on_live(3, b("L"), 1, &mut out);
     s.on_epoch(Some(b2), &mut out);
     s.on_live(0, b("L"), 2, &mut out);
-    assert_eq!(actions(&out), ["apply 3 L", "clear restart", "apply 0 L"]);
+    assert_eq!(actions(&out), ["apply 3 L", "clear epoch", "apply 0 L"]);
     s.on_epoch(None, &mut out);
     assert_eq!(s.stats().restarts, 1, "a message without an epoch changes nothing");
 }

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use metrics::{counter, histogram};
 
 use kvindex::sequencer::{Reason, ReplayOutcome, SourceState, Step};
-use kvindex::wire::{self, EventBatch};
+use kvindex::wire::EventBatch;
 
 use super::{Steps, Worker};
 use crate::ingest::Batch;
@@ -108,7 +108,7 @@ impl Worker {
                 record_event_to_visible(decoded.ts);
                 r
             }
-            None => match wire::decode_batch(&batch.bytes) {
+            None => match batch.decode() {
                 Ok(decoded) => {
                     let r = index.apply(&st.pod, &st.model, &decoded);
                     if batch.received.is_some() {

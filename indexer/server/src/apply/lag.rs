@@ -58,7 +58,11 @@ mod tests {
     fn only_live_batches_date_what_a_stream_holds() {
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        let b = |ms: Option<u64>| Batch { bytes: Bytes::from_static(b"x"), received: ms.map(at) };
+        let b = |ms: Option<u64>| Batch {
+            bytes: Bytes::from_static(b"x"),
+            received: ms.map(at),
+            engine: Default::default(),
+        };
         // Held in the order they came: the first live one is the oldest received.
         let held = [b(None), b(Some(20)), b(Some(30))];
         assert_eq!(oldest_held(held.iter(), &[]), Some(at(20)));

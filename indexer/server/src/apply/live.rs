@@ -116,4 +116,8 @@ impl Fleet for ServiceFleet<'_> {
     fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool {
         self.0.central_source_connected(source)
     }
+
+    fn engine(&self, base: &str) -> kvindex::wire::Engine {
+        self.0.registry().engine_of(base).unwrap_or(self.0.config().default_engine)
+    }
 }

@@ -21,7 +21,7 @@ use clap::{ArgMatches, FromArgMatches};
 
 pub use self::cidr::Cidr;
 pub use self::error::{ConfigError, Origin};
-pub use self::pod::{offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
+pub use self::pod::{engine_name, offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
 use self::settings::defs;
 pub use self::settings::{serve_command, ServeArgs, Settings};
 use self::spec::{IntSpec, TextSpec};
@@ -48,6 +48,8 @@ pub struct Config {
     /// Central mode: the topic id already names each DP rank's pod (`dp_naming = "topic"`).
     pub dp_naming_topic: bool,
     pub zmq_bind: Option<String>,
+    /// The engine of a source no pod entry names one for (`default_engine`).
+    pub default_engine: kvindex::wire::Engine,
     pub topic_filter: String,
     /// Bounds of every ZeroMQ socket (the central SUB; dialled pods and replays take the
     /// per-source byte budget as theirs).
@@ -288,6 +290,11 @@ impl Config {
         }
         let dp_naming = defs::dp_naming.pick(s.dp_naming.as_deref()).map_err(|m| src.error("dp_naming", m))?;
         let dp_naming_topic = dp_naming == "topic";
+        let default_engine = defs::default_engine
+            .pick(s.default_engine.as_deref())
+            .map_err(|m| src.error("default_engine", m))?
+            .parse()
+            .map_err(|e: kvindex::wire::UnknownEngine| src.error("default_engine", e.to_string()))?;
         let topic_filter = defs::topic_filter.or_default(s.topic_filter.as_deref());
         if topic_filter.len() > 254 {
             return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
@@ -322,6 +329,7 @@ impl Config {
             tokenizer_endpoint,
             dp_naming_topic,
             zmq_bind,
+            default_engine,
             topic_filter,
             shards: ints.get(&defs::shards, s.shards)? as usize,
             max_entries: ints.get(&defs::max_entries, s.max_entries)? as u64,

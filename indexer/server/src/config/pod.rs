@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use kvindex::wire::Engine;
 use serde::{Deserialize, Deserializer};
 
 use super::error::{ConfigError, Origin};
@@ -27,6 +28,16 @@ pub struct PodConfig {
     /// Data-parallel ranks behind this pod (per-pod mode dials endpoint port + rank).
     #[serde(default = "one")]
     pub dp_size: u32,
+    /// The engine family that publishes this pod's events (`vllm`, `sglang`, `trtllm`): its
+    /// streams are decoded by that engine's rules. Absent: the server's `default_engine`.
+    #[serde(default, deserialize_with = "engine_name")]
+    pub engine: Option<Engine>,
+}
+
+/// Reads an engine by the name `kvindex decode --engine` takes.
+pub fn engine_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Engine>, D::Error> {
+    let name = String::deserialize(d)?;
+    name.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 fn one() -> u32 {
@@ -34,9 +45,14 @@ fn one() -> u32 {
 }
 
 impl PodConfig {
-    /// `--pod <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]`.
+    /// `--pod <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>][,engine=<engine>]`.
     pub fn from_flag(v: &str) -> Result<PodConfig, String> {
-        let parts: Vec<&str> = v.split(',').collect();
+        let mut parts: Vec<&str> = v.split(',').collect();
+        let mut engine = None;
+        if let Some(name) = parts.last().and_then(|p| p.strip_prefix("engine=")) {
+            engine = Some(name.parse::<Engine>().map_err(|e| e.to_string())?);
+            parts.pop();
+        }
         if !(3..=4).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
             return Err("expected <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]".into());
         }
@@ -47,6 +63,7 @@ impl PodConfig {
             replay_endpoint: parts.get(3).map(|s| s.to_string()),
             topic_id: None,
             dp_size: 1,
+            engine,
         })
     }
 
@@ -220,6 +237,9 @@ mod tests {
         let p = PodConfig::from_flag("10.0.0.7:8000,Qwen/Qwen3,tcp://10.0.0.7:5557,tcp://10.0.0.7:5558").unwrap();
         assert_eq!(p.replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5558"));
         assert!(PodConfig::from_flag("a,m").is_err());
+        let p = PodConfig::from_flag("a,m,tcp://h:1,engine=sglang").unwrap();
+        assert_eq!((p.engine, p.replay_endpoint), (Some(Engine::Sglang), None));
+        assert!(PodConfig::from_flag("a,m,tcp://h:1,engine=tgi").is_err());
     }
 
     #[test]

@@ -96,6 +96,10 @@ settings! {
     /// already names the rank's pod).
     #[arg(long, env = "KVINDEX_DP_NAMING")]
     dp_naming: Option<String> = ChoiceSpec { default: "port-offset", choices: &["port-offset", "topic"] },
+    /// The engine family of a source no pod entry names an engine for (central-mode topics
+    /// of unregistered pods, pods without `engine`): `vllm`, `sglang` or `trtllm`.
+    #[arg(long, env = "KVINDEX_DEFAULT_ENGINE")]
+    default_engine: Option<String> = ChoiceSpec { default: "vllm", choices: &["vllm", "sglang", "trtllm"] },
     /// SUB subscription prefix.
     #[arg(long, env = "KVINDEX_TOPIC_FILTER")]
     topic_filter: Option<String> = TextSpec { default: Some("kv@") },

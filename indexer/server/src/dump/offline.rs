@@ -189,6 +189,11 @@ impl Fleet for DumpFleet<'_> {
     fn source_connected(&self, _source: &kvindex_zmtp::Source) -> bool {
         true
     }
+
+    fn engine(&self, _base: &str) -> kvindex::wire::Engine {
+        // A dump records frames, not the fleet's configuration: vLLM's rules.
+        kvindex::wire::Engine::Vllm
+    }
 }
 
 struct Explain {
@@ -481,7 +486,7 @@ impl Offline {
                     let owned;
                     let b = match decoded {
                         Some(b) => b,
-                        None => match wire::decode_batch(&batch.bytes) {
+                        None => match batch.decode() {
                             Ok(b) => {
                                 owned = b;
                                 &owned

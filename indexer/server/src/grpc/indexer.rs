@@ -87,6 +87,12 @@ impl Indexer for IndexerService {
             replay_endpoint: (!r.replay_endpoint.is_empty()).then_some(r.replay_endpoint),
             topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
             dp_size: 1,
+            engine: match r.engine.as_str() {
+                "" => None,
+                name => Some(
+                    name.parse().map_err(|e: kvindex::wire::UnknownEngine| Status::invalid_argument(e.to_string()))?,
+                ),
+            },
         };
         self.control.pin_endpoints("grpc", &mut cfg).await.map_err(Status::permission_denied)?;
         self.pods.register(cfg, "grpc", false).await.map_err(|e| Status::invalid_argument(e.to_string()))?;

@@ -170,6 +170,8 @@ struct RegisterBody {
     topic_id: Option<String>,
     #[serde(default)]
     dp_size: Option<u32>,
+    #[serde(default, deserialize_with = "crate::config::engine_name")]
+    engine: Option<kvindex::wire::Engine>,
 }
 
 fn bad_request(reason: &'static str, message: String) -> Response {
@@ -214,6 +216,7 @@ async fn register(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
         replay_endpoint: b.replay_endpoint.filter(|e| !e.is_empty()),
         topic_id: b.topic_id.filter(|e| !e.is_empty()),
         dp_size: b.dp_size.unwrap_or(1),
+        engine: b.engine,
     };
     if let Err(message) = s.handles.pods.may_change("http", &cfg.id) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();

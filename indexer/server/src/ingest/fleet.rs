@@ -14,4 +14,7 @@ pub trait Fleet {
     fn configured(&self, base: &str) -> bool;
     /// Central mode: whether `source` holds a connection to the central SUB.
     fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool;
+    /// The engine family publishing `base`'s streams (its pod entry's `engine`, else the
+    /// server's `default_engine`).
+    fn engine(&self, base: &str) -> kvindex::wire::Engine;
 }

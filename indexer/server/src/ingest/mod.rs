@@ -9,7 +9,8 @@
 //! A live payload is decoded once, here: [`StreamTable::admit`] returns the decoded batch, and
 //! an `Apply` in the steps it emits is always that batch (the sequencer applies a live batch in
 //! the call that brings it, or holds it; what it held comes out of later calls, decoded then).
-//! Decoding is per engine: vLLM's `KVEventBatch` today, the place another engine's decoder goes.
+//! Decoding is per engine: each stream's payloads are decoded by its source's engine family
+//! ([`Fleet::engine`], [`batch::decode`]).
 //!
 //! Nothing here reads a clock, a socket or a metric: the driver passes `now` and the
 //! [`Fleet`] (what the registry knows), which makes the table testable and replayable.
@@ -29,7 +30,7 @@ use bytes::Bytes;
 use kvindex::sequencer::{Item, Sequencer, SequencerConfig, SourceState, Step};
 use kvindex::wire::{self, EventBatch};
 
-pub use batch::Batch;
+pub use batch::{decode, Batch};
 pub use fleet::Fleet;
 pub use naming::{Mode, Name, Naming, Unnamed, MAX_TOPIC_LEN};
 pub use stream::{Binding, Ext, Reclaim, Stream, UNCONFIRMED_RECLAIM_MS};
@@ -187,7 +188,8 @@ impl<X: Ext> StreamTable<X> {
         };
         // `parse_live` took three frames: the payload is the last.
         let payload = &frames[2];
-        let decoded = wire::decode_batch(payload);
+        let engine = fleet.engine(&name.base);
+        let decoded = decode(engine, payload);
         let ranks: Vec<u32> = match &decoded {
             Ok(batch) => vec![batch.data_parallel_rank.unwrap_or(0).clamp(0, i64::from(u16::MAX)) as u32],
             Err(e) => {
@@ -223,7 +225,7 @@ impl<X: Ext> StreamTable<X> {
                     continue;
                 }
             }
-            let Some(st) = self.entry(&key, &name, now, new_ext, out) else { continue };
+            let Some(st) = self.entry(&key, &name, engine, now, new_ext, out) else { continue };
             if name.mode == Mode::Central {
                 if let Some(peer) = peer {
                     match st.bind_source(fleet, peer) {
@@ -261,9 +263,11 @@ impl<X: Ext> StreamTable<X> {
                 st.endpoint = name.endpoint.clone();
             }
             let item = match decoded {
-                Ok(_) => Item::Batch(Batch { bytes: payload.clone(), received }),
+                Ok(_) => Item::Batch(Batch { bytes: payload.clone(), received, engine }),
                 Err(_) => Item::Malformed,
             };
+            // A 24-byte seq frame's epoch: a new one is a new publisher process, a clear.
+            st.seq.on_epoch(raw.epoch, &mut steps);
             st.seq.on_live(raw.seq, item, now, &mut steps);
             st.saw(&steps);
             out.push(Effect::Steps { key, steps });
@@ -277,6 +281,7 @@ impl<X: Ext> StreamTable<X> {
         &mut self,
         key: &StreamKey,
         name: &Name,
+        engine: kvindex::wire::Engine,
         now: u64,
         new_ext: &mut NewExt<'_, X>,
         out: &mut Vec<Effect<X>>,
@@ -301,12 +306,14 @@ impl<X: Ext> StreamTable<X> {
                     conflicts: 0,
                     created_at: now,
                     confirmed: false,
+                    engine,
                     ext,
                 },
             );
             out.push(Effect::Created { key: key.clone() });
         }
         let st = self.streams.get_mut(key)?;
+        st.engine = engine;
         if st.model != name.model {
             let old = std::mem::replace(&mut st.model, name.model.clone());
             out.push(Effect::ModelSwitched { key: key.clone(), old });
@@ -345,7 +352,8 @@ impl<X: Ext> StreamTable<X> {
     ) {
         let name = Name { base: key.base.clone(), model: model.clone(), mode: Mode::PerPod, endpoint: None };
         let replay = fleet.has_replay(&key.base, key.rank);
-        let Some(st) = self.entry(key, &name, now, new_ext, out) else { return };
+        let engine = fleet.engine(&key.base);
+        let Some(st) = self.entry(key, &name, engine, now, new_ext, out) else { return };
         st.endpoint = Some(endpoint.clone());
         st.seq.set_replay(replay);
         let mut steps = Vec::new();
@@ -399,12 +407,15 @@ impl<X: Ext> StreamTable<X> {
         let mut steps = Vec::new();
         match event {
             ReplayEvent::Message { seq, payload } => {
-                let item = match wire::decode_batch(&payload) {
+                let engine = st.engine;
+                let item = match decode(engine, &payload) {
                     // Received live already and held: it is visible only now, so its wait
                     // counts from that receive.
-                    Ok(_) => {
-                        Item::Batch(Batch { received: st.seq.held_at(seq).and_then(|b| b.received), bytes: payload })
-                    }
+                    Ok(_) => Item::Batch(Batch {
+                        received: st.seq.held_at(seq).and_then(|b| b.received),
+                        bytes: payload,
+                        engine,
+                    }),
                     Err(e) => {
                         out.push(Effect::Undecodable { reason: e.reason(), what: "replay payload" });
                         Item::Malformed

@@ -50,6 +50,9 @@ pub struct Stream<X> {
     /// Whether the stream was ever EXACT: a stream a peer made up (a topic no engine
     /// publishes) never is, and is the first to go when the table is full.
     pub confirmed: bool,
+    /// The engine family whose rules decode this stream's payloads (re-read from the
+    /// [`Fleet`] on every live message: a re-registration may change it).
+    pub engine: kvindex::wire::Engine,
     pub ext: X,
 }
 

@@ -29,6 +29,9 @@ impl Fleet for Registry {
     fn source_connected(&self, _: &kvindex_zmtp::Source) -> bool {
         true
     }
+    fn engine(&self, _: &str) -> kvindex::wire::Engine {
+        kvindex::wire::Engine::Vllm
+    }
 }
 
 fn registry() -> Registry {

@@ -92,6 +92,7 @@ fn pod_config(pod: &DiscoveredPod, central: bool) -> PodConfig {
         replay_endpoint: pod.replay_endpoint(0),
         topic_id: None,
         dp_size: pod.dp_size,
+        engine: None,
     }
 }
 

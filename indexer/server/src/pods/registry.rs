@@ -132,6 +132,11 @@ impl Registry {
     }
 
     /// Where a registered pod came from (config, pods_file, discovery, grpc, http).
+    /// The engine `pod`'s entry names, if it is registered and names one.
+    pub fn engine_of(&self, pod: &str) -> Option<kvindex::wire::Engine> {
+        self.pods.get(pod).and_then(|p| p.cfg.engine)
+    }
+
     pub fn origin_of(&self, pod: &str) -> Option<&'static str> {
         self.pods.get(pod).map(|p| p.origin)
     }
