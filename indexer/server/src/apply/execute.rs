@@ -11,7 +11,7 @@ use kvindex::sequencer::{Reason, ReplayOutcome, SourceState, Step};
 use kvindex::wire::EventBatch;
 
 use super::{Steps, Worker};
-use crate::ingest::Batch;
+use crate::ingest::{Batch, RulesReport};
 use crate::protocols::{ReplayItem, StreamKey, Work};
 use crate::snapshot::import::start_import;
 use crate::state::ServiceState;
@@ -56,6 +56,7 @@ impl Worker {
                         counter!(m::SNAPSHOT_RESTORES, "outcome" => "dropped").increment(1);
                         tracing::warn!(pod = %st.pod, reason = reason.label(), "snapshot record dropped: the stream did not continue from its cursor");
                     }
+                    st.rules.clear();
                     let removed = state.index().clear_pod(&st.pod);
                     state.end_speculation(&st.pod, reason.label());
                     counter!(m::CLEARS, "reason" => reason.label()).increment(1);
@@ -100,17 +101,24 @@ impl Worker {
     /// Applies one batch to `key`'s pod: `decoded` if the table decoded it, else decoded now
     /// (a batch held back behind a replay, an export or an import).
     fn apply(&mut self, key: &StreamKey, batch: &Batch, decoded: Option<&EventBatch<'_>>) {
-        let Some(st) = self.table.get(key) else { return };
+        let Some(st) = self.table.get_mut(key) else { return };
         let index = self.state.index();
-        let report = match decoded {
+        // The stream's engine rules first (SGLang: servable pages, small pages rewritten).
+        let mut kept_out = RulesReport::default();
+        let mut apply = |decoded: &EventBatch<'_>| {
+            let (prepared, report) = st.rules.prepare(decoded);
+            kept_out = report;
+            index.apply(&st.pod, &st.model, prepared.as_ref().unwrap_or(decoded))
+        };
+        let mut report = match decoded {
             Some(decoded) => {
-                let r = index.apply(&st.pod, &st.model, decoded);
+                let r = apply(decoded);
                 record_event_to_visible(decoded.ts);
                 r
             }
             None => match batch.decode() {
                 Ok(decoded) => {
-                    let r = index.apply(&st.pod, &st.model, &decoded);
+                    let r = apply(&decoded);
                     if batch.received.is_some() {
                         // A live batch held back (behind a replay, an export or an import):
                         // visible only now.
@@ -121,6 +129,12 @@ impl Worker {
                 Err(_) => return, // decoded fine when it was sequenced; cannot happen
             },
         };
+        for (reason, blocks) in kept_out.skipped() {
+            report.skipped[reason as usize] += blocks;
+        }
+        if report.unweighted_tier_blocks > 0 {
+            self.unweighted_tier_blocks.increment(report.unweighted_tier_blocks);
+        }
         if let Some(at) = batch.received {
             histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
         }

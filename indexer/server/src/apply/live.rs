@@ -81,6 +81,7 @@ pub fn table_config(state: &ServiceState) -> TableConfig {
         topic_filter: c.topic_filter.clone(),
         dp_naming_topic: c.dp_naming_topic,
         max_streams: c.max_sources.div_ceil(c.apply_workers),
+        block_size: c.block_size,
         max_streams_per_address: c.max_sources_per_address.div_ceil(c.apply_workers),
         sequencer: SequencerConfig {
             replay: false,
@@ -119,5 +120,9 @@ impl Fleet for ServiceFleet<'_> {
 
     fn engine(&self, base: &str) -> kvindex::wire::Engine {
         self.0.registry().engine_of(base).unwrap_or(self.0.config().default_engine)
+    }
+
+    fn page_size(&self, base: &str) -> Option<usize> {
+        self.0.registry().get(base).and_then(|p| p.cfg.page_size).map(|p| p as usize)
     }
 }

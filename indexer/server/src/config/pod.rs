@@ -32,6 +32,10 @@ pub struct PodConfig {
     /// streams are decoded by that engine's rules. Absent: the server's `default_engine`.
     #[serde(default, deserialize_with = "engine_name")]
     pub engine: Option<Engine>,
+    /// SGLang's `--page-size` for this pod (tokens per page; SGLang's default 1 when absent):
+    /// which stores are whole pages, and how small pages make canonical blocks.
+    #[serde(default)]
+    pub page_size: Option<u32>,
 }
 
 /// Reads an engine by the name `kvindex decode --engine` takes.
@@ -64,6 +68,7 @@ impl PodConfig {
             topic_id: None,
             dp_size: 1,
             engine,
+            page_size: None,
         })
     }
 
@@ -93,12 +98,18 @@ impl PodConfig {
         if self.topic_id.as_deref() == Some("") {
             self.topic_id = None;
         }
+        if self.page_size.is_some_and(|p| !(1..=MAX_PAGE_SIZE).contains(&p)) {
+            return Err(err("page_size", format!("must be between 1 and {MAX_PAGE_SIZE}")));
+        }
         if !(1..=MAX_DP_SIZE).contains(&self.dp_size) {
             return Err(err("dp_size", format!("must be between 1 and {MAX_DP_SIZE}, got {}", self.dp_size)));
         }
         Ok(self)
     }
 }
+
+/// Largest SGLang page size accepted (its `--page-size`; the index's block is at most this too).
+pub const MAX_PAGE_SIZE: u32 = 65_536;
 
 /// Most data-parallel ranks behind one pod: each one is a dialer (per-pod mode) and a stream.
 pub const MAX_DP_SIZE: u32 = 128;

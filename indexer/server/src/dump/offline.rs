@@ -263,6 +263,7 @@ impl Offline {
             // own caps bounded): no cap of our own.
             max_streams: usize::MAX,
             max_streams_per_address: usize::MAX,
+            block_size: config.block_size,
             sequencer: SequencerConfig::default(),
         });
         Offline {
@@ -494,7 +495,9 @@ impl Offline {
                             Err(_) => continue,
                         },
                     };
-                    let r = self.index.apply(&pod, &stream.model, b);
+                    // The stream's engine rules, as the live worker applies them.
+                    let (prepared, _) = stream.rules.prepare(b);
+                    let r = self.index.apply(&pod, &stream.model, prepared.as_ref().unwrap_or(b));
                     let stats = &mut stream.ext.stats;
                     stats.applied += 1;
                     stats.stored_blocks += r.stored_blocks;
@@ -503,6 +506,7 @@ impl Offline {
                     self.note(&pod, seq, t, "batch");
                 }
                 Step::Clear { reason } => {
+                    stream.rules.clear();
                     self.index.clear_pod(&pod);
                     stream.ext.stats.clears += 1;
                     let seq = stream.seq.last_seq().unwrap_or(0);

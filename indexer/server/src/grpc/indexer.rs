@@ -93,6 +93,7 @@ impl Indexer for IndexerService {
                     name.parse().map_err(|e: kvindex::wire::UnknownEngine| Status::invalid_argument(e.to_string()))?,
                 ),
             },
+            page_size: None,
         };
         self.control.pin_endpoints("grpc", &mut cfg).await.map_err(Status::permission_denied)?;
         self.pods.register(cfg, "grpc", false).await.map_err(|e| Status::invalid_argument(e.to_string()))?;

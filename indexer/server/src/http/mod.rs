@@ -172,6 +172,8 @@ struct RegisterBody {
     dp_size: Option<u32>,
     #[serde(default, deserialize_with = "crate::config::engine_name")]
     engine: Option<kvindex::wire::Engine>,
+    #[serde(default)]
+    page_size: Option<u32>,
 }
 
 fn bad_request(reason: &'static str, message: String) -> Response {
@@ -217,6 +219,7 @@ async fn register(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
         topic_id: b.topic_id.filter(|e| !e.is_empty()),
         dp_size: b.dp_size.unwrap_or(1),
         engine: b.engine,
+        page_size: b.page_size,
     };
     if let Err(message) = s.handles.pods.may_change("http", &cfg.id) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();

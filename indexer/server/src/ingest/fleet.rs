@@ -17,4 +17,8 @@ pub trait Fleet {
     /// The engine family publishing `base`'s streams (its pod entry's `engine`, else the
     /// server's `default_engine`).
     fn engine(&self, base: &str) -> kvindex::wire::Engine;
+    /// `base`'s page size (SGLang's `--page-size`), when its pod entry names one.
+    fn page_size(&self, _base: &str) -> Option<usize> {
+        None
+    }
 }

@@ -16,6 +16,7 @@
 //! [`Fleet`] (what the registry knows), which makes the table testable and replayable.
 
 mod batch;
+mod engine_rules;
 mod fleet;
 mod naming;
 mod stream;
@@ -31,6 +32,7 @@ use kvindex::sequencer::{Item, Sequencer, SequencerConfig, SourceState, Step};
 use kvindex::wire::{self, EventBatch};
 
 pub use batch::{decode, Batch};
+pub use engine_rules::{EngineRules, RulesReport, SGLANG_DEFAULT_PAGE_SIZE};
 pub use fleet::Fleet;
 pub use naming::{Mode, Name, Naming, Unnamed, MAX_TOPIC_LEN};
 pub use stream::{Binding, Ext, Reclaim, Stream, UNCONFIRMED_RECLAIM_MS};
@@ -47,6 +49,8 @@ pub struct TableConfig {
     pub max_streams: usize,
     /// Central-mode streams one source address may hold (its share of `max_sources_per_address`).
     pub max_streams_per_address: usize,
+    /// The index's canonical block, in tokens (each stream's engine rules key to it).
+    pub block_size: usize,
     /// Each new stream's sequencer (`replay` is re-read from the [`Fleet`]).
     pub sequencer: SequencerConfig,
 }
@@ -189,6 +193,7 @@ impl<X: Ext> StreamTable<X> {
         // `parse_live` took three frames: the payload is the last.
         let payload = &frames[2];
         let engine = fleet.engine(&name.base);
+        let page_size = fleet.page_size(&name.base);
         let decoded = decode(engine, payload);
         let ranks: Vec<u32> = match &decoded {
             Ok(batch) => vec![batch.data_parallel_rank.unwrap_or(0).clamp(0, i64::from(u16::MAX)) as u32],
@@ -225,7 +230,7 @@ impl<X: Ext> StreamTable<X> {
                     continue;
                 }
             }
-            let Some(st) = self.entry(&key, &name, engine, now, new_ext, out) else { continue };
+            let Some(st) = self.entry(&key, &name, (engine, page_size), now, new_ext, out) else { continue };
             if name.mode == Mode::Central {
                 if let Some(peer) = peer {
                     match st.bind_source(fleet, peer) {
@@ -281,7 +286,7 @@ impl<X: Ext> StreamTable<X> {
         &mut self,
         key: &StreamKey,
         name: &Name,
-        engine: kvindex::wire::Engine,
+        (engine, page_size): (kvindex::wire::Engine, Option<usize>),
         now: u64,
         new_ext: &mut NewExt<'_, X>,
         out: &mut Vec<Effect<X>>,
@@ -306,14 +311,16 @@ impl<X: Ext> StreamTable<X> {
                     conflicts: 0,
                     created_at: now,
                     confirmed: false,
-                    engine,
+                    rules: EngineRules::new(engine, page_size, self.config.block_size),
                     ext,
                 },
             );
             out.push(Effect::Created { key: key.clone() });
         }
         let st = self.streams.get_mut(key)?;
-        st.engine = engine;
+        if !st.rules.is_for(engine, page_size) {
+            st.rules = EngineRules::new(engine, page_size, self.config.block_size);
+        }
         if st.model != name.model {
             let old = std::mem::replace(&mut st.model, name.model.clone());
             out.push(Effect::ModelSwitched { key: key.clone(), old });
@@ -352,8 +359,8 @@ impl<X: Ext> StreamTable<X> {
     ) {
         let name = Name { base: key.base.clone(), model: model.clone(), mode: Mode::PerPod, endpoint: None };
         let replay = fleet.has_replay(&key.base, key.rank);
-        let engine = fleet.engine(&key.base);
-        let Some(st) = self.entry(key, &name, engine, now, new_ext, out) else { return };
+        let source = (fleet.engine(&key.base), fleet.page_size(&key.base));
+        let Some(st) = self.entry(key, &name, source, now, new_ext, out) else { return };
         st.endpoint = Some(endpoint.clone());
         st.seq.set_replay(replay);
         let mut steps = Vec::new();
@@ -407,7 +414,7 @@ impl<X: Ext> StreamTable<X> {
         let mut steps = Vec::new();
         match event {
             ReplayEvent::Message { seq, payload } => {
-                let engine = st.engine;
+                let engine = st.rules.engine();
                 let item = match decode(engine, &payload) {
                     // Received live already and held: it is visible only now, so its wait
                     // counts from that receive.

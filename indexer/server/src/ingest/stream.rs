@@ -7,6 +7,7 @@ use std::sync::Arc;
 use kvindex::sequencer::{Sequencer, SourceState, Step};
 
 use super::batch::Batch;
+use super::engine_rules::EngineRules;
 use super::fleet::Fleet;
 use super::naming::Mode;
 use crate::protocols::{ConnId, StreamKey};
@@ -50,9 +51,9 @@ pub struct Stream<X> {
     /// Whether the stream was ever EXACT: a stream a peer made up (a topic no engine
     /// publishes) never is, and is the first to go when the table is full.
     pub confirmed: bool,
-    /// The engine family whose rules decode this stream's payloads (re-read from the
-    /// [`Fleet`] on every live message: a re-registration may change it).
-    pub engine: kvindex::wire::Engine,
+    /// The engine family whose rules decode and key this stream's payloads (re-read from the
+    /// [`Fleet`] on every live message: a re-registration may change them).
+    pub rules: EngineRules,
     pub ext: X,
 }
 

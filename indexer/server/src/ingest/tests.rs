@@ -44,6 +44,7 @@ fn table(max_streams: usize) -> StreamTable<()> {
         dp_naming_topic: false,
         max_streams,
         max_streams_per_address: usize::MAX,
+        block_size: 16,
         sequencer: SequencerConfig { replay: false, ..Default::default() },
     })
 }

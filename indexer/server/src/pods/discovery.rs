@@ -93,6 +93,7 @@ fn pod_config(pod: &DiscoveredPod, central: bool) -> PodConfig {
         topic_id: None,
         dp_size: pod.dp_size,
         engine: None,
+        page_size: None,
     }
 }
 
