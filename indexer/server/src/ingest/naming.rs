@@ -75,7 +75,9 @@ impl Naming {
 
     /// The stream `topic` names for a message from `origin`.
     pub fn name(&mut self, fleet: &dyn Fleet, origin: &Origin, topic: &[u8]) -> Result<Name, Unnamed> {
-        if !topic.starts_with(self.filter.as_bytes()) {
+        // A dialled SGLang pod is named by its entry, and SGLang's topic is `""` by default.
+        let any_topic = matches!(origin, Origin::Pod { id, .. } if fleet.engine(id) == kvindex::wire::Engine::Sglang);
+        if !any_topic && !topic.starts_with(self.filter.as_bytes()) {
             return Err(Unnamed::Undecodable { reason: "topic_filtered", what: "topic does not match the filter" });
         }
         if topic.len() > MAX_TOPIC_LEN {

@@ -122,7 +122,7 @@ impl Pods {
                     let sync = Work::InitialSync { stream, model: model.clone(), endpoint: ep.clone(), startup };
                     queues.send(worker, sync).await;
                 }
-                tokio::spawn(self.inner.dialer.clone().dial(id.clone(), model.clone(), ep, stop.clone()));
+                tokio::spawn(self.inner.dialer.clone().dial(id.clone(), model.clone(), ep, cfg.engine, stop.clone()));
             }
         }
         Ok(())

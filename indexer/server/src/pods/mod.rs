@@ -50,6 +50,8 @@ pub struct PodsConfig {
     pub central: bool,
     /// The dialled pods' subscription and socket bounds.
     pub topic_filter: String,
+    /// The engine of a pod whose entry names none (an SGLang pod is subscribed to every topic).
+    pub default_engine: kvindex::wire::Engine,
     pub zmq_limits: kvindex_zmtp::Limits,
 }
 
@@ -64,6 +66,7 @@ impl PodsConfig {
             discovery: config.discovery.clone(),
             central: config.zmq_bind.is_some(),
             topic_filter: config.topic_filter.clone(),
+            default_engine: config.default_engine,
             zmq_limits: config.zmq_limits.clone(),
         }
     }
@@ -73,7 +76,8 @@ impl Pods {
     /// The registry of `config`'s topic map and replay entries, empty of pods (they come with
     /// [`start`](Pods::start)); registrations hand their work to `queues`.
     pub fn new(config: &PodsConfig, queues: Arc<Queues>, readiness: Arc<Readiness>) -> Pods {
-        let dialer = Dialer::new(queues.clone(), config.topic_filter.clone(), config.zmq_limits.clone());
+        let dialer =
+            Dialer::new(queues.clone(), config.topic_filter.clone(), config.default_engine, config.zmq_limits.clone());
         Pods::from_parts(Registry::new(&config.topic_map, &config.replay), dialer, queues, readiness)
     }
 

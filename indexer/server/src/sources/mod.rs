@@ -99,6 +99,8 @@ pub async fn serve_central(
 pub struct Dialer {
     queues: Arc<Queues>,
     topic_filter: String,
+    /// The engine of a pod whose entry names none (`default_engine`).
+    default_engine: kvindex::wire::Engine,
     /// One pod's socket holds at most a source's share (`zmq_max_bytes_in_flight_per_source`).
     limits: kvindex_zmtp::Limits,
     /// All dialled pods together hold at most this: a thousand registered pods cannot hold a
@@ -108,20 +110,34 @@ pub struct Dialer {
 
 impl Dialer {
     /// The dialler of `zmq_limits`' bounds, subscribing to `topic_filter`.
-    pub fn new(queues: Arc<Queues>, topic_filter: String, zmq_limits: kvindex_zmtp::Limits) -> Dialer {
+    pub fn new(
+        queues: Arc<Queues>,
+        topic_filter: String,
+        default_engine: kvindex::wire::Engine,
+        zmq_limits: kvindex_zmtp::Limits,
+    ) -> Dialer {
         let shared = kvindex_zmtp::Budget::new(zmq_limits.max_bytes_in_flight);
         let mut limits = zmq_limits;
         limits.max_bytes_in_flight = limits.max_bytes_in_flight_per_source;
-        Dialer { queues, topic_filter, limits, shared }
+        Dialer { queues, topic_filter, default_engine, limits, shared }
     }
 
     /// Dials one pod's PUB endpoint until `shutdown`; re-dials (with backoff) after a refused
-    /// connect or a disconnect.
-    pub async fn dial(self, id: Arc<str>, model: Arc<str>, endpoint: Arc<str>, mut shutdown: Shutdown) {
+    /// connect or a disconnect. An SGLang pod is subscribed to every topic: SGLang publishes
+    /// topic `""` unless `kv_events_config.topic` is set, and a dialled pod is named by its entry.
+    pub async fn dial(
+        self,
+        id: Arc<str>,
+        model: Arc<str>,
+        endpoint: Arc<str>,
+        engine: Option<kvindex::wire::Engine>,
+        mut shutdown: Shutdown,
+    ) {
         let queues = &self.queues;
         let worker = queues.worker_for(id.as_bytes());
         let origin = Origin::Pod { id: id.clone(), model, endpoint: endpoint.clone() };
-        let filters = [self.topic_filter.as_bytes()];
+        let any_topic = engine.unwrap_or(self.default_engine) == kvindex::wire::Engine::Sglang;
+        let filters = [if any_topic { &b""[..] } else { self.topic_filter.as_bytes() }];
         let limits = self.limits.clone();
         let shared = Some(self.shared.clone());
         let mut sub = match SubDialer::connect_sharing(&endpoint, &filters, limits, Backoff::default(), shared) {

@@ -60,7 +60,12 @@ pub struct Peer {
 
 impl Peer {
     pub fn start(python: &PathBuf) -> Peer {
-        let script = workspace().join("indexer/server/tests/python/kvpeer.py");
+        Self::start_script(python, "kvpeer.py")
+    }
+
+    /// A peer from another script of `tests/python/` (one that extends kvpeer.py's ops).
+    pub fn start_script(python: &PathBuf, script: &str) -> Peer {
+        let script = workspace().join("indexer/server/tests/python").join(script);
         let proto = workspace().join("proto/kvindex/v1/indexer.proto");
         let mut child = Command::new(python)
             .arg(script)
