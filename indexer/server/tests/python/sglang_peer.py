@@ -18,9 +18,12 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import socket
 import sys
 import time
 import types
+
+import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvpeer  # noqa: E402
@@ -67,6 +70,18 @@ def page_id(digest):
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+def port_free(endpoint):
+    """Whether `tcp://host:port` can be bound now (as ZeroMQ binds: SO_REUSEADDR)."""
+    host, port = endpoint[len("tcp://") :].rsplit(":", 1)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, int(port)))
+            return True
+        except OSError:
+            return False
+
+
 class DroppingPub:
     """The publisher's PUB socket with the next `n` sends lost on the wire (the replay buffer
     still holds them, as after a HWM drop)."""
@@ -92,9 +107,27 @@ class SglangPub:
 
     def start(self):
         endpoint, replay_endpoint, topic, dp_rank, bind = self.args
-        self.pub = kv.ZmqEventPublisher(
-            attn_dp_rank=dp_rank, endpoint=endpoint, replay_endpoint=replay_endpoint, topic=topic, bind=bind
-        )
+        # A restart binds the old process's ports again; ZeroMQ closes sockets asynchronously,
+        # so the port may still be held for a moment (a real restart retries likewise).
+        deadline = time.monotonic() + 10
+        bound = [e for e in (endpoint, replay_endpoint) if e and e.startswith("tcp://") and not e.endswith(":*")]
+        if bind or replay_endpoint:
+            # Both ports free first: a constructor that bound the PUB and then failed on the
+            # replay port would keep the PUB's port.
+            while not all(port_free(e) for e in bound if e == replay_endpoint or bind):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+        while True:
+            try:
+                self.pub = kv.ZmqEventPublisher(
+                    attn_dp_rank=dp_rank, endpoint=endpoint, replay_endpoint=replay_endpoint, topic=topic, bind=bind
+                )
+                break
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
         self.pub._pub = DroppingPub(self.pub._pub)
         self.sent = 0
         # chain name -> (tokens, digests of the whole pages held, in order)
