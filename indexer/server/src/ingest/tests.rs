@@ -11,6 +11,8 @@ use super::*;
 
 struct Registry {
     topics: HashMap<String, String>,
+    /// Pods whose entry names SGLang (the rest: vLLM, the default).
+    sglang: Vec<String>,
 }
 
 impl Fleet for Registry {
@@ -29,13 +31,17 @@ impl Fleet for Registry {
     fn source_connected(&self, _: &kvindex_zmtp::Source) -> bool {
         true
     }
-    fn engine(&self, _: &str) -> kvindex::wire::Engine {
-        kvindex::wire::Engine::Vllm
+    fn engine(&self, base: &str) -> kvindex::wire::Engine {
+        if self.sglang.iter().any(|p| p == base) {
+            kvindex::wire::Engine::Sglang
+        } else {
+            kvindex::wire::Engine::Vllm
+        }
     }
 }
 
 fn registry() -> Registry {
-    Registry { topics: [("eng-a".to_string(), "pod-a".to_string())].into() }
+    Registry { topics: [("eng-a".to_string(), "pod-a".to_string())].into(), sglang: vec!["sgl".to_string()] }
 }
 
 fn table(max_streams: usize) -> StreamTable<()> {
@@ -159,4 +165,68 @@ fn a_full_table_refuses_a_new_stream_until_one_may_be_reclaimed() {
     assert!(matches!(&effects[0], Effect::Reclaimed { why: Reclaim::Silent, stream, .. } if &*stream.pod == "x"));
     assert!(t.get(&StreamKey { base: Arc::from("y"), rank: 0 }).is_some());
     assert_eq!(t.len(), 1);
+}
+
+/// `frames` with a 24-byte seq frame: the seq, then the publisher's 16-byte epoch.
+fn with_epoch(mut frames: Vec<Bytes>, epoch: u8) -> Vec<Bytes> {
+    let mut seq = frames[1].to_vec();
+    seq.extend_from_slice(&[epoch; 16]);
+    frames[1] = Bytes::from(seq);
+    frames
+}
+
+#[test]
+fn a_new_publisher_epoch_clears_the_stream_whatever_its_seq() {
+    let mut t = table(16);
+    admit(&mut t, &with_epoch(frames("kv@p@m", 0, 0), 1), 1, 0);
+    let (_, effects) = admit(&mut t, &with_epoch(frames("kv@p@m", 1, 0), 1), 1, 1);
+    assert!(!steps_of(&effects).iter().any(|s| matches!(s, Step::Clear { .. })), "the same epoch goes on");
+    // Seq 2 follows seq 1, but from a new process: only the epoch tells.
+    let (decoded, effects) = admit(&mut t, &with_epoch(frames("kv@p@m", 2, 0), 2), 1, 2);
+    assert!(decoded);
+    let steps = steps_of(&effects);
+    assert!(steps.iter().any(|s| matches!(s, Step::Clear { reason: Reason::Epoch })), "{steps:?}");
+    let clear = steps.iter().position(|s| matches!(s, Step::Clear { .. }));
+    let apply = steps.iter().position(|s| matches!(s, Step::Apply { .. }));
+    assert!(apply.is_none() || apply > clear, "nothing of the new process applies before the clear: {steps:?}");
+}
+
+/// An SGLang 0.5.6 array-form store of `pages` pages of 1 token: 6 slots, a negative id.
+fn sglang_frames(topic: &str, seq: u64, pages: usize) -> Vec<Bytes> {
+    #[derive(serde::Serialize)]
+    struct ArrayStored(&'static str, Vec<i64>, Option<i64>, Vec<u32>, u32, Option<i64>);
+    let event = ArrayStored(
+        "BlockStored",
+        (0..pages as i64).map(|i| -1 - i).collect(),
+        None,
+        (0..pages as u32).collect(),
+        1,
+        None,
+    );
+    let payload = rmp_serde::to_vec(&(1.0f64, vec![event], 0i64)).unwrap();
+    vec![Bytes::from(topic.to_string()), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)]
+}
+
+#[test]
+fn each_stream_is_decoded_and_keyed_by_its_sources_engine() {
+    let mut t = table(16);
+    let (decoded, _) = admit(&mut t, &sglang_frames("kv@sgl@m", 0, 32), 1, 0);
+    assert!(decoded, "SGLang's array form decodes by SGLang's rules");
+    let st = t.get(&StreamKey { base: Arc::from("sgl"), rank: 0 }).expect("the SGLang stream");
+    assert_eq!(st.rules.engine(), kvindex::wire::Engine::Sglang);
+    // vLLM's rules take the same 6-slot array as vLLM's own fields: not a store of 1-token
+    // pages, so nothing of it would credit; SGLang's rules make 2 canonical blocks of it.
+    let payload = sglang_frames("kv@sgl@m", 0, 32).pop().unwrap();
+    let st = t.get_mut(&StreamKey { base: Arc::from("sgl"), rank: 0 }).unwrap();
+    let decoded = super::decode(st.rules.engine(), &payload).unwrap();
+    let (prepared, report) = st.rules.prepare(&decoded);
+    let prepared = prepared.expect("SGLang's rules rewrite the batch");
+    let kvindex::wire::Event::BlockStored(store) = &prepared.events[0] else { panic!("{prepared:?}") };
+    assert_eq!((store.block_hashes.len(), store.block_size), (2, Some(16)), "{report:?}");
+    // A vLLM stream's batch goes to the index as it came.
+    admit(&mut t, &frames("kv@p@m", 0, 0), 1, 0);
+    let st = t.get_mut(&StreamKey { base: Arc::from("p"), rank: 0 }).unwrap();
+    assert_eq!(st.rules.engine(), kvindex::wire::Engine::Vllm);
+    let payload = frames("kv@p@m", 0, 0).pop().unwrap();
+    assert!(st.rules.prepare(&super::decode(st.rules.engine(), &payload).unwrap()).0.is_none());
 }
