@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The demo: `kvindex serve` indexing a simulated vLLM fleet (`kvindex-sim`, vLLM's exact event
-bytes) and `kvindex-router` in front of it. Multi-turn chats go to the router's OpenAI endpoint;
+"""The demo: `kvindex serve` indexing a simulated mixed fleet (`kvindex-sim`: three vLLM pods and
+one SGLang pod, each in its engine's exact event bytes) and `kvindex-router` in front of it. Multi-turn chats go to the router's OpenAI endpoint;
 the router tokenizes each chat exactly as the engines do (the DeepSeek tokenizer and template),
 asks the indexer which pod holds its prefix, adds load, and forwards. For every request the demo
 prints where it went and why (from the router's own decision log line and response headers) and
@@ -124,12 +124,25 @@ def main():
              "--tokenizer", tokenizer, "--decode-ms-per-token", "2"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(fleet)
-        pods = [json.loads(fleet.stdout.readline()) for _ in range(3)]
+        pods = [dict(json.loads(fleet.stdout.readline()), engine="vllm") for _ in range(3)]
+        # One SGLang pod in the same fleet: SGLang's wire format (map-form events, signed int64
+        # ids), registered with its engine and page size so the indexer keys it by SGLang's rules.
+        sglang_fleet = subprocess.Popen(
+            [binary("kvindex-sim"), "--engine", "sglang", "--pods", "1", "--model", MODEL, "--block-size", str(BLOCK),
+             "--kv-blocks", "400", "--http-base-port", "0", "--zmq-connect", addrs["zmq"], "--replay-base-port", "0",
+             "--tokenizer", tokenizer, "--decode-ms-per-token", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        procs.append(sglang_fleet)
+        pods.append(dict(json.loads(sglang_fleet.stdout.readline()), engine="sglang"))
+        engine_of = {p["pod_id"]: p["engine"] for p in pods}
         for pod in pods:
-            request(f"http://{addrs['http']}/pods", {"pod": pod["pod_id"], "model": MODEL, "replay_endpoint": pod["replay"]},
+            request(f"http://{addrs['http']}/pods", {"pod": pod["pod_id"], "model": MODEL, "replay_endpoint": pod["replay"],
+                                                     "engine": pod["engine"],
+                                                     **({"page_size": BLOCK} if pod["engine"] == "sglang" else {})},
                     token=token)
-        print(f"kvindex-sim: 3 simulated vLLM pods serving {MODEL} (DeepSeek tokenizer and chat template): "
-              f"{', '.join(p['pod_id'] for p in pods)}, 400 KV blocks of {BLOCK} tokens each")
+        print(f"kvindex-sim: 3 simulated vLLM pods and 1 SGLang pod serving {MODEL} (DeepSeek tokenizer and chat "
+              f"template): {', '.join(p['pod_id'] + ' (' + p['engine'] + ')' for p in pods)}, 400 KV blocks of "
+              f"{BLOCK} tokens each (SGLang: page size {BLOCK})")
 
         router = subprocess.Popen(
             [binary("kvindex-router"), "serve", "--http-addr", "127.0.0.1:0", "--indexer", addrs["grpc"],
@@ -194,7 +207,7 @@ def main():
                 mismatches += ok != "ok"
             prompt_total += tokens
             cached_total += cached
-            print(f"chat {i} turn {turns[i]:<2} {pod:<16} {why(decision):<74} {cached:>5}/{tokens:<5} {note or ok}")
+            print(f"chat {i} turn {turns[i]:<2} {pod:<16} {engine_of.get(pod, '?'):<6} {why(decision):<74} {cached:>5}/{tokens:<5} {note or ok}")
             chats[i].append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
             chats[i].append({"role": "user", "content": f"And then? ({turns[i]})"})
             turns[i] += 1
@@ -207,7 +220,7 @@ def main():
                 applied(addrs["http"], pod)
 
         routed = "Envoy sent to" if envoy is not None else "routed to"
-        print(f"{'request':<14} {routed:<16} {'why (router decision log)':<74} {'engine cached':>13}")
+        print(f"{'request':<14} {routed:<16} {'engine':<6} {'why (router decision log)':<74} {'engine cached':>13}")
         for step in range(18):
             send(step if step < 6 else rng.randrange(6))
 

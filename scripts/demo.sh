@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job, end to end on this machine: `kvindex serve` indexing a simulated vLLM fleet
+# The main job, end to end on this machine: `kvindex serve` indexing a simulated fleet (3 vLLM pods, 1 SGLang)
 # (`kvindex-sim`, real ZeroMQ wire format), and a precise router loop that asks ScoreTokens
 # before every request, prints where it routed and why, and checks the engine's cached_tokens.
 # `--gateway envoy`: the same fleet behind a real Envoy (the endpoint-picker config deploy/

@@ -32,7 +32,10 @@ if [ ! -x "$KVINDEX_PYTHON" ]; then
 fi
 if ! cmp -s "$requirements" "$stamp" 2>/dev/null; then
   "$KVINDEX_PYTHON" -m pip install --quiet --upgrade pip
-  "$KVINDEX_PYTHON" -m pip install --quiet -r "$requirements"
+  # Everything but the engines' wheels with their dependencies; those (sglang: CUDA and torch
+  # otherwise) alone, for the one module the tests load from them.
+  "$KVINDEX_PYTHON" -m pip install --quiet -r <(grep -v '^sglang==' "$requirements")
+  "$KVINDEX_PYTHON" -m pip install --quiet --no-deps $(grep '^sglang==' "$requirements")
   cp "$requirements" "$stamp"
 fi
 PYTHON="$KVINDEX_PYTHON" bash tokenizer-svc/tests/fixtures/fetch.sh >/dev/null
