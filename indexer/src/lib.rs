@@ -12,15 +12,19 @@
 //! [`KvIndex`] ties the index together. The one rule: the index never claims a block a pod
 //! does not hold; anything it cannot resolve exactly is skipped and counted. Routers'
 //! predictions (RecordRoute) live apart, in [`speculative`], so a prediction never becomes a claim.
+//! Engines other than vLLM decode on the same event model ([`wire::Engine`]); SGLang's own
+//! rules (page hash, namespaces, pages it does not serve) are in [`sglang`].
 
 pub mod index;
 pub mod keys;
 pub mod sequencer;
+pub mod sglang;
 pub mod speculative;
 pub mod vllm_hash;
 pub mod wire;
 
 pub use index::{
     ApplyReport, BlockRef, ChainParent, ColumnError, Columns, EngineBlocks, GroupExport, HashCheck, ImportReport,
-    KvIndex, KvIndexConfig, PodExport, PodStats, ScoreQuery, ScoreResult, SkipReason, TierLimits,
+    KvIndex, KvIndexConfig, PodExport, PodStats, ScoreQuery, ScoreResult, SkipReason, TierClass, TierLimits,
+    TierWeights,
 };

@@ -1,7 +1,8 @@
 //! The `kvindex-sim` command line. The flags of the fixed contract (issue 5) are `--pods`,
 //! `--model`, `--block-size`, `--kv-blocks`, `--http-base-port`, `--zmq-connect` |
 //! `--zmq-bind-base-port`, `--replay-base-port`, `--wire`, `--hash-seed`, `--tokenizer`;
-//! scripts rely on them. The others tune the timing model and are free to change.
+//! scripts rely on them. The others tune the timing model and are free to change. `--engine
+//! sglang` makes the pods speak SGLang's event layout (`--wire` then names an SGLang release).
 
 use std::path::PathBuf;
 
@@ -44,9 +45,14 @@ pub struct Cli {
     /// Pod i binds a replay ROUTER on tcp://<host>:<port + i>.
     #[arg(long)]
     pub replay_base_port: Option<u16>,
-    /// Event layout: 0.33 (map-form events, topic frame in replay) or 0.23 (array form).
-    #[arg(long, default_value = "0.33", value_parser = parse_wire)]
-    pub wire: WireVersion,
+    /// Engine whose KV-event layout the pods speak: vllm or sglang.
+    #[arg(long, default_value = "vllm", value_parser = ["vllm", "sglang"])]
+    pub engine: String,
+    /// Event layout: for vLLM 0.33 (map-form events, topic frame in replay, the default) or
+    /// 0.23 (array form); for SGLang a release from 0.5.6 on (default 0.5.23: map-form events,
+    /// topic frame in replay; before 0.5.20 array form, before 0.5.22 no topic frame).
+    #[arg(long)]
+    pub wire: Option<String>,
     /// The engines' PYTHONHASHSEED for block hashes; "unset" = vLLM ≥0.29's default seed.
     #[arg(long, default_value = "0")]
     pub hash_seed: String,
@@ -86,8 +92,18 @@ pub struct Cli {
     pub output_seed: u64,
 }
 
-fn parse_wire(text: &str) -> Result<WireVersion, String> {
-    WireVersion::parse(text).ok_or_else(|| format!("unsupported wire version {text:?} (expected 0.33 or 0.23)"))
+fn parse_wire(engine: &str, text: Option<&str>) -> Result<WireVersion, String> {
+    match engine {
+        "sglang" => {
+            let text = text.unwrap_or("0.5.23");
+            WireVersion::parse_sglang(text)
+                .ok_or_else(|| format!("unsupported SGLang release {text:?} (expected 0.5.6 or later)"))
+        }
+        _ => {
+            let text = text.unwrap_or("0.33");
+            WireVersion::parse(text).ok_or_else(|| format!("unsupported wire version {text:?} (expected 0.33 or 0.23)"))
+        }
+    }
 }
 
 impl Cli {
@@ -140,7 +156,7 @@ impl Cli {
             http_base_port: self.http_base_port,
             zmq,
             replay_base_port: self.replay_base_port,
-            wire: self.wire,
+            wire: parse_wire(&self.engine, self.wire.as_deref())?,
             buffer_steps: self.buffer_steps,
             time_scale: self.time_scale,
             data_parallel_size: self.data_parallel_size.max(1),
@@ -182,6 +198,18 @@ mod tests {
         assert_eq!(config.wire, WireVersion::V0_23);
         assert_eq!(config.engine.hash_seed.as_deref(), Some("42"));
         assert!(Cli::try_parse_from(["kvindex-sim", "--pods", "1", "--model", "m", "--http-base-port", "1"]).is_err());
+        let sglang = |wire: Option<&str>| {
+            let mut args = vec!["kvindex-sim", "--pods", "1", "--model", "m", "--http-base-port", "0"];
+            args.extend(["--zmq-bind-base-port", "5557", "--engine", "sglang"]);
+            if let Some(w) = wire {
+                args.extend(["--wire", w]);
+            }
+            Cli::try_parse_from(args).unwrap().fleet_config().map(|c| c.wire)
+        };
+        assert_eq!(sglang(None), Ok(WireVersion::parse_sglang("0.5.23").unwrap()));
+        assert_eq!(sglang(Some("0.5.19")), Ok(WireVersion::parse_sglang("0.5.19").unwrap()));
+        assert!(sglang(Some("0.5.5")).is_err(), "no reproducible ids before 0.5.6");
+        assert!(sglang(Some("latest")).is_err());
         assert!(Cli::try_parse_from([
             "kvindex-sim",
             "--pods",

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, HttpBody, HttpHeaders, ProcessingRequest};
-use kvindex_router::extproc::{self, Mode};
-use kvindex_router::request::{self, Endpoint};
+use kvindex_router::config::ext_proc::Mode;
+use kvindex_router::doors::ext_proc as extproc;
+use kvindex_router::place::request::{self, Endpoint};
 use serde_json::json;
 use support::{chat, env_usize, pct, World, MODEL};
 

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use kvindex_router::config::{LogFormat, ServeArgs};
+use kvindex_router::error::StartError;
 use kvindex_router::serve::{self, Listeners};
 
 #[derive(Parser)]
@@ -47,14 +48,12 @@ async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-async fn serve(args: ServeArgs) -> Result<(), String> {
-    let config = args.into_config().map_err(|e| e.to_string())?;
+async fn serve(args: ServeArgs) -> Result<(), StartError> {
+    let config = args.into_config()?;
     init_logs(config.log_format);
-    let http = tokio::net::TcpListener::bind(&config.http_addr)
-        .await
-        .map_err(|e| format!("--http-addr {}: {e}", config.http_addr))?;
+    let http = bind("--http-addr", &config.http_addr).await?;
     let admin = match &config.admin_addr {
-        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--admin-addr {addr}: {e}"))?),
+        Some(addr) => Some(bind("--admin-addr", addr).await?),
         None => None,
     };
     let metrics = match &config.metrics_addr {
@@ -72,22 +71,22 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         }
         None => (None, None),
     };
-    let mut line = format!("KVINDEX_ROUTER_LISTENING http={}", http.local_addr().map_err(|e| e.to_string())?);
+    let mut line = format!("KVINDEX_ROUTER_LISTENING http={}", http.local_addr()?);
     let named =
         [("admin", &admin), ("metrics", &metrics), ("ext_proc", &ext_proc), ("ext_proc_health", &ext_proc_health)];
     for (name, listener) in named {
         if let Some(listener) = listener {
-            line.push_str(&format!(" {name}={}", listener.local_addr().map_err(|e| e.to_string())?));
+            line.push_str(&format!(" {name}={}", listener.local_addr()?));
         }
     }
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").and_then(|_| out.flush()).map_err(|e| e.to_string())?;
+    writeln!(out, "{line}").and_then(|_| out.flush())?;
     drop(out);
     serve::run(config, Listeners { http, admin, metrics, ext_proc, ext_proc_health }, shutdown_signal()).await
 }
 
-async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, String> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("{flag} {addr}: {e}"))
+async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| StartError::setting(format!("{flag} {addr}"), e))
 }
 
 fn main() -> ExitCode {

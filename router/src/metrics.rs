@@ -63,18 +63,6 @@ pub fn install() -> Option<PrometheusHandle> {
     Some(handle)
 }
 
-/// Copies the in-process tokenizer's prefix-cache statistics (incremental tokenization) into
-/// gauges, when `/metrics` is scraped: reading them is a few atomic loads.
-pub fn record_tokenizer_cache(tokenizers: &crate::tokenize::Tokenizers) {
-    let Some(registry) = tokenizers.registry() else { return };
-    let stats = registry.prefix_cache_stats();
-    for (result, n) in [("hit", stats.hits), ("miss", stats.misses), ("bypass", stats.bypassed)] {
-        metrics::gauge!(TOKENIZER_CACHE_REQUESTS, "result" => result).set(n as f64);
-    }
-    metrics::gauge!(TOKENIZER_CACHE_BYTES, "kind" => "used").set(stats.bytes as f64);
-    metrics::gauge!(TOKENIZER_CACHE_BYTES, "kind" => "capacity").set(stats.capacity_bytes as f64);
-}
-
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(REQUESTS, "Proxied requests by endpoint and HTTP status");

@@ -9,11 +9,13 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
-use crate::extproc;
-use crate::fleet::{Fleet, Source};
-use crate::http::{self, App};
-use crate::pipeline::Router;
-use crate::{discovery, metrics as m, pods_file, scrape, upstream};
+use crate::doors::ext_proc;
+use crate::doors::http::{self, App};
+use crate::error::StartError;
+use crate::place::Router;
+use crate::pods::fleet::{Fleet, Source};
+use crate::pods::{discovery, file as pods_file, scrape};
+use crate::{metrics as m, upstream};
 
 pub struct Listeners {
     pub http: TcpListener,
@@ -30,7 +32,7 @@ pub async fn run(
     config: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let prometheus = m::install();
     let fleet = Arc::new(Fleet::new(config.load_stale_after));
     for pod in &config.pods {
@@ -50,11 +52,12 @@ pub async fn run(
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     if let Some(watch) = config.discovery.clone() {
-        let client =
-            kvindex_discovery::watcher::client(&watch.api_server).await.map_err(|e| format!("--discovery: {e}"))?;
+        let client = kvindex_discovery::watcher::client(&watch.api_server)
+            .await
+            .map_err(|e| StartError::setting("--discovery", e))?;
         tokio::spawn(discovery::run(fleet.clone(), client, watch, stopped.clone()));
     }
-    let ext_proc_settings = config.ext_proc.as_ref().map(|e| extproc::Settings {
+    let ext_proc_settings = config.ext_proc.as_ref().map(|e| ext_proc::Settings {
         mode: e.mode,
         max_body_bytes: config.max_body_bytes,
         max_buffered_bytes: e.max_buffered_bytes,
@@ -69,7 +72,7 @@ pub async fn run(
         client,
         prometheus,
         max_body_bytes: config.max_body_bytes,
-        body_budget: crate::extproc::budget::Budget::new(config.max_inflight_body_bytes),
+        body_budget: crate::doors::budget::Budget::new(config.max_inflight_body_bytes),
         body_timeout: config.http_body_timeout,
         upstream_retries: config.upstream_retries,
     });
@@ -101,19 +104,17 @@ pub async fn run(
         (Some(listener), Some(settings)) => {
             let stopped = until(stopped.clone());
             let health = listeners.ext_proc_health;
-            Some(tokio::spawn(extproc::serve(ext_proc_router, settings, listener, health, stopped)))
+            Some(tokio::spawn(ext_proc::serve(ext_proc_router, settings, listener, health, stopped)))
         }
         _ => None,
     };
     tracing::info!(pods = fleet.snapshot().len(), indexers = config.indexers.len(), "kvindex-router serving");
-    http::server::serve("http", listeners.http, http::public(app, with_metrics), limits, until(stopped))
-        .await
-        .map_err(|e| e.to_string())?;
+    http::server::serve("http", listeners.http, http::public(app, with_metrics), limits, until(stopped)).await?;
     for server in admin.into_iter().chain(metrics) {
         let _ = server.await;
     }
     if let Some(ext_proc) = ext_proc {
-        ext_proc.await.map_err(|e| e.to_string())??;
+        ext_proc.await??;
     }
     Ok(())
 }

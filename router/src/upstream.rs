@@ -1,7 +1,7 @@
-//! Sends a placed request to its pod over pooled HTTP/1.1 connections and hands back the
-//! response as soon as its head arrives, its body still streaming. A pod that fails before any
-//! response byte (refused, reset, closed) is retried on the next pod of the ranking; once a
-//! response has begun nothing is retried, because the client may already have part of it.
+//! HTTP to the pods, and nothing else: pooled HTTP/1.1 connections, one request sent to one pod
+//! with the response handed back as soon as its head arrives, its body still streaming, or why
+//! the pod gave none. It knows nothing of the router: the caller decides which pod to try,
+//! commits the pick, and retries on the next pod after a [`Failure`].
 
 use std::time::{Duration, Instant};
 
@@ -13,11 +13,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::decision::Decision;
-use crate::fleet::InFlight;
 use crate::metrics as m;
-use crate::pd::PREFILLER_HEADER;
-use crate::pipeline::Router;
+
+/// The header naming the prefill pod to the decode pod's sidecar (llm-d's P/D protocol): set
+/// from the caller's prefill pod, never passed through from the client.
+pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 
 /// The pooled client for pods (requests and scrapes).
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -56,49 +56,52 @@ pub struct Outgoing<'a> {
     pub body: Bytes,
 }
 
-/// A response whose head arrived from `decision.ranked[attempt]`.
-pub struct Forwarded {
-    pub attempt: usize,
-    pub response: hyper::Response<Incoming>,
-    /// Keep until the response body ends: they count the request in flight.
-    pub guards: Vec<InFlight>,
+/// Why a pod gave no response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The request could not be built for this pod (its URL or the prefill pod's id is not
+    /// valid in a request): nothing was sent.
+    Unsendable,
+    /// No connection to the pod.
+    Connect,
+    /// Connected, but the pod closed or reset before any response byte.
+    NoResponse,
 }
 
-/// Tries the ranked pods in order, at most `1 + retries` of them.
-pub async fn forward(
-    client: &HttpClient,
-    router: &Router,
-    decision: &Decision,
-    outgoing: Outgoing<'_>,
-    retries: usize,
-) -> Result<Forwarded, usize> {
-    let attempts = decision.ranked.len().min(retries.saturating_add(1));
-    for attempt in 0..attempts {
-        let choice = &decision.ranked[attempt];
-        let Some(pod) = choice.handle.as_ref() else { continue };
-        let Some(guards) = router.commit(decision, attempt) else { continue };
-        let Ok(request) = build(&pod.url, &outgoing, decision) else {
-            continue;
-        };
-        let started = Instant::now();
-        match client.request(request).await {
-            Ok(response) => {
-                metrics::histogram!(m::UPSTREAM_FIRST_BYTE).record(started.elapsed().as_secs_f64());
-                return Ok(Forwarded { attempt, response, guards });
-            }
-            Err(error) => {
-                let reason = if error.is_connect() { "connect" } else { "no_response" };
-                metrics::counter!(m::UPSTREAM_RETRIES, "reason" => reason).increment(1);
-                tracing::warn!(request_id = decision.id, pod = %choice.pod, reason, "pod failed before responding; trying the next");
-            }
+impl Failure {
+    /// The `kvindex_router_upstream_retries_total` reason.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::Unsendable => "unsendable",
+            Failure::Connect => "connect",
+            Failure::NoResponse => "no_response",
         }
     }
-    Err(attempts)
 }
 
-fn build(base_url: &str, outgoing: &Outgoing<'_>, decision: &Decision) -> Result<hyper::Request<Full<Bytes>>, String> {
-    let uri: hyper::Uri = format!("{base_url}{}", outgoing.path).parse().map_err(|e| format!("{e}"))?;
-    let mut request = hyper::Request::post(uri).body(Full::new(outgoing.body.clone())).map_err(|e| e.to_string())?;
+/// Sends `outgoing` to the pod at `base_url` (naming the prefill pod `prefill` to it, P/D) and
+/// returns the response as soon as its head arrives, its body still streaming.
+pub async fn send(
+    client: &HttpClient,
+    base_url: &str,
+    prefill: Option<&str>,
+    outgoing: &Outgoing<'_>,
+) -> Result<hyper::Response<Incoming>, Failure> {
+    let request = build(base_url, outgoing, prefill).ok_or(Failure::Unsendable)?;
+    let started = Instant::now();
+    match client.request(request).await {
+        Ok(response) => {
+            metrics::histogram!(m::UPSTREAM_FIRST_BYTE).record(started.elapsed().as_secs_f64());
+            Ok(response)
+        }
+        Err(error) if error.is_connect() => Err(Failure::Connect),
+        Err(_) => Err(Failure::NoResponse),
+    }
+}
+
+fn build(base_url: &str, outgoing: &Outgoing<'_>, prefill: Option<&str>) -> Option<hyper::Request<Full<Bytes>>> {
+    let uri: hyper::Uri = format!("{base_url}{}", outgoing.path).parse().ok()?;
+    let mut request = hyper::Request::post(uri).body(Full::new(outgoing.body.clone())).ok()?;
     let headers = request.headers_mut();
     for (name, value) in outgoing.headers {
         if !is_hop_by_hop(name) && name.as_str() != PREFILLER_HEADER {
@@ -106,9 +109,8 @@ fn build(base_url: &str, outgoing: &Outgoing<'_>, decision: &Decision) -> Result
         }
     }
     headers.insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(outgoing.body.len()));
-    if let Some(prefill) = &decision.prefill {
-        let value = HeaderValue::from_str(&prefill.pod).map_err(|e| e.to_string())?;
-        headers.insert(PREFILLER_HEADER, value);
+    if let Some(prefill) = prefill {
+        headers.insert(PREFILLER_HEADER, HeaderValue::from_str(prefill).ok()?);
     }
-    Ok(request)
+    Some(request)
 }

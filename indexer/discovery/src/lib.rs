@@ -3,7 +3,8 @@
 //!
 //! Two layers, as in the rest of kvindex: a pure core ([`settings`], [`observe`], [`target`],
 //! [`desired`]) that turns watch events into add/remove [`Change`]s with no I/O, clock or
-//! async, unit- and property-tested without a cluster; and a thin shell ([`watcher`]) that runs
+//! async, unit- and property-tested without a cluster (and [`precedence`]: which source of a
+//! pod entry wins, one rule for both services); and a thin shell ([`watcher`]) that runs
 //! kube-runtime's list+watch state machine against the API server and feeds the core.
 //!
 //! Only pods that are Running, Ready (condition `Ready=True`), not terminating and have an IP
@@ -16,6 +17,7 @@ pub mod desired;
 pub mod fake_api;
 pub mod metrics;
 pub mod observe;
+pub mod precedence;
 pub mod settings;
 pub mod target;
 pub mod watcher;
@@ -25,6 +27,7 @@ pub use kube::Client;
 
 pub use desired::{Change, DesiredSet, Outcome, WatchEvent};
 pub use observe::{PodObservation, Rejection};
+pub use precedence::PodOrigin;
 pub use settings::Settings;
 pub use target::DiscoveredPod;
 pub use watcher::{ApiServer, WatchConfig};

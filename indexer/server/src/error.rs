@@ -19,8 +19,8 @@ pub enum ServerError {
     TooManyTiers(String),
     #[error("hash_seed: {0}")]
     HashCheck(#[from] kvindex::vllm_hash::VllmHashError),
-    #[error("metrics recorder: {0}")]
-    Metrics(String),
+    #[error(transparent)]
+    Metrics(#[from] crate::telemetry::RecorderError),
     #[error("gRPC server: {0}")]
     Grpc(String),
     #[error("{server} server stopped: {reason}")]

@@ -16,23 +16,29 @@
 //!
 //! - [`config`]: the settings, declared once (flags, env vars, TOML file), validated into [`Config`].
 //! - [`transport`]: the ZeroMQ boundary (`kvindex-zmtp`: SUB streams, replay requests, limits).
-//! - [`sources`]: live streams and the [`sources::registry`] of pods and topics.
+//! - [`sources`]: live streams (the central SUB, dialled pods).
+//! - [`pods`]: which pods exist and who declared them (config, pods file, discovery, the
+//!   registration API and its auth), their lifecycle, and the precedence between declarations.
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
-//! - [`apply`]: the apply workers and their bounded queues.
+//! - [`apply`]: the apply workers and their bounded queues; [`state`]: their context.
 //! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
-//! - [`state`], [`status`]: what the parts share, behind methods.
-//! - [`control`]: who may change what the index believes (registration auth).
+//! - The handles the parts share: [`index_handle`] (index, credits, [`status`], [`clock`]),
+//!   [`readiness`], [`shutdown`].
 //! - [`grpc`], [`http`]: the servers; [`tls`]: their TLS / mTLS. [`telemetry`]: metric names and the recorder.
 
 pub mod apply;
+pub mod clock;
 pub mod config;
-pub mod control;
 pub mod dump;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod index_handle;
+pub mod pods;
+pub mod readiness;
 pub mod replay;
 pub mod server;
+pub mod shutdown;
 pub mod snapshot;
 pub mod sources;
 pub mod state;

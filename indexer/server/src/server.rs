@@ -10,18 +10,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+use kvindex::speculative::SpeculativeCredits;
 use kvindex::{HashCheck, KvIndex, KvIndexConfig};
 
 use crate::apply::{Queues, Work, Worker};
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::dump::recorder::Recorder;
 use crate::error::ServerError;
 use crate::grpc::tokenizer::PromptTokenizer;
-use crate::sources::registry;
-use crate::state::ServiceState;
+use crate::index_handle::IndexHandle;
+use crate::pods::auth::ControlPlane;
+use crate::pods::{Pods, PodsConfig};
+use crate::readiness::Readiness;
+use crate::shutdown::ShutdownSignal;
+use crate::sources::connections::CentralConnections;
+use crate::state::{ServiceState, Shared};
 use crate::transport::{Admission, Peer, SubListener};
 use crate::{grpc, http, snapshot, sources, telemetry};
 
@@ -108,26 +114,54 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
 
 /// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
 /// down gracefully. Metrics go to the process's Prometheus recorder (one per process).
+///
+/// Each part gets the handles it uses (mini-redis's `Handler { db, connection, shutdown }`):
+/// the sources the queues, the pods the registry's lifecycle, the servers the index and the
+/// pods, every task a `Shutdown` handle of one [`ShutdownSignal`].
 pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     let prometheus = telemetry::recorder()?;
     let mut listeners = listeners;
     let tokenizer = listeners.tokenizer.take();
-    let index = build_index(&config)?;
-    let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
-    let record = config.record.clone();
-    let mut state = ServiceState::new(config, index, queues);
-    let recorder = match record {
+    let recorder = match &config.record {
         Some(r) => {
             let recorder = Recorder::new(&r.path, r.retention)
                 .map_err(|source| ServerError::Io { what: "record --out", source })?;
             tracing::warn!(path = %r.path.display(), "recording every message (with token ids) to a dump");
-            let recorder = Arc::new(recorder);
-            state.set_recorder(recorder.clone());
-            Some(recorder)
+            Some(Arc::new(recorder))
         }
         None => None,
     };
-    let state = Arc::new(state);
+    let index =
+        IndexHandle::new(build_index(&config)?, SpeculativeCredits::new(config.speculative.clone()), Clock::start());
+    let (queues, receivers) = Queues::new(config.apply_workers, config.queue_capacity);
+    let queues = Arc::new(queues);
+    let readiness = Arc::new(Readiness::default());
+    let central = Arc::new(CentralConnections::default());
+    // The one walk of the configuration into the pods.
+    let pods_config = PodsConfig::of(&config);
+    let pods = Pods::new(&pods_config, queues.clone(), readiness.clone());
+    let control = ControlPlane::new(config.admin_token.clone(), config.register_allow.clone());
+    let http_handles = http::Handles {
+        index: index.clone(),
+        pods: pods.clone(),
+        control: control.clone(),
+        queues: queues.clone(),
+        readiness: readiness.clone(),
+        central_bind: config.zmq_bind.clone(),
+        topic_filter: config.topic_filter.clone(),
+    };
+    let grpc_handles = grpc::Handles { index: index.clone(), pods: pods.clone(), control, tokenizer };
+    let grpc_bounds = grpc::Bounds::of(&config);
+    let topic_filter = config.topic_filter.clone();
+    let (tls, body_limits, conn_limits) = (config.tls.clone(), config.http_body_limits, config.http_conn_limits);
+    let shared = Shared {
+        index,
+        pods: pods.clone(),
+        queues: queues.clone(),
+        readiness: readiness.clone(),
+        central: central.clone(),
+    };
+    let state = Arc::new(ServiceState::with(config, shared, recorder.clone()));
     let snapshots = snapshot::open(&state, listeners.snapshot_dir.take()).map_err(ServerError::Snapshot)?;
     let mut workers = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
@@ -136,28 +170,20 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         workers.push(thread.map_err(|source| ServerError::Io { what: "apply worker", source })?);
     }
 
-    let (stop, stopping) = watch::channel(false);
+    let (stop, _) = ShutdownSignal::new();
     let grpc_addr = listeners.grpc_addr();
     let http_addr = listeners.http_addr();
     let zmq_endpoint = listeners.zmq_endpoint().map(str::to_string);
     let metrics_addr = listeners.metrics_addr();
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     if let Some(sub) = listeners.zmq {
-        tasks.push(tokio::spawn(sources::serve_central(state.clone(), sub, stopping.clone())));
+        tasks.push(tokio::spawn(sources::serve_central(queues.clone(), central, topic_filter, sub, stop.subscribe())));
     }
     if let Some(store) = &snapshots {
-        tasks.push(tokio::spawn(snapshot::periodic(state.clone(), store.clone(), stopping.clone())));
+        tasks.push(tokio::spawn(snapshot::periodic(state.clone(), store.clone(), stop.subscribe())));
     }
-    registry::register_static(&state).await;
-    if let Some(path) = state.config().pods_file.clone() {
-        let (loaded, first_load) = oneshot::channel();
-        tasks.push(tokio::spawn(registry::watch_pods_file(state.clone(), path, loaded, stopping.clone())));
-        let _ = first_load.await;
-    }
-    if let (Some(client), Some(config)) = (listeners.discovery.take(), state.config().discovery.clone()) {
-        tasks.push(tokio::spawn(sources::discovery::run(state.clone(), client, config, stopping.clone())));
-    }
-    let tls = match &state.config().tls {
+    tasks.extend(pods.start(pods_config, listeners.discovery.take(), &stop).await);
+    let tls = match &tls {
         Some(files) => {
             let config = |alpn: &[&[u8]]| files.server_config(alpn).map_err(|e| ServerError::Tls(e.message));
             Some((config(&[b"h2"])?, config(&[b"http/1.1"])?))
@@ -165,29 +191,27 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         None => None,
     };
     let (grpc_tls, http_tls) = (tls.as_ref().map(|t| t.0.clone()), tls.as_ref().map(|t| t.1.clone()));
-    let mut grpc =
-        tokio::spawn(grpc::serve(state.clone(), tokenizer, listeners.grpc, grpc_tls, stopped(stopping.clone())));
-    let bodies = http::body::Bodies::new(state.config().http_body_limits);
+    let mut grpc = tokio::spawn(grpc::serve(grpc_handles, grpc_bounds, listeners.grpc, grpc_tls, stop.subscribe()));
+    let bodies = http::body::Bodies::new(body_limits);
     let (app, metrics_app) = match listeners.metrics {
         Some(metrics) => {
-            let app = http::router(state.clone(), prometheus.clone(), bodies.clone(), false);
-            (app, Some((metrics, http::metrics_router(state.clone(), prometheus, bodies))))
+            let app = http::router(http_handles.clone(), prometheus.clone(), bodies.clone(), false);
+            (app, Some((metrics, http::metrics_router(http_handles, prometheus, bodies))))
         }
-        None => (http::router(state.clone(), prometheus, bodies, true), None),
+        None => (http::router(http_handles, prometheus, bodies, true), None),
     };
-    let limits = state.config().http_conn_limits;
-    let serve_http =
-        http::serve::serve("http", listeners.http, app, http_tls.clone(), limits, stopped(stopping.clone()));
+    let serve_http = http::serve::serve("http", listeners.http, app, http_tls.clone(), conn_limits, stop.subscribe());
     let mut http = tokio::spawn(async move { serve_http.await.map_err(ServerError::Http) });
     if let Some((listener, app)) = metrics_app {
-        let metrics_stopping = stopped(stopping.clone());
+        let metrics_stopping = stop.subscribe();
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = http::serve::serve("metrics", listener, app, http_tls, limits, metrics_stopping).await {
+            if let Err(e) = http::serve::serve("metrics", listener, app, http_tls, conn_limits, metrics_stopping).await
+            {
                 tracing::error!(error = %e, "metrics listener stopped");
             }
         }));
     }
-    state.readiness().set_listening();
+    readiness.set_listening();
     tracing::info!(%grpc_addr, %http_addr, metrics = ?metrics_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
 
     let outcome = tokio::select! {
@@ -196,8 +220,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         _ = shutdown => Ok(()),
     };
     tracing::info!("shutting down");
-    let _ = stop.send(true);
-    state.registry_mut().stop_dialers();
+    stop.trigger();
+    pods.stop_dialers();
     for mut server in [grpc, http] {
         if !server.is_finished() && tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await.is_err() {
             tracing::warn!("requests still in flight after {SHUTDOWN_GRACE:?}: closing their connections");
@@ -213,8 +237,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
             tracing::error!(error = %e, "final snapshot failed");
         }
     }
-    for worker in 0..state.queues().workers() {
-        state.queues().send(worker, Work::Stop).await;
+    for worker in 0..queues.workers() {
+        queues.send(worker, Work::Stop).await;
     }
     let _ = tokio::task::spawn_blocking(move || workers.into_iter().for_each(|w| drop(w.join()))).await;
     if let Some(recorder) = recorder {
@@ -238,6 +262,7 @@ fn build_index(config: &Config) -> Result<KvIndex, ServerError> {
         max_entries: config.max_entries,
         hash_check,
         tier_limits: config.tier_limits,
+        ..Default::default()
     });
     for (medium, weight) in &config.tier_weights {
         if index.tiers().set_weight(medium, *weight).is_none() {
@@ -245,11 +270,6 @@ fn build_index(config: &Config) -> Result<KvIndex, ServerError> {
         }
     }
     Ok(index)
-}
-
-/// Resolves once `stop` is set.
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 fn server_stopped(what: &'static str, r: Result<Result<(), ServerError>, tokio::task::JoinError>) -> ServerError {

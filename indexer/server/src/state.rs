@@ -1,65 +1,73 @@
-//! The state the service's parts share: the configuration, the index, the registry of pods,
-//! the apply queues, the sources' status, readiness and the replay permits. Owned by one
-//! [`ServiceState`] behind an `Arc`; every part goes through its methods.
+//! The apply workers' context: the configuration, and the handles they share with the rest of
+//! the service (the index and source states, the pods, the queues, readiness, the central
+//! SUB's connections), plus what only they use (replay permits, restored snapshot records, the
+//! recorder, the runtime). Every other part receives only the handle it uses; this bundle
+//! exists for `apply/`, `snapshot/` and `replay`, which are being reshaped around a stream
+//! table (issue 24 item 1).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::RwLockReadGuard;
 use tokio::sync::Semaphore;
 
 use kvindex::speculative::SpeculativeCredits;
 use kvindex::KvIndex;
 
 use crate::apply::Queues;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::dump::recorder::Recorder;
+use crate::index_handle::IndexHandle;
+use crate::pods::registry::Registry;
+use crate::pods::{Pods, PodsConfig};
+use crate::readiness::Readiness;
 use crate::snapshot::Restored;
-use crate::sources::registry::Registry;
+use crate::sources::connections::CentralConnections;
 use crate::status::SourceStatus;
 use crate::transport::Source;
 
+/// The handles the apply workers share with the rest of the service.
+pub struct Shared {
+    pub index: IndexHandle,
+    pub pods: Pods,
+    pub queues: Arc<Queues>,
+    pub readiness: Arc<Readiness>,
+    pub central: Arc<CentralConnections>,
+}
+
 pub struct ServiceState {
     config: Config,
-    index: KvIndex,
-    /// RecordRoute's predictions, kept apart from the index (never in `matched_blocks`).
-    speculative: SpeculativeCredits,
-    start: Instant,
-    registry: RwLock<Registry>,
-    queues: Queues,
-    status: SourceStatus,
-    readiness: Readiness,
+    shared: Shared,
     replay_permits: Arc<Semaphore>,
     restored: Restored,
     recorder: Option<Arc<Recorder>>,
-    /// Live connections on the central SUB per source address: a topic bound to a source
-    /// moves to another only once its source has none.
-    central_sources: parking_lot::Mutex<HashMap<Source, usize>>,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
-    /// One byte budget for every dialled pod together (`zmq_max_bytes_in_flight`), beside each
-    /// dialler's own share: a thousand registered pods cannot hold a thousand shares.
-    dialer_budget: kvindex_zmtp::Budget,
 }
 
 impl ServiceState {
+    /// A context of its own for `config`'s `index` and `queues`, sharing nothing (tests, tools).
     pub fn new(config: Config, index: KvIndex, queues: Queues) -> Self {
-        ServiceState {
-            registry: RwLock::new(Registry::new(&config.topic_map, &config.replay)),
-            replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
-            speculative: SpeculativeCredits::new(config.speculative.clone()),
-            central_sources: parking_lot::Mutex::new(HashMap::new()),
-            dialer_budget: kvindex_zmtp::Budget::new(config.zmq_limits.max_bytes_in_flight),
-            config,
-            index,
-            start: Instant::now(),
+        let queues = Arc::new(queues);
+        let readiness = Arc::new(Readiness::default());
+        let shared = Shared {
+            index: IndexHandle::new(index, SpeculativeCredits::new(config.speculative.clone()), Clock::start()),
+            pods: Pods::new(&PodsConfig::of(&config), queues.clone(), readiness.clone()),
             queues,
-            status: SourceStatus::default(),
-            readiness: Readiness::default(),
+            readiness,
+            central: Arc::default(),
+        };
+        ServiceState::with(config, shared, None)
+    }
+
+    /// The context of `config` on the service's `shared` handles, recording to `recorder`.
+    pub fn with(config: Config, shared: Shared, recorder: Option<Arc<Recorder>>) -> Self {
+        ServiceState {
+            replay_permits: Arc::new(Semaphore::new(config.max_concurrent_replays)),
+            config,
+            shared,
             restored: Restored::default(),
-            recorder: None,
+            recorder,
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -68,51 +76,38 @@ impl ServiceState {
         &self.config
     }
 
-    /// The byte budget all dialled pods share.
-    pub fn dialer_budget(&self) -> &kvindex_zmtp::Budget {
-        &self.dialer_budget
-    }
-
     pub fn index(&self) -> &KvIndex {
-        &self.index
+        self.shared.index.index()
     }
 
     pub fn speculative(&self) -> &SpeculativeCredits {
-        &self.speculative
+        self.shared.index.speculative()
     }
 
-    /// Ends `pod`'s speculative credit (its blocks were cleared, its source degraded, or it
-    /// was removed), counting the credits dropped under `reason`.
+    /// Ends `pod`'s speculative credit, counting the credits dropped under `reason`.
     pub fn end_speculation(&self, pod: &str, reason: &'static str) {
-        let dropped = self.speculative.clear_pod(pod);
-        if dropped > 0 {
-            metrics::counter!(crate::telemetry::SPECULATIVE_CLEARED, "reason" => reason).increment(dropped as u64);
-        }
+        self.shared.index.end_speculation(pod, reason)
     }
 
     /// Milliseconds since the service started: the sequencers' clock.
     pub fn now_ms(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
+        self.shared.index.now_ms()
     }
 
     pub fn registry(&self) -> RwLockReadGuard<'_, Registry> {
-        self.registry.read()
-    }
-
-    pub(crate) fn registry_mut(&self) -> RwLockWriteGuard<'_, Registry> {
-        self.registry.write()
+        self.shared.pods.registry()
     }
 
     pub fn queues(&self) -> &Queues {
-        &self.queues
+        &self.shared.queues
     }
 
     pub fn status(&self) -> &SourceStatus {
-        &self.status
+        self.shared.index.status()
     }
 
     pub fn readiness(&self) -> &Readiness {
-        &self.readiness
+        &self.shared.readiness
     }
 
     /// Bounds replays in flight (`max_concurrent_replays`).
@@ -130,61 +125,13 @@ impl ServiceState {
         self.recorder.as_deref()
     }
 
-    pub(crate) fn set_recorder(&mut self, recorder: Arc<Recorder>) {
-        self.recorder = Some(recorder);
-    }
-
-    /// A connection from `source` to the central SUB opened (`true`) or closed.
-    pub(crate) fn central_connection(&self, source: Source, opened: bool) {
-        let mut sources = self.central_sources.lock();
-        let n = sources.entry(source).or_insert(0);
-        if opened {
-            *n += 1;
-        } else {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                sources.remove(&source);
-            }
-        }
-    }
-
     /// Whether `source` holds a live connection on the central SUB.
     pub fn central_source_connected(&self, source: &Source) -> bool {
-        self.central_sources.lock().contains_key(source)
+        self.shared.central.connected(source)
     }
 
     /// Runs `task` on the service's runtime (from an apply worker's thread, say).
     pub fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         self.runtime.spawn(task);
-    }
-}
-
-/// `/readyz`: the servers are listening and every start-up replay is done (or failed).
-#[derive(Default)]
-pub struct Readiness {
-    listening: AtomicBool,
-    initial_syncs: AtomicUsize,
-}
-
-impl Readiness {
-    pub fn is_ready(&self) -> bool {
-        self.listening.load(Ordering::Acquire) && self.initial_syncs.load(Ordering::Acquire) == 0
-    }
-
-    /// Start-up replays not finished yet.
-    pub fn outstanding(&self) -> usize {
-        self.initial_syncs.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn set_listening(&self) {
-        self.listening.store(true, Ordering::Release);
-    }
-
-    pub(crate) fn sync_started(&self) {
-        self.initial_syncs.fetch_add(1, Ordering::AcqRel);
-    }
-
-    pub(crate) fn sync_finished(&self) {
-        self.initial_syncs.fetch_sub(1, Ordering::AcqRel);
     }
 }

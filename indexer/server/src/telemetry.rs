@@ -1,11 +1,10 @@
 //! Telemetry: the metric names (every one is documented in docs/METRICS.md) and the Prometheus
-//! recorder behind `/metrics`. Named so that it does not shadow the `metrics` crate.
+//! recorder behind `/metrics`. Named so that it does not shadow the `metrics` crate. A leaf:
+//! every part of the service names its metrics here, so this names nothing of theirs.
 
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-
-use crate::error::ServerError;
 
 pub const EVENTS: &str = "kvindex_events_total";
 pub const BLOCKS: &str = "kvindex_blocks_total";
@@ -75,11 +74,17 @@ pub const SPECULATIVE_ENTRIES: &str = "kvindex_speculative_entries";
 pub const SPECULATIVE_BYTES: &str = "kvindex_speculative_bytes";
 pub const SPECULATIVE_CLEARED: &str = "kvindex_speculative_cleared_total";
 
+/// Why the Prometheus recorder could not be installed (another recorder holds the process's
+/// one slot, or a bucket setting was refused).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("metrics recorder: {0}")]
+pub struct RecorderError(String);
+
 /// The process's Prometheus recorder, installed on first use. The `metrics` facade has one
 /// global recorder, so servers run in one process (tests) share it.
-pub fn recorder() -> Result<PrometheusHandle, ServerError> {
+pub fn recorder() -> Result<PrometheusHandle, RecorderError> {
     static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
-    RECORDER.get_or_init(install).clone().map_err(ServerError::Metrics)
+    RECORDER.get_or_init(install).clone().map_err(RecorderError)
 }
 
 /// Installs the global recorder. Every latency is a Prometheus histogram with explicit buckets.

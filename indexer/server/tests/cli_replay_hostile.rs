@@ -235,9 +235,10 @@ fn replay_of_a_dump_whose_seq_keeps_going_back_is_linear() {
     std::fs::write(&dump, text).unwrap();
     let s = format!("{MODEL}:{}", ids(&shared));
     let run = replay(&dump, &["--score", &s, "--explain", &s, "--pod", POD], Duration::from_secs(120));
-    // Measured on the loaded 2-core box (load average ~9), debug build: about 6 s; before the
-    // fix the same box had not finished 8,000 such lines in 300 s.
-    assert!(run.wall < Duration::from_secs(30), "20,000 lines took {:?}", run.wall);
+    // A complexity guard, not a timing: on the 2-core box, debug build, it takes about 6 s
+    // idle and 40 s at load average 12; before the fix the same box had not finished 8,000
+    // such lines in 300 s (quadratic: 20,000 would take over half an hour).
+    assert!(run.wall < Duration::from_secs(100), "20,000 lines took {:?}", run.wall);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let report = run.report();
     assert_eq!(report["totals"]["live"], N, "{report:#}");

@@ -125,6 +125,12 @@ fn attack_one_caller_cannot_exceed_its_share_of_the_credit_table() {
             "64",
             "--speculative-max-entries-per-caller",
             "16",
+            // Credits outlive the test: with the 2 s default the first caller's could expire
+            // on a loaded box before the count of both callers is read (it did in CI).
+            "--speculative-ttl-ms",
+            "600000",
+            "--speculative-max-ttl-ms",
+            "600000",
         ],
         &chain(0, 1),
     );

@@ -134,3 +134,40 @@ fn service_central_mode_replays_from_the_discovered_endpoint_and_clears_on_not_r
         (0..2).all(|k| peer.score_pod(MODEL, &chain(k, 4), &pod_id).0 == 0).then_some(())
     });
 }
+
+#[test]
+fn service_a_pod_the_operator_configured_is_left_as_configured_by_discovery() {
+    // Static > discovered: a Ready pod whose id `--pod` already names is not taken over (its
+    // endpoint stays the configured one), and the refusal is counted.
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let api = runtime.block_on(FakeApiServer::start("llm"));
+    let http_port = free_port();
+    let pod_id = format!("127.0.0.1:{http_port}");
+    let configured = format!("tcp://127.0.0.1:{}", free_port());
+    let flag = format!("{pod_id},{MODEL},{configured}");
+    let http_port_s = http_port.to_string();
+    let server = start(&api, &["--discovery-http-port", &http_port_s, "--discovery-replay-port", "0", "--pod", &flag]);
+    wait_until("ready after the first (empty) list", 30, || (server.get("/readyz").0 == 200).then_some(()));
+
+    api.apply(pod("vllm-0", "Running", true, Some("127.0.0.1"), &[]));
+    let denied = ["api=\"discovery\"", "reason=\"operator_pod\""];
+    wait_until("discovery saw the pod and left it", 20, || {
+        (server.metric("kvindex_control_denied_total", &denied) >= 1.0).then_some(())
+    });
+    let registered = server.sources()["registered_pods"].clone();
+    assert_eq!(registered.as_array().map(Vec::len), Some(1), "{registered}");
+    assert_eq!(registered[0]["origin"], "config", "{registered}");
+    assert_eq!(registered[0]["endpoint"], configured.as_str(), "{registered}");
+
+    // Its deletion is not discovery's to act on either. Changes are applied in order, so once
+    // a pod discovered after it is registered, the deletion has been dealt with.
+    api.delete("vllm-0");
+    api.apply(pod("vllm-1", "Running", true, Some("127.0.0.2"), &[]));
+    let other = format!("127.0.0.2:{http_port}");
+    let registered = wait_until("the next discovered pod registered", 20, || {
+        let registered = server.sources()["registered_pods"].clone();
+        registered.as_array()?.iter().any(|p| p["pod"] == other.as_str()).then_some(registered)
+    });
+    let configured_pod = registered.as_array().unwrap().iter().find(|p| p["pod"] == pod_id.as_str()).cloned();
+    assert_eq!(configured_pod.map(|p| p["origin"].clone()), Some(json!("config")), "{registered}");
+}

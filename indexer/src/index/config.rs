@@ -2,7 +2,7 @@
 //! the service's configuration both read.
 
 use super::ingest::HashCheck;
-use super::tiers::TierLimits;
+use super::tiers::{TierLimits, TierWeights};
 
 #[derive(Debug, Clone)]
 pub struct KvIndexConfig {
@@ -17,6 +17,8 @@ pub struct KvIndexConfig {
     pub hash_check: Option<HashCheck>,
     /// Bounds on tier names learned from publishers.
     pub tier_limits: TierLimits,
+    /// Weights of llm-d's tier classes (a name's configured weight overrides its class).
+    pub tier_classes: TierWeights,
 }
 
 impl Default for KvIndexConfig {
@@ -27,6 +29,7 @@ impl Default for KvIndexConfig {
             max_entries: 50_000_000,
             hash_check: None,
             tier_limits: TierLimits::default(),
+            tier_classes: TierWeights::default(),
         }
     }
 }

@@ -423,6 +423,14 @@ impl PodIngest {
     ) {
         let blocks = ev.block_hashes.len() as u64;
         let Some(tier) = self.event_tier(ctx, ev.medium, ev.group_idx, blocks, report) else { return };
+        if ctx.tiers.is_unweighted(tier) {
+            report.unweighted_tier_blocks += blocks;
+        }
+        if ev.odd_token_ids.is_some() {
+            // Bigram pages depend on the token after them, wide or placeholder ids are no u32
+            // a prompt has: no query names these blocks, and they must not look re-announced.
+            return report.skip(SkipReason::UnkeyableTokens, blocks);
+        }
         let kind = ev.kv_cache_spec_kind.map(|k| GroupKind::from_event(k, ev.kv_cache_spec_sliding_window));
         let tokens = ev.token_ids.as_deref().unwrap_or(&[]);
         if tokens.is_empty() {
@@ -491,6 +499,20 @@ impl PodIngest {
             extras.clear();
             if let Some(entry) = layout.extra_keys.as_ref().and_then(|e| e.get(i)) {
                 encode_block_extras(entry, layout.lora_name, layout.lora_id, &mut extras);
+            }
+            if i == 0 && layout.parent_block_hash.is_none() {
+                // A salt published beside the blocks (SGLang) folds into the chain's first
+                // block exactly as a query's `cache_salt` does, so only salted prompts match.
+                if let Some(salt) = layout.cache_salt.filter(|s| !s.is_empty()) {
+                    extras.push_str(salt);
+                }
+            }
+            if let Some(Value::Array(segments)) = layout.mm_keys.as_ref().and_then(|m| m.get(i)) {
+                if !segments.is_empty() {
+                    // TensorRT-LLM's multimodal hashes are its own; no query names them yet, so
+                    // such a block must never match a plain prefix.
+                    extras.push_opaque(b'm');
+                }
             }
             if let Some(lookahead) = layout.lookahead_token_ids.as_ref().and_then(|l| l.get(i)) {
                 // Lookahead hashing makes the engine's block depend on tokens past it; a query

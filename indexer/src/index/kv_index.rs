@@ -82,7 +82,7 @@ impl KvIndex {
         KvIndex {
             tree: Tree::new(config.shards, config.max_entries),
             pods: Pods::new(),
-            tiers: Tiers::with_limits(config.tier_limits),
+            tiers: Tiers::with_weights(config.tier_limits, config.tier_classes),
             states: RwLock::new(FxHashMap::default()),
             plans: Atomic::new(FxHashMap::default()),
             plans_writer: Mutex::new(()),

@@ -26,4 +26,4 @@ pub use self::export::{GroupExport, ImportReport, PodExport};
 pub use self::ingest::HashCheck;
 pub use self::kv_index::{KvIndex, PodStats, ScoreQuery, ScoreResult};
 pub use self::report::{ApplyReport, SkipReason};
-pub use self::tiers::TierLimits;
+pub use self::tiers::{TierClass, TierLimits, TierWeights};

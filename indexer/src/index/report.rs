@@ -25,10 +25,14 @@ pub enum SkipReason {
     GroupOutOfRange,
     /// The index is at its memory bound.
     IndexFull,
+    /// Token ids no query can name (bigram pairs, ids past u32, multimodal placeholders).
+    UnkeyableTokens,
+    /// A page the engine publishes but does not serve: SGLang's partial last page.
+    PartialPage,
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 9] = [
+    pub const ALL: [SkipReason; 11] = [
         SkipReason::ParentUnknown,
         SkipReason::BlockSizeMismatch,
         SkipReason::TokenCountMismatch,
@@ -38,6 +42,8 @@ impl SkipReason {
         SkipReason::BadTierName,
         SkipReason::GroupOutOfRange,
         SkipReason::IndexFull,
+        SkipReason::UnkeyableTokens,
+        SkipReason::PartialPage,
     ];
 
     /// Stable metric label.
@@ -52,6 +58,8 @@ impl SkipReason {
             SkipReason::BadTierName => "bad_tier_name",
             SkipReason::GroupOutOfRange => "group_out_of_range",
             SkipReason::IndexFull => "index_full",
+            SkipReason::UnkeyableTokens => "unkeyable_tokens",
+            SkipReason::PartialPage => "partial_page",
         }
     }
 }
@@ -70,6 +78,9 @@ pub struct ApplyReport {
     pub skipped: [u64; SkipReason::ALL.len()],
     /// Sampled recomputation of the engine's own block hashes (see [`HashCheck`](super::HashCheck)).
     pub hash_check: Verification,
+    /// Engine blocks stored in a tier no weight is known for (a name outside llm-d's classes
+    /// and not configured): held, but scored 0.
+    pub unweighted_tier_blocks: u64,
 }
 
 impl ApplyReport {
@@ -93,5 +104,6 @@ impl ApplyReport {
             *a += b;
         }
         self.hash_check.merge(&other.hash_check);
+        self.unweighted_tier_blocks += other.unweighted_tier_blocks;
     }
 }

@@ -1,4 +1,10 @@
-//! Storage tiers (vLLM's `medium`: GPU, CPU, STORAGE, …) and their scoring weights.
+//! Storage tiers (the engines' `medium`: vLLM's GPU, CPU, STORAGE; SGLang's GPU, CPU_PINNED,
+//! DISK, EXTERNAL; …) and their scoring weights.
+//!
+//! Weights follow llm-d's tier classes (llm-d-router#2809): gpu 1.0, cpu 0.8, shared_storage
+//! 0.4, object_store 0.2, and 0 for a tier of no known class, whose blocks are still held but
+//! counted (`ApplyReport::unweighted_tier_blocks`). [`TierWeights`] changes the class weights;
+//! a configured per-name weight (`set_weight`) overrides its class.
 //!
 //! A residency records a bit per tier, so a pod holding a block on both GPU and CPU is one
 //! entry. Names are case-insensitive; a missing `medium` (vLLM before 0.10.2) means GPU.
@@ -22,6 +28,64 @@ pub const PREDEFINED: [&str; 3] = ["GPU", "CPU", "STORAGE"];
 
 /// Longest tier name learned from a publisher.
 pub const MAX_TIER_NAME: usize = 32;
+
+/// llm-d's tier classes, which decide a tier's default weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierClass {
+    Gpu,
+    Cpu,
+    SharedStorage,
+    ObjectStore,
+    /// No known class: weight [`TierWeights::unknown`] (0 by default), counted.
+    Unknown,
+}
+
+impl TierClass {
+    /// The class of an engine's tier name (case-insensitive): `GPU`; `CPU`, `CPU_PINNED`
+    /// (SGLang's host memory); `STORAGE` (vLLM's offload), `SHARED_STORAGE`, `DISK` (SGLang's
+    /// local SSD), `EXTERNAL` (SGLang's shared pool, e.g. Mooncake); `OBJECT_STORE`.
+    pub fn of(name: &str) -> TierClass {
+        const CLASSES: [(&str, TierClass); 8] = [
+            ("GPU", TierClass::Gpu),
+            ("CPU", TierClass::Cpu),
+            ("CPU_PINNED", TierClass::Cpu),
+            ("STORAGE", TierClass::SharedStorage),
+            ("SHARED_STORAGE", TierClass::SharedStorage),
+            ("DISK", TierClass::SharedStorage),
+            ("EXTERNAL", TierClass::SharedStorage),
+            ("OBJECT_STORE", TierClass::ObjectStore),
+        ];
+        CLASSES.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map_or(TierClass::Unknown, |(_, c)| *c)
+    }
+}
+
+/// The weight of each tier class; [`Default`] is llm-d's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TierWeights {
+    pub gpu: f64,
+    pub cpu: f64,
+    pub shared_storage: f64,
+    pub object_store: f64,
+    pub unknown: f64,
+}
+
+impl Default for TierWeights {
+    fn default() -> Self {
+        TierWeights { gpu: 1.0, cpu: 0.8, shared_storage: 0.4, object_store: 0.2, unknown: 0.0 }
+    }
+}
+
+impl TierWeights {
+    pub fn of(&self, class: TierClass) -> f64 {
+        match class {
+            TierClass::Gpu => self.gpu,
+            TierClass::Cpu => self.cpu,
+            TierClass::SharedStorage => self.shared_storage,
+            TierClass::ObjectStore => self.object_store,
+            TierClass::Unknown => self.unknown,
+        }
+    }
+}
 
 /// A tier's bit position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -66,6 +130,9 @@ pub enum TierRefusal {
 pub struct Tiers {
     names: RwLock<Vec<String>>,
     weights: RwLock<[f64; MAX_TIERS]>,
+    /// Bit per tier whose weight no class or configuration gave (scored 0, counted).
+    unweighted: AtomicU8,
+    classes: TierWeights,
     len: AtomicU8,
     /// Names learned from publishers so far.
     learned: AtomicU8,
@@ -79,18 +146,27 @@ impl Default for Tiers {
 }
 
 impl Tiers {
-    /// GPU (weight 1.0), CPU (0.8, as in llm-d) and STORAGE (1.0) are predefined; other tiers
-    /// weigh 1.0 unless configured.
+    /// GPU, CPU and STORAGE are predefined; every tier weighs what llm-d's class of its name
+    /// does (see [`TierClass::of`]) unless configured.
     pub fn new() -> Self {
         Self::with_limits(TierLimits::default())
     }
 
     pub fn with_limits(limits: TierLimits) -> Self {
-        let mut weights = [1.0; MAX_TIERS];
-        weights[TierId::CPU.0 as usize] = 0.8;
+        Self::with_weights(limits, TierWeights::default())
+    }
+
+    /// Tiers whose classes weigh `classes`.
+    pub fn with_weights(limits: TierLimits, classes: TierWeights) -> Self {
+        let mut weights = [classes.unknown; MAX_TIERS];
+        for (i, name) in PREDEFINED.iter().enumerate() {
+            weights[i] = classes.of(TierClass::of(name));
+        }
         Tiers {
             names: RwLock::new(PREDEFINED.iter().map(|n| n.to_string()).collect()),
             weights: RwLock::new(weights),
+            unweighted: AtomicU8::new(0),
+            classes,
             len: AtomicU8::new(PREDEFINED.len() as u8),
             learned: AtomicU8::new(0),
             limits,
@@ -150,9 +226,15 @@ impl Tiers {
             return None;
         }
         names.push(medium.to_ascii_uppercase());
+        let id = TierId((names.len() - 1) as u8);
+        let class = TierClass::of(medium);
+        self.weights.write()[id.0 as usize] = self.classes.of(class);
+        if class == TierClass::Unknown {
+            self.unweighted.fetch_or(id.bit(), Ordering::AcqRel);
+        }
         self.learned.fetch_add(1, Ordering::AcqRel);
         self.len.store(names.len() as u8, Ordering::Release);
-        Some(TierId((names.len() - 1) as u8))
+        Some(id)
     }
 
     pub fn lookup(&self, medium: &str) -> Option<TierId> {
@@ -166,7 +248,14 @@ impl Tiers {
     pub fn set_weight(&self, medium: &str, weight: f64) -> Option<TierId> {
         let id = self.configure(medium)?;
         self.weights.write()[id.0 as usize] = weight;
+        self.unweighted.fetch_and(!id.bit(), Ordering::AcqRel);
         Some(id)
+    }
+
+    /// Whether `id`'s weight came from neither a class nor the configuration (scored at
+    /// [`TierWeights::unknown`]; its blocks are counted).
+    pub fn is_unweighted(&self, id: TierId) -> bool {
+        self.unweighted.load(Ordering::Acquire) & id.bit() != 0
     }
 
     pub fn weights(&self) -> [f64; MAX_TIERS] {
@@ -215,6 +304,24 @@ mod tests {
         assert_eq!(Tiers::best_weight(&w, TierId::CPU.bit()), 0.8);
         assert_eq!(Tiers::best_weight(&w, TierId::CPU.bit() | TierId::GPU.bit()), 1.0);
         assert_eq!(Tiers::best_weight(&w, 0), 0.0);
+    }
+
+    #[test]
+    fn llm_d_class_weights_and_unknown_tiers_at_zero() {
+        let t = Tiers::new();
+        let w = |name: &str| {
+            let id = t.learn(name).unwrap();
+            t.weights()[id.0 as usize]
+        };
+        assert_eq!((w("GPU"), w("CPU"), w("STORAGE")), (1.0, 0.8, 0.4));
+        assert_eq!((w("CPU_PINNED"), w("disk"), w("EXTERNAL"), w("object_store")), (0.8, 0.4, 0.4, 0.2));
+        let odd = t.learn("lmcache.weird").unwrap();
+        assert_eq!(t.weights()[odd.0 as usize], 0.0);
+        assert!(t.is_unweighted(odd) && !t.is_unweighted(TierId::CPU));
+        t.set_weight("lmcache.weird", 0.3);
+        assert!(!t.is_unweighted(odd), "a configured weight is known");
+        let custom = Tiers::with_weights(TierLimits::default(), TierWeights { cpu: 0.5, ..TierWeights::default() });
+        assert_eq!(custom.weights()[TierId::CPU.0 as usize], 0.5);
     }
 
     #[test]

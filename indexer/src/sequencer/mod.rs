@@ -144,6 +144,8 @@ pub struct Sequencer<P> {
     reconnected: bool,
     /// Restored from a snapshot's cursor and no batch applied since (see `resume`).
     resumed: bool,
+    /// The publisher epoch of the last live message that had one (24-byte seq frames).
+    epoch: Option<[u8; 16]>,
     stats: SequencerStats,
 }
 
@@ -162,6 +164,7 @@ impl<P> Sequencer<P> {
             pending: VecDeque::new(),
             reconnected: false,
             resumed: false,
+            epoch: None,
             stats: SequencerStats::default(),
         }
     }
@@ -305,6 +308,20 @@ impl<P> Sequencer<P> {
     pub fn start_initial_sync(&mut self, now: Millis, out: &mut Vec<Step<P>>) {
         if self.state == SourceState::Connecting && self.replay.is_none() && self.can_replay(now) {
             self.start_replay(0, now, Reason::InitialSync, out);
+        }
+    }
+
+    /// The publisher epoch a live message carries (vLLM's 24-byte seq frame), given before
+    /// [`Sequencer::on_live`] with that message. A new epoch is a new publisher process: it
+    /// clears like a restart, whatever its seq, and the message then starts the new stream
+    /// (seq 0 applies; a later seq replays from 0). Messages without an epoch change nothing.
+    pub fn on_epoch(&mut self, epoch: Option<[u8; 16]>, out: &mut Vec<Step<P>>) {
+        let Some(epoch) = epoch else { return };
+        if self.epoch.replace(epoch).is_some_and(|previous| previous != epoch) {
+            self.restart(Reason::Restart, out);
+            // The new process's seq is not comparable with the old one's.
+            self.last_live = None;
+            self.reconnected = false;
         }
     }
 

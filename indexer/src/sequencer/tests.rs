@@ -242,6 +242,34 @@ fn restart_clears_and_resyncs_from_zero() {
 }
 
 #[test]
+fn a_new_epoch_clears_like_a_restart_whatever_its_seq() {
+    let mut s = exact_from_zero(true);
+    let (a, b2) = ([1u8; 16], [2u8; 16]);
+    let mut out = Vec::new();
+    s.on_epoch(Some(a), &mut out);
+    s.on_live(3, b("L"), 1, &mut out);
+    s.on_epoch(Some(a), &mut out);
+    s.on_live(4, b("L"), 1, &mut out);
+    assert_eq!(actions(&out), ["apply 3 L", "apply 4 L"], "the same epoch is the same stream");
+    // A new process whose seq already moved past ours: seq alone would take it as a gap.
+    let mut out = Vec::new();
+    s.on_epoch(Some(b2), &mut out);
+    s.on_live(9, b("L"), 2, &mut out);
+    assert_eq!(actions(&out), ["clear restart", "replay 0"]);
+    assert_eq!(s.stats().restarts, 1);
+    // A new epoch at seq 0 applies at once, with a single clear.
+    let mut s = exact_from_zero(false);
+    let mut out = Vec::new();
+    s.on_epoch(Some(a), &mut out);
+    s.on_live(3, b("L"), 1, &mut out);
+    s.on_epoch(Some(b2), &mut out);
+    s.on_live(0, b("L"), 2, &mut out);
+    assert_eq!(actions(&out), ["apply 3 L", "clear restart", "apply 0 L"]);
+    s.on_epoch(None, &mut out);
+    assert_eq!(s.stats().restarts, 1, "a message without an epoch changes nothing");
+}
+
+#[test]
 fn restart_at_zero_is_exact_immediately() {
     let mut s = exact_from_zero(false);
     let out = live(&mut s, 0, 5);

@@ -1,14 +1,14 @@
 //! Why a message could not be decoded: one typed error for frames and payloads, whose
 //! `reason()` is the stable label of `kvindex_decode_errors_total{reason}`.
 
-use super::msgpack::MAX_DEPTH;
+use super::limits::MAX_DEPTH;
 
 /// Why a message could not be decoded. `reason()` is the stable label used in metrics.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum WireError {
     #[error("expected {expected} frames, got {got}")]
     FrameCount { expected: &'static str, got: usize },
-    #[error("sequence frame must be 8 bytes, got {0}")]
+    #[error("sequence frame must be 8 or 24 bytes, got {0}")]
     SeqLength(usize),
     #[error("replay reply must start with an empty delimiter frame")]
     MissingDelimiter,

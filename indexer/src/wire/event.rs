@@ -1,6 +1,7 @@
-//! The decoded form of a `KVEventBatch`: every field any vLLM release publishes, borrowed
-//! from the payload. Fields a release lacks are `None`; fields this decoder does not know are
-//! kept in `other`, so `kvindex decode` shows everything the engine sent.
+//! The decoded form of a `KVEventBatch`: the shared event model of every engine family
+//! (vLLM, SGLang, TensorRT-LLM), borrowed from the payload. Fields a release lacks are `None`;
+//! fields this decoder does not know are kept in `other`, so `kvindex decode` shows everything
+//! the engine sent.
 
 /// One `KVEventBatch`.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +19,9 @@ impl EventBatch<'_> {
     }
 }
 
+// Stores dominate every stream and are consumed in place: boxing them would cost an
+// allocation per event on the ingest path for the sake of the rarer, smaller variants.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event<'a> {
     BlockStored(BlockStored<'a>),
@@ -65,8 +69,12 @@ impl EngineHash<'_> {
 pub struct BlockStored<'a> {
     pub block_hashes: Vec<EngineHash<'a>>,
     pub parent_block_hash: Option<EngineHash<'a>>,
-    /// `None` only when the wire had `nil`.
+    /// `None` when the wire had `nil`, or when the ids are not plain u32s (see
+    /// `odd_token_ids`).
     pub token_ids: Option<Vec<u32>>,
+    /// Token ids that are not plain u32s: SGLang's EAGLE bigram pages, ids past u32 (SGLang
+    /// 0.5.23+), TensorRT-LLM's multimodal placeholders. Never keyed as a plain prefix.
+    pub odd_token_ids: Option<OddTokens<'a>>,
     pub block_size: Option<i64>,
     pub lora_id: Option<i64>,
     pub medium: Option<&'a str>,
@@ -79,7 +87,14 @@ pub struct BlockStored<'a> {
     pub locality: Option<&'a str>,
     pub ownership: Option<&'a str>,
     pub session_id: Option<&'a str>,
+    /// The request's cache salt as the engine publishes it beside the blocks (SGLang: a
+    /// `cache_salt` key from 0.5.20, the `metadata` map's `cache_salt` in 0.5.19). vLLM
+    /// carries its salt in `extra_keys` instead.
+    pub cache_salt: Option<&'a str>,
     pub lookahead_token_ids: Option<Vec<Vec<u32>>>,
+    /// TensorRT-LLM's multimodal segments, one entry per block: `Value::Nil` or an array of
+    /// `{"type": "mm_key", "hash", "start_offset", "uuid"}` maps.
+    pub mm_keys: Option<Vec<Value<'a>>>,
     /// Map keys this decoder does not know, kept for diagnostics and `kvindex decode`.
     pub other: Vec<(&'a str, Value<'a>)>,
 }
@@ -92,6 +107,19 @@ pub struct BlockRemoved<'a> {
     pub locality: Option<&'a str>,
     pub ownership: Option<&'a str>,
     pub other: Vec<(&'a str, Value<'a>)>,
+}
+
+/// Token ids an engine published in a shape other than a list of u32s.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OddTokens<'a> {
+    /// Ids of which at least one does not fit a u32.
+    Wide(Vec<u64>),
+    /// SGLang's EAGLE bigram keys: `[t_i, t_{i+1}]` per position, so a page depends on the
+    /// token after it.
+    Pairs(Vec<[u64; 2]>),
+    /// A list mixing ids with other values (TensorRT-LLM writes multimodal items as hex
+    /// strings): kept as read.
+    Mixed(Vec<Value<'a>>),
 }
 
 /// Any msgpack value, borrowed: the shape of `extra_keys` entries and unknown fields.

@@ -1,41 +1,43 @@
 //! msgpack payloads into [`EventBatch`]es, in one pass over the bytes.
 //!
-//! One decoder covers every vLLM release from 0.9 on by following the format's rules rather
-//! than per-version tables: the batch is an array of 2 or more elements, each event is either
-//! an array whose first element is the tag (up to 0.23) or a map with a `"type"` key (0.24+),
-//! fields are read by position or by name, missing trailing positions and keys are `None`,
+//! One decoder covers every vLLM release from 0.9 on, and SGLang and TensorRT-LLM, by following
+//! the format's rules rather than per-version tables: the batch is an array of 2 or more
+//! elements, each event is either an array whose first element is the tag (vLLM up to 0.23,
+//! SGLang up to 0.5.19) or a map with a `"type"` key, fields are read by position (in the
+//! engine's order, see [`Engine`]) or by name, missing trailing positions and keys are `None`,
 //! extra positions are ignored and extra keys are kept aside. Hashes may be any msgpack int
-//! (including negative `builtin` hashes) or `bin`. Payloads are borrowed, not copied, so the
-//! ingest path allocates only for the token-id and hash lists.
+//! (including negative `builtin` and SGLang hashes) or `bin`. Token ids are u32s, or (kept
+//! apart as [`OddTokens`]) wider ids, bigram pairs or mixed values. Payloads are borrowed, not
+//! copied, so the ingest path allocates only for the token-id and hash lists.
 
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value, WireError};
+use super::limits::{MAX_DEPTH, MAX_PREALLOC};
+use super::{BlockRemoved, BlockStored, Engine, EngineHash, Event, EventBatch, OddTokens, Value, WireError};
 
-/// Nesting allowed inside a payload; vLLM's deepest value (extra keys) is 4 levels down.
-pub(crate) const MAX_DEPTH: usize = 32;
-
-/// Upper bound on preallocation from a declared length, so a lying header costs nothing.
-const MAX_PREALLOC: usize = 4096;
-
-/// Decodes a `KVEventBatch` payload.
+/// Decodes a vLLM `KVEventBatch` payload.
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch<'_>, WireError> {
+    decode_batch_as(Engine::Vllm, payload)
+}
+
+/// Decodes a `KVEventBatch` payload of `engine`'s family.
+pub fn decode_batch_as(engine: Engine, payload: &[u8]) -> Result<EventBatch<'_>, WireError> {
     if payload.is_empty() {
         return Err(WireError::EmptyPayload);
     }
     let mut de = rmp_serde::Deserializer::from_read_ref(payload);
     de.set_max_depth(MAX_DEPTH);
-    Ok(de.deserialize_any(BatchVisitor)?)
+    Ok(de.deserialize_any(BatchVisitor(engine))?)
 }
 
 // ---- serde visitors -------------------------------------------------------------------------
 // Hand-written so that one pass accepts both event encodings, any int width, and borrows
 // strings and byte strings from the payload.
 
-struct BatchVisitor;
+struct BatchVisitor(Engine);
 
 impl<'de> Visitor<'de> for BatchVisitor {
     type Value = EventBatch<'de>;
@@ -44,8 +46,9 @@ impl<'de> Visitor<'de> for BatchVisitor {
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let ts: Number = seq.next_element()?.ok_or_else(|| de::Error::custom("batch array is empty"))?;
-        let events =
-            seq.next_element::<EventList>()?.ok_or_else(|| de::Error::custom("batch array has no events element"))?.0;
+        let events = seq
+            .next_element_seed(EventList(self.0))?
+            .ok_or_else(|| de::Error::custom("batch array has no events element"))?;
         let data_parallel_rank = seq.next_element::<Option<i64>>()?.flatten();
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(EventBatch { ts: ts.0, events, data_parallel_rank })
@@ -80,48 +83,29 @@ impl<'de> de::Deserialize<'de> for Number {
     }
 }
 
-struct EventList<'de>(Vec<Event<'de>>);
+/// The events element of a batch, decoded in `engine`'s field order.
+struct EventList(Engine);
 
-impl<'de> de::Deserialize<'de> for EventList<'de> {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = EventList<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an array of events")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut events = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC));
-                while let Some(event) = seq.next_element::<Event<'de>>()? {
-                    events.push(event);
-                }
-                Ok(EventList(events))
-            }
-        }
-        d.deserialize_any(V)
+impl<'de> DeserializeSeed<'de> for EventList {
+    type Value = Vec<Event<'de>>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
     }
 }
 
-/// Field order of the array form, per event type. Later releases append; we name every field
-/// any release declared so a future array-form producer still decodes by position.
-const STORED_FIELDS: [&str; 15] = [
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-    "locality",
-    "ownership",
-    "session_id",
-    "lookahead_token_ids",
-];
-const REMOVED_FIELDS: [&str; 5] = ["block_hashes", "medium", "group_idx", "locality", "ownership"];
+impl<'de> Visitor<'de> for EventList {
+    type Value = Vec<Event<'de>>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of events")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut events = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC));
+        while let Some(event) = seq.next_element_seed(EventVisitor(self.0))? {
+            events.push(event);
+        }
+        Ok(events)
+    }
+}
 
 #[derive(Clone, Copy)]
 enum Kind {
@@ -143,6 +127,7 @@ fn kind_of(tag: &str) -> Option<Kind> {
 /// principle, carry `"type"` after other keys).
 #[derive(Default)]
 struct Fields<'de> {
+    engine: Engine,
     stored: BlockStored<'de>,
 }
 
@@ -153,11 +138,12 @@ impl<'de> Fields<'de> {
         name: &'de str,
         next: impl FnOnce(FieldSlot<'_, 'de>) -> Result<(), E>,
     ) -> Result<(), E> {
+        let engine = self.engine;
         let s = &mut self.stored;
         let slot = match name {
             "block_hashes" => FieldSlot::Hashes(&mut s.block_hashes),
             "parent_block_hash" => FieldSlot::OptHash(&mut s.parent_block_hash),
-            "token_ids" => FieldSlot::Tokens(&mut s.token_ids),
+            "token_ids" => FieldSlot::Tokens(engine, &mut s.token_ids, &mut s.odd_token_ids),
             "block_size" => FieldSlot::Int(&mut s.block_size),
             "lora_id" => FieldSlot::Int(&mut s.lora_id),
             "medium" => FieldSlot::Str(&mut s.medium),
@@ -169,7 +155,10 @@ impl<'de> Fields<'de> {
             "locality" => FieldSlot::Str(&mut s.locality),
             "ownership" => FieldSlot::Str(&mut s.ownership),
             "session_id" => FieldSlot::Str(&mut s.session_id),
+            "cache_salt" => FieldSlot::Str(&mut s.cache_salt),
+            "metadata" => FieldSlot::Metadata(&mut s.cache_salt, &mut s.other),
             "lookahead_token_ids" => FieldSlot::TokenLists(&mut s.lookahead_token_ids),
+            "mm_keys" => FieldSlot::Extra(&mut s.mm_keys),
             _ => FieldSlot::Other(name, &mut s.other),
         };
         next(slot)
@@ -199,11 +188,14 @@ impl<'de> Fields<'de> {
 enum FieldSlot<'s, 'de> {
     Hashes(&'s mut Vec<EngineHash<'de>>),
     OptHash(&'s mut Option<EngineHash<'de>>),
-    Tokens(&'s mut Option<Vec<u32>>),
+    /// vLLM's ids are u32s (anything else is malformed); other engines' may take other shapes.
+    Tokens(Engine, &'s mut Option<Vec<u32>>, &'s mut Option<OddTokens<'de>>),
     TokenLists(&'s mut Option<Vec<Vec<u32>>>),
     Int(&'s mut Option<i64>),
     Str(&'s mut Option<&'de str>),
     Extra(&'s mut Option<Vec<Value<'de>>>),
+    /// SGLang 0.5.19's `metadata` map: its `cache_salt` is read, the map kept as sent.
+    Metadata(&'s mut Option<&'de str>, &'s mut Vec<(&'de str, Value<'de>)>),
     Other(&'de str, &'s mut Vec<(&'de str, Value<'de>)>),
 }
 
@@ -213,7 +205,15 @@ impl<'de> DeserializeSeed<'de> for FieldSlot<'_, 'de> {
         match self {
             FieldSlot::Hashes(out) => *out = Option::<HashList>::deserialize(d)?.map(|h| h.0).unwrap_or_default(),
             FieldSlot::OptHash(out) => *out = Option::<EngineHashDe>::deserialize(d)?.map(|h| h.0),
-            FieldSlot::Tokens(out) => *out = Option::<TokenList>::deserialize(d)?.map(|t| t.0),
+            FieldSlot::Tokens(Engine::Vllm, out, _) => *out = Option::<TokenList>::deserialize(d)?.map(|t| t.0),
+            FieldSlot::Tokens(_, out, odd) => match Option::<AnyTokens>::deserialize(d)? {
+                None => *out = None,
+                Some(AnyTokens::Plain(t)) => *out = Some(t),
+                Some(AnyTokens::Odd(t)) => {
+                    *out = None;
+                    *odd = Some(t);
+                }
+            },
             FieldSlot::TokenLists(out) => {
                 *out = Option::<Vec<TokenList>>::deserialize(d)?.map(|lists| lists.into_iter().map(|t| t.0).collect())
             }
@@ -223,8 +223,23 @@ impl<'de> DeserializeSeed<'de> for FieldSlot<'_, 'de> {
                 *out = match Value::deserialize(d)? {
                     Value::Nil => None,
                     Value::Array(items) => Some(items),
-                    _ => return Err(de::Error::custom("extra_keys must be an array or nil")),
+                    _ => return Err(de::Error::custom("extra_keys and mm_keys must be an array or nil")),
                 }
+            }
+            FieldSlot::Metadata(salt, out) => {
+                let value = Value::deserialize(d)?;
+                match &value {
+                    Value::Nil => {}
+                    Value::Map(entries) => {
+                        for (k, v) in entries {
+                            if let (Value::Str("cache_salt"), Value::Str(s)) = (k, v) {
+                                *salt = Some(s);
+                            }
+                        }
+                    }
+                    _ => return Err(de::Error::custom("metadata must be a map or nil")),
+                }
+                out.push(("metadata", value));
             }
             FieldSlot::Other(name, out) => out.push((name, Value::deserialize(d)?)),
         }
@@ -234,11 +249,20 @@ impl<'de> DeserializeSeed<'de> for FieldSlot<'_, 'de> {
 
 impl<'de> de::Deserialize<'de> for Event<'de> {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(EventVisitor)
+        d.deserialize_any(EventVisitor(Engine::Vllm))
     }
 }
 
-struct EventVisitor;
+/// One event, its array form read in the engine's field order.
+#[derive(Clone, Copy)]
+struct EventVisitor(Engine);
+
+impl<'de> DeserializeSeed<'de> for EventVisitor {
+    type Value = Event<'de>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
 
 impl<'de> Visitor<'de> for EventVisitor {
     type Value = Event<'de>;
@@ -253,11 +277,11 @@ impl<'de> Visitor<'de> for EventVisitor {
             return Ok(Event::Unknown { tag, other: Vec::new() });
         };
         let names: &[&'static str] = match kind {
-            Kind::Stored => &STORED_FIELDS,
-            Kind::Removed => &REMOVED_FIELDS,
+            Kind::Stored => self.0.stored_fields(),
+            Kind::Removed => self.0.removed_fields(),
             Kind::Cleared => &[],
         };
-        let mut fields = Fields::default();
+        let mut fields = Fields { engine: self.0, ..Fields::default() };
         for &name in names {
             let mut present = true;
             fields.read(name, |slot| {
@@ -273,7 +297,7 @@ impl<'de> Visitor<'de> for EventVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::default();
+        let mut fields = Fields { engine: self.0, ..Fields::default() };
         let mut tag: Option<&'de str> = None;
         // msgspec writes the tag first; knowing it before the fields lets an unknown event be
         // read generically, so a field type we do not expect there cannot fail the batch.
@@ -372,6 +396,132 @@ impl<'de> de::Deserialize<'de> for TokenList {
         }
         d.deserialize_any(V)
     }
+}
+
+/// A `token_ids` list: u32s (the fast path every vLLM release takes), or, from the first
+/// element that is not one, the odd shape the whole list then has.
+enum AnyTokens<'de> {
+    Plain(Vec<u32>),
+    Odd(OddTokens<'de>),
+}
+
+/// One element of a token list before its list's shape is known.
+enum TokenItem<'de> {
+    Id(u64),
+    Pair([u64; 2]),
+    Other(Value<'de>),
+}
+
+impl<'de> de::Deserialize<'de> for TokenItem<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Ids are read without building a `Value`: this is the per-token hot path.
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TokenItem<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a token id")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(TokenItem::Id(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(u64::try_from(v).map_or(TokenItem::Other(Value::Int(i128::from(v))), TokenItem::Id))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(TokenItem::Other(Value::Float(v)))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(TokenItem::Other(Value::Bool(v)))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(TokenItem::Other(Value::Nil))
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(TokenItem::Other(Value::Nil))
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(TokenItem::Other(Value::Str(v)))
+            }
+            fn visit_borrowed_bytes<E>(self, v: &'de [u8]) -> Result<Self::Value, E> {
+                Ok(TokenItem::Other(Value::Bin(v)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC));
+                while let Some(v) = seq.next_element::<Value<'de>>()? {
+                    items.push(v);
+                }
+                let id = |v: &Value<'_>| match *v {
+                    Value::Int(i) => u64::try_from(i).ok(),
+                    _ => None,
+                };
+                Ok(match items.as_slice() {
+                    [a, b] if id(a).is_some() && id(b).is_some() => {
+                        TokenItem::Pair([id(a).unwrap_or(0), id(b).unwrap_or(0)])
+                    }
+                    _ => TokenItem::Other(Value::Array(items)),
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0).min(MAX_PREALLOC));
+                while let Some(entry) = map.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(TokenItem::Other(Value::Map(out)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> de::Deserialize<'de> for AnyTokens<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AnyTokens<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of token ids")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut plain = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_PREALLOC * 4));
+                let first_odd = loop {
+                    match seq.next_element::<TokenItem<'de>>()? {
+                        None => return Ok(AnyTokens::Plain(plain)),
+                        Some(TokenItem::Id(t)) if t <= u64::from(u32::MAX) => plain.push(t as u32),
+                        Some(item) => break item,
+                    }
+                };
+                // The rest of the list decides the shape: all ids, all pairs, or mixed.
+                let mut items: Vec<TokenItem<'de>> = plain.drain(..).map(|t| TokenItem::Id(u64::from(t))).collect();
+                items.push(first_odd);
+                while let Some(item) = seq.next_element::<TokenItem<'de>>()? {
+                    items.push(item);
+                }
+                Ok(AnyTokens::Odd(odd_tokens(items)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn odd_tokens(items: Vec<TokenItem<'_>>) -> OddTokens<'_> {
+    if items.iter().all(|i| matches!(i, TokenItem::Id(_))) {
+        return OddTokens::Wide(items.into_iter().map(|i| if let TokenItem::Id(t) = i { t } else { 0 }).collect());
+    }
+    if items.iter().all(|i| matches!(i, TokenItem::Pair(_))) {
+        return OddTokens::Pairs(
+            items.into_iter().map(|i| if let TokenItem::Pair(p) = i { p } else { [0; 2] }).collect(),
+        );
+    }
+    OddTokens::Mixed(
+        items
+            .into_iter()
+            .map(|i| match i {
+                TokenItem::Id(t) => Value::Int(i128::from(t)),
+                TokenItem::Pair([a, b]) => Value::Array(vec![Value::Int(i128::from(a)), Value::Int(i128::from(b))]),
+                TokenItem::Other(v) => v,
+            })
+            .collect(),
+    )
 }
 
 impl<'de> de::Deserialize<'de> for Value<'de> {
@@ -497,6 +647,31 @@ mod tests {
         let batch = decode_batch(&payload).unwrap();
         assert_eq!(batch.unknown_events(), 1);
         assert!(matches!(batch.events[1], Event::AllBlocksCleared { .. }));
+    }
+
+    #[test]
+    fn token_shapes_follow_the_engine() {
+        // [ts, [["BlockStored", [1], nil, <tokens>]], 0]
+        let store = |tokens: &str| {
+            hex(&format!("93cb41d954fc4020000091 94ab426c6f636b53746f726564 9101 c0 {tokens} 00").replace(' ', ""))
+        };
+        let wide = store("92 01 cf0000000100000000");
+        let pairs = store("92 920102 920203");
+        let mixed = store("92 a461623132 05");
+        for payload in [&wide, &pairs, &mixed] {
+            assert!(decode_batch(payload).is_err(), "vLLM's ids are u32s: anything else is malformed");
+        }
+        let odd = |engine, payload| match decode_batch_as(engine, payload).unwrap().events.remove(0) {
+            Event::BlockStored(s) => (s.token_ids, s.odd_token_ids),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(odd(Engine::Sglang, &wide), (None, Some(OddTokens::Wide(vec![1, 1 << 32]))));
+        assert_eq!(odd(Engine::Sglang, &pairs), (None, Some(OddTokens::Pairs(vec![[1, 2], [2, 3]]))));
+        assert_eq!(
+            odd(Engine::Trtllm, &mixed),
+            (None, Some(OddTokens::Mixed(vec![Value::Str("ab12"), Value::Int(5)])))
+        );
+        assert_eq!(odd(Engine::Sglang, &store("92 01 02")), (Some(vec![1, 2]), None), "plain ids stay plain");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The vLLM vectors (captured frames and block hashes from vLLM's own code), read from the
-//! repository's `testdata/vllm-vectors/`. Shared by the test support of every crate that reads
-//! them (included there with `#[path]`), so the tests need nothing outside the repository.
-//! `KVINDEX_VECTORS=<dir>` runs them against another corpus with the same layout instead.
+//! repository's `testdata/vllm-vectors/`, and SGLang's (`testdata/sglang-vectors/`). Shared by
+//! the test support of every crate that reads them (included there with `#[path]`), so the
+//! tests need nothing outside the repository. `KVINDEX_VECTORS=<dir>` (`KVINDEX_SGLANG_VECTORS`)
+//! runs them against another corpus with the same layout instead.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -22,6 +23,24 @@ pub fn vectors_dir() -> PathBuf {
         .unwrap_or_else(|| panic!("no testdata/vllm-vectors above {}", crate_dir.display()))
 }
 
+/// `testdata/sglang-vectors` at the repository root, or `$KVINDEX_SGLANG_VECTORS`.
+pub fn sglang_vectors_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("KVINDEX_SGLANG_VECTORS") {
+        return PathBuf::from(dir);
+    }
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    crate_dir
+        .ancestors()
+        .map(|dir| dir.join("testdata/sglang-vectors"))
+        .find(|dir| dir.is_dir())
+        .unwrap_or_else(|| panic!("no testdata/sglang-vectors above {}", crate_dir.display()))
+}
+
+/// Every `frames-*.jsonl` file of the SGLang vectors, sorted.
+pub fn sglang_frame_files() -> Vec<PathBuf> {
+    frames_in(&sglang_vectors_dir())
+}
+
 /// The records of a JSON Lines file.
 pub fn read_records(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
@@ -40,8 +59,11 @@ pub fn read_jsonl(name: &str) -> Vec<Value> {
 
 /// Every `frames-*.jsonl` file, sorted. Panics when there are none: the vectors must be there.
 pub fn frame_files() -> Vec<PathBuf> {
-    let dir = vectors_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+    frames_in(&vectors_dir())
+}
+
+fn frames_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("vectors dir {}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {

@@ -6,12 +6,19 @@
 //! from vLLM 0.24 on (`omit_defaults`: keys whose value is their `None` default are left out,
 //! and BlockStored always gets a map16 header because it declares more than 15 fields) and
 //! fixed-length arrays with the tag first up to 0.23 (every declared field present).
+//!
+//! `--engine sglang` speaks SGLang's layout instead (checked against SGLang's own captures in
+//! `testdata/sglang-vectors`): the batch is `[ts, events, attn_dp_rank]`; events are maps from
+//! 0.5.20 (`omit_defaults`: `cache_salt`, `session_id`, `lora_name` left out when `None`;
+//! `parent_block_hash` and `lora_id` always present) and arrays of the declared fields before
+//! (`medium` from 0.5.15); hashes are signed int64 (negative ids as msgpack ints).
 
+use kvindex::sglang::SglangRelease;
 use rmp::encode as mp;
 
 use crate::engine::KvEvent;
 
-/// Which vLLM release's event layout to speak (`--wire`).
+/// Which engine release's event layout to speak (`--engine`, `--wire`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WireVersion {
     /// vLLM 0.33: map-form events; replay replies carry the topic frame.
@@ -19,9 +26,12 @@ pub enum WireVersion {
     V0_33,
     /// vLLM 0.23: the last array-form release; replay replies have no topic frame.
     V0_23,
+    /// An SGLang release: its layout follows [`SglangRelease`]'s rules.
+    Sglang(SglangRelease),
 }
 
 impl WireVersion {
+    /// A vLLM release's layout.
     pub fn parse(text: &str) -> Option<Self> {
         match text.trim() {
             "0.33" | "0.33.0" => Some(WireVersion::V0_33),
@@ -30,9 +40,19 @@ impl WireVersion {
         }
     }
 
-    /// Replay replies carry the topic frame from vLLM 0.26 on.
+    /// An SGLang release's layout (0.5.6 or later: earlier ones hash with Python's `hash()`).
+    pub fn parse_sglang(text: &str) -> Option<Self> {
+        let release: SglangRelease = text.parse().ok()?;
+        release.hash_reproducible().then_some(WireVersion::Sglang(release))
+    }
+
+    /// Replay replies carry the topic frame from vLLM 0.26 and SGLang 0.5.22 on.
     pub fn replay_has_topic(self) -> bool {
-        self == WireVersion::V0_33
+        match self {
+            WireVersion::V0_33 => true,
+            WireVersion::V0_23 => false,
+            WireVersion::Sglang(release) => release.replay_topic_frame(),
+        }
     }
 }
 
@@ -80,8 +100,89 @@ fn write_no_extra_keys(buf: &mut Vec<u8>, blocks: usize) {
     }
 }
 
+/// SGLang's ids are int64: the simulator's u64 hashes are published as their two's-complement
+/// value, so negative ids appear as SGLang's do.
+fn write_signed_hashes(buf: &mut Vec<u8>, hashes: &[u64]) {
+    ok(mp::write_array_len(buf, hashes.len() as u32));
+    for &hash in hashes {
+        ok(mp::write_sint(buf, hash as i64));
+    }
+}
+
+fn write_sglang_event(buf: &mut Vec<u8>, release: SglangRelease, event: &KvEvent) {
+    let map = release.map_events();
+    let medium = release.publishes_medium();
+    match event {
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size } => {
+            if map {
+                ok(mp::write_map_len(buf, 7));
+                ok(mp::write_str(buf, "type"));
+                ok(mp::write_str(buf, "BlockStored"));
+                ok(mp::write_str(buf, "block_hashes"));
+            } else {
+                ok(mp::write_array_len(buf, if medium { 7 } else { 6 }));
+                ok(mp::write_str(buf, "BlockStored"));
+            }
+            write_signed_hashes(buf, block_hashes);
+            if map {
+                ok(mp::write_str(buf, "parent_block_hash"));
+            }
+            match parent_block_hash {
+                Some(hash) => ok(mp::write_sint(buf, *hash as i64)),
+                None => ok(mp::write_nil(buf)),
+            }
+            if map {
+                ok(mp::write_str(buf, "token_ids"));
+            }
+            write_tokens(buf, token_ids);
+            if map {
+                ok(mp::write_str(buf, "block_size"));
+            }
+            ok(mp::write_uint(buf, u64::from(*block_size)));
+            if map {
+                ok(mp::write_str(buf, "lora_id"));
+            }
+            ok(mp::write_nil(buf));
+            if map {
+                ok(mp::write_str(buf, "medium"));
+            }
+            if map || medium {
+                ok(mp::write_str(buf, MEDIUM));
+            }
+        }
+        KvEvent::BlockRemoved { block_hashes } => {
+            if map {
+                ok(mp::write_map_len(buf, 3));
+                ok(mp::write_str(buf, "type"));
+                ok(mp::write_str(buf, "BlockRemoved"));
+                ok(mp::write_str(buf, "block_hashes"));
+            } else {
+                ok(mp::write_array_len(buf, if medium { 3 } else { 2 }));
+                ok(mp::write_str(buf, "BlockRemoved"));
+            }
+            write_signed_hashes(buf, block_hashes);
+            if map {
+                ok(mp::write_str(buf, "medium"));
+            }
+            if map || medium {
+                ok(mp::write_str(buf, MEDIUM));
+            }
+        }
+        KvEvent::AllBlocksCleared => {
+            if map {
+                ok(mp::write_map_len(buf, 1));
+                ok(mp::write_str(buf, "type"));
+            } else {
+                ok(mp::write_array_len(buf, 1));
+            }
+            ok(mp::write_str(buf, "AllBlocksCleared"));
+        }
+    }
+}
+
 fn write_event(buf: &mut Vec<u8>, version: WireVersion, event: &KvEvent) {
     match (version, event) {
+        (WireVersion::Sglang(release), event) => write_sglang_event(buf, release, event),
         (WireVersion::V0_33, KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size }) => {
             write_map16_len(buf, 10);
             ok(mp::write_str(buf, "type"));

@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use kvindex_loadtest::kvindex_service::{http, sim_next_seq, KvindexService};
 use kvindex_loadtest::process::{workspace_binary, SimFleet};
-use kvindex_router::config::PodSpec;
-use kvindex_router::cost::{CostWeights, Policy};
-use kvindex_router::fleet::{Fleet, Role, Source};
-use kvindex_router::indexer::IndexerPool;
-use kvindex_router::pipeline::{Router, RouterSettings};
-use kvindex_router::tokenize::Tokenizers;
+use kvindex_router::place::cost::{CostWeights, Policy};
+use kvindex_router::place::indexer::IndexerPool;
+use kvindex_router::place::tokenize::Tokenizers;
+use kvindex_router::place::{Router, RouterSettings};
+use kvindex_router::pods::fleet::{Fleet, Source};
+use kvindex_router::pods::spec::PodSpec;
+use kvindex_router::pods::spec::Role;
 use serde_json::{json, Value};
 
 pub const MODEL: &str = "deepseek";

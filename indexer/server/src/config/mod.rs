@@ -370,7 +370,7 @@ pub struct Config {
     pub grpc_admission: crate::grpc::admission::AdmissionConfig,
     /// The control plane's bearer token (registration and RecordRoute); `None`: both are
     /// disabled.
-    pub admin_token: Option<crate::control::AdminToken>,
+    pub admin_token: Option<crate::pods::admin_token::AdminToken>,
     /// Central mode: the address ranges allowed to connect (empty: any).
     pub zmq_allow: Vec<Cidr>,
     /// Where registered endpoints may point (empty: anywhere).
@@ -468,7 +468,7 @@ impl Config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| src.error("admin_token_file", format!("cannot read {}: {e}", path.display())))?;
-                Some(crate::control::AdminToken::parse(&text).map_err(|m| src.error("admin_token_file", m))?)
+                Some(crate::pods::admin_token::AdminToken::parse(&text).map_err(|m| src.error("admin_token_file", m))?)
             }
             None => None,
         };

@@ -7,12 +7,19 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use kvindex::speculative::SpeculativeCredits;
 use kvindex::KvIndex;
 
 use crate::apply::Queues;
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ServerError;
-use crate::state::ServiceState;
+use crate::grpc::{Bounds, Handles};
+use crate::index_handle::IndexHandle;
+use crate::pods::auth::ControlPlane;
+use crate::pods::{Pods, PodsConfig};
+use crate::readiness::Readiness;
+use crate::shutdown::ShutdownSignal;
 
 /// Serves `index` at `addr` until `shutdown`; `on_bound` gets the bound address.
 pub async fn serve_index(
@@ -30,7 +37,17 @@ pub async fn serve_index(
     })?;
     on_bound(listener.local_addr().map_err(|source| ServerError::Io { what: "grpc listener", source })?);
     let (queues, _no_workers) = Queues::new(1, 1);
-    let state = Arc::new(ServiceState::new(config, index, queues));
-    state.readiness().set_listening();
-    crate::grpc::serve(state, None, listener, None, shutdown).await
+    let pods = Pods::new(&PodsConfig::of(&config), Arc::new(queues), Arc::new(Readiness::default()));
+    let index = IndexHandle::new(index, SpeculativeCredits::new(config.speculative.clone()), Clock::start());
+    let handles = Handles { index, pods, control: ControlPlane::default(), tokenizer: None };
+    let (signal, stopped) = ShutdownSignal::new();
+    let serve = crate::grpc::serve(handles, Bounds::of(&config), listener, None, stopped);
+    tokio::pin!(serve);
+    tokio::select! {
+        served = &mut serve => served,
+        () = shutdown => {
+            signal.trigger();
+            serve.await
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! `kvindex.v1.Indexer`: ScoreTokens (the read plane), RecordRoute (which steers placement, so
 //! it takes the control plane's token) and pod registration (RegisterPod, UnregisterPod), which
-//! only answers a bearer token ([`crate::control`]). ScoreTokens and RecordRoute go through the
+//! only answers a bearer token ([`crate::pods::auth`]). ScoreTokens and RecordRoute go through the
 //! [`Admission`] of large requests.
 
 use std::sync::Arc;
@@ -15,21 +15,18 @@ use super::admission::Admission;
 use super::record_route;
 use super::score::Scorer;
 use crate::config::PodConfig;
-use crate::control::{self, Denied};
-use crate::sources::registry;
-use crate::state::ServiceState;
+use crate::index_handle::IndexHandle;
+use crate::pods::auth::{ControlPlane, Denied};
+use crate::pods::Pods;
 use crate::telemetry as m;
 
+/// The handler of `kvindex.v1.Indexer`: the handles it uses, no more.
 pub struct IndexerService {
-    state: Arc<ServiceState>,
-    scorer: Arc<Scorer>,
-    admission: Arc<Admission>,
-}
-
-impl IndexerService {
-    pub fn new(state: Arc<ServiceState>, scorer: Arc<Scorer>, admission: Arc<Admission>) -> Self {
-        IndexerService { state, scorer, admission }
-    }
+    pub index: IndexHandle,
+    pub pods: Pods,
+    pub control: ControlPlane,
+    pub scorer: Arc<Scorer>,
+    pub admission: Arc<Admission>,
 }
 
 fn authorization<T>(request: &Request<T>) -> Option<&str> {
@@ -38,8 +35,8 @@ fn authorization<T>(request: &Request<T>) -> Option<&str> {
 
 /// The control plane's gate: PERMISSION_DENIED while registration is disabled,
 /// UNAUTHENTICATED without the right bearer token (`authorization` metadata).
-fn authorize<T>(state: &ServiceState, request: &Request<T>) -> Result<(), Status> {
-    control::authorize(state, "grpc", authorization(request)).map_err(|denied| match denied {
+fn authorize<T>(control: &ControlPlane, request: &Request<T>) -> Result<(), Status> {
+    control.authorize("grpc", authorization(request)).map_err(|denied| match denied {
         Denied::Disabled => Status::permission_denied(denied.to_string()),
         _ => Status::unauthenticated(denied.to_string()),
     })
@@ -67,21 +64,22 @@ impl Indexer for IndexerService {
         request: Request<pb::RecordRouteRequest>,
     ) -> Result<Response<pb::RecordRouteResponse>, Status> {
         let caller = record_route::caller_of(request.remote_addr());
-        record_route::authorize(&self.state, authorization(&request), &caller)?;
+        record_route::authorize(&self.control, authorization(&request), &caller)?;
         let req = request.into_inner();
-        record_route::check_request(&self.state, &req)?;
+        let max_tokens = self.scorer.max_tokens();
+        record_route::check_request(&self.index, max_tokens, &req)?;
         let admitted = self.admission.admit("RecordRoute", req.token_ids.len()).await?;
-        let state = self.state.clone();
-        admitted.run(move || record_route::record_route(&state, &req, &caller)).await?.map(Response::new)
+        let index = self.index.clone();
+        admitted.run(move || record_route::record_route(&index, max_tokens, &req, &caller)).await?.map(Response::new)
     }
 
     async fn register_pod(
         &self,
         request: Request<pb::RegisterPodRequest>,
     ) -> Result<Response<pb::RegisterPodResponse>, Status> {
-        authorize(&self.state, &request)?;
+        authorize(&self.control, &request)?;
         let r = request.into_inner();
-        control::may_change(&self.state, "grpc", &r.pod).map_err(Status::failed_precondition)?;
+        self.pods.may_change("grpc", &r.pod).map_err(Status::failed_precondition)?;
         let mut cfg = PodConfig {
             id: r.pod,
             model: r.model,
@@ -90,10 +88,8 @@ impl Indexer for IndexerService {
             topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
             dp_size: 1,
         };
-        control::pin_endpoints(&self.state, "grpc", &mut cfg).await.map_err(Status::permission_denied)?;
-        registry::register(&self.state, cfg, "grpc", false)
-            .await
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.control.pin_endpoints("grpc", &mut cfg).await.map_err(Status::permission_denied)?;
+        self.pods.register(cfg, "grpc", false).await.map_err(|e| Status::invalid_argument(e.to_string()))?;
         Ok(Response::new(pb::RegisterPodResponse {}))
     }
 
@@ -101,14 +97,14 @@ impl Indexer for IndexerService {
         &self,
         request: Request<pb::UnregisterPodRequest>,
     ) -> Result<Response<pb::UnregisterPodResponse>, Status> {
-        authorize(&self.state, &request)?;
+        authorize(&self.control, &request)?;
         let pod = request.into_inner().pod;
-        control::may_change(&self.state, "grpc", &pod).map_err(Status::failed_precondition)?;
+        self.pods.may_change("grpc", &pod).map_err(Status::failed_precondition)?;
         if pod.is_empty() {
             metrics::counter!(m::CONFIG_ERRORS, "source" => "grpc").increment(1);
             return Err(Status::invalid_argument("pod must not be empty"));
         }
-        let existed = registry::unregister(&self.state, &pod, "grpc").await;
+        let existed = self.pods.unregister(&pod, "grpc").await;
         Ok(Response::new(pb::UnregisterPodResponse { existed }))
     }
 }

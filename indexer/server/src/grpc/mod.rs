@@ -11,7 +11,6 @@ pub mod record_route;
 pub mod score;
 pub mod tokenizer;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use kvindex_proto::indexer::v1::indexer_service_server::IndexerServiceServer;
@@ -22,24 +21,57 @@ use self::indexer::IndexerService;
 use self::llmd::LlmdScores;
 use self::score::Scorer;
 use self::tokenizer::PromptTokenizer;
+use crate::config::Config;
 use crate::error::ServerError;
-use crate::state::ServiceState;
+use crate::index_handle::IndexHandle;
+use crate::pods::auth::ControlPlane;
+use crate::pods::Pods;
+use crate::shutdown::Shutdown;
 
-/// Serves gRPC on `listener` (over TLS with `tls`) until `shutdown` resolves, then lets
-/// requests in flight finish. GetPodScores prompts go to `tokenizer` (none: FAILED_PRECONDITION).
+/// What the gRPC services use of the rest of the service: the index they score from, the pods
+/// they register, the control plane's gate, and where GetPodScores prompts are tokenized (none:
+/// FAILED_PRECONDITION).
+pub struct Handles {
+    pub index: IndexHandle,
+    pub pods: Pods,
+    pub control: ControlPlane,
+    pub tokenizer: Option<PromptTokenizer>,
+}
+
+/// The bounds of gRPC requests: their size, their tokens, and the admission of large ones.
+#[derive(Debug, Clone)]
+pub struct Bounds {
+    pub max_message_bytes: usize,
+    pub max_tokens: usize,
+    pub admission: admission::AdmissionConfig,
+}
+
+impl Bounds {
+    pub fn of(config: &Config) -> Bounds {
+        Bounds {
+            max_message_bytes: config.max_message_bytes,
+            max_tokens: config.max_tokens,
+            admission: config.grpc_admission.clone(),
+        }
+    }
+}
+
+/// Serves gRPC on `listener` (over TLS with `tls`) until `shutdown`, then lets requests in
+/// flight finish.
 pub async fn serve(
-    state: Arc<ServiceState>,
-    tokenizer: Option<PromptTokenizer>,
+    handles: Handles,
+    bounds: Bounds,
     listener: tokio::net::TcpListener,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: Shutdown,
 ) -> Result<(), ServerError> {
+    let Handles { index, pods, control, tokenizer } = handles;
     let (health, health_service) = tonic_health::server::health_reporter();
-    let max = state.config().max_message_bytes;
-    let scorer = Arc::new(Scorer::new(state.clone()));
-    let admission = Arc::new(Admission::new(state.config().grpc_admission.clone()));
-    let indexer = IndexerServer::new(IndexerService::new(state, scorer.clone(), admission.clone()))
-        .max_decoding_message_size(max);
+    let max = bounds.max_message_bytes;
+    let scorer = Arc::new(Scorer::new(index.clone(), bounds.max_tokens));
+    let admission = Arc::new(Admission::new(bounds.admission));
+    let service = IndexerService { index, pods, control, scorer: scorer.clone(), admission: admission.clone() };
+    let indexer = IndexerServer::new(service).max_decoding_message_size(max);
     let llmd = LlmdScores::new(scorer, tokenizer, admission).into_server().max_decoding_message_size(max);
     health.set_serving::<IndexerServer<IndexerService>>().await;
     health.set_serving::<IndexerServiceServer<LlmdScores>>().await;
@@ -57,13 +89,13 @@ pub async fn serve(
     let served = match tls {
         None => {
             let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            router.serve_with_incoming_shutdown(incoming, shutdown).await
+            router.serve_with_incoming_shutdown(incoming, shutdown.stopped()).await
         }
         Some(config) => {
             use tokio_stream::StreamExt;
             let handshaken = tokio_stream::wrappers::ReceiverStream::new(crate::tls::accept(listener, config, "grpc"));
             let incoming = handshaken.map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
-            router.serve_with_incoming_shutdown(incoming, shutdown).await
+            router.serve_with_incoming_shutdown(incoming, shutdown.stopped()).await
         }
     };
     served.map_err(|e| ServerError::Grpc(e.to_string()))

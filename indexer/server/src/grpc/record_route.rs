@@ -16,7 +16,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use tonic::Status;
 
@@ -24,8 +23,8 @@ use kvindex::ScoreQuery;
 use kvindex_proto::kvindex::v1 as pb;
 
 use super::score::{may_speculate, speculative_namespace, wire_state, MAX_NAME};
-use crate::control::{self, Denied};
-use crate::state::ServiceState;
+use crate::index_handle::IndexHandle;
+use crate::pods::auth::{ControlPlane, Denied};
 use crate::telemetry as m;
 
 fn rejected(outcome: &'static str, status: Status) -> Status {
@@ -40,8 +39,8 @@ static REFUSED: AtomicU64 = AtomicU64::new(0);
 /// The gate: the control plane's token in the `authorization` value, or PERMISSION_DENIED
 /// (no token configured: `no_admin_token`) / UNAUTHENTICATED (`missing_token`,
 /// `wrong_token`), counted in `kvindex_record_route_requests_total`.
-pub fn authorize(state: &ServiceState, authorization: Option<&str>, caller: &str) -> Result<(), Status> {
-    let Err(denied) = control::check(state, authorization) else { return Ok(()) };
+pub fn authorize(control: &ControlPlane, authorization: Option<&str>, caller: &str) -> Result<(), Status> {
+    let Err(denied) = control.check(authorization) else { return Ok(()) };
     let n = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
     if n.is_power_of_two() {
         tracing::warn!(caller, reason = denied.label(), refused = n, "RecordRoute refused: no valid admin token");
@@ -73,14 +72,13 @@ pub fn caller_of(remote: Option<SocketAddr>) -> String {
 
 /// The checks that need no index lookup (RecordRoute on, token and name bounds), made before a
 /// request is admitted to a scoring slot.
-pub fn check_request(state: &ServiceState, req: &pb::RecordRouteRequest) -> Result<(), Status> {
-    if state.speculative().config().max_entries == 0 {
+pub fn check_request(index: &IndexHandle, max_tokens: usize, req: &pb::RecordRouteRequest) -> Result<(), Status> {
+    if index.speculative().config().max_entries == 0 {
         return Err(rejected(
             "disabled",
             Status::failed_precondition("RecordRoute is off (speculative_max_entries = 0)"),
         ));
     }
-    let max_tokens = state.config().max_tokens;
     if req.token_ids.len() > max_tokens {
         return Err(rejected(
             "invalid",
@@ -109,13 +107,14 @@ pub fn check_request(state: &ServiceState, req: &pb::RecordRouteRequest) -> Resu
 /// Checks and records one RecordRoute request from `caller` (see [`caller_of`]); the caller
 /// is authorized already ([`authorize`]).
 pub fn record_route(
-    state: &Arc<ServiceState>,
+    handle: &IndexHandle,
+    max_tokens: usize,
     req: &pb::RecordRouteRequest,
     caller: &str,
 ) -> Result<pb::RecordRouteResponse, Status> {
-    check_request(state, req)?;
-    let speculative = state.speculative();
-    let source = state.status().pod_states().get(&req.pod).copied();
+    check_request(handle, max_tokens, req)?;
+    let speculative = handle.speculative();
+    let source = handle.status().pod_states().get(&req.pod).copied();
     let Some(source) = source else {
         return Err(rejected(
             "unknown_pod",
@@ -132,7 +131,7 @@ pub fn record_route(
             )),
         ));
     }
-    let index = state.index();
+    let index = handle.index();
     if let Some(stats) = index.pod_stats(&req.pod) {
         if stats.model != req.model {
             return Err(rejected(
@@ -159,7 +158,7 @@ pub fn record_route(
         (!req.cache_salt.is_empty()).then_some(req.cache_salt.as_str()),
         &req.token_ids,
     );
-    let outcome = speculative.record(&req.pod, caller, &keys, held, u64::from(req.ttl_ms), state.now_ms());
+    let outcome = speculative.record(&req.pod, caller, &keys, held, u64::from(req.ttl_ms), handle.now_ms());
     metrics::counter!(m::RECORD_ROUTE_REQUESTS, "outcome" => "ok").increment(1);
     metrics::counter!(m::SPECULATIVE_BLOCKS, "result" => "credited").increment(u64::from(outcome.credited));
     if let Some(bound) = outcome.bound.filter(|_| outcome.refused > 0) {

@@ -3,8 +3,6 @@
 //! run RecordRoute credited (in its own field, never in `matched_blocks`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
-
 use tonic::Status;
 
 use kvindex::index::tiers::TierId;
@@ -12,7 +10,7 @@ use kvindex::sequencer::SourceState;
 use kvindex::ScoreQuery;
 use kvindex_proto::kvindex::v1 as pb;
 
-use crate::state::ServiceState;
+use crate::index_handle::IndexHandle;
 use crate::telemetry as m;
 
 /// Longest pod id or name accepted in a request.
@@ -53,17 +51,24 @@ fn invalid(msg: String) -> Status {
 
 /// Answers ScoreTokens requests from the service's index.
 pub struct Scorer {
-    state: Arc<ServiceState>,
+    index: IndexHandle,
+    /// Largest prompt, in tokens (`max_tokens`).
+    max_tokens: usize,
 }
 
 impl Scorer {
-    pub fn new(state: Arc<ServiceState>) -> Self {
-        Scorer { state }
+    pub fn new(index: IndexHandle, max_tokens: usize) -> Self {
+        Scorer { index, max_tokens }
+    }
+
+    /// Largest prompt, in tokens (`max_tokens`).
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
     }
 
     /// The request's limits (tokens, filter, names): INVALID_ARGUMENT, counted, past one.
     pub fn check(&self, req: &pb::ScoreTokensRequest) -> Result<(), Status> {
-        let max_tokens = self.state.config().max_tokens;
+        let max_tokens = self.max_tokens;
         if req.token_ids.len() > max_tokens {
             return Err(invalid(format!(
                 "token_ids has {} tokens, more than max_tokens = {max_tokens}",
@@ -87,7 +92,7 @@ impl Scorer {
     /// Checks `req` ([`check`](Self::check)) and scores it.
     pub fn score(&self, req: &pb::ScoreTokensRequest) -> Result<pb::ScoreTokensResponse, Status> {
         self.check(req)?;
-        let index = self.state.index();
+        let index = self.index.index();
         let filter: Option<Vec<&str>> = (!req.pods.is_empty()).then(|| req.pods.iter().map(String::as_str).collect());
         let result = index.score(&ScoreQuery {
             model: &req.model,
@@ -96,7 +101,7 @@ impl Scorer {
             token_ids: &req.token_ids,
             pods: filter.as_deref(),
         });
-        let states = self.state.status().pod_states();
+        let states = self.index.status().pod_states();
         let tiers = index.tiers();
         let mut by_name: HashMap<String, pb::PodScore> = HashMap::new();
         for mt in &result.matches {
@@ -120,14 +125,14 @@ impl Scorer {
                 },
             );
         }
-        let speculative = self.state.speculative();
+        let speculative = self.index.speculative();
         if speculative.entries() > 0 {
             let keys = speculative.keys(
                 speculative_namespace(&req.model, &req.lora_name),
                 (!req.cache_salt.is_empty()).then_some(req.cache_salt.as_str()),
                 &req.token_ids,
             );
-            let runs = speculative.runs(&keys, self.state.now_ms(), |pod| {
+            let runs = speculative.runs(&keys, self.index.now_ms(), |pod| {
                 let admitted = req.pods.is_empty() || req.pods.iter().any(|p| p == pod);
                 (admitted && may_speculate(states.get(pod).copied()))
                     .then(|| by_name.get(pod).map_or(0, |s| s.matched_blocks))

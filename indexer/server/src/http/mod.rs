@@ -1,5 +1,5 @@
 //! HTTP admin: `/metrics`, `/healthz`, `/readyz`, `/debug/sources`, and pod registration
-//! (`POST /pods`, `DELETE /pods/{pod}`), which only answers a bearer token ([`control`]).
+//! (`POST /pods`, `DELETE /pods/{pod}`), which only answers a bearer token ([`crate::pods::auth`]).
 //! With `metrics_addr` set, `/metrics` and `/debug/*` move to their own listener
 //! ([`metrics_router`]) so the port that serves probes and registration can be exposed without
 //! the debug views, and Prometheus can reach the metrics without reaching anything else.
@@ -24,15 +24,32 @@ use serde_json::json;
 
 use kvindex::index::tiers::TierId;
 
+use crate::apply::Queues;
 use crate::config::PodConfig;
-use crate::control::{self, Denied};
-use crate::sources::registry;
-use crate::state::ServiceState;
+use crate::index_handle::IndexHandle;
+use crate::pods::auth::{ControlPlane, Denied};
+use crate::pods::Pods;
+use crate::readiness::Readiness;
 use crate::telemetry as m;
+
+/// What the HTTP admin uses of the rest of the service: readiness for the probes, the pods and
+/// the control plane's gate for registration, and for `/debug/sources` the index, the queues
+/// and the sources' mode.
+#[derive(Clone)]
+pub struct Handles {
+    pub index: IndexHandle,
+    pub pods: Pods,
+    pub control: ControlPlane,
+    pub queues: Arc<Queues>,
+    pub readiness: Arc<Readiness>,
+    /// Central mode's bound endpoint (`zmq_bind`), and the subscription, as `/debug` shows them.
+    pub central_bind: Option<String>,
+    pub topic_filter: String,
+}
 
 #[derive(Clone)]
 struct AppState {
-    state: Arc<ServiceState>,
+    handles: Handles,
     prometheus: PrometheusHandle,
     /// The request bodies being read, shared by both listeners (only `http_addr` reads any;
     /// `/metrics` reports what they hold).
@@ -41,12 +58,7 @@ struct AppState {
 
 /// The routes of `http_addr`: health, readiness, registration, and `/metrics` and `/debug/*`
 /// when `with_metrics` (no separate metrics listener).
-pub fn router(
-    state: Arc<ServiceState>,
-    prometheus: PrometheusHandle,
-    bodies: body::Bodies,
-    with_metrics: bool,
-) -> Router {
+pub fn router(handles: Handles, prometheus: PrometheusHandle, bodies: body::Bodies, with_metrics: bool) -> Router {
     let mut router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -55,17 +67,17 @@ pub fn router(
     if with_metrics {
         router = router.merge(observability());
     }
-    router.fallback(not_found).with_state(AppState { state, prometheus, bodies })
+    router.fallback(not_found).with_state(AppState { handles, prometheus, bodies })
 }
 
 /// The routes of the metrics-only listener (`metrics_addr`): `/metrics`, `/debug/*`, and
 /// health and readiness (harmless, and handy for a sidecar probing one port).
-pub fn metrics_router(state: Arc<ServiceState>, prometheus: PrometheusHandle, bodies: body::Bodies) -> Router {
+pub fn metrics_router(handles: Handles, prometheus: PrometheusHandle, bodies: body::Bodies) -> Router {
     observability()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .fallback(not_found)
-        .with_state(AppState { state, prometheus, bodies })
+        .with_state(AppState { handles, prometheus, bodies })
 }
 
 fn observability() -> Router<AppState> {
@@ -83,7 +95,7 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {
-    let readiness = s.state.readiness();
+    let readiness = &s.handles.readiness;
     let pending = readiness.outstanding();
     if readiness.is_ready() {
         (StatusCode::OK, "ready\n").into_response()
@@ -93,9 +105,10 @@ async fn readyz(State(s): State<AppState>) -> Response {
 }
 
 async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
-    let state = &s.state;
-    let index = state.index();
-    let streams: Vec<serde_json::Value> = state
+    let h = &s.handles;
+    let index = h.index.index();
+    let streams: Vec<serde_json::Value> = h
+        .index
         .status()
         .streams()
         .iter()
@@ -117,13 +130,13 @@ async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
             v
         })
         .collect();
-    let reg = state.registry();
-    let queues = state.queues();
+    let reg = h.pods.registry();
+    let queues = &h.queues;
     Json(json!({
-        "ready": state.readiness().is_ready(),
+        "ready": h.readiness.is_ready(),
         "mode": {
-            "central_bind": state.config().zmq_bind,
-            "topic_filter": state.config().topic_filter,
+            "central_bind": h.central_bind,
+            "topic_filter": h.topic_filter,
         },
         "topic_map": reg.topic_mappings(),
         "topic_map_note": "topic ids not listed map to the pod id of the same name",
@@ -168,7 +181,7 @@ fn bad_request(reason: &'static str, message: String) -> Response {
 /// or 401 (token).
 fn refused(s: &AppState, headers: &HeaderMap) -> Option<Response> {
     let authorization = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok());
-    let denied = control::authorize(&s.state, "http", authorization).err()?;
+    let denied = s.handles.control.authorize("http", authorization).err()?;
     let status = if denied == Denied::Disabled { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
     let body = Json(json!({"error": denied.to_string()}));
     Some((status, [(WWW_AUTHENTICATE, "Bearer")], body).into_response())
@@ -202,13 +215,13 @@ async fn register(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
         topic_id: b.topic_id.filter(|e| !e.is_empty()),
         dp_size: b.dp_size.unwrap_or(1),
     };
-    if let Err(message) = control::may_change(&s.state, "http", &cfg.id) {
+    if let Err(message) = s.handles.pods.may_change("http", &cfg.id) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();
     }
-    if let Err(message) = control::pin_endpoints(&s.state, "http", &mut cfg).await {
+    if let Err(message) = s.handles.control.pin_endpoints("http", &mut cfg).await {
         return (StatusCode::FORBIDDEN, Json(json!({"error": message}))).into_response();
     }
-    match registry::register(&s.state, cfg, "http", false).await {
+    match s.handles.pods.register(cfg, "http", false).await {
         Ok(()) => (StatusCode::OK, Json(json!({"registered": true}))).into_response(),
         Err(e) => bad_request("config", e.to_string()),
     }
@@ -225,9 +238,9 @@ async fn unregister(State(s): State<AppState>, headers: HeaderMap, Path(pod): Pa
     if let Some(refusal) = refused(&s, &headers) {
         return refusal;
     }
-    if let Err(message) = control::may_change(&s.state, "http", &pod) {
+    if let Err(message) = s.handles.pods.may_change("http", &pod) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();
     }
-    let existed = registry::unregister(&s.state, &pod, "http").await;
+    let existed = s.handles.pods.unregister(&pod, "http").await;
     (StatusCode::OK, Json(json!({"existed": existed}))).into_response()
 }

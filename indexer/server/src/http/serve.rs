@@ -12,11 +12,10 @@
 //!   connection ([`MAX_BUFFER_BYTES`]).
 //!
 //! Bodies are bounded where they are read ([`super::body`]). The same approach as the router's
-//! `router/src/http/server.rs`; the two crates share no crate where a hyper serving loop would
+//! `router/src/doors/http/server.rs`; the two crates share no crate where a hyper serving loop would
 //! belong (the pure core has no I/O), so each has its own.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -36,6 +35,7 @@ use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::http_limits::ConnLimits;
+use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 
 /// Largest request head (request line and headers) accepted; a larger one is answered 431.
@@ -53,7 +53,7 @@ pub async fn serve(
     app: axum::Router,
     tls: Option<Arc<ServerConfig>>,
     limits: ConnLimits,
-    shutdown: impl Future<Output = ()>,
+    mut shutdown: Shutdown,
 ) -> io::Result<()> {
     let acceptor = tls.map(TlsAcceptor::from);
     let open = Arc::new(Semaphore::new(limits.max_connections));
@@ -67,7 +67,6 @@ pub async fn serve(
         .max_buf_size(MAX_BUFFER_BYTES);
     let builder = Arc::new(builder);
     let gauge = metrics::gauge!(m::HTTP_CONNECTIONS, "listener" => name);
-    tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -80,7 +79,7 @@ pub async fn serve(
                     continue;
                 }
             },
-            () = &mut shutdown => break,
+            () = shutdown.recv() => break,
         };
         let admitted = match admit(&open, &addresses, peer.ip()) {
             Ok(admitted) => admitted,

@@ -32,11 +32,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics::{counter, gauge, histogram};
 use parking_lot::Mutex;
-use tokio::sync::watch;
 
 use self::format::{Header, StreamRecord};
 use self::store::{SnapshotBatch, SnapshotDir, Store};
 use crate::apply::Work;
+use crate::shutdown::Shutdown;
 use crate::state::ServiceState;
 use crate::telemetry as m;
 
@@ -283,16 +283,16 @@ fn write_snapshot(
     Ok((bytes, header.residencies, next))
 }
 
-/// Snapshots every `snapshot_interval` until `stop`. The interval counts from the end of the
+/// Snapshots every `snapshot_interval` until `shutdown`. The interval counts from the end of the
 /// previous snapshot, not on a fixed clock: a snapshot that takes longer than the interval (a
 /// large index on busy cores) is never followed at once by another, so ingest always gets a
 /// whole interval between two.
-pub async fn periodic(state: Arc<ServiceState>, snapshots: Arc<Snapshots>, mut stop: watch::Receiver<bool>) {
+pub async fn periodic(state: Arc<ServiceState>, snapshots: Arc<Snapshots>, mut shutdown: Shutdown) {
     let every = Duration::from_millis(state.config().snapshot_interval_ms);
     loop {
         let stopping = tokio::select! {
             _ = tokio::time::sleep(every) => false,
-            _ = stop.wait_for(|s| *s) => true,
+            _ = shutdown.recv() => true,
         };
         if stopping {
             return;

@@ -1,6 +1,6 @@
 //! Live sources: the central SUB (bound; engines dial in, their topics name the pods) and
-//! per-pod SUBs (we dial each engine's PUB), and the [`registry`] of pods that decides which
-//! exist. The ZeroMQ side is [`crate::transport`]; here every message becomes work for its
+//! per-pod SUBs (we dial each engine's PUB; which pods exist is `crate::pods`' to decide).
+//! The ZeroMQ side is [`crate::transport`]; here every message becomes work for its
 //! apply worker. A full queue is waited on, not dropped from: the socket is not read
 //! meanwhile, so TCP pushes back on the publisher, which queues up to its high-water mark and
 //! drops past it (a seq gap here, replayed from its buffer). A dialled pod waits on its own;
@@ -15,34 +15,37 @@
 //! The disconnect is queued behind that connection's messages, so it clears after them. Topic
 //! filtering is done by the publisher from our subscription; the worker re-checks the prefix.
 
-pub mod discovery;
+pub mod connections;
 mod doors;
-pub mod registry;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
-
-use crate::apply::{Origin, Work};
-use crate::state::ServiceState;
+use crate::apply::{Origin, Queues, Work};
+use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 use crate::transport::{self, Backoff, Event, SocketKind, SubDialer, SubListener, TransportError};
 
 /// How often the bytes-in-flight gauge of a socket is refreshed.
 const GAUGE_PERIOD: Duration = Duration::from_secs(1);
 
-/// Serves the bound central SUB until `stop` is set.
-pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut stop: watch::Receiver<bool>) {
-    tracing::info!(endpoint = %sub.endpoint(), filter = %transport::escape(&state.config().topic_filter), "central SUB bound");
+/// Serves the bound central SUB (subscribed to `topic_filter`) until `shutdown`, handing its
+/// messages to `queues` and its connections to `connections`.
+pub async fn serve_central(
+    queues: Arc<Queues>,
+    connections: Arc<connections::CentralConnections>,
+    topic_filter: String,
+    mut sub: SubListener,
+    mut shutdown: Shutdown,
+) {
+    tracing::info!(endpoint = %sub.endpoint(), filter = %transport::escape(&topic_filter), "central SUB bound");
     let gauge = metrics::gauge!(m::ZMQ_BYTES_IN_FLIGHT, "socket" => SocketKind::Central.label());
     let mut refresh = tokio::time::interval(GAUGE_PERIOD);
-    let forward_to = state.clone();
-    let doors =
-        doors::Doors::open(state.queues().workers(), state.queues().capacity_per_worker(), move |worker, work| {
-            let state = forward_to.clone();
-            async move { state.queues().send(worker, work).await }
-        });
+    let forward_to = queues.clone();
+    let doors = doors::Doors::open(queues.workers(), queues.capacity_per_worker(), move |worker, work| {
+        let queues = forward_to.clone();
+        async move { queues.send(worker, work).await }
+    });
     loop {
         let event = tokio::select! {
             event = sub.recv() => match event {
@@ -53,11 +56,11 @@ pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut s
                 gauge.set(sub.bytes_in_flight() as f64);
                 continue;
             }
-            _ = stop.wait_for(|stop| *stop) => return,
+            _ = shutdown.recv() => return,
         };
         match event {
             Event::Message(msg) => {
-                let worker = state.queues().worker_for(msg.frames.first().map_or(&[][..], |f| f.as_ref()));
+                let worker = queues.worker_for(msg.frames.first().map_or(&[][..], |f| f.as_ref()));
                 let work = Work::Live {
                     origin: Origin::Central,
                     conn: msg.conn,
@@ -68,17 +71,17 @@ pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut s
                 };
                 tokio::select! {
                     sent = doors.send(worker, work) => if !sent { return },
-                    _ = stop.wait_for(|stop| *stop) => return,
+                    _ = shutdown.recv() => return,
                 }
             }
             other => {
                 match &other {
-                    Event::Connected { peer, .. } => state.central_connection(peer.source(), true),
+                    Event::Connected { peer, .. } => connections.note(peer.source(), true),
                     Event::Disconnected { conn, peer, .. } => {
-                        state.central_connection(peer.source(), false);
+                        connections.note(peer.source(), false);
                         // Any worker may hold a stream of this connection (one per topic); the
                         // doors keep it behind the connection's messages.
-                        for worker in 0..state.queues().workers() {
+                        for worker in 0..queues.workers() {
                             doors.send(worker, Work::Disconnected { origin: Origin::Central, conn: *conn }).await;
                         }
                     }
@@ -90,61 +93,75 @@ pub async fn serve_central(state: Arc<ServiceState>, mut sub: SubListener, mut s
     }
 }
 
-/// Dials one pod's PUB endpoint until `stop` is set; re-dials (with backoff) after a refused
-/// connect or a disconnect.
-pub async fn dial_pod(
-    state: Arc<ServiceState>,
-    id: Arc<str>,
-    model: Arc<str>,
-    endpoint: Arc<str>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let worker = state.queues().worker_for(id.as_bytes());
-    let origin = Origin::Pod { id: id.clone(), model, endpoint: endpoint.clone() };
-    let filter = state.config().topic_filter.clone();
-    // One pod's socket holds at most a source's share, and all of them together at most the
-    // shared dialler budget (`zmq_max_bytes_in_flight`).
-    let mut limits = state.config().zmq_limits.clone();
-    limits.max_bytes_in_flight = limits.max_bytes_in_flight_per_source;
-    let shared = Some(state.dialer_budget().clone());
-    let mut sub = match SubDialer::connect_sharing(&endpoint, &[filter.as_bytes()], limits, Backoff::default(), shared)
-    {
-        Ok(sub) => sub,
-        Err(e) => return TransportError::from_zmtp("connect", &endpoint, &e).record(),
-    };
-    let mut connected_before = false;
-    loop {
-        let event = tokio::select! {
-            event = sub.recv() => match event {
-                Some(event) => event,
-                None => return,
-            },
-            _ = stop.wait_for(|stop| *stop) => return,
+/// What a dialled pod's SUB needs: the queues its messages go to, the subscription, and the
+/// socket bounds with the byte budget every dialled pod shares (`zmq_max_bytes_in_flight`).
+#[derive(Clone)]
+pub struct Dialer {
+    queues: Arc<Queues>,
+    topic_filter: String,
+    /// One pod's socket holds at most a source's share (`zmq_max_bytes_in_flight_per_source`).
+    limits: kvindex_zmtp::Limits,
+    /// All dialled pods together hold at most this: a thousand registered pods cannot hold a
+    /// thousand shares.
+    shared: kvindex_zmtp::Budget,
+}
+
+impl Dialer {
+    /// The dialler of `zmq_limits`' bounds, subscribing to `topic_filter`.
+    pub fn new(queues: Arc<Queues>, topic_filter: String, zmq_limits: kvindex_zmtp::Limits) -> Dialer {
+        let shared = kvindex_zmtp::Budget::new(zmq_limits.max_bytes_in_flight);
+        let mut limits = zmq_limits;
+        limits.max_bytes_in_flight = limits.max_bytes_in_flight_per_source;
+        Dialer { queues, topic_filter, limits, shared }
+    }
+
+    /// Dials one pod's PUB endpoint until `shutdown`; re-dials (with backoff) after a refused
+    /// connect or a disconnect.
+    pub async fn dial(self, id: Arc<str>, model: Arc<str>, endpoint: Arc<str>, mut shutdown: Shutdown) {
+        let queues = &self.queues;
+        let worker = queues.worker_for(id.as_bytes());
+        let origin = Origin::Pod { id: id.clone(), model, endpoint: endpoint.clone() };
+        let filters = [self.topic_filter.as_bytes()];
+        let limits = self.limits.clone();
+        let shared = Some(self.shared.clone());
+        let mut sub = match SubDialer::connect_sharing(&endpoint, &filters, limits, Backoff::default(), shared) {
+            Ok(sub) => sub,
+            Err(e) => return TransportError::from_zmtp("connect", &endpoint, &e).record(),
         };
-        match event {
-            Event::Message(msg) => {
-                let work = Work::Live {
-                    origin: origin.clone(),
-                    conn: msg.conn,
-                    peer: msg.peer,
-                    frames: msg.frames,
-                    lease: msg.lease,
-                    at: msg.received_at,
-                };
-                // Waits for room: this pod's socket is not read meanwhile (backpressure).
-                tokio::select! {
-                    sent = state.queues().send(worker, work) => if !sent { return },
-                    _ = stop.wait_for(|stop| *stop) => return,
+        let mut connected_before = false;
+        loop {
+            let event = tokio::select! {
+                event = sub.recv() => match event {
+                    Some(event) => event,
+                    None => return,
+                },
+                _ = shutdown.recv() => return,
+            };
+            match event {
+                Event::Message(msg) => {
+                    let work = Work::Live {
+                        origin: origin.clone(),
+                        conn: msg.conn,
+                        peer: msg.peer,
+                        frames: msg.frames,
+                        lease: msg.lease,
+                        at: msg.received_at,
+                    };
+                    // Waits for room: this pod's socket is not read meanwhile (backpressure).
+                    tokio::select! {
+                        sent = queues.send(worker, work) => if !sent { return },
+                        _ = shutdown.recv() => return,
+                    }
                 }
-            }
-            other => {
-                if matches!(other, Event::Connected { .. }) && std::mem::replace(&mut connected_before, true) {
-                    metrics::counter!(m::RECONNECTIONS, "pod" => id.to_string()).increment(1);
+                other => {
+                    if matches!(other, Event::Connected { .. }) && std::mem::replace(&mut connected_before, true) {
+                        metrics::counter!(m::RECONNECTIONS, "pod" => id.to_string()).increment(1);
+                    }
+                    if let Event::Disconnected { conn, .. } = &other {
+                        queues.send(worker, Work::Disconnected { origin: origin.clone(), conn: *conn }).await;
+                    }
+                    transport::note_event(SocketKind::Pod, &id, &other);
                 }
-                if let Event::Disconnected { conn, .. } = &other {
-                    state.queues().send(worker, Work::Disconnected { origin: origin.clone(), conn: *conn }).await;
-                }
-                transport::note_event(SocketKind::Pod, &id, &other);
             }
         }
     }

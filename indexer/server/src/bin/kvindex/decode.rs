@@ -1,24 +1,39 @@
 //! `kvindex decode`: captured ZeroMQ messages in, the decoder's normalized view out.
 //!
 //! Operators use it to see exactly what an engine publishes; the test suite uses it to hold
-//! the decoder to the vectors captured from vLLM. Input is JSON Lines with `frames_hex` (and,
-//! when known, `kind`: live/replay or `socket`: SUB/DEALER); output is one JSON line per input
-//! line in the vectors' `expect` schema. A bad line yields `{"error", "reason"}` and the run
-//! goes on.
+//! the decoder to the vectors captured from vLLM and SGLang. Input is JSON Lines with
+//! `frames_hex` (and, when known, `kind`: live/replay or `socket`: SUB/DEALER, and `engine`,
+//! which overrides `--engine` for its line); output is one JSON line per input line in the
+//! vectors' `expect` schema. A bad line yields `{"error", "reason"}` and the run goes on.
 
 use std::io::{BufRead, Write};
 
 use serde_json::{json, Map, Value as Json};
 
-use kvindex::wire::{self, BlockRemoved, BlockStored, EngineHash, Event, RawMessage, ReplayReply, Value};
+use kvindex::wire::{
+    self, BlockRemoved, BlockStored, Engine, EngineHash, Event, OddTokens, RawMessage, ReplayReply, Value,
+};
 
-pub fn run(input: impl BufRead, mut output: impl Write) -> std::io::Result<()> {
+/// `kvindex decode` options.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DecodeArgs {
+    /// Engine family whose encoding the frames use: vllm, sglang or trtllm (a record's own
+    /// `engine` field overrides it).
+    #[arg(long, default_value = "vllm", value_parser = parse_engine)]
+    pub engine: Engine,
+}
+
+fn parse_engine(s: &str) -> Result<Engine, String> {
+    s.parse::<Engine>().map_err(|e| e.to_string())
+}
+
+pub fn run(args: &DecodeArgs, input: impl BufRead, mut output: impl Write) -> std::io::Result<()> {
     for line in input.lines() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
         }
-        let out = match decode_record(&line) {
+        let out = match decode_record(args.engine, &line) {
             Ok(v) => v,
             Err((reason, message)) => json!({"error": message, "reason": reason}),
         };
@@ -30,8 +45,12 @@ pub fn run(input: impl BufRead, mut output: impl Write) -> std::io::Result<()> {
 
 type RecordError = (&'static str, String);
 
-fn decode_record(line: &str) -> Result<Json, RecordError> {
+fn decode_record(default_engine: Engine, line: &str) -> Result<Json, RecordError> {
     let record: Json = serde_json::from_str(line).map_err(|e| ("json", e.to_string()))?;
+    let engine = match record.get("engine").and_then(Json::as_str) {
+        Some(name) => name.parse::<Engine>().map_err(|e| ("engine", e.to_string()))?,
+        None => default_engine,
+    };
     let frames: Vec<Vec<u8>> = record
         .get("frames_hex")
         .and_then(Json::as_array)
@@ -46,13 +65,13 @@ fn decode_record(line: &str) -> Result<Json, RecordError> {
         match wire::parse_replay(&frames).map_err(wire_error)? {
             ReplayReply::End { topic } => Ok(json!({"end_of_replay": true, "topic": topic.map(topic_str)})),
             ReplayReply::Message(msg) => {
-                let mut out = message_json(&msg)?;
+                let mut out = message_json(engine, &msg)?;
                 out.insert("end_of_replay".into(), Json::Bool(false));
                 Ok(Json::Object(out))
             }
         }
     } else {
-        Ok(Json::Object(message_json(&wire::parse_live(&frames).map_err(wire_error)?)?))
+        Ok(Json::Object(message_json(engine, &wire::parse_live(&frames).map_err(wire_error)?)?))
     }
 }
 
@@ -78,10 +97,13 @@ fn topic_str(t: &[u8]) -> String {
     String::from_utf8_lossy(t).into_owned()
 }
 
-fn message_json(msg: &RawMessage<'_>) -> Result<Map<String, Json>, RecordError> {
-    let batch = wire::decode_batch(msg.payload).map_err(wire_error)?;
+fn message_json(engine: Engine, msg: &RawMessage<'_>) -> Result<Map<String, Json>, RecordError> {
+    let batch = wire::decode_batch_as(engine, msg.payload).map_err(wire_error)?;
     let mut out = Map::new();
     out.insert("seq".into(), json!(msg.seq));
+    if let Some(epoch) = msg.epoch {
+        out.insert("epoch".into(), json!(hex::encode(epoch)));
+    }
     out.insert("topic".into(), json!(msg.topic.map(topic_str)));
     out.insert("ts".into(), json!(batch.ts));
     out.insert("dp_rank".into(), json!(batch.data_parallel_rank));
@@ -112,7 +134,13 @@ fn stored_json(s: &BlockStored<'_>, m: &mut Map<String, Json>) {
     m.insert("type".into(), json!("BlockStored"));
     m.insert("block_hashes".into(), hashes_json(&s.block_hashes));
     m.insert("parent_block_hash".into(), s.parent_block_hash.as_ref().map_or(Json::Null, hash_json));
-    m.insert("token_ids".into(), json!(s.token_ids));
+    let tokens = match &s.odd_token_ids {
+        None => json!(s.token_ids),
+        Some(OddTokens::Wide(t)) => json!(t),
+        Some(OddTokens::Pairs(p)) => json!(p),
+        Some(OddTokens::Mixed(v)) => Json::Array(v.iter().map(value_json).collect()),
+    };
+    m.insert("token_ids".into(), tokens);
     m.insert("block_size".into(), json!(s.block_size));
     m.insert("lora_id".into(), json!(s.lora_id));
     m.insert("medium".into(), json!(s.medium));
@@ -127,7 +155,15 @@ fn stored_json(s: &BlockStored<'_>, m: &mut Map<String, Json>) {
     m.insert("locality".into(), json!(s.locality));
     m.insert("ownership".into(), json!(s.ownership));
     m.insert("session_id".into(), json!(s.session_id));
+    // SGLang 0.5.19 sends its salt inside `metadata` (shown as sent, from `other`).
+    if !s.other.iter().any(|(k, _)| *k == "metadata") {
+        m.insert("cache_salt".into(), json!(s.cache_salt));
+    }
     m.insert("lookahead_token_ids".into(), json!(s.lookahead_token_ids));
+    m.insert(
+        "mm_keys".into(),
+        s.mm_keys.as_ref().map_or(Json::Null, |e| Json::Array(e.iter().map(value_json).collect())),
+    );
     extend_other(m, &s.other);
 }
 

@@ -1,13 +1,14 @@
 //! `kvindex`: the command line over the kvindex library and its server.
 //!
 //! Subcommands: `serve` (the indexer service, `kvindex_server::run`), `record` / `replay` (KV-event
-//! dumps), `decode` (captured frames → normalized events) and `vllm-hash` (vLLM's own block hashes, for cross-checking an
-//! engine's configuration). Exit status 1 on any error, with one line on stderr; `replay` exits
+//! dumps), `decode` (captured frames → normalized events), `vllm-hash` (vLLM's own block hashes, for cross-checking an
+//! engine's configuration) and `sglang-hash` (SGLang's page ids, likewise). Exit status 1 on any error, with one line on stderr; `replay` exits
 //! 2 when its dump ends early (truncated or corrupt), after reporting every whole line before.
 
 mod decode;
 mod record;
 mod replay;
+mod sglang_hash;
 mod vllm_hash;
 
 use std::ffi::OsString;
@@ -31,9 +32,11 @@ enum Command {
     /// Run the indexer service: subscribe to engines, keep the index exact, serve ScoreTokens.
     Serve(Box<ServeArgs>),
     /// Decode captured ZeroMQ messages (JSON Lines with `frames_hex`) from stdin.
-    Decode,
+    Decode(decode::DecodeArgs),
     /// Compute vLLM's own block hashes for `hashes.jsonl`-shaped records from stdin.
     VllmHash,
+    /// Compute SGLang's published page ids for `hashes-sglang.jsonl`-shaped records from stdin.
+    SglangHash,
     /// Run the sources like `serve`, appending every message (with token ids) to a dump.
     Record(Box<record::RecordArgs>),
     /// Rebuild an index offline from a dump: statistics, scores, explain, read-only gRPC.
@@ -78,8 +81,13 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Serve(_) | Command::Record(_) | Command::Replay(_) => unreachable!("handled above"),
-        Command::Decode => {
-            decode::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock())).context("decode")
+        Command::Decode(args) => {
+            decode::run(&args, BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))
+                .context("decode")
+        }
+        Command::SglangHash => {
+            sglang_hash::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))
+                .context("sglang-hash")
         }
         Command::VllmHash => {
             vllm_hash::run(BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))

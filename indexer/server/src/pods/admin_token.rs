@@ -1,0 +1,55 @@
+//! The operator's bearer token for the control plane (`admin_token_file`), checked whole and
+//! never printed. A leaf, so the configuration that reads the file and the gate that checks a
+//! call ([`super::auth`]) share the type and nothing else.
+
+use std::fmt;
+
+/// The operator's bearer token for the control plane. Never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// Fewest bytes a token may have (a guessable token is no lock).
+    pub const MIN_LEN: usize = 16;
+
+    /// The token in `text` (a file's content; surrounding whitespace ignored).
+    pub fn parse(text: &str) -> Result<AdminToken, String> {
+        let token = text.trim();
+        if token.len() < Self::MIN_LEN {
+            return Err(format!("the token must have at least {} characters", Self::MIN_LEN));
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the token must be printable ASCII without spaces".into());
+        }
+        Ok(AdminToken(token.to_string()))
+    }
+
+    /// Whether `presented` is this token, in time independent of where they differ.
+    pub(super) fn matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(<redacted>)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_checked_whole_and_never_printed() {
+        assert!(AdminToken::parse("short").is_err());
+        assert!(AdminToken::parse("has a space inside it").is_err());
+        let t = AdminToken::parse("  0123456789abcdef\n").unwrap();
+        assert!(t.matches("0123456789abcdef"));
+        assert!(!t.matches("0123456789abcdeF"));
+        assert!(!t.matches("0123456789abcdef0"));
+        assert!(!t.matches(""));
+        assert!(!format!("{t:?}").contains("0123"));
+    }
+}

@@ -1,0 +1,168 @@
+//! The registry's data: the known pods (config file, `--pod`, pods file, discovery,
+//! registration API) with where each came from, the topic-id → pod-id map and the replay
+//! endpoints. Plain data behind the [`super::Pods`] handle's lock; what changes it (and starts
+//! or stops dialers) is the pods' lifecycle in `pods/mod.rs`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::config::{offset_endpoint, PodConfig, ReplayEntry, TopicMapEntry};
+use crate::shutdown::ShutdownSignal;
+
+pub struct RegisteredPod {
+    pub cfg: PodConfig,
+    pub origin: &'static str,
+    /// Stops the pod's dialers (per-pod mode).
+    pub(super) stop: Option<ShutdownSignal>,
+}
+
+#[derive(Default)]
+pub struct Registry {
+    pods: BTreeMap<String, RegisteredPod>,
+    /// `[[topic_map]]` / `--topic-map`.
+    static_topics: HashMap<String, String>,
+    /// `[[replay]]` / `--replay`.
+    static_replay: HashMap<String, String>,
+    /// Effective topic id → pod id (static entries, then pods' `topic_id`).
+    topics: HashMap<String, String>,
+    /// Bumped on every change, so workers can cache what they derive from the registry.
+    generation: u64,
+}
+
+/// One line of the topic mapping, for `/debug/sources`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopicMapping {
+    pub topic_id: String,
+    pub pod: String,
+    pub from: &'static str,
+}
+
+/// A registered pod, for `/debug/sources`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodView {
+    pub pod: String,
+    pub model: String,
+    pub endpoint: Option<String>,
+    pub replay_endpoint: Option<String>,
+    pub topic_id: Option<String>,
+    pub dp_size: u32,
+    pub origin: &'static str,
+}
+
+impl Registry {
+    pub fn new(topic_map: &[TopicMapEntry], replay: &[ReplayEntry]) -> Self {
+        let mut r = Registry {
+            static_topics: topic_map.iter().map(|t| (t.topic_id.clone(), t.pod.clone())).collect(),
+            static_replay: replay.iter().map(|r| (r.pod.clone(), r.endpoint.clone())).collect(),
+            ..Default::default()
+        };
+        r.rebuild();
+        r
+    }
+
+    /// Recomputes the topic map after a change, and bumps the generation.
+    pub(super) fn rebuild(&mut self) {
+        let mut topics = self.static_topics.clone();
+        for (id, p) in &self.pods {
+            if let Some(t) = &p.cfg.topic_id {
+                topics.entry(t.clone()).or_insert_with(|| id.clone());
+            }
+        }
+        self.topics = topics;
+        self.generation += 1;
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The pod id a topic id stands for (identity unless mapped).
+    pub fn pod_for_topic<'a>(&'a self, topic_id: &'a str) -> &'a str {
+        self.topics.get(topic_id).map_or(topic_id, String::as_str)
+    }
+
+    /// The replay endpoint of rank `rank` of pod `base`: an entry for the DP pod id itself,
+    /// else the base pod's endpoint offset by the rank (vLLM's port rule).
+    pub fn replay_endpoint(&self, base: &str, rank: u32) -> Option<String> {
+        if rank > 0 {
+            let dp = kvindex::wire::dp_pod_id(base, Some(i64::from(rank)));
+            if let Some(e) = self.static_replay.get(&dp) {
+                return Some(e.clone());
+            }
+            if let Some(e) = self.pods.get(&dp).and_then(|p| p.cfg.replay_endpoint.clone()) {
+                return Some(e);
+            }
+        }
+        let e = self
+            .pods
+            .get(base)
+            .and_then(|p| p.cfg.replay_endpoint.clone())
+            .or_else(|| self.static_replay.get(base).cloned())?;
+        Some(offset_endpoint(&e, rank))
+    }
+
+    pub fn topic_mappings(&self) -> Vec<TopicMapping> {
+        let mut v: Vec<TopicMapping> = self
+            .topics
+            .iter()
+            .map(|(t, p)| TopicMapping {
+                topic_id: t.clone(),
+                pod: p.clone(),
+                from: if self.static_topics.contains_key(t) { "topic_map" } else { "pod.topic_id" },
+            })
+            .collect();
+        v.sort_by(|a, b| a.topic_id.cmp(&b.topic_id));
+        v
+    }
+
+    pub fn pods(&self) -> Vec<PodView> {
+        self.pods
+            .iter()
+            .map(|(id, p)| PodView {
+                pod: id.clone(),
+                model: p.cfg.model.clone(),
+                endpoint: p.cfg.endpoint.clone(),
+                replay_endpoint: p.cfg.replay_endpoint.clone(),
+                topic_id: p.cfg.topic_id.clone(),
+                dp_size: p.cfg.dp_size,
+                origin: p.origin,
+            })
+            .collect()
+    }
+
+    /// Where a registered pod came from (config, pods_file, discovery, grpc, http).
+    pub fn origin_of(&self, pod: &str) -> Option<&'static str> {
+        self.pods.get(pod).map(|p| p.origin)
+    }
+
+    /// The registered pod `pod`.
+    pub fn get(&self, pod: &str) -> Option<&RegisteredPod> {
+        self.pods.get(pod)
+    }
+
+    pub(super) fn get_mut(&mut self, pod: &str) -> Option<&mut RegisteredPod> {
+        self.pods.get_mut(pod)
+    }
+
+    pub(super) fn insert(&mut self, pod: RegisteredPod) {
+        self.pods.insert(pod.cfg.id.clone(), pod);
+    }
+
+    pub(super) fn remove(&mut self, pod: &str) -> Option<RegisteredPod> {
+        self.pods.remove(pod)
+    }
+
+    pub(super) fn ids_with_origin(&self, origin: &str) -> Vec<String> {
+        self.pods.iter().filter(|(_, p)| p.origin == origin).map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Stops every per-pod dialer (the server is shutting down).
+    pub(super) fn stop_dialers(&mut self) {
+        for pod in self.pods.values_mut() {
+            if let Some(stop) = pod.stop.take() {
+                stop.trigger();
+            }
+        }
+    }
+}

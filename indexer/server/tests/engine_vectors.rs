@@ -1,0 +1,116 @@
+//! Every message SGLang's own publisher produced and every page-id chain its own hash code
+//! computed (testdata/sglang-vectors, three releases, both event encodings) comes out of the
+//! real `kvindex decode --engine sglang` and `kvindex sglang-hash` binaries exactly; so does
+//! every TensorRT-LLM batch built from its published format (testdata/trtllm-vectors).
+
+mod support;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+use support::{read_records, sglang_frame_files, sglang_vectors_dir, without_nulls};
+
+/// Runs `kvindex <args>` over `input`, one JSON value per output line.
+fn kvindex(args: &[&str], input: Vec<u8>) -> Vec<Value> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn kvindex");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "kvindex {args:?} failed");
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn every_sglang_frame_decodes_to_its_expectation() {
+    let mut checked = 0;
+    let mut encodings = std::collections::BTreeSet::new();
+    for path in sglang_frame_files() {
+        let got = kvindex(&["decode", "--engine", "sglang"], std::fs::read(&path).unwrap());
+        let records = read_records(&path);
+        assert_eq!(got.len(), records.len(), "{}: one output line per record", path.display());
+        for (i, (record, got)) in records.iter().zip(&got).enumerate() {
+            assert_eq!(
+                without_nulls(got),
+                without_nulls(&record["expect"]),
+                "{} record {i} ({} {})",
+                path.display(),
+                record["scenario"],
+                record["kind"]
+            );
+            encodings.insert(record["event_encoding"].as_str().unwrap_or("").to_string());
+            checked += 1;
+        }
+    }
+    assert!(checked >= 150, "only {checked} records checked");
+    assert!(encodings.contains("array") && encodings.contains("map"), "both encodings covered: {encodings:?}");
+}
+
+#[test]
+fn the_vllm_field_order_misreads_sglang_salted_stores() {
+    // SGLang 0.5.19's 8th array slot is a metadata map where vLLM has lora_name: the engine
+    // must be named, or a salted store fails (or worse, decodes as something else).
+    let path = sglang_vectors_dir().join("frames-sglang-0.5.19.jsonl");
+    let salted: Vec<u8> = read_records(&path)
+        .into_iter()
+        .filter(|r| r["scenario"] == "cache-salt")
+        .flat_map(|mut r| {
+            r.as_object_mut().unwrap().remove("engine");
+            format!("{r}\n").into_bytes()
+        })
+        .collect();
+    let as_vllm = kvindex(&["decode", "--engine", "vllm"], salted.clone());
+    assert!(as_vllm.iter().any(|l| l.get("reason").is_some()), "vLLM's order cannot read a metadata map");
+    let as_sglang = kvindex(&["decode", "--engine", "sglang"], salted);
+    assert!(as_sglang.iter().all(|l| l.get("reason").is_none()));
+    assert_eq!(as_sglang[0]["events"][0]["metadata"]["cache_salt"], "tenant-a-salt");
+}
+
+#[test]
+fn every_sglang_hash_case_reproduces() {
+    let path = sglang_vectors_dir().join("hashes-sglang.jsonl");
+    let input = std::fs::read(&path).unwrap();
+    let records = read_records(&path);
+    let got = kvindex(&["sglang-hash"], input);
+    assert_eq!(got.len(), records.len());
+    let fields = [
+        "chain_seed_hex",
+        "page_digests_hex",
+        "namespace_seed_hex",
+        "event_i64_unnamespaced",
+        "event_i64",
+        "event_hex",
+        "event_lora_name",
+        "storage_digests_hex",
+        "error",
+    ];
+    let mut negative = 0;
+    for (record, got) in records.iter().zip(&got) {
+        for field in fields {
+            assert_eq!(got[field], record[field], "{} {}: {field}", record["version"], record["case"]);
+        }
+        negative += record["event_i64"]
+            .as_array()
+            .map_or(0, |ids| ids.iter().filter(|i| i.as_str().is_some_and(|s| s.starts_with('-'))).count());
+    }
+    assert!(records.len() >= 30 && negative > 0, "{} cases, {negative} negative ids", records.len());
+}
+
+#[test]
+fn every_trtllm_frame_decodes_to_its_expectation() {
+    let dir = sglang_vectors_dir().parent().unwrap().join("trtllm-vectors");
+    let path = dir.join("frames-trtllm-format.jsonl");
+    let records = read_records(&path);
+    let got = kvindex(&["decode", "--engine", "trtllm"], std::fs::read(&path).unwrap());
+    assert_eq!(got.len(), records.len());
+    for (record, got) in records.iter().zip(&got) {
+        assert_eq!(without_nulls(got), without_nulls(&record["expect"]), "{}", record["scenario"]);
+    }
+    assert!(records.len() >= 4);
+}

@@ -1,0 +1,201 @@
+//! A routing decision and its explanation: the ranked pods with what each was known to hold
+//! and carry, how the score was obtained, and how long each stage took. The proxy turns it
+//! into response headers and one structured log line; neither ever carries the prompt or its
+//! token ids.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::pods::fleet::{LoadView, Pod};
+use crate::pods::spec::Role;
+
+/// How the prefix scores were obtained.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ScoreOutcome {
+    /// The indexer at `indexer` answered in time.
+    Scored { indexer: String },
+    /// Placed by load only; `reason` is the `kvindex_router_fail_open_total` label.
+    FailOpen { reason: &'static str },
+}
+
+impl ScoreOutcome {
+    /// `ok`, or the fail-open reason (the `x-kvindex-score` header).
+    pub fn label(&self) -> &str {
+        match self {
+            ScoreOutcome::Scored { .. } => "ok",
+            ScoreOutcome::FailOpen { reason } => reason,
+        }
+    }
+}
+
+/// One pod in the ranking, and why it stands there.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodChoice {
+    pub pod: String,
+    pub role: Role,
+    /// Leading blocks the engine announced (the indexer's exact answer).
+    pub matched_blocks: u32,
+    /// Leading blocks credited speculatively by a recent pick of any replica.
+    pub speculative_blocks: u32,
+    /// The larger of the two, capped at the prompt: what the cost used.
+    pub cached_blocks: u32,
+    /// The indexer's view of the pod's event stream (EXACT, STALE, DEGRADED), if scored.
+    pub source_state: Option<&'static str>,
+    pub cost: f64,
+    /// What a full KV cache costs on this pod (the KV weight scaled by its capacity).
+    pub kv_weight: f64,
+    /// The KV term of `cost` (`kv_weight × kv_usage`).
+    pub kv_cost: f64,
+    pub over_kv_cutoff: bool,
+    pub in_band: bool,
+    pub load: LoadView,
+    #[serde(skip)]
+    pub handle: Option<Arc<Pod>>,
+}
+
+/// Time spent per stage, in microseconds.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Timings {
+    pub tokenize_us: u64,
+    pub score_us: u64,
+    pub pick_us: u64,
+    pub total_us: u64,
+}
+
+/// Everything decided for one request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    /// This router's request number (logs and the `x-kvindex-request-id` header).
+    pub id: u64,
+    pub model: String,
+    pub policy: &'static str,
+    pub prompt_tokens: Option<usize>,
+    pub total_blocks: u32,
+    pub block_size: u32,
+    pub score: ScoreOutcome,
+    /// Best first; in P/D mode, the decode pool.
+    pub ranked: Vec<PodChoice>,
+    /// P/D mode: the prefill pod, named to the decode pod by `x-prefiller-host-port`.
+    pub prefill: Option<PodChoice>,
+    /// The most cached blocks any reachable pod of the pool that computes the prompt held
+    /// (in P/D mode the prefill pool): what the pick could have reused at best.
+    pub best_cached_blocks: u32,
+    pub timings: Timings,
+    /// The prompt's token ids, kept for RecordRoute only (never serialized or logged).
+    #[serde(skip)]
+    pub tokens: Option<Arc<Vec<u32>>>,
+    #[serde(skip)]
+    pub lora_name: Option<String>,
+    #[serde(skip)]
+    pub cache_salt: Option<String>,
+    #[serde(skip)]
+    pub base_model: String,
+}
+
+impl Decision {
+    /// Response headers for the pod that served (`attempt` into `ranked`).
+    pub fn headers(&self, attempt: usize) -> Vec<(&'static str, String)> {
+        let mut headers =
+            vec![("x-kvindex-request-id", self.id.to_string()), ("x-kvindex-score", self.score.label().to_string())];
+        if let Some(choice) = self.ranked.get(attempt) {
+            headers.push(("x-kvindex-pod", choice.pod.clone()));
+            headers.push(("x-kvindex-matched-blocks", choice.matched_blocks.to_string()));
+            headers.push(("x-kvindex-speculative-blocks", choice.speculative_blocks.to_string()));
+        }
+        headers.push(("x-kvindex-total-blocks", self.total_blocks.to_string()));
+        if let Some(prefill) = &self.prefill {
+            headers.push(("x-kvindex-prefill-pod", prefill.pod.clone()));
+            headers.push(("x-kvindex-prefill-matched-blocks", prefill.matched_blocks.to_string()));
+        }
+        headers
+    }
+
+    /// The ranking in one compact field: `pod:cached/total,load=..,kv=..,cost=..;…`.
+    pub fn candidates_summary(&self) -> String {
+        let mut out = String::new();
+        for (i, c) in self.ranked.iter().enumerate() {
+            if i > 0 {
+                out.push(';');
+            }
+            summarize(&mut out, c, self.total_blocks);
+        }
+        out
+    }
+
+    /// The pod whose KV cache the prompt is computed in when `ranked[attempt]` serves: the
+    /// prefill pod in P/D mode, else that pod.
+    pub fn holder(&self, attempt: usize) -> Option<&PodChoice> {
+        self.prefill.as_ref().or(self.ranked.get(attempt))
+    }
+
+    /// How the pick compares with the best overlap available (`kvindex_router_overlap_picks_total`).
+    pub fn overlap_outcome(&self, attempt: usize) -> OverlapOutcome {
+        let Some(holder) = self.holder(attempt) else { return OverlapOutcome::Unscored };
+        match &self.score {
+            ScoreOutcome::FailOpen { .. } => OverlapOutcome::Unscored,
+            ScoreOutcome::Scored { .. } if self.best_cached_blocks == 0 => OverlapOutcome::NoOverlap,
+            ScoreOutcome::Scored { .. } if holder.cached_blocks >= self.best_cached_blocks => OverlapOutcome::Best,
+            ScoreOutcome::Scored { .. } => OverlapOutcome::BelowBest,
+        }
+    }
+
+    pub fn prefill_summary(&self) -> String {
+        let mut out = String::new();
+        if let Some(p) = &self.prefill {
+            summarize(&mut out, p, self.total_blocks);
+        }
+        out
+    }
+}
+
+/// Where a pick stands against the best cached prefix any pod held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverlapOutcome {
+    /// The pod holding the most cached blocks (or one tied with it).
+    Best,
+    /// A pod holding fewer than the best: load or the KV cutoff outweighed the prefix.
+    BelowBest,
+    /// No pod held any block of the prompt: nothing to reuse.
+    NoOverlap,
+    /// Placed by load only (fail-open): the overlaps were not known.
+    Unscored,
+}
+
+impl OverlapOutcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            OverlapOutcome::Best => "best",
+            OverlapOutcome::BelowBest => "below_best",
+            OverlapOutcome::NoOverlap => "no_overlap",
+            OverlapOutcome::Unscored => "unscored",
+        }
+    }
+}
+
+/// `pod:cached/total[(spec n)],load=..[,kv=usage[/capacity blk],kv_cost=..],cost=..[,flags]`:
+/// enough to recompute the cost by hand (the KV term is `kv_cost`, the rest is the
+/// documented weights times the numbers shown).
+fn summarize(out: &mut String, c: &PodChoice, total: u32) {
+    let _ = write!(out, "{}:{}/{}", c.pod, c.cached_blocks, total);
+    if c.speculative_blocks > c.matched_blocks {
+        let _ = write!(out, "(spec {})", c.speculative_blocks);
+    }
+    let _ = write!(out, ",load={}", c.load.load);
+    if let Some(kv) = c.load.kv_usage {
+        let _ = write!(out, ",kv={kv:.2}");
+        if let Some(blocks) = c.load.kv_blocks {
+            let _ = write!(out, "/{blocks}blk");
+        }
+        let _ = write!(out, ",kv_cost={:.1}", c.kv_cost);
+    }
+    let _ = write!(out, ",cost={:.1}", c.cost);
+    if c.over_kv_cutoff {
+        out.push_str(",over_kv_cutoff");
+    }
+    if !c.load.reachable {
+        out.push_str(",unreachable");
+    }
+}

@@ -1,0 +1,400 @@
+//! The pods this router may pick, where their ids come from, and what it knows of their load:
+//! the last scrape of each pod's `/metrics` plus this router's own requests in flight.
+//!
+//! A scrape is already out of date when the router sends the next request, so requests this
+//! router started since the last scrape are added on top of it ("fresh" requests); with no
+//! recent scrape the router's own in-flight count is all it has. Pods come from four places
+//! (static flags, a watched file, Kubernetes discovery, registration); a pod named by the
+//! command line cannot be replaced or removed by the others, nor a discovered one by
+//! registration.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvindex_discovery::precedence::{self, PodOrigin};
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::spec::{PodSpec, Role};
+use crate::metrics as m;
+use crate::pods::vllm_metrics::EngineLoad;
+
+/// Where a pod's entry came from; a source only changes its own entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Static,
+    File,
+    Registered,
+    /// Kubernetes pod discovery.
+    Discovered,
+}
+
+impl Source {
+    /// Its place in the precedence both services share.
+    pub fn origin(self) -> PodOrigin {
+        match self {
+            Source::Static => PodOrigin::Static,
+            Source::File => PodOrigin::File,
+            Source::Discovered => PodOrigin::Discovered,
+            Source::Registered => PodOrigin::Registered,
+        }
+    }
+
+    /// Where its entries are named, for refusals.
+    fn describe(self) -> &'static str {
+        match self {
+            Source::Static => "configured on the command line",
+            Source::File => "listed in the pods file",
+            Source::Discovered => "discovered in Kubernetes",
+            Source::Registered => "registered",
+        }
+    }
+}
+
+/// A change of the pod table refused: the pod belongs to another source.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodRefused {
+    /// A source at least as strong holds it (the precedence).
+    #[error("pod {id:?} is {} and cannot be changed", .owner.describe())]
+    Stronger { id: String, owner: Source },
+    /// Only the source that added a pod removes it.
+    #[error("pod {id:?} was added by {owner:?} and cannot be removed here")]
+    NotOwner { id: String, owner: Source },
+}
+
+/// Consecutive failed scrapes after which a pod is tried only when no other pod answers.
+const UNREACHABLE_AFTER: u32 = 3;
+
+#[derive(Debug, Default)]
+struct LoadState {
+    scraped: Option<(EngineLoad, Instant)>,
+    failures: u32,
+    /// Bumped by every successful scrape.
+    generation: u64,
+    /// Requests in flight that started since the last scrape.
+    fresh: u32,
+    inflight: u32,
+}
+
+/// One pod: identity (fixed for the life of this value) and load (changing).
+#[derive(Debug)]
+pub struct Pod {
+    pub id: String,
+    pub url: String,
+    pub role: Role,
+    pub source: Source,
+    load: Mutex<LoadState>,
+    last_picked: AtomicU64,
+}
+
+/// A pod's load as the cost model sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LoadView {
+    /// Queued + running requests (scraped, plus fresh ones), or own in-flight without a scrape.
+    pub load: f64,
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    pub kv_usage: Option<f64>,
+    /// KV-cache capacity in blocks, as the engine last reported it (a property of the engine,
+    /// kept when the scrape goes stale).
+    pub kv_blocks: Option<u64>,
+    pub inflight: u32,
+    pub fresh: u32,
+    pub reachable: bool,
+    /// Age of the scrape used, if any.
+    pub scrape_age_ms: Option<u64>,
+}
+
+impl Pod {
+    fn new(spec: &PodSpec, source: Source) -> Pod {
+        Pod {
+            id: spec.id.clone(),
+            url: spec.url.clone(),
+            role: spec.role,
+            source,
+            load: Mutex::new(LoadState::default()),
+            last_picked: AtomicU64::new(0),
+        }
+    }
+
+    /// Records a scrape: it now includes every request started before it.
+    pub fn scraped(&self, load: EngineLoad, at: Instant) {
+        let mut s = self.load.lock();
+        s.scraped = Some((load, at));
+        s.failures = 0;
+        s.generation += 1;
+        s.fresh = 0;
+    }
+
+    pub fn scrape_failed(&self) {
+        self.load.lock().failures += 1;
+    }
+
+    pub fn load(&self, now: Instant, stale_after: Duration) -> LoadView {
+        let s = self.load.lock();
+        let recent = s.scraped.filter(|(_, at)| now.saturating_duration_since(*at) <= stale_after);
+        let reachable = s.failures < UNREACHABLE_AFTER;
+        match recent {
+            Some((l, at)) => LoadView {
+                load: l.waiting + l.running + f64::from(s.fresh),
+                waiting: Some(l.waiting),
+                running: Some(l.running),
+                kv_usage: l.kv_usage,
+                kv_blocks: l.kv_blocks,
+                inflight: s.inflight,
+                fresh: s.fresh,
+                reachable,
+                scrape_age_ms: Some(now.saturating_duration_since(at).as_millis() as u64),
+            },
+            None => LoadView {
+                load: f64::from(s.inflight),
+                waiting: None,
+                running: None,
+                kv_usage: None,
+                kv_blocks: s.scraped.and_then(|(l, _)| l.kv_blocks),
+                inflight: s.inflight,
+                fresh: s.fresh,
+                reachable,
+                scrape_age_ms: None,
+            },
+        }
+    }
+
+    pub fn last_picked(&self) -> u64 {
+        self.last_picked.load(Ordering::Relaxed)
+    }
+}
+
+/// A request in flight on a pod; dropping it (the response ended, or the client went away)
+/// releases the count.
+#[derive(Debug)]
+pub struct InFlight {
+    pod: Arc<Pod>,
+    generation: u64,
+}
+
+impl InFlight {
+    pub fn pod(&self) -> &Arc<Pod> {
+        &self.pod
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut s = self.pod.load.lock();
+        s.inflight = s.inflight.saturating_sub(1);
+        if s.generation == self.generation {
+            s.fresh = s.fresh.saturating_sub(1);
+        }
+        drop(s);
+        metrics::gauge!(m::INFLIGHT, "pod" => self.pod.id.clone()).decrement(1.0);
+    }
+}
+
+/// The pod table. Reads take a snapshot; changes bump a version that the scraper watches.
+pub struct Fleet {
+    pods: RwLock<BTreeMap<String, Arc<Pod>>>,
+    picks: AtomicU64,
+    version: watch::Sender<u64>,
+    stale_after: Duration,
+}
+
+impl Fleet {
+    pub fn new(stale_after: Duration) -> Fleet {
+        Fleet {
+            pods: RwLock::new(BTreeMap::new()),
+            picks: AtomicU64::new(0),
+            version: watch::channel(0).0,
+            stale_after,
+        }
+    }
+
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+
+    /// Every pod, in id order.
+    pub fn snapshot(&self) -> Vec<Arc<Pod>> {
+        self.pods.read().values().cloned().collect()
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Pod>> {
+        self.pods.read().get(id).cloned()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.read().is_empty()
+    }
+
+    /// Notified on every change of the table.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// Adds or updates a pod from `source`. Unchanged entries keep their load state. A pod a
+    /// stronger source holds is refused ([`kvindex_discovery::precedence`]).
+    pub fn upsert(&self, spec: &PodSpec, source: Source) -> Result<(), PodRefused> {
+        {
+            let mut pods = self.pods.write();
+            if let Some(existing) = pods.get(&spec.id) {
+                if !precedence::may_replace(existing.source.origin(), source.origin()) {
+                    return Err(PodRefused::Stronger { id: spec.id.clone(), owner: existing.source });
+                }
+                if existing.url == spec.url && existing.role == spec.role && existing.source == source {
+                    return Ok(());
+                }
+            }
+            pods.insert(spec.id.clone(), Arc::new(Pod::new(spec, source)));
+        }
+        self.changed();
+        Ok(())
+    }
+
+    /// Removes a pod that `source` added; `Err` when another source owns it.
+    pub fn remove(&self, id: &str, source: Source) -> Result<bool, PodRefused> {
+        let removed = {
+            let mut pods = self.pods.write();
+            match pods.get(id) {
+                None => false,
+                Some(pod) if pod.source != source => {
+                    return Err(PodRefused::NotOwner { id: id.to_string(), owner: pod.source });
+                }
+                Some(_) => pods.remove(id).is_some(),
+            }
+        };
+        if removed {
+            self.changed();
+        }
+        Ok(removed)
+    }
+
+    /// Makes `source`'s entries exactly `specs` (a re-read pods file). Ids owned by another
+    /// source are skipped and returned.
+    pub fn replace_source(&self, source: Source, specs: &[PodSpec]) -> Vec<String> {
+        let mut refused = Vec::new();
+        let ids: std::collections::HashSet<&str> = specs.iter().map(|s| s.id.as_str()).collect();
+        let stale: Vec<String> = self
+            .pods
+            .read()
+            .values()
+            .filter(|p| p.source == source && !ids.contains(p.id.as_str()))
+            .map(|p| p.id.clone())
+            .collect();
+        for id in stale {
+            let _ = self.remove(&id, source);
+        }
+        for spec in specs {
+            if let Err(e) = self.upsert(spec, source) {
+                tracing::warn!(pod = %spec.id, error = %e, "pod entry refused");
+                refused.push(spec.id.clone());
+            }
+        }
+        refused
+    }
+
+    /// Marks `pod` chosen for a request now in flight.
+    pub fn begin(&self, pod: &Arc<Pod>) -> InFlight {
+        let tick = self.picks.fetch_add(1, Ordering::Relaxed) + 1;
+        pod.last_picked.store(tick, Ordering::Relaxed);
+        let generation = {
+            let mut s = pod.load.lock();
+            s.inflight += 1;
+            s.fresh += 1;
+            s.generation
+        };
+        metrics::gauge!(m::INFLIGHT, "pod" => pod.id.clone()).increment(1.0);
+        InFlight { pod: pod.clone(), generation }
+    }
+
+    fn changed(&self) {
+        let pods = self.pods.read();
+        for role in [Role::Both, Role::Prefill, Role::Decode] {
+            let n = pods.values().filter(|p| p.role == role).count();
+            metrics::gauge!(m::PODS, "role" => role.label()).set(n as f64);
+        }
+        drop(pods);
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str) -> PodSpec {
+        PodSpec { id: id.into(), url: format!("http://{id}"), role: Role::Both }
+    }
+
+    #[test]
+    fn fresh_requests_add_to_the_scrape_until_the_next_one() {
+        let fleet = Fleet::new(Duration::from_secs(2));
+        fleet.upsert(&spec("a:1"), Source::Static).unwrap();
+        let pod = fleet.get("a:1").unwrap();
+        let now = Instant::now();
+        assert_eq!(pod.load(now, fleet.stale_after()).load, 0.0);
+        let first = fleet.begin(&pod);
+        let second = fleet.begin(&pod);
+        assert_eq!(pod.load(now, fleet.stale_after()).load, 2.0, "no scrape yet: own in-flight");
+        pod.scraped(EngineLoad { waiting: 1.0, running: 2.0, kv_usage: Some(0.5), kv_blocks: None }, now);
+        assert_eq!(pod.load(now, fleet.stale_after()).load, 3.0, "the scrape includes both");
+        let third = fleet.begin(&pod);
+        assert_eq!(pod.load(now, fleet.stale_after()).load, 4.0);
+        drop(first);
+        assert_eq!(pod.load(now, fleet.stale_after()).load, 4.0, "an older request ending is the scrape's business");
+        drop(third);
+        assert_eq!(pod.load(now, fleet.stale_after()).load, 3.0);
+        let later = now + Duration::from_secs(3);
+        assert_eq!(pod.load(later, fleet.stale_after()).load, 1.0, "stale scrape: own in-flight only");
+        drop(second);
+        assert_eq!(pod.load(later, fleet.stale_after()).inflight, 0);
+    }
+
+    #[test]
+    fn sources_own_their_entries() {
+        let fleet = Fleet::new(Duration::from_secs(2));
+        fleet.upsert(&spec("a:1"), Source::Static).unwrap();
+        assert!(fleet.upsert(&spec("a:1"), Source::Registered).is_err());
+        assert!(fleet.remove("a:1", Source::File).is_err());
+        fleet.upsert(&spec("b:1"), Source::File).unwrap();
+        fleet.upsert(&spec("c:1"), Source::File).unwrap();
+        let refused = fleet.replace_source(Source::File, &[spec("c:1"), spec("a:1"), spec("d:1")]);
+        assert_eq!(refused, ["a:1"]);
+        let ids: Vec<String> = fleet.snapshot().iter().map(|p| p.id.clone()).collect();
+        assert_eq!(ids, ["a:1", "c:1", "d:1"]);
+        assert_eq!(fleet.get("a:1").unwrap().source, Source::Static);
+    }
+
+    #[test]
+    fn the_pods_file_outranks_discovery_and_registration() {
+        let fleet = Fleet::new(Duration::from_secs(2));
+        fleet.upsert(&spec("f:1"), Source::File).unwrap();
+        let refused = fleet.upsert(&spec("f:1"), Source::Discovered).unwrap_err();
+        assert_eq!(refused.to_string(), "pod \"f:1\" is listed in the pods file and cannot be changed");
+        assert!(fleet.upsert(&spec("f:1"), Source::Registered).is_err());
+        assert_eq!(fleet.get("f:1").unwrap().source, Source::File);
+        fleet.upsert(&spec("d:1"), Source::Discovered).unwrap();
+        fleet.upsert(&spec("d:1"), Source::File).unwrap();
+        assert_eq!(fleet.get("d:1").unwrap().source, Source::File, "the file takes over a discovered pod");
+        fleet.upsert(&spec("r:1"), Source::Registered).unwrap();
+        fleet.upsert(&spec("r:1"), Source::Discovered).unwrap();
+        assert_eq!(fleet.get("r:1").unwrap().source, Source::Discovered, "discovery takes over a registration");
+    }
+
+    #[test]
+    fn a_pod_whose_metrics_fail_becomes_unreachable_and_recovers_on_a_scrape() {
+        let fleet = Fleet::new(Duration::from_secs(2));
+        fleet.upsert(&spec("a:1"), Source::Static).unwrap();
+        let pod = fleet.get("a:1").unwrap();
+        for _ in 0..UNREACHABLE_AFTER {
+            pod.scrape_failed();
+        }
+        let now = Instant::now();
+        assert!(!pod.load(now, fleet.stale_after()).reachable);
+        pod.scraped(EngineLoad::default(), now);
+        assert!(pod.load(now, fleet.stale_after()).reachable);
+    }
+}
