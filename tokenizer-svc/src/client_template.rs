@@ -52,6 +52,16 @@ pub const WORKER_ARG: &str = "__kvindex-render-chat-template";
 /// Counter of client templates not rendered, by `reason` ([`Rejection::label`]).
 pub const REJECTED_METRIC: &str = "kvindex_tokenizer_client_template_rejected_total";
 
+/// The sandbox's metrics, for the services that run it (the tokenizer and the router describe
+/// them; docs/METRICS.md is held to this table).
+pub const METRICS: &[kvindex_metric_defs::Metric] = &[kvindex_metric_defs::Metric {
+    name: REJECTED_METRIC,
+    kind: kvindex_metric_defs::Kind::Counter,
+    labels: &["reason"],
+    unit: None,
+    help: "Client chat templates not rendered, by reason",
+}];
+
 /// Default wall-clock budget of one client template render (spawn included).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default budget for the rendered prompt, in bytes (the router's default body limit).

@@ -23,6 +23,7 @@ pub mod registry;
 pub mod registry_config;
 pub mod rejection;
 pub mod server;
+pub mod telemetry;
 pub mod template_env;
 pub mod tokenized;
 
