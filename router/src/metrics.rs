@@ -1,6 +1,9 @@
-//! Metric names (each documented in router/README.md) and the Prometheus recorder. One place,
+//! Metric names, the table that declares each one's kind, labels and help (router/README.md
+//! is held to it by tests/metrics_docs.rs), and the Prometheus recorder. One place,
 //! so names cannot drift between the code that counts and the page that explains.
 
+use kvindex_metric_defs::Kind::{Counter, Gauge, Histogram};
+use kvindex_metric_defs::{Metric, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub const REQUESTS: &str = "kvindex_router_requests_total";
@@ -63,71 +66,52 @@ pub fn install() -> Option<PrometheusHandle> {
     Some(handle)
 }
 
+/// Every metric the router exports of its own: what `/metrics` describes (HELP and TYPE) and
+/// what tests/metrics_docs.rs holds router/README.md to. The labels are every label any series
+/// of the metric carries.
+pub const METRICS: &[Metric] = &[
+    Metric { name: REQUESTS, kind: Counter, labels: &["endpoint", "status"], unit: None, help: "Proxied requests by endpoint and HTTP status" },
+    Metric { name: REQUEST_ERRORS, kind: Counter, labels: &["reason"], unit: None, help: "Requests answered with an error by the router itself, by reason" },
+    Metric { name: ROUTE_SECONDS, kind: Histogram, labels: &["stage"], unit: Some(Unit::Seconds), help: "Routing overhead by stage (tokenize, score, pick, total)" },
+    Metric { name: SCORE_ATTEMPTS, kind: Counter, labels: &["endpoint", "outcome"], unit: None, help: "ScoreTokens calls by indexer endpoint and outcome" },
+    Metric { name: FAIL_OPEN, kind: Counter, labels: &["reason"], unit: None, help: "Requests placed by load only, by reason" },
+    Metric { name: TOKENIZE, kind: Counter, labels: &["outcome", "where"], unit: None, help: "Prompt tokenizations by where and outcome" },
+    Metric { name: TOKENS_TOKENIZED, kind: Counter, labels: &["where"], unit: None, help: "Tokens the router's tokenizers produced for prompts (counted up to where tokenization stopped)" },
+    Metric { name: PICKS, kind: Counter, labels: &["pod", "role"], unit: None, help: "Requests sent to each pod, by role" },
+    Metric { name: PROMPT_BLOCKS, kind: Counter, labels: &[], unit: None, help: "Full prompt blocks of routed requests" },
+    Metric { name: CACHED_BLOCKS, kind: Counter, labels: &["kind"], unit: None, help: "Prompt blocks the chosen pod was predicted to hold, by kind" },
+    Metric { name: KV_CUTOFF, kind: Counter, labels: &[], unit: None, help: "Picks that passed over a pod at or above the KV-usage cutoff" },
+    Metric { name: OVERLAP_PICKS, kind: Counter, labels: &["outcome"], unit: None, help: "Requests by how the pick compares with the best cached prefix on offer (best, below_best, no_overlap, unscored)" },
+    Metric { name: BEST_CACHED_BLOCKS, kind: Counter, labels: &[], unit: None, help: "Cached blocks on the best-overlap pod of each scored request, picked or not (over prompt_blocks: the reachable hit rate)" },
+    Metric { name: OVERLAP_GIVEN_UP_BLOCKS, kind: Histogram, labels: &[], unit: None, help: "Per scored request with some overlap: best pod's cached blocks minus the chosen pod's (0 = best pick)" },
+    Metric { name: CACHE_PREDICTION, kind: Counter, labels: &["outcome"], unit: None, help: "Responses by the engine's cached_tokens against the router's prediction (exact, over, under, unreported)" },
+    Metric { name: ENGINE_CACHED_TOKENS, kind: Counter, labels: &[], unit: None, help: "Cached prompt tokens the engines reported in responses' usage" },
+    Metric { name: ENGINE_PROMPT_TOKENS, kind: Counter, labels: &[], unit: None, help: "Prompt tokens of the responses whose usage reported cached_tokens" },
+    Metric { name: PREDICTED_CACHED_TOKENS, kind: Counter, labels: &[], unit: None, help: "Cached tokens the router predicted for the responses whose usage reported cached_tokens" },
+    Metric { name: UPSTREAM_RETRIES, kind: Counter, labels: &["reason"], unit: None, help: "Requests retried on the next pod before any response byte, by reason" },
+    Metric { name: UPSTREAM_FIRST_BYTE, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Upstream response head latency" },
+    Metric { name: CLIENT_DISCONNECTS, kind: Counter, labels: &[], unit: None, help: "Responses abandoned by the client before the end (upstream cancelled)" },
+    Metric { name: INFLIGHT, kind: Gauge, labels: &["pod"], unit: None, help: "Requests in flight per pod" },
+    Metric { name: PODS, kind: Gauge, labels: &["role"], unit: None, help: "Pods by role" },
+    Metric { name: POD_LOAD, kind: Gauge, labels: &["kind", "pod"], unit: None, help: "Last scraped load per pod (waiting, running, kv_usage, kv_blocks)" },
+    Metric { name: SCRAPES, kind: Counter, labels: &["outcome"], unit: None, help: "Scrapes of pod /metrics by outcome" },
+    Metric { name: POD_CHANGES, kind: Counter, labels: &["op", "source"], unit: None, help: "Pod table changes by source and operation" },
+    Metric { name: RECORD_ROUTE, kind: Counter, labels: &["outcome"], unit: None, help: "RecordRoute calls to the indexer by outcome" },
+    Metric { name: TOKENIZER_CACHE_REQUESTS, kind: Gauge, labels: &["result"], unit: None, help: "In-process tokenizations by prefix-cache result (hit, miss, bypass), since start" },
+    Metric { name: TOKENIZER_CACHE_BYTES, kind: Gauge, labels: &["kind"], unit: Some(Unit::Bytes), help: "In-process tokenizer prefix cache: bytes used and capacity" },
+    Metric { name: EXTPROC_STREAMS, kind: Counter, labels: &["outcome"], unit: None, help: "ext_proc streams (gateway requests) by how they ended" },
+    Metric { name: EXTPROC_PROTOCOL_ERRORS, kind: Counter, labels: &["reason"], unit: None, help: "ext_proc streams ended for breaking the protocol, by reason" },
+    Metric { name: EXTPROC_PICK_SECONDS, kind: Histogram, labels: &["mode"], unit: Some(Unit::Seconds), help: "ext_proc: first request body byte in to destination out" },
+    Metric { name: PREFILTER, kind: Counter, labels: &["outcome"], unit: None, help: "Pre-filter answers: hint, miss (no hint) or error (no hint, request passed on)" },
+    Metric { name: HTTP_CONNECTIONS, kind: Gauge, labels: &["listener"], unit: None, help: "Open HTTP connections by listener" },
+    Metric { name: HTTP_CONNECTIONS_REFUSED, kind: Counter, labels: &["listener"], unit: None, help: "HTTP connections closed at accept: the listener was at --max-connections" },
+    Metric { name: HTTP_TIMEOUTS, kind: Counter, labels: &["listener", "phase"], unit: None, help: "HTTP requests cut off for a slow client, by phase (header, body)" },
+    Metric { name: HTTP_BODY_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Request body bytes held by the proxy now (bounded by --max-inflight-body-bytes)" },
+];
+
+/// Describes the router's metrics, and those of the libraries it runs (discovery, the
+/// chat-template sandbox).
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(REQUESTS, "Proxied requests by endpoint and HTTP status");
-    describe_counter!(REQUEST_ERRORS, "Requests answered with an error by the router itself, by reason");
-    describe_histogram!(ROUTE_SECONDS, Unit::Seconds, "Routing overhead by stage (tokenize, score, pick, total)");
-    describe_counter!(SCORE_ATTEMPTS, "ScoreTokens calls by indexer endpoint and outcome");
-    describe_counter!(FAIL_OPEN, "Requests placed by load only, by reason");
-    describe_counter!(TOKENIZE, "Prompt tokenizations by where and outcome");
-    describe_counter!(
-        TOKENS_TOKENIZED,
-        "Tokens the router's tokenizers produced for prompts (counted up to where tokenization stopped)"
-    );
-    describe_counter!(PICKS, "Requests sent to each pod, by role");
-    describe_counter!(PROMPT_BLOCKS, "Full prompt blocks of routed requests");
-    describe_counter!(CACHED_BLOCKS, "Prompt blocks the chosen pod was predicted to hold, by kind");
-    describe_counter!(KV_CUTOFF, "Picks that passed over a pod at or above the KV-usage cutoff");
-    describe_counter!(
-        OVERLAP_PICKS,
-        "Requests by how the pick compares with the best cached prefix on offer (best, below_best, no_overlap, unscored)"
-    );
-    describe_counter!(
-        BEST_CACHED_BLOCKS,
-        "Cached blocks on the best-overlap pod of each scored request, picked or not (over prompt_blocks: the reachable hit rate)"
-    );
-    describe_histogram!(
-        OVERLAP_GIVEN_UP_BLOCKS,
-        "Per scored request with some overlap: best pod's cached blocks minus the chosen pod's (0 = best pick)"
-    );
-    describe_counter!(
-        CACHE_PREDICTION,
-        "Responses by the engine's cached_tokens against the router's prediction (exact, over, under, unreported)"
-    );
-    describe_counter!(ENGINE_CACHED_TOKENS, "Cached prompt tokens the engines reported in responses' usage");
-    describe_counter!(ENGINE_PROMPT_TOKENS, "Prompt tokens of the responses whose usage reported cached_tokens");
-    describe_counter!(
-        PREDICTED_CACHED_TOKENS,
-        "Cached tokens the router predicted for the responses whose usage reported cached_tokens"
-    );
-    describe_counter!(UPSTREAM_RETRIES, "Requests retried on the next pod before any response byte, by reason");
-    describe_histogram!(UPSTREAM_FIRST_BYTE, Unit::Seconds, "Upstream response head latency");
-    describe_counter!(CLIENT_DISCONNECTS, "Responses abandoned by the client before the end (upstream cancelled)");
-    describe_gauge!(INFLIGHT, "Requests in flight per pod");
-    describe_gauge!(PODS, "Pods by role");
-    describe_gauge!(POD_LOAD, "Last scraped load per pod (waiting, running, kv_usage, kv_blocks)");
-    describe_gauge!(
-        TOKENIZER_CACHE_REQUESTS,
-        "In-process tokenizations by prefix-cache result (hit, miss, bypass), since start"
-    );
-    describe_gauge!(TOKENIZER_CACHE_BYTES, Unit::Bytes, "In-process tokenizer prefix cache: bytes used and capacity");
-    describe_counter!(SCRAPES, "Scrapes of pod /metrics by outcome");
-    describe_counter!(POD_CHANGES, "Pod table changes by source and operation");
-    describe_counter!(RECORD_ROUTE, "RecordRoute calls to the indexer by outcome");
-    describe_counter!(EXTPROC_STREAMS, "ext_proc streams (gateway requests) by how they ended");
-    describe_counter!(EXTPROC_PROTOCOL_ERRORS, "ext_proc streams ended for breaking the protocol, by reason");
-    describe_histogram!(EXTPROC_PICK_SECONDS, Unit::Seconds, "ext_proc: first request body byte in to destination out");
-    describe_gauge!(HTTP_CONNECTIONS, "Open HTTP connections by listener");
-    describe_counter!(
-        HTTP_CONNECTIONS_REFUSED,
-        "HTTP connections closed at accept: the listener was at --max-connections"
-    );
-    describe_counter!(HTTP_TIMEOUTS, "HTTP requests cut off for a slow client, by phase (header, body)");
-    describe_gauge!(
-        HTTP_BODY_BYTES,
-        Unit::Bytes,
-        "Request body bytes held by the proxy now (bounded by --max-inflight-body-bytes)"
-    );
-    describe_counter!(PREFILTER, "Pre-filter answers: hint, miss (no hint) or error (no hint, request passed on)");
+    kvindex_metric_defs::describe(METRICS);
+    kvindex_metric_defs::describe(kvindex_tokenizer::client_template::METRICS);
 }

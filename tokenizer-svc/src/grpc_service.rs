@@ -20,9 +20,9 @@ use tonic::{Request, Response, Status};
 
 use crate::client_template::Rejection;
 use crate::error::TokenizerError;
-use crate::loaded_model::{Bounded, TokenizedText};
 use crate::proto_convert::{chat_completion_request, chat_template_request};
 use crate::registry::TokenizerRegistry;
+use crate::tokenized::{Bounded, TokenizedText};
 
 /// Request metadata: most tokens the caller accepts for the prompt (decimal).
 pub const MAX_TOKENS_METADATA: &str = "x-kvindex-max-tokens";
@@ -109,8 +109,8 @@ impl TokenizationGrpc {
             Ok(done) => done.outcome(),
             Err(e) => e.kind(),
         };
-        metrics::counter!("kvindex_tokenizer_requests_total", "method" => method, "outcome" => outcome).increment(1);
-        metrics::histogram!("kvindex_tokenizer_request_duration_seconds", "method" => method)
+        metrics::counter!(crate::telemetry::REQUESTS, "method" => method, "outcome" => outcome).increment(1);
+        metrics::histogram!(crate::telemetry::REQUEST_SECONDS, "method" => method)
             .record(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
             // Only the log-safe summary: a template's own message may quote the prompt.

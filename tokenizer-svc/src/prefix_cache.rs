@@ -326,7 +326,7 @@ impl PrefixCache {
             drop(shard);
             if evicted > 0 {
                 self.counters.evictions.fetch_add(evicted, Ordering::Relaxed);
-                metrics::counter!("kvindex_tokenizer_prefix_cache_evictions_total").increment(evicted);
+                metrics::counter!(crate::telemetry::PREFIX_CACHE_EVICTIONS).increment(evicted);
             }
         }
     }
@@ -364,15 +364,13 @@ impl PrefixCache {
 
     /// Also counted as Prometheus metrics, for the service binary (a no-op without a recorder).
     fn add_tokens(&self, outcome: &'static str, reused: usize, tokenized: usize) {
-        metrics::counter!("kvindex_tokenizer_prefix_cache_requests_total", "outcome" => outcome).increment(1);
+        metrics::counter!(crate::telemetry::PREFIX_CACHE_REQUESTS, "outcome" => outcome).increment(1);
         if reused > 0 {
             self.counters.tokens_reused.fetch_add(reused as u64, Ordering::Relaxed);
-            metrics::counter!("kvindex_tokenizer_prefix_cache_tokens_total", "source" => "reused")
-                .increment(reused as u64);
+            metrics::counter!(crate::telemetry::PREFIX_CACHE_TOKENS, "source" => "reused").increment(reused as u64);
         }
         self.counters.tokens_tokenized.fetch_add(tokenized as u64, Ordering::Relaxed);
-        metrics::counter!("kvindex_tokenizer_prefix_cache_tokens_total", "source" => "tokenized")
-            .increment(tokenized as u64);
+        metrics::counter!(crate::telemetry::PREFIX_CACHE_TOKENS, "source" => "tokenized").increment(tokenized as u64);
     }
 
     /// Counters since start-up plus the current size.

@@ -62,12 +62,12 @@ impl TokenizerRegistry {
         let dir = self.config.models.get(name).ok_or_else(|| TokenizerError::UnknownModel(name.to_string()))?;
         let started = std::time::Instant::now();
         let loaded = LoadedModel::load_with(name, dir, self.config.client_templates.clone());
-        metrics::counter!("kvindex_tokenizer_model_loads_total", "outcome" => if loaded.is_ok() { "ok" } else { "error" })
+        metrics::counter!(crate::telemetry::MODEL_LOADS, "outcome" => if loaded.is_ok() { "ok" } else { "error" })
             .increment(1);
         let (model, evicted) = self.cache.insert(name, Arc::new(loaded?));
         tracing::info!(model = name, elapsed_ms = started.elapsed().as_millis() as u64, "tokenizer loaded");
         for gone in evicted {
-            metrics::counter!("kvindex_tokenizer_model_evictions_total").increment(1);
+            metrics::counter!(crate::telemetry::MODEL_EVICTIONS).increment(1);
             tracing::info!(model = gone.name(), "tokenizer evicted from cache");
             self.prefixes.purge_model(gone.instance());
         }

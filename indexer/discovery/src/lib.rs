@@ -12,6 +12,7 @@
 //! re-list is removed, and its consumer clears everything it held: an old IP's blocks are
 //! never kept.
 
+pub mod args;
 pub mod desired;
 #[cfg(feature = "fake-api")]
 pub mod fake_api;
@@ -25,6 +26,7 @@ pub mod watcher;
 /// The Kubernetes client type the watcher runs on (so consumers need not depend on kube).
 pub use kube::Client;
 
+pub use args::DiscoveryArgs;
 pub use desired::{Change, DesiredSet, Outcome, WatchEvent};
 pub use observe::{PodObservation, Rejection};
 pub use precedence::PodOrigin;

@@ -1,5 +1,7 @@
 //! The metric names discovery exports (the same in `kvindex serve` and `kvindex-router`;
-//! docs/METRICS.md lists them).
+//! docs/METRICS.md lists them), and the table that declares each one's kind, labels and help.
+
+use kvindex_metric_defs::{Kind, Metric};
 
 /// Gauge: pods discovered and in use.
 pub const PODS: &str = "kvindex_discovery_pods";
@@ -13,12 +15,46 @@ pub const RELISTS: &str = "kvindex_discovery_relists_total";
 /// Counter: pod objects whose data could not be used, by `reason`.
 pub const REJECTED: &str = "kvindex_discovery_rejected_total";
 
+/// Every metric discovery exports: kind, labels and help (docs/METRICS.md is held to it).
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: PODS,
+        kind: Kind::Gauge,
+        labels: &[],
+        unit: None,
+        help: "Kubernetes pods discovered and in use (Running, Ready, with an IP)",
+    },
+    Metric {
+        name: CHANGES,
+        kind: Kind::Counter,
+        labels: &["op"],
+        unit: None,
+        help: "Discovered pods added and removed, by op",
+    },
+    Metric {
+        name: WATCH_ERRORS,
+        kind: Kind::Counter,
+        labels: &["reason"],
+        unit: None,
+        help: "Kubernetes list/watch failures, by reason (retried with backoff)",
+    },
+    Metric {
+        name: RELISTS,
+        kind: Kind::Counter,
+        labels: &[],
+        unit: None,
+        help: "Kubernetes pod (re-)lists started: one at start, one per watch restart",
+    },
+    Metric {
+        name: REJECTED,
+        kind: Kind::Counter,
+        labels: &["reason"],
+        unit: None,
+        help: "Pod objects whose data could not be used (missing IP, bad annotation), by reason",
+    },
+];
+
 /// Registers the descriptions with the process's metrics recorder.
 pub fn describe() {
-    use metrics::{describe_counter, describe_gauge};
-    describe_gauge!(PODS, "Kubernetes pods discovered and in use (Running, Ready, with an IP)");
-    describe_counter!(CHANGES, "Discovered pods added and removed, by op");
-    describe_counter!(WATCH_ERRORS, "Kubernetes list/watch failures, by reason (retried with backoff)");
-    describe_counter!(RELISTS, "Kubernetes pod (re-)lists started: one at start, one per watch restart");
-    describe_counter!(REJECTED, "Pod objects whose data could not be used (missing IP, bad annotation), by reason");
+    kvindex_metric_defs::describe(METRICS);
 }

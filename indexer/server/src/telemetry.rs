@@ -1,9 +1,12 @@
-//! Telemetry: the metric names (every one is documented in docs/METRICS.md) and the Prometheus
-//! recorder behind `/metrics`. Named so that it does not shadow the `metrics` crate. A leaf:
-//! every part of the service names its metrics here, so this names nothing of theirs.
+//! Telemetry: the metric names, the table that declares each metric's kind, labels and help
+//! (docs/METRICS.md is held to it), and the Prometheus recorder behind `/metrics`. Named so
+//! that it does not shadow the `metrics` crate. A leaf: every part of the service names its
+//! metrics here, so this names nothing of theirs.
 
 use std::sync::OnceLock;
 
+use kvindex_metric_defs::Kind::{Counter, Gauge, Histogram};
+use kvindex_metric_defs::{Metric, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 pub const EVENTS: &str = "kvindex_events_total";
@@ -107,94 +110,79 @@ fn install() -> Result<PrometheusHandle, String> {
     Ok(handle)
 }
 
+/// Every metric `kvindex serve` exports: what `/metrics` describes (HELP and TYPE) and what
+/// tests/metrics_docs.rs holds docs/METRICS.md to. The labels are every label any series of
+/// the metric carries.
+pub const METRICS: &[Metric] = &[
+    Metric { name: EVENTS, kind: Counter, labels: &["source", "type"], unit: None, help: "KV events applied, by type and source pod" },
+    Metric { name: BLOCKS, kind: Counter, labels: &["op"], unit: None, help: "Engine blocks stored / removed by applied events" },
+    Metric { name: SKIPPED, kind: Counter, labels: &["reason"], unit: None, help: "Blocks not applied (under-report only), by reason" },
+    Metric { name: MESSAGES, kind: Counter, labels: &["socket"], unit: None, help: "ZeroMQ messages received, by socket kind" },
+    Metric { name: DECODE_ERRORS, kind: Counter, labels: &["reason"], unit: None, help: "Frames or payloads that could not be decoded, by reason" },
+    Metric { name: GAPS, kind: Counter, labels: &["source"], unit: None, help: "Sequence gaps seen, by source pod" },
+    Metric { name: DUPLICATES, kind: Counter, labels: &[], unit: None, help: "Messages dropped because their seq was already applied" },
+    Metric { name: REPLAYS, kind: Counter, labels: &["outcome"], unit: None, help: "Replays, by outcome" },
+    Metric { name: CLEARS, kind: Counter, labels: &["reason"], unit: None, help: "Pod clears, by reason" },
+    Metric { name: TRANSITIONS, kind: Counter, labels: &["from", "reason", "to"], unit: None, help: "Source state transitions" },
+    Metric { name: SOURCES, kind: Gauge, labels: &["state"], unit: None, help: "Sources (per DP rank) by state" },
+    Metric { name: INDEX_ENTRIES, kind: Gauge, labels: &[], unit: None, help: "Resident (block, pod) entries" },
+    Metric { name: INDEX_KEYS, kind: Gauge, labels: &[], unit: None, help: "Distinct prefix keys" },
+    Metric { name: INDEX_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Approximate index memory" },
+    Metric { name: QUEUE_DEPTH, kind: Gauge, labels: &[], unit: None, help: "Messages waiting for the apply workers" },
+    Metric { name: QUEUE_CAPACITY, kind: Gauge, labels: &[], unit: None, help: "Capacity of the apply queues" },
+    Metric { name: QUEUE_FULL, kind: Counter, labels: &[], unit: None, help: "Live messages that found their apply queue full and waited for room (their socket stopped reading meanwhile)" },
+    Metric { name: SOURCE_LAG, kind: Gauge, labels: &[], unit: Some(Unit::Seconds), help: "Largest lag of any source: age of the oldest live batch received and not yet visible" },
+    Metric { name: EVENT_TO_VISIBLE, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Batch ts (publisher clock) to applied" },
+    Metric { name: RECEIVE_TO_VISIBLE, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Socket receive to applied" },
+    Metric { name: SCORE_REQUESTS, kind: Counter, labels: &["outcome"], unit: None, help: "ScoreTokens requests, by outcome" },
+    Metric { name: SCORE_LATENCY, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "ScoreTokens handling time" },
+    Metric { name: ZMQ_ERRORS, kind: Counter, labels: &["operation", "reason"], unit: None, help: "ZeroMQ failures outside a connection (connect, accept, replay), by operation and reason" },
+    Metric { name: ZMQ_CONNECTIONS, kind: Counter, labels: &["socket"], unit: None, help: "Publisher connections that finished the ZMTP handshake, by socket" },
+    Metric { name: ZMQ_DISCONNECTS, kind: Counter, labels: &["reason", "socket"], unit: None, help: "Publisher connections closed, by socket and reason" },
+    Metric { name: ZMQ_REJECTED, kind: Counter, labels: &["reason", "socket"], unit: None, help: "Connections refused by the central SUB (caps, allowlist, bad handshake), by reason" },
+    Metric { name: ZMQ_BYTES_IN_FLIGHT, kind: Gauge, labels: &["socket"], unit: Some(Unit::Bytes), help: "Bytes held by ZeroMQ sockets: unfinished and queued messages" },
+    Metric { name: RECONNECTIONS, kind: Counter, labels: &["pod"], unit: None, help: "Per-pod subscriber reconnections" },
+    Metric { name: REGISTRATIONS, kind: Counter, labels: &["op", "origin"], unit: None, help: "Pod registrations and unregistrations, by origin" },
+    Metric { name: CONFIG_ERRORS, kind: Counter, labels: &["source"], unit: None, help: "Rejected configuration (pods file, registration)" },
+    Metric { name: HTTP_INVALID, kind: Counter, labels: &["reason"], unit: None, help: "Rejected HTTP admin requests" },
+    Metric { name: HTTP_CONNECTIONS, kind: Gauge, labels: &["listener"], unit: None, help: "Open HTTP connections, by listener" },
+    Metric { name: HTTP_REFUSED, kind: Counter, labels: &["listener", "reason"], unit: None, help: "HTTP connections and requests refused for a bound (connection caps, slow or oversized heads and bodies)" },
+    Metric { name: HTTP_BODY_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "HTTP request body bytes held now (http_max_inflight_body_bytes)" },
+    Metric { name: GRPC_REJECTED, kind: Counter, labels: &["reason"], unit: None, help: "gRPC requests refused before their handler (too_large: over max_message_bytes)" },
+    Metric { name: GRPC_SHED, kind: Counter, labels: &["method"], unit: None, help: "Requests over grpc_small_query_tokens refused RESOURCE_EXHAUSTED: every slot busy and the queue full, by method" },
+    Metric { name: GRPC_LARGE_IN_FLIGHT, kind: Gauge, labels: &[], unit: None, help: "Requests over grpc_small_query_tokens being computed" },
+    Metric { name: GRPC_QUEUED_TOKENS, kind: Gauge, labels: &[], unit: None, help: "Tokens of requests over grpc_small_query_tokens waiting for a slot" },
+    Metric { name: TLS_HANDSHAKE_FAILURES, kind: Counter, labels: &["listener", "reason"], unit: None, help: "TLS handshakes that failed (no or a bad client certificate, timeout)" },
+    Metric { name: CONTROL_DENIED, kind: Counter, labels: &["api", "reason"], unit: None, help: "Control-plane calls refused (registration disabled, bad token, operator pod), by api and reason" },
+    Metric { name: TOPIC_CONFLICTS, kind: Counter, labels: &[], unit: None, help: "Central-mode messages dropped: their topic is bound to another source address" },
+    Metric { name: SOURCES_REFUSED, kind: Counter, labels: &["reason"], unit: None, help: "Messages dropped because they would start a source past max_sources or max_sources_per_address, or name one too long" },
+    Metric { name: SOURCES_RECLAIMED, kind: Counter, labels: &["reason"], unit: None, help: "Streams forgotten to make room in a full source table: never EXACT and silent, or silent past stale_after_ms" },
+    Metric { name: READY, kind: Gauge, labels: &[], unit: None, help: "1 once the initial replays are done" },
+    Metric { name: PODS, kind: Gauge, labels: &[], unit: None, help: "Pods with index state" },
+    Metric { name: HASH_MISMATCHES, kind: Counter, labels: &["source"], unit: None, help: "Engine block hashes that differ from vLLM's recipe (sampled cross-check)" },
+    Metric { name: HASH_CHECKED, kind: Counter, labels: &["source"], unit: None, help: "Engine block hashes recomputed by the sampled cross-check" },
+    Metric { name: GET_POD_SCORES_REQUESTS, kind: Counter, labels: &["outcome"], unit: None, help: "llm-d GetPodScores requests, by outcome" },
+    Metric { name: GET_POD_SCORES_SECONDS, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "llm-d GetPodScores latency, tokenization included" },
+    Metric { name: SNAPSHOT_WRITES, kind: Counter, labels: &["outcome"], unit: None, help: "Snapshots written to snapshot_dir (periodic and at shutdown), by outcome" },
+    Metric { name: SNAPSHOT_SECONDS, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Time to take one snapshot (workers' export, encode, RocksDB write)" },
+    Metric { name: SNAPSHOT_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Bytes the last snapshot wrote" },
+    Metric { name: SNAPSHOT_STREAMS, kind: Counter, labels: &["outcome"], unit: None, help: "Stream records per snapshot: written again, or kept unchanged" },
+    Metric { name: SNAPSHOT_RESIDENCIES, kind: Gauge, labels: &[], unit: None, help: "(block, pod, tier) residencies in the last snapshot" },
+    Metric { name: SNAPSHOT_EXPORT_WAITS, kind: Counter, labels: &[], unit: None, help: "Times an apply worker waited for a pod's snapshot export" },
+    Metric { name: SNAPSHOT_LOADS, kind: Counter, labels: &["outcome"], unit: None, help: "Snapshot loads at start, by outcome" },
+    Metric { name: SNAPSHOT_LOAD_ERRORS, kind: Counter, labels: &["reason"], unit: None, help: "Why a snapshot was refused at start, by reason" },
+    Metric { name: SNAPSHOT_LOAD_SECONDS, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Time to open, read and verify a snapshot" },
+    Metric { name: DUMP_RECORDS, kind: Counter, labels: &[], unit: None, help: "Messages appended to the dump (kvindex record)" },
+    Metric { name: DUMP_ERRORS, kind: Counter, labels: &[], unit: None, help: "Dump writes that failed (the message is still indexed)" },
+    Metric { name: DUMP_ROTATIONS, kind: Counter, labels: &[], unit: None, help: "Dump rotations by the size/age bound" },
+    Metric { name: SNAPSHOT_RESTORES, kind: Counter, labels: &["outcome"], unit: None, help: "Snapshot records taken up once their stream continued from the cursor, or dropped" },
+    Metric { name: RECORD_ROUTE_REQUESTS, kind: Counter, labels: &["outcome"], unit: None, help: "RecordRoute requests, by outcome" },
+    Metric { name: SPECULATIVE_BLOCKS, kind: Counter, labels: &["bound", "result"], unit: None, help: "Blocks credited / refused (by the bound: table, pod, caller) by RecordRoute" },
+    Metric { name: SPECULATIVE_ENTRIES, kind: Gauge, labels: &[], unit: None, help: "Speculative credits held (block, pod)" },
+    Metric { name: SPECULATIVE_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Approximate memory of the speculative credits" },
+    Metric { name: SPECULATIVE_CLEARED, kind: Counter, labels: &["reason"], unit: None, help: "Speculative credits ended early, by reason (pod cleared, degraded, removed)" },
+];
+
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    describe_counter!(EVENTS, "KV events applied, by type and source pod");
-    describe_counter!(BLOCKS, "Engine blocks stored / removed by applied events");
-    describe_counter!(SKIPPED, "Blocks not applied (under-report only), by reason");
-    describe_counter!(MESSAGES, "ZeroMQ messages received, by socket kind");
-    describe_counter!(DECODE_ERRORS, "Frames or payloads that could not be decoded, by reason");
-    describe_counter!(GAPS, "Sequence gaps seen, by source pod");
-    describe_counter!(DUPLICATES, "Messages dropped because their seq was already applied");
-    describe_counter!(REPLAYS, "Replays, by outcome");
-    describe_counter!(CLEARS, "Pod clears, by reason");
-    describe_counter!(TRANSITIONS, "Source state transitions");
-    describe_gauge!(SOURCES, "Sources (per DP rank) by state");
-    describe_gauge!(INDEX_ENTRIES, "Resident (block, pod) entries");
-    describe_gauge!(INDEX_KEYS, "Distinct prefix keys");
-    describe_gauge!(INDEX_BYTES, Unit::Bytes, "Approximate index memory");
-    describe_gauge!(QUEUE_DEPTH, "Messages waiting for the apply workers");
-    describe_gauge!(QUEUE_CAPACITY, "Capacity of the apply queues");
-    describe_counter!(
-        QUEUE_FULL,
-        "Live messages that found their apply queue full and waited for room (their socket stopped reading meanwhile)"
-    );
-    describe_gauge!(
-        SOURCE_LAG,
-        Unit::Seconds,
-        "Largest lag of any source: age of the oldest live batch received and not yet visible"
-    );
-    describe_histogram!(EVENT_TO_VISIBLE, Unit::Seconds, "Batch ts (publisher clock) to applied");
-    describe_histogram!(RECEIVE_TO_VISIBLE, Unit::Seconds, "Socket receive to applied");
-    describe_counter!(SCORE_REQUESTS, "ScoreTokens requests, by outcome");
-    describe_histogram!(SCORE_LATENCY, Unit::Seconds, "ScoreTokens handling time");
-    describe_counter!(
-        ZMQ_ERRORS,
-        "ZeroMQ failures outside a connection (connect, accept, replay), by operation and reason"
-    );
-    describe_counter!(ZMQ_CONNECTIONS, "Publisher connections that finished the ZMTP handshake, by socket");
-    describe_counter!(ZMQ_DISCONNECTS, "Publisher connections closed, by socket and reason");
-    describe_counter!(
-        ZMQ_REJECTED,
-        "Connections refused by the central SUB (caps, allowlist, bad handshake), by reason"
-    );
-    describe_gauge!(ZMQ_BYTES_IN_FLIGHT, Unit::Bytes, "Bytes held by ZeroMQ sockets: unfinished and queued messages");
-    describe_counter!(RECONNECTIONS, "Per-pod subscriber reconnections");
-    describe_counter!(REGISTRATIONS, "Pod registrations and unregistrations, by origin");
-    describe_counter!(CONFIG_ERRORS, "Rejected configuration (pods file, registration)");
-    describe_counter!(HTTP_INVALID, "Rejected HTTP admin requests");
-    describe_gauge!(HTTP_CONNECTIONS, "Open HTTP connections, by listener");
-    describe_counter!(
-        HTTP_REFUSED,
-        "HTTP connections and requests refused for a bound (connection caps, slow or oversized heads and bodies)"
-    );
-    describe_gauge!(HTTP_BODY_BYTES, Unit::Bytes, "HTTP request body bytes held now (http_max_inflight_body_bytes)");
-    describe_counter!(TLS_HANDSHAKE_FAILURES, "TLS handshakes that failed (no or a bad client certificate, timeout)");
-    describe_counter!(GRPC_REJECTED, "gRPC requests refused before their handler (too_large: over max_message_bytes)");
-    describe_counter!(
-        GRPC_SHED,
-        "Requests over grpc_small_query_tokens refused RESOURCE_EXHAUSTED: every slot busy and the queue full, by method"
-    );
-    describe_gauge!(GRPC_LARGE_IN_FLIGHT, "Requests over grpc_small_query_tokens being computed");
-    describe_gauge!(GRPC_QUEUED_TOKENS, "Tokens of requests over grpc_small_query_tokens waiting for a slot");
-    describe_counter!(
-        CONTROL_DENIED,
-        "Control-plane calls refused (registration disabled, bad token, operator pod), by api and reason"
-    );
-    describe_counter!(TOPIC_CONFLICTS, "Central-mode messages dropped: their topic is bound to another source address");
-    describe_counter!(
-        SOURCES_REFUSED,
-        "Messages dropped because they would start a source past max_sources or max_sources_per_address, or name one too long"
-    );
-    describe_counter!(
-        SOURCES_RECLAIMED,
-        "Streams forgotten to make room in a full source table: never EXACT and silent, or silent past stale_after_ms"
-    );
-    describe_gauge!(READY, "1 once the initial replays are done");
-    describe_gauge!(PODS, "Pods with index state");
-    describe_counter!(HASH_MISMATCHES, "Engine block hashes that differ from vLLM's recipe (sampled cross-check)");
-    describe_counter!(HASH_CHECKED, "Engine block hashes recomputed by the sampled cross-check");
-    describe_counter!(GET_POD_SCORES_REQUESTS, "llm-d GetPodScores requests, by outcome");
-    describe_histogram!(GET_POD_SCORES_SECONDS, Unit::Seconds, "llm-d GetPodScores latency, tokenization included");
-    describe_counter!(RECORD_ROUTE_REQUESTS, "RecordRoute requests, by outcome");
-    describe_counter!(
-        SPECULATIVE_BLOCKS,
-        "Blocks credited / refused (by the bound: table, pod, caller) by RecordRoute"
-    );
-    describe_gauge!(SPECULATIVE_ENTRIES, "Speculative credits held (block, pod)");
-    describe_gauge!(SPECULATIVE_BYTES, Unit::Bytes, "Approximate memory of the speculative credits");
-    describe_counter!(
-        SPECULATIVE_CLEARED,
-        "Speculative credits ended early, by reason (pod cleared, degraded, removed)"
-    );
+    kvindex_metric_defs::describe(METRICS);
 }

@@ -13,6 +13,7 @@ pub mod ext_proc;
 pub use error::ConfigError;
 
 use clap::Args;
+use kvindex_discovery::DiscoveryArgs;
 use kvindex_tokenizer::client_template::{ClientTemplateArgs, SandboxLimits};
 
 use crate::place::cost::{CostWeights, Policy};
@@ -176,90 +177,12 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
     #[command(flatten)]
     pub ext_proc: ExtProcArgs,
+    /// Kubernetes pod discovery (`--discovery kubernetes`): every Running, Ready pod matching
+    /// the selector is a pod to route to, each DP rank r at `http://<podIP>:<http-port + r>`
+    /// with the pod id `<podIP>:<http-port + r>` (the indexer's names for the same ranks). The
+    /// flags, env vars, defaults and ranges are `kvindex-discovery`'s, shared with the indexer.
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
-}
-
-// --- Kubernetes pod discovery: the same flags, env vars and defaults as `kvindex serve` ---
-
-/// Kubernetes pod discovery (`--discovery kubernetes`): every Running, Ready pod matching the
-/// selector is a pod to route to, each DP rank r at `http://<podIP>:<http-port + r>` with the
-/// pod id `<podIP>:<http-port + r>` (the indexer's names for the same ranks).
-#[derive(Debug, Clone, Args)]
-pub struct DiscoveryArgs {
-    /// `kubernetes` or `none`.
-    #[arg(long = "discovery", value_name = "KIND", default_value = "none", env = "KVINDEX_DISCOVERY")]
-    pub kind: String,
-    /// Namespace watched (default: the service account's namespace, else `default`).
-    #[arg(long = "discovery-namespace", value_name = "NS", env = "KVINDEX_DISCOVERY_NAMESPACE")]
-    pub namespace: Option<String>,
-    /// Label selector of the engine pods.
-    #[arg(long = "discovery-label-selector", value_name = "SELECTOR", env = "KVINDEX_DISCOVERY_LABEL_SELECTOR",
-          default_value = kvindex_discovery::settings::DEFAULT_LABEL_SELECTOR)]
-    pub label_selector: String,
-    /// Engine PUB port (unused by the router; accepted so both share one set of flags).
-    #[arg(
-        long = "discovery-pub-port",
-        value_name = "PORT",
-        env = "KVINDEX_DISCOVERY_PUB_PORT",
-        default_value_t = 5557
-    )]
-    pub pub_port: u16,
-    /// Engine replay port (unused by the router; 0 = none).
-    #[arg(
-        long = "discovery-replay-port",
-        value_name = "PORT",
-        env = "KVINDEX_DISCOVERY_REPLAY_PORT",
-        default_value_t = 5558
-    )]
-    pub replay_port: u16,
-    /// Engine HTTP port: rank r of a pod is `<podIP>:<this + r>`.
-    #[arg(
-        long = "discovery-http-port",
-        value_name = "PORT",
-        env = "KVINDEX_DISCOVERY_HTTP_PORT",
-        default_value_t = 8000
-    )]
-    pub http_port: u16,
-    /// DP ranks of a pod without the `kvindex.io/dp-size` annotation.
-    #[arg(long = "discovery-dp-size", value_name = "N", env = "KVINDEX_DISCOVERY_DP_SIZE", default_value_t = 1)]
-    pub dp_size: u32,
-    /// Model of a pod without the `kvindex.io/model` annotation (unused by the router).
-    #[arg(long = "discovery-model", value_name = "NAME", env = "KVINDEX_DISCOVERY_MODEL")]
-    pub model: Option<String>,
-    /// API server URL without credentials (`kubectl proxy`, tests); default: in-cluster
-    /// service account, else $KUBECONFIG / ~/.kube/config.
-    #[arg(long = "discovery-api-server", value_name = "URL", env = "KVINDEX_DISCOVERY_API_SERVER")]
-    pub api_server: Option<String>,
-}
-
-impl DiscoveryArgs {
-    /// The watch configuration, or `None` with `--discovery none`.
-    pub fn into_config(self) -> Result<Option<kvindex_discovery::WatchConfig>, ConfigError> {
-        use kvindex_discovery::watcher;
-        match self.kind.as_str() {
-            "none" => return Ok(None),
-            "kubernetes" => {}
-            other => return Err(err("--discovery", format!("must be kubernetes or none, got {other:?}"))),
-        }
-        let settings = kvindex_discovery::Settings {
-            pub_port: self.pub_port,
-            replay_port: (self.replay_port != 0).then_some(self.replay_port),
-            http_port: self.http_port,
-            dp_size: self.dp_size,
-            model: self.model.filter(|m| !m.is_empty()),
-            model_required: false,
-        };
-        settings.validate().map_err(|m| err("--discovery-dp-size", m))?;
-        Ok(Some(kvindex_discovery::WatchConfig {
-            namespace: watcher::namespace(self.namespace.as_deref()).map_err(|m| err("--discovery-namespace", m))?,
-            label_selector: watcher::label_selector(Some(&self.label_selector))
-                .map_err(|m| err("--discovery-label-selector", m))?,
-            api_server: kvindex_discovery::ApiServer::parse(self.api_server.as_deref())
-                .map_err(|m| err("--discovery-api-server", m))?,
-            settings,
-        }))
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -504,7 +427,7 @@ impl ServeArgs {
         }
         let indexer_tls = IndexerTls::from_args(&self)?;
         let indexer_admin_token = self.indexer_admin_token_file.as_ref().map(IndexerToken::from_file).transpose()?;
-        let discovery = self.discovery.into_config()?;
+        let discovery = self.discovery.watch_config(false).map_err(|e| err(e.flag(), e.message))?;
         if pods.is_empty() && self.pods_file.is_none() && self.admin_addr.is_none() && discovery.is_none() {
             return Err(err(
                 "--pod",
@@ -723,7 +646,7 @@ mod tests {
             (&["--pod", "a=http://x:1", "--kv-reference-blocks=-5"], "--kv-reference-blocks"),
             (&["--pod", "a=http://x:1", "--score-deadline-ms", "0"], "--score-deadline-ms: must be at least 1"),
             (&[], "no pods"),
-            (&["--discovery", "consul"], "--discovery: must be kubernetes or none"),
+            (&["--discovery", "consul"], "--discovery: must be \"kubernetes\" or \"none\""),
             (&["--discovery", "kubernetes", "--discovery-dp-size", "0"], "--discovery-dp-size"),
             (&["--discovery", "kubernetes", "--discovery-namespace", "No"], "--discovery-namespace"),
             (&["--pod", "a=http://x:1", "--client-chat-template-memory-mib", "1"], "--client-chat-template-memory-mib"),

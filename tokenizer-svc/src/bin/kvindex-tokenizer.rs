@@ -110,6 +110,7 @@ async fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error + Send + S
     };
     if let Some(addr) = args.http_addr {
         metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install()?;
+        kvindex_tokenizer::telemetry::describe();
     }
     tracing::info!(models = config.models.len(), "models configured");
     let registry = Arc::new(TokenizerRegistry::new(config));

@@ -51,13 +51,17 @@ impl ConfigError {
     /// The config error behind a clap value error of `kvindex serve` (a flag or env var whose
     /// value does not parse), or `None` for other command-line errors. clap names the flag
     /// even when the value came from its env var; `argv` tells the two apart.
-    pub fn from_clap(error: &clap::Error, argv: impl IntoIterator<Item = impl Into<OsString>>) -> Option<Self> {
+    /// `command` is `serve`'s (`config::serve_command`), whose arguments name the settings.
+    pub fn from_clap(
+        error: &clap::Error,
+        argv: impl IntoIterator<Item = impl Into<OsString>>,
+        command: &clap::Command,
+    ) -> Option<Self> {
         if !matches!(error.kind(), ErrorKind::ValueValidation | ErrorKind::InvalidValue) {
             return None;
         }
         let Some(ContextValue::String(arg)) = error.get(ContextKind::InvalidArg) else { return None };
         let flag = arg.split_whitespace().next()?.trim_start_matches("--");
-        let command = super::serve_command();
         let spec = command.get_arguments().find(|a| a.get_long() == Some(flag))?;
         let long = format!("--{flag}");
         let on_command_line = argv.into_iter().map(Into::into).any(|a: OsString| {

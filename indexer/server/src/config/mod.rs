@@ -5,10 +5,11 @@
 //! (tests/config_docs.rs holds it to this file).
 
 pub mod cidr;
-pub mod discovery;
 pub mod error;
 pub mod http_limits;
 pub mod pod;
+pub mod settings;
+pub mod spec;
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
@@ -16,313 +17,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, Command, FromArgMatches};
-use serde::Deserialize;
+use clap::{ArgMatches, FromArgMatches};
 
 pub use self::cidr::Cidr;
 pub use self::error::{ConfigError, Origin};
 pub use self::pod::{offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
-
-/// The settings of `kvindex serve`: each one a flag (`--kebab-case`), a TOML key (the field's
-/// name) and, for single values, an env var (`KVINDEX_UPPER_SNAKE`). Unset everywhere means
-/// the default (applied when the layers are validated into a [`Config`]). List flags add to the
-/// file's lists.
-#[derive(Debug, Clone, Default, Args, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Settings {
-    /// gRPC listen address (port 0 = any free port; the bound address is printed).
-    #[arg(long, env = "KVINDEX_GRPC_ADDR")]
-    pub grpc_addr: Option<String>,
-    /// HTTP admin listen address.
-    #[arg(long, env = "KVINDEX_HTTP_ADDR")]
-    pub http_addr: Option<String>,
-    /// Canonical block size of the index (engines must use a multiple of it).
-    #[arg(long, env = "KVINDEX_BLOCK_SIZE")]
-    pub block_size: Option<i64>,
-    /// The engines' PYTHONHASHSEED (`unset` = not set), for the sampled cross-check of vLLM's
-    /// own block hashes. Setting it turns the check on; matching never depends on it.
-    #[arg(long, env = "KVINDEX_HASH_SEED")]
-    pub hash_seed: Option<String>,
-    /// vLLM release of the engines, for the hash cross-check's rules (default 0.33.0).
-    #[arg(long, env = "KVINDEX_VLLM_VERSION")]
-    pub vllm_version: Option<String>,
-    /// The engines' `--prefix-caching-hash-algo` (default sha256_cbor).
-    #[arg(long, env = "KVINDEX_HASH_ALGO")]
-    pub hash_algo: Option<String>,
-    /// Cross-check one in this many stores per pod (default 16; 0 = off).
-    #[arg(long, env = "KVINDEX_HASH_CHECK_EVERY")]
-    pub hash_check_every: Option<i64>,
-    /// In-process tokenizer for llm-d's GetPodScores: `<model>=<dir>` (repeatable).
-    #[arg(long = "tokenizer-model", value_name = "MODEL=DIR")]
-    pub tokenizer_models: Vec<String>,
-    /// In-process tokenizers: every subdirectory holding a tokenizer.json is a model.
-    #[arg(long, env = "KVINDEX_TOKENIZER_MODELS_DIR")]
-    pub tokenizer_models_dir: Option<String>,
-    /// Remote tokenizer for GetPodScores (`http://host:port` of kvindex-tokenizer or llm-d's
-    /// sidecar), used when no in-process tokenizer is configured.
-    #[arg(long, env = "KVINDEX_TOKENIZER_ENDPOINT")]
-    pub tokenizer_endpoint: Option<String>,
-    /// Central mode: bind a SUB socket here (e.g. tcp://*:5557) that engines dial.
-    #[arg(long, env = "KVINDEX_ZMQ_BIND")]
-    pub zmq_bind: Option<String>,
-    /// Per-pod mode: `<pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]` (repeatable).
-    #[arg(long = "pod", value_name = "POD", value_parser = PodConfig::from_flag)]
-    pub pods: Vec<PodConfig>,
-    /// Replay endpoint of a central-mode pod: `<pod-id>=<replay-endpoint>` (repeatable).
-    #[arg(long = "replay", value_name = "POD=ENDPOINT", value_parser = ReplayEntry::from_flag)]
-    pub replay: Vec<ReplayEntry>,
-    /// Topic id → pod id: `<topic-id>=<pod-id>` (repeatable; default identity).
-    #[arg(long = "topic-map", value_name = "TOPIC_ID=POD", value_parser = TopicMapEntry::from_flag)]
-    pub topic_map: Vec<TopicMapEntry>,
-    /// How a central-mode DP rank's pod is named: `port-offset` (llm-d: `<addr>:<port+rank>`
-    /// from the topic's id, for engines whose ranks share one topic) or `topic` (the topic's id
-    /// already names the rank's pod).
-    #[arg(long, env = "KVINDEX_DP_NAMING")]
-    pub dp_naming: Option<String>,
-    /// SUB subscription prefix.
-    #[arg(long, env = "KVINDEX_TOPIC_FILTER")]
-    pub topic_filter: Option<String>,
-    /// Largest ZeroMQ frame accepted from any peer (live and replay); a bigger declared frame
-    /// closes the connection before anything is allocated. Default 16 MiB.
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_FRAME_BYTES")]
-    pub zmq_max_frame_bytes: Option<i64>,
-    /// Largest ZeroMQ message (all its frames), also the most an unfinished multi-part message
-    /// may hold. Default 16 MiB.
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_MESSAGE_BYTES")]
-    pub zmq_max_message_bytes: Option<i64>,
-    /// Most frames in one ZeroMQ message (vLLM sends 3 or 4). Default 16.
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_PARTS")]
-    pub zmq_max_parts: Option<i64>,
-    /// Bytes the central SUB may hold at once: unfinished messages plus messages waiting in the
-    /// apply queue. At the cap its connections stop reading. Default 512 MiB.
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_BYTES_IN_FLIGHT")]
-    pub zmq_max_bytes_in_flight: Option<i64>,
-    /// The same per source address on the central SUB, and per dialled pod socket.
-    /// Default 64 MiB.
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_BYTES_IN_FLIGHT_PER_SOURCE")]
-    pub zmq_max_bytes_in_flight_per_source: Option<i64>,
-    /// Most connections the central SUB holds (handshaking ones included). Default: 1024, or
-    /// less when the descriptor limit (RLIMIT_NOFILE) is low, keeping room for gRPC and HTTP.
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS")]
-    pub zmq_max_connections: Option<i64>,
-    /// Most connections the central SUB holds from one source address. Default 32, or a
-    /// quarter of `zmq_max_connections` when that is lower.
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS_PER_SOURCE")]
-    pub zmq_max_connections_per_source: Option<i64>,
-    /// Most central-SUB connections that have not finished their ZeroMQ handshake. Default a
-    /// quarter of `zmq_max_connections` (at least 2).
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_HANDSHAKING")]
-    pub zmq_max_handshaking: Option<i64>,
-    /// The same from one source address. Default 4, or half of `zmq_max_handshaking` when that
-    /// is lower; `zmq_max_connections_per_source` when that is set.
-    #[arg(long, env = "KVINDEX_ZMQ_MAX_HANDSHAKING_PER_SOURCE")]
-    pub zmq_max_handshaking_per_source: Option<i64>,
-    /// Time a ZeroMQ peer has to finish its handshake. Default 10000.
-    #[arg(long, env = "KVINDEX_ZMQ_HANDSHAKE_TIMEOUT_MS")]
-    pub zmq_handshake_timeout_ms: Option<i64>,
-    /// Silence after which a ZMTP 3.1 peer is PINGed. Default 10000.
-    #[arg(long, env = "KVINDEX_ZMQ_HEARTBEAT_INTERVAL_MS")]
-    pub zmq_heartbeat_interval_ms: Option<i64>,
-    /// Silence (no byte, no PONG) after which a ZeroMQ connection is closed. Default 60000.
-    #[arg(long, env = "KVINDEX_ZMQ_IDLE_TIMEOUT_MS")]
-    pub zmq_idle_timeout_ms: Option<i64>,
-    /// Index shards.
-    #[arg(long, env = "KVINDEX_SHARDS")]
-    pub shards: Option<i64>,
-    /// Bound on resident (block, pod) entries.
-    #[arg(long, env = "KVINDEX_MAX_ENTRIES")]
-    pub max_entries: Option<i64>,
-    /// Bounded queue between the sockets and the apply workers (messages, per worker).
-    #[arg(long, env = "KVINDEX_QUEUE_CAPACITY")]
-    pub queue_capacity: Option<i64>,
-    /// Apply threads.
-    #[arg(long, env = "KVINDEX_APPLY_WORKERS")]
-    pub apply_workers: Option<i64>,
-    /// A source silent this long is STALE.
-    #[arg(long, env = "KVINDEX_STALE_AFTER_MS")]
-    pub stale_after_ms: Option<i64>,
-    /// A replay must finish within this once it has begun.
-    #[arg(long, env = "KVINDEX_REPLAY_TIMEOUT_MS")]
-    pub replay_timeout_ms: Option<i64>,
-    /// A replay may wait this long for one of the `max_concurrent_replays` slots before it
-    /// fails (its stream holds live messages meanwhile, up to `max_pending`). Default 60000.
-    #[arg(long, env = "KVINDEX_REPLAY_QUEUE_TIMEOUT_MS")]
-    pub replay_queue_timeout_ms: Option<i64>,
-    /// After a failed replay, gaps are cleared instead of replayed for this long.
-    #[arg(long, env = "KVINDEX_REPLAY_COOLDOWN_MS")]
-    pub replay_cooldown_ms: Option<i64>,
-    /// Replays in flight at once.
-    #[arg(long, env = "KVINDEX_MAX_CONCURRENT_REPLAYS")]
-    pub max_concurrent_replays: Option<i64>,
-    /// Live messages of one stream held while its replay runs.
-    #[arg(long, env = "KVINDEX_MAX_PENDING")]
-    pub max_pending: Option<i64>,
-    /// Largest ScoreTokens prompt, in tokens.
-    #[arg(long, env = "KVINDEX_MAX_TOKENS")]
-    pub max_tokens: Option<i64>,
-    /// Largest gRPC request, in bytes.
-    #[arg(long, env = "KVINDEX_MAX_MESSAGE_BYTES")]
-    pub max_message_bytes: Option<i64>,
-    /// RecordRoute: TTL of a speculative credit when the request names none.
-    #[arg(long, env = "KVINDEX_SPECULATIVE_TTL_MS")]
-    pub speculative_ttl_ms: Option<i64>,
-    /// RecordRoute: longest TTL a request may ask for (longer is capped).
-    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_TTL_MS")]
-    pub speculative_max_ttl_ms: Option<i64>,
-    /// RecordRoute: speculative credits held at once, all pods together (0 = RecordRoute off).
-    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES")]
-    pub speculative_max_entries: Option<i64>,
-    /// RecordRoute: speculative credits held for one pod.
-    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_POD")]
-    pub speculative_max_entries_per_pod: Option<i64>,
-    /// RecordRoute: speculative credits one caller (peer address) may hold, all pods together.
-    /// Default: a quarter of `speculative_max_entries`.
-    #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_CALLER")]
-    pub speculative_max_entries_per_caller: Option<i64>,
-    /// ScoreTokens, GetPodScores and RecordRoute requests of at most this many tokens are
-    /// answered at once, never queued or shed. Default 16384.
-    #[arg(long, env = "KVINDEX_GRPC_SMALL_QUERY_TOKENS")]
-    pub grpc_small_query_tokens: Option<i64>,
-    /// Larger requests computed at once (each on its own thread, off the gRPC I/O threads).
-    /// Default: half the cores, at least 1.
-    #[arg(long, env = "KVINDEX_GRPC_MAX_CONCURRENT_LARGE")]
-    pub grpc_max_concurrent_large: Option<i64>,
-    /// Tokens of larger requests that may wait for a thread; a request that would take the
-    /// wait past it is refused at once (RESOURCE_EXHAUSTED). Default: 4 × `max_tokens`.
-    #[arg(long, env = "KVINDEX_GRPC_MAX_QUEUED_TOKENS")]
-    pub grpc_max_queued_tokens: Option<i64>,
-    /// File holding the bearer token of the control plane (pod registration over HTTP and
-    /// gRPC, and RecordRoute). Unset: registration and RecordRoute are disabled.
-    #[arg(long, env = "KVINDEX_ADMIN_TOKEN_FILE")]
-    pub admin_token_file: Option<PathBuf>,
-    /// Central mode: source addresses allowed to connect, as CIDRs (`10.0.0.0/8`, `::1/128`;
-    /// repeatable). Empty: any address. Checked before the ZMTP handshake.
-    #[arg(long = "zmq-allow", value_name = "CIDR")]
-    pub zmq_allow: Vec<String>,
-    /// Most sources (topic or pod × DP rank) the index tracks; messages that would start
-    /// another are dropped and counted.
-    #[arg(long, env = "KVINDEX_MAX_SOURCES")]
-    pub max_sources: Option<i64>,
-    /// Central mode: most sources the topics from one publisher address may start (a node's
-    /// DP ranks and models). Default 64.
-    #[arg(long, env = "KVINDEX_MAX_SOURCES_PER_ADDRESS")]
-    pub max_sources_per_address: Option<i64>,
-    /// Watched file of `[[pods]]` (reloaded on change).
-    #[arg(long, env = "KVINDEX_PODS_FILE")]
-    pub pods_file: Option<PathBuf>,
-    /// How often the pods file is checked for changes.
-    #[arg(long, env = "KVINDEX_PODS_FILE_POLL_MS")]
-    pub pods_file_poll_ms: Option<i64>,
-    /// Directory of the RocksDB snapshot for warm restarts (unset = no snapshots): loaded at
-    /// start, written periodically and on graceful shutdown. Holds prefix keys and pods, never
-    /// token ids.
-    #[arg(long, env = "KVINDEX_SNAPSHOT_DIR")]
-    pub snapshot_dir: Option<PathBuf>,
-    /// Seconds between snapshots (with `snapshot_dir`; default 60).
-    #[arg(long, env = "KVINDEX_SNAPSHOT_INTERVAL")]
-    pub snapshot_interval: Option<i64>,
-    // ---- hardening (issue 9 remainder): tier bounds, listeners, TLS, host policy ----
-    /// Distinct tiers (`medium`) one source's blocks may be held in; a store naming another is
-    /// skipped (`source_tier_limit`). Default 4.
-    #[arg(long, env = "KVINDEX_MAX_TIERS_PER_SOURCE")]
-    pub max_tiers_per_source: Option<i64>,
-    /// Tier names learned from publishers (not GPU/CPU/STORAGE, not in `tier_weights`), all
-    /// sources together. Default 5 (every free slot); 0 = only predefined and configured tiers.
-    #[arg(long, env = "KVINDEX_MAX_LEARNED_TIERS")]
-    pub max_learned_tiers: Option<i64>,
-    /// Serve `/metrics` and `/debug/*` on this address only (a metrics-only listener, as
-    /// etcd's `--listen-metrics-urls`). Unset: they stay on `http_addr`.
-    #[arg(long, env = "KVINDEX_METRICS_ADDR")]
-    pub metrics_addr: Option<String>,
-    /// Time for an HTTP request's head to arrive, and for an idle keep-alive connection to
-    /// start its next request, before the connection is closed. Default 10000.
-    #[arg(long, env = "KVINDEX_HTTP_HEADER_TIMEOUT_MS")]
-    pub http_header_timeout_ms: Option<i64>,
-    /// Time for a whole HTTP request body to arrive (408 past it). Default 10000.
-    #[arg(long, env = "KVINDEX_HTTP_BODY_TIMEOUT_MS")]
-    pub http_body_timeout_ms: Option<i64>,
-    /// Most open connections per HTTP listener (`http_addr`, `metrics_addr` each); past it a
-    /// new connection is closed at accept. Default 64.
-    #[arg(long, env = "KVINDEX_HTTP_MAX_CONNECTIONS")]
-    pub http_max_connections: Option<i64>,
-    /// Most open connections per HTTP listener from one client address. Default a quarter of
-    /// `http_max_connections`.
-    #[arg(long, env = "KVINDEX_HTTP_MAX_CONNECTIONS_PER_ADDRESS")]
-    pub http_max_connections_per_address: Option<i64>,
-    /// Largest HTTP request body (a registration); 413 past it. Default 65536.
-    #[arg(long, env = "KVINDEX_HTTP_MAX_BODY_BYTES")]
-    pub http_max_body_bytes: Option<i64>,
-    /// HTTP request body bytes held at once over all requests (503 past it); at least
-    /// `http_max_body_bytes`. Default 1 MiB.
-    #[arg(long, env = "KVINDEX_HTTP_MAX_INFLIGHT_BODY_BYTES")]
-    pub http_max_inflight_body_bytes: Option<i64>,
-    /// PEM certificate chain: serve gRPC and HTTP (and the metrics listener) over TLS.
-    #[arg(long, env = "KVINDEX_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// PEM private key of `tls_cert`.
-    #[arg(long, env = "KVINDEX_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// PEM CA certificate(s): require a client certificate signed by one of them (mTLS).
-    #[arg(long, env = "KVINDEX_TLS_CLIENT_CA")]
-    pub tls_client_ca: Option<PathBuf>,
-    /// Registration's host policy: endpoints given through `POST /pods` / `RegisterPod` must
-    /// resolve only to addresses in these CIDRs (repeatable); the name is resolved once, checked,
-    /// and the pod dialled at the checked address. Empty: any host.
-    #[arg(long = "register-allow", value_name = "CIDR")]
-    pub register_allow: Vec<String>,
-    // ---- end of the hardening block ----
-    /// Tier weight `<medium>=<weight>` (repeatable), e.g. `CPU=0.8`.
-    #[arg(long = "tier-weight", value_name = "MEDIUM=WEIGHT", value_parser = TierWeight::from_flag)]
-    #[serde(deserialize_with = "TierWeight::table")]
-    pub tier_weights: Vec<TierWeight>,
-
-    // --- Kubernetes pod discovery (validated in config/discovery.rs) ---
-    /// Pod discovery: `kubernetes` (watch the namespace's pods through the API server) or
-    /// `none` (default).
-    #[arg(long, env = "KVINDEX_DISCOVERY")]
-    pub discovery: Option<String>,
-    /// Namespace watched (default: the service account's namespace, else `default`).
-    #[arg(long, env = "KVINDEX_DISCOVERY_NAMESPACE")]
-    pub discovery_namespace: Option<String>,
-    /// Label selector of the engine pods (default `llm-d.ai/inference-serving=true`).
-    #[arg(long, env = "KVINDEX_DISCOVERY_LABEL_SELECTOR")]
-    pub discovery_label_selector: Option<String>,
-    /// Engine PUB port; DP rank r publishes on this + r (default 5557).
-    #[arg(long, env = "KVINDEX_DISCOVERY_PUB_PORT")]
-    pub discovery_pub_port: Option<i64>,
-    /// Engine replay ROUTER port; rank r on this + r (default 5558; 0 = no replay).
-    #[arg(long, env = "KVINDEX_DISCOVERY_REPLAY_PORT")]
-    pub discovery_replay_port: Option<i64>,
-    /// Engine HTTP port: a pod's id is `<podIP>:<this>` (default 8000).
-    #[arg(long, env = "KVINDEX_DISCOVERY_HTTP_PORT")]
-    pub discovery_http_port: Option<i64>,
-    /// DP ranks of a pod without the `kvindex.io/dp-size` annotation (default 1).
-    #[arg(long, env = "KVINDEX_DISCOVERY_DP_SIZE")]
-    pub discovery_dp_size: Option<i64>,
-    /// Model of a pod without the `kvindex.io/model` annotation.
-    #[arg(long, env = "KVINDEX_DISCOVERY_MODEL")]
-    pub discovery_model: Option<String>,
-    /// API server URL without credentials (`kubectl proxy`, tests); default: in-cluster
-    /// service account, else $KUBECONFIG / ~/.kube/config.
-    #[arg(long, env = "KVINDEX_DISCOVERY_API_SERVER")]
-    pub discovery_api_server: Option<String>,
-}
-
-/// `kvindex serve`'s command line: the config file, and the settings on top of it.
-#[derive(Debug, Clone, Default, Args)]
-pub struct ServeArgs {
-    /// TOML config file.
-    #[arg(long, env = "KVINDEX_CONFIG")]
-    pub config: Option<PathBuf>,
-    #[command(flatten)]
-    pub settings: Settings,
-}
-
-/// The `serve` command alone, for parsing its arguments and for introspection (the keys that
-/// docs/CONFIG.md must list).
-pub fn serve_command() -> Command {
-    ServeArgs::augment_args(Command::new("serve"))
-}
+use self::settings::defs;
+pub use self::settings::{serve_command, ServeArgs, Settings};
+use self::spec::{IntSpec, TextSpec};
 
 /// The validated configuration.
 #[derive(Debug, Clone)]
@@ -417,7 +119,7 @@ impl Config {
         let argv: Vec<OsString> =
             std::iter::once(OsString::from("serve")).chain(args.into_iter().map(Into::into)).collect();
         let matches = serve_command().try_get_matches_from(&argv).map_err(|e| {
-            ConfigError::from_clap(&e, &argv)
+            ConfigError::from_clap(&e, &argv, &serve_command())
                 .unwrap_or_else(|| ConfigError::new("arguments", Origin::Default, e.render().to_string()))
         })?;
         Config::from_matches(&matches)
@@ -448,21 +150,18 @@ impl Config {
     /// Checks every setting and applies the defaults. `from_file` and `from_flags` are the
     /// list entries of each layer (flags add to the file's lists).
     fn validate(s: Settings, from_file: Lists, from_flags: Lists, src: &Sources<'_>) -> Result<Config, ConfigError> {
-        let int = |key: &str, v: Option<i64>, default: i64, lo: i64, hi: i64| -> Result<i64, ConfigError> {
-            let v = v.unwrap_or(default);
-            if v < lo || v > hi {
-                return Err(src.error(key, format!("must be between {lo} and {hi}, got {v}")));
-            }
-            Ok(v)
+        let ints = Ints { src };
+        let addr = |spec: &TextSpec, v: Option<String>| -> Result<SocketAddr, ConfigError> {
+            let v = spec.or_default(v.as_deref());
+            v.parse().map_err(|e| src.error(spec.key, format!("not a host:port socket address ({v:?}): {e}")))
         };
-        let addr = |key: &str, v: Option<String>, default: &str| -> Result<SocketAddr, ConfigError> {
-            let v = v.unwrap_or_else(|| default.to_string());
-            v.parse().map_err(|e| src.error(key, format!("not a host:port socket address ({v:?}): {e}")))
-        };
-        let zmq_limits = zmq_limits(&s, src, &int)?;
-        let (http_conn_limits, http_body_limits) = http_limits(&s, src, &int)?;
+        let zmq_limits = zmq_limits(&s, src, &ints)?;
+        let (http_conn_limits, http_body_limits) = http_limits(&s, src, &ints)?;
         let central = s.zmq_bind.as_deref().is_some_and(|e| !e.is_empty());
-        let discovery = discovery::validate(&s, src, &int, central)?;
+        // Kubernetes discovery: the flags, defaults, ranges and checks are kvindex-discovery's
+        // (shared with the router). Per-pod mode needs each pod's model; in central mode the
+        // topics carry it.
+        let discovery = s.discovery.watch_config(!central).map_err(|e| src.error(e.key, e.message))?;
         let tls = tls_files(&s, src)?;
         let admin_token = match &s.admin_token_file {
             Some(path) => {
@@ -490,10 +189,10 @@ impl Config {
                 register_allow.push(cidr);
             }
         }
-        let grpc_addr = addr("grpc_addr", s.grpc_addr, "127.0.0.1:50051")?;
-        let http_addr = addr("http_addr", s.http_addr, "127.0.0.1:9090")?;
+        let grpc_addr = addr(&defs::grpc_addr, s.grpc_addr)?;
+        let http_addr = addr(&defs::http_addr, s.http_addr)?;
         let metrics_addr = match s.metrics_addr.filter(|a| !a.is_empty()) {
-            Some(a) => Some(addr("metrics_addr", Some(a), "")?),
+            Some(a) => Some(addr(&defs::metrics_addr, Some(a))?),
             None => None,
         };
         let zmq_bind = match s.zmq_bind {
@@ -551,21 +250,17 @@ impl Config {
         }
 
         let hash_seed = s.hash_seed.unwrap_or_default();
-        let every = int("hash_check_every", s.hash_check_every, 16, 0, i64::from(u32::MAX))? as u32;
+        let every = ints.get(&defs::hash_check_every, s.hash_check_every)? as u32;
         let hash_check = if hash_seed.is_empty() || every == 0 {
             None
         } else {
             let hasher = kvindex::vllm_hash::VllmHashConfig {
-                version: s
-                    .vllm_version
-                    .as_deref()
-                    .unwrap_or("0.33.0")
+                version: defs::vllm_version
+                    .or_default(s.vllm_version.as_deref())
                     .parse()
                     .map_err(|e| src.error("vllm_version", format!("{e}")))?,
-                algo: s
-                    .hash_algo
-                    .as_deref()
-                    .unwrap_or("sha256_cbor")
+                algo: defs::hash_algo
+                    .or_default(s.hash_algo.as_deref())
                     .parse()
                     .map_err(|e| src.error("hash_algo", format!("{e}")))?,
                 pythonhashseed: (hash_seed != "unset").then(|| hash_seed.clone()),
@@ -591,31 +286,25 @@ impl Config {
                 return Err(src.error("tokenizer_endpoint", format!("must be http://host:port, got {e:?}")));
             }
         }
-        let dp_naming_topic = match s.dp_naming.as_deref().unwrap_or("port-offset") {
-            "port-offset" => false,
-            "topic" => true,
-            other => return Err(src.error("dp_naming", format!("must be \"port-offset\" or \"topic\", got {other:?}"))),
-        };
-        let topic_filter = s.topic_filter.unwrap_or_else(|| "kv@".to_string());
+        let dp_naming = defs::dp_naming.pick(s.dp_naming.as_deref()).map_err(|m| src.error("dp_naming", m))?;
+        let dp_naming_topic = dp_naming == "topic";
+        let topic_filter = defs::topic_filter.or_default(s.topic_filter.as_deref());
         if topic_filter.len() > 254 {
             return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
         }
 
-        let max_tokens = int("max_tokens", s.max_tokens, 262_144, 1, 1 << 28)?;
-        let speculative_max_entries = int("speculative_max_entries", s.speculative_max_entries, 1 << 20, 0, 1 << 32)?;
+        let max_tokens = ints.get(&defs::max_tokens, s.max_tokens)?;
+        let speculative_max_entries = ints.get(&defs::speculative_max_entries, s.speculative_max_entries)?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
         let mut config = Config {
             grpc_admission: crate::grpc::admission::AdmissionConfig {
-                small_query_tokens: int("grpc_small_query_tokens", s.grpc_small_query_tokens, 16_384, 0, 1 << 28)?
-                    as usize,
-                max_concurrent_large: int(
-                    "grpc_max_concurrent_large",
+                small_query_tokens: ints.get(&defs::grpc_small_query_tokens, s.grpc_small_query_tokens)? as usize,
+                max_concurrent_large: ints.or(
+                    &defs::grpc_max_concurrent_large,
                     s.grpc_max_concurrent_large,
                     (cores / 2).max(1),
-                    1,
-                    4096,
                 )? as usize,
-                max_queued_tokens: int("grpc_max_queued_tokens", s.grpc_max_queued_tokens, 4 * max_tokens, 0, 1 << 40)?
+                max_queued_tokens: ints.or(&defs::grpc_max_queued_tokens, s.grpc_max_queued_tokens, 4 * max_tokens)?
                     as usize,
             },
             discovery,
@@ -626,7 +315,7 @@ impl Config {
             tls,
             http_conn_limits,
             http_body_limits,
-            block_size: int("block_size", s.block_size, 16, 1, 1 << 16)? as usize,
+            block_size: ints.get(&defs::block_size, s.block_size)? as usize,
             hash_check,
             tokenizer_models,
             tokenizer_models_dir: s.tokenizer_models_dir.filter(|d| !d.is_empty()),
@@ -634,54 +323,46 @@ impl Config {
             dp_naming_topic,
             zmq_bind,
             topic_filter,
-            shards: int("shards", s.shards, 64, 1, 1 << 16)? as usize,
-            max_entries: int("max_entries", s.max_entries, 50_000_000, 1, i64::MAX)? as u64,
-            queue_capacity: int("queue_capacity", s.queue_capacity, 65_536, 1, 1 << 24)? as usize,
-            apply_workers: int("apply_workers", s.apply_workers, 1, 1, 256)? as usize,
-            stale_after_ms: int("stale_after_ms", s.stale_after_ms, 30_000, 1, i64::MAX)? as u64,
-            replay_timeout_ms: int("replay_timeout_ms", s.replay_timeout_ms, 5_000, 1, i64::MAX)? as u64,
-            replay_queue_timeout_ms: int("replay_queue_timeout_ms", s.replay_queue_timeout_ms, 60_000, 1, i64::MAX)?
-                as u64,
-            replay_cooldown_ms: int("replay_cooldown_ms", s.replay_cooldown_ms, 5_000, 0, i64::MAX)? as u64,
-            max_concurrent_replays: int("max_concurrent_replays", s.max_concurrent_replays, 8, 1, 4096)? as usize,
-            max_pending: int("max_pending", s.max_pending, 100_000, 1, 1 << 24)? as usize,
+            shards: ints.get(&defs::shards, s.shards)? as usize,
+            max_entries: ints.get(&defs::max_entries, s.max_entries)? as u64,
+            queue_capacity: ints.get(&defs::queue_capacity, s.queue_capacity)? as usize,
+            apply_workers: ints.get(&defs::apply_workers, s.apply_workers)? as usize,
+            stale_after_ms: ints.get(&defs::stale_after_ms, s.stale_after_ms)? as u64,
+            replay_timeout_ms: ints.get(&defs::replay_timeout_ms, s.replay_timeout_ms)? as u64,
+            replay_queue_timeout_ms: ints.get(&defs::replay_queue_timeout_ms, s.replay_queue_timeout_ms)? as u64,
+            replay_cooldown_ms: ints.get(&defs::replay_cooldown_ms, s.replay_cooldown_ms)? as u64,
+            max_concurrent_replays: ints.get(&defs::max_concurrent_replays, s.max_concurrent_replays)? as usize,
+            max_pending: ints.get(&defs::max_pending, s.max_pending)? as usize,
             max_tokens: max_tokens as usize,
-            max_message_bytes: int("max_message_bytes", s.max_message_bytes, 4 << 20, 1024, 1 << 30)? as usize,
+            max_message_bytes: ints.get(&defs::max_message_bytes, s.max_message_bytes)? as usize,
             speculative: kvindex::speculative::SpeculativeConfig {
                 block_size: 0, // set below from block_size
-                default_ttl_ms: int("speculative_ttl_ms", s.speculative_ttl_ms, 2_000, 1, 3_600_000)? as u64,
-                max_ttl_ms: int("speculative_max_ttl_ms", s.speculative_max_ttl_ms, 10_000, 1, 3_600_000)? as u64,
+                default_ttl_ms: ints.get(&defs::speculative_ttl_ms, s.speculative_ttl_ms)? as u64,
+                max_ttl_ms: ints.get(&defs::speculative_max_ttl_ms, s.speculative_max_ttl_ms)? as u64,
                 max_entries: speculative_max_entries as usize,
-                max_entries_per_pod: int(
-                    "speculative_max_entries_per_pod",
-                    s.speculative_max_entries_per_pod,
-                    1 << 16,
-                    1,
-                    1 << 32,
-                )? as usize,
-                max_entries_per_caller: int(
-                    "speculative_max_entries_per_caller",
+                max_entries_per_pod: ints
+                    .get(&defs::speculative_max_entries_per_pod, s.speculative_max_entries_per_pod)?
+                    as usize,
+                max_entries_per_caller: ints.or(
+                    &defs::speculative_max_entries_per_caller,
                     s.speculative_max_entries_per_caller,
                     (speculative_max_entries / 4).max(1),
-                    1,
-                    1 << 32,
                 )? as usize,
             },
             pods_file: s.pods_file,
             admin_token,
             zmq_allow,
             register_allow,
-            max_sources: int("max_sources", s.max_sources, 4096, 1, 1 << 20)? as usize,
-            max_sources_per_address: int("max_sources_per_address", s.max_sources_per_address, 64, 1, 1 << 20)?
-                as usize,
-            pods_file_poll_ms: int("pods_file_poll_ms", s.pods_file_poll_ms, 1_000, 10, i64::MAX)? as u64,
+            max_sources: ints.get(&defs::max_sources, s.max_sources)? as usize,
+            max_sources_per_address: ints.get(&defs::max_sources_per_address, s.max_sources_per_address)? as usize,
+            pods_file_poll_ms: ints.get(&defs::pods_file_poll_ms, s.pods_file_poll_ms)? as u64,
             tier_weights,
             tier_limits: kvindex::TierLimits {
-                max_per_source: int("max_tiers_per_source", s.max_tiers_per_source, 4, 1, 8)? as usize,
-                max_learned: int("max_learned_tiers", s.max_learned_tiers, 5, 0, 8)? as usize,
+                max_per_source: ints.get(&defs::max_tiers_per_source, s.max_tiers_per_source)? as usize,
+                max_learned: ints.get(&defs::max_learned_tiers, s.max_learned_tiers)? as usize,
             },
             snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
-            snapshot_interval_ms: int("snapshot_interval", s.snapshot_interval, 60, 1, 1 << 31)? as u64 * 1000,
+            snapshot_interval_ms: ints.get(&defs::snapshot_interval, s.snapshot_interval)? as u64 * 1000,
             record: None,
             pods,
             topic_map,
@@ -728,56 +409,69 @@ fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::tls::TlsFi
         .map_err(|e| src.error(e.key, e.message))
 }
 
-/// Checks an integer setting: (key, value, default, min, max) → the value or the default.
-type IntCheck<'a> = dyn Fn(&str, Option<i64>, i64, i64, i64) -> Result<i64, ConfigError> + 'a;
+/// Checks integer settings against their specs ([`settings::defs`]); an error names the key and
+/// where its value came from.
+struct Ints<'a> {
+    src: &'a Sources<'a>,
+}
+
+impl Ints<'_> {
+    /// The value, or the spec's default.
+    fn get(&self, spec: &IntSpec, v: Option<i64>) -> Result<i64, ConfigError> {
+        self.within(spec, v, spec.default.unwrap_or(spec.min), spec.max)
+    }
+
+    /// The value, or `default` (computed: the spec has none).
+    fn or(&self, spec: &IntSpec, v: Option<i64>, default: i64) -> Result<i64, ConfigError> {
+        self.within(spec, v, default, spec.max)
+    }
+
+    /// The same, with an upper bound another setting lowers.
+    fn within(&self, spec: &IntSpec, v: Option<i64>, default: i64, max: i64) -> Result<i64, ConfigError> {
+        spec.check_within(v.unwrap_or(default), max).map_err(|m| self.src.error(spec.key, m))
+    }
+}
 
 /// The `zmq_*` settings as the ZeroMQ stack's [`kvindex_zmtp::Limits`], checked as a whole.
-fn zmq_limits(s: &Settings, src: &Sources<'_>, int: &IntCheck<'_>) -> Result<kvindex_zmtp::Limits, ConfigError> {
+fn zmq_limits(s: &Settings, src: &Sources<'_>, ints: &Ints<'_>) -> Result<kvindex_zmtp::Limits, ConfigError> {
     use std::time::Duration;
-    const GIB: i64 = 1 << 30;
-    let bytes = |key, v, default| int(key, v, default, 1, 64 * GIB).map(|v| v as usize);
-    let ms = |key, v, default| int(key, v, default, 1, 86_400_000).map(|v| Duration::from_millis(v as u64));
+    let bytes = |spec, v| ints.get(spec, v).map(|v| v as usize);
+    let ms = |spec, v| ints.get(spec, v).map(|v| Duration::from_millis(v as u64));
     let max_connections =
-        int("zmq_max_connections", s.zmq_max_connections, default_max_connections(), 1, 1 << 20)? as usize;
+        ints.or(&defs::zmq_max_connections, s.zmq_max_connections, default_max_connections())? as usize;
     // Sockets that never greet hold a descriptor each until the handshake timeout: they get a
     // share of the listener, not all of it, so publishers that did handshake always find room.
     let max_handshaking =
-        int("zmq_max_handshaking", s.zmq_max_handshaking, (max_connections as i64 / 4).max(2), 1, 1 << 20)? as usize;
-    let max_connections_per_source = int(
-        "zmq_max_connections_per_source",
+        ints.or(&defs::zmq_max_handshaking, s.zmq_max_handshaking, (max_connections as i64 / 4).max(2))? as usize;
+    let max_connections_per_source = ints.or(
+        &defs::zmq_max_connections_per_source,
         s.zmq_max_connections_per_source,
         (max_connections as i64 / 4).clamp(1, 32),
-        1,
-        1 << 20,
     )? as usize;
     let limits = kvindex_zmtp::Limits {
-        max_frame_size: bytes("zmq_max_frame_bytes", s.zmq_max_frame_bytes, 16 << 20)?,
-        max_message_size: bytes("zmq_max_message_bytes", s.zmq_max_message_bytes, 16 << 20)?,
-        max_parts: int("zmq_max_parts", s.zmq_max_parts, 16, 1, 1024)? as usize,
-        max_bytes_in_flight: bytes("zmq_max_bytes_in_flight", s.zmq_max_bytes_in_flight, 512 << 20)?,
+        max_frame_size: bytes(&defs::zmq_max_frame_bytes, s.zmq_max_frame_bytes)?,
+        max_message_size: bytes(&defs::zmq_max_message_bytes, s.zmq_max_message_bytes)?,
+        max_parts: ints.get(&defs::zmq_max_parts, s.zmq_max_parts)? as usize,
+        max_bytes_in_flight: bytes(&defs::zmq_max_bytes_in_flight, s.zmq_max_bytes_in_flight)?,
         max_bytes_in_flight_per_source: bytes(
-            "zmq_max_bytes_in_flight_per_source",
+            &defs::zmq_max_bytes_in_flight_per_source,
             s.zmq_max_bytes_in_flight_per_source,
-            64 << 20,
         )?,
         max_connections,
         max_connections_per_source,
         max_handshaking,
-        max_handshaking_per_source: int(
-            "zmq_max_handshaking_per_source",
-            s.zmq_max_handshaking_per_source,
-            // An operator who lets one address hold N connections (many publishers on one
+        max_handshaking_per_source: ints.or(
+            &defs::zmq_max_handshaking_per_source,
+            s.zmq_max_handshaking_per_source, // An operator who lets one address hold N connections (many publishers on one
             // host) lets them connect at once.
             match s.zmq_max_connections_per_source {
                 Some(_) => max_connections_per_source as i64,
                 None => (max_handshaking as i64 / 2).clamp(1, 4),
             },
-            1,
-            1 << 20,
         )? as usize,
-        handshake_timeout: ms("zmq_handshake_timeout_ms", s.zmq_handshake_timeout_ms, 10_000)?,
-        heartbeat_interval: ms("zmq_heartbeat_interval_ms", s.zmq_heartbeat_interval_ms, 10_000)?,
-        idle_timeout: ms("zmq_idle_timeout_ms", s.zmq_idle_timeout_ms, 60_000)?,
+        handshake_timeout: ms(&defs::zmq_handshake_timeout_ms, s.zmq_handshake_timeout_ms)?,
+        heartbeat_interval: ms(&defs::zmq_heartbeat_interval_ms, s.zmq_heartbeat_interval_ms)?,
+        idle_timeout: ms(&defs::zmq_idle_timeout_ms, s.zmq_idle_timeout_ms)?,
         ..kvindex_zmtp::Limits::default()
     };
     // The stack's own check names the field at fault first (`max_parts must be ...`).
@@ -800,23 +494,22 @@ fn zmq_limits(s: &Settings, src: &Sources<'_>, int: &IntCheck<'_>) -> Result<kvi
 fn http_limits(
     s: &Settings,
     src: &Sources<'_>,
-    int: &IntCheck<'_>,
+    ints: &Ints<'_>,
 ) -> Result<(http_limits::ConnLimits, http_limits::BodyLimits), ConfigError> {
     use std::time::Duration;
-    let ms = |key, v, default| int(key, v, default, 1, 3_600_000).map(|v| Duration::from_millis(v as u64));
+    let ms = |spec, v| ints.get(spec, v).map(|v| Duration::from_millis(v as u64));
     // The defaults fit in the descriptors kept beside the central SUB (DESCRIPTORS_KEPT):
     // both listeners full take half of them.
-    let max_connections = int("http_max_connections", s.http_max_connections, 64, 1, 1 << 20)?;
-    let max_connections_per_address = int(
-        "http_max_connections_per_address",
+    let max_connections = ints.get(&defs::http_max_connections, s.http_max_connections)?;
+    let max_connections_per_address = ints.within(
+        &defs::http_max_connections_per_address,
         s.http_max_connections_per_address,
         (max_connections / 4).max(1),
-        1,
         max_connections,
     )?;
-    let max_bytes = int("http_max_body_bytes", s.http_max_body_bytes, 64 << 10, 1, 1 << 30)?;
+    let max_bytes = ints.get(&defs::http_max_body_bytes, s.http_max_body_bytes)?;
     let max_inflight_bytes =
-        int("http_max_inflight_body_bytes", s.http_max_inflight_body_bytes, (1 << 20).max(max_bytes), 1, 1 << 36)?;
+        ints.or(&defs::http_max_inflight_body_bytes, s.http_max_inflight_body_bytes, (1 << 20).max(max_bytes))?;
     if max_inflight_bytes < max_bytes {
         return Err(src.error(
             "http_max_inflight_body_bytes",
@@ -824,14 +517,14 @@ fn http_limits(
         ));
     }
     let conn = http_limits::ConnLimits {
-        header_timeout: ms("http_header_timeout_ms", s.http_header_timeout_ms, 10_000)?,
+        header_timeout: ms(&defs::http_header_timeout_ms, s.http_header_timeout_ms)?,
         max_connections: max_connections as usize,
         max_connections_per_address: max_connections_per_address as usize,
     };
     let body = http_limits::BodyLimits {
         max_bytes: max_bytes as usize,
         max_inflight_bytes: max_inflight_bytes as usize,
-        timeout: ms("http_body_timeout_ms", s.http_body_timeout_ms, 10_000)?,
+        timeout: ms(&defs::http_body_timeout_ms, s.http_body_timeout_ms)?,
     };
     Ok((conn, body))
 }
@@ -891,7 +584,17 @@ fn read_file(path: &Path, named_by: Origin) -> Result<(Settings, HashSet<String>
         .map_err(|e| ConfigError::new("config", origin, e.to_string()))?
         .keys()
         .cloned()
-        .collect();
+        .collect::<HashSet<String>>();
+    // Settings take no `deny_unknown_fields` (serde cannot with the flattened discovery
+    // settings): the keys are checked against the declared settings here.
+    let known: Vec<String> = settings::table().into_iter().map(|s| s.key.to_string()).collect();
+    let mut unknown: Vec<&String> = keys.iter().filter(|k| !known.contains(k)).collect();
+    unknown.sort();
+    if let Some(key) = unknown.first() {
+        let expected: Vec<String> = known.iter().map(|k| format!("`{k}`")).collect();
+        let message = format!("unknown field `{key}`, expected one of {}", expected.join(", "));
+        return Err(ConfigError::new("config", Origin::File(path.to_path_buf()), message));
+    }
     Ok((settings, keys))
 }
 
@@ -1066,5 +769,41 @@ mod tests {
         assert_eq!(c.zmq_bind.as_deref(), Some("tcp://0.0.0.0:5557"));
         assert_eq!(c.pods.len(), 1);
         assert_eq!(c.replay[0].endpoint, "tcp://10.0.0.7:5558");
+    }
+
+    #[test]
+    fn discovery_is_off_by_default_and_checked_when_on() {
+        assert!(Config::from_args(["--block-size", "16"]).unwrap().discovery.is_none());
+        let c = Config::from_args(["--discovery", "kubernetes", "--discovery-namespace", "llm"]).unwrap();
+        let d = c.discovery.unwrap();
+        assert_eq!((d.namespace.as_str(), d.label_selector.as_str()), ("llm", "llm-d.ai/inference-serving=true"));
+        assert_eq!((d.settings.pub_port, d.settings.replay_port, d.settings.http_port), (5557, Some(5558), 8000));
+        assert!(d.settings.model_required, "per-pod mode needs a model");
+        let d = Config::from_args([
+            "--discovery",
+            "kubernetes",
+            "--discovery-replay-port",
+            "0",
+            "--zmq-bind",
+            "tcp://*:5557",
+        ])
+        .unwrap()
+        .discovery
+        .unwrap();
+        assert_eq!(d.settings.replay_port, None);
+        assert!(!d.settings.model_required, "central mode: the topic names the model");
+        for (args, key) in [
+            (&["--discovery", "consul"][..], "discovery"),
+            (&["--discovery", "kubernetes", "--discovery-pub-port", "0"], "discovery_pub_port"),
+            (&["--discovery", "kubernetes", "--discovery-dp-size", "129"], "discovery_dp_size"),
+            (
+                &["--discovery", "kubernetes", "--discovery-http-port", "65535", "--discovery-dp-size", "2"],
+                "discovery_dp_size",
+            ),
+            (&["--discovery", "kubernetes", "--discovery-namespace", "a b"], "discovery_namespace"),
+            (&["--discovery", "kubernetes", "--discovery-api-server", "10.0.0.1:6443"], "discovery_api_server"),
+        ] {
+            assert_eq!(Config::from_args(args).unwrap_err().key, key, "{args:?}");
+        }
     }
 }

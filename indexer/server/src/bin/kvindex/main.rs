@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
     let matches = match Cli::command().try_get_matches_from(&argv) {
         Ok(matches) => matches,
-        Err(e) => match ConfigError::from_clap(&e, &argv) {
+        Err(e) => match ConfigError::from_clap(&e, &argv, &kvindex_server::config::serve_command()) {
             Some(config_error) => return fail("kvindex serve", &config_error.into()),
             None => e.exit(),
         },
