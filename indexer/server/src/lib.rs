@@ -10,7 +10,7 @@
 //!                                    full → dropped, counted; the seq gap is replayed   │
 //! replay (DEALER) ─────────────────────────────────────────────────send (waits)────────┤
 //!                                                                                      ▼
-//!         grpc (ScoreTokens, GetPodScores) ◀── index ◀── apply worker: decode → Sequencer → KvIndex
+//!         grpc (ScoreTokens, GetPodScores) ◀── index ◀── apply worker: stream table → KvIndex
 //!         http (admin, /metrics)
 //! ```
 //!
@@ -20,7 +20,11 @@
 //! - [`pods`]: which pods exist and who declared them (config, pods file, discovery, the
 //!   registration API and its auth), their lifecycle, and the precedence between declarations.
 //! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
+//! - [`ingest`]: the stream table (admission, naming, connections, decode once, sequencing),
+//!   driven by the live [`apply`] workers and offline by `kvindex replay` ([`dump::offline`]).
 //! - [`apply`]: the apply workers and their bounded queues; [`state`]: their context.
+//!   [`protocols`]: the messages between components. [`housekeeping`]: the index-wide gauges
+//!   and the speculative sweep.
 //! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
 //! - The handles the parts share: [`index_handle`] (index, credits, [`status`], [`clock`]),
 //!   [`readiness`], [`shutdown`].
@@ -32,9 +36,12 @@ pub mod config;
 pub mod dump;
 pub mod error;
 pub mod grpc;
+pub mod housekeeping;
 pub mod http;
 pub mod index_handle;
+pub mod ingest;
 pub mod pods;
+pub mod protocols;
 pub mod readiness;
 pub mod replay;
 pub mod server;

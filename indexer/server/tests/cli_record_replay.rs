@@ -37,11 +37,17 @@ fn ids(tokens: &[u32]) -> String {
 
 /// `kvindex record` in central mode; its `KVINDEX_LISTENING` line gives its addresses.
 fn start_record(out: &Path) -> (std::process::Child, String, String, String) {
+    start_record_with(out, &[])
+}
+
+/// [`start_record`] with more `serve` flags.
+fn start_record_with(out: &Path, extra: &[&str]) -> (std::process::Child, String, String, String) {
     // Registration (the peer's `register`) needs the admin token (issue 9).
     let token = admin_token_file();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
         .args(["record", "--out", out.to_str().unwrap(), "--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"])
         .args(["--admin-token-file", token.to_str().unwrap()])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -165,6 +171,142 @@ fn cli_record_then_replay_gives_the_live_answers_and_explains_a_constructed_case
     let until = (s2 - 2).to_string();
     let early = replay(&dump, &["--until", &until, "--explain", &explain, "--pod", "pod-a"]);
     assert_eq!(early["explain"]["matched_blocks"], 4, "{:#}", early["explain"]);
+}
+
+/// A batch the live indexer applied: its stream's pod, its seq, and per probe every pod that
+/// matched with its blocks.
+type Observed = (String, u64, Vec<Vec<(String, u64)>>);
+
+/// Every pod that a prompt matched, with its blocks, by pod (live: the gRPC answer).
+fn matched(scores: &Value) -> Vec<(String, u64)> {
+    let mut m: Vec<(String, u64)> = scores
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["pod"].as_str().unwrap().to_string(), s["matched_blocks"].as_u64().unwrap()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    m.sort();
+    m
+}
+
+/// The stream table is one for live and offline ingest: a live session recorded by the real
+/// `kvindex record` (a topic mapped to its pod by `--topic-map`, a DP rank-1 stream, a frame
+/// lost on the wire and replayed, a publisher restart, i.e. a disconnect and a new connection)
+/// replays offline (`kvindex replay --trace`) to the same scores after every batch. The live
+/// side is scored once each batch is applied (its stream's applied seq, nothing in flight);
+/// the offline side writes a row after every live record of the dump.
+#[test]
+fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("session.jsonl.gz");
+    let (mut child, grpc, http, zmq) = start_record_with(&dump, &["--topic-map", "eng-a=pod-a"]);
+    let mut peer = Peer::start(&py);
+    peer.cmd(json!({"op": "grpc", "addr": grpc}));
+    let a = peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "eng-a", "connect": zmq,
+        "topic": format!("kv@eng-a@{MODEL}"), "replay": "tcp://127.0.0.1:0"}));
+    peer.cmd(json!({"op": "register", "pod": "pod-a", "model": MODEL, "replay_endpoint": a["replay_endpoint"]}));
+    peer.cmd(json!({"op": "pub_start", "name": "b", "pod": "pod-b", "connect": zmq, "dp_rank": 1,
+        "topic": format!("kv@pod-b@{MODEL}")}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a", "b"]}))["subscribed"], true);
+    let probes: Vec<Vec<u32>> = (0..4).map(|k| chain(k, 3)).chain((10..13).map(|k| chain(k, 2))).collect();
+    // (stream pod, seq) of every batch the live indexer received, and what the probes scored then.
+    let mut live: Vec<Observed> = Vec::new();
+    let mut observe = |peer: &mut Peer, pod: &str, seq: u64, state: &str| {
+        wait_until(&format!("{pod} applied seq {seq}"), 30, || {
+            source(&http, pod)
+                .filter(|s| s["last_seq"] == seq && s["state"] == state && s["replay_in_flight"].is_null())
+                .map(|_| ())
+        });
+        let scores = probes.iter().map(|q| matched(&peer.score(MODEL, q, &[])["scores"])).collect();
+        live.push((pod.to_string(), seq, scores));
+    };
+    let store = |peer: &mut Peer, name: &str, k: u32, blocks: usize, drop: bool| {
+        let op = json!({"op": "store", "name": name, "chain": format!("{name}{k}"), "tokens": chain(k, blocks), "drop": drop});
+        peer.cmd(op)["seq"].as_u64().unwrap()
+    };
+    let s = store(&mut peer, "a", 0, 3, false);
+    observe(&mut peer, "pod-a", s, "EXACT");
+    let s = store(&mut peer, "b", 10, 2, false);
+    observe(&mut peer, "pod-b#dp1", s, "EXACT");
+    let s = store(&mut peer, "a", 1, 3, false);
+    observe(&mut peer, "pod-a", s, "EXACT");
+    // Lost on the wire: the next batch is a gap, which the replay fills.
+    store(&mut peer, "a", 2, 3, true);
+    let s = store(&mut peer, "a", 3, 3, false);
+    observe(&mut peer, "pod-a", s, "EXACT");
+    let s =
+        peer.cmd(json!({"op": "remove", "name": "b", "tokens": chain(10, 2), "blocks": [1]}))["seq"].as_u64().unwrap();
+    observe(&mut peer, "pod-b#dp1", s, "EXACT");
+    let s = store(&mut peer, "b", 11, 2, false);
+    observe(&mut peer, "pod-b#dp1", s, "EXACT");
+    // A network blip: b's connection is replaced, its seq goes on. Nothing it sent before is
+    // trusted (the closed connection cleared the pod), and without a replay socket the pod
+    // stays DEGRADED with what comes next. A replay that did not see the connections would
+    // apply the next seq onto the old blocks.
+    peer.cmd(json!({"op": "reconnect", "name": "b"}));
+    wait_until("the blip's close cleared pod-b#dp1", 30, || {
+        source(&http, "pod-b#dp1").filter(|s| s["state"] == "CONNECTING").map(|_| ())
+    });
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["b"], "fresh": true}))["subscribed"], true);
+    let s = store(&mut peer, "b", 12, 2, false);
+    observe(&mut peer, "pod-b#dp1", s, "DEGRADED");
+    // A new publisher process: the old connection closes (the pod is cleared), the new one
+    // starts from seq 0 (an empty replay buffer; nothing of the old process is claimed).
+    peer.cmd(json!({"op": "restart", "name": "a"}));
+    wait_until("the old connection's close cleared pod-a", 30, || {
+        source(&http, "pod-a").filter(|s| s["state"] == "CONNECTING").map(|_| ())
+    });
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"], "fresh": true}))["subscribed"], true);
+    let s = store(&mut peer, "a", 1, 3, false);
+    assert_eq!(s, 0, "a restarted publisher starts over");
+    observe(&mut peer, "pod-a", s, "EXACT");
+    let s = store(&mut peer, "a", 0, 2, false);
+    observe(&mut peer, "pod-a", s, "EXACT");
+    let a = source(&http, "pod-a").unwrap();
+    assert_eq!((a["gaps"].as_u64(), a["replays_filled"].as_u64()), (Some(1), Some(1)), "{a}");
+    assert!(a["disconnects"].as_u64().unwrap() >= 1, "the restart closed a connection: {a}");
+    assert!(live.iter().any(|(_, _, s)| s.iter().any(|m| m.iter().any(|(p, _)| p == "pod-b#dp1"))));
+    assert!(live.iter().any(|(_, _, s)| s.iter().any(|m| m.iter().any(|(p, _)| p == "pod-a"))));
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    assert!(child.wait().unwrap().success());
+
+    let trace = dir.path().join("trace.jsonl");
+    let specs: Vec<String> = probes.iter().map(|q| format!("{MODEL}:{}", ids(q))).collect();
+    let mut args = vec!["--topic-map", "eng-a=pod-a", "--trace-out", trace.to_str().unwrap()];
+    for spec in &specs {
+        args.extend(["--trace", spec.as_str()]);
+    }
+    let report = replay(&dump, &args);
+    let rows: Vec<Value> =
+        std::fs::read_to_string(&trace).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // Each live observation is the next trace row for the same stream and seq (the dump may
+    // hold more live records than batches observed: none is skipped over on the way).
+    let mut next = 0;
+    for (pod, seq, scores) in &live {
+        let at = rows[next..]
+            .iter()
+            .position(|r| r["pod"] == pod.as_str() && r["seq"] == *seq)
+            .unwrap_or_else(|| panic!("no trace row for {pod} seq {seq} after row {next}: {report:#}"));
+        let row = &rows[next + at];
+        let offline: Vec<Vec<(String, u64)>> = row["scores"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                m.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|pair| (pair[0].as_str().unwrap().to_string(), pair[1].as_u64().unwrap()))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(&offline, scores, "after {pod} seq {seq}: offline {row} vs live; report {report:#}");
+        next += at + 1;
+    }
+    let a = report["sources"].as_array().unwrap().iter().find(|s| s["pod"] == "pod-a").unwrap().clone();
+    assert_eq!((a["gaps"].as_u64(), a["replays_filled"].as_u64()), (Some(1), Some(1)), "{a}");
 }
 
 #[test]

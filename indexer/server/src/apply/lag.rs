@@ -8,30 +8,14 @@
 //! any of them sends now waits at least that long. 0 when nothing waits.
 //!
 //! To date what a stream holds back, every live batch carries its receive time through the
-//! sequencer ([`Batch`]); the same time gives `kvindex_receive_to_visible_seconds` for a batch
+//! sequencer (`ingest::Batch`); the same time gives `kvindex_receive_to_visible_seconds` for a batch
 //! that became visible only after a replay, which used to go unmeasured.
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use kvindex::sequencer::Step;
 
-/// A batch as a stream's sequencer holds it: its payload and, for a live one, when its
-/// message was received at the socket. A replayed batch has none, unless its live copy was
-/// received and held behind the replay (the replay's copy applies, the live one is dropped as
-/// a duplicate): it takes that copy's receive time.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Batch {
-    pub bytes: Bytes,
-    pub received: Option<Instant>,
-}
-
-impl Batch {
-    pub fn live(bytes: Bytes, received: Instant) -> Batch {
-        Batch { bytes, received: Some(received) }
-    }
-}
+use crate::ingest::Batch;
 
 /// The receive time of the oldest live batch among `held` (in the order they came) and the
 /// steps `waiting` behind an export or import.
@@ -55,6 +39,8 @@ pub fn source_lag(now: Instant, lane_oldest: Option<Instant>, held_oldest: Optio
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     #[test]

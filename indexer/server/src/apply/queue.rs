@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::{Semaphore, TryAcquireError};
 
-use super::work::Work;
+use crate::protocols::Work;
 use crate::telemetry as m;
 
 pub struct Queues {

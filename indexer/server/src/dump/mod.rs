@@ -29,7 +29,8 @@ pub struct DumpRecord {
     /// Receive time, Unix seconds.
     #[serde(default)]
     pub t: f64,
-    /// `live` (the SUB stream) or `replay` (a reply on the replay DEALER).
+    /// `live` (the SUB stream), `replay` (a reply on the replay DEALER) or `disconnect` (a
+    /// live connection closed: the streams it carried are cleared; no frames).
     #[serde(default)]
     pub kind: Option<String>,
     /// The pod the stream belongs to (per-pod sources and replay replies); central-mode live
@@ -42,12 +43,22 @@ pub struct DumpRecord {
     /// The endpoint it came from (`central` for the bound SUB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// The live connection a `live` message came on, or a `disconnect` closed (the service's
+    /// connection id): a new one for a stream is a reconnect, which resyncs it. Dumps written
+    /// before connections were recorded have none: they replay as before, without reconnects
+    /// or disconnects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conn: Option<u64>,
     pub frames_hex: Vec<String>,
 }
 
 impl DumpRecord {
     pub fn is_replay(&self) -> bool {
         self.kind.as_deref() == Some("replay")
+    }
+
+    pub fn is_disconnect(&self) -> bool {
+        self.kind.as_deref() == Some("disconnect")
     }
 }
 

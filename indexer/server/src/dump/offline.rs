@@ -1,10 +1,16 @@
-//! `kvindex replay`: a dump rebuilt into an index offline, by the live path's pure core.
+//! `kvindex replay`: a dump rebuilt into an index offline, by the live worker's own stream table.
 //!
-//! Each live message goes through the same steps as in the service: frames → `wire` decode →
-//! the stream's [`Sequencer`] → [`KvIndex::apply`] / clear. A replay the sequencer asks for is
-//! answered from the replay replies recorded for that pod (what the engine's buffer answered
-//! then), so a recording with gaps and replays rebuilds to what the live indexer held. The
-//! clock is the records' receive time.
+//! Each live message goes through the same [`StreamTable`] as in the service (admission,
+//! topic → pod naming with `--topic-map`, DP naming, connection tracking, the stream's
+//! sequencer, one decode), and its effects are carried out on an index of our own
+//! ([`KvIndex::apply`] / clear). A recorded `disconnect` clears the streams its connection
+//! carried, and a message on a new connection resyncs its stream, as live. A replay the
+//! sequencer asks for is answered from the replay replies recorded for that stream (what the
+//! engine's buffer answered then), so a recording with gaps and replays rebuilds to what the
+//! live indexer held. The clock is the records' receive time.
+//!
+//! [`Offline::trace`] scores given prompts after every live record (`--trace-out`), so a
+//! recording can be compared with what the live indexer answered batch by batch.
 //!
 //! [`Offline::explain`] follows one prompt for one pod: after every batch of that pod, which of
 //! the prompt's blocks it holds; each change is attributed to the batch (seq, time) that made it.
@@ -15,15 +21,37 @@
 //! quadratic), the replies held wait within [`Limits::max_reply_bytes`], pod and model names
 //! within the service's bound, and `--explain`'s history within [`Limits::max_history`].
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::io::Write;
+use std::sync::Arc;
 
-use kvindex::sequencer::{Item, Sequencer, SequencerConfig, Step};
-use kvindex::wire::{self, dp_pod_id, parse_topic, ReplayReply};
+use bytes::Bytes;
+use kvindex::sequencer::{SequencerConfig, Step};
+use kvindex::wire::{self, parse_topic, EventBatch, ReplayReply};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery, ScoreResult};
 use serde::Serialize;
 
 use super::DumpRecord;
 use crate::config::pod as names;
+use crate::ingest::{Batch, Effect, Ext, Fleet, Mode, ReplayEvent, StreamTable, TableConfig};
+use crate::protocols::{ConnId, Origin, StreamKey};
+
+/// How the live service named its streams (its `topic_filter`, `dp_naming` and `topic_map`
+/// settings): a replay names them the same way.
+#[derive(Debug, Clone)]
+pub struct Naming {
+    pub topic_filter: String,
+    /// `dp_naming = "topic"`.
+    pub dp_naming_topic: bool,
+    /// Topic id → pod.
+    pub topic_map: HashMap<String, String>,
+}
+
+impl Default for Naming {
+    fn default() -> Self {
+        Naming { topic_filter: "kv@".into(), dp_naming_topic: false, topic_map: HashMap::new() }
+    }
+}
 
 /// What a replay holds besides the index.
 #[derive(Debug, Clone, Copy)]
@@ -125,10 +153,42 @@ pub struct ExplainEvent {
     pub cause: String,
 }
 
-struct Stream {
-    model: String,
-    seq: Sequencer<Vec<u8>>,
+/// What the offline driver keeps per stream beside the table's part.
+#[derive(Default)]
+struct Counts {
     stats: StreamStats,
+}
+
+impl Ext for Counts {}
+
+/// The registry as a dump knows it: the topic map given, a replay socket for every stream
+/// whose replay replies were recorded (one the service had none for never asked), nothing
+/// configured, no central source to bind to.
+struct DumpFleet<'a> {
+    topic_map: &'a HashMap<String, String>,
+    replayable: &'a HashSet<StreamKey>,
+}
+
+impl Fleet for DumpFleet<'_> {
+    fn generation(&self) -> u64 {
+        0
+    }
+
+    fn pod_for_topic(&self, id: &str) -> String {
+        self.topic_map.get(id).cloned().unwrap_or_else(|| id.to_string())
+    }
+
+    fn has_replay(&self, base: &str, rank: u32) -> bool {
+        self.replayable.contains(&StreamKey { base: Arc::from(base), rank })
+    }
+
+    fn configured(&self, _base: &str) -> bool {
+        false
+    }
+
+    fn source_connected(&self, _source: &kvindex_zmtp::Source) -> bool {
+        true
+    }
 }
 
 struct Explain {
@@ -143,18 +203,42 @@ struct Explain {
     dropped: u64,
 }
 
+/// One line of `--trace-out`: what the prompts scored after a live record was carried out.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceRow {
+    /// The dump line's record number (live and replay records counted, from 1).
+    pub record: u64,
+    /// The stream the record was for (its DP-resolved pod), and its live seq.
+    pub pod: Option<String>,
+    pub seq: Option<u64>,
+    /// Per prompt, every pod that matched: (pod, matched blocks), by pod.
+    pub scores: Vec<Vec<(String, u32)>>,
+}
+
+/// The prompts traced after every live record, and where the rows go.
+struct Trace {
+    probes: Vec<(String, Vec<u32>)>,
+    out: Box<dyn Write>,
+}
+
 pub struct Offline {
     index: KvIndex,
-    streams: BTreeMap<String, Stream>,
-    /// Recorded replay replies by pod: seq → payloads in dump order, each taken by the first
+    table: StreamTable<Counts>,
+    topic_map: HashMap<String, String>,
+    /// Recorded replay replies by stream: seq → payloads in dump order, each taken by the first
     /// replay that asks for its seq (a restarted engine's replies of the same seqs wait behind
     /// the earlier process's).
-    replies: HashMap<String, BTreeMap<u64, VecDeque<Vec<u8>>>>,
+    replies: HashMap<StreamKey, BTreeMap<u64, VecDeque<Vec<u8>>>>,
+    /// Streams with a recorded reply: the service had a replay socket for them.
+    replayable: HashSet<StreamKey>,
     reply_bytes: u64,
     limits: Limits,
     totals: Totals,
     start_t: Option<f64>,
     explain: Option<Explain>,
+    trace: Option<Trace>,
+    /// Replays the sequencers asked for, answered from `replies` in order.
+    asked: VecDeque<(StreamKey, u64, u64)>,
 }
 
 impl Offline {
@@ -163,15 +247,32 @@ impl Offline {
     }
 
     pub fn with_limits(config: KvIndexConfig, limits: Limits) -> Offline {
+        Offline::with_naming(config, limits, Naming::default())
+    }
+
+    pub fn with_naming(config: KvIndexConfig, limits: Limits, naming: Naming) -> Offline {
+        let table = StreamTable::new(TableConfig {
+            topic_filter: naming.topic_filter,
+            dp_naming_topic: naming.dp_naming_topic,
+            // A dump holds what the service admitted (and what it refused, which the service's
+            // own caps bounded): no cap of our own.
+            max_streams: usize::MAX,
+            max_streams_per_address: usize::MAX,
+            sequencer: SequencerConfig::default(),
+        });
         Offline {
             index: KvIndex::new(config),
-            streams: BTreeMap::new(),
+            table,
+            topic_map: naming.topic_map,
             replies: HashMap::new(),
+            replayable: HashSet::new(),
             reply_bytes: 0,
             limits,
             totals: Totals::default(),
             start_t: None,
             explain: None,
+            trace: None,
+            asked: VecDeque::new(),
         }
     }
 
@@ -195,6 +296,17 @@ impl Offline {
         self.explain = Some(Explain { pod, model, tokens, held, last, events: Default::default(), dropped: 0 });
     }
 
+    /// Score `probes` ((model, tokens)) after every live record and write a [`TraceRow`] line
+    /// of JSON to `out` for each (call before feeding records).
+    pub fn trace(&mut self, probes: Vec<(String, Vec<u32>)>, out: Box<dyn Write>) {
+        self.trace = Some(Trace { probes, out });
+    }
+
+    /// Flushes the trace's rows.
+    pub fn finish_trace(&mut self) -> std::io::Result<()> {
+        self.trace.as_mut().map_or(Ok(()), |t| t.out.flush())
+    }
+
     /// The explained prompt's most recent changes (at most `max_history`), oldest first.
     pub fn explained(&self) -> Vec<&ExplainEvent> {
         self.explain.as_ref().map_or(Vec::new(), |e| e.events.iter().collect())
@@ -214,9 +326,12 @@ impl Offline {
     pub fn add_reply(&mut self, record: &DumpRecord, frames: &[Vec<u8>]) {
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         let Ok(ReplayReply::Message(msg)) = wire::parse_replay(&refs) else { return };
+        // The recorder names the stream's rank-0 pod; a reply captured elsewhere names its topic.
         let pod = record.pod.clone().or_else(|| {
             let topic = std::str::from_utf8(msg.topic?).ok()?;
-            Some(parse_topic(topic).id.to_string())
+            Some(
+                self.topic_map.get(parse_topic(topic).id).cloned().unwrap_or_else(|| parse_topic(topic).id.to_string()),
+            )
         });
         let Some(pod) = pod else { return };
         if names::name(&pod).is_err() {
@@ -229,12 +344,10 @@ impl Offline {
             return;
         }
         let rank = wire::decode_batch(msg.payload).ok().and_then(|b| b.data_parallel_rank);
-        self.replies
-            .entry(dp_pod_id(&pod, rank))
-            .or_default()
-            .entry(msg.seq)
-            .or_default()
-            .push_back(msg.payload.to_vec());
+        let rank = rank.unwrap_or(0).clamp(0, i64::from(u16::MAX)) as u32;
+        let key = StreamKey { base: Arc::from(pod.as_str()), rank };
+        self.replayable.insert(key.clone());
+        self.replies.entry(key).or_default().entry(msg.seq).or_default().push_back(msg.payload.to_vec());
         self.reply_bytes += size;
     }
 
@@ -252,7 +365,7 @@ impl Offline {
         }
     }
 
-    /// Applies one record through the live path.
+    /// Carries one record out as the live worker did.
     pub fn feed(&mut self, record: &DumpRecord, frames: &[Vec<u8>]) {
         self.totals.records += 1;
         self.totals.first_t.get_or_insert(record.t);
@@ -261,43 +374,59 @@ impl Offline {
             self.totals.replay += 1;
             return; // answered from `replies` when the sequencer asks
         }
-        self.totals.live += 1;
-        let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
-        let Ok(raw) = wire::parse_live(&refs) else {
-            self.totals.undecodable += 1;
-            return;
-        };
-        let topic = raw.topic.and_then(|t| std::str::from_utf8(t).ok()).map(parse_topic);
-        let (base, model) = match (&record.pod, &record.model, topic) {
-            (Some(pod), Some(model), _) => (pod.clone(), model.clone()),
-            (_, _, Some(t)) if !t.id.is_empty() => (t.id.to_string(), t.model.to_string()),
-            _ => {
-                self.totals.undecodable += 1;
-                return;
+        let origin = match (&record.pod, &record.model) {
+            (Some(pod), Some(model)) => {
+                if names::name(pod).is_err() || names::name(model).is_err() {
+                    self.totals.refused_names += 1;
+                    return;
+                }
+                let endpoint = record.source.as_deref().unwrap_or_default();
+                Origin::Pod {
+                    id: Arc::from(pod.as_str()),
+                    model: Arc::from(model.as_str()),
+                    endpoint: Arc::from(endpoint),
+                }
             }
+            _ => Origin::Central,
         };
-        if names::name(&base).is_err() || names::name(&model).is_err() {
-            self.totals.refused_names += 1;
+        let now = self.clock(record.t);
+        let mut effects = Vec::new();
+        if record.is_disconnect() {
+            if let Some(conn) = record.conn {
+                self.table.disconnect(&origin, ConnId(conn), &mut effects);
+                self.carry_out(effects, None, record.t, now);
+            }
             return;
         }
-        let decoded = wire::decode_batch(raw.payload);
-        let rank = decoded.as_ref().ok().and_then(|b| b.data_parallel_rank);
-        if decoded.is_err() {
-            self.totals.undecodable += 1;
+        self.totals.live += 1;
+        let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
+        let fleet = DumpFleet { topic_map: &self.topic_map, replayable: &self.replayable };
+        let mut new = |_: &StreamKey, pod: &Arc<str>, model: &Arc<str>, _: Mode| {
+            let stats = StreamStats { pod: pod.to_string(), model: model.to_string(), ..Default::default() };
+            (Counts { stats }, None)
+        };
+        let conn = record.conn.map(ConnId);
+        let decoded = self.table.admit(&fleet, &origin, conn, None, &frames, None, now, &mut new, &mut effects);
+        let mut traced = None;
+        for effect in &effects {
+            match effect {
+                Effect::Undecodable { .. } => self.totals.undecodable += 1,
+                Effect::Refused { reason: "name", .. } => self.totals.refused_names += 1,
+                Effect::Steps { key, .. } => {
+                    if let Some(st) = self.table.get_mut(key) {
+                        st.ext.stats.messages += 1;
+                        st.ext.stats.model = st.model.to_string();
+                        traced = Some(st.pod.to_string());
+                    }
+                }
+                _ => {}
+            }
         }
-        let pod = dp_pod_id(&base, rank);
-        let now = self.clock(record.t);
-        let item = if decoded.is_ok() { Item::Batch(raw.payload.to_vec()) } else { Item::Malformed };
-        let stream = self.streams.entry(pod.clone()).or_insert_with(|| Stream {
-            model: model.clone(),
-            seq: Sequencer::new(SequencerConfig { replay: true, ..Default::default() }),
-            stats: StreamStats { pod: pod.clone(), model: model.clone(), ..Default::default() },
-        });
-        stream.model = model;
-        stream.stats.messages += 1;
-        let mut steps = Vec::new();
-        stream.seq.on_live(raw.seq, item, now, &mut steps);
-        self.execute(&pod, steps, record.t, now);
+        self.carry_out(effects, decoded.as_ref(), record.t, now);
+        if self.trace.is_some() {
+            let seq = frames.get(1).and_then(|f| <[u8; 8]>::try_from(f.as_ref()).ok()).map(u64::from_be_bytes);
+            self.write_trace(traced, seq);
+        }
     }
 
     fn clock(&mut self, t: f64) -> u64 {
@@ -305,50 +434,108 @@ impl Offline {
         ((t - start).max(0.0) * 1000.0) as u64
     }
 
-    fn execute(&mut self, pod: &str, steps: Vec<Step<Vec<u8>>>, t: f64, now: u64) {
-        let mut queue: std::collections::VecDeque<Step<Vec<u8>>> = steps.into();
-        while let Some(step) = queue.pop_front() {
-            let Some(stream) = self.streams.get_mut(pod) else { return };
+    /// Carries the table's effects out on the index, then answers the replays they asked for
+    /// from the recorded replies (whose effects are carried out in turn).
+    fn carry_out(&mut self, effects: Vec<Effect<Counts>>, decoded: Option<&EventBatch<'_>>, t: f64, now: u64) {
+        for effect in effects {
+            if let Effect::Steps { key, steps } = effect {
+                self.execute(&key, steps, decoded, t);
+            }
+        }
+        while let Some((key, id, from)) = self.asked.pop_front() {
+            // What the engine's buffer answered: the recorded replies from `from` on, taken,
+            // so each answers one replay, as live (and the work is linear).
+            let replies = take_replies(self.replies.get_mut(&key), from);
+            self.reply_bytes -= replies.iter().map(|(_, p)| p.len() as u64 + REPLY_OVERHEAD).sum::<u64>();
+            let mut out = Vec::new();
+            if replies.is_empty() {
+                self.table.replay(&key, id, ReplayEvent::Failed { timeout: false }, now, &mut out);
+            } else {
+                for (seq, payload) in replies {
+                    self.table.replay(
+                        &key,
+                        id,
+                        ReplayEvent::Message { seq, payload: Bytes::from(payload) },
+                        now,
+                        &mut out,
+                    );
+                }
+                self.table.replay(&key, id, ReplayEvent::End, now, &mut out);
+            }
+            for effect in out {
+                match effect {
+                    Effect::Undecodable { .. } => {}
+                    Effect::Steps { key, steps } => self.execute(&key, steps, None, t),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn execute(&mut self, key: &StreamKey, steps: Vec<Step<Batch>>, decoded: Option<&EventBatch<'_>>, t: f64) {
+        for step in steps {
+            let Some(stream) = self.table.get_mut(key) else { return };
+            let pod = stream.pod.clone();
             match step {
                 Step::Apply { seq, batch } => {
-                    if let Ok(b) = wire::decode_batch(&batch) {
-                        let r = self.index.apply(pod, &stream.model, &b);
-                        stream.stats.applied += 1;
-                        stream.stats.stored_blocks += r.stored_blocks;
-                        stream.stats.removed_blocks += r.removed_blocks;
-                        stream.stats.engine_clears += r.cleared_events;
-                        self.note(pod, seq, t, "batch");
-                    }
+                    let owned;
+                    let b = match decoded {
+                        Some(b) => b,
+                        None => match wire::decode_batch(&batch.bytes) {
+                            Ok(b) => {
+                                owned = b;
+                                &owned
+                            }
+                            Err(_) => continue,
+                        },
+                    };
+                    let r = self.index.apply(&pod, &stream.model, b);
+                    let stats = &mut stream.ext.stats;
+                    stats.applied += 1;
+                    stats.stored_blocks += r.stored_blocks;
+                    stats.removed_blocks += r.removed_blocks;
+                    stats.engine_clears += r.cleared_events;
+                    self.note(&pod, seq, t, "batch");
                 }
                 Step::Clear { reason } => {
-                    self.index.clear_pod(pod);
-                    stream.stats.clears += 1;
+                    self.index.clear_pod(&pod);
+                    stream.ext.stats.clears += 1;
                     let seq = stream.seq.last_seq().unwrap_or(0);
-                    self.note(pod, seq, t, reason.label());
+                    self.note(&pod, seq, t, reason.label());
                 }
-                Step::RequestReplay { id, from } => {
-                    // What the engine's buffer answered: the recorded replies from `from` on,
-                    // taken, so each answers one replay, as live (and the work is linear).
-                    let mut out = Vec::new();
-                    let replies = take_replies(self.replies.get_mut(pod), from);
-                    self.reply_bytes -= replies.iter().map(|(_, p)| p.len() as u64 + REPLY_OVERHEAD).sum::<u64>();
-                    if replies.is_empty() {
-                        stream.seq.on_replay_failed(id, false, now, &mut out);
-                    } else {
-                        for (seq, payload) in replies {
-                            let item = if wire::decode_batch(&payload).is_ok() {
-                                Item::Batch(payload)
-                            } else {
-                                Item::Malformed
-                            };
-                            stream.seq.on_replay_message(id, seq, item, now, &mut out);
-                        }
-                        stream.seq.on_replay_end(id, now, &mut out);
-                    }
-                    queue.extend(out);
-                }
+                Step::RequestReplay { id, from } => self.asked.push_back((key.clone(), id, from)),
                 Step::ReplayDone { .. } | Step::Duplicate { .. } | Step::Transition { .. } | Step::Gap { .. } => {}
             }
+        }
+    }
+
+    /// Writes a trace row: every traced prompt's scores now.
+    fn write_trace(&mut self, pod: Option<String>, seq: Option<u64>) {
+        let Some(trace) = self.trace.as_ref() else { return };
+        let scores = trace
+            .probes
+            .iter()
+            .map(|(model, tokens)| {
+                let r = self.score(model, tokens);
+                let mut m: Vec<(String, u32)> = r
+                    .matches
+                    .iter()
+                    .filter(|m| m.matched_blocks > 0)
+                    .map(|m| {
+                        (self.index.pods().name(m.pod).map(|p| p.to_string()).unwrap_or_default(), m.matched_blocks)
+                    })
+                    .collect();
+                m.sort();
+                m
+            })
+            .collect();
+        let row = TraceRow { record: self.totals.records, pod, seq, scores };
+        let Some(trace) = self.trace.as_mut() else { return };
+        let mut line = serde_json::to_vec(&row).expect("a trace row serializes");
+        line.push(b'\n');
+        if trace.out.write_all(&line).is_err() {
+            // The trace is a view; a failing output ends it, not the replay.
+            self.trace = None;
         }
     }
 
@@ -384,14 +571,16 @@ impl Offline {
 
     /// Per-stream statistics, by pod.
     pub fn stream_stats(&self) -> Vec<StreamStats> {
-        self.streams
-            .values()
-            .map(|s| {
+        let mut stats: Vec<StreamStats> = self
+            .table
+            .iter()
+            .map(|(_, s)| {
                 let q = s.seq.stats();
                 StreamStats {
+                    pod: s.pod.to_string(),
                     state: s.seq.state().label(),
                     last_seq: s.seq.last_seq(),
-                    blocks: self.index.pod_stats(&s.stats.pod).map_or(0, |p| p.blocks),
+                    blocks: self.index.pod_stats(&s.pod).map_or(0, |p| p.blocks),
                     gaps: q.gaps,
                     duplicates: q.duplicates,
                     restarts: q.restarts,
@@ -399,15 +588,17 @@ impl Offline {
                     clears: q.clears,
                     replays_filled: q.replays_filled,
                     replays_failed: q.replays_failed,
-                    ..s.stats.clone()
+                    ..s.ext.stats.clone()
                 }
             })
-            .collect()
+            .collect();
+        stats.sort_by(|a, b| a.pod.cmp(&b.pod));
+        stats
     }
 
     /// The state label of `pod`'s stream.
     pub fn state_of(&self, pod: &str) -> Option<&'static str> {
-        self.streams.get(pod).map(|s| s.seq.state().label())
+        self.table.iter().find(|(_, s)| &*s.pod == pod).map(|(_, s)| s.seq.state().label())
     }
 
     pub fn score(&self, model: &str, tokens: &[u32]) -> ScoreResult {

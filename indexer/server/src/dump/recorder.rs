@@ -1,7 +1,8 @@
 //! Writing a dump while the service runs (`kvindex record`), within a retention bound.
 //!
 //! The apply workers hand every message they receive (live, and replay replies) to the
-//! [`Recorder`] before sequencing it, so the dump holds what the index was built from. The file
+//! [`Recorder`] before sequencing it, and every live connection that closed, so the dump holds
+//! what the index was built from and `kvindex replay` sees what the live worker saw. The file
 //! rotates once it passes `max_bytes` (the previous one is kept as `<file>.1`, so at most twice
 //! the bound is on disk), and so does a file older than `max_age` (so no record is older than
 //! twice that): token ids are never kept beyond the bound the operator chose.
@@ -61,14 +62,24 @@ impl Recorder {
         })
     }
 
-    /// Appends one message.
-    pub fn record(&self, kind: &str, pod: Option<&str>, model: Option<&str>, source: Option<&str>, frames: &[&[u8]]) {
+    /// Appends one message (`live`, `replay`) or connection event (`disconnect`, no frames);
+    /// `conn` is the live connection it came on or closed (see [`DumpRecord::conn`]).
+    pub fn record(
+        &self,
+        kind: &str,
+        pod: Option<&str>,
+        model: Option<&str>,
+        source: Option<&str>,
+        conn: Option<u64>,
+        frames: &[&[u8]],
+    ) {
         let record = DumpRecord {
             t: now_unix(),
             kind: Some(kind.to_string()),
             pod: pod.map(str::to_string),
             model: model.map(str::to_string),
             source: source.map(str::to_string),
+            conn,
             frames_hex: frames.iter().map(hex::encode).collect(),
         };
         let mut line = serde_json::to_vec(&record).expect("a dump record serializes");

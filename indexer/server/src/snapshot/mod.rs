@@ -22,8 +22,11 @@
 //! directory itself is never given up that way: one another process holds, or one that holds
 //! files kvindex did not write, stops the start ([`store::SnapshotDir`]).
 
+pub mod capture;
 pub mod format;
+pub mod import;
 pub mod pool;
+pub mod restored;
 pub mod store;
 
 use std::collections::HashMap;
@@ -31,7 +34,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics::{counter, gauge, histogram};
-use parking_lot::Mutex;
 
 use self::format::{Header, StreamRecord};
 use self::store::{SnapshotBatch, SnapshotDir, Store};
@@ -40,66 +42,8 @@ use crate::shutdown::Shutdown;
 use crate::state::ServiceState;
 use crate::telemetry as m;
 
-/// Loaded records not yet picked up by a stream, by DP-resolved pod id.
-#[derive(Default)]
-pub struct Restored {
-    records: Mutex<HashMap<String, StreamRecord>>,
-}
-
-impl Restored {
-    /// The record of `pod`, once: the stream that takes it owns it.
-    pub fn take(&self, pod: &str) -> Option<StreamRecord> {
-        self.records.lock().remove(pod)
-    }
-
-    pub fn len(&self) -> usize {
-        self.records.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn fill(&self, records: Vec<StreamRecord>) {
-        let mut map = self.records.lock();
-        for r in records {
-            map.insert(r.pod().to_string(), r);
-        }
-    }
-
-    /// The store keys of the records no stream has asked for yet.
-    fn keys(&self) -> Vec<String> {
-        self.records.lock().values().map(StreamRecord::key).collect()
-    }
-
-    /// Forgets the records no stream asked for: their engines did not come back in time.
-    fn drain(&self) -> usize {
-        self.records.lock().drain().count()
-    }
-}
-
-/// What the store holds for a stream: whether it is still exact, and what it adds up to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Held {
-    /// The record's cursor.
-    pub cursor: u64,
-    /// The pod's `KvIndex::pod_version` when this process exported it (None: loaded).
-    pub version: Option<u64>,
-    checksum: u64,
-    residencies: u64,
-}
-
-/// Every stored stream record, by store key.
-pub type HeldMap = HashMap<String, Held>;
-
-/// A stream's part in a snapshot, as its apply worker captured it.
-#[derive(Debug)]
-pub enum Captured {
-    /// The stored record is still exact: same cursor, the pod unchanged since its export.
-    Kept { key: String },
-    /// A new record (`version`: the pod's version it was exported at).
-    Fresh { key: String, version: Option<u64>, record: Box<StreamRecord> },
-}
+pub use crate::protocols::{Captured, Held, HeldMap};
+pub use restored::Restored;
 
 /// The snapshot store, and what it holds now.
 pub struct Snapshots {

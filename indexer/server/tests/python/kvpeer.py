@@ -151,6 +151,17 @@ class Publisher:
             self.thread.start()
         self.subscribed = False
 
+    def reconnect(self):
+        """A network blip: the live connection is replaced by a new one; the process (its seq,
+        blocks and replay buffer) goes on."""
+        self.sock.close(0)
+        self.sock = CTX.socket(zmq.XPUB)
+        self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 1_000_000)
+        self.sock.connect(self.cfg["connect"])
+        self.subscribed = False
+
     def close(self):
         self.stop.set()
         if self.router is not None:
@@ -562,6 +573,10 @@ class Peer:
         p.close()
         p.open(connect=not connect_later)
         return {"endpoint": p.pub_ep, "replay_endpoint": p.replay_ep}
+
+    def op_reconnect(self, name):
+        self.pubs[name].reconnect()
+        return {}
 
     def op_connect(self, name):
         p = self.pubs[name]

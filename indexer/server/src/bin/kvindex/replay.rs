@@ -15,7 +15,8 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use kvindex::KvIndexConfig;
-use kvindex_server::dump::offline::{Limits, Offline, Until};
+use kvindex_server::config::pod::TopicMapEntry;
+use kvindex_server::dump::offline::{Limits, Naming, Offline, Until};
 use kvindex_server::dump::{self, parse_line, BadLine, BadLines, Line, Lines, ReadError};
 
 #[derive(Debug, Clone, Args)]
@@ -51,6 +52,23 @@ pub struct ReplayArgs {
     /// that needed one fails, and its pod is degraded, never guessed.
     #[arg(long, default_value_t = Limits::DEFAULT_MAX_REPLY_BYTES)]
     pub max_reply_bytes: u64,
+    /// The recording service's `--topic-map` (repeatable): topic id → pod, so streams are named
+    /// as the service named them.
+    #[arg(long = "topic-map", value_name = "TOPIC_ID=POD", value_parser = TopicMapEntry::from_flag)]
+    pub topic_map: Vec<TopicMapEntry>,
+    /// The recording service's `--dp-naming` (`port-offset` or `topic`).
+    #[arg(long, default_value = "port-offset", value_parser = ["port-offset", "topic"])]
+    pub dp_naming: String,
+    /// The recording service's `--topic-filter`.
+    #[arg(long, default_value = "kv@")]
+    pub topic_filter: String,
+    /// A prompt scored after every live record (`<model>:<comma-separated token ids>`,
+    /// repeatable); the rows go to `--trace-out` as JSON Lines.
+    #[arg(long, requires = "trace_out")]
+    pub trace: Vec<String>,
+    /// Where `--trace` writes its rows (one per live record: record number, pod, seq, scores).
+    #[arg(long)]
+    pub trace_out: Option<PathBuf>,
 }
 
 /// How a replay went. Exit status: 0 when the dump was read to its end (bad lines, if any,
@@ -125,7 +143,18 @@ pub fn rebuild(args: &ReplayArgs) -> anyhow::Result<(Offline, Reading)> {
     anyhow::ensure!(args.block_size > 0, "--block-size must be positive");
     anyhow::ensure!(args.max_line_bytes > 0, "--max-line-bytes must be positive");
     let limits = Limits { max_reply_bytes: args.max_reply_bytes, ..Default::default() };
-    let mut offline = Offline::with_limits(KvIndexConfig { block_size: args.block_size, ..Default::default() }, limits);
+    let naming = Naming {
+        topic_filter: args.topic_filter.clone(),
+        dp_naming_topic: args.dp_naming == "topic",
+        topic_map: args.topic_map.iter().map(|t| (t.topic_id.clone(), t.pod.clone())).collect(),
+    };
+    let config = KvIndexConfig { block_size: args.block_size, ..Default::default() };
+    let mut offline = Offline::with_naming(config, limits, naming);
+    if let Some(path) = &args.trace_out {
+        let probes = args.trace.iter().map(|spec| query(spec)).collect::<anyhow::Result<Vec<_>>>()?;
+        let file = std::fs::File::create(path).with_context(|| format!("--trace-out {}", path.display()))?;
+        offline.trace(probes, Box::new(std::io::BufWriter::new(file)));
+    }
     if let (Some(spec), Some(pod)) = (&args.explain, &args.pod) {
         let (model, tokens) = query(spec)?;
         offline.explain(pod, &model, &tokens);
@@ -171,6 +200,7 @@ pub fn rebuild(args: &ReplayArgs) -> anyhow::Result<(Offline, Reading)> {
         },
     )?;
     bar.finish_and_clear();
+    offline.finish_trace().context("--trace-out")?;
     Ok((offline, Reading { lines, bad, ended_early }))
 }
 

@@ -1,11 +1,21 @@
-//! What the sockets, the replay client and the control plane hand to an apply worker.
+//! The messages that cross the service's components: what the sockets, the replay client and
+//! the control plane hand to an apply worker, and the names they address streams by. A leaf
+//! (Dynamo's `kv_router/protocols.rs` is the model): it holds data, no behaviour, and imports
+//! no other part of the service but the snapshot record's format (a leaf itself), so that the
+//! components that talk through it are not tied to each other by it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::transport::{ConnId, Frames, Lease, Peer};
+pub use kvindex_zmtp::{ConnId, Lease, Peer};
+
+use crate::snapshot::format::StreamRecord;
+
+/// One multipart message.
+pub type Frames = Vec<Bytes>;
 
 /// One sequenced stream: a source (topic id mapped to a pod, or a dialled pod) and a DP rank.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,9 +94,32 @@ pub enum Work {
     /// Export the pod and cursor of every stream that moved since the stored snapshot
     /// (`held`) for a snapshot (`crate::snapshot`).
     Snapshot {
-        held: std::sync::Arc<crate::snapshot::HeldMap>,
-        reply: tokio::sync::oneshot::Sender<Vec<crate::snapshot::Captured>>,
+        held: Arc<HeldMap>,
+        reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
     },
     /// The server is shutting down: the worker returns.
     Stop,
+}
+
+/// What the store holds for a stream: whether it is still exact, and what it adds up to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// The record's cursor.
+    pub cursor: u64,
+    /// The pod's `KvIndex::pod_version` when this process exported it (None: loaded).
+    pub version: Option<u64>,
+    pub(crate) checksum: u64,
+    pub(crate) residencies: u64,
+}
+
+/// Every stored stream record, by store key.
+pub type HeldMap = HashMap<String, Held>;
+
+/// A stream's part in a snapshot, as its apply worker captured it.
+#[derive(Debug)]
+pub enum Captured {
+    /// The stored record is still exact: same cursor, the pod unchanged since its export.
+    Kept { key: String },
+    /// A new record (`version`: the pod's version it was exported at).
+    Fresh { key: String, version: Option<u64>, record: Box<StreamRecord> },
 }

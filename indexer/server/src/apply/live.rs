@@ -1,0 +1,119 @@
+//! The live worker's side of the stream table: what it keeps per stream beside the table's
+//! part ([`Live`]: snapshot import/export state, steps held back behind them, metric handles),
+//! and the registry as the table asks it ([`ServiceFleet`]).
+
+use std::sync::Arc;
+
+use metrics::{counter, Counter};
+
+use kvindex::sequencer::{SequencerConfig, Step};
+
+use crate::ingest::{Batch, Ext, Fleet, Mode, Stream, TableConfig};
+use crate::protocols::StreamKey;
+use crate::snapshot::format::StreamRecord;
+use crate::snapshot::import::Importing;
+use crate::state::ServiceState;
+use crate::telemetry as m;
+
+/// What the live worker keeps per stream.
+pub struct Live {
+    pub events: [Counter; 4],
+    pub gaps: Counter,
+    /// The initial replay counts for readiness until it is done.
+    pub startup_sync: Option<u64>,
+    /// The pod's snapshot record, imported once the stream continues from its cursor.
+    pub restore: Option<StreamRecord>,
+    /// The record, being imported on the import pool: until it is done, this stream's steps
+    /// wait in `waiting`, in order, so nothing touches the pod before its record is in.
+    pub importing: Option<Importing>,
+    /// The pod is being exported for a snapshot at this cursor (see `snapshot::capture`):
+    /// like an import, its steps wait in `waiting` until the export is done.
+    pub exporting: Option<u64>,
+    /// Steps held back by an import or an export, in order (a live batch's carries its
+    /// receive time: the wait counts in its lag).
+    pub waiting: Vec<Step<Batch>>,
+}
+
+impl Ext for Live {
+    fn pinned(&self) -> bool {
+        self.importing.is_some() || self.exporting.is_some()
+    }
+}
+
+/// The last seq applied to the index: the sequencer's, unless its steps are held back behind
+/// an import or a snapshot export, whose cursor then is what the index holds.
+pub fn applied_seq(st: &Stream<Live>) -> Option<u64> {
+    st.ext.exporting.or(st.ext.importing.as_ref().map(|i| i.cursor)).or(st.seq.last_seq())
+}
+
+/// A new stream's live part: its status row, its metric handles, and its pod's snapshot record
+/// if one was restored for this model and rank (with its cursor, to resume from).
+pub fn new_stream(
+    state: &ServiceState,
+    key: &StreamKey,
+    pod: &Arc<str>,
+    model: &Arc<str>,
+    mode: Mode,
+) -> (Live, Option<u64>) {
+    let ev = |t: &'static str| counter!(m::EVENTS, "type" => t, "source" => pod.to_string());
+    state.status().add(pod);
+    tracing::info!(pod = %pod, model = %model, mode = mode.label(), "new source");
+    // A record for another model is of no use: the pod's blocks are in another namespace.
+    let restore = state.restored().take(pod).filter(|r| r.model() == &**model && r.rank == key.rank);
+    let resume_at = restore.as_ref().map(|r| r.cursor);
+    let live = Live {
+        events: [ev("BlockStored"), ev("BlockRemoved"), ev("AllBlocksCleared"), ev("unknown")],
+        gaps: counter!(m::GAPS, "source" => pod.to_string()),
+        startup_sync: None,
+        restore,
+        importing: None,
+        exporting: None,
+        waiting: Vec::new(),
+    };
+    (live, resume_at)
+}
+
+/// One worker's stream table settings: its share of the caps, the config's naming and
+/// sequencer knobs.
+pub fn table_config(state: &ServiceState) -> TableConfig {
+    let c = state.config();
+    TableConfig {
+        topic_filter: c.topic_filter.clone(),
+        dp_naming_topic: c.dp_naming_topic,
+        max_streams: c.max_sources.div_ceil(c.apply_workers),
+        max_streams_per_address: c.max_sources_per_address.div_ceil(c.apply_workers),
+        sequencer: SequencerConfig {
+            replay: false,
+            stale_after_ms: c.stale_after_ms,
+            replay_timeout_ms: c.replay_timeout_ms,
+            replay_queue_timeout_ms: c.replay_queue_timeout_ms,
+            replay_cooldown_ms: c.replay_cooldown_ms,
+            max_pending: c.max_pending,
+        },
+    }
+}
+
+/// The registry and the central SUB, as the stream table asks them.
+pub struct ServiceFleet<'a>(pub &'a ServiceState);
+
+impl Fleet for ServiceFleet<'_> {
+    fn generation(&self) -> u64 {
+        self.0.registry().generation()
+    }
+
+    fn pod_for_topic(&self, id: &str) -> String {
+        self.0.registry().pod_for_topic(id).to_string()
+    }
+
+    fn has_replay(&self, base: &str, rank: u32) -> bool {
+        self.0.registry().replay_endpoint(base, rank).is_some()
+    }
+
+    fn configured(&self, base: &str) -> bool {
+        self.0.registry().origin_of(base).is_some()
+    }
+
+    fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool {
+        self.0.central_source_connected(source)
+    }
+}

@@ -1,0 +1,63 @@
+//! What a worker reports of its streams every tick: their rows of `/debug/sources`, and its
+//! share of the source lag (`apply::lag`).
+
+use std::time::Instant;
+
+use metrics::gauge;
+
+use kvindex::wire::parse_topic;
+
+use super::lag;
+use super::live::applied_seq;
+use super::{Receiver, Worker};
+use crate::status::StreamDebug;
+use crate::telemetry as m;
+
+impl Worker {
+    /// Refreshes what `/debug/sources` shows of this worker's streams, and its lag.
+    pub(super) fn publish_status(&self, lane: &Receiver, now: u64) {
+        let reg = self.state.registry();
+        let mut snapshot = Vec::with_capacity(self.table.len());
+        let (instant, lane_oldest) = (Instant::now(), lane.oldest_live());
+        let mut worst = lag::source_lag(instant, lane_oldest, None);
+        for (key, st) in self.table.iter() {
+            let s = st.seq.stats();
+            let lag = lag::source_lag(instant, lane_oldest, lag::oldest_held(st.seq.held(), &st.ext.waiting));
+            worst = worst.max(lag);
+            snapshot.push((
+                key.clone(),
+                StreamDebug {
+                    pod: st.pod.to_string(),
+                    base_pod: key.base.to_string(),
+                    dp_rank: key.rank,
+                    mode: st.mode.label(),
+                    topic: st.topic.clone(),
+                    topic_id: st.topic.as_deref().map(|t| parse_topic(t).id.to_string()),
+                    model: st.model.to_string(),
+                    endpoint: st.endpoint.as_deref().map(str::to_string),
+                    replay_endpoint: reg.replay_endpoint(&key.base, key.rank),
+                    state: st.seq.state().label(),
+                    last_seq: applied_seq(st),
+                    last_live_seq: st.seq.last_live_seq(),
+                    last_event_age_ms: st.seq.last_data_at().map(|at| now.saturating_sub(at)),
+                    gaps: s.gaps,
+                    duplicates: s.duplicates,
+                    restarts: s.restarts,
+                    disconnects: s.disconnects,
+                    malformed: s.malformed,
+                    clears: s.clears,
+                    replays_started: s.replays_started,
+                    replays_filled: s.replays_filled,
+                    replays_failed: s.replays_failed,
+                    replay_in_flight: st.seq.replay_in_flight().map(|(_, from)| from),
+                    pending: st.seq.pending(),
+                    lag_ms: lag.as_secs_f64() * 1e3,
+                },
+            ));
+        }
+        drop(reg);
+        self.state.status().publish(snapshot);
+        lane.set_lag(worst);
+        gauge!(m::SOURCE_LAG).set(self.state.queues().max_lag().as_secs_f64());
+    }
+}

@@ -1,0 +1,17 @@
+//! What the stream table asks of the world around it: the live worker answers from the
+//! registry and the central SUB, `kvindex replay` from the dump and its flags.
+
+/// What the table asks of the world around it (the registry, the central SUB).
+pub trait Fleet {
+    /// The registry's generation: a stream re-reads whether it has a replay endpoint, and a
+    /// topic its pod, when it changes.
+    fn generation(&self) -> u64;
+    /// The pod a central-mode topic id names (the topic map; the id itself by default).
+    fn pod_for_topic(&self, id: &str) -> String;
+    /// Whether `base`'s rank `rank` has a replay endpoint.
+    fn has_replay(&self, base: &str, rank: u32) -> bool;
+    /// Whether an operator or a registration configured `base` (never reclaimed).
+    fn configured(&self, base: &str) -> bool;
+    /// Central mode: whether `source` holds a connection to the central SUB.
+    fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool;
+}
