@@ -9,6 +9,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use kvindex_testkit::procfs::{children_of, peak_rss_bytes, started_at};
 use serde_json::{json, Value};
 use support::fake_pod::{FakePod, Script};
 use support::*;
@@ -26,38 +27,6 @@ fn chat(template: Option<&str>) -> Value {
 fn error_of(reply: &Reply) -> (String, Value) {
     let body = reply.json();
     (body["error"]["message"].as_str().unwrap_or_default().to_string(), body["error"].clone())
-}
-
-fn peak_rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmHWM");
-    kib * 1024
-}
-
-/// A process's start time (clock ticks since boot, /proc/<pid>/stat field 22): with the pid,
-/// it names one process even when pids wrap around.
-fn started_at(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Live children of `parent` (from /proc/<pid>/stat).
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let mut fields = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace()).into_iter().flatten();
-            let state = fields.next();
-            fields.next().and_then(|p| p.parse::<u32>().ok()) == Some(parent) && state != Some("Z")
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

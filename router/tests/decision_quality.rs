@@ -43,6 +43,25 @@ struct Quality {
     predicted: f64,
 }
 
+impl Quality {
+    /// A pick of the pod with the most cached blocks on offer (`blocks`), none given up.
+    fn best_pick(&mut self, blocks: f64) {
+        self.best += 1.0;
+        self.best_blocks += blocks;
+        self.given_up_count += 1.0;
+        self.given_up_zero += 1.0;
+    }
+
+    /// The engine reported its usage for a `prompt_len`-token prompt and hit exactly the
+    /// `cached` tokens the router predicted.
+    fn exactly_predicted(&mut self, cached: f64, prompt_len: usize) {
+        self.exact += 1.0;
+        self.engine_cached += cached;
+        self.predicted += cached;
+        self.engine_prompt += prompt_len as f64;
+    }
+}
+
 async fn quality(router: &str) -> Quality {
     let picks = "kvindex_router_overlap_picks_total";
     let prediction = "kvindex_router_cache_prediction_total";
@@ -112,8 +131,7 @@ async fn best_overlap_picks_blocks_given_up_and_achieved_against_predicted_reuse
     let first = complete(r, &a, None).await;
     let home = first.pod().to_string();
     want.no_overlap += 1.0;
-    want.exact += 1.0;
-    want.engine_prompt += a.len() as f64;
+    want.exactly_predicted(0.0, a.len());
     expect(r, want, "a cold prompt").await;
 
     // Its follow-up on the pod holding its 8 blocks: a best pick, the engine hits what was
@@ -123,38 +141,23 @@ async fn best_overlap_picks_blocks_given_up_and_achieved_against_predicted_reuse
     let reply = complete(r, &b, None).await;
     assert_eq!(reply.pod(), home);
     assert_eq!(reply.cached_tokens(), 128);
-    want.best += 1.0;
-    want.best_blocks += 8.0;
-    want.given_up_count += 1.0;
-    want.given_up_zero += 1.0;
-    want.exact += 1.0;
-    want.engine_cached += 128.0;
-    want.predicted += 128.0;
-    want.engine_prompt += b.len() as f64;
+    want.best_pick(8.0);
+    want.exactly_predicted(128.0, b.len());
     expect(r, want, "a follow-up on its pod").await;
 
     // Streamed, with usage in the last chunk: read from the SSE as it passes.
     stack.settle().await;
     let c = extend(&a, 8, 50, 2);
     assert_eq!(complete(r, &c, Some(true)).await.pod(), home);
-    want.best += 1.0;
-    want.best_blocks += 8.0;
-    want.given_up_count += 1.0;
-    want.given_up_zero += 1.0;
-    want.exact += 1.0;
-    want.engine_cached += 128.0;
-    want.predicted += 128.0;
-    want.engine_prompt += c.len() as f64;
+    want.best_pick(8.0);
+    want.exactly_predicted(128.0, c.len());
     expect(r, want, "a streamed follow-up with usage").await;
 
     // Streamed without usage: the pick counts, the prediction cannot be checked.
     stack.settle().await;
     let d = extend(&a, 8, 60, 3);
     assert_eq!(complete(r, &d, Some(false)).await.pod(), home);
-    want.best += 1.0;
-    want.best_blocks += 8.0;
-    want.given_up_count += 1.0;
-    want.given_up_zero += 1.0;
+    want.best_pick(8.0);
     want.unreported += 1.0;
     expect(r, want, "a streamed follow-up without usage").await;
 
@@ -183,8 +186,7 @@ async fn best_overlap_picks_blocks_given_up_and_achieved_against_predicted_reuse
     want.best_blocks += 8.0;
     want.given_up_count += 1.0;
     want.given_up_sum += 8.0;
-    want.exact += 1.0;
-    want.engine_prompt += e.len() as f64;
+    want.exactly_predicted(0.0, e.len());
     expect(r, want, "a pick away from a queueing pod").await;
     for task in background {
         task.abort();

@@ -42,6 +42,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
 use crate::error::{Result, TokenizerError};
+pub use crate::rejection::Rejection;
 use crate::template_env::{BoundedRenderError, ChatTemplate, CLIENT_TEMPLATE_FUEL};
 
 /// The first argument that turns an executable into a template worker (see
@@ -73,54 +74,6 @@ pub const DEFAULT_CONCURRENCY: usize = 4;
 
 /// Room in the worker's answer beyond the rendered text (its status line).
 const HEADER_ROOM: usize = 64 << 10;
-
-/// Why a client template was not rendered; the `reason` label of [`REJECTED_METRIC`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
-    /// Client templates are off on this server.
-    Disabled,
-    /// The rendered text went past the output budget.
-    OutputLimit,
-    /// The render ran past its wall-clock deadline, its CPU limit or its instruction budget.
-    TimeLimit,
-    /// The render process ran out of its memory budget (or its stack).
-    MemoryLimit,
-    /// The render process died some other way.
-    Crashed,
-    /// Every render process slot stayed taken until the deadline.
-    Busy,
-    /// No render process could be started (a problem on our side).
-    Unavailable,
-    /// The server is shutting down.
-    ShuttingDown,
-}
-
-impl Rejection {
-    pub fn label(self) -> &'static str {
-        match self {
-            Rejection::Disabled => "disabled",
-            Rejection::OutputLimit => "output_limit",
-            Rejection::TimeLimit => "time_limit",
-            Rejection::MemoryLimit => "memory_limit",
-            Rejection::Crashed => "crashed",
-            Rejection::Busy => "busy",
-            Rejection::Unavailable => "unavailable",
-            Rejection::ShuttingDown => "shutting_down",
-        }
-    }
-
-    /// Whether the request is at fault (the others are this server's state).
-    pub fn is_client_error(self) -> bool {
-        matches!(
-            self,
-            Rejection::Disabled
-                | Rejection::OutputLimit
-                | Rejection::TimeLimit
-                | Rejection::MemoryLimit
-                | Rejection::Crashed
-        )
-    }
-}
 
 /// Builds the rejection error and counts it.
 pub(crate) fn reject(template: &str, reason: Rejection, detail: impl Into<String>) -> TokenizerError {

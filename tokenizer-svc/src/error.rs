@@ -2,7 +2,7 @@
 //! failure to a precise status without parsing messages.
 use std::path::PathBuf;
 
-use crate::client_template::Rejection;
+use crate::rejection::Rejection;
 
 /// Everything that can go wrong between a request and its token ids.
 ///

@@ -20,9 +20,9 @@ use tonic::{Request, Response, Status};
 
 use crate::client_template::Rejection;
 use crate::error::TokenizerError;
-use crate::loaded_model::{Bounded, TokenizedText};
 use crate::proto_convert::{chat_completion_request, chat_template_request};
 use crate::registry::TokenizerRegistry;
+use crate::tokenized::{Bounded, TokenizedText};
 
 /// Request metadata: most tokens the caller accepts for the prompt (decimal).
 pub const MAX_TOKENS_METADATA: &str = "x-kvindex-max-tokens";

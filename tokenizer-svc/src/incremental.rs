@@ -79,8 +79,8 @@ use aho_corasick::AhoCorasick;
 use serde_json::Value as Json;
 use tokenizers::{AddedToken, Encoding, ModelWrapper, OffsetReferential, OffsetType, Token, Tokenizer};
 
-use crate::loaded_model::TokenizedText;
 use crate::prefix_cache::{CachedPrefix, Node, PrefixCache};
+use crate::tokenized::TokenizedText;
 
 /// A cut point closer than this to the previous stored node does not start a new node: fewer,
 /// longer segments make lookups cheaper. The last cut point of every request is stored

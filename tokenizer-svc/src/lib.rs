@@ -21,9 +21,11 @@ pub mod python_json;
 pub mod python_repr;
 pub mod registry;
 pub mod registry_config;
+pub mod rejection;
 pub mod server;
 pub mod telemetry;
 pub mod template_env;
+pub mod tokenized;
 
 pub use chat_request::ChatRequest;
 pub use client_template::{ClientTemplates, Sandbox, SandboxLimits};

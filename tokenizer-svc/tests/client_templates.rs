@@ -277,23 +277,11 @@ fn chat_request(template: &str) -> pb::RenderChatCompletionRequest {
     }
 }
 
-/// `name{labels} value` summed over the lines of the server's /metrics holding `label`.
+/// `name{labels} value` summed over the samples of the server's /metrics holding `label`.
 async fn metric(server: &Server, name: &str, label: &str) -> f64 {
     let metrics = server.metrics.clone();
-    let text = tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(&metrics).expect("metrics port");
-        write!(stream, "GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        text
-    })
-    .await
-    .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let text = tokio::task::spawn_blocking(move || kvindex_testkit::prometheus::scrape(&metrics)).await.unwrap();
+    kvindex_testkit::prometheus::sum(&text, name, &[label])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

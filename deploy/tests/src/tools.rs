@@ -3,7 +3,7 @@
 //! workspace build made.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 /// The repository root (this crate is `deploy/tests`).
 pub fn repo_root() -> PathBuf {
@@ -61,14 +61,4 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// Runs a command to completion; panics with its output when it fails.
-pub fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+pub use kvindex_testkit::run::output_ok as run_ok;

@@ -2,8 +2,7 @@
 //! makes a fragment whole first), so the docs cannot drift from what Envoy accepts. The shipped
 //! manifests and chart renders are validated by Envoy in manifests.rs.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use kvindex_deploy_tests::tools::{envoy, python, repo_root};
 use serde_json::json;
@@ -50,23 +49,10 @@ fn the_readme_envoy_snippets_are_valid_to_envoy() {
         wheres.iter().any(|w| w.starts_with("router/README.md")),
         "the pre-filter chain snippet is gone: {wheres:?}"
     );
-    let mut child = Command::new(python())
-        .arg(root.join("deploy/tests/envoy_validate.py"))
-        .arg("--envoy")
-        .arg(envoy())
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("envoy_validate.py");
-    child.stdin.take().unwrap().write_all(serde_json::to_string(&snippets).unwrap().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "README Envoy snippets ({wheres:?}):\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    kvindex_testkit::run::output_ok_with_stdin(
+        Command::new(python()).arg(root.join("deploy/tests/envoy_validate.py")).arg("--envoy").arg(envoy()).arg("-"),
+        serde_json::to_string(&snippets).unwrap().as_bytes(),
+        &format!("README Envoy snippets ({wheres:?})"),
     );
 }
 

@@ -6,8 +6,7 @@
 //! the real ones: kubectl's built-in kustomize, and Helm's Go engine through helm-python-sdk
 //! (deploy/tests/render_chart.py says why and its limits).
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use kvindex_deploy_tests::tools::{bin_dir, envoy, kubectl, python, repo_root, run_ok};
 
@@ -28,25 +27,16 @@ fn render_and_report(dirs: &[&str]) -> (String, String) {
         yaml.push_str(&String::from_utf8(out.stdout).expect("utf-8"));
     }
     let dir = dirs.join(" + ");
-    let mut child = Command::new(python())
-        .arg(root.join("deploy/tests/validate.py"))
-        .arg("--bin-dir")
-        .arg(bin_dir())
-        .arg("--envoy")
-        .arg(envoy())
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run validate.py");
-    child.stdin.take().unwrap().write_all(yaml.as_bytes()).unwrap();
-    let res = child.wait_with_output().unwrap();
-    assert!(
-        res.status.success(),
-        "{dir}: validation failed\n{}{}",
-        String::from_utf8_lossy(&res.stdout),
-        String::from_utf8_lossy(&res.stderr)
+    let res = kvindex_testkit::run::output_ok_with_stdin(
+        Command::new(python())
+            .arg(root.join("deploy/tests/validate.py"))
+            .arg("--bin-dir")
+            .arg(bin_dir())
+            .arg("--envoy")
+            .arg(envoy())
+            .arg("-"),
+        yaml.as_bytes(),
+        &format!("{dir}: validation"),
     );
     (yaml, String::from_utf8_lossy(&res.stdout).into_owned())
 }

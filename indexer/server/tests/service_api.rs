@@ -12,9 +12,8 @@ const MODEL: &str = "m";
 #[test]
 fn service_score_contract_and_limits() {
     let Some(py) = python() else { return };
-    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--max-tokens", "1000"]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let server = Server::central(&["--max-tokens", "1000"]);
+    let mut peer = Peer::with_grpc(&py, &server);
     peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "10.0.0.1:8000", "connect": server.zmq(), "topic": format!("kv@10.0.0.1:8000@{MODEL}")}));
     peer.cmd(json!({"op": "pub_start", "name": "b", "pod": "10.0.0.2:8000", "connect": server.zmq(), "topic": format!("kv@10.0.0.2:8000@{MODEL}")}));
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a", "b"]}))["subscribed"], true);
@@ -66,8 +65,7 @@ fn service_score_contract_and_limits() {
 fn service_registration_grpc_and_http_unregister_clears() {
     let Some(py) = python() else { return };
     let server = Server::start(&["--block-size", "16"]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let mut peer = Peer::with_grpc(&py, &server);
     let a = peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pa:1", "bind": "tcp://127.0.0.1:0", "replay": "tcp://127.0.0.1:0", "topic": "kv@x@m"}));
     let b = peer
         .cmd(json!({"op": "pub_start", "name": "b", "pod": "pb:1", "bind": "tcp://127.0.0.1:0", "topic": "kv@y@m"}));
@@ -151,18 +149,8 @@ fn service_ready_after_initial_replay_and_pods_file() {
 #[test]
 fn service_topic_map_and_stale() {
     let Some(py) = python() else { return };
-    let server = Server::start(&[
-        "--zmq-bind",
-        "tcp://127.0.0.1:0",
-        "--block-size",
-        "16",
-        "--topic-map",
-        "10.1.1.1=pod-from-map:8000",
-        "--stale-after-ms",
-        "400",
-    ]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let server = Server::central(&["--topic-map", "10.1.1.1=pod-from-map:8000", "--stale-after-ms", "400"]);
+    let mut peer = Peer::with_grpc(&py, &server);
     peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pod-from-map:8000", "connect": server.zmq(), "topic": "kv@10.1.1.1@m"}));
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c", "tokens": chain(0, 4)}));
@@ -184,9 +172,8 @@ fn service_topic_map_and_stale() {
 #[test]
 fn service_dp_ranks_are_their_own_pods() {
     let Some(py) = python() else { return };
-    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let server = Server::central(&[]);
+    let mut peer = Peer::with_grpc(&py, &server);
     // One engine, two DP ranks: same topic, one publisher (and seq counter) per rank.
     for (name, rank, pod) in [("r0", 0, "10.0.0.9:8000"), ("r1", 1, "10.0.0.9:8001")] {
         peer.cmd(json!({"op": "pub_start", "name": name, "pod": pod, "connect": server.zmq(), "topic": "kv@10.0.0.9:8000@m", "dp_rank": rank}));
@@ -208,9 +195,8 @@ fn service_dp_ranks_are_their_own_pods() {
 #[test]
 fn service_dp_naming_topic_keeps_a_per_rank_topic_id() {
     let Some(py) = python() else { return };
-    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--dp-naming", "topic"]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let server = Server::central(&["--dp-naming", "topic"]);
+    let mut peer = Peer::with_grpc(&py, &server);
     // Engines started one per rank, each with its own topic (as in the vLLM captures' DP run).
     for (name, rank, pod) in [("r0", 0, "10.0.0.9:8000"), ("r1", 1, "10.0.0.9:8001")] {
         peer.cmd(json!({"op": "pub_start", "name": name, "pod": pod, "connect": server.zmq(), "topic": format!("kv@{pod}@m"), "dp_rank": rank}));

@@ -44,19 +44,14 @@ fn burst_is_applied_without_loss(server: &Server, peer: &mut Peer, names: &[&str
 #[test]
 fn central_a_burst_larger_than_the_queue_waits_instead_of_leaving_gaps() {
     let Some(py) = python() else { return };
-    let server = Server::start(&[
-        "--zmq-bind",
-        "tcp://127.0.0.1:0",
-        "--block-size",
-        "16",
+    let server = Server::central(&[
         "--queue-capacity",
         "4",
         // Every publisher dials from 127.0.0.1 here.
         "--zmq-max-connections-per-source",
         "64",
     ]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let mut peer = Peer::with_grpc(&py, &server);
     let names: Vec<String> = (0..PUBLISHERS).map(|i| format!("p{i}")).collect();
     for name in &names {
         let pod = format!("pod-{name}");
@@ -73,8 +68,7 @@ fn central_a_burst_larger_than_the_queue_waits_instead_of_leaving_gaps() {
 fn per_pod_a_burst_larger_than_the_queue_waits_instead_of_leaving_gaps() {
     let Some(py) = python() else { return };
     let server = Server::start(&["--block-size", "16", "--queue-capacity", "4"]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let mut peer = Peer::with_grpc(&py, &server);
     let names: Vec<String> = (0..PUBLISHERS).map(|i| format!("p{i}")).collect();
     for name in &names {
         let pod = format!("pod-{name}");
@@ -108,9 +102,8 @@ fn visible_after(server: &Server, secs: f64) -> f64 {
 #[test]
 fn the_lag_of_batches_held_behind_a_replay_is_shown_and_measured() {
     let Some(py) = python() else { return };
-    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let server = Server::central(&[]);
+    let mut peer = Peer::with_grpc(&py, &server);
     // An engine that takes 1.5 s to answer a replay.
     let p = peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": server.zmq(),
         "replay": "tcp://127.0.0.1:0", "replay_delay_ms": 1500, "topic": format!("kv@pod-a@{MODEL}")}));

@@ -12,9 +12,7 @@ use support::*;
 const MODEL: &str = "m";
 
 fn peer_for(py: &std::path::PathBuf, server: &Server) -> Peer {
-    let mut peer = Peer::start(py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    peer
+    Peer::with_grpc(py, server)
 }
 
 /// Stores two chains on publisher `name` (pod `pod`) and waits until they are EXACT.
@@ -51,16 +49,7 @@ fn credit(peer: &mut Peer, tokens: &[u32], pod: &str) -> u64 {
 #[test]
 fn service_central_disconnect_clears_the_pod_until_the_next_publisher() {
     let Some(py) = python() else { return };
-    let server = Server::start(&[
-        "--zmq-bind",
-        "tcp://127.0.0.1:0",
-        "--block-size",
-        "16",
-        "--speculative-ttl-ms",
-        "60000",
-        "--speculative-max-ttl-ms",
-        "60000",
-    ]);
+    let server = Server::central(&["--speculative-ttl-ms", "60000", "--speculative-max-ttl-ms", "60000"]);
     let mut peer = peer_for(&py, &server);
     let topic = format!("kv@pod-a@{MODEL}");
     peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": server.zmq(), "topic": topic}));
@@ -101,7 +90,7 @@ fn service_per_pod_disconnect_clears_the_pod_until_the_next_publisher() {
 #[test]
 fn service_foreign_disconnect_clears_nothing() {
     let Some(py) = python() else { return };
-    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]);
+    let server = Server::central(&[]);
     let mut peer = peer_for(&py, &server);
     let topic = format!("kv@pod-a@{MODEL}");
     peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": server.zmq(), "topic": topic}));

@@ -29,11 +29,7 @@ fn record(peer: &mut Peer, pod: &str, tokens: &[u32], ttl_ms: u32) -> Value {
 #[test]
 fn record_route_credits_apart_and_real_events_replace_it() {
     let Some(py) = python() else { return };
-    let server = Server::start(&[
-        "--zmq-bind",
-        "tcp://127.0.0.1:0",
-        "--block-size",
-        "16",
+    let server = Server::central(&[
         "--max-tokens",
         "1000",
         "--speculative-ttl-ms",
@@ -41,8 +37,7 @@ fn record_route_credits_apart_and_real_events_replace_it() {
         "--speculative-max-ttl-ms",
         "60000",
     ]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let mut peer = Peer::with_grpc(&py, &server);
     for (name, pod) in [("a", A), ("b", B)] {
         peer.cmd(json!({"op": "pub_start", "name": name, "pod": pod, "connect": server.zmq(), "topic": format!("kv@{pod}@{MODEL}")}));
     }
@@ -99,9 +94,8 @@ fn record_route_credits_apart_and_real_events_replace_it() {
 #[test]
 fn record_route_rejects_bad_requests_with_a_status_and_a_count() {
     let Some(py) = python() else { return };
-    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--max-tokens", "1000"]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let server = Server::central(&["--max-tokens", "1000"]);
+    let mut peer = Peer::with_grpc(&py, &server);
     peer.cmd(
         json!({"op": "pub_start", "name": "a", "pod": A, "connect": server.zmq(), "topic": format!("kv@{A}@{MODEL}")}),
     );

@@ -14,18 +14,8 @@ const MODEL: &str = "m";
 #[test]
 fn a_burst_of_gaps_is_replayed_in_turn_not_cleared() {
     let Some(py) = python() else { return };
-    let server = Server::start(&[
-        "--zmq-bind",
-        "tcp://127.0.0.1:0",
-        "--block-size",
-        "16",
-        "--max-concurrent-replays",
-        "1",
-        "--replay-timeout-ms",
-        "1000",
-    ]);
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let server = Server::central(&["--max-concurrent-replays", "1", "--replay-timeout-ms", "1000"]);
+    let mut peer = Peer::with_grpc(&py, &server);
     let names: Vec<String> = (0..5).map(|i| format!("p{i}")).collect();
     for name in &names {
         let pod = format!("pod-{name}");

@@ -55,12 +55,7 @@ fn source(http: &str) -> Option<Value> {
 }
 
 fn metric(http: &str, name: &str, labels: &[&str]) -> f64 {
-    let (_, body) = http_request(http, "GET", "/metrics", None);
-    body.lines()
-        .filter(|l| !l.starts_with('#') && l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| labels.iter().all(|kv| l.contains(kv)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    kvindex_testkit::prometheus::sum(&http_request(http, "GET", "/metrics", None).1, name, labels)
 }
 
 /// Waits until the server has applied the publisher's last seq; returns the source's state.

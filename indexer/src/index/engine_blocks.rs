@@ -8,7 +8,6 @@
 //! [`EngineBlocks::push`] or [`EngineBlocks::from_columns`]), so a damaged or hostile record is
 //! refused whole when it is decoded, and import walks the columns without re-checking them.
 
-use super::export::ChainParent;
 use crate::keys::BlockKey;
 
 /// The columns of a pod's engine blocks (`n` blocks, `k` canonical blocks in all).
@@ -55,6 +54,15 @@ pub enum ColumnError {
 /// A pod's engine blocks, every one after the block its chain continues.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EngineBlocks(Columns);
+
+/// Where an engine block's chain continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainParent {
+    /// A namespace root (`keys::namespace_root` of the model or LoRA, group 0).
+    Root(u64),
+    /// The last block of an earlier engine block of the same export, by index.
+    Block(u32),
+}
 
 /// One engine block, as [`EngineBlocks::iter`] yields it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,6 +22,7 @@ use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap;
 
+pub use super::engine_blocks::ChainParent;
 use super::engine_blocks::EngineBlocks;
 use super::ingest::{GroupKind, GroupSpec, MAX_GROUPS};
 use super::tiers::{TierId, MAX_TIERS};
@@ -78,15 +79,6 @@ impl GroupExport {
         };
         GroupSpec { kind, block_tokens: self.block_tokens }
     }
-}
-
-/// Where an engine block's chain continues.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChainParent {
-    /// A namespace root (`keys::namespace_root` of the model or LoRA, group 0).
-    Root(u64),
-    /// The last block of an earlier engine block of the same export, by index.
-    Block(u32),
 }
 
 /// What an import restored.

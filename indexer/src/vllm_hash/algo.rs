@@ -2,10 +2,9 @@
 //! (SHA-256 or XXH3-128) a block hash is made of, and which releases offer it.
 
 use std::fmt;
-use std::str::FromStr;
 
 use super::version::boundary;
-use super::{VllmHashError, VllmVersion};
+use super::version::VllmVersion;
 
 /// `--prefix-caching-hash-algo` values across all releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,16 +62,6 @@ impl HashAlgo {
             HashAlgo::Xxhash | HashAlgo::XxhashCbor => DigestFn::Xxh3_128,
             _ => DigestFn::Sha256,
         }
-    }
-}
-
-impl FromStr for HashAlgo {
-    type Err = VllmHashError;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        HashAlgo::ALL
-            .into_iter()
-            .find(|algo| algo.as_str() == text)
-            .ok_or_else(|| VllmHashError::UnknownAlgo(text.to_string()))
     }
 }
 

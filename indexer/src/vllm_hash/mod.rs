@@ -19,15 +19,20 @@
 
 mod algo;
 mod cbor;
+mod config;
+mod error;
 mod hasher;
 mod internal;
 mod none_hash;
+mod parse;
 mod pickle;
 mod py_value;
 mod verify;
 mod version;
 
 pub use algo::HashAlgo;
+pub use config::VllmHashConfig;
+pub use error::VllmHashError;
 pub use hasher::BlockHasher;
 pub use internal::{DigestBytes, InternalHash};
 pub use none_hash::{NoneHashRule, DEFAULT_NONE_HASH_SEED};
@@ -37,40 +42,6 @@ pub use version::VllmVersion;
 
 #[cfg(test)]
 use internal::be_bytes_to_decimal;
-
-/// Why a configuration cannot be reproduced, or an input is not a valid hash input.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VllmHashError {
-    #[error("invalid vLLM version {0:?} (expected MAJOR.MINOR[.PATCH][suffix])")]
-    InvalidVersion(String),
-    #[error("vLLM {0} predates KV-cache events (0.9.0); its block hashing is not modelled")]
-    VersionTooOld(VllmVersion),
-    #[error("unknown prefix-caching hash algorithm {0:?}")]
-    UnknownAlgo(String),
-    #[error("vLLM {version} has no `{algo}` prefix-caching hash algorithm")]
-    AlgoNotInVersion { version: VllmVersion, algo: HashAlgo },
-    #[error(
-        "`builtin` is Python's per-process hash(); it differs between processes even with \
-         PYTHONHASHSEED fixed, so it cannot be reproduced"
-    )]
-    BuiltinNotReproducible,
-    #[error(
-        "vLLM {version} with `{algo}` and PYTHONHASHSEED unset starts every chain from a random \
-         NONE_HASH; set PYTHONHASHSEED on the engine to make its hashes reproducible"
-    )]
-    RandomNoneHash { version: VllmVersion, algo: HashAlgo },
-    #[error("extra key is not a supported Python value: {0}")]
-    InvalidExtraKey(String),
-}
-
-/// What the engine runs with; everything needed to reproduce its block hashes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VllmHashConfig {
-    pub version: VllmVersion,
-    pub algo: HashAlgo,
-    /// `PYTHONHASHSEED` of the engine process; `None` = unset.
-    pub pythonhashseed: Option<String>,
-}
 
 #[cfg(test)]
 mod tests;

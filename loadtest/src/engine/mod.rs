@@ -41,6 +41,7 @@
 //! arrives one decode step later. Generated tokens are drawn deterministically from
 //! `output_alphabet`, seeded per request, so runs are reproducible.
 
+mod block_id;
 pub mod block_pool;
 pub mod config;
 pub mod event;
@@ -50,9 +51,7 @@ pub mod scheduler;
 #[cfg(test)]
 mod tests;
 
-/// Index of a KV block in the pool.
-pub type BlockId = u32;
-
+pub use block_id::BlockId;
 pub use config::EngineConfig;
 pub use event::KvEvent;
 pub use request::{NewRequest, RequestId};

@@ -8,30 +8,16 @@
 //! balancer score), ties taken in turn.
 
 pub mod rank;
+mod submission;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::engine::{NewRequest, RejectReason, RequestSummary};
+use crate::engine::NewRequest;
 pub use rank::Rank;
-
-/// What a request's HTTP handler receives, in order: `Scheduled`, then tokens, then `Finished`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RequestEvent {
-    Scheduled { cached_tokens: usize },
-    Token(u32),
-    Finished(RequestSummary),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitError {
-    #[error("{0}")]
-    Rejected(RejectReason),
-    #[error("the engine has stopped")]
-    Stopped,
-}
+pub use submission::{RequestEvent, SubmitError};
 
 /// Identity and knobs of a pod, fixed at start.
 #[derive(Debug, Clone)]

@@ -40,15 +40,25 @@ pub fn python_with(modules: &[&str]) -> Option<PathBuf> {
     ))
 }
 
-/// `$KVINDEX_FIXTURES/<relative>` when it exists (tokenizer files and the like), else [`missing`].
+/// Where the fixtures live: `$KVINDEX_FIXTURES`, else the workspace's `target/fixtures` (the
+/// default of `tokenizer-svc/tests/fixtures/fetch.sh`).
+pub fn fixtures_root() -> PathBuf {
+    std::env::var_os("KVINDEX_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/fixtures")))
+}
+
+/// `<fixtures_root>/<relative>` when it exists (tokenizer files and the like), else [`missing`].
 pub fn fixture(relative: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("KVINDEX_FIXTURES").map(|root| PathBuf::from(root).join(relative));
-    match path {
-        Some(path) if path.exists() => Some(path),
-        _ => missing(&format!(
-            "no fixture {relative} under $KVINDEX_FIXTURES: run `bash scripts/setup.sh` and `source scripts/env.sh`"
-        )),
+    let path = fixtures_root().join(relative);
+    if path.exists() {
+        return Some(path);
     }
+    missing(&format!(
+        "no fixture {relative} under {}: run `bash scripts/setup.sh` and `source scripts/env.sh` (it sets \
+         $KVINDEX_FIXTURES)",
+        fixtures_root().display()
+    ))
 }
 
 /// The DeepSeek tokenizer directory (129k vocabulary and chat template) `scripts/setup.sh`

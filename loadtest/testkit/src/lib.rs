@@ -5,9 +5,20 @@
 //! - [`env`]: the test venv's Python and the fixtures `scripts/setup.sh` installs, skipped
 //!   with a message outside CI and failing under `CI`;
 //! - [`binaries`]: the workspace's binaries for tests that run the real processes, built on
-//!   demand when a crate's tests run alone.
+//!   demand when a crate's tests run alone;
+//! - [`http::dechunk`]: a chunked body joined, for plain-socket HTTP clients;
+//! - [`json_peer`]: an independent peer process (the Python peers) driven one JSON line a
+//!   command;
+//! - [`prometheus`]: a `/metrics` scrape and the sum of a metric's samples by label;
+//! - [`procfs`]: another process's peak memory, children and start time;
+//! - [`run`]: a helper program run to the end, failing with what it printed.
 
 pub mod binaries;
 pub mod env;
+pub mod http;
+pub mod json_peer;
 pub mod ports;
+pub mod procfs;
+pub mod prometheus;
+pub mod run;
 pub mod wait;

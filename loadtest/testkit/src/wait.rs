@@ -19,20 +19,6 @@ pub fn until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option
     }
 }
 
-/// [`until`], where `check` says why not yet: the timeout's message carries its last answer,
-/// so a failure in CI names what was seen instead of only what was awaited.
-pub fn until_with<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let why = match check() {
-            Ok(value) => return value,
-            Err(why) => why,
-        };
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}; last seen: {why}");
-        std::thread::sleep(POLL);
-    }
-}
-
 /// [`until`] for an async condition (on a tokio runtime).
 pub async fn until_async<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
@@ -61,16 +47,6 @@ mod tests {
             (calls == 3).then_some(calls)
         });
         assert_eq!(got, 3);
-    }
-
-    #[test]
-    #[should_panic(expected = "last seen: still 3")]
-    fn until_with_names_the_last_answer_at_the_deadline() {
-        let mut n = 0;
-        until_with("four", Duration::from_millis(50), || -> Result<(), String> {
-            n = (n + 1).min(3);
-            Err(format!("still {n}"))
-        });
     }
 
     #[test]

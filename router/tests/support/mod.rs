@@ -180,11 +180,5 @@ pub async fn wait_scraped(router: &str, ids: &[String]) {
 
 /// A metric's value summed over label sets whose text contains every `labels` fragment.
 pub async fn metric(addr: &str, name: &str, labels: &[&str]) -> f64 {
-    let text = String::from_utf8_lossy(&get(addr, "/metrics").await.body).into_owned();
-    text.lines()
-        .filter(|l| {
-            l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && labels.iter().all(|f| l.contains(f))
-        })
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
+    kvindex_testkit::prometheus::sum(&String::from_utf8_lossy(&get(addr, "/metrics").await.body), name, labels)
 }

@@ -8,13 +8,13 @@
 //! installs it). Without it a test is skipped with a message, except under `CI`, where it fails.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kvindex_testkit::json_peer::line_reader;
 use serde_json::{json, Value};
 
 #[path = "../../../tests/support/reference.rs"]
@@ -38,25 +38,8 @@ pub fn wait_until<T>(what: &str, secs: u64, f: impl FnMut() -> Option<T>) -> T {
     kvindex_testkit::wait::until(what, Duration::from_secs(secs), f)
 }
 
-fn line_reader(r: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(r).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// The Python peer process.
-pub struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
-}
+/// The Python peer process (`tests/python/kvpeer.py`), driven one JSON line a command.
+pub struct Peer(kvindex_testkit::json_peer::JsonPeer);
 
 impl Peer {
     pub fn start(python: &PathBuf) -> Peer {
@@ -67,43 +50,26 @@ impl Peer {
     pub fn start_script(python: &PathBuf, script: &str) -> Peer {
         let script = workspace().join("indexer/server/tests/python").join(script);
         let proto = workspace().join("proto/kvindex/v1/indexer.proto");
-        let mut child = Command::new(python)
-            .arg(script)
-            .arg(proto)
-            .env("KVPEER_ADMIN_TOKEN", ADMIN_TOKEN)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start python peer");
-        let stdin = child.stdin.take().unwrap();
-        let lines = line_reader(child.stdout.take().unwrap());
-        let mut peer = Peer { child, stdin, lines };
-        let ready = peer.read(60);
-        assert_eq!(ready["ready"], true, "peer did not start: {ready}");
-        peer
+        let mut command = Command::new(python);
+        command.arg(script).arg(proto).env("KVPEER_ADMIN_TOKEN", ADMIN_TOKEN);
+        Peer(kvindex_testkit::json_peer::JsonPeer::start(&mut command))
     }
 
-    fn read(&mut self, secs: u64) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(secs))
-            .unwrap_or_else(|_| panic!("python peer did not answer within {secs}s"));
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad peer line {line:?}: {e}"))
+    /// A peer whose gRPC client is connected to `server`.
+    pub fn with_grpc(python: &PathBuf, server: &Server) -> Peer {
+        let mut peer = Peer::start(python);
+        peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+        peer
     }
 
     /// Sends a command; returns the reply whether or not it succeeded.
     pub fn try_cmd(&mut self, cmd: Value) -> Value {
-        writeln!(self.stdin, "{cmd}").expect("write to peer");
-        self.stdin.flush().unwrap();
-        self.read(120)
+        self.0.try_cmd(cmd)
     }
 
     /// Sends a command that must succeed.
     pub fn cmd(&mut self, cmd: Value) -> Value {
-        let r = self.try_cmd(cmd.clone());
-        assert_eq!(r["ok"], true, "peer command {cmd} failed: {r}");
-        r
+        self.0.cmd(cmd)
     }
 
     pub fn score(&mut self, model: &str, tokens: &[u32], pods: &[&str]) -> Value {
@@ -167,13 +133,6 @@ impl Peer {
     }
 }
 
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A `kvindex serve` running in this process (`kvindex_server::run` on its own runtime and
 /// thread), on loopback ports 0; shut down gracefully when dropped.
 pub struct Server {
@@ -188,6 +147,13 @@ impl Server {
     /// `args` are `kvindex serve` flags, on top of loopback gRPC and HTTP addresses on port 0.
     pub fn start(args: &[&str]) -> Server {
         Self::try_start(args).unwrap_or_else(|e| panic!("kvindex serve did not start: {e}"))
+    }
+
+    /// Central mode (the SUB bound on a loopback port 0) with block size 16, then `extra`.
+    pub fn central(extra: &[&str]) -> Server {
+        let mut args = vec!["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"];
+        args.extend_from_slice(extra);
+        Server::start(&args)
     }
 
     pub fn try_start(args: &[&str]) -> Result<Server, String> {
@@ -262,13 +228,7 @@ pub trait Admin {
 
     /// Sum of every sample of `name` whose label set contains all of `labels` (`k="v"`).
     fn metric(&self, name: &str, labels: &[&str]) -> f64 {
-        let (_, body) = self.get("/metrics");
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter(|l| labels.iter().all(|kv| l.contains(kv)))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        kvindex_testkit::prometheus::sum(&self.get("/metrics").1, name, labels)
     }
 }
 
@@ -309,23 +269,12 @@ pub fn http_request_as(addr: &str, method: &str, path: &str, body: Option<&str>,
     s.read_to_string(&mut resp).expect("read http");
     let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body =
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        kvindex_testkit::http::dechunk(body)
+    } else {
+        body.to_string()
+    };
     (status, body)
-}
-
-fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || tail.len() < n {
-            break;
-        }
-        out.push_str(&tail[..n]);
-        rest = tail[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 impl Drop for Server {

@@ -1,6 +1,6 @@
 //! The body of the `decoder` fuzz target, shared by cargo-fuzz (nightly,
 //! `fuzz_targets/decoder.rs`) and the stable, bounded run in the test suite
-//! (`indexer/zmtp/tests/fuzz_corpus.rs`): arbitrary bytes, fed in chunks whose sizes the input's
+//! (`indexer/zmtp/tests/it/fuzz_corpus.rs`): arbitrary bytes, fed in chunks whose sizes the input's
 //! first bytes choose, with small limits so that every bound is within reach. The decoder must
 //! not panic, must hold no more than its bounds allow, and must yield only messages that keep
 //! them.

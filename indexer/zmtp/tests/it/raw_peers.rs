@@ -4,14 +4,12 @@
 //! DEALER, an endless multi-part message, one address holding unfinished messages on many
 //! connections, floods of connections, and silence before and after the handshake.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{hex, peak_rss_kib, quick_limits, runtime, Peer, Sub};
 use bytes::Bytes;
 use kvindex_zmtp::{Backoff, ConnId, Dealer, Error, Event, Limits, ProtocolError, Reason, SubDialer, SubListener};
 use serde_json::json;
-use support::{hex, peak_rss_kib, quick_limits, runtime, Peer, Sub};
 use tokio::runtime::Runtime;
 
 const GREETING_30: &str = "ff00000000000000007f03004e554c4c000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000";

@@ -2,9 +2,9 @@
 //! fixed-seed mutations of it (see `fuzz/bodies/corpus.rs`). cargo-fuzz runs the same body
 //! coverage-guided on nightly (`cd indexer/zmtp/fuzz && cargo +nightly fuzz run decoder seeds/decoder`).
 
-#[path = "../fuzz/bodies/corpus.rs"]
+#[path = "../../fuzz/bodies/corpus.rs"]
 mod corpus;
-#[path = "../fuzz/bodies/decoder.rs"]
+#[path = "../../fuzz/bodies/decoder.rs"]
 mod decoder;
 
 #[test]

@@ -6,14 +6,12 @@
 //! Each zeromq peer runs on its own current-thread runtime in its own thread (its fair queue
 //! loses wake-ups on a multi-threaded one), apart from our sockets' runtime.
 
-mod support;
-
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::support::{quick_limits, runtime, Sub};
 use bytes::Bytes;
 use kvindex_zmtp::{Backoff, Dealer, Event, Limits, Reason, SubDialer, SubListener};
-use support::{quick_limits, runtime, Sub};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// Runs `f` on a fresh current-thread runtime in its own thread.

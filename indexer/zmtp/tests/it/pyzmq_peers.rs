@@ -2,15 +2,13 @@
 //! publishers our SUB dials, over tcp:// and ipc://, their restarts, both sides' heartbeats, and
 //! vLLM's replay ROUTER answering our DEALER in both reply layouts.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::support::{hex, ipc_path, quick_limits, runtime, Peer, Sub};
 use bytes::Bytes;
 use kvindex_zmtp::{Backoff, Budget, ConnId, Dealer, Event, Limits, Peer as PeerAddr, SubDialer, SubListener};
 use serde_json::json;
-use support::{hex, ipc_path, quick_limits, runtime, Peer, Sub};
 
 /// Receives `n` messages; returns them as (conn, topic, seq) in arrival order.
 fn messages(sub: &mut Sub, rt: &tokio::runtime::Runtime, n: usize) -> Vec<(ConnId, String, u64)> {

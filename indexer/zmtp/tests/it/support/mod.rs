@@ -6,10 +6,8 @@
 //! installs it). Without it a test is skipped with a message, except under `CI`, where it fails.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::Command;
 use std::time::Duration;
 
 use kvindex_zmtp::{Event, Limits, SubDialer, SubListener};
@@ -21,62 +19,26 @@ pub fn python() -> Option<PathBuf> {
     kvindex_testkit::env::python_with(&["zmq"])
 }
 
-/// The Python peer process; killed when dropped.
-pub struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
-}
+/// The Python peer process (`tests/python/zmtppeer.py`), driven one JSON line a command;
+/// killed when dropped.
+pub struct Peer(kvindex_testkit::json_peer::JsonPeer);
 
 impl Peer {
     /// Starts the peer, or `None` when the test is skipped (see [`python`]).
     pub fn start() -> Option<Peer> {
-        let python = python()?;
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/zmtppeer.py");
-        let mut child = Command::new(python)
-            .arg(script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the python peer");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut peer = Peer { child, stdin, lines };
-        let ready = peer.read(60);
-        assert_eq!(ready["ready"], true, "peer did not start: {ready}");
-        Some(peer)
-    }
-
-    fn read(&mut self, secs: u64) -> Value {
-        let line = self
-            .lines
-            .recv_timeout(Duration::from_secs(secs))
-            .unwrap_or_else(|_| panic!("python peer did not answer within {secs}s"));
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad peer line {line:?}: {e}"))
+        let mut command = Command::new(python()?);
+        command.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/zmtppeer.py"));
+        Some(Peer(kvindex_testkit::json_peer::JsonPeer::start(&mut command)))
     }
 
     /// Sends a command; returns the reply whether or not it succeeded.
     pub fn try_cmd(&mut self, cmd: Value) -> Value {
-        writeln!(self.stdin, "{cmd}").expect("write to peer");
-        self.stdin.flush().unwrap();
-        self.read(120)
+        self.0.try_cmd(cmd)
     }
 
     /// Sends a command that must succeed.
     pub fn cmd(&mut self, cmd: Value) -> Value {
-        let r = self.try_cmd(cmd.clone());
-        assert_eq!(r["ok"], true, "peer command {cmd} failed: {r}");
-        r
+        self.0.cmd(cmd)
     }
 
     /// Publishes `n` messages `[topic, seq, payload]` from pyzmq publisher `name`.
@@ -90,13 +52,6 @@ impl Peer {
         let subs: Vec<String> = r["subs"].as_array().unwrap().iter().map(|s| s.as_str().unwrap().to_string()).collect();
         assert_eq!(subs.len(), n, "publisher {name} saw {subs:?}");
         subs
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
