@@ -202,3 +202,23 @@ fn service_sglang_central_mixed_fleet_with_a_vllm_pod() {
     store(&mut peer, "s", "new", &tokens(14, 32));
     assert_eq!(exact(&mut peer, &server, &["s"])["scores"]["s/new"], json!([2, 2]));
 }
+
+#[test]
+fn service_registration_refuses_an_unknown_engine_with_a_clear_error() {
+    let Some(py) = sglang_python() else { return };
+    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0"]);
+    let mut peer = Peer::start_script(&py, "sglang_peer.py");
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let r = peer.try_cmd(json!({"op": "register", "pod": "p:1", "model": MODEL, "engine": "tgi"}));
+    assert_eq!((r["ok"].clone(), r["code"].clone()), (json!(false), json!("INVALID_ARGUMENT")), "{r}");
+    assert!(r["details"].as_str().unwrap().contains("unknown engine \"tgi\""), "{r}");
+    let body = json!({"pod": "p:2", "model": MODEL, "engine": "tgi"}).to_string();
+    let (status, text) = server.http("POST", "/pods", Some(&body));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("unknown engine"), "{text}");
+    let body = json!({"pod": "p:3", "model": MODEL, "engine": "sglang", "page_size": 0}).to_string();
+    let (status, text) = server.http("POST", "/pods", Some(&body));
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("page_size"), "{text}");
+    assert!(server.sources()["registered_pods"].as_array().unwrap().is_empty());
+}
