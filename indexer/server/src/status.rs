@@ -20,6 +20,8 @@ pub struct StreamDebug {
     pub base_pod: String,
     pub dp_rank: u32,
     pub mode: &'static str,
+    /// The engine family whose rules decode and key the stream (`vllm`, `sglang`, `trtllm`).
+    pub engine: &'static str,
     pub topic: Option<String>,
     pub topic_id: Option<String>,
     pub model: String,

@@ -178,7 +178,9 @@ fn service_sglang_central_mixed_fleet_with_a_vllm_pod() {
     peer.cmd(json!({"op": "store", "name": "v", "chain": "shared", "tokens": shared}));
     let r = exact(&mut peer, &server, &["s"]);
     assert_eq!(r["scores"]["s/shared"], json!([3, 3]));
+    assert_eq!(server.source(sgl_pod).unwrap()["engine"], "sglang");
     peer.wait_exact(&server, &["v"], MODEL, "EXACT", 30);
+    assert_eq!(server.source(vllm_pod).unwrap()["engine"], "vllm", "the default engine");
     let both = peer.score(MODEL, &shared, &[sgl_pod, vllm_pod]);
     let matched: Vec<u64> =
         both["scores"].as_array().unwrap().iter().map(|s| s["matched_blocks"].as_u64().unwrap()).collect();

@@ -31,6 +31,7 @@ impl Worker {
                     base_pod: key.base.to_string(),
                     dp_rank: key.rank,
                     mode: st.mode.label(),
+                    engine: st.rules.engine().as_str(),
                     topic: st.topic.clone(),
                     topic_id: st.topic.as_deref().map(|t| parse_topic(t).id.to_string()),
                     model: st.model.to_string(),
