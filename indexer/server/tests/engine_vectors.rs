@@ -114,3 +114,56 @@ fn every_trtllm_frame_decodes_to_its_expectation() {
     }
     assert!(records.len() >= 4);
 }
+
+#[test]
+fn a_dump_of_an_sglang_pod_replays_by_sglang_rules_when_its_engine_is_named() {
+    // A dump records frames, not the fleet's configuration: `kvindex replay --engine` names the
+    // pod's engine again. SGLang 0.5.19's salted stores, recorded as the central SUB took them.
+    let path = sglang_vectors_dir().join("frames-sglang-0.5.19.jsonl");
+    let salted: Vec<Value> = read_records(&path).into_iter().filter(|r| r["scenario"] == "cache-salt").collect();
+    assert!(salted.len() >= 2);
+    let pod = salted[0]["expect"]["topic"].as_str().unwrap().split('@').nth(1).unwrap().to_string();
+    let dump = std::env::temp_dir().join(format!("kvindex-sglang-dump-{}.jsonl", std::process::id()));
+    let lines: String = salted
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let record = serde_json::json!({
+                "t": 1_765_000_000.0 + i as f64, "kind": "live", "source": "central", "conn": 1,
+                "frames_hex": r["frames_hex"],
+            });
+            format!("{record}\n")
+        })
+        .collect();
+    std::fs::write(&dump, lines).unwrap();
+    let replay = |extra: &[&str]| -> Value {
+        let mut args = vec!["replay", dump.to_str().unwrap(), "--quiet"];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_kvindex")).args(&args).output().unwrap();
+        assert!(out.status.success(), "kvindex {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("the report is JSON")
+    };
+    let engine = format!("{pod}=sglang:16");
+    let as_sglang = replay(&["--engine", &engine]);
+    let as_vllm = replay(&[]);
+    let _ = std::fs::remove_file(&dump);
+    let source = |report: &Value| report["sources"][0].clone();
+    assert_eq!(as_sglang["totals"]["undecodable"], 0, "{as_sglang:#}");
+    assert_eq!(source(&as_sglang)["state"], "EXACT", "{as_sglang:#}");
+    assert!(source(&as_sglang)["stored_blocks"].as_u64().unwrap() > 0, "{as_sglang:#}");
+    // Read by vLLM's rules (the default engine) the metadata slot is malformed: the pod is
+    // degraded, never credited with a misread store.
+    assert!(as_vllm["totals"]["undecodable"].as_u64().unwrap() > 0, "{as_vllm:#}");
+    assert_eq!(source(&as_vllm)["state"], "DEGRADED", "{as_vllm:#}");
+    // A bad engine spec is refused with the flag named.
+    let out = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args(["replay", "/nonexistent", "--engine", "pod=mystery"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown engine"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use kvindex::sequencer::{SequencerConfig, Step};
-use kvindex::wire::{self, parse_topic, EventBatch, ReplayReply};
+use kvindex::wire::{self, parse_topic, Engine, EventBatch, ReplayReply};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery, ScoreResult};
 use serde::Serialize;
 
@@ -45,11 +45,22 @@ pub struct Naming {
     pub dp_naming_topic: bool,
     /// Topic id → pod.
     pub topic_map: HashMap<String, String>,
+    /// Pod → its engine and page size, as its pod entry named them (a dump records frames, not
+    /// the fleet's configuration, so `kvindex replay --engine` says it again).
+    pub engines: HashMap<String, (Engine, Option<usize>)>,
+    /// The engine of every other pod (the service's `default_engine`).
+    pub default_engine: Engine,
 }
 
 impl Default for Naming {
     fn default() -> Self {
-        Naming { topic_filter: "kv@".into(), dp_naming_topic: false, topic_map: HashMap::new() }
+        Naming {
+            topic_filter: "kv@".into(),
+            dp_naming_topic: false,
+            topic_map: HashMap::new(),
+            engines: HashMap::new(),
+            default_engine: Engine::Vllm,
+        }
     }
 }
 
@@ -167,6 +178,8 @@ impl Ext for Counts {}
 struct DumpFleet<'a> {
     topic_map: &'a HashMap<String, String>,
     replayable: &'a HashSet<StreamKey>,
+    engines: &'a HashMap<String, (Engine, Option<usize>)>,
+    default_engine: Engine,
 }
 
 impl Fleet for DumpFleet<'_> {
@@ -190,9 +203,12 @@ impl Fleet for DumpFleet<'_> {
         true
     }
 
-    fn engine(&self, _base: &str) -> kvindex::wire::Engine {
-        // A dump records frames, not the fleet's configuration: vLLM's rules.
-        kvindex::wire::Engine::Vllm
+    fn engine(&self, base: &str) -> Engine {
+        self.engines.get(base).map_or(self.default_engine, |&(engine, _)| engine)
+    }
+
+    fn page_size(&self, base: &str) -> Option<usize> {
+        self.engines.get(base).and_then(|&(_, page_size)| page_size)
     }
 }
 
@@ -230,6 +246,8 @@ pub struct Offline {
     index: KvIndex,
     table: StreamTable<Counts>,
     topic_map: HashMap<String, String>,
+    engines: HashMap<String, (Engine, Option<usize>)>,
+    default_engine: Engine,
     /// Recorded replay replies by stream: seq → payloads in dump order, each taken by the first
     /// replay that asks for its seq (a restarted engine's replies of the same seqs wait behind
     /// the earlier process's).
@@ -270,6 +288,8 @@ impl Offline {
             index: KvIndex::new(config),
             table,
             topic_map: naming.topic_map,
+            engines: naming.engines,
+            default_engine: naming.default_engine,
             replies: HashMap::new(),
             replayable: HashSet::new(),
             reply_bytes: 0,
@@ -349,7 +369,8 @@ impl Offline {
             self.totals.replies_dropped += 1;
             return;
         }
-        let rank = wire::decode_batch(msg.payload).ok().and_then(|b| b.data_parallel_rank);
+        let engine = self.engines.get(&pod).map_or(self.default_engine, |&(engine, _)| engine);
+        let rank = crate::ingest::decode(engine, msg.payload).ok().and_then(|b| b.data_parallel_rank);
         let rank = rank.unwrap_or(0).clamp(0, i64::from(u16::MAX)) as u32;
         let key = StreamKey { base: Arc::from(pod.as_str()), rank };
         self.replayable.insert(key.clone());
@@ -406,7 +427,12 @@ impl Offline {
         }
         self.totals.live += 1;
         let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
-        let fleet = DumpFleet { topic_map: &self.topic_map, replayable: &self.replayable };
+        let fleet = DumpFleet {
+            topic_map: &self.topic_map,
+            replayable: &self.replayable,
+            engines: &self.engines,
+            default_engine: self.default_engine,
+        };
         let mut new = |_: &StreamKey, pod: &Arc<str>, model: &Arc<str>, _: Mode| {
             let stats = StreamStats { pod: pod.to_string(), model: model.to_string(), ..Default::default() };
             (Counts { stats }, None)

@@ -14,6 +14,7 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::{json, Value};
 
+use kvindex::wire::Engine;
 use kvindex::KvIndexConfig;
 use kvindex_server::config::pod::TopicMapEntry;
 use kvindex_server::dump::offline::{Limits, Naming, Offline, Until};
@@ -62,6 +63,15 @@ pub struct ReplayArgs {
     /// The recording service's `--topic-filter`.
     #[arg(long, default_value = "kv@")]
     pub topic_filter: String,
+    /// A pod's engine and page size as its pod entry named them (repeatable): a dump records
+    /// frames, not the fleet's configuration, so an SGLang or TensorRT-LLM pod must be named
+    /// again (else its frames are read by `--default-engine`'s rules).
+    #[arg(long = "engine", value_name = "POD=ENGINE[:PAGE_SIZE]", value_parser = pod_engine)]
+    pub engines: Vec<(String, Engine, Option<usize>)>,
+    /// The recording service's `--default-engine`: the engine of every pod `--engine` does not
+    /// name.
+    #[arg(long, default_value = "vllm", value_parser = |v: &str| v.parse::<Engine>().map_err(|e| e.to_string()))]
+    pub default_engine: Engine,
     /// A prompt scored after every live record (`<model>:<comma-separated token ids>`,
     /// repeatable); the rows go to `--trace-out` as JSON Lines.
     #[arg(long, requires = "trace_out")]
@@ -147,6 +157,8 @@ pub fn rebuild(args: &ReplayArgs) -> anyhow::Result<(Offline, Reading)> {
         topic_filter: args.topic_filter.clone(),
         dp_naming_topic: args.dp_naming == "topic",
         topic_map: args.topic_map.iter().map(|t| (t.topic_id.clone(), t.pod.clone())).collect(),
+        engines: args.engines.iter().map(|(pod, engine, page)| (pod.clone(), (*engine, *page))).collect(),
+        default_engine: args.default_engine,
     };
     let config = KvIndexConfig { block_size: args.block_size, ..Default::default() };
     let mut offline = Offline::with_naming(config, limits, naming);
@@ -305,4 +317,24 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<Outcome> {
         crate::serve_read_only(offline, addr)?;
     }
     Ok(outcome)
+}
+
+/// `--engine <pod>=<engine>[:<page size>]`.
+fn pod_engine(v: &str) -> Result<(String, Engine, Option<usize>), String> {
+    let (pod, spec) = v.split_once('=').ok_or_else(|| format!("expected POD=ENGINE[:PAGE_SIZE], got {v:?}"))?;
+    let (engine, page_size) = match spec.split_once(':') {
+        Some((engine, page)) => {
+            let page: usize = page.parse().map_err(|_| format!("page size {page:?} is not a positive integer"))?;
+            if page == 0 {
+                return Err("page size must be positive".into());
+            }
+            (engine, Some(page))
+        }
+        None => (spec, None),
+    };
+    let engine = engine.parse::<Engine>().map_err(|e| e.to_string())?;
+    if pod.is_empty() {
+        return Err("the pod id is empty".into());
+    }
+    Ok((pod.to_string(), engine, page_size))
 }
