@@ -51,6 +51,8 @@ pub mod sources;
 pub mod state;
 pub mod status;
 pub mod telemetry;
+#[cfg(test)]
+mod test_events;
 pub mod tls;
 pub mod transport;
 

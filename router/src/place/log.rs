@@ -98,17 +98,7 @@ mod tests {
     }
 
     fn choice(pod: &str, cached: u32) -> PodChoice {
-        let load = LoadView {
-            load: 1.0,
-            waiting: None,
-            running: None,
-            kv_usage: None,
-            kv_blocks: None,
-            inflight: 0,
-            fresh: 0,
-            reachable: true,
-            scrape_age_ms: None,
-        };
+        let load = LoadView::unscraped(1.0);
         PodChoice {
             pod: pod.into(),
             role: Role::Both,

@@ -109,6 +109,24 @@ pub struct LoadView {
     pub scrape_age_ms: Option<u64>,
 }
 
+impl LoadView {
+    /// A reachable pod with `load` and nothing scraped (the unit tests' pods).
+    #[cfg(test)]
+    pub(crate) fn unscraped(load: f64) -> LoadView {
+        LoadView {
+            load,
+            waiting: None,
+            running: None,
+            kv_usage: None,
+            kv_blocks: None,
+            inflight: 0,
+            fresh: 0,
+            reachable: true,
+            scrape_age_ms: None,
+        }
+    }
+}
+
 impl Pod {
     fn new(spec: &PodSpec, source: Source) -> Pod {
         Pod {

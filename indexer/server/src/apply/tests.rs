@@ -17,23 +17,10 @@ use super::*;
 use crate::config::Config;
 use crate::snapshot::pool;
 use crate::snapshot::{Captured, HeldMap};
+use crate::test_events::one_block_stored;
 use crate::transport::Peer;
 
 const MODEL: &str = "m";
-
-/// A vLLM `BlockStored` in the map form (the wire decoder's vectors cover the forms; this
-/// test is about the worker's scheduling).
-#[derive(serde::Serialize)]
-struct Stored {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    block_hashes: Vec<u64>,
-    parent_block_hash: Option<u64>,
-    token_ids: Vec<u32>,
-    block_size: u32,
-    lora_id: Option<i64>,
-    medium: &'static str,
-}
 
 fn tokens(pod: usize, seq: u64) -> Vec<u32> {
     (0..16).map(|t| pod as u32 * 100_000 + seq as u32 * 16 + t).collect()
@@ -45,16 +32,7 @@ fn hash(pod: usize, seq: u64) -> u64 {
 
 /// Pod `pod`'s live batch `seq`: one block continuing the block of `seq - 1`.
 fn live(pods: &[String], pod: usize, seq: u64) -> Work {
-    let event = Stored {
-        ty: "BlockStored",
-        block_hashes: vec![hash(pod, seq)],
-        parent_block_hash: seq.checked_sub(1).map(|s| hash(pod, s)),
-        token_ids: tokens(pod, seq),
-        block_size: 16,
-        lora_id: None,
-        medium: "GPU",
-    };
-    let payload = rmp_serde::to_vec_named(&(1.0f64, vec![event], 0i64)).unwrap();
+    let payload = one_block_stored(hash(pod, seq), seq.checked_sub(1).map(|s| hash(pod, s)), tokens(pod, seq), 0);
     Work::Live {
         origin: Origin::Central,
         conn: ConnId(pod as u64 + 1),

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use kvindex::sequencer::{Reason, SequencerConfig, Step};
 
 use super::*;
+use crate::test_events::one_block_stored;
 
 struct Registry {
     topics: HashMap<String, String>,
@@ -55,30 +56,9 @@ fn table(max_streams: usize) -> StreamTable<()> {
     })
 }
 
-#[derive(serde::Serialize)]
-struct Stored {
-    #[serde(rename = "type")]
-    ty: &'static str,
-    block_hashes: Vec<u64>,
-    parent_block_hash: Option<u64>,
-    token_ids: Vec<u32>,
-    block_size: u32,
-    lora_id: Option<i64>,
-    medium: &'static str,
-}
-
 /// A live message for `topic`'s stream: seq `seq`, one stored block, DP rank `rank`.
 fn frames(topic: &str, seq: u64, rank: i64) -> Vec<Bytes> {
-    let event = Stored {
-        ty: "BlockStored",
-        block_hashes: vec![seq + 1],
-        parent_block_hash: None,
-        token_ids: (0..16).collect(),
-        block_size: 16,
-        lora_id: None,
-        medium: "GPU",
-    };
-    let payload = rmp_serde::to_vec_named(&(1.0f64, vec![event], rank)).unwrap();
+    let payload = one_block_stored(seq + 1, None, (0..16).collect(), rank);
     vec![Bytes::from(topic.to_string()), Bytes::copy_from_slice(&seq.to_be_bytes()), Bytes::from(payload)]
 }
 

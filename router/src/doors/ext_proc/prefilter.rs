@@ -47,17 +47,7 @@ mod tests {
             kv_cost: 0.0,
             over_kv_cutoff: false,
             in_band: false,
-            load: LoadView {
-                load,
-                waiting: None,
-                running: None,
-                kv_usage: None,
-                kv_blocks: None,
-                inflight: 0,
-                fresh: 0,
-                reachable: true,
-                scrape_age_ms: None,
-            },
+            load: LoadView::unscraped(load),
             handle: None,
         }
     }
