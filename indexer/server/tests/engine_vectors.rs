@@ -5,45 +5,20 @@
 
 mod support;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
-use support::{read_records, sglang_frame_files, sglang_vectors_dir, without_nulls};
-
-/// Runs `kvindex <args>` over `input`, one JSON value per output line.
-fn kvindex(args: &[&str], input: Vec<u8>) -> Vec<Value> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn kvindex");
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(&input));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    assert!(out.status.success(), "kvindex {args:?} failed");
-    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
-}
+use support::{
+    assert_decoded_as_expected, kvindex_json_lines, read_records, sglang_frame_files, sglang_vectors_dir, without_nulls,
+};
 
 #[test]
 fn every_sglang_frame_decodes_to_its_expectation() {
     let mut checked = 0;
     let mut encodings = std::collections::BTreeSet::new();
     for path in sglang_frame_files() {
-        let got = kvindex(&["decode", "--engine", "sglang"], std::fs::read(&path).unwrap());
-        let records = read_records(&path);
-        assert_eq!(got.len(), records.len(), "{}: one output line per record", path.display());
-        for (i, (record, got)) in records.iter().zip(&got).enumerate() {
-            assert_eq!(
-                without_nulls(got),
-                without_nulls(&record["expect"]),
-                "{} record {i} ({} {})",
-                path.display(),
-                record["scenario"],
-                record["kind"]
-            );
+        let got = kvindex_json_lines(&["decode", "--engine", "sglang"], std::fs::read(&path).unwrap());
+        for record in assert_decoded_as_expected(&path, &got) {
             encodings.insert(record["event_encoding"].as_str().unwrap_or("").to_string());
             checked += 1;
         }
@@ -65,9 +40,9 @@ fn the_vllm_field_order_misreads_sglang_salted_stores() {
             format!("{r}\n").into_bytes()
         })
         .collect();
-    let as_vllm = kvindex(&["decode", "--engine", "vllm"], salted.clone());
+    let as_vllm = kvindex_json_lines(&["decode", "--engine", "vllm"], salted.clone());
     assert!(as_vllm.iter().any(|l| l.get("reason").is_some()), "vLLM's order cannot read a metadata map");
-    let as_sglang = kvindex(&["decode", "--engine", "sglang"], salted);
+    let as_sglang = kvindex_json_lines(&["decode", "--engine", "sglang"], salted);
     assert!(as_sglang.iter().all(|l| l.get("reason").is_none()));
     assert_eq!(as_sglang[0]["events"][0]["metadata"]["cache_salt"], "tenant-a-salt");
 }
@@ -77,7 +52,7 @@ fn every_sglang_hash_case_reproduces() {
     let path = sglang_vectors_dir().join("hashes-sglang.jsonl");
     let input = std::fs::read(&path).unwrap();
     let records = read_records(&path);
-    let got = kvindex(&["sglang-hash"], input);
+    let got = kvindex_json_lines(&["sglang-hash"], input);
     assert_eq!(got.len(), records.len());
     let fields = [
         "chain_seed_hex",
@@ -107,7 +82,7 @@ fn every_trtllm_frame_decodes_to_its_expectation() {
     let dir = sglang_vectors_dir().parent().unwrap().join("trtllm-vectors");
     let path = dir.join("frames-trtllm-format.jsonl");
     let records = read_records(&path);
-    let got = kvindex(&["decode", "--engine", "trtllm"], std::fs::read(&path).unwrap());
+    let got = kvindex_json_lines(&["decode", "--engine", "trtllm"], std::fs::read(&path).unwrap());
     assert_eq!(got.len(), records.len());
     for (record, got) in records.iter().zip(&got) {
         assert_eq!(without_nulls(got), without_nulls(&record["expect"]), "{}", record["scenario"]);

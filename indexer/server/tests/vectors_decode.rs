@@ -6,39 +6,14 @@ mod support;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use support::{frame_files, read_records, without_nulls};
+use support::{assert_decoded_as_expected, frame_files, kvindex_json_lines};
 
 #[test]
 fn every_captured_frame_decodes_to_its_expectation() {
     let mut checked = 0;
     for path in frame_files() {
-        let input = std::fs::read(&path).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
-            .arg("decode")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn kvindex decode");
-        let mut stdin = child.stdin.take().unwrap();
-        let writer = std::thread::spawn(move || stdin.write_all(&input));
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
-        assert!(out.status.success(), "{}: kvindex decode failed", path.display());
-        let got: Vec<serde_json::Value> =
-            String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        let records = read_records(&path);
-        assert_eq!(got.len(), records.len(), "{}: one output line per record", path.display());
-        for (i, (record, got)) in records.iter().zip(&got).enumerate() {
-            assert_eq!(
-                without_nulls(got),
-                without_nulls(&record["expect"]),
-                "{} record {i} ({} {})",
-                path.display(),
-                record["scenario"],
-                record["kind"]
-            );
-            checked += 1;
-        }
+        let got = kvindex_json_lines(&["decode"], std::fs::read(&path).unwrap());
+        checked += assert_decoded_as_expected(&path, &got).len();
     }
     assert!(checked >= 200, "only {checked} records checked");
 }

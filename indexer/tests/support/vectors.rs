@@ -87,3 +87,21 @@ pub fn without_nulls(v: &Value) -> Value {
         other => other.clone(),
     }
 }
+
+/// Asserts that `decoded` (one value per record of the vector file `path`, in order) equals
+/// each record's `expect`, nulls and absent keys alike; returns the records.
+pub fn assert_decoded_as_expected(path: &Path, decoded: &[Value]) -> Vec<Value> {
+    let records = read_records(path);
+    assert_eq!(decoded.len(), records.len(), "{}: one output line per record", path.display());
+    for (i, (record, got)) in records.iter().zip(decoded).enumerate() {
+        assert_eq!(
+            without_nulls(got),
+            without_nulls(&record["expect"]),
+            "{} record {i} ({} {})",
+            path.display(),
+            record["scenario"],
+            record["kind"]
+        );
+    }
+    records
+}

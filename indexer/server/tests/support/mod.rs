@@ -24,6 +24,25 @@ pub mod vectors;
 #[allow(unused_imports)] // not every test uses the vectors
 pub use vectors::*;
 
+/// Runs `kvindex <args>` with `input` on its stdin to a successful end: its stdout, one JSON
+/// value per line (`kvindex decode`, `vllm-hash`, `sglang-hash`).
+pub fn kvindex_json_lines(args: &[&str], input: Vec<u8>) -> Vec<Value> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn kvindex");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "kvindex {args:?} failed");
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 pub fn workspace() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
