@@ -101,6 +101,13 @@ pub enum Work {
     Stop,
 }
 
+impl Work {
+    /// A message read off a live socket of `origin`, with its lease and receive time.
+    pub fn live(origin: Origin, msg: kvindex_zmtp::Message) -> Work {
+        Work::Live { origin, conn: msg.conn, peer: msg.peer, frames: msg.frames, lease: msg.lease, at: msg.received_at }
+    }
+}
+
 /// What the store holds for a stream: whether it is still exact, and what it adds up to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Held {

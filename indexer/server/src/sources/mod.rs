@@ -61,14 +61,7 @@ pub async fn serve_central(
         match event {
             Event::Message(msg) => {
                 let worker = queues.worker_for(msg.frames.first().map_or(&[][..], |f| f.as_ref()));
-                let work = Work::Live {
-                    origin: Origin::Central,
-                    conn: msg.conn,
-                    peer: msg.peer,
-                    frames: msg.frames,
-                    lease: msg.lease,
-                    at: msg.received_at,
-                };
+                let work = Work::live(Origin::Central, msg);
                 tokio::select! {
                     sent = doors.send(worker, work) => if !sent { return },
                     _ = shutdown.recv() => return,
@@ -155,14 +148,7 @@ impl Dialer {
             };
             match event {
                 Event::Message(msg) => {
-                    let work = Work::Live {
-                        origin: origin.clone(),
-                        conn: msg.conn,
-                        peer: msg.peer,
-                        frames: msg.frames,
-                        lease: msg.lease,
-                        at: msg.received_at,
-                    };
+                    let work = Work::live(origin.clone(), msg);
                     // Waits for room: this pod's socket is not read meanwhile (backpressure).
                     tokio::select! {
                         sent = queues.send(worker, work) => if !sent { return },
