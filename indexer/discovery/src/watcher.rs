@@ -148,11 +148,12 @@ where
     loop {
         let next = tokio::select! {
             event = events.next() => Next::Watch(event),
-            Some(done) = probes.join_next(), if !probes.is_empty() => Next::Probe(done),
+            Some(done) = probes.join_next(), if !probes.is_empty() => Next::Probe(Box::new(done)),
             _ = stop.wait_for(|stop| *stop) => return,
         };
         let event = match next {
-            Next::Probe(Ok((token, pod, outcome))) => {
+            Next::Probe(done) => {
+                let Ok((token, pod, outcome)) = *done else { continue }; // cancelled
                 probe_tasks.remove(&token);
                 record_probe(&pod, &outcome);
                 if let Some(told) = gate.finish(token, outcome.descriptor()) {
@@ -161,7 +162,6 @@ where
                 }
                 continue;
             }
-            Next::Probe(Err(_cancelled)) => continue,
             Next::Watch(event) => event,
         };
         let event = match event {
@@ -212,7 +212,7 @@ where
 /// What the watch loop woke for.
 enum Next<W> {
     Watch(Option<W>),
-    Probe(Result<(u64, DiscoveredPod, ProbeOutcome), tokio::task::JoinError>),
+    Probe(Box<Result<(u64, DiscoveredPod, ProbeOutcome), tokio::task::JoinError>>),
 }
 
 /// Counts and logs one probe (once per probed pod: a pod is probed when it is added).
