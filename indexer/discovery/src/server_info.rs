@@ -5,8 +5,9 @@
 //! [`EngineDescriptor::apply_to`] merging it into a discovered pod; the HTTP call is
 //! `engine_probe.rs`'s.
 //!
-//! The shapes, from each release's own `srt/entrypoints/http_server.py` (the test shapes are
-//! in `testdata/sglang-server-info/`):
+//! The shapes, from each release's own `srt/entrypoints/http_server.py` (the test shapes in
+//! `testdata/sglang-server-info/` are written by its `make_shapes.py`, which runs each release's
+//! own `describe_kv_events_publisher` and `KVEventsConfig` from the PyPI wheel):
 //! - every release: the server arguments at the top level (`dataclasses.asdict(server_args)`,
 //!   from 0.5.19 `server_args.resolved_dict()`): `page_size`, `dp_size`, `enable_dp_attention`
 //!   (0.5.23 also `attn_dp_size`, `dcp_size`), `kv_events_config` (the `--kv-events-config`
@@ -269,7 +270,12 @@ mod tests {
         assert_eq!((d.version.as_deref(), d.page_size, d.dp_size), (Some("0.5.15"), Some(32), Some(1)));
         let p = d.publisher.unwrap();
         assert_eq!((p.pub_port, p.replay_port), (7000, Some(7001)));
-        // 0.5.19: resolved_dict(); publishing off (`kv_events: null`).
+        // 0.5.19: resolved_dict(); the descriptor's dp_size, no replay port: the config's.
+        let d = EngineDescriptor::parse(&shape("0.5.19.json")).unwrap();
+        assert_eq!((d.version.as_deref(), d.page_size, d.dp_size), (Some("0.5.19"), Some(8), Some(2)));
+        let p = d.publisher.unwrap();
+        assert_eq!((p.pub_port, p.replay_port, p.topic.as_str()), (5557, Some(5570), "kv"));
+        // 0.5.19, publishing off (`kv_events: null`).
         let d = EngineDescriptor::parse(&shape("0.5.19-no-publisher.json")).unwrap();
         assert_eq!(
             (d.version.as_deref(), d.page_size, d.dp_size, d.publisher),
