@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 use crate::engine::{Engine, EngineConfig};
+use crate::http::metrics::MetricsDialect;
 use crate::pod::{Pod, PodInfo, Rank};
 use crate::wire::{PubEndpoint, Publisher, PublisherConfig, WireVersion};
 
@@ -113,6 +114,7 @@ pub async fn start_fleet(config: &FleetConfig) -> Result<Vec<RunningPod>, String
             block_size: config.engine.block_size,
             num_gpu_blocks: config.engine.num_gpu_blocks,
             max_model_len: config.engine.effective_max_model_len(),
+            metrics_dialect: MetricsDialect::of(config.wire),
             tokenizer: config.tokenizer.clone(),
         };
         let mut ranks = Vec::with_capacity(ranks_per_pod);

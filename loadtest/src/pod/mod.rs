@@ -29,6 +29,8 @@ pub struct PodInfo {
     pub block_size: usize,
     pub num_gpu_blocks: usize,
     pub max_model_len: usize,
+    /// Whose `/metrics` names the pod exposes: SGLang's when it speaks SGLang's events.
+    pub metrics_dialect: crate::http::metrics::MetricsDialect,
     /// Text to token ids for the OpenAI API (the byte tokenizer unless `--tokenizer`).
     pub tokenizer: crate::http::tokenizer::PromptTokenizer,
 }

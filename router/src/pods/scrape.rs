@@ -11,11 +11,11 @@ use http_body_util::{BodyExt, Full, Limited};
 use tokio::task::AbortHandle;
 
 use crate::metrics as m;
+use crate::pods::engine_metrics;
 use crate::pods::fleet::{Fleet, Pod};
-use crate::pods::vllm_metrics;
 use crate::upstream::HttpClient;
 
-/// Largest `/metrics` body read (vLLM's is a few tens of kilobytes).
+/// Largest `/metrics` body read (vLLM's and SGLang's are a few tens of kilobytes).
 const MAX_METRICS_BYTES: usize = 4 << 20;
 
 /// Runs until the process ends: one scrape task per pod, following the pod table.
@@ -75,7 +75,7 @@ async fn scrape_loop(pod: Arc<Pod>, client: HttpClient, interval: Duration, time
 }
 
 /// One GET of `<url>/metrics`; the error is a metric label.
-pub async fn scrape_once(client: &HttpClient, base_url: &str) -> Result<vllm_metrics::EngineLoad, &'static str> {
+pub async fn scrape_once(client: &HttpClient, base_url: &str) -> Result<engine_metrics::EngineLoad, &'static str> {
     let uri: hyper::Uri = format!("{base_url}/metrics").parse().map_err(|_| "bad_url")?;
     let request = hyper::Request::get(uri).body(Full::new(Bytes::new())).map_err(|_| "bad_url")?;
     let response = client.request(request).await.map_err(|_| "connect_error")?;
@@ -85,5 +85,5 @@ pub async fn scrape_once(client: &HttpClient, base_url: &str) -> Result<vllm_met
     let body =
         Limited::new(response.into_body(), MAX_METRICS_BYTES).collect().await.map_err(|_| "body_error")?.to_bytes();
     let text = std::str::from_utf8(&body).map_err(|_| "not_utf8")?;
-    vllm_metrics::parse(text).map_err(|_| "not_vllm")
+    engine_metrics::parse(text).map_err(|_| "unknown_engine")
 }

@@ -6,16 +6,8 @@
 //! and reports its fullest engine's KV usage and its smallest engine's capacity (a request runs
 //! on one engine).
 
-/// One pod's load as last scraped.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineLoad {
-    pub waiting: f64,
-    pub running: f64,
-    /// 0–1.
-    pub kv_usage: Option<f64>,
-    /// KV-cache capacity in blocks (`num_gpu_blocks`), when the engine reports it.
-    pub kv_blocks: Option<u64>,
-}
+use crate::pods::engine_metrics::EngineLoad;
+use crate::pods::prom_text::{label, sample, Sample};
 
 const WAITING: &str = "vllm:num_requests_waiting";
 const RUNNING: &str = "vllm:num_requests_running";
@@ -23,86 +15,6 @@ const KV_USAGE: &str = "vllm:kv_cache_usage_perc";
 const KV_USAGE_OLD: &str = "vllm:gpu_cache_usage_perc";
 const CACHE_CONFIG: &str = "vllm:cache_config_info";
 const NUM_GPU_BLOCKS: &str = "num_gpu_blocks";
-
-/// One sample line: the metric name, the label set as written (between the braces, empty
-/// without), and the value.
-struct Sample<'a> {
-    name: &'a str,
-    labels: &'a str,
-    value: f64,
-}
-
-/// Splits a sample line into its metric name, labels and value; `None` for comments and lines
-/// that are not samples.
-fn sample(line: &str) -> Option<Sample<'_>> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
-    let name = &line[..name_end];
-    let mut rest = &line[name_end..];
-    let mut labels = "";
-    if rest.starts_with('{') {
-        // Skip the label set, honouring quoted values (which may hold `}` or spaces).
-        let mut quoted = false;
-        let mut escaped = false;
-        let mut end = None;
-        for (i, c) in rest.char_indices() {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' if quoted => escaped = true,
-                '"' => quoted = !quoted,
-                '}' if !quoted => {
-                    end = Some(i);
-                    break;
-                }
-                _ => {}
-            }
-        }
-        let end = end?;
-        labels = &rest[1..end];
-        rest = &rest[end + 1..];
-    }
-    let value = rest.split_whitespace().next()?;
-    let value = match value {
-        "NaN" => f64::NAN,
-        "+Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        v => v.parse().ok()?,
-    };
-    Some(Sample { name, labels, value })
-}
-
-/// The value of label `key` in a label set as written (`a="1",b="x \" y"`), unescaped only as
-/// far as a number needs: `None` when absent or holding an escape.
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    let mut rest = labels;
-    loop {
-        let (name, after) = rest.split_once('=')?;
-        let after = after.strip_prefix('"')?;
-        // The value runs to the first unescaped quote.
-        let mut end = None;
-        let mut escaped = false;
-        for (i, c) in after.char_indices() {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => {
-                    end = Some(i);
-                    break;
-                }
-                _ => {}
-            }
-        }
-        let end = end?;
-        if name.trim() == key {
-            let value = &after[..end];
-            return (!value.contains('\\')).then_some(value);
-        }
-        rest = after[end + 1..].trim_start_matches([',', ' ']);
-    }
-}
 
 /// Parses a `/metrics` body; an error when it has no vLLM request gauges at all.
 pub fn parse(text: &str) -> Result<EngineLoad, &'static str> {
