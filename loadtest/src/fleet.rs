@@ -12,8 +12,7 @@ use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 use crate::engine::{Engine, EngineConfig};
-use crate::http::metrics::MetricsDialect;
-use crate::pod::{Pod, PodInfo, Rank};
+use crate::pod::{MetricsDialect, Pod, PodInfo, Rank};
 use crate::wire::{PubEndpoint, Publisher, PublisherConfig, WireVersion};
 
 /// How the pods' PUB sockets reach subscribers.

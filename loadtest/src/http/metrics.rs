@@ -12,26 +12,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 
 use crate::engine::EngineStats;
-use crate::pod::Pod;
-use crate::wire::WireVersion;
-
-/// Which engine's metric names a pod's `/metrics` uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MetricsDialect {
-    #[default]
-    Vllm,
-    Sglang,
-}
-
-impl MetricsDialect {
-    /// The engine whose events the pod speaks.
-    pub fn of(wire: WireVersion) -> Self {
-        match wire {
-            WireVersion::Sglang(_) => MetricsDialect::Sglang,
-            WireVersion::V0_33 | WireVersion::V0_23 => MetricsDialect::Vllm,
-        }
-    }
-}
+use crate::pod::{MetricsDialect, Pod};
 
 fn escape_label(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")

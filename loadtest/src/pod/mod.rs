@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::engine::NewRequest;
+use crate::wire::WireVersion;
 pub use rank::Rank;
 pub use submission::{RequestEvent, SubmitError};
 
@@ -30,9 +31,27 @@ pub struct PodInfo {
     pub num_gpu_blocks: usize,
     pub max_model_len: usize,
     /// Whose `/metrics` names the pod exposes: SGLang's when it speaks SGLang's events.
-    pub metrics_dialect: crate::http::metrics::MetricsDialect,
+    pub metrics_dialect: MetricsDialect,
     /// Text to token ids for the OpenAI API (the byte tokenizer unless `--tokenizer`).
     pub tokenizer: crate::http::tokenizer::PromptTokenizer,
+}
+
+/// Which engine's metric names a pod's `/metrics` uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetricsDialect {
+    #[default]
+    Vllm,
+    Sglang,
+}
+
+impl MetricsDialect {
+    /// The engine whose events the pod speaks.
+    pub fn of(wire: WireVersion) -> Self {
+        match wire {
+            WireVersion::Sglang(_) => MetricsDialect::Sglang,
+            WireVersion::V0_33 | WireVersion::V0_23 => MetricsDialect::Vllm,
+        }
+    }
 }
 
 /// The handle HTTP handlers use. Cheap to clone.

@@ -3,19 +3,8 @@
 //! first, so a pod exposing both families reads as vLLM, as before SGLang was read), and the
 //! cost model sees the same [`EngineLoad`] for every engine.
 
+use crate::pods::engine_load::EngineLoad;
 use crate::pods::{sglang_metrics, vllm_metrics};
-
-/// One pod's load as last scraped.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineLoad {
-    pub waiting: f64,
-    pub running: f64,
-    /// 0–1.
-    pub kv_usage: Option<f64>,
-    /// KV-cache capacity in the engine's blocks (vLLM's `num_gpu_blocks`, SGLang's pages), when
-    /// the engine reports it.
-    pub kv_blocks: Option<u64>,
-}
 
 /// Parses a `/metrics` body as vLLM's, else as SGLang's; an error when it holds neither
 /// family's request gauges.

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use super::spec::{PodSpec, Role};
 use crate::metrics as m;
-use crate::pods::engine_metrics::EngineLoad;
+use crate::pods::engine_load::EngineLoad;
 
 /// Where a pod's entry came from; a source only changes its own entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

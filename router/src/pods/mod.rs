@@ -2,9 +2,11 @@
 //! and requests in flight ([`fleet`]), where entries come from (the command line, a watched
 //! [`file`], Kubernetes [`discovery`], registration on the admin door), and the scrapers that
 //! keep each pod's load current ([`scrape`], reading each engine's `/metrics` with
-//! [`engine_metrics`]: [`vllm_metrics`] or [`sglang_metrics`] over [`prom_text`]).
+//! [`engine_metrics`]: [`vllm_metrics`] or [`sglang_metrics`] over [`prom_text`], into an
+//! [`engine_load::EngineLoad`]).
 
 pub mod discovery;
+pub mod engine_load;
 pub mod engine_metrics;
 pub mod file;
 pub mod fleet;

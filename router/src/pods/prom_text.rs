@@ -1,6 +1,6 @@
 //! The Prometheus text exposition format as far as reading an engine's load needs: sample
 //! lines split into name, label set and value, and one label's value. Shared by the parsers of
-//! each engine family ([`super::vllm_metrics`], [`super::sglang_metrics`]) so each keeps only
+//! each engine family (`vllm_metrics.rs`, `sglang_metrics.rs`) so each keeps only
 //! its own names and rules.
 
 /// One sample line: the metric name, the label set as written (between the braces, empty

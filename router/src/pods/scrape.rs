@@ -11,6 +11,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use tokio::task::AbortHandle;
 
 use crate::metrics as m;
+use crate::pods::engine_load::EngineLoad;
 use crate::pods::engine_metrics;
 use crate::pods::fleet::{Fleet, Pod};
 use crate::upstream::HttpClient;
@@ -75,7 +76,7 @@ async fn scrape_loop(pod: Arc<Pod>, client: HttpClient, interval: Duration, time
 }
 
 /// One GET of `<url>/metrics`; the error is a metric label.
-pub async fn scrape_once(client: &HttpClient, base_url: &str) -> Result<engine_metrics::EngineLoad, &'static str> {
+pub async fn scrape_once(client: &HttpClient, base_url: &str) -> Result<EngineLoad, &'static str> {
     let uri: hyper::Uri = format!("{base_url}/metrics").parse().map_err(|_| "bad_url")?;
     let request = hyper::Request::get(uri).body(Full::new(Bytes::new())).map_err(|_| "bad_url")?;
     let response = client.request(request).await.map_err(|_| "connect_error")?;

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::pods::engine_metrics::EngineLoad;
+use crate::pods::engine_load::EngineLoad;
 use crate::pods::prom_text::{label, sample, Sample};
 
 const RUNNING: &str = "sglang:num_running_reqs";

@@ -6,7 +6,7 @@
 //! and reports its fullest engine's KV usage and its smallest engine's capacity (a request runs
 //! on one engine).
 
-use crate::pods::engine_metrics::EngineLoad;
+use crate::pods::engine_load::EngineLoad;
 use crate::pods::prom_text::{label, sample, Sample};
 
 const WAITING: &str = "vllm:num_requests_waiting";
