@@ -127,8 +127,9 @@ fn central(version: &str) {
 
 /// Two attention-DP ranks of one pod, each built as the release's scheduler builds it from one
 /// `--kv-events-config` (PUB `p`, replay `q`: rank 1 binds `p + 1` and `q + 1`). Per pod, the
-/// pod is registered once with `dp_size = 2` and dialled by the port rule; central, both ranks
-/// share the topic and the registered replay endpoint, rank 1's ROUTER found by the rule. A gap
+/// pod is registered once with `dp_size = 2` and dialled by the port rule; central, rank 1
+/// dials our SUB's port + 1 (`zmq_bind_dp_size = 2`), both ranks share the topic and the
+/// registered replay endpoint, rank 1's ROUTER found by the rule. A gap
 /// on rank 1 replays from rank 1's ROUTER; a restart of rank 1 clears rank 1 only.
 fn dp_rank_1(version: Option<&str>, central_mode: bool) {
     let Some(mut peer) = release_peer(version) else { return };
@@ -140,19 +141,17 @@ fn dp_rank_1(version: Option<&str>, central_mode: bool) {
     let replay = format!("tcp://127.0.0.1:{replay_port}");
     let (server, _config);
     if central_mode {
-        server = Server::central(&[]);
+        // Rank r dials the configured port + r (`offset_endpoint_port` offsets connect
+        // endpoints too), so our SUB listens on both ports (`zmq_bind_dp_size`).
+        let sub_port = pub_port;
+        let zmq = format!("tcp://127.0.0.1:{sub_port}");
+        server = Server::start(&["--zmq-bind", &zmq, "--zmq-bind-dp-size", "2", "--block-size", "16"]);
         _config = None;
-        let zmq = server.zmq();
-        let (head, port) = zmq.rsplit_once(':').unwrap();
-        // kvindex's central SUB listens on one port, while SGLang's rank r connects to the
-        // configured port + r (`offset_endpoint_port` applies to connect endpoints too). Until
-        // `zmq_bind` can listen on a range, rank 1 is given the port below ours, so that its
-        // own offset lands on our SUB; its rank, batches and replay port are the engine's.
-        let below = format!("{head}:{}", port.parse::<u64>().unwrap() - 1);
-        for (name, rank, pod, endpoint) in [("r0", 0, base, zmq.clone()), ("r1", 1, rank1, below)] {
-            let r = peer.cmd(json!({"op": "sgl_engine_start", "name": name, "pod": pod, "endpoint": endpoint,
+        for (name, rank, pod) in [("r0", 0, base), ("r1", 1, rank1)] {
+            let r = peer.cmd(json!({"op": "sgl_engine_start", "name": name, "pod": pod, "endpoint": zmq,
                 "replay_endpoint": replay, "topic": topic, "attn_dp_size": 2, "attn_dp_rank": rank}));
-            assert_eq!((r["rank"].clone(), r["endpoint"].clone()), (json!(rank), json!(zmq)), "{r}");
+            let want = (json!(rank), json!(format!("tcp://127.0.0.1:{}", sub_port + rank)));
+            assert_eq!((r["rank"].clone(), r["endpoint"].clone()), want, "{r}");
         }
         peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
         peer.cmd(json!({"op": "register", "pod": base, "model": MODEL, "replay_endpoint": replay, "engine": "sglang"}));
