@@ -1,8 +1,9 @@
 //! SGLang releases other than the pinned one, and DP rank 1, as live sources of `kvindex serve`:
 //! each release's own `ZmqEventPublisher` from its PyPI wheel (installed by scripts/setup.sh
 //! into `$KVINDEX_VENV/sglang-<version>`, tests/python/sglang_release_peer.py), built as that
-//! release's scheduler builds it. 0.5.19 publishes positional (array-form) events and replay
-//! replies without the topic frame; 0.5.6 also records one event per page and no medium. A DP
+//! release's scheduler builds it. Replay replies carry no topic frame before 0.5.22; 0.5.20
+//! publishes map-form events, 0.5.19 positional (array-form) ones, and 0.5.6 also records one
+//! event per page and no medium. A DP
 //! rank offsets both its PUB and its replay port by its rank and stamps its batches with it;
 //! the docs name rank r of pod `host:port` the pod `host:(port + r)`. After every batch every
 //! chain is scored on every pod of the fleet and compared with what that pod's publisher would
@@ -214,6 +215,11 @@ fn dp_rank_1(version: Option<&str>, central_mode: bool) {
     let r = fleet_exact(&mut peer, &server, &ranks);
     assert_eq!((r["scores"]["r0/zero"].clone(), r["scores"]["r1/new"].clone()), (json!([2, 2]), json!([1, 1])), "{r}");
     assert_eq!(peer.score_pod(MODEL, &tokens(22, 48), rank1).0, 0, "nothing of rank 1's old process is credited");
+}
+
+#[test]
+fn service_sglang_0_5_20_per_pod_map_events_replay_without_topic_frame_and_restart() {
+    per_pod("0.5.20");
 }
 
 #[test]
