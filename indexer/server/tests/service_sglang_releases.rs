@@ -130,9 +130,30 @@ fn central(version: &str) {
 /// `--kv-events-config` (PUB `p`, replay `q`: rank 1 binds `p + 1` and `q + 1`). Per pod, the
 /// pod is registered once with `dp_size = 2` and dialled by the port rule; central, rank 1
 /// dials our SUB's port + 1 (`zmq_bind_dp_size = 2`), both ranks share the topic and the
-/// registered replay endpoint, rank 1's ROUTER found by the rule. A gap
-/// on rank 1 replays from rank 1's ROUTER; a restart of rank 1 clears rank 1 only.
+/// registered replay endpoint, rank 1's ROUTER found by the rule. A gap on rank 1 replays from
+/// rank 1's ROUTER; a restart of rank 1 clears rank 1 only.
 fn dp_rank_1(version: Option<&str>, central_mode: bool) {
+    dp_rank_1_as(version, central_mode, Dp::Attention)
+}
+
+/// How the engine runs its ranks: attention DP (each rank its own KV cache shard) or pure data
+/// parallelism (attention-DP size 1), where 0.5.19+ offsets by the replica index instead.
+#[derive(Clone, Copy)]
+enum Dp {
+    Attention,
+    Replicas,
+}
+
+/// The scheduler of `rank`: attention-DP rank of 2, or data-parallel replica (attention-DP 1).
+fn scheduler_rank(start: &mut Value, dp: Dp, rank: u64) {
+    let fields = match dp {
+        Dp::Attention => json!({"attn_dp_size": 2, "attn_dp_rank": rank}),
+        Dp::Replicas => json!({"attn_dp_size": 1, "attn_dp_rank": 0, "dp_rank": rank}),
+    };
+    start.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+}
+
+fn dp_rank_1_as(version: Option<&str>, central_mode: bool, dp: Dp) {
     let Some(mut peer) = release_peer(version) else { return };
     let ports = peer.cmd(json!({"op": "free_ports", "count": 2, "n": 2}))["bases"].clone();
     let (pub_port, replay_port) = (ports[0].as_u64().unwrap(), ports[1].as_u64().unwrap());
@@ -149,8 +170,10 @@ fn dp_rank_1(version: Option<&str>, central_mode: bool) {
         server = Server::start(&["--zmq-bind", &zmq, "--zmq-bind-dp-size", "2", "--block-size", "16"]);
         _config = None;
         for (name, rank, pod) in [("r0", 0, base), ("r1", 1, rank1)] {
-            let r = peer.cmd(json!({"op": "sgl_engine_start", "name": name, "pod": pod, "endpoint": zmq,
-                "replay_endpoint": replay, "topic": topic, "attn_dp_size": 2, "attn_dp_rank": rank}));
+            let mut start = json!({"op": "sgl_engine_start", "name": name, "pod": pod, "endpoint": zmq,
+                "replay_endpoint": replay, "topic": topic});
+            scheduler_rank(&mut start, dp, rank);
+            let r = peer.cmd(start);
             let want = (json!(rank), json!(format!("tcp://127.0.0.1:{}", sub_port + rank)));
             assert_eq!((r["rank"].clone(), r["endpoint"].clone()), want, "{r}");
         }
@@ -158,8 +181,10 @@ fn dp_rank_1(version: Option<&str>, central_mode: bool) {
         peer.cmd(json!({"op": "register", "pod": base, "model": MODEL, "replay_endpoint": replay, "engine": "sglang"}));
     } else {
         for (name, rank, pod) in [("r0", 0, base), ("r1", 1, rank1)] {
-            let r = peer.cmd(json!({"op": "sgl_engine_start", "name": name, "pod": pod, "endpoint": format!("tcp://*:{pub_port}"),
-                "replay_endpoint": format!("tcp://*:{replay_port}"), "topic": topic, "attn_dp_size": 2, "attn_dp_rank": rank}));
+            let mut start = json!({"op": "sgl_engine_start", "name": name, "pod": pod, "endpoint": format!("tcp://*:{pub_port}"),
+                "replay_endpoint": format!("tcp://*:{replay_port}"), "topic": topic});
+            scheduler_rank(&mut start, dp, rank);
+            let r = peer.cmd(start);
             let want = (
                 json!(rank),
                 json!(format!("tcp://127.0.0.1:{}", pub_port + rank)),
@@ -270,4 +295,9 @@ fn service_sglang_dp_rank_1_central_0_5_19() {
 #[test]
 fn service_sglang_dp_rank_1_central_0_5_6() {
     dp_rank_1(Some("0.5.6"), true);
+}
+
+#[test]
+fn service_sglang_pure_dp_replica_1_per_pod_0_5_19() {
+    dp_rank_1_as(Some("0.5.19"), false, Dp::Replicas);
 }

@@ -40,6 +40,7 @@ PAGE_PER_EVENT = RELEASE < (0, 5, 15)
 
 
 def publisher_rank(attn_dp_size, attn_dp_rank, dp_rank):
+    """The rank the scheduler offsets its publisher by (see the module doc)."""
     select = getattr(kv, "select_kv_publisher_dp_rank", None)
     return select(attn_dp_size, attn_dp_rank, dp_rank) if select else attn_dp_rank
 
@@ -170,10 +171,13 @@ class Peer(sglang_peer.Peer):
                 bases.append(b)
         return {"bases": bases}
 
-    def op_sgl_engine_start(self, name, pod, endpoint, replay_endpoint=None, topic="", page_size=1, attn_dp_size=1, attn_dp_rank=0):
-        """A scheduler of rank `attn_dp_rank` (of `attn_dp_size`) with this --kv-events-config."""
+    def op_sgl_engine_start(
+        self, name, pod, endpoint, replay_endpoint=None, topic="", page_size=1, attn_dp_size=1, attn_dp_rank=0, dp_rank=None
+    ):
+        """A scheduler with this --kv-events-config: attention-DP rank `attn_dp_rank` of
+        `attn_dp_size`, or (`attn_dp_size` 1) data-parallel replica `dp_rank`."""
         config = {"endpoint": endpoint, "replay_endpoint": replay_endpoint, "topic": topic}
-        rank = publisher_rank(attn_dp_size, attn_dp_rank, None)
+        rank = publisher_rank(attn_dp_size, attn_dp_rank, dp_rank)
         self.sgl[name] = EnginePub(pod, config, page_size, rank)
         return dict(self.sgl[name].endpoints(), rank=rank, version=sglang_peer.SGLANG_VERSION)
 
