@@ -3,7 +3,8 @@
 //! them per listener and per source, handshakes each under a timeout, and turns every
 //! connection into [`Event`]s on one queue.
 //!
-//! One task accepts; one task per connection reads. Connections are capped before the
+//! One task per bound endpoint accepts (one SUB may listen on several ports, e.g. every DP
+//! rank's); one task per connection reads. Connections are capped before the
 //! handshake starts (a refused one is closed at once and reported), so a flood of sockets from
 //! one address costs us a descriptor for microseconds, not for the handshake timeout. Those
 //! still handshaking are capped apart, in total and per source, so sockets that never greet
