@@ -301,3 +301,35 @@ fn service_sglang_dp_rank_1_central_0_5_6() {
 fn service_sglang_pure_dp_replica_1_per_pod_0_5_19() {
     dp_rank_1_as(Some("0.5.19"), false, Dp::Replicas);
 }
+
+/// SGLang before 0.5.6 (ids are Python's `hash()` of a page; every radix node's first page is
+/// published with no parent): a node that extends a cached prefix looks like a new chain, so
+/// nothing such a release stores may credit (kvindex::sglang::builtin_ids). Its own publisher:
+/// a prompt of the continuation's tokens alone must score 0 on the pod.
+#[test]
+fn service_sglang_0_5_5_stores_never_credit_a_continuation_as_a_chain() {
+    let Some(mut peer) = release_peer(Some("0.5.5")) else { return };
+    let pod = "10.0.0.7:30000";
+    let a = peer.cmd(json!({"op": "sgl_engine_start", "name": "a", "pod": pod, "endpoint": "tcp://127.0.0.1:*",
+        "replay_endpoint": "tcp://127.0.0.1:*"}));
+    let flag = format!(
+        "{pod},{MODEL},{},{},engine=sglang",
+        a["endpoint"].as_str().unwrap(),
+        a["replay_endpoint"].as_str().unwrap()
+    );
+    let server = Server::start(&["--block-size", "16", "--pod", &flag]);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    subscribed(&mut peer, &server, "a");
+    let long = tokens(1, 64);
+    store(&mut peer, "a", "one", &long[..40]);
+    store(&mut peer, "a", "one", &long);
+    store(&mut peer, "a", "two", &tokens(2, 32));
+    caught_up(&mut peer, &server, &["a"]);
+    for start in [16, 32, 40, 48] {
+        assert_eq!(peer.score_pod(MODEL, &long[start..], pod).0, 0, "tokens {start}.. are no chain the pod holds");
+    }
+    let r = peer.cmd(json!({"op": "sgl_check", "names": ["a"], "model": MODEL, "block_size": SGLANG_BLOCK}));
+    assert_eq!(r["violations"], json!([]), "{r}");
+    assert_eq!((r["scores"]["a/one"].clone(), r["scores"]["a/two"].clone()), (json!([0, 4]), json!([0, 2])), "{r}");
+    assert!(server.metric("kvindex_skipped_blocks_total", &["reason=\"parent_unknown\""]) >= 96.0);
+}

@@ -37,6 +37,10 @@ kv = sglang_peer.kv
 RELEASE = tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in sglang_peer.SGLANG_VERSION.split(".")[:3])
 # 0.5.15 batched a node's pages into one event (the C++ hash binding came with it).
 PAGE_PER_EVENT = RELEASE < (0, 5, 15)
+# Before 0.5.6 a page's id is Python's `hash(tuple(page))` (not position-aware), and
+# `_record_store_event` publishes the first page of every radix node with no parent (its test
+# `node != self.root_node` is always true).
+BUILTIN_HASH = RELEASE < (0, 5, 6)
 
 
 def publisher_rank(attn_dp_size, attn_dp_rank, dp_rank):
@@ -124,6 +128,9 @@ class EnginePub(sglang_peer.SglangPub):
         tail = tokens[whole * p :]
         if partial and tail:
             pages.append((sglang_peer.page_id(sglang_peer.page_digest(digests[-1] if digests else None, tail)), tail))
+        if BUILTIN_HASH:
+            pages = [(hash(tuple(page)), page) for _, page in pages]
+            parent = None
         events = []
         if PAGE_PER_EVENT:
             for page_id, page in pages:
@@ -140,8 +147,11 @@ class EnginePub(sglang_peer.SglangPub):
 
     def evict(self, chain, pages):
         """Leaf-first eviction of the last `pages` whole pages of `chain`."""
-        _, digests = self.chains[chain]
+        tokens, digests = self.chains[chain]
         gone = [sglang_peer.page_id(d) for d in digests[len(digests) - pages :]]
+        if BUILTIN_HASH:
+            p = self.page_size
+            gone = [hash(tuple(tokens[i * p : (i + 1) * p])) for i in range(len(digests) - pages, len(digests))]
         del digests[len(digests) - pages :]
         events = [self.removed([g]) for g in gone] if PAGE_PER_EVENT else [self.removed(gone)]
         return self.publish(events)

@@ -56,6 +56,16 @@ pub fn exact(peer: &mut Peer, server: &Server, names: &[&str]) -> Value {
 /// [`exact`] with the comparison op `check`: `sgl_check` (each publisher's own chains on its
 /// own pod) or `sgl_check_fleet` (sglang_release_peer.py: every chain on every named pod).
 pub fn exact_by(peer: &mut Peer, server: &Server, names: &[&str], check: &str) -> Value {
+    caught_up(peer, server, names);
+    wait_until(&format!("{names:?} scored as SGLang serves them"), 30, || {
+        let r = peer.cmd(json!({"op": check, "names": names, "model": SGLANG_MODEL, "block_size": SGLANG_BLOCK}));
+        assert_eq!(r["violations"], json!([]), "a pod was credited with a block SGLang would not serve: {r}");
+        (r["mismatches"] == json!([])).then_some(r)
+    })
+}
+
+/// Waits until the indexer has applied every named SGLang publisher's last seq.
+pub fn caught_up(peer: &mut Peer, server: &Server, names: &[&str]) {
     let info = peer.cmd(json!({"op": "sgl_info", "names": names}));
     let caught_up = wait_until_or_none(30, || {
         names
@@ -69,11 +79,6 @@ pub fn exact_by(peer: &mut Peer, server: &Server, names: &[&str], check: &str) -
             .then_some(())
     });
     assert!(caught_up.is_some(), "the indexer did not catch up with {info} in 30s: {}", server.sources());
-    wait_until(&format!("{names:?} scored as SGLang serves them"), 30, || {
-        let r = peer.cmd(json!({"op": check, "names": names, "model": SGLANG_MODEL, "block_size": SGLANG_BLOCK}));
-        assert_eq!(r["violations"], json!([]), "a pod was credited with a block SGLang would not serve: {r}");
-        (r["mismatches"] == json!([])).then_some(r)
-    })
 }
 
 pub fn store(peer: &mut Peer, name: &str, chain: &str, tokens: &[u32]) {
