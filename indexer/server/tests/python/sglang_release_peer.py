@@ -3,8 +3,8 @@
 sglang_peer.py loads `kv_events.py` from whichever `sglang` distribution comes first on
 sys.path; the tests start this script with `PYTHONPATH=$KVINDEX_VENV/sglang-<version>` (each
 release installed `--no-deps --target` by scripts/setup.sh), so that release's own module is the
-one loaded. The stubs sglang_peer.py provides cover every release used here (0.5.6 imports
-neither stubbed module, 0.5.19 only `NetworkAddress`).
+one loaded. The stubs sglang_peer.py provides cover every release used here (0.5.5 and 0.5.6
+import neither stubbed module, 0.5.19 and 0.5.20 only `NetworkAddress`).
 
 Releases differ in what the engine does around the module, so this peer does it as each
 release's engine does:
@@ -17,7 +17,8 @@ release's engine does:
   publishes no `medium` (0.5.6's `RadixCache._record_store_event`); from 0.5.15 a node's pages
   go in one event;
 - 0.5.6's page id is `hash_str_to_int64(get_hash_str(page, prior))`: the same SHA-256 page chain
-  sglang_peer.py computes (its hicache_storage module imports torch, so it is not loaded).
+  sglang_peer.py computes (its hicache_storage module imports torch, so it is not loaded);
+  0.5.5's is `hash(tuple(page))`, and its first page of every node has no parent.
 
 `sgl_check_fleet` compares every chain of every named publisher with every named pod: a chain
 another rank holds must score 0 here, so a rank read as another rank fails.
