@@ -82,6 +82,11 @@ settings! {
     /// Central mode: bind a SUB socket here (e.g. tcp://*:5557) that engines dial.
     #[arg(long, env = "KVINDEX_ZMQ_BIND")]
     zmq_bind: Option<String> = TextSpec { default: None },
+    /// Central mode: also listen on `zmq_bind`'s port + r for each DP rank r below this, since
+    /// an engine's rank r dials its configured port + r (vLLM's and SGLang's
+    /// `offset_endpoint_port`). A `tcp://` endpoint with a port other than 0.
+    #[arg(long, env = "KVINDEX_ZMQ_BIND_DP_SIZE")]
+    zmq_bind_dp_size: Option<i64> = IntSpec { default: Some(1), min: 1, max: 128 },
     /// Per-pod mode: `<pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]` (repeatable).
     #[arg(long = "pod", value_name = "POD", value_parser = PodConfig::from_flag)]
     pods: Vec<PodConfig> = ListSpec {},
