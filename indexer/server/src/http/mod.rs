@@ -174,6 +174,10 @@ struct RegisterBody {
     engine: Option<kvindex::wire::Engine>,
     #[serde(default)]
     page_size: Option<u32>,
+    #[serde(default, deserialize_with = "crate::config::parsed")]
+    sglang_release: Option<kvindex::sglang::SglangRelease>,
+    #[serde(default, deserialize_with = "crate::config::parsed")]
+    sglang_event_format: Option<kvindex::sglang::EventFormat>,
 }
 
 fn bad_request(reason: &'static str, message: String) -> Response {
@@ -220,6 +224,8 @@ async fn register(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
         dp_size: b.dp_size.unwrap_or(1),
         engine: b.engine,
         page_size: b.page_size,
+        sglang_release: b.sglang_release,
+        sglang_event_format: b.sglang_event_format,
     };
     if let Err(message) = s.handles.pods.may_change("http", &cfg.id) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();

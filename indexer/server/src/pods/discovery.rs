@@ -94,6 +94,8 @@ fn pod_config(pod: &DiscoveredPod, central: bool) -> PodConfig {
         dp_size: pod.dp_size,
         engine: None,
         page_size: None,
+        sglang_release: None,
+        sglang_event_format: None,
     }
 }
 
