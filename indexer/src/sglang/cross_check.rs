@@ -49,6 +49,17 @@ impl PageChainCheck {
         PageChainCheck { release, format, digests: FxHashMap::default() }
     }
 
+    /// Whether `store` continues a page whose digest this check remembers (a page it matched),
+    /// so that checking it costs only its own pages.
+    pub fn continues(&self, store: &BlockStored<'_>) -> bool {
+        store.parent_block_hash.as_ref().is_some_and(|p| self.digests.contains_key(&(p.key() as i64)))
+    }
+
+    /// Forgets every remembered digest (the source was cleared: its pages are gone).
+    pub fn clear(&mut self) {
+        self.digests.clear();
+    }
+
     /// Checks one store's ids (every page of it, or none).
     pub fn check(&mut self, store: &BlockStored<'_>) -> Verification {
         let mut v = Verification::default();

@@ -124,8 +124,14 @@ async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
                     .collect();
                 obj.insert("blocks_by_tier".into(), serde_json::Value::Object(tiers));
                 obj.insert("blocks".into(), json!(stats.blocks));
-                obj.insert("hash_check_mismatches".into(), json!(stats.hash_check.mismatched));
-                obj.insert("hash_check_checked".into(), json!(stats.hash_check.checked));
+                // vLLM's check counts in the index, SGLang's in its stream (`page_hash_check`).
+                let (sgl_checked, sgl_mismatched) =
+                    d.page_hash_check.as_ref().map_or((0, 0), |c| (u64::from(c.checked), u64::from(c.mismatched)));
+                obj.insert(
+                    "hash_check_mismatches".into(),
+                    json!(u64::from(stats.hash_check.mismatched) + sgl_mismatched),
+                );
+                obj.insert("hash_check_checked".into(), json!(u64::from(stats.hash_check.checked) + sgl_checked));
             }
             v
         })

@@ -2,13 +2,19 @@
 //! before it reaches the index. vLLM's and TensorRT-LLM's batches key as they come; SGLang's
 //! keep only the pages SGLang would serve (`PageRules`: a partial last page and unkeyable
 //! pages never credit) and have pages smaller than a canonical block rewritten into canonical
-//! blocks (`SmallPages`, whose chain memory is per stream and starts over on every clear).
+//! blocks (`SmallPages`, whose chain memory is per stream and starts over on every clear), and
+//! their published page ids sampled against SGLang's own page hash first ([`SampledPageCheck`],
+//! as published, before any rewrite; it never changes what is keyed).
 //! Both drivers of the stream table (the live worker and `kvindex replay`) apply every batch
 //! through the stream's rules, so they key SGLang the same way.
 
 use kvindex::index::SkipReason;
 use kvindex::sglang::{PageRules, SmallPages};
+use kvindex::vllm_hash::Verification;
 use kvindex::wire::{Engine, EventBatch};
+
+use super::sglang_check::SampledPageCheck;
+use crate::config::SglangCheckConfig;
 
 /// SGLang's default `--page-size`: a source that names no page size is taken to use it.
 pub const SGLANG_DEFAULT_PAGE_SIZE: usize = 1;
@@ -21,6 +27,8 @@ pub struct EngineRules {
     block_size: usize,
     /// SGLang only.
     small_pages: Option<SmallPages>,
+    /// SGLang only, when the check is on for the source.
+    page_check: Option<SampledPageCheck>,
 }
 
 /// Engine blocks the rules kept out of the index, by the index's skip reasons.
@@ -30,6 +38,10 @@ pub struct RulesReport {
     pub unkeyable_tokens: u64,
     pub parent_unknown: u64,
     pub block_size_mismatch: u64,
+    /// SGLang's sampled page-hash cross-check of the batch (counted as vLLM's check is).
+    pub hash_check: Verification,
+    /// The batch made the source's sampled ids all-mismatching (reported once).
+    pub newly_misconfigured: bool,
 }
 
 impl RulesReport {
@@ -46,26 +58,44 @@ impl RulesReport {
 
 impl EngineRules {
     /// `page_size`: the source's page size as configured (SGLang; none: SGLang's default).
-    /// `block_size`: the index's canonical block.
-    pub fn new(engine: Engine, page_size: Option<usize>, block_size: usize) -> EngineRules {
-        let small_pages = (engine == Engine::Sglang).then(|| SmallPages::new(block_size));
-        EngineRules { engine, page_size, block_size, small_pages }
+    /// `block_size`: the index's canonical block. `check`: SGLang's page-hash cross-check for
+    /// this source (none: off).
+    pub fn new(
+        engine: Engine,
+        page_size: Option<usize>,
+        check: Option<SglangCheckConfig>,
+        block_size: usize,
+    ) -> EngineRules {
+        let sglang = engine == Engine::Sglang;
+        let small_pages = sglang.then(|| SmallPages::new(block_size));
+        let page_check = check.filter(|_| sglang).and_then(SampledPageCheck::new);
+        EngineRules { engine, page_size, block_size, small_pages, page_check }
     }
 
     pub fn engine(&self) -> Engine {
         self.engine
     }
 
-    /// Whether these are the rules for `engine` with `page_size` (else the stream's source
-    /// was re-registered with other ones).
-    pub fn is_for(&self, engine: Engine, page_size: Option<usize>) -> bool {
-        self.engine == engine && self.page_size == page_size
+    /// Whether these are the rules for `engine` with `page_size` and `check` (else the
+    /// stream's source was re-registered with other ones).
+    pub fn is_for(&self, engine: Engine, page_size: Option<usize>, check: Option<SglangCheckConfig>) -> bool {
+        let check_now = check.filter(|&c| engine == Engine::Sglang && SampledPageCheck::is_on(c));
+        self.engine == engine && self.page_size == page_size && self.page_check.as_ref().map(|c| c.spec()) == check_now
+    }
+
+    /// SGLang's page-hash cross-check of this stream, when it is on.
+    pub fn page_check(&self) -> Option<&SampledPageCheck> {
+        self.page_check.as_ref()
     }
 
     /// The batch as the index must take it, and what was kept out.
     pub fn prepare<'a>(&mut self, batch: &EventBatch<'a>) -> (Option<EventBatch<'a>>, RulesReport) {
         let mut report = RulesReport::default();
         let Some(small_pages) = self.small_pages.as_mut() else { return (None, report) };
+        if let Some(check) = self.page_check.as_mut() {
+            let checked = check.check(batch);
+            (report.hash_check, report.newly_misconfigured) = (checked.verification, checked.newly_misconfigured);
+        }
         let rules = PageRules { page_size: Some(self.page_size.unwrap_or(SGLANG_DEFAULT_PAGE_SIZE)) };
         let mut servable = batch.clone();
         (report.partial_page, report.unkeyable_tokens) = rules.keep_servable(&mut servable, self.block_size);
@@ -79,6 +109,9 @@ impl EngineRules {
     pub fn clear(&mut self) {
         if let Some(small_pages) = self.small_pages.as_mut() {
             small_pages.clear();
+        }
+        if let Some(check) = self.page_check.as_mut() {
+            check.clear();
         }
     }
 }
