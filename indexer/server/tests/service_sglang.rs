@@ -241,7 +241,9 @@ fn service_sglang_page_hash_check_matches_the_right_release_and_reports_a_wrong_
         ("dynamo", "10.0.1.3:30000", ",sglang_event_format=dynamo"),
         ("unhashable", "10.0.1.4:30000", ",sglang_release=0.5.5"),
     ];
-    let mut args = vec!["--block-size".to_string(), "16".into(), "--hash-check-every".into(), "1".into()];
+    // vLLM's check on too (`--hash-seed`): it must leave SGLang's ids alone.
+    let mut args: Vec<String> =
+        ["--block-size", "16", "--hash-check-every", "1", "--hash-seed", "0"].map(String::from).into();
     for (name, pod, options) in pods {
         let s = peer.cmd(json!({"op": "sgl_start", "name": name, "pod": pod, "endpoint": "tcp://127.0.0.1:*",
             "replay_endpoint": "tcp://127.0.0.1:*", "bind": true}));

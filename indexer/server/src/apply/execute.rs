@@ -108,7 +108,12 @@ impl Worker {
         let mut apply = |decoded: &EventBatch<'_>| {
             let (prepared, report) = st.rules.prepare(decoded);
             kept_out = report;
-            index.apply(&st.pod, &st.model, prepared.as_ref().unwrap_or(decoded))
+            let batch = prepared.as_ref().unwrap_or(decoded);
+            if st.rules.engine() == kvindex::wire::Engine::Vllm {
+                index.apply(&st.pod, &st.model, batch)
+            } else {
+                index.apply_not_vllm(&st.pod, &st.model, batch)
+            }
         };
         let mut report = match decoded {
             Some(decoded) => {

@@ -22,8 +22,14 @@ use crate::config::SglangCheckConfig;
 pub const MISCONFIGURED_AFTER_PAGES: u32 = 8;
 
 /// Pages the check may hash ahead of its one-in-`every` budget, so that a sampled chain is
-/// followed through a burst of continuations (a few hundred microseconds of SHA-256).
-pub const BURST_PAGES: u64 = 4096;
+/// followed through a burst of continuations (some milliseconds of SHA-256). Also the most
+/// pages one store may have to be checked: a longer one is not sampled (the cost of one
+/// message's check stays bounded).
+pub const BURST_PAGES: u64 = 65_536;
+
+/// Page digests one stream's check remembers (for the stores that continue a checked page);
+/// past it the memory starts over. About 400 KiB per stream at most.
+pub const MAX_REMEMBERED_PER_STREAM: usize = 8192;
 
 /// One SGLang stream's check and its totals.
 #[derive(Debug, Clone)]
@@ -52,7 +58,7 @@ impl SampledPageCheck {
     pub fn new(spec: SglangCheckConfig) -> Option<SampledPageCheck> {
         Self::is_on(spec).then(|| SampledPageCheck {
             spec,
-            chain: PageChainCheck::new(spec.release, spec.format),
+            chain: PageChainCheck::with_limit(spec.release, spec.format, MAX_REMEMBERED_PER_STREAM),
             stores_seen: 0,
             pages_seen: 0,
             pages_hashed: 0,
@@ -102,7 +108,7 @@ impl SampledPageCheck {
             self.pages_seen += pages;
             let sampled = (self.stores_seen - 1).is_multiple_of(every);
             let within_budget = self.pages_hashed <= self.pages_seen / every + BURST_PAGES;
-            if !(sampled || self.chain.continues(store)) || !within_budget {
+            if !(sampled || self.chain.continues(store)) || !within_budget || pages > BURST_PAGES {
                 continue;
             }
             let v = self.chain.check(store);
@@ -170,12 +176,13 @@ mod tests {
         // A long chain outruns the budget: then only one page in four, plus the burst.
         let mut check = SampledPageCheck::new(spec(4, "0.5.23", EventFormat::Default)).unwrap();
         let mut total = Verification::default();
-        for b in &chain(8000, 4, None) {
+        let stores = 2 * BURST_PAGES as usize;
+        for b in &chain(stores, 1, None) {
             total.merge(&check.check(b).verification);
         }
         assert_eq!(total.mismatched, 0);
         assert!(total.matched >= BURST_PAGES as u32, "{total:?}");
-        assert!(u64::from(total.checked) <= 32_000 / 4 + BURST_PAGES + 4, "one page in four: {total:?}");
+        assert!(u64::from(total.checked) <= stores as u64 / 4 + BURST_PAGES + 1, "one page in four: {total:?}");
         assert!(!check.misconfigured());
         assert_eq!(check.totals(), total);
     }
