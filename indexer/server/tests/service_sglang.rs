@@ -331,3 +331,42 @@ fn service_sglang_registered_over_grpc_with_page_size_16() {
     // The partial page is hashed alike (it continues the third page): checked, never credited.
     assert_eq!(source["page_hash_check"]["matched"], 4, "{source}");
 }
+
+/// `POST /pods` takes an SGLang pod's release and event format (shown in `registered_pods`);
+/// one that does not parse, or one on a pod of another engine, is a 400 naming the field.
+#[test]
+fn service_sglang_release_and_format_registered_over_http() {
+    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]);
+    let body = json!({"pod": "p:1", "model": MODEL, "engine": "sglang", "page_size": 16,
+        "sglang_release": "0.5.22.post1", "sglang_event_format": "dynamo"});
+    let (status, text) = server.http("POST", "/pods", Some(&body.to_string()));
+    assert_eq!(status, 200, "{text}");
+    let pods = server.sources()["registered_pods"].clone();
+    assert_eq!(
+        (
+            pods[0]["engine"].clone(),
+            pods[0]["page_size"].clone(),
+            pods[0]["sglang_release"].clone(),
+            pods[0]["sglang_event_format"].clone()
+        ),
+        (json!("sglang"), json!(16), json!("0.5.22"), json!("dynamo")),
+        "{pods}"
+    );
+    for (body, field) in [
+        (
+            json!({"pod": "p:2", "model": MODEL, "engine": "sglang", "sglang_release": "latest"}),
+            "not an SGLang version",
+        ),
+        (
+            json!({"pod": "p:3", "model": MODEL, "engine": "sglang", "sglang_event_format": "llmd"}),
+            "unknown SGLang kv_events format",
+        ),
+        (json!({"pod": "p:4", "model": MODEL, "engine": "vllm", "sglang_release": "0.5.22"}), "sglang_release"),
+        (json!({"pod": "p:5", "model": MODEL, "engine": "sglang", "page_size": 24}), "block_size (16)"),
+    ] {
+        let (status, text) = server.http("POST", "/pods", Some(&body.to_string()));
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(field), "{body}: {text}");
+    }
+    assert_eq!(server.sources()["registered_pods"].as_array().unwrap().len(), 1);
+}

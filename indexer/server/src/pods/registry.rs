@@ -48,6 +48,15 @@ pub struct PodView {
     pub topic_id: Option<String>,
     pub dp_size: u32,
     pub origin: &'static str,
+    /// What the entry names of its engine (absent: the server's defaults).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sglang_release: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sglang_event_format: Option<&'static str>,
 }
 
 impl Registry {
@@ -127,6 +136,10 @@ impl Registry {
                 topic_id: p.cfg.topic_id.clone(),
                 dp_size: p.cfg.dp_size,
                 origin: p.origin,
+                engine: p.cfg.engine.map(|e| e.as_str()),
+                page_size: p.cfg.page_size,
+                sglang_release: p.cfg.sglang_release.map(|r| r.to_string()),
+                sglang_event_format: p.cfg.sglang_event_format.map(|f| f.as_str()),
             })
             .collect()
     }
