@@ -115,3 +115,45 @@ impl EngineRules {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvindex::sglang::{event_id, page_digests, ChainTokens, EventFormat};
+    use kvindex::wire::{BlockStored, EngineHash, Event};
+
+    fn spec(release: &str) -> SglangCheckConfig {
+        SglangCheckConfig { release: release.parse().unwrap(), format: EventFormat::Default, every: 1 }
+    }
+
+    /// One SGLang store of 32 one-token pages, as 0.5.6+ publishes it.
+    fn batch() -> EventBatch<'static> {
+        let tokens: Vec<u64> = (1..=32).collect();
+        let digests = page_digests(None, ChainTokens::Plain(&tokens), 1, false).unwrap();
+        let store = BlockStored {
+            block_hashes: digests.iter().map(|d| EngineHash::Int(event_id(d))).collect(),
+            token_ids: Some((1..=32).collect()),
+            block_size: Some(1),
+            ..Default::default()
+        };
+        EventBatch { ts: 0.0, events: vec![Event::BlockStored(store)], data_parallel_rank: None }
+    }
+
+    #[test]
+    fn the_check_reads_the_batch_as_published_and_keys_nothing_differently() {
+        let mut checked = EngineRules::new(Engine::Sglang, None, Some(spec("0.5.23")), 16);
+        let mut unchecked = EngineRules::new(Engine::Sglang, None, None, 16);
+        let (with, report) = checked.prepare(&batch());
+        let (without, plain) = unchecked.prepare(&batch());
+        assert_eq!(with, without, "matching never depends on the check");
+        assert_eq!((report.hash_check.checked, report.hash_check.matched), (32, 32), "the 32 pages as published");
+        assert_eq!(plain.hash_check, Verification::default());
+        // Only SGLang streams are checked, and only releases whose ids can be recomputed.
+        assert!(EngineRules::new(Engine::Vllm, None, Some(spec("0.5.23")), 16).page_check().is_none());
+        assert!(EngineRules::new(Engine::Sglang, None, Some(spec("0.5.5")), 16).page_check().is_none());
+        // A re-registration with another release makes new rules.
+        assert!(checked.is_for(Engine::Sglang, None, Some(spec("0.5.23"))));
+        assert!(!checked.is_for(Engine::Sglang, None, Some(spec("0.5.19"))));
+        assert!(unchecked.is_for(Engine::Sglang, None, Some(spec("0.5.5"))), "off either way");
+    }
+}
