@@ -76,11 +76,20 @@ impl EngineRules {
         self.engine
     }
 
-    /// Whether these are the rules for `engine` with `page_size` and `check` (else the
-    /// stream's source was re-registered with other ones).
-    pub fn is_for(&self, engine: Engine, page_size: Option<usize>, check: Option<SglangCheckConfig>) -> bool {
-        let check_now = check.filter(|&c| engine == Engine::Sglang && SampledPageCheck::is_on(c));
-        self.engine == engine && self.page_size == page_size && self.page_check.as_ref().map(|c| c.spec()) == check_now
+    /// Whether these are the rules for `engine` with `page_size` (else the stream's source was
+    /// re-registered with other ones).
+    pub fn is_for(&self, engine: Engine, page_size: Option<usize>) -> bool {
+        self.engine == engine && self.page_size == page_size
+    }
+
+    /// Follows a re-registration's SGLang check (another release or format, learned later by
+    /// discovery, say): a new check, keeping the keying rules' chain memory, which does not
+    /// depend on it.
+    pub fn follow_check(&mut self, check: Option<SglangCheckConfig>) {
+        let wanted = check.filter(|&c| self.engine == Engine::Sglang && SampledPageCheck::is_on(c));
+        if self.page_check.as_ref().map(|c| c.spec()) != wanted {
+            self.page_check = wanted.and_then(SampledPageCheck::new);
+        }
     }
 
     /// SGLang's page-hash cross-check of this stream, when it is on.
@@ -126,17 +135,24 @@ mod tests {
         SglangCheckConfig { release: release.parse().unwrap(), format: EventFormat::Default, every: 1 }
     }
 
-    /// One SGLang store of 32 one-token pages, as 0.5.6+ publishes it.
-    fn batch() -> EventBatch<'static> {
-        let tokens: Vec<u64> = (1..=32).collect();
-        let digests = page_digests(None, ChainTokens::Plain(&tokens), 1, false).unwrap();
+    /// Pages `from..to` (one token each) of one chain as SGLang 0.5.6+ publishes them: 32 pages,
+    /// then their 16-page continuation.
+    fn stored(from: usize, to: usize) -> EventBatch<'static> {
+        let tokens: Vec<u64> = (1..=48).collect();
+        let ids: Vec<i64> =
+            page_digests(None, ChainTokens::Plain(&tokens), 1, false).unwrap().iter().map(event_id).collect();
         let store = BlockStored {
-            block_hashes: digests.iter().map(|d| EngineHash::Int(event_id(d))).collect(),
-            token_ids: Some((1..=32).collect()),
+            block_hashes: ids[from..to].iter().map(|&i| EngineHash::Int(i)).collect(),
+            parent_block_hash: from.checked_sub(1).map(|p| EngineHash::Int(ids[p])),
+            token_ids: Some(tokens[from..to].iter().map(|&t| t as u32).collect()),
             block_size: Some(1),
             ..Default::default()
         };
         EventBatch { ts: 0.0, events: vec![Event::BlockStored(store)], data_parallel_rank: None }
+    }
+
+    fn batch() -> EventBatch<'static> {
+        stored(0, 32)
     }
 
     #[test]
@@ -151,9 +167,16 @@ mod tests {
         // Only SGLang streams are checked, and only releases whose ids can be recomputed.
         assert!(EngineRules::new(Engine::Vllm, None, Some(spec("0.5.23")), 16).page_check().is_none());
         assert!(EngineRules::new(Engine::Sglang, None, Some(spec("0.5.5")), 16).page_check().is_none());
-        // A re-registration with another release makes new rules.
-        assert!(checked.is_for(Engine::Sglang, None, Some(spec("0.5.23"))));
-        assert!(!checked.is_for(Engine::Sglang, None, Some(spec("0.5.19"))));
-        assert!(unchecked.is_for(Engine::Sglang, None, Some(spec("0.5.5"))), "off either way");
+        // A re-registration with another release makes a new check, and keeps the rest.
+        checked.follow_check(Some(spec("0.5.19")));
+        assert_eq!(checked.page_check().map(|c| c.release().to_string()), Some("0.5.19".into()));
+        assert_eq!(checked.page_check().unwrap().totals(), Verification::default());
+        unchecked.follow_check(Some(spec("0.5.5")));
+        assert!(unchecked.page_check().is_none(), "off either way");
+        // The small-page chain memory survives it: the continuation still finds its parent.
+        let (continued, report) = checked.prepare(&stored(32, 48));
+        assert_eq!((report.parent_unknown, report.hash_check.checked), (0, 0), "{report:?}");
+        let Some(Event::BlockStored(block)) = continued.as_ref().map(|b| &b.events[0]) else { panic!("{continued:?}") };
+        assert_eq!(block.block_hashes.len(), 1, "the third canonical block");
     }
 }

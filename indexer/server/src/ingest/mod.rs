@@ -325,8 +325,10 @@ impl<X: Ext> StreamTable<X> {
             out.push(Effect::Created { key: key.clone() });
         }
         let st = self.streams.get_mut(key)?;
-        if !st.rules.is_for(engine, page_size, check) {
+        if !st.rules.is_for(engine, page_size) {
             st.rules = EngineRules::new(engine, page_size, check, self.config.block_size);
+        } else {
+            st.rules.follow_check(check);
         }
         if st.model != name.model {
             let old = std::mem::replace(&mut st.model, name.model.clone());
