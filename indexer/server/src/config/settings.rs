@@ -335,6 +335,12 @@ fn discovery_specs() -> Vec<Spec> {
         text("discovery_label_selector", Some(discovery_args::LABEL_SELECTOR_DEFAULT)),
         text("discovery_model", None),
         text("discovery_api_server", None),
+        ChoiceSpec {
+            key: "discovery_engine_probe",
+            default: discovery_args::ENGINE_PROBE_DEFAULT,
+            choices: &discovery_args::ENGINE_PROBE_CHOICES,
+        }
+        .entry(),
     ];
     specs.extend(
         discovery_args::INT_ARGS

@@ -47,12 +47,11 @@ pub struct PodView {
     pub replay_endpoint: Option<String>,
     pub topic_id: Option<String>,
     pub dp_size: u32,
-    pub origin: &'static str,
-    /// What the entry names of its engine (absent: the server's defaults).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The entry's engine (`None`: `default_engine`) and SGLang page size.
     pub engine: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub page_size: Option<u32>,
+    pub origin: &'static str,
+    /// The SGLang release and event format the entry names (absent: the server's defaults).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sglang_release: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -135,9 +134,9 @@ impl Registry {
                 replay_endpoint: p.cfg.replay_endpoint.clone(),
                 topic_id: p.cfg.topic_id.clone(),
                 dp_size: p.cfg.dp_size,
-                origin: p.origin,
                 engine: p.cfg.engine.map(|e| e.as_str()),
                 page_size: p.cfg.page_size,
+                origin: p.origin,
                 sglang_release: p.cfg.sglang_release.map(|r| r.to_string()),
                 sglang_event_format: p.cfg.sglang_event_format.map(|f| f.as_str()),
             })
