@@ -30,6 +30,16 @@ pub enum EventFormat {
     Dynamo,
 }
 
+impl EventFormat {
+    /// The name SGLang's `kv_events_config.format` takes (what `from_str` reads).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventFormat::Default => "default",
+            EventFormat::Dynamo => "dynamo",
+        }
+    }
+}
+
 impl FromStr for EventFormat {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -21,7 +21,7 @@ use clap::{ArgMatches, FromArgMatches};
 
 pub use self::cidr::Cidr;
 pub use self::error::{ConfigError, Origin};
-pub use self::pod::{engine_name, offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
+pub use self::pod::{engine_name, offset_endpoint, parsed, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
 use self::settings::defs;
 pub use self::settings::{serve_command, ServeArgs, Settings};
 use self::spec::{IntSpec, TextSpec};
@@ -42,6 +42,8 @@ pub struct Config {
     pub block_size: usize,
     /// The sampled vLLM hash cross-check, when `hash_seed` is set.
     pub hash_check: Option<HashCheckConfig>,
+    /// The sampled SGLang page-hash cross-check: its server-wide defaults.
+    pub sglang_check: SglangCheckConfig,
     pub tokenizer_models: Vec<String>,
     pub tokenizer_models_dir: Option<String>,
     pub tokenizer_endpoint: Option<String>,
@@ -109,6 +111,15 @@ pub struct RecordConfig {
 #[derive(Debug, Clone)]
 pub struct HashCheckConfig {
     pub hasher: kvindex::vllm_hash::VllmHashConfig,
+    pub every: u32,
+}
+
+/// The SGLang sources' page-hash cross-check: the release and event format of a source no pod
+/// entry names them for, and the sampling (`hash_check_every`, 0 = off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SglangCheckConfig {
+    pub release: kvindex::sglang::SglangRelease,
+    pub format: kvindex::sglang::EventFormat,
     pub every: u32,
 }
 
@@ -219,12 +230,19 @@ impl Config {
             }
         }
 
+        let block_size = ints.get(&defs::block_size, s.block_size)? as usize;
         let mut pods = Vec::new();
         for (n, p) in from_file.pods.into_iter().enumerate() {
-            pods.push(p.validate(&format!("pods[{n}]"), &src.file_origin())?);
+            let (key, origin) = (format!("pods[{n}]"), src.file_origin());
+            let p = p.validate(&key, &origin)?;
+            p.check_page_size(block_size).map_err(|m| ConfigError::new(format!("{key}.page_size"), origin, m))?;
+            pods.push(p);
         }
         for p in from_flags.pods {
-            pods.push(p.validate("pods", &src.flag_origin("pods"))?);
+            let origin = src.flag_origin("pods");
+            let p = p.validate("pods", &origin)?;
+            p.check_page_size(block_size).map_err(|m| ConfigError::new("pods.page_size", origin, m))?;
+            pods.push(p);
         }
         let mut seen = HashSet::new();
         for p in &pods {
@@ -270,6 +288,18 @@ impl Config {
 
         let hash_seed = s.hash_seed.unwrap_or_default();
         let every = ints.get(&defs::hash_check_every, s.hash_check_every)? as u32;
+        let sglang_check = SglangCheckConfig {
+            release: defs::sglang_release
+                .or_default(s.sglang_release.as_deref())
+                .parse()
+                .map_err(|e| src.error("sglang_release", format!("{e}")))?,
+            format: defs::sglang_event_format
+                .pick(s.sglang_event_format.as_deref())
+                .map_err(|m| src.error("sglang_event_format", m))?
+                .parse()
+                .map_err(|m: String| src.error("sglang_event_format", m))?,
+            every,
+        };
         let hash_check = if hash_seed.is_empty() || every == 0 {
             None
         } else {
@@ -339,8 +369,9 @@ impl Config {
             tls,
             http_conn_limits,
             http_body_limits,
-            block_size: ints.get(&defs::block_size, s.block_size)? as usize,
+            block_size,
             hash_check,
+            sglang_check,
             tokenizer_models,
             tokenizer_models_dir: s.tokenizer_models_dir.filter(|d| !d.is_empty()),
             tokenizer_endpoint,
@@ -683,6 +714,22 @@ mod tests {
         let result = config(&argv);
         let _ = std::fs::remove_dir_all(&dir);
         result
+    }
+
+    #[test]
+    fn sglang_check_defaults_to_the_newest_release_and_pods_tile_the_block() {
+        use kvindex::sglang::{EventFormat, SglangRelease};
+        let c = config(&[]).unwrap().sglang_check;
+        assert_eq!((c.release, c.format, c.every), (SglangRelease::new(0, 5, 23), EventFormat::Default, 16));
+        let c = config(&["--sglang-release", "0.5.19.post1", "--sglang-event-format", "dynamo"]).unwrap().sglang_check;
+        assert_eq!((c.release, c.format), (SglangRelease::new(0, 5, 19), EventFormat::Dynamo));
+        assert_eq!(config(&["--sglang-release", "latest"]).unwrap_err().key, "sglang_release");
+        assert_eq!(config(&["--sglang-event-format", "llmd"]).unwrap_err().key, "sglang_event_format");
+        let e = config(&["--block-size", "16", "--pod", "a,m,tcp://h:1,engine=sglang,page_size=24"]).unwrap_err();
+        assert_eq!(e.key, "pods.page_size");
+        let e = with_file("[[pods]]\nid = \"a\"\nmodel = \"m\"\npage_size = 3\n", &[]).unwrap_err();
+        assert_eq!(e.key, "pods[0].page_size");
+        assert!(config(&["--block-size", "16", "--pod", "a,m,tcp://h:1,engine=sglang,page_size=32"]).is_ok());
     }
 
     #[test]

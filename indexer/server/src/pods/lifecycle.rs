@@ -28,6 +28,8 @@ struct Inner {
     queues: Arc<Queues>,
     readiness: Arc<Readiness>,
     dialer: Dialer,
+    /// The index's canonical block (a pod's `page_size` must tile it).
+    block_size: usize,
 }
 
 impl Pods {
@@ -38,8 +40,9 @@ impl Pods {
         dialer: Dialer,
         queues: Arc<Queues>,
         readiness: Arc<Readiness>,
+        block_size: usize,
     ) -> Pods {
-        Pods { inner: Arc::new(Inner { registry: RwLock::new(registry), queues, readiness, dialer }) }
+        Pods { inner: Arc::new(Inner { registry: RwLock::new(registry), queues, readiness, dialer, block_size }) }
     }
 
     /// The registry, read.
@@ -68,7 +71,12 @@ impl Pods {
     /// its dialer and clears it.
     /// `origin` (config, pods_file, discovery, grpc, http) labels metrics and logs.
     pub async fn register(&self, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
-        let cfg = match cfg.validate("pod", &Origin::Request(origin)) {
+        let checked = cfg.validate("pod", &Origin::Request(origin)).and_then(|c| {
+            c.check_page_size(self.inner.block_size)
+                .map_err(|m| ConfigError::new("pod.page_size", Origin::Request(origin), m))?;
+            Ok(c)
+        });
+        let cfg = match checked {
             Ok(c) => c,
             Err(e) => {
                 metrics::counter!(m::CONFIG_ERRORS, "source" => origin).increment(1);
