@@ -22,6 +22,9 @@ pub struct StreamDebug {
     pub mode: &'static str,
     /// The engine family whose rules decode and key the stream (`vllm`, `sglang`, `trtllm`).
     pub engine: &'static str,
+    /// SGLang streams: the sampled page-hash cross-check, when it is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub page_hash_check: Option<PageHashCheckDebug>,
     pub topic: Option<String>,
     pub topic_id: Option<String>,
     pub model: String,
@@ -49,6 +52,21 @@ pub struct StreamDebug {
     /// behind a replay, an export or an import, or waiting in its worker's queue (shared by
     /// that worker's sources). 0 when nothing waits (see `apply::lag`).
     pub lag_ms: f64,
+}
+
+/// An SGLang stream's page-hash cross-check in `/debug/sources`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PageHashCheckDebug {
+    /// The release and event format whose rules the check follows.
+    pub release: String,
+    pub format: &'static str,
+    pub checked: u32,
+    pub matched: u32,
+    pub mismatched: u32,
+    pub unverifiable: u32,
+    /// Every checked page id mismatched (past a handful): the configured release, format or
+    /// page size is not what the engine runs.
+    pub all_mismatched: bool,
 }
 
 #[derive(Default)]

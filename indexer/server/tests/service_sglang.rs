@@ -7,74 +7,11 @@
 
 mod support;
 
-use serde_json::{json, Value};
+use serde_json::json;
+use support::sglang::*;
 use support::*;
 
-const MODEL: &str = "Qwen/Qwen3-0.6B";
-const BLOCK: u64 = 16;
-
-fn sglang_python() -> Option<std::path::PathBuf> {
-    // The peer itself fails loudly (and so the test) when the sglang wheel is not installed.
-    kvindex_testkit::env::python_with(&["zmq", "msgspec", "grpc", "grpc_tools", "pydantic"])
-}
-
-/// `n` tokens of chain `k` (distinct chains share no first block).
-fn tokens(k: u32, n: usize) -> Vec<u32> {
-    (0..n as u32).map(|j| 1 + k * 10_000 + j).collect()
-}
-
-/// Pings `name` until the indexer has seen a ping (its SUB is subscribed, or its dialer
-/// connected), replaying whatever came before.
-fn subscribed(peer: &mut Peer, server: &Server, name: &str) {
-    let pod = peer.cmd(json!({"op": "sgl_info", "names": [name]}))["pubs"][name]["pod"].as_str().unwrap().to_string();
-    wait_until(&format!("{name}'s stream seen by the indexer"), 30, || {
-        let seq = peer.cmd(json!({"op": "sgl_ping", "name": name}))["seq"].clone();
-        let seen = wait_until_or_none(1, || server.source(&pod).filter(|s| s["last_live_seq"] == seq).map(|_| ()));
-        seen.map(|_| ())
-    });
-}
-
-/// Polls `f` for at most `secs` seconds; `None` when it never answered.
-fn wait_until_or_none<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
-/// Waits until the indexer has applied every named SGLang publisher's last seq, then until
-/// every chain scores exactly what its publisher serves; asserts at every poll that no chain
-/// scores more. Returns the last comparison.
-fn exact(peer: &mut Peer, server: &Server, names: &[&str]) -> Value {
-    let info = peer.cmd(json!({"op": "sgl_info", "names": names}));
-    let caught_up = wait_until_or_none(30, || {
-        names
-            .iter()
-            .all(|n| {
-                let p = &info["pubs"][n];
-                server
-                    .source(p["pod"].as_str().unwrap())
-                    .is_some_and(|s| s["last_seq"] == p["last_seq"] && s["state"] != "REPLAYING")
-            })
-            .then_some(())
-    });
-    assert!(caught_up.is_some(), "the indexer did not catch up with {info} in 30s: {}", server.sources());
-    wait_until(&format!("{names:?} scored as SGLang serves them"), 30, || {
-        let r = peer.cmd(json!({"op": "sgl_check", "names": names, "model": MODEL, "block_size": BLOCK}));
-        assert_eq!(r["violations"], json!([]), "a pod was credited with a block SGLang would not serve: {r}");
-        (r["mismatches"] == json!([])).then_some(r)
-    })
-}
-
-fn store(peer: &mut Peer, name: &str, chain: &str, tokens: &[u32]) {
-    peer.cmd(json!({"op": "sgl_store", "name": name, "chain": chain, "tokens": tokens}));
-}
+const MODEL: &str = SGLANG_MODEL;
 
 #[test]
 fn service_sglang_per_pod_page_size_1_gap_and_restart_score_as_sglang_serves() {
@@ -223,4 +160,150 @@ fn service_registration_refuses_an_unknown_engine_with_a_clear_error() {
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("page_size"), "{text}");
     assert!(server.sources()["registered_pods"].as_array().unwrap().is_empty());
+}
+
+/// SGLang's sampled page-hash cross-check in `serve`: each SGLang pod's published page ids are
+/// recomputed by the rules of the release and event format configured for it. Salted requests
+/// tell releases apart (0.5.19+ seed the chain with the salt; `dynamo` namespaces the ids by
+/// it). The right configuration matches; a wrong one mismatches on every id and is reported
+/// (metric, `/debug/sources`), and matching is unchanged: scores stay exact either way.
+#[test]
+fn service_sglang_page_hash_check_matches_the_right_release_and_reports_a_wrong_one() {
+    let Some(py) = sglang_python() else { return };
+    let mut peer = Peer::start_script(&py, "sglang_peer.py");
+    // name, pod id, the `--pod` options past the engine
+    let pods = [
+        ("right", "10.0.1.1:30000", ""),
+        ("old", "10.0.1.2:30000", ",sglang_release=0.5.18"),
+        ("dynamo", "10.0.1.3:30000", ",sglang_event_format=dynamo"),
+        ("unhashable", "10.0.1.4:30000", ",sglang_release=0.5.5"),
+    ];
+    // vLLM's check on too (`--hash-seed`): it must leave SGLang's ids alone.
+    let mut args: Vec<String> =
+        ["--block-size", "16", "--hash-check-every", "1", "--hash-seed", "0"].map(String::from).into();
+    for (name, pod, options) in pods {
+        let s = peer.cmd(json!({"op": "sgl_start", "name": name, "pod": pod, "endpoint": "tcp://127.0.0.1:*",
+            "replay_endpoint": "tcp://127.0.0.1:*", "bind": true}));
+        let (pub_ep, replay) = (s["endpoint"].as_str().unwrap(), s["replay_endpoint"].as_str().unwrap());
+        args.extend(["--pod".into(), format!("{pod},{MODEL},{pub_ep},{replay},engine=sglang{options}")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start(&args);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let names: Vec<&str> = pods.iter().map(|(n, _, _)| *n).collect();
+    for name in &names {
+        subscribed(&mut peer, &server, name);
+        // A salted conversation of two turns (a root node, then its continuation), as SGLang
+        // 0.5.23 publishes it; page size 1.
+        let turn = tokens(21, 40);
+        peer.cmd(
+            json!({"op": "sgl_store", "name": name, "chain": "salted", "tokens": &turn[..24], "salt": "tenant-a"}),
+        );
+        peer.cmd(json!({"op": "sgl_store", "name": name, "chain": "salted", "tokens": turn}));
+    }
+    // Matching is the same on every pod, whatever its check says.
+    let r = exact(&mut peer, &server, &names);
+    for name in &names {
+        assert_eq!(r["scores"][format!("{name}/salted")], json!([2, 2]), "{r}");
+    }
+    let check = |pod: &str| server.source(pod).unwrap()["page_hash_check"].clone();
+    let right = check(pods[0].1);
+    assert_eq!((right["release"].clone(), right["format"].clone()), (json!("0.5.23"), json!("default")), "{right}");
+    assert_eq!((right["matched"].clone(), right["mismatched"].clone()), (json!(40), json!(0)), "{right}");
+    assert_eq!(right["all_mismatched"], false);
+    for (_, pod, _) in &pods[1..3] {
+        let wrong = check(pod);
+        assert_eq!((wrong["matched"].clone(), wrong["all_mismatched"].clone()), (json!(0), json!(true)), "{wrong}");
+        assert!(wrong["mismatched"].as_u64().unwrap() >= 24, "every sampled root page mismatches: {wrong}");
+        let label = format!("source=\"{pod}\"");
+        assert!(server.metric("kvindex_hash_check_mismatches_total", &[&label]) >= 24.0);
+        assert_eq!(server.source(pod).unwrap()["hash_check_mismatches"], wrong["mismatched"]);
+    }
+    let right_label = format!("source=\"{}\"", pods[0].1);
+    assert_eq!(server.metric("kvindex_hash_check_blocks_total", &[&right_label]), 40.0);
+    assert_eq!(server.metric("kvindex_hash_check_mismatches_total", &[&right_label]), 0.0);
+    // Before 0.5.6 SGLang's ids are Python's hash(): no check at all.
+    assert!(check(pods[3].1).is_null(), "{}", server.sources());
+    let unhashable = format!("source=\"{}\"", pods[3].1);
+    assert_eq!(server.metric("kvindex_hash_check_blocks_total", &[&unhashable]), 0.0);
+}
+
+/// gRPC `RegisterPod` sets what the pods file and `POST /pods` can: an SGLang pod of page size
+/// 16 (and its release) registered through grpcio is keyed by whole 16-token pages; a page
+/// size of 0, one that does not tile the block, or an absurd one is `INVALID_ARGUMENT`, counted.
+#[test]
+fn service_sglang_registered_over_grpc_with_page_size_16() {
+    let Some(py) = sglang_python() else { return };
+    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]);
+    let mut peer = Peer::start_script(&py, "sglang_peer.py");
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let refused = server.metric("kvindex_config_errors_total", &["source=\"grpc\""]);
+    for (n, (page_size, why)) in
+        [(0, "between 1 and"), (24, "block_size (16)"), (1 << 20, "between 1 and")].into_iter().enumerate()
+    {
+        let r = peer.try_cmd(json!({"op": "register", "pod": format!("p:{n}"), "model": MODEL, "engine": "sglang", "page_size": page_size}));
+        assert_eq!((r["ok"].clone(), r["code"].clone()), (json!(false), json!("INVALID_ARGUMENT")), "{r}");
+        let details = r["details"].as_str().unwrap();
+        assert!(details.contains("page_size") && details.contains(why), "{r}");
+    }
+    let r = peer.try_cmd(
+        json!({"op": "register", "pod": "p:9", "model": MODEL, "engine": "sglang", "sglang_release": "newest"}),
+    );
+    assert!(r["details"].as_str().unwrap().contains("sglang_release"), "{r}");
+    assert_eq!(server.metric("kvindex_config_errors_total", &["source=\"grpc\""]), refused + 4.0);
+    assert!(server.sources()["registered_pods"].as_array().unwrap().is_empty());
+
+    let pod = "10.0.2.1:30000";
+    let s = peer.cmd(json!({"op": "sgl_start", "name": "s", "pod": pod, "endpoint": server.zmq(),
+        "replay_endpoint": "tcp://127.0.0.1:*", "topic": format!("kv@{pod}@{MODEL}"), "page_size": 16}));
+    peer.cmd(json!({"op": "register", "pod": pod, "model": MODEL, "replay_endpoint": s["replay_endpoint"],
+        "engine": "sglang", "page_size": 16, "sglang_release": "0.5.23"}));
+    subscribed(&mut peer, &server, "s");
+    // Three whole pages and a 5-token partial one SGLang would not serve.
+    peer.cmd(json!({"op": "sgl_store", "name": "s", "chain": "p16", "tokens": tokens(31, 53), "partial": true}));
+    let r = exact(&mut peer, &server, &["s"]);
+    assert_eq!(r["scores"]["s/p16"], json!([3, 3]), "{r}");
+    let source = server.source(pod).unwrap();
+    assert_eq!(source["engine"], "sglang");
+    // The partial page is hashed alike (it continues the third page): checked, never credited.
+    assert_eq!(source["page_hash_check"]["matched"], 4, "{source}");
+}
+
+/// `POST /pods` takes an SGLang pod's release and event format (shown in `registered_pods`);
+/// one that does not parse, or one on a pod of another engine, is a 400 naming the field.
+#[test]
+fn service_sglang_release_and_format_registered_over_http() {
+    let server = Server::start(&["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"]);
+    let body = json!({"pod": "p:1", "model": MODEL, "engine": "sglang", "page_size": 16,
+        "sglang_release": "0.5.22.post1", "sglang_event_format": "dynamo"});
+    let (status, text) = server.http("POST", "/pods", Some(&body.to_string()));
+    assert_eq!(status, 200, "{text}");
+    let pods = server.sources()["registered_pods"].clone();
+    assert_eq!(
+        (
+            pods[0]["engine"].clone(),
+            pods[0]["page_size"].clone(),
+            pods[0]["sglang_release"].clone(),
+            pods[0]["sglang_event_format"].clone()
+        ),
+        (json!("sglang"), json!(16), json!("0.5.22"), json!("dynamo")),
+        "{pods}"
+    );
+    for (body, field) in [
+        (
+            json!({"pod": "p:2", "model": MODEL, "engine": "sglang", "sglang_release": "latest"}),
+            "not an SGLang version",
+        ),
+        (
+            json!({"pod": "p:3", "model": MODEL, "engine": "sglang", "sglang_event_format": "llmd"}),
+            "unknown SGLang kv_events format",
+        ),
+        (json!({"pod": "p:4", "model": MODEL, "engine": "vllm", "sglang_release": "0.5.22"}), "sglang_release"),
+        (json!({"pod": "p:5", "model": MODEL, "engine": "sglang", "page_size": 24}), "block_size (16)"),
+    ] {
+        let (status, text) = server.http("POST", "/pods", Some(&body.to_string()));
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(field), "{body}: {text}");
+    }
+    assert_eq!(server.sources()["registered_pods"].as_array().unwrap().len(), 1);
 }

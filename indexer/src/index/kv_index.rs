@@ -117,6 +117,14 @@ impl KvIndex {
         }
     }
 
+    /// Applies one decoded batch of an engine whose block ids are not vLLM's recipe (SGLang,
+    /// TensorRT-LLM): as [`apply`](Self::apply), without vLLM's hash check, which would count
+    /// every one of its ids as a mismatch.
+    pub fn apply_not_vllm(&self, pod: &str, model: &str, batch: &EventBatch<'_>) -> ApplyReport {
+        let ctx = IngestContext { hash_check: None, ..self.context() };
+        self.apply_in(&ctx, pod, model, batch)
+    }
+
     /// The ingest state of `pod` serving `model`. A pod that switches models is cleared first:
     /// its old blocks belong to another namespace and engine.
     pub(super) fn state(&self, pod: &str, model: &str) -> Option<Arc<Mutex<PodIngest>>> {
@@ -145,6 +153,10 @@ impl KvIndex {
 
     /// Applies one decoded batch from `pod` (already resolved for DP rank) serving `model`.
     pub fn apply(&self, pod: &str, model: &str, batch: &EventBatch<'_>) -> ApplyReport {
+        self.apply_in(&self.context(), pod, model, batch)
+    }
+
+    fn apply_in(&self, ctx: &IngestContext<'_>, pod: &str, model: &str, batch: &EventBatch<'_>) -> ApplyReport {
         let Some(state) = self.state(pod, model) else {
             return ApplyReport::default();
         };
@@ -156,7 +168,7 @@ impl KvIndex {
         if state.take_groups_changed() {
             self.publish_plan(state.pod(), Some(state.groups()));
         }
-        state.apply_batch(&self.context(), &self.tree, batch)
+        state.apply_batch(ctx, &self.tree, batch)
     }
 
     /// Records (or with `None`, forgets) a pod's KV-cache groups for scoring.

@@ -108,7 +108,12 @@ impl Worker {
         let mut apply = |decoded: &EventBatch<'_>| {
             let (prepared, report) = st.rules.prepare(decoded);
             kept_out = report;
-            index.apply(&st.pod, &st.model, prepared.as_ref().unwrap_or(decoded))
+            let batch = prepared.as_ref().unwrap_or(decoded);
+            if st.rules.engine() == kvindex::wire::Engine::Vllm {
+                index.apply(&st.pod, &st.model, batch)
+            } else {
+                index.apply_not_vllm(&st.pod, &st.model, batch)
+            }
         };
         let mut report = match decoded {
             Some(decoded) => {
@@ -131,6 +136,15 @@ impl Worker {
         };
         for (reason, blocks) in kept_out.skipped() {
             report.skipped[reason as usize] += blocks;
+        }
+        // SGLang's page-hash check counts where vLLM's does.
+        report.hash_check.merge(&kept_out.hash_check);
+        if kept_out.newly_misconfigured {
+            if let Some(check) = st.rules.page_check() {
+                let t = check.totals();
+                tracing::warn!(pod = %st.pod, release = %check.release(), format = check.format().as_str(), checked = t.checked, mismatched = t.mismatched,
+                    "every sampled SGLang page id mismatches this release's page hash: sglang_release, sglang_event_format or page_size is not what the engine runs (matching is unaffected: keys come from tokens)");
+            }
         }
         if report.unweighted_tier_blocks > 0 {
             self.unweighted_tier_blocks.increment(report.unweighted_tier_blocks);

@@ -125,4 +125,15 @@ impl Fleet for ServiceFleet<'_> {
     fn page_size(&self, base: &str) -> Option<usize> {
         self.0.registry().get(base).and_then(|p| p.cfg.page_size).map(|p| p as usize)
     }
+
+    fn sglang_check(&self, base: &str) -> Option<crate::config::SglangCheckConfig> {
+        let defaults = self.0.config().sglang_check;
+        let reg = self.0.registry();
+        let pod = reg.get(base).map(|p| &p.cfg);
+        Some(crate::config::SglangCheckConfig {
+            release: pod.and_then(|p| p.sglang_release).unwrap_or(defaults.release),
+            format: pod.and_then(|p| p.sglang_event_format).unwrap_or(defaults.format),
+            every: defaults.every,
+        })
+    }
 }

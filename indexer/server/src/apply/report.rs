@@ -10,7 +10,7 @@ use kvindex::wire::parse_topic;
 use super::lag;
 use super::live::applied_seq;
 use super::{Receiver, Worker};
-use crate::status::StreamDebug;
+use crate::status::{PageHashCheckDebug, StreamDebug};
 use crate::telemetry as m;
 
 impl Worker {
@@ -32,6 +32,18 @@ impl Worker {
                     dp_rank: key.rank,
                     mode: st.mode.label(),
                     engine: st.rules.engine().as_str(),
+                    page_hash_check: st.rules.page_check().map(|c| {
+                        let t = c.totals();
+                        PageHashCheckDebug {
+                            release: c.release().to_string(),
+                            format: c.format().as_str(),
+                            checked: t.checked,
+                            matched: t.matched,
+                            mismatched: t.mismatched,
+                            unverifiable: t.unverifiable,
+                            all_mismatched: c.misconfigured(),
+                        }
+                    }),
                     topic: st.topic.clone(),
                     topic_id: st.topic.as_deref().map(|t| parse_topic(t).id.to_string()),
                     model: st.model.to_string(),

@@ -21,7 +21,7 @@ use clap::{ArgMatches, FromArgMatches};
 
 pub use self::cidr::Cidr;
 pub use self::error::{ConfigError, Origin};
-pub use self::pod::{engine_name, offset_endpoint, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
+pub use self::pod::{engine_name, offset_endpoint, parsed, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
 use self::settings::defs;
 pub use self::settings::{serve_command, ServeArgs, Settings};
 use self::spec::{IntSpec, TextSpec};
@@ -42,12 +42,16 @@ pub struct Config {
     pub block_size: usize,
     /// The sampled vLLM hash cross-check, when `hash_seed` is set.
     pub hash_check: Option<HashCheckConfig>,
+    /// The sampled SGLang page-hash cross-check: its server-wide defaults.
+    pub sglang_check: SglangCheckConfig,
     pub tokenizer_models: Vec<String>,
     pub tokenizer_models_dir: Option<String>,
     pub tokenizer_endpoint: Option<String>,
     /// Central mode: the topic id already names each DP rank's pod (`dp_naming = "topic"`).
     pub dp_naming_topic: bool,
     pub zmq_bind: Option<String>,
+    /// Central mode: the SUB listens on `zmq_bind`'s port + r for every DP rank r below this.
+    pub zmq_bind_dp_size: u32,
     /// The engine of a source no pod entry names one for (`default_engine`).
     pub default_engine: kvindex::wire::Engine,
     pub topic_filter: String,
@@ -107,6 +111,15 @@ pub struct RecordConfig {
 #[derive(Debug, Clone)]
 pub struct HashCheckConfig {
     pub hasher: kvindex::vllm_hash::VllmHashConfig,
+    pub every: u32,
+}
+
+/// The SGLang sources' page-hash cross-check: the release and event format of a source no pod
+/// entry names them for, and the sampling (`hash_check_every`, 0 = off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SglangCheckConfig {
+    pub release: kvindex::sglang::SglangRelease,
+    pub format: kvindex::sglang::EventFormat,
     pub every: u32,
 }
 
@@ -201,13 +214,35 @@ impl Config {
             Some(e) if !e.is_empty() => Some(pod::endpoint(&e).map_err(|m| src.error("zmq_bind", m))?),
             _ => None,
         };
+        let zmq_bind_dp_size = ints.get(&defs::zmq_bind_dp_size, s.zmq_bind_dp_size)? as u32;
+        if zmq_bind_dp_size > 1 {
+            let port =
+                zmq_bind.as_deref().and_then(|e| e.strip_prefix("tcp://")?.rsplit_once(':')?.1.parse::<u32>().ok());
+            match port {
+                Some(p) if p != 0 && p + zmq_bind_dp_size - 1 <= 65535 => {}
+                _ => {
+                    let why = format!(
+                        "{zmq_bind_dp_size} ranks need zmq_bind to be a tcp:// endpoint with a port (not 0) that leaves room for port + {} (got {zmq_bind:?})",
+                        zmq_bind_dp_size - 1
+                    );
+                    return Err(src.error("zmq_bind_dp_size", why));
+                }
+            }
+        }
 
+        let block_size = ints.get(&defs::block_size, s.block_size)? as usize;
         let mut pods = Vec::new();
         for (n, p) in from_file.pods.into_iter().enumerate() {
-            pods.push(p.validate(&format!("pods[{n}]"), &src.file_origin())?);
+            let (key, origin) = (format!("pods[{n}]"), src.file_origin());
+            let p = p.validate(&key, &origin)?;
+            p.check_page_size(block_size).map_err(|m| ConfigError::new(format!("{key}.page_size"), origin, m))?;
+            pods.push(p);
         }
         for p in from_flags.pods {
-            pods.push(p.validate("pods", &src.flag_origin("pods"))?);
+            let origin = src.flag_origin("pods");
+            let p = p.validate("pods", &origin)?;
+            p.check_page_size(block_size).map_err(|m| ConfigError::new("pods.page_size", origin, m))?;
+            pods.push(p);
         }
         let mut seen = HashSet::new();
         for p in &pods {
@@ -253,6 +288,18 @@ impl Config {
 
         let hash_seed = s.hash_seed.unwrap_or_default();
         let every = ints.get(&defs::hash_check_every, s.hash_check_every)? as u32;
+        let sglang_check = SglangCheckConfig {
+            release: defs::sglang_release
+                .or_default(s.sglang_release.as_deref())
+                .parse()
+                .map_err(|e| src.error("sglang_release", format!("{e}")))?,
+            format: defs::sglang_event_format
+                .pick(s.sglang_event_format.as_deref())
+                .map_err(|m| src.error("sglang_event_format", m))?
+                .parse()
+                .map_err(|m: String| src.error("sglang_event_format", m))?,
+            every,
+        };
         let hash_check = if hash_seed.is_empty() || every == 0 {
             None
         } else {
@@ -322,13 +369,15 @@ impl Config {
             tls,
             http_conn_limits,
             http_body_limits,
-            block_size: ints.get(&defs::block_size, s.block_size)? as usize,
+            block_size,
             hash_check,
+            sglang_check,
             tokenizer_models,
             tokenizer_models_dir: s.tokenizer_models_dir.filter(|d| !d.is_empty()),
             tokenizer_endpoint,
             dp_naming_topic,
             zmq_bind,
+            zmq_bind_dp_size,
             default_engine,
             topic_filter,
             shards: ints.get(&defs::shards, s.shards)? as usize,
@@ -668,6 +717,22 @@ mod tests {
     }
 
     #[test]
+    fn sglang_check_defaults_to_the_newest_release_and_pods_tile_the_block() {
+        use kvindex::sglang::{EventFormat, SglangRelease};
+        let c = config(&[]).unwrap().sglang_check;
+        assert_eq!((c.release, c.format, c.every), (SglangRelease::new(0, 5, 23), EventFormat::Default, 16));
+        let c = config(&["--sglang-release", "0.5.19.post1", "--sglang-event-format", "dynamo"]).unwrap().sglang_check;
+        assert_eq!((c.release, c.format), (SglangRelease::new(0, 5, 19), EventFormat::Dynamo));
+        assert_eq!(config(&["--sglang-release", "latest"]).unwrap_err().key, "sglang_release");
+        assert_eq!(config(&["--sglang-event-format", "llmd"]).unwrap_err().key, "sglang_event_format");
+        let e = config(&["--block-size", "16", "--pod", "a,m,tcp://h:1,engine=sglang,page_size=24"]).unwrap_err();
+        assert_eq!(e.key, "pods.page_size");
+        let e = with_file("[[pods]]\nid = \"a\"\nmodel = \"m\"\npage_size = 3\n", &[]).unwrap_err();
+        assert_eq!(e.key, "pods[0].page_size");
+        assert!(config(&["--block-size", "16", "--pod", "a,m,tcp://h:1,engine=sglang,page_size=32"]).is_ok());
+    }
+
+    #[test]
     fn hash_seed_turns_the_vllm_hash_check_on() {
         assert!(config(&[]).unwrap().hash_check.is_none());
         let on = config(&["--hash-seed", "0"]).unwrap().hash_check.unwrap();
@@ -814,6 +879,22 @@ mod tests {
             (&["--discovery", "kubernetes", "--discovery-api-server", "10.0.0.1:6443"], "discovery_api_server"),
         ] {
             assert_eq!(Config::from_args(args).unwrap_err().key, key, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn zmq_bind_dp_size_needs_a_tcp_port_with_room_for_every_rank() {
+        let c = Config::from_args(["--zmq-bind", "tcp://*:5557", "--zmq-bind-dp-size", "4"]).unwrap();
+        assert_eq!((c.zmq_bind.as_deref(), c.zmq_bind_dp_size), (Some("tcp://0.0.0.0:5557"), 4));
+        assert_eq!(Config::from_args(["--zmq-bind", "tcp://*:0"]).unwrap().zmq_bind_dp_size, 1);
+        for args in [
+            &["--zmq-bind", "tcp://*:0", "--zmq-bind-dp-size", "2"][..],
+            &["--zmq-bind", "ipc:///run/kv.sock", "--zmq-bind-dp-size", "2"],
+            &["--zmq-bind", "tcp://*:65535", "--zmq-bind-dp-size", "2"],
+            &["--pod", "a,m,tcp://h:1", "--zmq-bind-dp-size", "2"],
+            &["--zmq-bind", "tcp://*:5557", "--zmq-bind-dp-size", "129"],
+        ] {
+            assert_eq!(Config::from_args(args).unwrap_err().key, "zmq_bind_dp_size", "{args:?}");
         }
     }
 }

@@ -2,8 +2,11 @@
 //! `--pod`), `[[topic_map]]`, `[[replay]]` and `[tier_weights]`, each with its flag syntax, and
 //! the rules every ZeroMQ endpoint must follow.
 
+use std::fmt::Display;
 use std::path::Path;
+use std::str::FromStr;
 
+use kvindex::sglang::{EventFormat, SglangRelease};
 use kvindex::wire::Engine;
 use serde::{Deserialize, Deserializer};
 
@@ -36,6 +39,20 @@ pub struct PodConfig {
     /// which stores are whole pages, and how small pages make canonical blocks.
     #[serde(default)]
     pub page_size: Option<u32>,
+    /// The SGLang release this pod runs (`0.5.23`), whose rules the sampled page-hash
+    /// cross-check follows. Absent: the server's `sglang_release`. SGLang pods only.
+    #[serde(default, deserialize_with = "parsed")]
+    pub sglang_release: Option<SglangRelease>,
+    /// This pod's `kv_events_config.format` (`default`, `dynamo`), for the same check. Absent:
+    /// the server's `sglang_event_format`. SGLang pods only.
+    #[serde(default, deserialize_with = "parsed")]
+    pub sglang_event_format: Option<EventFormat>,
+}
+
+/// Reads a value by its `FromStr` (an SGLang release, an event format).
+pub fn parsed<'de, D: Deserializer<'de>, T: FromStr<Err: Display>>(d: D) -> Result<Option<T>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 /// Reads an engine by the name `kvindex decode --engine` takes.
@@ -49,27 +66,48 @@ fn one() -> u32 {
 }
 
 impl PodConfig {
-    /// `--pod <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>][,engine=<engine>]`.
+    /// `--pod <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>][,<option>=<value>]...`, the
+    /// options being `engine`, `page_size`, `sglang_release` and `sglang_event_format`.
     pub fn from_flag(v: &str) -> Result<PodConfig, String> {
         let mut parts: Vec<&str> = v.split(',').collect();
-        let mut engine = None;
-        if let Some(name) = parts.last().and_then(|p| p.strip_prefix("engine=")) {
-            engine = Some(name.parse::<Engine>().map_err(|e| e.to_string())?);
+        let mut pod = PodConfig {
+            id: String::new(),
+            model: String::new(),
+            endpoint: None,
+            replay_endpoint: None,
+            topic_id: None,
+            dp_size: 1,
+            engine: None,
+            page_size: None,
+            sglang_release: None,
+            sglang_event_format: None,
+        };
+        // Options follow the endpoints (which never hold a `=`), in any order.
+        while let Some((key, value)) = parts.last().and_then(|p| p.split_once('=')) {
+            let bad = |e: &dyn Display| format!("{key}: {e}");
+            match key {
+                "engine" => pod.engine = Some(value.parse::<Engine>().map_err(|e| bad(&e))?),
+                "page_size" => pod.page_size = Some(value.parse::<u32>().map_err(|e| bad(&e))?),
+                "sglang_release" => {
+                    pod.sglang_release = Some(value.parse().map_err(|e: kvindex::sglang::release::BadRelease| bad(&e))?)
+                }
+                "sglang_event_format" => pod.sglang_event_format = Some(value.parse().map_err(|e: String| bad(&e))?),
+                _ => {
+                    return Err(format!(
+                        "unknown option {key:?} (expected engine, page_size, sglang_release or sglang_event_format)"
+                    ))
+                }
+            }
             parts.pop();
         }
         if !(3..=4).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
-            return Err("expected <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]".into());
+            return Err("expected <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>][,<option>=<value>]...".into());
         }
-        Ok(PodConfig {
-            id: parts[0].to_string(),
-            model: parts[1].to_string(),
-            endpoint: Some(parts[2].to_string()),
-            replay_endpoint: parts.get(3).map(|s| s.to_string()),
-            topic_id: None,
-            dp_size: 1,
-            engine,
-            page_size: None,
-        })
+        pod.id = parts[0].to_string();
+        pod.model = parts[1].to_string();
+        pod.endpoint = Some(parts[2].to_string());
+        pod.replay_endpoint = parts.get(3).map(|s| s.to_string());
+        Ok(pod)
     }
 
     /// Checks one pod (from any origin; `key` is where it sits, e.g. `pods[0]`) and normalizes
@@ -101,11 +139,56 @@ impl PodConfig {
         if self.page_size.is_some_and(|p| !(1..=MAX_PAGE_SIZE).contains(&p)) {
             return Err(err("page_size", format!("must be between 1 and {MAX_PAGE_SIZE}")));
         }
+        if let Some(engine) = self.engine.filter(|&e| e != Engine::Sglang) {
+            for (field, set) in [
+                ("sglang_release", self.sglang_release.is_some()),
+                ("sglang_event_format", self.sglang_event_format.is_some()),
+            ] {
+                if set {
+                    return Err(err(field, format!("is for engine = \"sglang\" pods, this one's engine is {engine}")));
+                }
+            }
+        }
         if !(1..=MAX_DP_SIZE).contains(&self.dp_size) {
             return Err(err("dp_size", format!("must be between 1 and {MAX_DP_SIZE}, got {}", self.dp_size)));
         }
+        if let (Some(pub_ep), Some(replay)) = (&self.endpoint, &self.replay_endpoint) {
+            if let Some((p, q)) = rank_ports_overlap(pub_ep, replay, self.dp_size) {
+                let n = self.dp_size;
+                return Err(err(
+                    "replay_endpoint",
+                    format!(
+                        "PUB port {p} and replay port {q} on one host are less than dp_size = {n} apart: every rank offsets both by its rank, so one rank's PUB would be another's replay ROUTER (give ports at least {n} apart, e.g. PUB 5557 and replay 6557)"
+                    ),
+                ));
+            }
+        }
         Ok(self)
     }
+
+    /// Checks the pod's page size against the index's canonical block (`block_size` tokens):
+    /// pages smaller than a block must divide it (they are rewritten into blocks), larger ones
+    /// must be a multiple of it (each spans whole blocks). Anything else could never be keyed.
+    pub fn check_page_size(&self, block_size: usize) -> Result<(), String> {
+        let Some(page) = self.page_size.map(|p| p as usize) else { return Ok(()) };
+        if page == 0 || block_size == 0 || (!page.is_multiple_of(block_size) && !block_size.is_multiple_of(page)) {
+            return Err(format!("must divide block_size ({block_size}) or be a multiple of it, got {page}"));
+        }
+        Ok(())
+    }
+}
+
+/// The PUB and replay ports of `tcp://` endpoints on the same host when the ranks' ports
+/// collide: rank r uses port + r for both (vLLM's and SGLang's `offset_endpoint_port`), so
+/// `dp_size` ranks need the two ports at least `dp_size` apart (with the usual `replay = pub +
+/// 1`, rank 1's PUB is rank 0's replay ROUTER, which SGLang's rank 1 fails to bind).
+fn rank_ports_overlap(pub_ep: &str, replay: &str, dp_size: u32) -> Option<(u32, u32)> {
+    let split = |e: &str| -> Option<(String, u32)> {
+        let (head, port) = e.strip_prefix("tcp://")?.rsplit_once(':')?;
+        Some((head.to_string(), port.parse().ok().filter(|&p| p != 0)?))
+    };
+    let ((pub_host, p), (replay_host, q)) = (split(pub_ep)?, split(replay)?);
+    (pub_host == replay_host && p.abs_diff(q) < dp_size).then_some((p, q))
 }
 
 /// Largest SGLang page size accepted (its `--page-size`; the index's block is at most this too).
@@ -251,6 +334,67 @@ mod tests {
         let p = PodConfig::from_flag("a,m,tcp://h:1,engine=sglang").unwrap();
         assert_eq!((p.engine, p.replay_endpoint), (Some(Engine::Sglang), None));
         assert!(PodConfig::from_flag("a,m,tcp://h:1,engine=tgi").is_err());
+    }
+
+    #[test]
+    fn dp_ranks_ports_must_not_collide() {
+        let pod = |pub_port: u32, replay_port: u32, dp_size: u32| {
+            let flag = format!("a,m,tcp://10.0.0.7:{pub_port},tcp://10.0.0.7:{replay_port}");
+            PodConfig { dp_size, ..PodConfig::from_flag(&flag).unwrap() }.validate("pods[0]", &Origin::Request("http"))
+        };
+        assert!(pod(5557, 5558, 1).is_ok(), "one rank: replay = pub + 1 is SGLang's and vLLM's usual pair");
+        let e = pod(5557, 5558, 2).unwrap_err();
+        assert_eq!(e.key, "pods[0].replay_endpoint");
+        assert!(e.to_string().contains("PUB port 5557 and replay port 5558"), "{e}");
+        assert!(pod(5558, 5557, 2).is_err());
+        assert!(pod(5557, 5557, 1).is_err(), "one port cannot be both");
+        assert!(pod(5557, 5559, 2).is_ok());
+        assert!(pod(5557, 6557, 128).is_ok());
+        let other_host =
+            PodConfig { dp_size: 2, ..PodConfig::from_flag("a,m,tcp://10.0.0.7:5557,tcp://10.0.0.8:5558").unwrap() };
+        assert!(other_host.validate("pods[0]", &Origin::Request("http")).is_ok());
+    }
+
+    #[test]
+    fn sglang_options_of_a_pod_flag_in_any_order() {
+        let p = PodConfig::from_flag(
+            "a,m,tcp://h:1,tcp://h:2,sglang_event_format=dynamo,engine=sglang,page_size=16,sglang_release=0.5.22",
+        )
+        .unwrap();
+        assert_eq!(p.replay_endpoint.as_deref(), Some("tcp://h:2"));
+        assert_eq!((p.engine, p.page_size), (Some(Engine::Sglang), Some(16)));
+        assert_eq!(
+            (p.sglang_release, p.sglang_event_format),
+            (Some(SglangRelease::new(0, 5, 22)), Some(EventFormat::Dynamo))
+        );
+        assert!(PodConfig::from_flag("a,m,tcp://h:1,sglang_release=new").unwrap_err().starts_with("sglang_release:"));
+        assert!(PodConfig::from_flag("a,m,tcp://h:1,sglang_event_format=x").unwrap_err().contains("unknown SGLang"));
+        assert!(PodConfig::from_flag("a,m,tcp://h:1,colour=red").unwrap_err().contains("unknown option \"colour\""));
+        // The release is SGLang's: refused on a pod that names another engine.
+        let vllm = PodConfig::from_flag("a,m,tcp://h:1,engine=vllm,sglang_release=0.5.22").unwrap();
+        let e = vllm.validate("pods[0]", &Origin::Request("grpc")).unwrap_err();
+        assert_eq!(e.key, "pods[0].sglang_release");
+        // Without an engine it may be the default engine's: accepted.
+        assert!(PodConfig::from_flag("a,m,tcp://h:1,sglang_release=0.5.22")
+            .unwrap()
+            .validate("p", &Origin::Default)
+            .is_ok());
+        let text = "[[pods]]\nid = \"a\"\nmodel = \"m\"\nengine = \"sglang\"\nsglang_release = \"0.5.19\"\nsglang_event_format = \"default\"\n";
+        let pods = parse_pods_file(Path::new("/p.toml"), text).unwrap();
+        assert_eq!(pods[0].sglang_release, Some(SglangRelease::new(0, 5, 19)));
+        let bad = text.replace("0.5.19", "latest");
+        assert!(parse_pods_file(Path::new("/p.toml"), &bad).unwrap_err().to_string().contains("not an SGLang version"));
+    }
+
+    #[test]
+    fn page_sizes_must_tile_the_canonical_block() {
+        let with = |p: u32| PodConfig { page_size: Some(p), ..PodConfig::from_flag("a,m,tcp://h:1").unwrap() };
+        for ok in [1, 2, 8, 16, 32, 64] {
+            assert!(with(ok).check_page_size(16).is_ok(), "{ok}");
+        }
+        for bad in [0, 3, 24, 40] {
+            assert!(with(bad).check_page_size(16).unwrap_err().contains("block_size (16)"), "{bad}");
+        }
     }
 
     #[test]

@@ -66,6 +66,13 @@ settings! {
     /// The engines' `--prefix-caching-hash-algo` (default sha256_cbor).
     #[arg(long, env = "KVINDEX_HASH_ALGO")]
     hash_algo: Option<String> = TextSpec { default: Some("sha256_cbor") },
+    /// The SGLang release of SGLang sources no pod entry names one for, for the sampled
+    /// page-hash cross-check's rules (default 0.5.23; before 0.5.6: no check).
+    #[arg(long, env = "KVINDEX_SGLANG_RELEASE")]
+    sglang_release: Option<String> = TextSpec { default: Some("0.5.23") },
+    /// SGLang's `kv_events_config.format` of SGLang sources no pod entry names one for.
+    #[arg(long, env = "KVINDEX_SGLANG_EVENT_FORMAT")]
+    sglang_event_format: Option<String> = ChoiceSpec { default: "default", choices: &["default", "dynamo"] },
     /// Cross-check one in this many stores per pod (default 16; 0 = off).
     #[arg(long, env = "KVINDEX_HASH_CHECK_EVERY")]
     hash_check_every: Option<i64> = IntSpec { default: Some(16), min: 0, max: u32::MAX as i64 },
@@ -82,6 +89,11 @@ settings! {
     /// Central mode: bind a SUB socket here (e.g. tcp://*:5557) that engines dial.
     #[arg(long, env = "KVINDEX_ZMQ_BIND")]
     zmq_bind: Option<String> = TextSpec { default: None },
+    /// Central mode: also listen on `zmq_bind`'s port + r for each DP rank r below this, since
+    /// an engine's rank r dials its configured port + r (vLLM's and SGLang's
+    /// `offset_endpoint_port`). A `tcp://` endpoint with a port other than 0.
+    #[arg(long, env = "KVINDEX_ZMQ_BIND_DP_SIZE")]
+    zmq_bind_dp_size: Option<i64> = IntSpec { default: Some(1), min: 1, max: 128 },
     /// Per-pod mode: `<pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]` (repeatable).
     #[arg(long = "pod", value_name = "POD", value_parser = PodConfig::from_flag)]
     pods: Vec<PodConfig> = ListSpec {},

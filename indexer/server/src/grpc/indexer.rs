@@ -80,20 +80,12 @@ impl Indexer for IndexerService {
         authorize(&self.control, &request)?;
         let r = request.into_inner();
         self.pods.may_change("grpc", &r.pod).map_err(Status::failed_precondition)?;
-        let mut cfg = PodConfig {
-            id: r.pod,
-            model: r.model,
-            endpoint: (!r.endpoint.is_empty()).then_some(r.endpoint),
-            replay_endpoint: (!r.replay_endpoint.is_empty()).then_some(r.replay_endpoint),
-            topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
-            dp_size: 1,
-            engine: match r.engine.as_str() {
-                "" => None,
-                name => Some(
-                    name.parse().map_err(|e: kvindex::wire::UnknownEngine| Status::invalid_argument(e.to_string()))?,
-                ),
-            },
-            page_size: None,
+        let mut cfg = match pod_config(r) {
+            Ok(cfg) => cfg,
+            Err(message) => {
+                metrics::counter!(m::CONFIG_ERRORS, "source" => "grpc").increment(1);
+                return Err(Status::invalid_argument(message));
+            }
         };
         self.control.pin_endpoints("grpc", &mut cfg).await.map_err(Status::permission_denied)?;
         self.pods.register(cfg, "grpc", false).await.map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -114,4 +106,24 @@ impl Indexer for IndexerService {
         let existed = self.pods.unregister(&pod, "grpc").await;
         Ok(Response::new(pb::UnregisterPodResponse { existed }))
     }
+}
+
+/// A `RegisterPod` request as a pod entry; a field that does not parse is named in the error
+/// (the ranges are checked with every other origin's, by the registration).
+fn pod_config(r: pb::RegisterPodRequest) -> Result<PodConfig, String> {
+    fn field<T: std::str::FromStr<Err: std::fmt::Display>>(name: &str, v: &str) -> Result<Option<T>, String> {
+        (!v.is_empty()).then(|| v.parse().map_err(|e| format!("{name}: {e}"))).transpose()
+    }
+    Ok(PodConfig {
+        engine: field::<kvindex::wire::Engine>("engine", &r.engine)?,
+        sglang_release: field("sglang_release", &r.sglang_release)?,
+        sglang_event_format: field("sglang_event_format", &r.sglang_event_format)?,
+        page_size: r.page_size,
+        id: r.pod,
+        model: r.model,
+        endpoint: (!r.endpoint.is_empty()).then_some(r.endpoint),
+        replay_endpoint: (!r.replay_endpoint.is_empty()).then_some(r.replay_endpoint),
+        topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
+        dp_size: 1,
+    })
 }

@@ -124,8 +124,14 @@ async fn debug_sources(State(s): State<AppState>) -> Json<serde_json::Value> {
                     .collect();
                 obj.insert("blocks_by_tier".into(), serde_json::Value::Object(tiers));
                 obj.insert("blocks".into(), json!(stats.blocks));
-                obj.insert("hash_check_mismatches".into(), json!(stats.hash_check.mismatched));
-                obj.insert("hash_check_checked".into(), json!(stats.hash_check.checked));
+                // vLLM's check counts in the index, SGLang's in its stream (`page_hash_check`).
+                let (sgl_checked, sgl_mismatched) =
+                    d.page_hash_check.as_ref().map_or((0, 0), |c| (u64::from(c.checked), u64::from(c.mismatched)));
+                obj.insert(
+                    "hash_check_mismatches".into(),
+                    json!(u64::from(stats.hash_check.mismatched) + sgl_mismatched),
+                );
+                obj.insert("hash_check_checked".into(), json!(u64::from(stats.hash_check.checked) + sgl_checked));
             }
             v
         })
@@ -174,6 +180,10 @@ struct RegisterBody {
     engine: Option<kvindex::wire::Engine>,
     #[serde(default)]
     page_size: Option<u32>,
+    #[serde(default, deserialize_with = "crate::config::parsed")]
+    sglang_release: Option<kvindex::sglang::SglangRelease>,
+    #[serde(default, deserialize_with = "crate::config::parsed")]
+    sglang_event_format: Option<kvindex::sglang::EventFormat>,
 }
 
 fn bad_request(reason: &'static str, message: String) -> Response {
@@ -220,6 +230,8 @@ async fn register(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
         dp_size: b.dp_size.unwrap_or(1),
         engine: b.engine,
         page_size: b.page_size,
+        sglang_release: b.sglang_release,
+        sglang_event_format: b.sglang_event_format,
     };
     if let Err(message) = s.handles.pods.may_change("http", &cfg.id) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();

@@ -21,4 +21,9 @@ pub trait Fleet {
     fn page_size(&self, _base: &str) -> Option<usize> {
         None
     }
+    /// SGLang's page-hash cross-check for `base`'s streams (its pod entry's release and event
+    /// format, else the server's), when it is on.
+    fn sglang_check(&self, _base: &str) -> Option<crate::config::SglangCheckConfig> {
+        None
+    }
 }

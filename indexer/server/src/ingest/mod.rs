@@ -19,6 +19,7 @@ mod batch;
 mod engine_rules;
 mod fleet;
 mod naming;
+mod sglang_check;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -35,6 +36,7 @@ pub use batch::{decode, Batch};
 pub use engine_rules::{EngineRules, RulesReport, SGLANG_DEFAULT_PAGE_SIZE};
 pub use fleet::Fleet;
 pub use naming::{Mode, Name, Naming, Unnamed, MAX_TOPIC_LEN};
+pub use sglang_check::{SampledPageCheck, MISCONFIGURED_AFTER_PAGES};
 pub use stream::{Binding, Ext, Reclaim, Stream, UNCONFIRMED_RECLAIM_MS};
 
 use crate::protocols::{ConnId, Origin, Peer, StreamKey};
@@ -54,6 +56,10 @@ pub struct TableConfig {
     /// Each new stream's sequencer (`replay` is re-read from the [`Fleet`]).
     pub sequencer: SequencerConfig,
 }
+
+/// What the [`Fleet`] says a source's streams are keyed and checked by: its engine, page size
+/// and SGLang page-hash check.
+type SourceRules = (kvindex::wire::Engine, Option<usize>, Option<crate::config::SglangCheckConfig>);
 
 /// What the table's driver must do, in order.
 pub enum Effect<X> {
@@ -194,6 +200,7 @@ impl<X: Ext> StreamTable<X> {
         let payload = &frames[2];
         let engine = fleet.engine(&name.base);
         let page_size = fleet.page_size(&name.base);
+        let check = fleet.sglang_check(&name.base);
         let decoded = decode(engine, payload);
         let ranks: Vec<u32> = match &decoded {
             Ok(batch) => vec![batch.data_parallel_rank.unwrap_or(0).clamp(0, i64::from(u16::MAX)) as u32],
@@ -230,7 +237,7 @@ impl<X: Ext> StreamTable<X> {
                     continue;
                 }
             }
-            let Some(st) = self.entry(&key, &name, (engine, page_size), now, new_ext, out) else { continue };
+            let Some(st) = self.entry(&key, &name, (engine, page_size, check), now, new_ext, out) else { continue };
             if name.mode == Mode::Central {
                 if let Some(peer) = peer {
                     match st.bind_source(fleet, peer) {
@@ -286,7 +293,7 @@ impl<X: Ext> StreamTable<X> {
         &mut self,
         key: &StreamKey,
         name: &Name,
-        (engine, page_size): (kvindex::wire::Engine, Option<usize>),
+        (engine, page_size, check): SourceRules,
         now: u64,
         new_ext: &mut NewExt<'_, X>,
         out: &mut Vec<Effect<X>>,
@@ -311,7 +318,7 @@ impl<X: Ext> StreamTable<X> {
                     conflicts: 0,
                     created_at: now,
                     confirmed: false,
-                    rules: EngineRules::new(engine, page_size, self.config.block_size),
+                    rules: EngineRules::new(engine, page_size, check, self.config.block_size),
                     ext,
                 },
             );
@@ -319,7 +326,9 @@ impl<X: Ext> StreamTable<X> {
         }
         let st = self.streams.get_mut(key)?;
         if !st.rules.is_for(engine, page_size) {
-            st.rules = EngineRules::new(engine, page_size, self.config.block_size);
+            st.rules = EngineRules::new(engine, page_size, check, self.config.block_size);
+        } else {
+            st.rules.follow_check(check);
         }
         if st.model != name.model {
             let old = std::mem::replace(&mut st.model, name.model.clone());
@@ -359,7 +368,7 @@ impl<X: Ext> StreamTable<X> {
     ) {
         let name = Name { base: key.base.clone(), model: model.clone(), mode: Mode::PerPod, endpoint: None };
         let replay = fleet.has_replay(&key.base, key.rank);
-        let source = (fleet.engine(&key.base), fleet.page_size(&key.base));
+        let source = (fleet.engine(&key.base), fleet.page_size(&key.base), fleet.sglang_check(&key.base));
         let Some(st) = self.entry(key, &name, source, now, new_ext, out) else { return };
         st.endpoint = Some(endpoint.clone());
         st.seq.set_replay(replay);

@@ -86,6 +86,7 @@ async fn apply(pods: &Pods, changes: Vec<Change>, startup: bool, central: bool) 
 
 /// The registration of a discovered pod: dialled in per-pod mode, topic-named in central mode.
 fn pod_config(pod: &DiscoveredPod, central: bool) -> PodConfig {
+    let sglang = pod.engine == Some(kvindex::wire::Engine::Sglang);
     PodConfig {
         id: pod.pod_id(),
         model: pod.model.clone().unwrap_or_else(|| TOPIC_MODEL.to_string()),
@@ -95,6 +96,10 @@ fn pod_config(pod: &DiscoveredPod, central: bool) -> PodConfig {
         dp_size: pod.dp_size,
         engine: pod.engine,
         page_size: pod.page_size,
+        // What discovery learned of an SGLang pod's release and event format drives its
+        // page-hash cross-check (anything unreadable: the server's defaults).
+        sglang_release: sglang.then(|| pod.engine_version.as_deref()?.parse().ok()).flatten(),
+        sglang_event_format: sglang.then(|| pod.kv_events_format.as_deref()?.parse().ok()).flatten(),
     }
 }
 
@@ -124,6 +129,8 @@ mod tests {
         assert_eq!(per_pod.replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5558"));
         assert_eq!(per_pod.dp_size, 2);
         assert_eq!((per_pod.engine, per_pod.page_size), (Some(kvindex::wire::Engine::Sglang), Some(16)));
+        assert_eq!(per_pod.sglang_release, Some(kvindex::sglang::SglangRelease::new(0, 5, 23)), "the check's release");
+        assert_eq!(per_pod.sglang_event_format, None, "not probed: the server's");
         let central = pod_config(&DiscoveredPod { model: None, ..pod }, true);
         assert_eq!((central.endpoint.as_deref(), central.model.as_str()), (None, TOPIC_MODEL));
         assert!(central.validate("pod", &crate::config::Origin::Request(ORIGIN)).is_ok());

@@ -1,6 +1,6 @@
 //! The [`Pods`] handle and the pods' lifecycle: a registration starts the pod's dialers and
-//! its start-up syncs, a re-registration that moves the pod restarts them and clears what it
-//! held, an unregistration stops them and clears everything the pod held. Whatever declares a
+//! its start-up syncs, a re-registration that moves the pod (or names another engine or page
+//! size) restarts them and clears what it held, an unregistration stops them and clears everything the pod held. Whatever declares a
 //! pod (the configuration, the pods file, discovery, the API) goes through here.
 
 use std::sync::Arc;
@@ -28,6 +28,8 @@ struct Inner {
     queues: Arc<Queues>,
     readiness: Arc<Readiness>,
     dialer: Dialer,
+    /// The index's canonical block (a pod's `page_size` must tile it).
+    block_size: usize,
 }
 
 impl Pods {
@@ -38,8 +40,9 @@ impl Pods {
         dialer: Dialer,
         queues: Arc<Queues>,
         readiness: Arc<Readiness>,
+        block_size: usize,
     ) -> Pods {
-        Pods { inner: Arc::new(Inner { registry: RwLock::new(registry), queues, readiness, dialer }) }
+        Pods { inner: Arc::new(Inner { registry: RwLock::new(registry), queues, readiness, dialer, block_size }) }
     }
 
     /// The registry, read.
@@ -64,10 +67,16 @@ impl Pods {
         Err(format!("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it"))
     }
 
-    /// Adds or replaces a pod. A changed endpoint or model restarts its dialer and clears it.
+    /// Adds or replaces a pod. A changed endpoint, model, DP size, engine or page size restarts
+    /// its dialer and clears it.
     /// `origin` (config, pods_file, discovery, grpc, http) labels metrics and logs.
     pub async fn register(&self, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
-        let cfg = match cfg.validate("pod", &Origin::Request(origin)) {
+        let checked = cfg.validate("pod", &Origin::Request(origin)).and_then(|c| {
+            c.check_page_size(self.inner.block_size)
+                .map_err(|m| ConfigError::new("pod.page_size", Origin::Request(origin), m))?;
+            Ok(c)
+        });
+        let cfg = match checked {
             Ok(c) => c,
             Err(e) => {
                 metrics::counter!(m::CONFIG_ERRORS, "source" => origin).increment(1);
@@ -77,9 +86,13 @@ impl Pods {
         let old = {
             let mut reg = self.inner.registry.write();
             if let Some(existing) = reg.get_mut(&cfg.id) {
+                // The engine and its page size decide how the stream is read and keyed: a change
+                // restarts the dialers and clears what was keyed by the old rules.
                 let same_source = existing.cfg.endpoint == cfg.endpoint
                     && existing.cfg.model == cfg.model
-                    && existing.cfg.dp_size == cfg.dp_size;
+                    && existing.cfg.dp_size == cfg.dp_size
+                    && existing.cfg.engine == cfg.engine
+                    && existing.cfg.page_size == cfg.page_size;
                 if same_source {
                     existing.cfg = cfg.clone();
                     existing.origin = origin;

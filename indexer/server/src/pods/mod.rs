@@ -53,6 +53,8 @@ pub struct PodsConfig {
     /// The engine of a pod whose entry names none (an SGLang pod is subscribed to every topic).
     pub default_engine: kvindex::wire::Engine,
     pub zmq_limits: kvindex_zmtp::Limits,
+    /// The index's canonical block: a registered `page_size` must tile it.
+    pub block_size: usize,
 }
 
 impl PodsConfig {
@@ -68,6 +70,7 @@ impl PodsConfig {
             topic_filter: config.topic_filter.clone(),
             default_engine: config.default_engine,
             zmq_limits: config.zmq_limits.clone(),
+            block_size: config.block_size,
         }
     }
 }
@@ -78,7 +81,8 @@ impl Pods {
     pub fn new(config: &PodsConfig, queues: Arc<Queues>, readiness: Arc<Readiness>) -> Pods {
         let dialer =
             Dialer::new(queues.clone(), config.topic_filter.clone(), config.default_engine, config.zmq_limits.clone());
-        Pods::from_parts(Registry::new(&config.topic_map, &config.replay), dialer, queues, readiness)
+        let registry = Registry::new(&config.topic_map, &config.replay);
+        Pods::from_parts(registry, dialer, queues, readiness, config.block_size)
     }
 
     /// Registers the configured pods, then starts the pods file watcher (returning once its

@@ -51,6 +51,11 @@ pub struct PodView {
     pub engine: Option<&'static str>,
     pub page_size: Option<u32>,
     pub origin: &'static str,
+    /// The SGLang release and event format the entry names (absent: the server's defaults).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sglang_release: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sglang_event_format: Option<&'static str>,
 }
 
 impl Registry {
@@ -132,6 +137,8 @@ impl Registry {
                 engine: p.cfg.engine.map(|e| e.as_str()),
                 page_size: p.cfg.page_size,
                 origin: p.origin,
+                sglang_release: p.cfg.sglang_release.map(|r| r.to_string()),
+                sglang_event_format: p.cfg.sglang_event_format.map(|f| f.as_str()),
             })
             .collect()
     }

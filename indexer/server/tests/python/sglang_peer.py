@@ -66,6 +66,11 @@ def page_digest(parent, tokens):
     return h.digest()
 
 
+def salt_seed(salt):
+    """The event chain's seed for a salted request (0.5.19+, `mem_cache/utils.py`)."""
+    return None if salt is None else hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode("utf-8")).digest()
+
+
 def page_id(digest):
     return int.from_bytes(digest[:8], "big", signed=True)
 
@@ -132,6 +137,8 @@ class SglangPub:
         self.sent = 0
         # chain name -> (tokens, digests of the whole pages held, in order)
         self.chains = {}
+        # chain name -> its requests' cache salt (absent: unsalted)
+        self.salts = {}
 
     def endpoints(self):
         return {"endpoint": self.pub._local_pub_endpoint, "replay_endpoint": self.pub._local_replay_endpoint}
@@ -142,16 +149,19 @@ class SglangPub:
         self.sent += 1
         return self.sent - 1
 
-    def store(self, chain, tokens, partial=False):
+    def store(self, chain, tokens, partial=False, salt=None):
         """Extends `chain` to `tokens`: one BlockStored of the new whole pages (a radix node),
-        and SGLang's partial last page as its own store when `partial` and the tokens leave one."""
+        and SGLang's partial last page as its own store when `partial` and the tokens leave one.
+        A `salt` (the chain's requests' cache salt) seeds the chain, as SGLang 0.5.19+ does."""
         p = self.page_size
+        salt = self.salts.setdefault(chain, salt)
+        seed = salt_seed(salt)
         old_tokens, digests = self.chains.get(chain, ([], []))
         held = len(digests)
         assert tokens[: held * p] == old_tokens[: held * p], "a chain only grows from what it holds"
         whole = len(tokens) // p
         for i in range(held, whole):
-            digests.append(page_digest(digests[-1] if digests else None, tokens[i * p : (i + 1) * p]))
+            digests.append(page_digest(digests[-1] if digests else seed, tokens[i * p : (i + 1) * p]))
         events = []
         if whole > held:
             events.append(
@@ -162,18 +172,20 @@ class SglangPub:
                     block_size=p,
                     lora_id=None,
                     medium="GPU",
+                    cache_salt=salt,
                 )
             )
         tail = tokens[whole * p :]
         if partial and tail:
             events.append(
                 kv.BlockStored(
-                    block_hashes=[page_id(page_digest(digests[-1] if digests else None, tail))],
+                    block_hashes=[page_id(page_digest(digests[-1] if digests else seed, tail))],
                     parent_block_hash=page_id(digests[-1]) if digests else None,
                     token_ids=list(tail),
                     block_size=len(tail),
                     lora_id=None,
                     medium="GPU",
+                    cache_salt=salt,
                 )
             )
         self.chains[chain] = (list(tokens), digests)
@@ -206,8 +218,8 @@ class Peer(kvpeer.Peer):
         self.sgl[name] = SglangPub(pod, endpoint, replay_endpoint, topic, page_size, dp_rank, bind)
         return dict(self.sgl[name].endpoints(), version=SGLANG_VERSION)
 
-    def op_sgl_store(self, name, chain, tokens, partial=False):
-        return {"seq": self.sgl[name].store(chain, tokens, partial)}
+    def op_sgl_store(self, name, chain, tokens, partial=False, salt=None):
+        return {"seq": self.sgl[name].store(chain, tokens, partial, salt)}
 
     def op_sgl_evict(self, name, chain, pages):
         return {"seq": self.sgl[name].evict(chain, pages)}
@@ -243,7 +255,7 @@ class Peer(kvpeer.Peer):
         for n in names:
             p = self.sgl[n]
             for chain, (tokens, _) in p.chains.items():
-                r = self.op_score(model, tokens, pods=[p.pod])
+                r = self.op_score(model, tokens, pods=[p.pod], cache_salt=p.salts.get(chain) or "")
                 if r.get("ok") is False:
                     return r
                 s = r["scores"][0]
