@@ -3,7 +3,7 @@
 //! A burst of cold prompts sharing one cached prefix (a tenant's system prompt) spreads once
 //! the holder's queued prefill outweighs what the prefix saves, while a follow-up turn whose
 //! whole conversation is cached stays on its pod behind that queue. The pods are real
-//! `kvindex-sim` engines prefilling 100 tokens a second, so nothing is answered while the test
+//! `kvindex-sim` engines prefilling 200 tokens a second, so nothing is answered while the test
 //! looks. The control run (`--queued-prefill-weight 0`, the rule before) sends the burst to
 //! the holder, so the test can fail.
 
@@ -48,7 +48,7 @@ struct Outcome {
 }
 
 async fn play(bins: &Bins, router_flags: &[&str]) -> Outcome {
-    let stack = Stack::start(bins, 3, &["--model", MODEL, "--prefill-tokens-per-s", "100"]).await;
+    let stack = Stack::start(bins, 3, &["--model", MODEL, "--prefill-tokens-per-s", "200"]).await;
     let mut args = stack.router_args();
     args.extend(["--scrape-interval-ms", "20", "--score-deadline-ms", "500"].map(String::from));
     args.extend(router_flags.iter().map(|s| s.to_string()));
@@ -63,21 +63,21 @@ async fn play(bins: &Bins, router_flags: &[&str]) -> Outcome {
     let home = reply.pod().to_string();
     stack.settle().await;
 
-    // Two cold prompts of 20 blocks sharing the 8-block prefix, one after the other.
+    // Two cold prompts of 32 blocks sharing the 8-block prefix, one after the other.
     let send = |seed| {
-        let (addr, body) = (router.http.clone(), completion(&prompt(seed, 192), true));
+        let (addr, body) = (router.http.clone(), completion(&prompt(seed, 384), true));
         tokio::spawn(async move { post(&addr, "/v1/completions", &body).await })
     };
     let first = send(1);
     wait_for("the first sibling to queue its prefill", DEADLINE, || async {
-        (queued_total(&router.http, &ids).await >= 12).then_some(())
+        (queued_total(&router.http, &ids).await >= 24).then_some(())
     })
     .await;
-    assert_eq!(queued(&router.http, &home).await, 12, "the holder takes the first: 12 blocks to compute, not 20");
-    let second_explained = post(&router.http, "/route/v1/completions", &completion(&prompt(2, 192), true)).await.json();
+    assert_eq!(queued(&router.http, &home).await, 24, "the holder takes the first: 24 blocks to compute, not 32");
+    let second_explained = post(&router.http, "/route/v1/completions", &completion(&prompt(2, 384), true)).await.json();
     let second = send(2);
     wait_for("the second sibling to queue its prefill", DEADLINE, || async {
-        (queued_total(&router.http, &ids).await >= 24).then_some(())
+        (queued_total(&router.http, &ids).await >= 48).then_some(())
     })
     .await;
 
@@ -113,18 +113,18 @@ async fn cold_prompts_sharing_a_cached_prefix_spread_once_its_pod_is_busy_comput
     assert_eq!(out.siblings[0], out.home, "an idle holder of the prefix is the cheapest");
     assert_ne!(
         out.siblings[1], out.home,
-        "12 blocks queued on the holder plus 12 to compute cost more than 20 on an idle pod: {}",
+        "24 blocks to compute behind 24 queued (at half weight) cost more than 32 on an idle pod: {}",
         out.second_explained
     );
     let best = &out.follow_up_explained["ranked"][0];
     assert_eq!(best["pod"], out.home.as_str(), "{}", out.follow_up_explained);
     assert_eq!(best["cached_blocks"], 24);
     assert!(
-        best["load"]["queued_prefill_blocks"].as_u64() >= Some(12),
+        best["load"]["queued_prefill_blocks"].as_u64() >= Some(24),
         "the follow-up was placed while its pod still computed the first sibling: {}",
         out.follow_up_explained
     );
-    assert_eq!(out.follow_up, out.home, "a follow-up's 24 cached blocks outweigh a 12-block queue");
+    assert_eq!(out.follow_up, out.home, "a follow-up's 24 cached blocks outweigh a 24-block queue");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,7 +101,7 @@ pub struct ServeArgs {
     pub prefill_weight: f64,
     /// Cost of one block of prefill this router sent to the pod and has had no response byte
     /// for yet (work the pod computes before a new request's). 0 = ignore it.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 0.5)]
     pub queued_prefill_weight: f64,
     /// Cost of one running request on the pod (in uncached blocks).
     #[arg(long, default_value_t = 2.0)]

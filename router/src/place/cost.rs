@@ -14,15 +14,19 @@
 //! the highest rendezvous weight of the prompt's first block key, so every replica breaks the
 //! tie the same way.
 //!
-//! The unit is the time to prefill one block, so the first two terms together are the time
-//! until the new request's first token on that pod: the prompt this router already sent there
-//! is computed before it (an engine batches prefill work first come first served). Without the
-//! queued term a burst of cold prompts sharing one cached prefix (a tenant's system prompt)
-//! all went to the pod holding it, each waiting for all the others' prefill; with it, once the
-//! holder's queue costs more than the prefix saves, the next one goes elsewhere and computes
-//! the prefix again. A follow-up turn's cached conversation is long, so it stays home unless
-//! its pod is really that far behind. Requests are counted, not prefill work, by a scrape; and
-//! it comes 100 ms late, which is most of a burst. A running request slows every engine step a
+//! The unit is the time to prefill one block. The prompt this router already sent a pod and
+//! has had no answer for is computed before a new one there (an engine takes prefill work
+//! first come first served), so the new request waits `queued + uncached` blocks for its first
+//! token; its own `uncached` blocks are also work that every later request on that pod waits
+//! for. Counting both, `queued + 2 × uncached`, at the prefill weight's scale is the default
+//! `queued_prefill_weight` of 0.5. Without the term a burst of cold prompts sharing one
+//! cached prefix (a tenant's system prompt) all went to the pod holding it, each waiting for
+//! all the others' prefill; with it, once the holder's queue outweighs twice what the prefix
+//! saves, the next one goes elsewhere and computes the prefix again, while a follow-up turn,
+//! its long conversation cached, stays home unless its pod is several cold prompts behind (at
+//! weight 1, tried on the peer bench, one cold prompt there moved follow-ups and cost hit
+//! rate). A scrape counts requests, not prefill work, and comes up to an interval late, most of
+//! a burst. A running request slows every engine step a
 //! little (default 2 blocks); a waiting request means the pod is saturated and new work waits
 //! at least one typical prefill (default 64 blocks, 1k tokens at block size 16); a fuller KV
 //! cache admits new work later and evicts what others will ask for (default 256 blocks for a
@@ -72,7 +76,7 @@ impl Default for CostWeights {
     fn default() -> Self {
         CostWeights {
             prefill: 1.0,
-            queued_prefill: 1.0,
+            queued_prefill: 0.5,
             decode: 2.0,
             queue: 64.0,
             kv: 256.0,
@@ -312,7 +316,7 @@ mod tests {
                 holder.running += 1.0;
             }
         }
-        assert_eq!(sent_to_holder, 1, "the second waits 60 blocks on the holder to save 47");
+        assert_eq!(sent_to_holder, 2, "the third would wait 120 blocks (60 at half weight) to save 47");
         // Without the queued term every one of them went to the holder (the old rule).
         let blind = CostWeights { queued_prefill: 0.0, ..w };
         let mut holder = pod(47, 0.0, 1);
@@ -331,9 +335,11 @@ mod tests {
         let tenant = pod(47, 1.0, 2);
         let ranked = rank(&[home, tenant], 117, &CostWeights::default(), Policy::Cost);
         assert_eq!(ranked[0].index, 0, "{ranked:?}");
-        assert_eq!(ranked[0].cost, 5.0 + 60.0 + 4.0 + 25.6);
-        // Two cold prompts queued there are a longer wait than computing 70 blocks elsewhere.
+        assert_eq!(ranked[0].cost, 5.0 + 30.0 + 4.0 + 25.6);
         home.queued_prefill_blocks = 120.0;
+        assert_eq!(rank(&[home, tenant], 117, &CostWeights::default(), Policy::Cost)[0].index, 0);
+        // Four cold prompts queued there outweigh computing 70 blocks elsewhere.
+        home.queued_prefill_blocks = 240.0;
         assert_eq!(rank(&[home, tenant], 117, &CostWeights::default(), Policy::Cost)[0].index, 1);
     }
 
