@@ -173,10 +173,21 @@ def main():
             continue
         problems.append(f"values.schema.json accepted invalid values {bad}")
 
+    # Values the schema cannot judge but the templates must refuse, each with its reason.
+    for bad, reason in (({"engines": {"dpSize": 2}}, "must be at least engines.dpSize (2) apart"),
+                        ({"layout": "epp-sidecar", "engines": {"dpSize": 2, "replayPort": 6557}},
+                         "epp-sidecar with engines.dpSize > 1 is not supported")):
+        try:
+            render(chart, bad, "refused", a.kubectl)
+            problems.append(f"the chart rendered inconsistent values {bad}")
+        except helm.HelmError as err:
+            if reason not in str(err):
+                problems.append(f"the chart refused {bad} without saying why ({reason!r}): {err}")
+
     if problems:
         print("\n".join(problems), file=sys.stderr)
         raise SystemExit(f"render_chart.py: {len(problems)} problem(s)")
-    print(f"chart: lint clean, {len(cases)} value sets rendered and valid, 5 invalid value sets refused")
+    print(f"chart: lint clean, {len(cases)} value sets rendered and valid, 5 invalid value sets refused, 2 inconsistent value sets refused")
 
 
 if __name__ == "__main__":

@@ -463,6 +463,36 @@ async fn wall_clock_ttft_follows_the_timing_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_stream_opens_with_the_engines_first_output_after_the_prefill() {
+    // vLLM sends a chat stream's role chunk with the first output, so a router that reads the
+    // first body byte as "prompt computed" (kvindex-router's queued prefill) reads it right.
+    // 1,000 prompt tokens at 1,000 tokens/s, time scale 1: no byte of the body before 1 s.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = spawn_sim(1, &["--kv-blocks", "2000", "--time-scale", "1", "--prefill-tokens-per-s", "1000"]);
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "x".repeat(1000)}],
+                      "max_tokens": 2, "stream": true})
+    .to_string();
+    let addr = sim.http(0);
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let started = std::time::Instant::now();
+    socket.write_all(format!("{head}{body}").as_bytes()).await.unwrap();
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !received.windows(5).any(|w| w == b"data:") {
+        let n = tokio::time::timeout(DEADLINE, socket.read(&mut buf)).await.expect("the stream answers").unwrap();
+        assert!(n > 0, "closed before any event: {}", String::from_utf8_lossy(&received));
+        received.extend_from_slice(&buf[..n]);
+    }
+    let first_event = started.elapsed().as_secs_f64();
+    assert!(first_event >= 0.99, "the first event came {first_event:.3} s in, before the prefill's 1 s");
+    assert!(String::from_utf8_lossy(&received).contains(r#""role":"assistant""#), "the role opens the stream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_parallel_ranks_publish_on_their_own_endpoints() {
     let sim = spawn_sim(1, &["--data-parallel-size", "2"]);
     let addr = sim.http(0);

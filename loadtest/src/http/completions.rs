@@ -308,12 +308,16 @@ fn stream(reply: Reply, mut events: mpsc::UnboundedReceiver<RequestEvent>, inclu
     let (sender, receiver) = mpsc::channel::<Result<Event, Infallible>>(64);
     tokio::spawn(async move {
         let send = |value: Value| Ok(Event::default().data(value.to_string()));
-        if reply.kind == Kind::Chat {
-            let first = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
-            let _ = sender.send(send(reply.envelope(first, true))).await;
-        }
+        // A chat stream opens with the role, sent as vLLM sends it: with the engine's first
+        // output, i.e. after the prefill (a router reads the first body byte as "computed").
+        let mut role_pending = reply.kind == Kind::Chat;
+        let role = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
         let mut pending: Option<u32> = None;
         while let Some(event) = events.recv().await {
+            if role_pending && matches!(event, RequestEvent::Token(_) | RequestEvent::Finished(_)) {
+                role_pending = false;
+                let _ = sender.send(send(reply.envelope(role.clone(), true))).await;
+            }
             match event {
                 RequestEvent::Scheduled { .. } => {}
                 RequestEvent::Token(token) => {

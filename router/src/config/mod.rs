@@ -99,6 +99,10 @@ pub struct ServeArgs {
     /// Cost of one uncached prompt block.
     #[arg(long, default_value_t = 1.0)]
     pub prefill_weight: f64,
+    /// Cost of one block of prefill this router sent to the pod and has had no response byte
+    /// for yet (work the pod computes before a new request's). 0 = ignore it.
+    #[arg(long, default_value_t = 0.5)]
+    pub queued_prefill_weight: f64,
     /// Cost of one running request on the pod (in uncached blocks).
     #[arg(long, default_value_t = 2.0)]
     pub decode_weight: f64,
@@ -475,6 +479,7 @@ impl ServeArgs {
         }
         for (flag, v) in [
             ("--prefill-weight", self.prefill_weight),
+            ("--queued-prefill-weight", self.queued_prefill_weight),
             ("--decode-weight", self.decode_weight),
             ("--queue-weight", self.queue_weight),
             ("--kv-weight", self.kv_weight),
@@ -532,6 +537,7 @@ impl ServeArgs {
             indexer_admin_token,
             weights: CostWeights {
                 prefill: self.prefill_weight,
+                queued_prefill: self.queued_prefill_weight,
                 decode: self.decode_weight,
                 queue: self.queue_weight,
                 kv: self.kv_weight,

@@ -57,6 +57,7 @@ pub fn gather(fleet: &Fleet, pods: &[Arc<Pod>], scores: Option<&pb::ScoreTokensR
         candidates.push(Candidate {
             matched_blocks: matched,
             speculative_blocks: speculative,
+            queued_prefill_blocks: load.queued_prefill_blocks as f64,
             running: load.load - load.waiting.unwrap_or(0.0),
             waiting: load.waiting.unwrap_or(0.0),
             kv_usage: load.kv_usage,

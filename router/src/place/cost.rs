@@ -2,8 +2,10 @@
 //! documented, tested exhaustively and replayed from a log line.
 //!
 //! **cost** (default):
-//! `prefill_weight × uncached prompt blocks + decode_weight × running + queue_weight × waiting +
-//! kv_weight' × kv_usage`, where `running` = the pod's running requests (scraped) plus this
+//! `prefill_weight × uncached prompt blocks + queued_prefill_weight × queued prefill blocks +
+//! decode_weight × running + queue_weight × waiting + kv_weight' × kv_usage`, where `queued
+//! prefill blocks` = the uncached blocks of this router's requests to the pod that have not
+//! had a response byte yet, `running` = the pod's running requests (scraped) plus this
 //! router's requests sent since that scrape, `waiting` = its queued requests (scraped),
 //! `kv_usage` its KV-cache usage (0–1), `kv_weight' = kv_weight × min(1, kv_blocks /
 //! kv_reference_blocks)` with `kv_blocks` the pod's KV capacity (vLLM's `num_gpu_blocks`;
@@ -12,7 +14,19 @@
 //! the highest rendezvous weight of the prompt's first block key, so every replica breaks the
 //! tie the same way.
 //!
-//! The unit is the time to prefill one block. A running request slows every engine step a
+//! The unit is the time to prefill one block. The prompt this router already sent a pod and
+//! has had no answer for is computed before a new one there (an engine takes prefill work
+//! first come first served), so the new request waits `queued + uncached` blocks for its first
+//! token; its own `uncached` blocks are also work that every later request on that pod waits
+//! for. Counting both, `queued + 2 × uncached`, at the prefill weight's scale is the default
+//! `queued_prefill_weight` of 0.5. Without the term a burst of cold prompts sharing one
+//! cached prefix (a tenant's system prompt) all went to the pod holding it, each waiting for
+//! all the others' prefill; with it, once the holder's queue outweighs twice what the prefix
+//! saves, the next one goes elsewhere and computes the prefix again, while a follow-up turn,
+//! its long conversation cached, stays home unless its pod is several cold prompts behind (at
+//! weight 1, tried on the peer bench, one cold prompt there moved follow-ups and cost hit
+//! rate). A scrape counts requests, not prefill work, and comes up to an interval late, most of
+//! a burst. A running request slows every engine step a
 //! little (default 2 blocks); a waiting request means the pod is saturated and new work waits
 //! at least one typical prefill (default 64 blocks, 1k tokens at block size 16); a fuller KV
 //! cache admits new work later and evicts what others will ask for (default 256 blocks for a
@@ -42,6 +56,8 @@ use serde::Serialize;
 pub struct CostWeights {
     /// Per uncached prompt block.
     pub prefill: f64,
+    /// Per block of prefill this router sent to the pod that has not been answered yet.
+    pub queued_prefill: f64,
     /// Per running request (scraped running + this router's requests since the scrape).
     pub decode: f64,
     /// Per waiting (queued) request.
@@ -60,6 +76,7 @@ impl Default for CostWeights {
     fn default() -> Self {
         CostWeights {
             prefill: 1.0,
+            queued_prefill: 0.5,
             decode: 2.0,
             queue: 64.0,
             kv: 256.0,
@@ -112,6 +129,8 @@ pub struct Candidate {
     pub matched_blocks: u32,
     /// Leading blocks credited speculatively after a recent pick (never in `matched_blocks`).
     pub speculative_blocks: u32,
+    /// Uncached blocks of this router's requests to the pod not answered yet.
+    pub queued_prefill_blocks: f64,
     /// Running requests, including this router's requests not yet in a scrape.
     pub running: f64,
     /// Queued requests.
@@ -159,9 +178,10 @@ pub fn rank(candidates: &[Candidate], total_blocks: u32, weights: &CostWeights, 
             let prefill = if policy == Policy::LoadOnly { 0.0 } else { weights.prefill * f64::from(uncached) };
             let kv_weight = weights.kv_for(c.kv_blocks);
             let kv_cost = kv_weight * c.kv_usage.unwrap_or(0.0);
+            let queued_prefill = weights.queued_prefill * c.queued_prefill_blocks;
             Ranked {
                 index,
-                cost: prefill + weights.decode * c.running + weights.queue * c.waiting + kv_cost,
+                cost: prefill + queued_prefill + weights.decode * c.running + weights.queue * c.waiting + kv_cost,
                 cached_blocks: cached,
                 uncached_blocks: uncached,
                 load: c.running + c.waiting,
@@ -212,6 +232,7 @@ mod tests {
         Candidate {
             matched_blocks: matched,
             speculative_blocks: 0,
+            queued_prefill_blocks: 0.0,
             running,
             waiting: 0.0,
             kv_usage: Some(0.1),
@@ -277,6 +298,49 @@ mod tests {
         // Two waiting requests are genuine overload on any pod.
         home.waiting = 2.0;
         assert_eq!(rank(&[home, empty], 100, &w, Policy::Cost)[0].index, 1);
+    }
+
+    #[test]
+    fn a_burst_of_cold_prompts_sharing_a_cached_prefix_spreads_once_the_holders_queue_outweighs_it() {
+        // The peer bench's tenants: a 47-block system prompt cached on pod 0, each first turn
+        // 107 blocks (60 of its own). Every prompt sent to pod 0 and not yet answered queues
+        // 60 blocks of prefill ahead of the next.
+        let w = CostWeights::default();
+        let mut holder = pod(47, 0.0, 1);
+        let empty = pod(0, 0.0, 2);
+        let mut sent_to_holder = 0;
+        for _ in 0..4 {
+            if rank(&[holder, empty], 107, &w, Policy::Cost)[0].index == 0 {
+                sent_to_holder += 1;
+                holder.queued_prefill_blocks += 60.0;
+                holder.running += 1.0;
+            }
+        }
+        assert_eq!(sent_to_holder, 2, "the third would wait 120 blocks (60 at half weight) to save 47");
+        // Without the queued term every one of them went to the holder (the old rule).
+        let blind = CostWeights { queued_prefill: 0.0, ..w };
+        let mut holder = pod(47, 0.0, 1);
+        for _ in 0..4 {
+            assert_eq!(rank(&[holder, empty], 107, &blind, Policy::Cost)[0].index, 0);
+            holder.running += 1.0;
+        }
+    }
+
+    #[test]
+    fn a_follow_up_turn_stays_home_behind_a_cold_prompt_the_pod_is_still_computing() {
+        // A third turn: 112 of 117 blocks cached at home, whose pod is prefilling one first
+        // turn (60 blocks); another pod holds the tenant's 47-block prompt and nothing queued.
+        let mut home = pod(112, 2.0, 1);
+        home.queued_prefill_blocks = 60.0;
+        let tenant = pod(47, 1.0, 2);
+        let ranked = rank(&[home, tenant], 117, &CostWeights::default(), Policy::Cost);
+        assert_eq!(ranked[0].index, 0, "{ranked:?}");
+        assert_eq!(ranked[0].cost, 5.0 + 30.0 + 4.0 + 25.6);
+        home.queued_prefill_blocks = 120.0;
+        assert_eq!(rank(&[home, tenant], 117, &CostWeights::default(), Policy::Cost)[0].index, 0);
+        // Four cold prompts queued there outweigh computing 70 blocks elsewhere.
+        home.queued_prefill_blocks = 240.0;
+        assert_eq!(rank(&[home, tenant], 117, &CostWeights::default(), Policy::Cost)[0].index, 1);
     }
 
     #[test]

@@ -175,7 +175,7 @@ impl OverlapOutcome {
     }
 }
 
-/// `pod:cached/total[(spec n)],load=..[,kv=usage[/capacity blk],kv_cost=..],cost=..[,flags]`:
+/// `pod:cached/total[(spec n)],load=..[,queued_prefill=blocks][,kv=usage[/capacity blk],kv_cost=..],cost=..[,flags]`:
 /// enough to recompute the cost by hand (the KV term is `kv_cost`, the rest is the
 /// documented weights times the numbers shown).
 fn summarize(out: &mut String, c: &PodChoice, total: u32) {
@@ -184,6 +184,9 @@ fn summarize(out: &mut String, c: &PodChoice, total: u32) {
         let _ = write!(out, "(spec {})", c.speculative_blocks);
     }
     let _ = write!(out, ",load={}", c.load.load);
+    if c.load.queued_prefill_blocks > 0 {
+        let _ = write!(out, ",queued_prefill={}", c.load.queued_prefill_blocks);
+    }
     if let Some(kv) = c.load.kv_usage {
         let _ = write!(out, ",kv={kv:.2}");
         if let Some(blocks) = c.load.kv_blocks {

@@ -398,14 +398,17 @@ impl Router {
     /// flight until the returned guards drop, and records the route for speculative credit.
     pub fn commit(&self, decision: &Decision, attempt: usize) -> Option<Vec<InFlight>> {
         let choice = decision.ranked.get(attempt)?;
+        // The pod that computes the prompt's KV cache: the one to credit, whose reuse counts,
+        // and where its uncached blocks queue as prefill work.
+        let holder = decision.prefill.as_ref().unwrap_or(choice);
         let mut guards = Vec::with_capacity(2);
         for c in std::iter::once(choice).chain(decision.prefill.as_ref()) {
             let pod = c.handle.as_ref()?;
-            guards.push(self.fleet.begin(pod));
+            let prefill_blocks =
+                if std::ptr::eq(c, holder) { decision.total_blocks.saturating_sub(c.cached_blocks) } else { 0 };
+            guards.push(self.fleet.begin(pod, prefill_blocks));
             metrics::counter!(m::PICKS, "pod" => c.pod.clone(), "role" => c.role.label()).increment(1);
         }
-        // The pod that computes the prompt's KV cache: the one to credit, and whose reuse counts.
-        let holder = decision.prefill.as_ref().unwrap_or(choice);
         if attempt == 0 {
             metrics::counter!(m::PROMPT_BLOCKS).increment(u64::from(decision.total_blocks));
             metrics::counter!(m::CACHED_BLOCKS, "kind" => "matched").increment(u64::from(choice.matched_blocks));
@@ -420,7 +423,7 @@ impl Router {
     /// Counts the request in flight on `pod`, picked by load (no decision to commit: nothing
     /// scored, nothing to credit).
     pub fn commit_by_load(&self, pod: &Arc<Pod>) -> InFlight {
-        self.fleet.begin(pod)
+        self.fleet.begin(pod, 0)
     }
 }
 

@@ -7,6 +7,12 @@
 //! (static flags, a watched file, Kubernetes discovery, registration); a pod named by the
 //! command line cannot be replaced or removed by the others, nor a discovered one by
 //! registration.
+//!
+//! A scrape also lags a burst in a way that counts cannot fix: it says how many requests run,
+//! not how much prompt the pod still has to compute before it answers anyone new. So each
+//! request this router sends carries the blocks it is expected to prefill there (its uncached
+//! blocks), "queued prefill" until the pod's first response byte arrives (the prefill is done)
+//! or the request ends; a new request on that pod waits about that long before its own.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,6 +84,8 @@ struct LoadState {
     /// Requests in flight that started since the last scrape.
     fresh: u32,
     inflight: u32,
+    /// Prompt blocks this router's requests in flight still have to prefill here.
+    queued_prefill_blocks: u64,
 }
 
 /// One pod: identity (fixed for the life of this value) and load (changing).
@@ -104,6 +112,9 @@ pub struct LoadView {
     pub kv_blocks: Option<u64>,
     pub inflight: u32,
     pub fresh: u32,
+    /// Uncached prompt blocks of this router's requests to the pod that have not had their
+    /// first response byte yet: prefill work queued ahead of a new request.
+    pub queued_prefill_blocks: u64,
     pub reachable: bool,
     /// Age of the scrape used, if any.
     pub scrape_age_ms: Option<u64>,
@@ -121,6 +132,7 @@ impl LoadView {
             kv_blocks: None,
             inflight: 0,
             fresh: 0,
+            queued_prefill_blocks: 0,
             reachable: true,
             scrape_age_ms: None,
         }
@@ -165,6 +177,7 @@ impl Pod {
                 kv_blocks: l.kv_blocks,
                 inflight: s.inflight,
                 fresh: s.fresh,
+                queued_prefill_blocks: s.queued_prefill_blocks,
                 reachable,
                 scrape_age_ms: Some(now.saturating_duration_since(at).as_millis() as u64),
             },
@@ -176,6 +189,7 @@ impl Pod {
                 kv_blocks: s.scraped.and_then(|(l, _)| l.kv_blocks),
                 inflight: s.inflight,
                 fresh: s.fresh,
+                queued_prefill_blocks: s.queued_prefill_blocks,
                 reachable,
                 scrape_age_ms: None,
             },
@@ -188,21 +202,34 @@ impl Pod {
 }
 
 /// A request in flight on a pod; dropping it (the response ended, or the client went away)
-/// releases the count.
+/// releases the count, and its queued prefill if the first byte never came.
 #[derive(Debug)]
 pub struct InFlight {
     pod: Arc<Pod>,
     generation: u64,
+    /// Blocks still counted in the pod's queued prefill (0 once the first byte came).
+    queued_prefill_blocks: u32,
 }
 
 impl InFlight {
     pub fn pod(&self) -> &Arc<Pod> {
         &self.pod
     }
+
+    /// The pod answered (its first response byte): the prompt is computed, so it no longer
+    /// delays what comes after it. Idempotent.
+    pub fn prefilled(&mut self) {
+        if self.queued_prefill_blocks > 0 {
+            let mut s = self.pod.load.lock();
+            s.queued_prefill_blocks = s.queued_prefill_blocks.saturating_sub(u64::from(self.queued_prefill_blocks));
+            self.queued_prefill_blocks = 0;
+        }
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.prefilled();
         let mut s = self.pod.load.lock();
         s.inflight = s.inflight.saturating_sub(1);
         if s.generation == self.generation {
@@ -314,18 +341,20 @@ impl Fleet {
         refused
     }
 
-    /// Marks `pod` chosen for a request now in flight.
-    pub fn begin(&self, pod: &Arc<Pod>) -> InFlight {
+    /// Marks `pod` chosen for a request now in flight that has `prefill_blocks` uncached
+    /// prompt blocks to compute there (0 when it computes none there or nobody knows).
+    pub fn begin(&self, pod: &Arc<Pod>, prefill_blocks: u32) -> InFlight {
         let tick = self.picks.fetch_add(1, Ordering::Relaxed) + 1;
         pod.last_picked.store(tick, Ordering::Relaxed);
         let generation = {
             let mut s = pod.load.lock();
             s.inflight += 1;
             s.fresh += 1;
+            s.queued_prefill_blocks += u64::from(prefill_blocks);
             s.generation
         };
         metrics::gauge!(m::INFLIGHT, "pod" => pod.id.clone()).increment(1.0);
-        InFlight { pod: pod.clone(), generation }
+        InFlight { pod: pod.clone(), generation, queued_prefill_blocks: prefill_blocks }
     }
 
     fn changed(&self) {
@@ -354,12 +383,12 @@ mod tests {
         let pod = fleet.get("a:1").unwrap();
         let now = Instant::now();
         assert_eq!(pod.load(now, fleet.stale_after()).load, 0.0);
-        let first = fleet.begin(&pod);
-        let second = fleet.begin(&pod);
+        let first = fleet.begin(&pod, 0);
+        let second = fleet.begin(&pod, 0);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 2.0, "no scrape yet: own in-flight");
         pod.scraped(EngineLoad { waiting: 1.0, running: 2.0, kv_usage: Some(0.5), kv_blocks: None }, now);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 3.0, "the scrape includes both");
-        let third = fleet.begin(&pod);
+        let third = fleet.begin(&pod, 0);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 4.0);
         drop(first);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 4.0, "an older request ending is the scrape's business");
@@ -369,6 +398,27 @@ mod tests {
         assert_eq!(pod.load(later, fleet.stale_after()).load, 1.0, "stale scrape: own in-flight only");
         drop(second);
         assert_eq!(pod.load(later, fleet.stale_after()).inflight, 0);
+    }
+
+    #[test]
+    fn queued_prefill_lasts_until_the_first_byte_or_the_end_of_the_request_whatever_the_scrapes() {
+        let fleet = Fleet::new(Duration::from_secs(2));
+        fleet.upsert(&spec("a:1"), Source::Static).unwrap();
+        let pod = fleet.get("a:1").unwrap();
+        let queued = |pod: &Pod| pod.load(Instant::now(), fleet.stale_after()).queued_prefill_blocks;
+        let mut first = fleet.begin(&pod, 60);
+        let second = fleet.begin(&pod, 40);
+        let _cached = fleet.begin(&pod, 0);
+        assert_eq!(queued(&pod), 100);
+        pod.scraped(EngineLoad { waiting: 0.0, running: 3.0, kv_usage: None, kv_blocks: None }, Instant::now());
+        assert_eq!(queued(&pod), 100, "a scrape counts requests, not the prompt still to compute");
+        first.prefilled();
+        first.prefilled();
+        assert_eq!(queued(&pod), 40, "released once, at the first byte");
+        drop(first);
+        assert_eq!(queued(&pod), 40);
+        drop(second);
+        assert_eq!(queued(&pod), 0, "a request that ends unanswered releases its own");
     }
 
     #[test]

@@ -43,6 +43,13 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 
 {{/* Pod discovery flags, shared by kvindex serve and kvindex-router. */}}
 {{- define "kvindex.discoveryArgs" -}}
+{{- /* Every DP rank offsets both ports by its rank (vLLM's and SGLang's rule): ports closer than
+     dpSize collide (rank 1's PUB would be rank 0's replay ROUTER; the engine cannot bind it). */ -}}
+{{- $dp := int .Values.engines.dpSize -}}
+{{- $gap := sub (int .Values.engines.replayPort) (int .Values.engines.pubPort) -}}
+{{- if and (gt $dp 1) (lt (max $gap (mul -1 $gap)) $dp) -}}
+{{- fail (printf "engines.pubPort (%v) and engines.replayPort (%v) must be at least engines.dpSize (%v) apart: every DP rank adds its rank to both, so rank 1's PUB would be rank 0's replay ROUTER (e.g. replayPort: 6557)" .Values.engines.pubPort .Values.engines.replayPort $dp) -}}
+{{- end -}}
 - --discovery=kubernetes
 - --discovery-namespace={{ default "$(POD_NAMESPACE)" .Values.discovery.namespace }}
 - --discovery-label-selector={{ include "kvindex.engineSelector" . }}

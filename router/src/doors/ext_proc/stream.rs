@@ -299,10 +299,17 @@ impl State {
                 self.phase = if h.end_of_stream { Phase::Done } else { Phase::ResponseBody };
                 if h.end_of_stream {
                     self.guards.clear();
+                } else if modes.response == BodySendMode::None {
+                    // No body will be shown to us: the head is the last sign of the prefill.
+                    self.guards.iter_mut().for_each(InFlight::prefilled);
                 }
                 Ok(vec![envoy::response_headers(set)])
             }
             (Request::ResponseBody(b), Phase::ResponseBody) => {
+                if !b.body.is_empty() {
+                    // The pod's first bytes: the prompt is computed (see pods::fleet).
+                    self.guards.iter_mut().for_each(InFlight::prefilled);
+                }
                 if b.end_of_stream {
                     self.phase = Phase::Done;
                     self.guards.clear();

@@ -1,5 +1,6 @@
 //! The response body passed through from the pod: frames go to the client as they arrive (no
-//! buffering), and the request stays counted in flight until the body ends. If the client goes
+//! buffering), and the request stays counted in flight until the body ends; its first byte
+//! means the pod computed the prompt, so its queued prefill is released then. If the client goes
 //! away first, hyper drops this body, which drops the pod's connection and so cancels the
 //! request upstream; that is counted. A successful response's frames are also shown to a
 //! [`UsageTap`] on the way through, which compares the engine's cached tokens with the
@@ -20,13 +21,15 @@ pub struct PassThrough {
     inner: Incoming,
     guards: Vec<InFlight>,
     ended: bool,
+    /// A body byte came: the guards' queued prefill is released.
+    answered: bool,
     usage: Option<UsageTap>,
 }
 
 impl PassThrough {
     pub fn new(inner: Incoming, guards: Vec<InFlight>) -> PassThrough {
         let ended = inner.is_end_stream();
-        PassThrough { inner, guards, ended, usage: None }
+        PassThrough { inner, guards, ended, answered: false, usage: None }
     }
 
     /// Also reads the engine's usage as the body passes and compares it at the end.
@@ -49,6 +52,11 @@ impl Body for PassThrough {
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
+                if frame.data_ref().is_some_and(|d| !d.is_empty()) && !this.answered {
+                    // The pod computed the prompt: it no longer delays the next request there.
+                    this.answered = true;
+                    this.guards.iter_mut().for_each(InFlight::prefilled);
+                }
                 if let (Some(tap), Some(data)) = (this.usage.as_mut(), frame.data_ref()) {
                     tap.feed(data);
                 }
