@@ -105,7 +105,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: PREFILTER, kind: Counter, labels: &["outcome"], unit: None, help: "Pre-filter answers: hint, miss (no hint) or error (no hint, request passed on)" },
     Metric { name: HTTP_CONNECTIONS, kind: Gauge, labels: &["listener"], unit: None, help: "Open HTTP connections by listener" },
     Metric { name: HTTP_CONNECTIONS_REFUSED, kind: Counter, labels: &["listener"], unit: None, help: "HTTP connections closed at accept: the listener was at --max-connections" },
-    Metric { name: HTTP_TIMEOUTS, kind: Counter, labels: &["listener", "phase"], unit: None, help: "HTTP requests cut off for a slow client, by phase (header, body)" },
+    Metric { name: HTTP_TIMEOUTS, kind: Counter, labels: &["listener", "phase"], unit: None, help: "HTTP requests cut off for a slow client, by phase (header, body, write)" },
     Metric { name: HTTP_BODY_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Request body bytes held by the proxy now (bounded by --max-inflight-body-bytes)" },
 ];
 

@@ -78,6 +78,7 @@ pub async fn run(
     });
     let limits = http::server::ConnLimits {
         header_timeout: config.http_header_timeout,
+        write_timeout: config.http_write_timeout,
         max_connections: config.max_connections,
     };
     tokio::spawn(async move {

@@ -4,7 +4,8 @@
 //! in process and through a `kvindex-tokenizer` that is sent the limit,
 //! chats over `--max-messages` and texts over the byte cap before any tokenizing, bodies over
 //! `--max-body-bytes` with 413, bodies over the in-flight budget with 503, a client that trickles
-//! its headers or body is cut off after the timeout while others are served, and connections
+//! its headers or body is cut off after the timeout while others are served, one that stops
+//! reading its answers after the write timeout, and connections
 //! past `--max-connections` are refused, each counted.
 
 mod support;
@@ -237,6 +238,29 @@ async fn a_client_trickling_its_headers_is_cut_off_while_others_are_served() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request_timeout"), "{answer}");
     assert_eq!(metric(&metrics, "kvindex_router_http_timeouts_total", &["phase=\"body\""]).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answers_is_cut_off_after_the_write_timeout() {
+    let bins = bins();
+    let pod = FakePod::start(Script::Echo("p".into())).await;
+    let router = fake_router(&bins, &pod, &["--http-write-timeout-ms", "1000"]);
+    let metrics = router.metrics.clone().unwrap();
+    // Far more pipelined `/metrics` answers than the kernel's buffers on both sides hold, so the
+    // router's writes stop making progress.
+    let mut greedy = TcpStream::connect(&metrics).await.unwrap();
+    greedy.write_all("GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n".repeat(4000).as_bytes()).await.unwrap();
+    let started = Instant::now();
+    wait_for("the stalled write counted", DEADLINE, || async {
+        let n = metric(&metrics, "kvindex_router_http_timeouts_total", &["phase=\"write\""]).await;
+        (n >= 1.0).then_some(())
+    })
+    .await;
+    assert!(started.elapsed() >= Duration::from_millis(900), "not before the timeout: {:?}", started.elapsed());
+    // What the kernel holds still comes, then the end: the connection is closed.
+    let answered = String::from_utf8_lossy(&read_until_closed(&mut greedy).await).into_owned();
+    assert!(answered.starts_with("HTTP/1.1 200"), "answers went out before the stall");
+    assert!(answered.matches("HTTP/1.1 200").count() < 4000, "not every answer was written");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,8 @@
 //! leaves; one address cannot hold more than `http_max_connections_per_address` while another
 //! is served; a body over `http_max_body_bytes` gets 413 (declared or streamed), all bodies
 //! over `http_max_inflight_body_bytes` get 503, a head over 32 KiB 431, each counted in
-//! `kvindex_http_refused_total{reason}`. Without the token no body is read at all.
+//! `kvindex_http_refused_total{reason}`. Without the token no body is read at all. A client
+//! that stops reading its answers is cut off after `http_write_timeout_ms`.
 //!
 //! The bounds are set through their env vars, which a server without them ignores: against
 //! such a server every test here fails on the behaviour, not on a flag it does not know.
@@ -144,6 +145,26 @@ fn a_client_trickling_its_head_is_cut_off_and_an_idle_keep_alive_closed_while_ot
     wait_until("both stalled heads counted", 10, || (refused(&server, "header_timeout") >= 2.0).then_some(()));
     assert_eq!(refused(&server, "header_timeout"), 2.0, "the idle keep-alive close is not a refusal");
     assert_eq!(http_request(&addr, "GET", "/healthz", None).0, 200, "still serving");
+}
+
+#[test]
+fn a_client_that_never_reads_its_answers_is_cut_off_after_the_write_timeout() {
+    let server = serve(&[("KVINDEX_HTTP_WRITE_TIMEOUT_MS", "1000")]);
+    let addr = server.metrics.clone().unwrap();
+    // Far more pipelined `/metrics` answers than the kernel's buffers on both sides hold
+    // (each answer is several KiB), so the server's writes stop making progress.
+    let mut greedy = connect(&addr);
+    let request = "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n".repeat(4000);
+    greedy.write_all(request.as_bytes()).unwrap();
+    let started = Instant::now();
+    wait_until("the stalled write counted", 20, || (refused(&server, "write_timeout") >= 1.0).then_some(()));
+    assert!(started.elapsed() >= Duration::from_millis(900), "not before the timeout: {:?}", started.elapsed());
+    // What the kernel holds still comes, then the end: the connection is closed.
+    let answered = read_until_closed(&mut greedy);
+    assert!(answered.starts_with("HTTP/1.1 200"), "answers went out before the stall");
+    assert!(answered.matches("HTTP/1.1 200").count() < 4000, "not every answer was written");
+    // A client that reads is served meanwhile, on the same listener.
+    assert_eq!(http_request(&addr, "GET", "/metrics", None).0, 200);
 }
 
 #[test]

@@ -145,6 +145,10 @@ pub struct ServeArgs {
     /// its next request) before the connection is closed.
     #[arg(long, default_value_t = 30_000, value_name = "MS")]
     pub http_header_timeout_ms: u64,
+    /// Time a write to a client may make no progress (a client that stopped reading its answer
+    /// or its stream) before the connection is closed.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    pub http_write_timeout_ms: u64,
     /// Time for a whole request body to arrive (408 past it).
     #[arg(long, default_value_t = 60_000, value_name = "MS")]
     pub http_body_timeout_ms: u64,
@@ -229,6 +233,7 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub max_inflight_body_bytes: usize,
     pub http_header_timeout: Duration,
+    pub http_write_timeout: Duration,
     pub http_body_timeout: Duration,
     pub max_connections: usize,
     pub max_prompt_tokens: usize,
@@ -536,6 +541,7 @@ impl ServeArgs {
             max_body_bytes: self.max_body_bytes,
             max_inflight_body_bytes: self.max_inflight_body_bytes,
             http_header_timeout: positive_ms("--http-header-timeout-ms", self.http_header_timeout_ms)?,
+            http_write_timeout: positive_ms("--http-write-timeout-ms", self.http_write_timeout_ms)?,
             http_body_timeout: positive_ms("--http-body-timeout-ms", self.http_body_timeout_ms)?,
             max_connections: self.max_connections,
             max_prompt_tokens: self.max_prompt_tokens,

@@ -4,13 +4,16 @@
 
 use std::time::Duration;
 
-/// The per-listener connection bounds (`http_header_timeout_ms`, `http_max_connections`,
+/// The per-listener connection bounds (`http_header_timeout_ms`, `http_write_timeout_ms`, `http_max_connections`,
 /// `http_max_connections_per_address`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLimits {
     /// Time for a request's head to arrive, and for an idle keep-alive connection to start its
     /// next request.
     pub header_timeout: Duration,
+    /// Time a write to the client may make no progress (a client that does not read its
+    /// answer) before the connection is closed.
+    pub write_timeout: Duration,
     /// Most connections open at once on the listener.
     pub max_connections: usize,
     /// Most connections open at once from one client IP address.

@@ -529,6 +529,7 @@ fn http_limits(
     }
     let conn = http_limits::ConnLimits {
         header_timeout: ms(&defs::http_header_timeout_ms, s.http_header_timeout_ms)?,
+        write_timeout: ms(&defs::http_write_timeout_ms, s.http_write_timeout_ms)?,
         max_connections: max_connections as usize,
         max_connections_per_address: max_connections_per_address as usize,
     };
@@ -763,6 +764,7 @@ mod tests {
         assert_eq!((conn.max_connections, conn.max_connections_per_address), (64, 16));
         assert!(2 * conn.max_connections as i64 <= DESCRIPTORS_KEPT, "both HTTP listeners full leave room");
         assert_eq!(conn.header_timeout, std::time::Duration::from_secs(10));
+        assert_eq!(conn.write_timeout, std::time::Duration::from_secs(30));
         assert_eq!((body.max_bytes, body.max_inflight_bytes), (64 << 10, 1 << 20));
         let c = config(&["--http-max-connections", "8", "--http-max-body-bytes", "4194304"]).unwrap();
         assert_eq!(c.http_conn_limits.max_connections_per_address, 2);

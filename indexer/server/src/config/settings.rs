@@ -264,6 +264,10 @@ settings! {
     /// start its next request, before the connection is closed. Default 10000.
     #[arg(long, env = "KVINDEX_HTTP_HEADER_TIMEOUT_MS")]
     http_header_timeout_ms: Option<i64> = IntSpec { default: Some(10_000), min: 1, max: 3_600_000 },
+    /// Time a write of an HTTP answer may make no progress (a client that does not read it)
+    /// before the connection is closed. Default 30000.
+    #[arg(long, env = "KVINDEX_HTTP_WRITE_TIMEOUT_MS")]
+    http_write_timeout_ms: Option<i64> = IntSpec { default: Some(30_000), min: 1, max: 3_600_000 },
     /// Time for a whole HTTP request body to arrive (408 past it). Default 10000.
     #[arg(long, env = "KVINDEX_HTTP_BODY_TIMEOUT_MS")]
     http_body_timeout_ms: Option<i64> = IntSpec { default: Some(10_000), min: 1, max: 3_600_000 },

@@ -8,6 +8,8 @@
 //!   and one client address cannot take the whole listener from the kubelet's probes;
 //! - a header read timeout (`http_header_timeout_ms`, hyper's own timer), which is also how long
 //!   an idle keep-alive connection may wait for its next request;
+//! - a write timeout (`http_write_timeout_ms`): a write that makes no progress that long (a
+//!   client that never reads its answer) fails the connection, so its descriptor comes back;
 //! - a bound on a request head ([`MAX_HEAD_BYTES`], 431) and on what hyper buffers per
 //!   connection ([`MAX_BUFFER_BYTES`]).
 //!
@@ -31,6 +33,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
@@ -97,6 +100,7 @@ pub async fn serve(
             app: app.clone(),
             watcher: graceful.watcher(),
             acceptor: acceptor.clone(),
+            write_timeout: limits.write_timeout,
         };
         let gauge = gauge.clone();
         tokio::spawn(async move {
@@ -117,6 +121,7 @@ struct Connection {
     app: axum::Router,
     watcher: Watcher,
     acceptor: Option<TlsAcceptor>,
+    write_timeout: std::time::Duration,
 }
 
 impl Connection {
@@ -133,7 +138,9 @@ impl Connection {
 
     async fn serve<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, io: I) {
         let activity = Arc::new(Activity::default());
-        let io = Tracked { inner: io, activity: activity.clone() };
+        let mut timed = TimeoutStream::new(io);
+        timed.set_write_timeout(Some(self.write_timeout));
+        let io = Tracked { inner: Box::pin(timed), activity: activity.clone() };
         let service = TowerToHyperService::new(self.app);
         let connection = self.watcher.watch(self.builder.serve_connection(TokioIo::new(io), service));
         let Err(e) = connection.await else { return };
@@ -142,6 +149,8 @@ impl Connection {
             (!activity.idle()).then_some("header_timeout")
         } else if e.is_parse_too_large() {
             Some("head_too_large")
+        } else if is_write_timeout(&e) {
+            Some("write_timeout")
         } else {
             None
         };
@@ -269,6 +278,13 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Tracked<I> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
+}
+
+/// The connection failed because a write made no progress for the write timeout.
+fn is_write_timeout(e: &hyper::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<io::Error>())
+        .is_some_and(|io| io.kind() == io::ErrorKind::TimedOut)
 }
 
 fn is_connection_error(e: &io::Error) -> bool {

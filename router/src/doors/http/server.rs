@@ -1,6 +1,7 @@
 //! Serves an axum app on a listener with the bounds a public port needs, which `axum::serve`
 //! cannot set: a header read timeout (hyper's, which also closes keep-alive connections idle
-//! that long), and a cap on open connections (past it a new connection is accepted and closed
+//! that long), a write timeout (a write that makes no progress that long, a client that stopped
+//! reading, fails the connection), and a cap on open connections (past it a new connection is accepted and closed
 //! at once, counted). The body's own bounds (size, time, shared byte budget) are applied where
 //! it is read, in [`super::openai`].
 
@@ -13,6 +14,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutStream;
 
 use crate::metrics as m;
 
@@ -22,6 +24,9 @@ pub struct ConnLimits {
     /// Time for a request's head (request line and headers) to arrive, and for an idle
     /// keep-alive connection to start its next request.
     pub header_timeout: Duration,
+    /// Time a write may make no progress (a client that stopped reading) before the connection
+    /// is closed.
+    pub write_timeout: Duration,
     /// Most connections open at once on this listener.
     pub max_connections: usize,
 }
@@ -62,13 +67,16 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         open.increment(1.0);
-        let connection = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let mut timed = TimeoutStream::new(stream);
+        timed.set_write_timeout(Some(limits.write_timeout));
+        let connection = builder.serve_connection(TokioIo::new(Box::pin(timed)), TowerToHyperService::new(app.clone()));
         let connection = graceful.watch(connection);
         let open = open.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                if e.is_timeout() {
-                    metrics::counter!(m::HTTP_TIMEOUTS, "listener" => name, "phase" => "header").increment(1);
+                let phase = if e.is_timeout() { Some("header") } else { is_write_timeout(&e).then_some("write") };
+                if let Some(phase) = phase {
+                    metrics::counter!(m::HTTP_TIMEOUTS, "listener" => name, "phase" => phase).increment(1);
                 }
             }
             open.decrement(1.0);
@@ -78,6 +86,13 @@ pub async fn serve(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// The connection failed because a write made no progress for the write timeout.
+fn is_write_timeout(e: &hyper::Error) -> bool {
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
 }
 
 fn is_connection_error(e: &std::io::Error) -> bool {
