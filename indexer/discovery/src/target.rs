@@ -5,8 +5,10 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use kvindex::wire::Engine;
+
 /// One Running, Ready pod with an IP, as its consumers need it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveredPod {
     /// `<namespace>/<name>` of the Kubernetes pod (for logs).
     pub name: String,
@@ -18,6 +20,27 @@ pub struct DiscoveredPod {
     pub pub_port: u16,
     pub replay_port: Option<u16>,
     pub http_port: u16,
+    /// The engine family: the pod's annotation, else what probing its engine found; `None`:
+    /// the consumer's `default_engine`.
+    pub engine: Option<Engine>,
+    /// SGLang's page size (annotation, else probe); `None`: the engine's default.
+    pub page_size: Option<u32>,
+    /// The engine's release (annotation, else probe), e.g. `0.5.19`.
+    pub engine_version: Option<String>,
+    /// SGLang's `kv_events_config.format` (`default` or `dynamo`, 0.5.22+), from a probe.
+    pub kv_events_format: Option<String>,
+    /// What the pod's annotations fixed: a probe of the engine does not override these.
+    pub annotated: Annotated,
+}
+
+/// Which of a pod's engine facts its annotations gave (the operator's word per pod, stronger
+/// than what the engine's `/server_info` says, which is stronger than the flags).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Annotated {
+    pub engine: bool,
+    pub page_size: bool,
+    pub engine_version: bool,
+    pub dp_size: bool,
 }
 
 impl DiscoveredPod {
@@ -49,6 +72,14 @@ impl DiscoveredPod {
     pub fn replay_endpoint(&self, rank: u32) -> Option<String> {
         self.replay_port.map(|port| format!("tcp://{}", self.addr(port, rank)))
     }
+
+    /// Whether asking the engine (`/server_info`) can tell more than the annotations did: the
+    /// engine is not annotated, or annotated SGLang (whose descriptor still gives the page size,
+    /// release and endpoints the annotations left out). vLLM and TensorRT-LLM serve no such
+    /// descriptor.
+    pub fn wants_probe(&self) -> bool {
+        !self.annotated.engine || self.engine == Some(Engine::Sglang)
+    }
 }
 
 #[cfg(test)]
@@ -64,6 +95,11 @@ mod tests {
             pub_port: 5557,
             replay_port: Some(5558),
             http_port: 8000,
+            engine: None,
+            page_size: None,
+            engine_version: None,
+            kv_events_format: None,
+            annotated: Annotated::default(),
         }
     }
 

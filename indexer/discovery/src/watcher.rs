@@ -1,22 +1,30 @@
 //! The shell: kube-runtime's watcher (list, then watch from the list's resourceVersion;
 //! re-list when the watch expires or fails, with backoff) over the pods of one namespace that
 //! match a label selector, each event turned into a [`PodObservation`] for the pure
-//! [`DesiredSet`], and its [`Outcome`] handed to the consumer. Metrics and logs are kept here.
+//! [`DesiredSet`], its [`Outcome`] passed through the [`ProbeGate`] (new pods held while their
+//! engine is probed, [`crate::engine_probe`], when probing is on) and handed to the consumer.
+//! Metrics and logs are kept here.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::{AbortHandle, JoinSet};
 
 use crate::desired::{Change, DesiredSet, Outcome, WatchEvent};
+use crate::engine_probe::{self, ProbeOutcome, MAX_PROBES_IN_FLIGHT};
 use crate::metrics as m;
 use crate::observe::PodObservation;
+use crate::probe_gate::{ProbeGate, ProbeRequest};
 use crate::settings::Settings;
+use crate::target::DiscoveredPod;
 
 /// The namespace file of the pod's service account (in-cluster default namespace).
 pub const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -131,11 +139,30 @@ where
     let watch_config = watcher::Config::default().labels(&config.label_selector);
     let mut events = watcher::watcher(api, watch_config).default_backoff().boxed();
     let mut set = DesiredSet::new(config.settings.clone());
-    tracing::info!(namespace = %config.namespace, selector = %config.label_selector, "Kubernetes pod discovery watching");
+    let probe_timeout = config.settings.engine_probe;
+    let mut gate = ProbeGate::new(probe_timeout.is_some());
+    let mut probes: JoinSet<(u64, DiscoveredPod, ProbeOutcome)> = JoinSet::new();
+    let mut probe_tasks: HashMap<u64, AbortHandle> = HashMap::new();
+    let in_flight = Arc::new(Semaphore::new(MAX_PROBES_IN_FLIGHT));
+    tracing::info!(namespace = %config.namespace, selector = %config.label_selector, engine_probe = ?probe_timeout, "Kubernetes pod discovery watching");
     loop {
-        let event = tokio::select! {
-            event = events.next() => event,
+        let next = tokio::select! {
+            event = events.next() => Next::Watch(event),
+            Some(done) = probes.join_next(), if !probes.is_empty() => Next::Probe(Box::new(done)),
             _ = stop.wait_for(|stop| *stop) => return,
+        };
+        let event = match next {
+            Next::Probe(done) => {
+                let Ok((token, pod, outcome)) = *done else { continue }; // cancelled
+                probe_tasks.remove(&token);
+                record_probe(&pod, &outcome);
+                if let Some(told) = gate.finish(token, outcome.descriptor()) {
+                    record(&told, set.pods().len());
+                    consume(told).await;
+                }
+                continue;
+            }
+            Next::Watch(event) => event,
         };
         let event = match event {
             None => return,
@@ -157,10 +184,52 @@ where
             Event::Apply(pod) => WatchEvent::Apply(observe(&pod)),
             Event::Delete(pod) => WatchEvent::Delete(observe(&pod)),
         };
-        let outcome = set.apply(event);
+        let admitted = gate.admit(set.apply(event));
+        for token in admitted.cancel {
+            if let Some(task) = probe_tasks.remove(&token) {
+                task.abort();
+            }
+        }
+        if let Some(timeout) = probe_timeout {
+            for ProbeRequest { token, pod } in admitted.probe {
+                let in_flight = in_flight.clone();
+                let task = probes.spawn(async move {
+                    let _turn = in_flight.acquire_owned().await;
+                    let outcome = engine_probe::probe(pod.ip, pod.http_port, timeout).await;
+                    (token, pod, outcome)
+                });
+                probe_tasks.insert(token, task);
+            }
+        }
+        let outcome = admitted.forward;
         record(&outcome, set.pods().len());
         if !outcome.changes.is_empty() || !outcome.rejections.is_empty() || outcome.synced {
             consume(outcome).await;
+        }
+    }
+}
+
+/// What the watch loop woke for.
+enum Next<W> {
+    Watch(Option<W>),
+    Probe(Box<Result<(u64, DiscoveredPod, ProbeOutcome), tokio::task::JoinError>>),
+}
+
+/// Counts and logs one probe (once per probed pod: a pod is probed when it is added).
+fn record_probe(pod: &DiscoveredPod, outcome: &ProbeOutcome) {
+    let label = outcome.label();
+    metrics::counter!(m::ENGINE_PROBES, "outcome" => label).increment(1);
+    let id = pod.pod_id();
+    match outcome {
+        ProbeOutcome::Sglang(d) => {
+            let publisher = d.publisher.as_ref().map(|p| (p.pub_port, p.replay_port));
+            tracing::info!(pod = %id, k8s_pod = %pod.name, version = ?d.version, page_size = ?d.page_size, dp_size = ?d.dp_size, ?publisher, "engine probe: SGLang");
+        }
+        ProbeOutcome::NotSglang => {
+            tracing::info!(pod = %id, k8s_pod = %pod.name, "engine probe: no /server_info (not SGLang); the annotation or default engine applies");
+        }
+        ProbeOutcome::Failed(reason, detail) => {
+            tracing::warn!(pod = %id, k8s_pod = %pod.name, reason, %detail, "engine probe failed; the annotation or default engine applies");
         }
     }
 }
@@ -176,7 +245,8 @@ fn record(outcome: &Outcome, pods: usize) {
             Change::Remove(pod) => ("remove", pod),
         };
         metrics::counter!(m::CHANGES, "op" => op).increment(1);
-        tracing::info!(op, pod = %pod.pod_id(), k8s_pod = %pod.name, dp_size = pod.dp_size, model = ?pod.model, "discovered pod");
+        let engine = pod.engine.map(|e| e.as_str());
+        tracing::info!(op, pod = %pod.pod_id(), k8s_pod = %pod.name, dp_size = pod.dp_size, model = ?pod.model, engine, page_size = ?pod.page_size, "discovered pod");
     }
     if outcome.synced {
         tracing::info!(pods, "Kubernetes pod list synced");

@@ -17,6 +17,7 @@ use kvindex::{HashCheck, KvIndex, KvIndexConfig};
 
 use crate::apply::{Queues, Work, Worker};
 use crate::clock::Clock;
+use crate::config::pod::offset_endpoint;
 use crate::config::Config;
 use crate::dump::recorder::Recorder;
 use crate::error::ServerError;
@@ -96,7 +97,10 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
                     Peer::Ipc { .. } => true, // the socket file's permissions decide
                 }) as Admission
             });
-            let sub = SubListener::bind_admitting(endpoint, &[filter], config.zmq_limits.clone(), admission).await;
+            // DP rank r of an engine dials the configured port + r.
+            let ranks: Vec<String> = (0..config.zmq_bind_dp_size).map(|r| offset_endpoint(endpoint, r)).collect();
+            let ranks: Vec<&str> = ranks.iter().map(String::as_str).collect();
+            let sub = SubListener::bind_all_admitting(&ranks, &[filter], config.zmq_limits.clone(), admission).await;
             Some(sub.map_err(ServerError::ZmqBind)?)
         }
         None => None,

@@ -79,6 +79,14 @@ fn service_registration_grpc_and_http_unregister_clears() {
     peer.wait_exact(&server, &["a"], MODEL, "EXACT", 20);
     // b has no replay: its subscription may have missed nothing (it waited) -> EXACT too.
     peer.wait_exact(&server, &["b"], MODEL, "EXACT", 20);
+    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pb:1").0, 4);
+    // The same endpoint registered as another engine: read by other rules, so what the old ones
+    // keyed is cleared (before, the entry changed in place and the old dialer went on).
+    let body = json!({"pod": "pb:1", "model": MODEL, "endpoint": b["endpoint"], "engine": "sglang"}).to_string();
+    let (status, resp) = server.http("POST", "/pods", Some(&body));
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pb:1").0, 0, "cleared on the engine change");
+    assert_eq!(peer.score_pod(MODEL, &chain(0, 4), "pa:1").0, 4, "the other pod keeps its blocks");
     // Bad registrations: clear errors, counted.
     let r = peer.try_cmd(json!({"op": "register", "pod": "", "model": MODEL}));
     assert_eq!(r["code"], "INVALID_ARGUMENT", "{r}");

@@ -7,74 +7,11 @@
 
 mod support;
 
-use serde_json::{json, Value};
+use serde_json::json;
+use support::sglang::*;
 use support::*;
 
-const MODEL: &str = "Qwen/Qwen3-0.6B";
-const BLOCK: u64 = 16;
-
-fn sglang_python() -> Option<std::path::PathBuf> {
-    // The peer itself fails loudly (and so the test) when the sglang wheel is not installed.
-    kvindex_testkit::env::python_with(&["zmq", "msgspec", "grpc", "grpc_tools", "pydantic"])
-}
-
-/// `n` tokens of chain `k` (distinct chains share no first block).
-fn tokens(k: u32, n: usize) -> Vec<u32> {
-    (0..n as u32).map(|j| 1 + k * 10_000 + j).collect()
-}
-
-/// Pings `name` until the indexer has seen a ping (its SUB is subscribed, or its dialer
-/// connected), replaying whatever came before.
-fn subscribed(peer: &mut Peer, server: &Server, name: &str) {
-    let pod = peer.cmd(json!({"op": "sgl_info", "names": [name]}))["pubs"][name]["pod"].as_str().unwrap().to_string();
-    wait_until(&format!("{name}'s stream seen by the indexer"), 30, || {
-        let seq = peer.cmd(json!({"op": "sgl_ping", "name": name}))["seq"].clone();
-        let seen = wait_until_or_none(1, || server.source(&pod).filter(|s| s["last_live_seq"] == seq).map(|_| ()));
-        seen.map(|_| ())
-    });
-}
-
-/// Polls `f` for at most `secs` seconds; `None` when it never answered.
-fn wait_until_or_none<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
-/// Waits until the indexer has applied every named SGLang publisher's last seq, then until
-/// every chain scores exactly what its publisher serves; asserts at every poll that no chain
-/// scores more. Returns the last comparison.
-fn exact(peer: &mut Peer, server: &Server, names: &[&str]) -> Value {
-    let info = peer.cmd(json!({"op": "sgl_info", "names": names}));
-    let caught_up = wait_until_or_none(30, || {
-        names
-            .iter()
-            .all(|n| {
-                let p = &info["pubs"][n];
-                server
-                    .source(p["pod"].as_str().unwrap())
-                    .is_some_and(|s| s["last_seq"] == p["last_seq"] && s["state"] != "REPLAYING")
-            })
-            .then_some(())
-    });
-    assert!(caught_up.is_some(), "the indexer did not catch up with {info} in 30s: {}", server.sources());
-    wait_until(&format!("{names:?} scored as SGLang serves them"), 30, || {
-        let r = peer.cmd(json!({"op": "sgl_check", "names": names, "model": MODEL, "block_size": BLOCK}));
-        assert_eq!(r["violations"], json!([]), "a pod was credited with a block SGLang would not serve: {r}");
-        (r["mismatches"] == json!([])).then_some(r)
-    })
-}
-
-fn store(peer: &mut Peer, name: &str, chain: &str, tokens: &[u32]) {
-    peer.cmd(json!({"op": "sgl_store", "name": name, "chain": chain, "tokens": tokens}));
-}
+const MODEL: &str = SGLANG_MODEL;
 
 #[test]
 fn service_sglang_per_pod_page_size_1_gap_and_restart_score_as_sglang_serves() {

@@ -1,7 +1,8 @@
 //! SGLang as a source: the rules of its releases ([`release`]), its page hash
 //! ([`page_hash`]) and namespaces ([`namespace`]), the ids a radix path publishes
 //! ([`path_ids`]), the sampled cross-check of a source's ids ([`cross_check`]), its DP endpoint rule ([`ports`]), and how its events are keyed without crediting what it would not serve
-//! ([`pages`], and [`small_pages`] for pages smaller than a canonical block). Its events decode with the shared decoder ([`crate::wire::decode_batch_as`]
+//! ([`pages`], and [`small_pages`] for pages smaller than a canonical block; [`builtin_ids`]:
+//! the stores of releases before 0.5.6, which cannot be placed). Its events decode with the shared decoder ([`crate::wire::decode_batch_as`]
 //! with [`crate::wire::Engine::Sglang`]). Pure: no I/O.
 //!
 //! Conventions (documented in docs/CONFIG.md): the topic is whatever `kv_events_config.topic`
@@ -9,6 +10,7 @@
 //! by the DP rank (`offset_endpoint_port`), so with the usual `replay = pub + 1`, rank 1's PUB
 //! port is rank 0's replay port: configure each rank's pair explicitly, never by "pub + 1".
 
+pub mod builtin_ids;
 pub mod cross_check;
 pub mod namespace;
 pub mod page_hash;

@@ -3,7 +3,7 @@
 //!
 //! | from   | rule |
 //! |--------|------|
-//! | 0.5.6  | page ids are the SHA-256 page chain (before: Python's `hash()`, not reproducible, so those releases are keyed by tokens with the cross-check off) |
+//! | 0.5.6  | page ids are the SHA-256 page chain (before: Python's `hash()`, not reproducible, and a node's first page has no parent, so those stores never credit: [`super::builtin_ids`]; cross-check off) |
 //! | 0.5.15 | the C++ hash binding, pages batched into one event; `medium` published |
 //! | 0.5.19 | a cache salt seeds the event chain; salted stores carry a `metadata` map |
 //! | 0.5.20 | map-form (tagged) events with `cache_salt` and `session_id`; the storage chain is seeded by (extra_key, cache_salt) |
@@ -44,7 +44,8 @@ impl FromStr for EventFormat {
 /// How a release hashes pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageHashImpl {
-    /// Python's `hash()` of the page (before 0.5.6): salted per process, not position-aware.
+    /// Python's `hash()` of the page (before 0.5.6): not position-aware (and deterministic for a
+    /// tuple of ints: hash randomisation covers only str and bytes).
     PythonBuiltin,
     /// SHA-256 page chain in Python (0.5.6 up to 0.5.15).
     Sha256Python,

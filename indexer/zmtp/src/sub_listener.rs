@@ -3,7 +3,8 @@
 //! them per listener and per source, handshakes each under a timeout, and turns every
 //! connection into [`Event`]s on one queue.
 //!
-//! One task accepts; one task per connection reads. Connections are capped before the
+//! One task per bound endpoint accepts (one SUB may listen on several ports, e.g. every DP
+//! rank's); one task per connection reads. Connections are capped before the
 //! handshake starts (a refused one is closed at once and reported), so a flood of sockets from
 //! one address costs us a descriptor for microseconds, not for the handshake timeout. Those
 //! still handshaking are capped apart, in total and per source, so sockets that never greet
@@ -36,10 +37,11 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 /// A bound SUB socket: [`SubListener::recv`] yields its [`Event`]s.
 pub struct SubListener {
     events: mpsc::Receiver<Event>,
-    endpoint: String,
+    /// As bound, in the order given (at least one).
+    endpoints: Vec<String>,
     budget: Budget,
-    accept_task: AbortHandle,
-    _socket_file: Option<SocketFile>,
+    accept_tasks: Vec<AbortHandle>,
+    _socket_files: Vec<SocketFile>,
 }
 
 /// Decides, from its address alone, whether a peer may connect at all (the ZAP idea without
@@ -161,12 +163,31 @@ impl SubListener {
         limits: Limits,
         admission: Option<Admission>,
     ) -> Result<SubListener, Error> {
+        SubListener::bind_all_admitting(&[endpoint], subscriptions, limits, admission).await
+    }
+
+    /// [`SubListener::bind_admitting`] on several endpoints at once, one SUB as ZeroMQ binds
+    /// one socket to several addresses: the caps, budgets and event queue are shared (e.g.
+    /// the port of every DP rank, which engines dial at their configured port + rank).
+    pub async fn bind_all_admitting(
+        endpoints: &[&str],
+        subscriptions: &[&[u8]],
+        limits: Limits,
+        admission: Option<Admission>,
+    ) -> Result<SubListener, Error> {
+        assert!(!endpoints.is_empty(), "a SUB listener binds at least one endpoint");
         limits.validate().map_err(Error::Limits)?;
-        let parsed = Endpoint::parse(endpoint)?;
-        let (listener, socket_file) =
-            Listener::bind(&parsed).await.map_err(|source| Error::Bind { endpoint: endpoint.to_string(), source })?;
-        let bound =
-            listener.local_endpoint().map_err(|source| Error::Bind { endpoint: endpoint.to_string(), source })?;
+        let mut listeners = Vec::with_capacity(endpoints.len());
+        let mut bound = Vec::with_capacity(endpoints.len());
+        let mut socket_files = Vec::new();
+        for endpoint in endpoints {
+            let parsed = Endpoint::parse(endpoint)?;
+            let bind_error = |source| Error::Bind { endpoint: endpoint.to_string(), source };
+            let (listener, socket_file) = Listener::bind(&parsed).await.map_err(bind_error)?;
+            bound.push(listener.local_endpoint().map_err(bind_error)?);
+            listeners.push(listener);
+            socket_files.extend(socket_file);
+        }
         let (tx, rx) = mpsc::channel(limits.max_queued_events);
         let budget = Budget::new(limits.max_bytes_in_flight);
         let shared = Arc::new(Shared {
@@ -177,13 +198,19 @@ impl SubListener {
             sources: Mutex::new(Sources::default()),
             events: tx,
         });
-        let accept_task = tokio::spawn(accept_loop(listener, shared)).abort_handle();
-        Ok(SubListener { events: rx, endpoint: bound, budget, accept_task, _socket_file: socket_file })
+        let accept_tasks =
+            listeners.into_iter().map(|l| tokio::spawn(accept_loop(l, shared.clone())).abort_handle()).collect();
+        Ok(SubListener { events: rx, endpoints: bound, budget, accept_tasks, _socket_files: socket_files })
     }
 
-    /// The endpoint as bound, with port 0 resolved (`tcp://0.0.0.0:40123`).
+    /// The (first) endpoint as bound, with port 0 resolved (`tcp://0.0.0.0:40123`).
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        &self.endpoints[0]
+    }
+
+    /// Every endpoint as bound.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
     }
 
     /// The next event; `None` only if the listener's tasks are gone.
@@ -199,7 +226,9 @@ impl SubListener {
 
 impl Drop for SubListener {
     fn drop(&mut self) {
-        self.accept_task.abort();
+        for task in &self.accept_tasks {
+            task.abort();
+        }
     }
 }
 

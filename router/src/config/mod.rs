@@ -432,7 +432,12 @@ impl ServeArgs {
         }
         let indexer_tls = IndexerTls::from_args(&self)?;
         let indexer_admin_token = self.indexer_admin_token_file.as_ref().map(IndexerToken::from_file).transpose()?;
-        let discovery = self.discovery.watch_config(false).map_err(|e| err(e.flag(), e.message))?;
+        let mut discovery = self.discovery.watch_config(false).map_err(|e| err(e.flag(), e.message))?;
+        // The fleet keeps no engine per pod (it routes by HTTP and scrapes `/metrics`), so
+        // asking pods what engine they are would only delay their arrival.
+        if let Some(watch) = discovery.as_mut() {
+            watch.settings.engine_probe = None;
+        }
         if pods.is_empty() && self.pods_file.is_none() && self.admin_addr.is_none() && discovery.is_none() {
             return Err(err(
                 "--pod",

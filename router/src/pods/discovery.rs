@@ -68,6 +68,11 @@ mod tests {
             pub_port: 5557,
             replay_port: None,
             http_port: 8000,
+            engine: None,
+            page_size: None,
+            engine_version: None,
+            kv_events_format: None,
+            annotated: kvindex_discovery::Annotated::default(),
         }
     }
 

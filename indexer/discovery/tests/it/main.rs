@@ -3,4 +3,5 @@
 //! test file; run one with `cargo nextest run -p kvindex-discovery --test it desired::`.
 
 mod desired;
+mod engine_probe;
 mod watcher;

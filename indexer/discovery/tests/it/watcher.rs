@@ -12,17 +12,17 @@ use kvindex_discovery::watcher::{self, ApiServer, WatchConfig};
 use kvindex_discovery::{Change, DiscoveredPod, Outcome, Settings};
 use tokio::sync::{mpsc, watch};
 
-/// A running watcher and what it told its consumer.
-struct Watching {
+/// A running watcher and what it told its consumer (also used by `engine_probe.rs`).
+pub struct Watching {
     outcomes: mpsc::UnboundedReceiver<Outcome>,
-    held: BTreeMap<String, DiscoveredPod>,
-    rejections: Vec<&'static str>,
-    syncs: u32,
+    pub held: BTreeMap<String, DiscoveredPod>,
+    pub rejections: Vec<&'static str>,
+    pub syncs: u32,
     _stop: watch::Sender<bool>,
 }
 
 impl Watching {
-    async fn start(api: &FakeApiServer, settings: Settings) -> Watching {
+    pub async fn start(api: &FakeApiServer, settings: Settings) -> Watching {
         let config = WatchConfig {
             namespace: "inference".into(),
             label_selector: DEFAULT_LABEL_SELECTOR.into(),
@@ -45,7 +45,7 @@ impl Watching {
     }
 
     /// Applies outcomes until `done` holds of the consumer's view, or fails after 20 s.
-    async fn until(&mut self, what: &str, done: impl Fn(&Watching) -> bool) {
+    pub async fn until(&mut self, what: &str, done: impl Fn(&Watching) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while !done(self) {
             let outcome = tokio::time::timeout_at(deadline, self.outcomes.recv())
@@ -63,7 +63,7 @@ impl Watching {
         }
     }
 
-    fn ids(&self) -> Vec<&str> {
+    pub fn ids(&self) -> Vec<&str> {
         self.held.keys().map(String::as_str).collect()
     }
 }

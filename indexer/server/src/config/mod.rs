@@ -48,6 +48,8 @@ pub struct Config {
     /// Central mode: the topic id already names each DP rank's pod (`dp_naming = "topic"`).
     pub dp_naming_topic: bool,
     pub zmq_bind: Option<String>,
+    /// Central mode: the SUB listens on `zmq_bind`'s port + r for every DP rank r below this.
+    pub zmq_bind_dp_size: u32,
     /// The engine of a source no pod entry names one for (`default_engine`).
     pub default_engine: kvindex::wire::Engine,
     pub topic_filter: String,
@@ -203,6 +205,21 @@ impl Config {
             Some(e) if !e.is_empty() => Some(pod::endpoint(&e).map_err(|m| src.error("zmq_bind", m))?),
             _ => None,
         };
+        let zmq_bind_dp_size = ints.get(&defs::zmq_bind_dp_size, s.zmq_bind_dp_size)? as u32;
+        if zmq_bind_dp_size > 1 {
+            let port =
+                zmq_bind.as_deref().and_then(|e| e.strip_prefix("tcp://")?.rsplit_once(':')?.1.parse::<u32>().ok());
+            match port {
+                Some(p) if p != 0 && p + zmq_bind_dp_size - 1 <= 65535 => {}
+                _ => {
+                    let why = format!(
+                        "{zmq_bind_dp_size} ranks need zmq_bind to be a tcp:// endpoint with a port (not 0) that leaves room for port + {} (got {zmq_bind:?})",
+                        zmq_bind_dp_size - 1
+                    );
+                    return Err(src.error("zmq_bind_dp_size", why));
+                }
+            }
+        }
 
         let mut pods = Vec::new();
         for (n, p) in from_file.pods.into_iter().enumerate() {
@@ -331,6 +348,7 @@ impl Config {
             tokenizer_endpoint,
             dp_naming_topic,
             zmq_bind,
+            zmq_bind_dp_size,
             default_engine,
             topic_filter,
             shards: ints.get(&defs::shards, s.shards)? as usize,
@@ -817,6 +835,22 @@ mod tests {
             (&["--discovery", "kubernetes", "--discovery-api-server", "10.0.0.1:6443"], "discovery_api_server"),
         ] {
             assert_eq!(Config::from_args(args).unwrap_err().key, key, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn zmq_bind_dp_size_needs_a_tcp_port_with_room_for_every_rank() {
+        let c = Config::from_args(["--zmq-bind", "tcp://*:5557", "--zmq-bind-dp-size", "4"]).unwrap();
+        assert_eq!((c.zmq_bind.as_deref(), c.zmq_bind_dp_size), (Some("tcp://0.0.0.0:5557"), 4));
+        assert_eq!(Config::from_args(["--zmq-bind", "tcp://*:0"]).unwrap().zmq_bind_dp_size, 1);
+        for args in [
+            &["--zmq-bind", "tcp://*:0", "--zmq-bind-dp-size", "2"][..],
+            &["--zmq-bind", "ipc:///run/kv.sock", "--zmq-bind-dp-size", "2"],
+            &["--zmq-bind", "tcp://*:65535", "--zmq-bind-dp-size", "2"],
+            &["--pod", "a,m,tcp://h:1", "--zmq-bind-dp-size", "2"],
+            &["--zmq-bind", "tcp://*:5557", "--zmq-bind-dp-size", "129"],
+        ] {
+            assert_eq!(Config::from_args(args).unwrap_err().key, "zmq_bind_dp_size", "{args:?}");
         }
     }
 }

@@ -104,8 +104,32 @@ impl PodConfig {
         if !(1..=MAX_DP_SIZE).contains(&self.dp_size) {
             return Err(err("dp_size", format!("must be between 1 and {MAX_DP_SIZE}, got {}", self.dp_size)));
         }
+        if let (Some(pub_ep), Some(replay)) = (&self.endpoint, &self.replay_endpoint) {
+            if let Some((p, q)) = rank_ports_overlap(pub_ep, replay, self.dp_size) {
+                let n = self.dp_size;
+                return Err(err(
+                    "replay_endpoint",
+                    format!(
+                        "PUB port {p} and replay port {q} on one host are less than dp_size = {n} apart: every rank offsets both by its rank, so one rank's PUB would be another's replay ROUTER (give ports at least {n} apart, e.g. PUB 5557 and replay 6557)"
+                    ),
+                ));
+            }
+        }
         Ok(self)
     }
+}
+
+/// The PUB and replay ports of `tcp://` endpoints on the same host when the ranks' ports
+/// collide: rank r uses port + r for both (vLLM's and SGLang's `offset_endpoint_port`), so
+/// `dp_size` ranks need the two ports at least `dp_size` apart (with the usual `replay = pub +
+/// 1`, rank 1's PUB is rank 0's replay ROUTER, which SGLang's rank 1 fails to bind).
+fn rank_ports_overlap(pub_ep: &str, replay: &str, dp_size: u32) -> Option<(u32, u32)> {
+    let split = |e: &str| -> Option<(String, u32)> {
+        let (head, port) = e.strip_prefix("tcp://")?.rsplit_once(':')?;
+        Some((head.to_string(), port.parse().ok().filter(|&p| p != 0)?))
+    };
+    let ((pub_host, p), (replay_host, q)) = (split(pub_ep)?, split(replay)?);
+    (pub_host == replay_host && p.abs_diff(q) < dp_size).then_some((p, q))
 }
 
 /// Largest SGLang page size accepted (its `--page-size`; the index's block is at most this too).
@@ -251,6 +275,25 @@ mod tests {
         let p = PodConfig::from_flag("a,m,tcp://h:1,engine=sglang").unwrap();
         assert_eq!((p.engine, p.replay_endpoint), (Some(Engine::Sglang), None));
         assert!(PodConfig::from_flag("a,m,tcp://h:1,engine=tgi").is_err());
+    }
+
+    #[test]
+    fn dp_ranks_ports_must_not_collide() {
+        let pod = |pub_port: u32, replay_port: u32, dp_size: u32| {
+            let flag = format!("a,m,tcp://10.0.0.7:{pub_port},tcp://10.0.0.7:{replay_port}");
+            PodConfig { dp_size, ..PodConfig::from_flag(&flag).unwrap() }.validate("pods[0]", &Origin::Request("http"))
+        };
+        assert!(pod(5557, 5558, 1).is_ok(), "one rank: replay = pub + 1 is SGLang's and vLLM's usual pair");
+        let e = pod(5557, 5558, 2).unwrap_err();
+        assert_eq!(e.key, "pods[0].replay_endpoint");
+        assert!(e.to_string().contains("PUB port 5557 and replay port 5558"), "{e}");
+        assert!(pod(5558, 5557, 2).is_err());
+        assert!(pod(5557, 5557, 1).is_err(), "one port cannot be both");
+        assert!(pod(5557, 5559, 2).is_ok());
+        assert!(pod(5557, 6557, 128).is_ok());
+        let other_host =
+            PodConfig { dp_size: 2, ..PodConfig::from_flag("a,m,tcp://10.0.0.7:5557,tcp://10.0.0.8:5558").unwrap() };
+        assert!(other_host.validate("pods[0]", &Origin::Request("http")).is_ok());
     }
 
     #[test]

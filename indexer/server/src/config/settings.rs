@@ -82,6 +82,11 @@ settings! {
     /// Central mode: bind a SUB socket here (e.g. tcp://*:5557) that engines dial.
     #[arg(long, env = "KVINDEX_ZMQ_BIND")]
     zmq_bind: Option<String> = TextSpec { default: None },
+    /// Central mode: also listen on `zmq_bind`'s port + r for each DP rank r below this, since
+    /// an engine's rank r dials its configured port + r (vLLM's and SGLang's
+    /// `offset_endpoint_port`). A `tcp://` endpoint with a port other than 0.
+    #[arg(long, env = "KVINDEX_ZMQ_BIND_DP_SIZE")]
+    zmq_bind_dp_size: Option<i64> = IntSpec { default: Some(1), min: 1, max: 128 },
     /// Per-pod mode: `<pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>]` (repeatable).
     #[arg(long = "pod", value_name = "POD", value_parser = PodConfig::from_flag)]
     pods: Vec<PodConfig> = ListSpec {},
@@ -333,6 +338,12 @@ fn discovery_specs() -> Vec<Spec> {
         text("discovery_label_selector", Some(discovery_args::LABEL_SELECTOR_DEFAULT)),
         text("discovery_model", None),
         text("discovery_api_server", None),
+        ChoiceSpec {
+            key: "discovery_engine_probe",
+            default: discovery_args::ENGINE_PROBE_DEFAULT,
+            choices: &discovery_args::ENGINE_PROBE_CHOICES,
+        }
+        .entry(),
     ];
     specs.extend(
         discovery_args::INT_ARGS

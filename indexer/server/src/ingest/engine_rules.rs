@@ -68,9 +68,10 @@ impl EngineRules {
         let Some(small_pages) = self.small_pages.as_mut() else { return (None, report) };
         let rules = PageRules { page_size: Some(self.page_size.unwrap_or(SGLANG_DEFAULT_PAGE_SIZE)) };
         let mut servable = batch.clone();
+        let unplaceable = kvindex::sglang::builtin_ids::drop_unplaceable(&mut servable);
         (report.partial_page, report.unkeyable_tokens) = rules.keep_servable(&mut servable, self.block_size);
         let (rewritten, small) = small_pages.rewrite(&servable);
-        report.parent_unknown = small.parent_unknown;
+        report.parent_unknown = small.parent_unknown + unplaceable;
         report.block_size_mismatch = small.block_size_mismatch;
         (Some(rewritten), report)
     }

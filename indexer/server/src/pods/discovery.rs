@@ -6,7 +6,8 @@
 //! deleted, NotReady or moved to a new IP is unregistered, which clears everything it held:
 //! an old IP's blocks are never kept. `/readyz` waits for the first complete list. A pod id
 //! the config file or pods file already names is left to them; one registered through the
-//! API is taken over (the [`super::precedence`] rule).
+//! API is taken over (the [`super::precedence`] rule). A discovered pod's engine and page size
+//! (its annotations, else SGLang's `/server_info`, else `default_engine`) become its entry's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -92,8 +93,8 @@ fn pod_config(pod: &DiscoveredPod, central: bool) -> PodConfig {
         replay_endpoint: pod.replay_endpoint(0),
         topic_id: None,
         dp_size: pod.dp_size,
-        engine: None,
-        page_size: None,
+        engine: pod.engine,
+        page_size: pod.page_size,
     }
 }
 
@@ -111,12 +112,18 @@ mod tests {
             pub_port: 5557,
             replay_port: Some(5558),
             http_port: 8000,
+            engine: Some(kvindex::wire::Engine::Sglang),
+            page_size: Some(16),
+            engine_version: Some("0.5.23".into()),
+            kv_events_format: None,
+            annotated: kvindex_discovery::Annotated::default(),
         };
         let per_pod = pod_config(&pod, false);
         assert_eq!(per_pod.id, "10.0.0.7:8000");
         assert_eq!(per_pod.endpoint.as_deref(), Some("tcp://10.0.0.7:5557"));
         assert_eq!(per_pod.replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5558"));
         assert_eq!(per_pod.dp_size, 2);
+        assert_eq!((per_pod.engine, per_pod.page_size), (Some(kvindex::wire::Engine::Sglang), Some(16)));
         let central = pod_config(&DiscoveredPod { model: None, ..pod }, true);
         assert_eq!((central.endpoint.as_deref(), central.model.as_str()), (None, TOPIC_MODEL));
         assert!(central.validate("pod", &crate::config::Origin::Request(ORIGIN)).is_ok());

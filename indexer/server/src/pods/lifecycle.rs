@@ -1,6 +1,6 @@
 //! The [`Pods`] handle and the pods' lifecycle: a registration starts the pod's dialers and
-//! its start-up syncs, a re-registration that moves the pod restarts them and clears what it
-//! held, an unregistration stops them and clears everything the pod held. Whatever declares a
+//! its start-up syncs, a re-registration that moves the pod (or names another engine or page
+//! size) restarts them and clears what it held, an unregistration stops them and clears everything the pod held. Whatever declares a
 //! pod (the configuration, the pods file, discovery, the API) goes through here.
 
 use std::sync::Arc;
@@ -64,7 +64,8 @@ impl Pods {
         Err(format!("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it"))
     }
 
-    /// Adds or replaces a pod. A changed endpoint or model restarts its dialer and clears it.
+    /// Adds or replaces a pod. A changed endpoint, model, DP size, engine or page size restarts
+    /// its dialer and clears it.
     /// `origin` (config, pods_file, discovery, grpc, http) labels metrics and logs.
     pub async fn register(&self, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
         let cfg = match cfg.validate("pod", &Origin::Request(origin)) {
@@ -77,9 +78,13 @@ impl Pods {
         let old = {
             let mut reg = self.inner.registry.write();
             if let Some(existing) = reg.get_mut(&cfg.id) {
+                // The engine and its page size decide how the stream is read and keyed: a change
+                // restarts the dialers and clears what was keyed by the old rules.
                 let same_source = existing.cfg.endpoint == cfg.endpoint
                     && existing.cfg.model == cfg.model
-                    && existing.cfg.dp_size == cfg.dp_size;
+                    && existing.cfg.dp_size == cfg.dp_size
+                    && existing.cfg.engine == cfg.engine
+                    && existing.cfg.page_size == cfg.page_size;
                 if same_source {
                     existing.cfg = cfg.clone();
                     existing.origin = origin;

@@ -47,6 +47,9 @@ pub struct PodView {
     pub replay_endpoint: Option<String>,
     pub topic_id: Option<String>,
     pub dp_size: u32,
+    /// The entry's engine (`None`: `default_engine`) and SGLang page size.
+    pub engine: Option<&'static str>,
+    pub page_size: Option<u32>,
     pub origin: &'static str,
 }
 
@@ -126,6 +129,8 @@ impl Registry {
                 replay_endpoint: p.cfg.replay_endpoint.clone(),
                 topic_id: p.cfg.topic_id.clone(),
                 dp_size: p.cfg.dp_size,
+                engine: p.cfg.engine.map(|e| e.as_str()),
+                page_size: p.cfg.page_size,
                 origin: p.origin,
             })
             .collect()

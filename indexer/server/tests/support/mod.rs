@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 #[path = "../../../tests/support/reference.rs"]
 pub mod reference;
+pub mod sglang;
 #[path = "../../../tests/support/vectors.rs"]
 pub mod vectors;
 #[allow(unused_imports)] // not every test uses the vectors
@@ -67,10 +68,17 @@ impl Peer {
 
     /// A peer from another script of `tests/python/` (one that extends kvpeer.py's ops).
     pub fn start_script(python: &PathBuf, script: &str) -> Peer {
+        Self::start_script_with(python, script, &[])
+    }
+
+    /// [`Peer::start_script`] with extra environment (e.g. `PYTHONPATH` choosing an SGLang
+    /// release's install).
+    pub fn start_script_with(python: &PathBuf, script: &str, env: &[(&str, &std::ffi::OsStr)]) -> Peer {
         let script = workspace().join("indexer/server/tests/python").join(script);
         let proto = workspace().join("proto/kvindex/v1/indexer.proto");
         let mut command = Command::new(python);
         command.arg(script).arg(proto).env("KVPEER_ADMIN_TOKEN", ADMIN_TOKEN);
+        command.envs(env.iter().copied());
         Peer(kvindex_testkit::json_peer::JsonPeer::start(&mut command))
     }
 

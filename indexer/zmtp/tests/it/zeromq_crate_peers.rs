@@ -149,6 +149,26 @@ fn a_zeromq_crate_router_answers_our_dealer() {
     assert!(started.elapsed() < Duration::from_secs(20));
 }
 
+/// A dialling peer: how its connect went, its stop signal and its thread.
+type HeldPeer = (Result<(), String>, mpsc::Sender<()>, std::thread::JoinHandle<()>);
+
+/// A zeromq PUB that dials `endpoint`, reports the outcome, then holds its connection until
+/// told to stop.
+fn dial(endpoint: String) -> HeldPeer {
+    let (done_tx, done_rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let peer = peer_thread(move || {
+        peer_runtime().block_on(async move {
+            let mut pub_socket = zeromq::PubSocket::new();
+            done_tx.send(pub_socket.connect(&endpoint).await.map_err(|e| format!("{e:?}"))).unwrap();
+            // Hold the socket (and its connection) until the test is done.
+            tokio::task::spawn_blocking(move || stop_rx.recv()).await.unwrap().ok();
+        })
+    });
+    let outcome = done_rx.recv_timeout(Duration::from_secs(20)).expect("connect returned");
+    (outcome, stop_tx, peer)
+}
+
 /// A zeromq PUB dialling a listener whose per-source cap is spent is refused before the
 /// greeting, and the crate reports that only as `connect: Other("Failed Greeting exchange")` or a
 /// reset (what the e2e bench saw with 64 publishers on loopback against the default cap of 32):
@@ -160,21 +180,6 @@ fn a_zeromq_crate_publisher_past_the_per_source_cap_is_refused_before_the_greeti
     let listener = rt.block_on(SubListener::bind("tcp://127.0.0.1:0", &[b"kv@"], limits)).unwrap();
     let endpoint = listener.endpoint().to_string();
     let mut sub = Sub::Listener(listener);
-    // Each peer dials, reports the outcome, then holds its connection until told to stop.
-    let dial = |endpoint: String| {
-        let (done_tx, done_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let peer = peer_thread(move || {
-            peer_runtime().block_on(async move {
-                let mut pub_socket = zeromq::PubSocket::new();
-                done_tx.send(pub_socket.connect(&endpoint).await.map_err(|e| format!("{e:?}"))).unwrap();
-                // Hold the socket (and its connection) until the test is done.
-                tokio::task::spawn_blocking(move || stop_rx.recv()).await.unwrap().ok();
-            })
-        });
-        let outcome = done_rx.recv_timeout(Duration::from_secs(20)).expect("connect returned");
-        (outcome, stop_tx, peer)
-    };
     let mut peers = Vec::new();
     for _ in 0..2 {
         let (outcome, stop, peer) = dial(endpoint.clone());
@@ -186,6 +191,37 @@ fn a_zeromq_crate_publisher_past_the_per_source_cap_is_refused_before_the_greeti
     // EOF before its greeting was read, or a reset if its greeting landed after our close.
     let refused = outcome.expect_err("the third connection from one source is refused");
     assert!(refused.contains("Failed Greeting exchange") || refused.contains("ConnectionReset"), "{refused}");
+    sub.wait_for(&rt, 20, "SourceFull", |e| {
+        matches!(e, Event::Rejected { reason: Reason::SourceFull { limit: 2 }, .. }).then_some(())
+    });
+    peers.push((stop, peer));
+    for (stop, peer) in peers {
+        stop.send(()).unwrap();
+        peer.join().unwrap();
+    }
+}
+
+/// One SUB bound to two ports (every DP rank's port, `zmq_bind_dp_size`): publishers connect on
+/// either, and the per-source cap counts them together, so a second port admits no more.
+#[test]
+fn a_sub_bound_to_two_ports_accepts_on_both_under_one_per_source_cap() {
+    let rt = runtime();
+    let limits = Limits { max_connections_per_source: 2, ..quick_limits() };
+    let endpoints = ["tcp://127.0.0.1:0", "tcp://127.0.0.1:0"];
+    let listener = rt.block_on(SubListener::bind_all_admitting(&endpoints, &[b"kv@"], limits, None)).unwrap();
+    let bound = listener.endpoints().to_vec();
+    assert_eq!((bound.len(), listener.endpoint()), (2, bound[0].as_str()));
+    assert_ne!(bound[0], bound[1]);
+    let mut sub = Sub::Listener(listener);
+    let mut peers = Vec::new();
+    for endpoint in &bound {
+        let (outcome, stop, peer) = dial(endpoint.clone());
+        assert_eq!(outcome, Ok(()), "{endpoint}");
+        sub.wait_for(&rt, 20, "Connected", |e| matches!(e, Event::Connected { .. }).then_some(()));
+        peers.push((stop, peer));
+    }
+    let (outcome, stop, peer) = dial(bound[1].clone());
+    assert!(outcome.is_err(), "the third connection from one source is refused, whichever port");
     sub.wait_for(&rt, 20, "SourceFull", |e| {
         matches!(e, Event::Rejected { reason: Reason::SourceFull { limit: 2 }, .. }).then_some(())
     });
