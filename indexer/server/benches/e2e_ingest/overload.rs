@@ -242,6 +242,24 @@ async fn over_reports(
     over
 }
 
+/// Blocks credited to `pod` of the oldest conversation it holds at the seq the server applied,
+/// when its engine had already evicted it by the seq it published: a claim lag makes (its
+/// eviction is in flight). 0 when that conversation is not evicted at the engine either.
+async fn engine_evicted_credit(
+    client: &mut IndexerClient<tonic::transport::Channel>,
+    pod: &Pod,
+    applied: u64,
+    published: u64,
+) -> u64 {
+    // Conversations c with evicted_at(c) <= applied are gone from the index; the next is held.
+    let oldest_held = applied.checked_sub(CHUNKS as u64).map_or(0, |a| (a / CYCLE + 2).saturating_sub(KEEP));
+    debug_assert!(evicted_at(oldest_held) > applied);
+    if evicted_at(oldest_held) > published || (oldest_held + 1) * CYCLE > applied {
+        return 0;
+    }
+    u64::from(matched(client, pod, oldest_held).await)
+}
+
 #[derive(Default)]
 struct Samples {
     /// Publish → visible staleness of each pod at each sample, s.
@@ -254,8 +272,9 @@ struct Samples {
     probes: u64,
     /// Most sources withheld as too far behind their engine at once.
     stale_peak: usize,
-    /// Blocks credited of the newest conversation the engine had evicted at its own (published)
-    /// seq: what lag costs in claims (the probe above is at the applied seq).
+    /// Blocks credited that the engine had evicted at its own (published) seq
+    /// ([`engine_evicted_credit`]): what lag costs in claims (the probe above is at the
+    /// applied seq).
     lag_over: u64,
 }
 
@@ -293,7 +312,7 @@ impl Samples {
                 self.over += over_reports(client, pod, applied, 1).await;
                 self.probes += 1;
                 let published = pod.next.load(Ordering::Relaxed).saturating_sub(1);
-                self.lag_over += over_reports(client, pod, published, 1).await;
+                self.lag_over += engine_evicted_credit(client, pod, applied, published).await;
             }
         }
         view
