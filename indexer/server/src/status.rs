@@ -1,6 +1,8 @@
 //! What the service knows about its sources, for answers and operators: each pod's
-//! [`SourceState`] (every ScoreTokens answer carries it), the per-stream debug view behind
-//! `/debug/sources`, and the `kvindex_sources{state}` gauge. Written by the apply workers only.
+//! [`SourceState`] (every ScoreTokens answer carries it) and whether its source is too far
+//! behind its engine to be credited ([`PodState::withheld`]), the per-stream debug view behind
+//! `/debug/sources`, and the `kvindex_sources{state}` and `kvindex_stale_sources` gauges.
+//! Written by the apply workers only.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -52,6 +54,19 @@ pub struct StreamDebug {
     /// behind a replay, an export or an import, or waiting in its worker's queue (shared by
     /// that worker's sources). 0 when nothing waits (see `apply::lag`).
     pub lag_ms: f64,
+    /// How far behind its engine the stream is: `lag_ms` plus the backlog its batches' `ts`
+    /// show on the publisher's side (see `apply::staleness`).
+    pub staleness_ms: f64,
+    /// Past `max_source_staleness_ms`: not credited in scores until it is back under it.
+    pub stale: bool,
+}
+
+/// What a score needs to know of a pod's source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodState {
+    pub state: SourceState,
+    /// Too far behind its engine (`max_source_staleness_ms`): its matches are withheld.
+    pub withheld: bool,
 }
 
 /// An SGLang stream's page-hash cross-check in `/debug/sources`.
@@ -72,14 +87,15 @@ pub struct PageHashCheckDebug {
 #[derive(Default)]
 pub struct SourceStatus {
     /// Source state per (DP-resolved) pod id.
-    pods: RwLock<BTreeMap<String, SourceState>>,
+    pods: RwLock<BTreeMap<String, PodState>>,
     streams: RwLock<BTreeMap<StreamKey, StreamDebug>>,
     counts: [AtomicI64; SourceState::ALL.len()],
+    withheld: AtomicI64,
 }
 
 impl SourceStatus {
     /// The pods' states, read together (one lock for a whole answer).
-    pub fn pod_states(&self) -> RwLockReadGuard<'_, BTreeMap<String, SourceState>> {
+    pub fn pod_states(&self) -> RwLockReadGuard<'_, BTreeMap<String, PodState>> {
         self.pods.read()
     }
 
@@ -91,19 +107,34 @@ impl SourceStatus {
     /// A new stream of `pod` starts CONNECTING.
     pub fn add(&self, pod: &str) {
         self.count(SourceState::Connecting, 1);
-        self.pods.write().insert(pod.to_string(), SourceState::Connecting);
+        let old =
+            self.pods.write().insert(pod.to_string(), PodState { state: SourceState::Connecting, withheld: false });
+        if old.is_some_and(|p| p.withheld) {
+            self.count_withheld(-1);
+        }
     }
 
     pub fn transition(&self, pod: &str, from: SourceState, to: SourceState) {
         self.count(from, -1);
         self.count(to, 1);
-        self.pods.write().insert(pod.to_string(), to);
+        self.pods.write().entry(pod.to_string()).or_insert(PodState { state: to, withheld: false }).state = to;
+    }
+
+    /// `pod`'s source went past `max_source_staleness_ms` (`true`) or back under it.
+    pub fn set_withheld(&self, pod: &str, withheld: bool) {
+        let changed =
+            self.pods.write().get_mut(pod).is_some_and(|p| std::mem::replace(&mut p.withheld, withheld) != withheld);
+        if changed {
+            self.count_withheld(if withheld { 1 } else { -1 });
+        }
     }
 
     /// A stream is gone (its pod was unregistered).
     pub fn remove(&self, key: &StreamKey, pod: &str, state: SourceState) {
         self.count(state, -1);
-        self.pods.write().remove(pod);
+        if self.pods.write().remove(pod).is_some_and(|p| p.withheld) {
+            self.count_withheld(-1);
+        }
         self.streams.write().remove(key);
     }
 
@@ -124,5 +155,10 @@ impl SourceStatus {
         let i = SourceState::ALL.iter().position(|s| *s == state).unwrap_or(0);
         let v = self.counts[i].fetch_add(delta, Ordering::Relaxed) + delta;
         metrics::gauge!(m::SOURCES, "state" => state.label()).set(v as f64);
+    }
+
+    fn count_withheld(&self, delta: i64) {
+        let v = self.withheld.fetch_add(delta, Ordering::Relaxed) + delta;
+        metrics::gauge!(m::STALE_SOURCES).set(v as f64);
     }
 }

@@ -28,6 +28,8 @@ pub const QUEUE_DEPTH: &str = "kvindex_queue_depth";
 pub const QUEUE_CAPACITY: &str = "kvindex_queue_capacity";
 pub const QUEUE_FULL: &str = "kvindex_queue_full_total";
 pub const SOURCE_LAG: &str = "kvindex_source_lag_seconds";
+pub const STALE_SOURCES: &str = "kvindex_stale_sources";
+pub const SCORES_WITHHELD: &str = "kvindex_scores_withheld_total";
 pub const EVENT_TO_VISIBLE: &str = "kvindex_event_to_visible_seconds";
 pub const RECEIVE_TO_VISIBLE: &str = "kvindex_receive_to_visible_seconds";
 pub const SCORE_REQUESTS: &str = "kvindex_score_requests_total";
@@ -133,6 +135,8 @@ pub const METRICS: &[Metric] = &[
     Metric { name: QUEUE_DEPTH, kind: Gauge, labels: &[], unit: None, help: "Messages waiting for the apply workers" },
     Metric { name: QUEUE_CAPACITY, kind: Gauge, labels: &[], unit: None, help: "Capacity of the apply queues" },
     Metric { name: QUEUE_FULL, kind: Counter, labels: &[], unit: None, help: "Live messages that found their apply queue full and waited for room (their socket stopped reading meanwhile)" },
+    Metric { name: STALE_SOURCES, kind: Gauge, labels: &[], unit: None, help: "Sources too far behind their engine (max_source_staleness_ms): kept, not credited in scores" },
+    Metric { name: SCORES_WITHHELD, kind: Counter, labels: &[], unit: None, help: "Pod matches left out of ScoreTokens/GetPodScores answers because the pod's source was too far behind its engine" },
     Metric { name: SOURCE_LAG, kind: Gauge, labels: &[], unit: Some(Unit::Seconds), help: "Largest lag of any source: age of the oldest live batch received and not yet visible" },
     Metric { name: EVENT_TO_VISIBLE, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Batch ts (publisher clock) to applied" },
     Metric { name: RECEIVE_TO_VISIBLE, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Socket receive to applied" },

@@ -131,6 +131,8 @@ pub struct Sequencer<P> {
     state: SourceState,
     /// The pod's index state is incomplete (cleared after a loss).
     degraded: bool,
+    /// Why it is: the last loss's reason (what a filled replay that leaves it DEGRADED names).
+    lost_by: Option<Reason>,
     /// Next seq to apply; `None` until the stream knows where it starts.
     next: Option<u64>,
     /// Highest seq seen on the live socket (restart detection).
@@ -155,6 +157,7 @@ impl<P> Sequencer<P> {
             config,
             state: SourceState::Connecting,
             degraded: false,
+            lost_by: None,
             next: None,
             last_live: None,
             last_data_at: None,
@@ -257,6 +260,7 @@ impl<P> Sequencer<P> {
     fn lose(&mut self, reason: Reason, out: &mut Vec<Step<P>>) {
         self.clear(reason, out);
         self.degraded = true;
+        self.lost_by = Some(reason);
         if self.replay.is_none() {
             self.set_state(SourceState::Degraded, reason, out);
         }
@@ -418,6 +422,7 @@ impl<P> Sequencer<P> {
         self.pending.clear();
         self.clear(Reason::Disconnect, out);
         self.degraded = false;
+        self.lost_by = None;
         self.next = None;
         self.last_live = None;
         self.reconnected = false;
@@ -434,6 +439,7 @@ impl<P> Sequencer<P> {
         self.clear(reason, out);
         self.resumed = false;
         self.degraded = false;
+        self.lost_by = None;
         self.next = None;
         self.set_state(SourceState::Connecting, reason, out);
     }
@@ -567,7 +573,12 @@ impl<P> Sequencer<P> {
             }
         }
         let to = if self.next.is_none() { SourceState::Connecting } else { self.settled() };
-        let why = if self.degraded && reason == Reason::ReplayFilled { Reason::Malformed } else { reason };
+        // A filled replay that leaves the pod DEGRADED names the loss that degraded it (a
+        // malformed or missing copy in the replay, or one before it), not the fill.
+        let why = match self.lost_by {
+            Some(lost) if self.degraded && reason == Reason::ReplayFilled => lost,
+            _ => reason,
+        };
         self.set_state(to, why, out);
     }
 

@@ -650,3 +650,55 @@ fn held_lists_the_batches_a_replay_holds_in_the_order_they_came() {
     s.on_replay_end(id, 2, &mut out);
     assert_eq!(s.held().count(), 0);
 }
+
+/// The reason of the transition out of REPLAYING that `out` holds.
+fn left_replaying_because(out: &[Step<&'static str>]) -> Option<(SourceState, Reason)> {
+    out.iter().find_map(|s| match s {
+        Step::Transition { from: Replaying, to, reason } => Some((*to, *reason)),
+        _ => None,
+    })
+}
+
+/// A filled replay that leaves the pod DEGRADED names the loss that degraded it: it used to
+/// say `malformed` whatever that loss was.
+#[test]
+fn a_filled_replay_that_leaves_the_pod_degraded_names_the_loss() {
+    // A malformed copy in the replay.
+    let mut s = exact_from_zero(true);
+    let id = replay_id(&live(&mut s, 4, 1));
+    let mut out = Vec::new();
+    s.on_replay_message(id, 3, Item::Malformed, 2, &mut out);
+    s.on_replay_message(id, 4, b("R"), 2, &mut out);
+    s.on_replay_end(id, 2, &mut out);
+    assert_eq!(left_replaying_because(&out), Some((Degraded, Reason::Malformed)));
+
+    // A hole inside the replay's own stream (it began at the asked seq: filled, not covered).
+    let mut s = exact_from_zero(true);
+    let id = replay_id(&live(&mut s, 6, 1));
+    let mut out = Vec::new();
+    s.on_replay_message(id, 3, b("R"), 2, &mut out);
+    s.on_replay_message(id, 5, b("R"), 2, &mut out);
+    s.on_replay_end(id, 2, &mut out);
+    assert!(out.contains(&Step::ReplayDone { id, outcome: ReplayOutcome::Filled }));
+    assert_eq!(left_replaying_because(&out), Some((Degraded, Reason::ReplayNotCovered)));
+
+    // A loss before the replay: a failed one, then, past the cooldown, a gap that is filled.
+    let mut s = exact_from_zero(true);
+    let id = replay_id(&live(&mut s, 5, 100));
+    s.on_replay_failed(id, false, 101, &mut Vec::new());
+    assert_eq!(s.state(), Degraded);
+    let id = replay_id(&live(&mut s, 8, 101 + 2_000));
+    let mut out = Vec::new();
+    s.on_replay_message(id, 6, b("R"), 2_102, &mut out);
+    s.on_replay_message(id, 7, b("R"), 2_102, &mut out);
+    s.on_replay_end(id, 2_102, &mut out);
+    assert!(out.contains(&Step::ReplayDone { id, outcome: ReplayOutcome::Filled }));
+    assert_eq!(left_replaying_because(&out), Some((Degraded, Reason::ReplayUnavailable)));
+
+    // A restart forgets the loss: the new process is EXACT from its seq 0.
+    let mut s = exact_from_zero(false);
+    live(&mut s, 7, 1);
+    assert_eq!(s.state(), Degraded);
+    live(&mut s, 0, 2);
+    assert_eq!(s.state(), Exact);
+}

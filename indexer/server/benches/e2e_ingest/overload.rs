@@ -14,7 +14,10 @@
 //! one batch evicting the conversation `KEEP - 1` back), so the publisher's truth at any seq is
 //! arithmetic: an over-report is a pod credited with a block of a conversation whose eviction
 //! is at or below the seq the server says it applied. Probed every second during the phase and
-//! for every pod at the end; must be 0.
+//! for every pod at the end; must be 0. The same probe at the seq the engine *published*
+//! counts what lag costs in claims (blocks credited that the engine had already evicted, its
+//! eviction still in flight): `max_source_staleness_ms` withholds a source too far behind, so
+//! those stop once every pod is past the bound (`stale sources peak`, `scores withheld`).
 
 use std::collections::HashSet;
 
@@ -170,6 +173,8 @@ struct Source {
     clears: u64,
     replays_started: u64,
     lag_ms: Option<f64>,
+    /// Past `max_source_staleness_ms`: withheld from scores (absent before it existed).
+    stale: bool,
 }
 
 fn sources(server: &Server) -> std::collections::HashMap<String, Source> {
@@ -185,6 +190,7 @@ fn sources(server: &Server) -> std::collections::HashMap<String, Source> {
                         clears: s["clears"].as_u64().unwrap_or(0),
                         replays_started: s["replays_started"].as_u64().unwrap_or(0),
                         lag_ms: s["lag_ms"].as_f64(),
+                        stale: s["stale"].as_bool().unwrap_or(false),
                     };
                     (s["pod"].as_str().unwrap_or("").to_string(), source)
                 })
@@ -236,6 +242,24 @@ async fn over_reports(
     over
 }
 
+/// Blocks credited to `pod` of the oldest conversation it holds at the seq the server applied,
+/// when its engine had already evicted it by the seq it published: a claim lag makes (its
+/// eviction is in flight). 0 when that conversation is not evicted at the engine either.
+async fn engine_evicted_credit(
+    client: &mut IndexerClient<tonic::transport::Channel>,
+    pod: &Pod,
+    applied: u64,
+    published: u64,
+) -> u64 {
+    // Conversations c with evicted_at(c) <= applied are gone from the index; the next is held.
+    let oldest_held = applied.checked_sub(CHUNKS as u64).map_or(0, |a| (a / CYCLE + 2).saturating_sub(KEEP));
+    debug_assert!(evicted_at(oldest_held) > applied);
+    if evicted_at(oldest_held) > published || (oldest_held + 1) * CYCLE > applied {
+        return 0;
+    }
+    u64::from(matched(client, pod, oldest_held).await)
+}
+
 #[derive(Default)]
 struct Samples {
     /// Publish → visible staleness of each pod at each sample, s.
@@ -246,6 +270,12 @@ struct Samples {
     degraded_peak: usize,
     over: u64,
     probes: u64,
+    /// Most sources withheld as too far behind their engine at once.
+    stale_peak: usize,
+    /// Blocks credited that the engine had evicted at its own (published) seq
+    /// ([`engine_evicted_credit`]): what lag costs in claims (the probe above is at the
+    /// applied seq).
+    lag_over: u64,
 }
 
 impl Samples {
@@ -275,11 +305,14 @@ impl Samples {
         self.degraded_peak = self.degraded_peak.max(view.values().filter(|s| s.state == "DEGRADED").count());
         // The server's own view of it (`lag_ms` in `/debug/sources`; absent before it existed).
         self.server_lag.push(view.values().filter_map(|s| s.lag_ms).fold(0.0, f64::max) / 1e3);
+        self.stale_peak = self.stale_peak.max(view.values().filter(|s| s.stale).count());
         for i in probe {
             let pod = &pods[i];
             if let Some(applied) = view.get(&pod_id(pod.id)).and_then(|s| s.last_seq) {
                 self.over += over_reports(client, pod, applied, 1).await;
                 self.probes += 1;
+                let published = pod.next.load(Ordering::Relaxed).saturating_sub(1);
+                self.lag_over += engine_evicted_credit(client, pod, applied, published).await;
             }
         }
         view
@@ -303,6 +336,9 @@ pub struct OverloadResult {
     degraded_end: usize,
     over: u64,
     probes: u64,
+    stale_peak: usize,
+    lag_over: u64,
+    withheld: f64,
     receive_ms: [f64; 2],
     event_ms: [f64; 2],
     stale_s: [f64; 3],
@@ -379,6 +415,7 @@ pub async fn phase(multiple: f64, capacity: f64, secs: f64, hwm: usize) -> Overl
             s.metric("kvindex_replays_total", "outcome=\"filled\""),
             s.metric("kvindex_replays_total", "") - s.metric("kvindex_replays_total", "outcome=\"filled\""),
             s.metric("kvindex_clears_total", ""),
+            s.metric("kvindex_scores_withheld_total", ""),
         ]
     };
     let c0 = counters(&server);
@@ -479,6 +516,9 @@ pub async fn phase(multiple: f64, capacity: f64, secs: f64, hwm: usize) -> Overl
         degraded_end,
         over: samples.over + over_final,
         probes: samples.probes + PUBLISHERS as u64,
+        stale_peak: samples.stale_peak,
+        lag_over: samples.lag_over,
+        withheld: c1[6] - c0[6],
         receive_ms: [0.5, 0.99].map(|q| bucket_quantile(&recv, q)),
         event_ms: [0.5, 0.99].map(|q| bucket_quantile(&event, q)),
         stale_s: [0.5, 0.99, 1.0].map(|q| quantile(&samples.staleness, q)),
@@ -517,12 +557,12 @@ pub fn run(rt: &tokio::runtime::Runtime) {
     println!(
         "Overload ({PUBLISHERS} dialled pods, PUB HWM {hwm}, replay buffer {BUFFER_STEPS} batches, capacity {capacity:.0} block ops/s, {secs_each:.0} s per multiple, then 0.25×):"
     );
-    println!("| offered | published block ops/s | applied (phase) | receive→visible p50 / p99 ≤ | event→visible p50 / p99 ≤ | publish→visible staleness p50 / p99 / max | server lag max | publisher drops | queue drops | gaps | replays started / filled / failed | clears (pods) | DEGRADED ever / at end | over-reports (probes) | under at end | all EXACT after stop | caught up after stop |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| offered | published block ops/s | applied (phase) | receive→visible p50 / p99 ≤ | event→visible p50 / p99 ≤ | publish→visible staleness p50 / p99 / max | server lag max | publisher drops | queue drops | gaps | replays started / filled / failed | clears (pods) | DEGRADED ever / at end | over-reports (probes) | under at end | all EXACT after stop | caught up after stop | stale sources peak | scores withheld | engine-evicted blocks credited (probes) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for m in multiples {
         let r = rt.block_on(phase(m, capacity, secs_each, hwm));
         println!(
-            "| {:.2}× ({:.0}) | {:.0} | {:.0} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.2} / {:.2} / {:.2} s | {:.2} s | {} | {} | {} | {} / {} / {} | {} ({}) | {} / {} | {} ({}) | {} | {} | {} |",
+            "| {:.2}× ({:.0}) | {:.0} | {:.0} | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {:.2} / {:.2} / {:.2} s | {:.2} s | {} | {} | {} | {} / {} / {} | {} ({}) | {} / {} | {} ({}) | {} | {} | {} | {} | {} | {} ({}) |",
             r.multiple,
             r.offered,
             r.published,
@@ -550,6 +590,10 @@ pub fn run(rt: &tokio::runtime::Runtime) {
             r.final_under.map_or("not checked".to_string(), |u| u.to_string()),
             secs(r.exact_after_s, r.window_s),
             secs(r.caught_up_after_s, r.window_s),
+            r.stale_peak,
+            r.withheld,
+            r.lag_over,
+            r.probes - PUBLISHERS as u64,
         );
     }
 }

@@ -10,6 +10,7 @@ use metrics::{counter, histogram};
 use kvindex::sequencer::{Reason, ReplayOutcome, SourceState, Step};
 use kvindex::wire::EventBatch;
 
+use super::staleness::Arrival;
 use super::{Steps, Worker};
 use crate::ingest::{Batch, RulesReport};
 use crate::protocols::{ReplayItem, StreamKey, Work};
@@ -93,7 +94,14 @@ impl Worker {
                     tracing::warn!(pod = %st.pod, expected, got, "sequence gap");
                 }
                 Step::Duplicate { .. } => self.duplicates.increment(1),
-                Step::Transition { from, to, reason } => transition(&state, &st.pod, from, to, reason),
+                Step::Transition { from, to, reason } => {
+                    if to == SourceState::Connecting {
+                        // A new publisher process (restart, epoch, reconnect) or none: its
+                        // clock is learnt again.
+                        st.ext.staleness.reset();
+                    }
+                    transition(&state, &st.pod, from, to, reason)
+                }
             }
         }
     }
@@ -115,11 +123,11 @@ impl Worker {
                 index.apply_not_vllm(&st.pod, &st.model, batch)
             }
         };
-        let mut report = match decoded {
+        let (mut report, ts) = match decoded {
             Some(decoded) => {
                 let r = apply(decoded);
                 record_event_to_visible(decoded.ts);
-                r
+                (r, decoded.ts)
             }
             None => match batch.decode() {
                 Ok(decoded) => {
@@ -129,11 +137,18 @@ impl Worker {
                         // visible only now.
                         record_event_to_visible(decoded.ts);
                     }
-                    r
+                    (r, decoded.ts)
                 }
                 Err(_) => return, // decoded fine when it was sequenced; cannot happen
             },
         };
+        // How far behind its engine the publisher is: live batches only (a replayed one is as
+        // old as its gap), dated by when they were read.
+        let arrival = batch.received.map(|at| {
+            let waited = at.elapsed().as_millis() as u64;
+            Arrival { received_ms: self.state.now_ms().saturating_sub(waited), waited_ms: waited }
+        });
+        st.ext.staleness.observe(arrival, ts);
         for (reason, blocks) in kept_out.skipped() {
             report.skipped[reason as usize] += blocks;
         }

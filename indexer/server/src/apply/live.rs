@@ -8,6 +8,7 @@ use metrics::{counter, Counter};
 
 use kvindex::sequencer::{SequencerConfig, Step};
 
+use super::staleness::Staleness;
 use crate::ingest::{Batch, Ext, Fleet, Mode, Stream, TableConfig};
 use crate::protocols::StreamKey;
 use crate::snapshot::format::StreamRecord;
@@ -32,6 +33,10 @@ pub struct Live {
     /// Steps held back by an import or an export, in order (a live batch's carries its
     /// receive time: the wait counts in its lag).
     pub waiting: Vec<Step<Batch>>,
+    /// How far behind its engine the publisher is (its batches' `ts`, see `apply::staleness`).
+    pub staleness: Staleness,
+    /// Whether the stream is withheld from scores now (past `max_source_staleness_ms`).
+    pub withheld: bool,
 }
 
 impl Ext for Live {
@@ -69,6 +74,8 @@ pub fn new_stream(
         importing: None,
         exporting: None,
         waiting: Vec::new(),
+        staleness: Staleness::default(),
+        withheld: false,
     };
     (live, resume_at)
 }

@@ -12,6 +12,7 @@ mod lag;
 pub(crate) mod live;
 mod queue;
 mod report;
+mod staleness;
 #[cfg(test)]
 mod tests;
 

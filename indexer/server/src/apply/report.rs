@@ -1,5 +1,6 @@
-//! What a worker reports of its streams every tick: their rows of `/debug/sources`, and its
-//! share of the source lag (`apply::lag`).
+//! What a worker reports of its streams every tick: their rows of `/debug/sources`, its
+//! share of the source lag (`apply::lag`), and which of its sources are too far behind their
+//! engine to be credited (`apply::staleness`, `max_source_staleness_ms`).
 
 use std::time::Instant;
 
@@ -7,23 +8,36 @@ use metrics::gauge;
 
 use kvindex::wire::parse_topic;
 
-use super::lag;
 use super::live::applied_seq;
+use super::{lag, staleness};
 use super::{Receiver, Worker};
 use crate::status::{PageHashCheckDebug, StreamDebug};
 use crate::telemetry as m;
 
 impl Worker {
     /// Refreshes what `/debug/sources` shows of this worker's streams, and its lag.
-    pub(super) fn publish_status(&self, lane: &Receiver, now: u64) {
+    pub(super) fn publish_status(&mut self, lane: &Receiver, now: u64) {
+        let bound = self.state.config().max_source_staleness_ms;
+        let status = self.state.status();
         let reg = self.state.registry();
         let mut snapshot = Vec::with_capacity(self.table.len());
         let (instant, lane_oldest) = (Instant::now(), lane.oldest_live());
         let mut worst = lag::source_lag(instant, lane_oldest, None);
-        for (key, st) in self.table.iter() {
+        for (key, st) in self.table.iter_mut() {
             let s = st.seq.stats();
             let lag = lag::source_lag(instant, lane_oldest, lag::oldest_held(st.seq.held(), &st.ext.waiting));
             worst = worst.max(lag);
+            let behind = staleness::source_staleness(st.ext.staleness.behind(now), lag);
+            let withheld = staleness::past_bound(behind, bound);
+            if withheld != st.ext.withheld {
+                st.ext.withheld = withheld;
+                status.set_withheld(&st.pod, withheld);
+                if withheld {
+                    tracing::warn!(pod = %st.pod, staleness_ms = behind.as_millis() as u64, bound_ms = bound, "source too far behind its engine: not credited until it catches up");
+                } else {
+                    tracing::info!(pod = %st.pod, staleness_ms = behind.as_millis() as u64, "source caught up: credited again");
+                }
+            }
             snapshot.push((
                 key.clone(),
                 StreamDebug {
@@ -65,11 +79,13 @@ impl Worker {
                     replay_in_flight: st.seq.replay_in_flight().map(|(_, from)| from),
                     pending: st.seq.pending(),
                     lag_ms: lag.as_secs_f64() * 1e3,
+                    staleness_ms: behind.as_secs_f64() * 1e3,
+                    stale: withheld,
                 },
             ));
         }
         drop(reg);
-        self.state.status().publish(snapshot);
+        status.publish(snapshot);
         lane.set_lag(worst);
         gauge!(m::SOURCE_LAG).set(self.state.queues().max_lag().as_secs_f64());
     }

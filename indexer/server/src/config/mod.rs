@@ -63,6 +63,8 @@ pub struct Config {
     pub queue_capacity: usize,
     pub apply_workers: usize,
     pub stale_after_ms: u64,
+    /// Sources further behind their engine are not credited (0 = off; `apply::staleness`).
+    pub max_source_staleness_ms: u64,
     pub replay_timeout_ms: u64,
     pub replay_queue_timeout_ms: u64,
     pub replay_cooldown_ms: u64,
@@ -385,6 +387,7 @@ impl Config {
             queue_capacity: ints.get(&defs::queue_capacity, s.queue_capacity)? as usize,
             apply_workers: ints.get(&defs::apply_workers, s.apply_workers)? as usize,
             stale_after_ms: ints.get(&defs::stale_after_ms, s.stale_after_ms)? as u64,
+            max_source_staleness_ms: ints.get(&defs::max_source_staleness_ms, s.max_source_staleness_ms)? as u64,
             replay_timeout_ms: ints.get(&defs::replay_timeout_ms, s.replay_timeout_ms)? as u64,
             replay_queue_timeout_ms: ints.get(&defs::replay_queue_timeout_ms, s.replay_queue_timeout_ms)? as u64,
             replay_cooldown_ms: ints.get(&defs::replay_cooldown_ms, s.replay_cooldown_ms)? as u64,

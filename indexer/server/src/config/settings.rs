@@ -174,6 +174,11 @@ settings! {
     /// A source silent this long is STALE.
     #[arg(long, env = "KVINDEX_STALE_AFTER_MS")]
     stale_after_ms: Option<i64> = IntSpec { default: Some(30_000), min: 1, max: i64::MAX },
+    /// A source further behind its engine than this (the backlog its batches' `ts` show, plus
+    /// what was read and not applied) is not credited in scores until it is back under it; its
+    /// state is kept. Default 10000; 0 = off.
+    #[arg(long, env = "KVINDEX_MAX_SOURCE_STALENESS_MS")]
+    max_source_staleness_ms: Option<i64> = IntSpec { default: Some(10_000), min: 0, max: 86_400_000 },
     /// A replay must finish within this once it has begun.
     #[arg(long, env = "KVINDEX_REPLAY_TIMEOUT_MS")]
     replay_timeout_ms: Option<i64> = IntSpec { default: Some(5_000), min: 1, max: i64::MAX },

@@ -114,7 +114,7 @@ pub fn record_route(
 ) -> Result<pb::RecordRouteResponse, Status> {
     check_request(handle, max_tokens, req)?;
     let speculative = handle.speculative();
-    let source = handle.status().pod_states().get(&req.pod).copied();
+    let source = handle.status().pod_states().get(&req.pod).map(|p| p.state);
     let Some(source) = source else {
         return Err(rejected(
             "unknown_pod",

@@ -1,6 +1,8 @@
 //! ScoreTokens, shared by both gRPC contracts: checks a request's limits, asks the index, and
 //! answers with each pod's matched blocks, tier counts and source state, plus the speculative
-//! run RecordRoute credited (in its own field, never in `matched_blocks`).
+//! run RecordRoute credited (in its own field, never in `matched_blocks`). A pod whose source
+//! is too far behind its engine (`max_source_staleness_ms`, `apply::staleness`) is answered as
+//! holding nothing, STALE, until it catches up: its blocks may have been evicted meanwhile.
 
 use std::collections::HashMap;
 use tonic::Status;
@@ -11,6 +13,7 @@ use kvindex::ScoreQuery;
 use kvindex_proto::kvindex::v1 as pb;
 
 use crate::index_handle::IndexHandle;
+use crate::status::PodState;
 use crate::telemetry as m;
 
 /// Longest pod id or name accepted in a request.
@@ -26,6 +29,14 @@ pub fn wire_state(state: Option<SourceState>) -> pb::SourceState {
         Some(SourceState::Degraded) => pb::SourceState::Degraded,
         Some(SourceState::Stale | SourceState::Replaying | SourceState::Connecting) => pb::SourceState::Stale,
         None => pb::SourceState::Unspecified,
+    }
+}
+
+/// The state an answer reports for a pod: STALE while its source is withheld for lag.
+pub fn answered_state(pod: Option<PodState>) -> pb::SourceState {
+    match pod {
+        Some(PodState { withheld: true, .. }) => pb::SourceState::Stale,
+        _ => wire_state(pod.map(|p| p.state)),
     }
 }
 
@@ -104,8 +115,15 @@ impl Scorer {
         let states = self.index.status().pod_states();
         let tiers = index.tiers();
         let mut by_name: HashMap<String, pb::PodScore> = HashMap::new();
+        let mut withheld = 0;
         for mt in &result.matches {
             let Some(name) = index.pods().name(mt.pod) else { continue };
+            let source = states.get(&*name).copied();
+            if source.is_some_and(|p| p.withheld) {
+                // Too far behind its engine: not credited (answered below as holding nothing).
+                withheld += 1;
+                continue;
+            }
             let matched_by_tier = mt
                 .by_tier
                 .iter()
@@ -120,10 +138,13 @@ impl Scorer {
                     matched_blocks: mt.matched_blocks,
                     weighted_score: mt.weighted_score,
                     matched_by_tier,
-                    state: wire_state(states.get(&*name).copied()) as i32,
+                    state: answered_state(source) as i32,
                     speculative_blocks: 0,
                 },
             );
+        }
+        if withheld > 0 {
+            metrics::counter!(m::SCORES_WITHHELD).increment(withheld);
         }
         let speculative = self.index.speculative();
         if speculative.entries() > 0 {
@@ -134,13 +155,14 @@ impl Scorer {
             );
             let runs = speculative.runs(&keys, self.index.now_ms(), |pod| {
                 let admitted = req.pods.is_empty() || req.pods.iter().any(|p| p == pod);
-                (admitted && may_speculate(states.get(pod).copied()))
+                let source = states.get(pod).copied();
+                (admitted && source.is_some_and(|p| !p.withheld) && may_speculate(source.map(|p| p.state)))
                     .then(|| by_name.get(pod).map_or(0, |s| s.matched_blocks))
             });
             for (pod, run) in runs {
                 let score = by_name.entry(pod.to_string()).or_insert_with(|| pb::PodScore {
                     pod: pod.to_string(),
-                    state: wire_state(states.get(&*pod).copied()) as i32,
+                    state: answered_state(states.get(&*pod).copied()) as i32,
                     ..Default::default()
                 });
                 score.speculative_blocks = run;
@@ -162,7 +184,7 @@ impl Scorer {
                         matched_blocks: 0,
                         weighted_score: 0.0,
                         matched_by_tier: HashMap::new(),
-                        state: wire_state(states.get(p.as_str()).copied()) as i32,
+                        state: answered_state(states.get(p.as_str()).copied()) as i32,
                         speculative_blocks: 0,
                     })
                 })

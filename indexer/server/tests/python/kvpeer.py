@@ -105,6 +105,10 @@ class Publisher:
         self.dp_rank = cfg.get("dp_rank", 0)
         self.buffer_steps = cfg.get("buffer_steps", 10000)
         self.replay_topic_frame = cfg.get("replay_topic_frame", True)
+        # The engine's clock, as seconds from ours (a skewed host); `frozen_ts`, when set, is
+        # the `ts` every batch carries (made all at once, reaching us only now: a backlog).
+        self.ts_offset = cfg.get("ts_offset", 0.0)
+        self.frozen_ts = None
         self.lock = threading.Lock()
         self.chains = {}  # name -> tokens (what `check` queries)
         self.pub_ep = None
@@ -218,7 +222,8 @@ class Publisher:
         return s
 
     def batch(self, events):
-        return ENCODER.encode(KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.dp_rank))
+        ts = self.frozen_ts if self.frozen_ts is not None else time.time() + self.ts_offset
+        return ENCODER.encode(KVEventBatch(ts=ts, events=events, data_parallel_rank=self.dp_rank))
 
     def store(self, chain, tokens, start, n, drop=False, medium="GPU"):
         bs = self.block_size
@@ -592,6 +597,19 @@ class Peer:
 
     def op_held(self, name, tokens):
         return {"held": self.pubs[name].held_prefix(tokens)}
+
+    def op_pace(self, name, n, interval_ms, frozen_ts=None):
+        """`n` stores of one new block each, `interval_ms` apart (an engine under steady load;
+        the pause is its pace, not a wait for the server). `frozen_ts`: every one carries this
+        `ts` (see `Publisher.frozen_ts`)."""
+        p = self.pubs[name]
+        p.frozen_ts = frozen_ts
+        for _ in range(n):
+            k = p.seq
+            tokens = [(k * 7919 + j) % 150000 + 1 for j in range(p.block_size)]
+            p.store(f"pace-{k}", tokens, 0, 1)
+            time.sleep(interval_ms / 1000)
+        return {"last_seq": p.seq - 1}
 
     def op_burst(self, names, chains, blocks, model, prepared=False):
         """Every named publisher sends `chains` stores of `blocks` blocks from its own thread.
