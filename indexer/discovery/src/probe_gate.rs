@@ -127,20 +127,7 @@ mod tests {
     use crate::target::Annotated;
 
     fn pod(ip: &str) -> DiscoveredPod {
-        DiscoveredPod {
-            name: format!("llm/{ip}"),
-            ip: ip.parse().unwrap(),
-            model: Some("m".into()),
-            dp_size: 1,
-            pub_port: 5557,
-            replay_port: Some(5558),
-            http_port: 8000,
-            engine: None,
-            page_size: None,
-            engine_version: None,
-            kv_events_format: None,
-            annotated: Annotated::default(),
-        }
+        DiscoveredPod::example(&format!("llm/{ip}"), ip)
     }
 
     fn outcome(changes: Vec<Change>, synced: bool) -> Outcome {

@@ -242,20 +242,7 @@ mod tests {
     }
 
     fn pod() -> DiscoveredPod {
-        DiscoveredPod {
-            name: "llm/sglang-0".into(),
-            ip: "10.0.0.7".parse().unwrap(),
-            model: Some("m".into()),
-            dp_size: 1,
-            pub_port: 5557,
-            replay_port: Some(5558),
-            http_port: 8000,
-            engine: None,
-            page_size: None,
-            engine_version: None,
-            kv_events_format: None,
-            annotated: Annotated::default(),
-        }
+        DiscoveredPod::example("llm/sglang-0", "10.0.0.7")
     }
 
     #[test]

@@ -83,15 +83,15 @@ impl DiscoveredPod {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pod(ip: &str) -> DiscoveredPod {
+impl DiscoveredPod {
+    /// A pod at `ip` with the default ports, one rank and nothing learnt of its engine: the
+    /// unit tests' starting point.
+    pub(crate) fn example(name: &str, ip: &str) -> DiscoveredPod {
         DiscoveredPod {
-            name: "ns/vllm-0".into(),
+            name: name.into(),
             ip: ip.parse().unwrap(),
             model: Some("m".into()),
-            dp_size: 2,
+            dp_size: 1,
             pub_port: 5557,
             replay_port: Some(5558),
             http_port: 8000,
@@ -101,6 +101,15 @@ mod tests {
             kv_events_format: None,
             annotated: Annotated::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ip: &str) -> DiscoveredPod {
+        DiscoveredPod { dp_size: 2, ..DiscoveredPod::example("ns/vllm-0", ip) }
     }
 
     #[test]
