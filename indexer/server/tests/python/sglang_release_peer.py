@@ -66,6 +66,7 @@ class EnginePub(sglang_peer.SglangPub):
 
     def __init__(self, pod, config, page_size, rank):
         self.pod, self.page_size, self.config, self.rank = pod, page_size, config, rank
+        self.salts = {}  # the shared fleet check reads each chain's salt: none here
         self.start()
 
     def start(self):
@@ -113,9 +114,11 @@ class EnginePub(sglang_peer.SglangPub):
         medium = {"medium": "GPU"} if "medium" in kv.BlockRemoved.__struct_fields__ else {}
         return kv.BlockRemoved(block_hashes=hashes, **medium)
 
-    def store(self, chain, tokens, partial=False):
+    def store(self, chain, tokens, partial=False, salt=None):
         """Extends `chain` to `tokens` as one radix node of the new whole pages (and the
-        partial last page when `partial`), recorded as the release records a node."""
+        partial last page when `partial`), recorded as the release records a node. Unsalted
+        only (`salt` is the shared command's argument; salted chains are sglang_peer's)."""
+        assert salt is None, "the release peers publish unsalted chains only"
         p = self.page_size
         old_tokens, digests = self.chains.get(chain, ([], []))
         held = len(digests)
