@@ -33,24 +33,30 @@ fn init_logs(format: LogFormat) {
     }
 }
 
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
+/// Registers the SIGINT and SIGTERM handlers now and returns the future that resolves on the
+/// first of them: called before the listening line is printed, so a signal sent as soon as it
+/// is read is a graceful stop, not the default action that kills the process.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (interrupt, term) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
+    async move {
+        match (interrupt, term) {
+            (Ok(mut interrupt), Ok(mut term)) => tokio::select! {
+                _ = interrupt.recv() => {}
                 _ = term.recv() => {}
+            },
+            (Ok(mut only), Err(_)) | (Err(_), Ok(mut only)) => {
+                only.recv().await;
             }
-            return;
+            (Err(_), Err(_)) => std::future::pending::<()>().await,
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 async fn serve(args: ServeArgs) -> Result<(), StartError> {
     let config = args.into_config()?;
     init_logs(config.log_format);
+    let stop = shutdown_signal();
     let http = bind("--http-addr", &config.http_addr).await?;
     let admin = match &config.admin_addr {
         Some(addr) => Some(bind("--admin-addr", addr).await?),
@@ -82,7 +88,7 @@ async fn serve(args: ServeArgs) -> Result<(), StartError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}").and_then(|_| out.flush())?;
     drop(out);
-    serve::run(config, Listeners { http, admin, metrics, ext_proc, ext_proc_health }, shutdown_signal()).await
+    serve::run(config, Listeners { http, admin, metrics, ext_proc, ext_proc_health }, stop).await
 }
 
 async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, StartError> {

@@ -54,6 +54,39 @@ fn serve_contract_listening_line_and_graceful_sigterm() {
     assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
 }
 
+/// A supervisor may send SIGTERM as soon as it reads the listening line: the handler is in
+/// place by then (it was registered on first poll, after start-up work, and SIGTERM's default
+/// action killed the process).
+#[test]
+fn a_sigterm_right_after_the_listening_line_is_a_graceful_stop() {
+    for _ in 0..3 {
+        let mut server = ServeProcess::start(
+            &[
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+                "--block-size",
+                "16",
+                "--zmq-bind",
+                "tcp://127.0.0.1:0",
+            ],
+            &[],
+        );
+        let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let exit = loop {
+            if let Some(exit) = server.child.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(Instant::now() < deadline, "kvindex serve did not exit within 20s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(exit.success(), "a SIGTERM at once is a graceful stop too, got {exit}");
+    }
+}
+
 #[test]
 fn serve_config_errors_name_the_key_and_its_origin() {
     let e = serve_fails(&["--block-size", "0"], &[]);

@@ -123,6 +123,8 @@ fn init_logs() {
 fn run_service(config: Config) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("kvindex-rpc").build()?;
     runtime.block_on(async {
+        // Before the listening line: a SIGTERM sent as soon as it is read must stop us gracefully.
+        let stop = shutdown_signal();
         let listeners = kvindex_server::bind(&config).await?;
         let mut out = io::stdout().lock();
         let zmq = listeners.zmq_endpoint().unwrap_or("-");
@@ -133,7 +135,7 @@ fn run_service(config: Config) -> anyhow::Result<()> {
         }
         out.flush()?;
         drop(out);
-        kvindex_server::run(config, listeners, shutdown_signal()).await?;
+        kvindex_server::run(config, listeners, stop).await?;
         Ok(())
     })
 }
@@ -142,30 +144,48 @@ fn run_service(config: Config) -> anyhow::Result<()> {
 fn serve_read_only(offline: kvindex_server::dump::offline::Offline, addr: &str) -> anyhow::Result<()> {
     init_logs();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(kvindex_server::dump::serve::serve_index(
-        offline.into_index(),
-        addr,
-        |bound| {
-            println!("KVINDEX_LISTENING grpc={bound} http=- zmq=-");
-            let _ = io::stdout().flush();
-        },
-        shutdown_signal(),
-    ))?;
+    runtime.block_on(async {
+        let stop = shutdown_signal();
+        kvindex_server::dump::serve::serve_index(
+            offline.into_index(),
+            addr,
+            |bound| {
+                println!("KVINDEX_LISTENING grpc={bound} http=- zmq=-");
+                let _ = io::stdout().flush();
+            },
+            stop,
+        )
+        .await
+    })?;
     Ok(())
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the server");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// Registers the SIGINT and SIGTERM handlers now, in the runtime, and returns the future that
+/// resolves on the first of them. Registered before the listening line is printed: a signal a
+/// supervisor (or a test) sends as soon as it reads the line is then a graceful stop, not the
+/// default action that kills the process (a handler registered on first poll came too late).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let interrupt = signal(SignalKind::interrupt());
+    let term = signal(SignalKind::terminate());
+    async move {
+        match (interrupt, term) {
+            (Ok(mut interrupt), Ok(mut term)) => tokio::select! {
+                _ = interrupt.recv() => tracing::info!("interrupted"),
+                _ = term.recv() => tracing::info!("terminated"),
+            },
+            (Ok(mut interrupt), Err(e)) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the server");
+                interrupt.recv().await;
+            }
+            (Err(e), Ok(mut term)) => {
+                tracing::error!(error = %e, "cannot listen for SIGINT; only SIGTERM stops the server");
+                term.recv().await;
+            }
+            (Err(e), Err(_)) => {
+                tracing::error!(error = %e, "cannot listen for SIGINT or SIGTERM");
+                std::future::pending::<()>().await;
+            }
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted"),
-        _ = term.recv() => tracing::info!("terminated"),
     }
 }
