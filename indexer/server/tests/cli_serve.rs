@@ -24,6 +24,20 @@ fn serve_fails(args: &[&str], env: &[(&str, &str)]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Sends `server` SIGTERM and waits (at most 20 s) for it to exit.
+fn stop_with_sigterm(server: &mut ServeProcess) -> std::process::ExitStatus {
+    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(exit) = server.child.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(Instant::now() < deadline, "kvindex serve did not exit within 20s of SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn serve_contract_listening_line_and_graceful_sigterm() {
     let mut server = ServeProcess::start(
@@ -41,16 +55,7 @@ fn serve_contract_listening_line_and_graceful_sigterm() {
     );
     assert!(server.zmq.as_deref().is_some_and(|z| z.starts_with("tcp://127.0.0.1:")), "{:?}", server.zmq);
     assert_eq!(http_request(&server.http, "GET", "/healthz", None), (200, "ok\n".to_string()));
-    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let exit = loop {
-        if let Some(exit) = server.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "kvindex serve did not exit within 20s of SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = stop_with_sigterm(&mut server);
     assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
 }
 
@@ -73,16 +78,7 @@ fn a_sigterm_right_after_the_listening_line_is_a_graceful_stop() {
             ],
             &[],
         );
-        let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let exit = loop {
-            if let Some(exit) = server.child.try_wait().unwrap() {
-                break exit;
-            }
-            assert!(Instant::now() < deadline, "kvindex serve did not exit within 20s of SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let exit = stop_with_sigterm(&mut server);
         assert!(exit.success(), "a SIGTERM at once is a graceful stop too, got {exit}");
     }
 }

@@ -20,14 +20,7 @@ fn service_sglang_per_pod_page_size_1_gap_and_restart_score_as_sglang_serves() {
     let pod = "10.0.0.7:30000";
     let a = peer.cmd(json!({"op": "sgl_start", "name": "a", "pod": pod, "endpoint": "tcp://127.0.0.1:*",
         "replay_endpoint": "tcp://127.0.0.1:*", "bind": true}));
-    let flag = format!(
-        "{pod},{MODEL},{},{},engine=sglang",
-        a["endpoint"].as_str().unwrap(),
-        a["replay_endpoint"].as_str().unwrap()
-    );
-    let server = Server::start(&["--block-size", "16", "--pod", &flag]);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    subscribed(&mut peer, &server, "a");
+    let server = serve_dialling(&mut peer, "a", pod, &a);
 
     // Page size 1: 40 pages are 2 canonical blocks and 8 pages at the chain's end ...
     let long = tokens(1, 64);

@@ -60,14 +60,7 @@ fn per_pod(version: &str) {
     let pod = "10.0.0.7:30000";
     let a = peer.cmd(json!({"op": "sgl_engine_start", "name": "a", "pod": pod, "endpoint": "tcp://127.0.0.1:*",
         "replay_endpoint": "tcp://127.0.0.1:*"}));
-    let flag = format!(
-        "{pod},{MODEL},{},{},engine=sglang",
-        a["endpoint"].as_str().unwrap(),
-        a["replay_endpoint"].as_str().unwrap()
-    );
-    let server = Server::start(&["--block-size", "16", "--pod", &flag]);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    subscribed(&mut peer, &server, "a");
+    let server = serve_dialling(&mut peer, "a", pod, &a);
 
     let long = tokens(1, 64);
     store(&mut peer, "a", "one", &long[..40]);
@@ -312,14 +305,7 @@ fn service_sglang_0_5_5_stores_never_credit_a_continuation_as_a_chain() {
     let pod = "10.0.0.7:30000";
     let a = peer.cmd(json!({"op": "sgl_engine_start", "name": "a", "pod": pod, "endpoint": "tcp://127.0.0.1:*",
         "replay_endpoint": "tcp://127.0.0.1:*"}));
-    let flag = format!(
-        "{pod},{MODEL},{},{},engine=sglang",
-        a["endpoint"].as_str().unwrap(),
-        a["replay_endpoint"].as_str().unwrap()
-    );
-    let server = Server::start(&["--block-size", "16", "--pod", &flag]);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    subscribed(&mut peer, &server, "a");
+    let server = serve_dialling(&mut peer, "a", pod, &a);
     let long = tokens(1, 64);
     store(&mut peer, "a", "one", &long[..40]);
     store(&mut peer, "a", "one", &long);

@@ -21,6 +21,21 @@ pub fn tokens(k: u32, n: usize) -> Vec<u32> {
     (0..n as u32).map(|j| 1 + k * 10_000 + j).collect()
 }
 
+/// `kvindex serve` dialling `pod`, an SGLang pod whose publisher the peer started as `name`
+/// (`started`: its answer, with the bound endpoints), connected to the peer's gRPC client and
+/// subscribed.
+pub fn serve_dialling(peer: &mut Peer, name: &str, pod: &str, started: &Value) -> Server {
+    let flag = format!(
+        "{pod},{SGLANG_MODEL},{},{},engine=sglang",
+        started["endpoint"].as_str().unwrap(),
+        started["replay_endpoint"].as_str().unwrap()
+    );
+    let server = Server::start(&["--block-size", "16", "--pod", &flag]);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    subscribed(peer, &server, name);
+    server
+}
+
 /// Pings `name` until the indexer has seen a ping (its SUB is subscribed, or its dialer
 /// connected), replaying whatever came before.
 pub fn subscribed(peer: &mut Peer, server: &Server, name: &str) {
