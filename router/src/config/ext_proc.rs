@@ -92,21 +92,12 @@ impl ExtProcArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-    use crate::config::ServeArgs;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: ServeArgs,
-    }
 
     fn parse(extra: &[&str]) -> Result<Option<ExtProcConfig>, String> {
-        let base = ["kvindex-router", "--http-addr", "127.0.0.1:8080", "--pod", "10.0.0.1:8000=http://10.0.0.1:8000"];
-        let cli = Cli::try_parse_from(base.iter().chain(extra)).map_err(|e| e.to_string())?;
-        cli.args.into_config().map(|c| c.ext_proc).map_err(|e| e.to_string())
+        let base = ["--http-addr", "127.0.0.1:8080", "--pod", "10.0.0.1:8000=http://10.0.0.1:8000"];
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        crate::config::tests::parse(&args).map(|c| c.ext_proc)
     }
 
     #[test]

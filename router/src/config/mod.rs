@@ -583,7 +583,7 @@ impl Config {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use clap::Parser;
 
@@ -593,7 +593,8 @@ mod tests {
         args: ServeArgs,
     }
 
-    fn parse(args: &[&str]) -> Result<Config, String> {
+    /// `kvindex-router serve`'s flags `args` made into a config (or its error), for every config test.
+    pub(crate) fn parse(args: &[&str]) -> Result<Config, String> {
         let cli = Cli::try_parse_from(std::iter::once("kvindex-router").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
         cli.args.into_config().map_err(|e| e.to_string())
