@@ -538,7 +538,7 @@ impl Offline {
                     let seq = stream.seq.last_seq().unwrap_or(0);
                     self.note(&pod, seq, t, reason.label());
                 }
-                Step::RequestReplay { id, from } => self.asked.push_back((key.clone(), id, from)),
+                Step::RequestReplay { id, from, .. } => self.asked.push_back((key.clone(), id, from)),
                 Step::ReplayDone { .. } | Step::Duplicate { .. } | Step::Transition { .. } | Step::Gap { .. } => {}
             }
         }
