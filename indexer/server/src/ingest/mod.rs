@@ -381,6 +381,64 @@ impl<X: Ext> StreamTable<X> {
         out.push(Effect::Steps { key: key.clone(), steps });
     }
 
+    /// A publisher's live connection opened, before any message on it. What the publisher sent
+    /// before our subscription reached it never comes on the connection, so each stream the
+    /// connection may carry, with a replay endpoint, catches up (the sequencer's
+    /// `on_connected`: a replay of everything after its cursor, from 0 when it holds nothing).
+    /// A dialled pod's connection carries the streams of its endpoint. A central-mode
+    /// connection names no topic until it sends: it catches up the streams bound to its source
+    /// address that hold no live connection (they were heard from this address, and their
+    /// connection closed), which it then carries (its close clears them). A stream no message
+    /// ever made is unknown here (central mode: an engine's first connection). Streams without
+    /// a replay endpoint are left as they were (their next message resyncs them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn connected(
+        &mut self,
+        fleet: &dyn Fleet,
+        origin: &Origin,
+        conn: ConnId,
+        peer: Option<&Peer>,
+        now: u64,
+        out: &mut Vec<Effect<X>>,
+    ) {
+        let source = peer.map(Peer::source);
+        let mut keys: Vec<StreamKey> = self
+            .streams
+            .iter()
+            .filter(|(key, st)| match origin {
+                Origin::Pod { id, endpoint, .. } => {
+                    st.mode == Mode::PerPod && key.base == *id && st.endpoint.as_ref() == Some(endpoint)
+                }
+                Origin::Central => {
+                    st.mode == Mode::Central && st.conn.is_none() && source.is_some() && st.bound == source
+                }
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        // In key order, as `disconnect`.
+        keys.sort();
+        let generation = fleet.generation();
+        for key in keys {
+            let Some(st) = self.streams.get_mut(&key) else { continue };
+            if st.registry_generation != generation {
+                st.seq.set_replay(fleet.has_replay(&key.base, key.rank));
+                st.registry_generation = generation;
+            }
+            if !st.seq.config().replay {
+                continue;
+            }
+            let mut steps = Vec::new();
+            if st.conn.is_some_and(|c| c != conn) {
+                out.push(Effect::Reconnected { key: key.clone() });
+                st.seq.on_reconnect();
+            }
+            st.conn = Some(conn);
+            st.seq.on_connected(now, &mut steps);
+            st.saw(&steps);
+            out.push(Effect::Steps { key, steps });
+        }
+    }
+
     /// A publisher's live connection closed: every stream whose messages came on it is
     /// cleared and back to CONNECTING. Only the connection that carried a stream clears it; a
     /// foreign one (central mode) never did, so it cannot.

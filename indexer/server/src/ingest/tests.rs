@@ -14,6 +14,8 @@ struct Registry {
     topics: HashMap<String, String>,
     /// Pods whose entry names SGLang (the rest: vLLM, the default).
     sglang: Vec<String>,
+    /// Pods with a replay endpoint.
+    replay: Vec<String>,
 }
 
 impl Fleet for Registry {
@@ -23,8 +25,8 @@ impl Fleet for Registry {
     fn pod_for_topic(&self, id: &str) -> String {
         self.topics.get(id).cloned().unwrap_or_else(|| id.to_string())
     }
-    fn has_replay(&self, _: &str, _: u32) -> bool {
-        false
+    fn has_replay(&self, base: &str, _: u32) -> bool {
+        self.replay.iter().any(|p| p == base)
     }
     fn configured(&self, _: &str) -> bool {
         false
@@ -42,7 +44,11 @@ impl Fleet for Registry {
 }
 
 fn registry() -> Registry {
-    Registry { topics: [("eng-a".to_string(), "pod-a".to_string())].into(), sglang: vec!["sgl".to_string()] }
+    Registry {
+        topics: [("eng-a".to_string(), "pod-a".to_string())].into(),
+        sglang: vec!["sgl".to_string()],
+        replay: vec!["dialled".to_string(), "heard".to_string(), "busy".to_string()],
+    }
 }
 
 fn table(max_streams: usize) -> StreamTable<()> {
@@ -209,4 +215,78 @@ fn each_stream_is_decoded_and_keyed_by_its_sources_engine() {
     assert_eq!(st.rules.engine(), kvindex::wire::Engine::Vllm);
     let payload = frames("kv@p@m", 0, 0).pop().unwrap();
     assert!(st.rules.prepare(&super::decode(st.rules.engine(), &payload).unwrap()).0.is_none());
+}
+
+/// The catch-up replays `effects` ask, as (pod, from).
+fn catch_ups(t: &StreamTable<()>, effects: &[Effect<()>]) -> Vec<(String, u64)> {
+    steps(t, effects)
+        .into_iter()
+        .filter_map(|(pod, s)| match s {
+            Step::RequestReplay { from, reason: Reason::CatchUp, .. } => Some((pod, from)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tcp_peer(addr: &str) -> Peer {
+    Peer::Tcp(addr.parse().unwrap())
+}
+
+#[test]
+fn a_dialled_pods_connection_catches_up_the_streams_of_its_endpoint() {
+    let mut t = table(16);
+    let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
+    let model: Arc<str> = Arc::from("m");
+    let mut out = Vec::new();
+    for (pod, endpoint) in [("dialled", "tcp://e:1"), ("dialled", "tcp://e:2"), ("other", "tcp://o:1")] {
+        let key = StreamKey { base: Arc::from(pod), rank: u32::from(endpoint.ends_with('2')) };
+        t.initial_sync(&registry(), &key, &model, &Arc::from(endpoint), 0, &mut new, &mut out);
+    }
+    // The start-up replay of rank 0 was refused (the engine was not up); the cooldown passes.
+    let key = StreamKey { base: Arc::from("dialled"), rank: 0 };
+    let (id, _) = t.get(&key).unwrap().seq.replay_in_flight().unwrap();
+    t.replay(&key, id, ReplayEvent::Failed { timeout: false }, 1, &mut out);
+    let origin = Origin::Pod { id: Arc::from("dialled"), model, endpoint: Arc::from("tcp://e:1") };
+    let later = SequencerConfig::default().replay_cooldown_ms + 10;
+    let mut out = Vec::new();
+    t.connected(&registry(), &origin, ConnId(7), Some(&tcp_peer("10.0.0.1:1")), later, &mut out);
+    assert_eq!(
+        catch_ups(&t, &out),
+        [("dialled".to_string(), 0)],
+        "rank 1 and the other pod have endpoints of their own"
+    );
+    assert_eq!(t.get(&key).unwrap().conn, Some(ConnId(7)), "the connection carries the stream: its close clears it");
+}
+
+#[test]
+fn a_central_connection_catches_up_the_silent_streams_its_address_published() {
+    let mut t = table(16);
+    let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
+    let mut admit_from = |t: &mut StreamTable<()>, topic: &str, conn: u64, peer: &str| {
+        let mut out = Vec::new();
+        let f = frames(topic, 0, 0);
+        let peer = tcp_peer(peer);
+        t.admit(&registry(), &Origin::Central, Some(ConnId(conn)), Some(&peer), &f, None, 0, &mut new, &mut out);
+    };
+    admit_from(&mut t, "kv@heard@m", 1, "10.0.0.1:4000");
+    admit_from(&mut t, "kv@busy@m", 2, "10.0.0.1:4001");
+    admit_from(&mut t, "kv@p@m", 3, "10.0.0.1:4002"); // no replay endpoint
+    let mut out = Vec::new();
+    t.disconnect(&Origin::Central, ConnId(1), &mut out);
+    t.disconnect(&Origin::Central, ConnId(3), &mut out);
+    // Another address: none of its streams.
+    let mut out = Vec::new();
+    t.connected(&registry(), &Origin::Central, ConnId(8), Some(&tcp_peer("10.0.0.2:5000")), 10, &mut out);
+    assert!(out.is_empty());
+    // The address again: only the stream whose connection closed and that can replay (the busy
+    // one still holds its own connection).
+    t.connected(&registry(), &Origin::Central, ConnId(9), Some(&tcp_peer("10.0.0.1:5000")), 10, &mut out);
+    assert_eq!(catch_ups(&t, &out), [("heard".to_string(), 0)]);
+    assert_eq!(t.get(&StreamKey { base: Arc::from("heard"), rank: 0 }).unwrap().conn, Some(ConnId(9)));
+    assert_eq!(t.get(&StreamKey { base: Arc::from("busy"), rank: 0 }).unwrap().conn, Some(ConnId(2)));
+    assert_eq!(t.get(&StreamKey { base: Arc::from("p"), rank: 0 }).unwrap().conn, None);
+    // It now carries the stream: a second connection from the address leaves it alone.
+    let mut out = Vec::new();
+    t.connected(&registry(), &Origin::Central, ConnId(10), Some(&tcp_peer("10.0.0.1:5001")), 10, &mut out);
+    assert!(out.is_empty());
 }
