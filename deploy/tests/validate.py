@@ -155,6 +155,7 @@ ENVOY_MODULES = (
     "envoy.extensions.upstreams.http.v3",
     "envoy.extensions.load_balancing_policies.override_host.v3",
     "envoy.extensions.load_balancing_policies.least_request.v3",
+    "envoy.extensions.access_loggers.filters.cel.v3",
 )
 
 

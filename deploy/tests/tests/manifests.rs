@@ -86,6 +86,7 @@ fn endpoint_picker_renders_and_validates() {
         "name: envoy.load_balancing_policies.override_host",
         "request_body_mode: BUFFERED",
         "receiving_namespaces: {untyped: [\"envoy.lb\"]}",
+        "local_reply_config:",
         "clusterIP: None",
         "appProtocol: kubernetes.io/h2c",
     ] {
@@ -106,6 +107,7 @@ fn epp_sidecar_renders_and_validates() {
         "receiving_namespaces: {untyped: [\"envoy.lb.subset_hint\"]}",
         "forwarding_namespaces:\n                      untyped: [\"envoy.lb.subset_hint\"]",
         "value: tcp://kvindex-events:5557",
+        "local_reply_config:",
     ] {
         assert!(y.contains(needed), "epp-sidecar lacks {needed:?}");
     }
