@@ -268,8 +268,11 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     observe(&mut peer, "pod-a", s, "EXACT");
     let a = source(&http, "pod-a").unwrap();
     // The gap's replay, and the new connection's catch-up (asked as the connection opened,
-    // before its first message).
-    assert_eq!((a["gaps"].as_u64(), a["replays_filled"].as_u64()), (Some(1), Some(2)), "{a}");
+    // before its first message; refused when the new process's replay socket is not bound yet,
+    // as its PUB connects first, and then not tried again: its first message came first).
+    assert_eq!((a["gaps"].as_u64(), a["replays_started"].as_u64()), (Some(1), Some(2)), "{a}");
+    let filled = a["replays_filled"].as_u64().unwrap();
+    assert!(filled == 2 || (filled == 1 && a["replays_failed"] == 1), "{a}");
     assert!(a["disconnects"].as_u64().unwrap() >= 1, "the restart closed a connection: {a}");
     assert!(live.iter().any(|(_, _, s)| s.iter().any(|m| m.iter().any(|(p, _)| p == "pod-b#dp1"))));
     assert!(live.iter().any(|(_, _, s)| s.iter().any(|m| m.iter().any(|(p, _)| p == "pod-a"))));

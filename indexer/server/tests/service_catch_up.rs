@@ -149,4 +149,12 @@ fn service_a_central_engine_that_reconnects_is_caught_up() {
     store(&mut peer, "z", "b", &chain(1, 4));
     peer.cmd(json!({"op": "plug", "name": "z"}));
     wait_learnt(&server, &mut peer, "z", "pod-z", &[(&chain(0, 4), 4), (&chain(1, 4), 4)]);
+    // Away and back at once: the new connection may be reported before the old one's close.
+    peer.cmd(json!({"op": "unplug", "name": "z"}));
+    store(&mut peer, "z", "c", &chain(2, 4));
+    peer.cmd(json!({"op": "plug", "name": "z"}));
+    wait_learnt(&server, &mut peer, "z", "pod-z", &[(&chain(0, 4), 4), (&chain(1, 4), 4), (&chain(2, 4), 4)]);
+    wait_last_seq(&server, "pod-z", 2);
+    let s = server.source("pod-z").unwrap();
+    assert_eq!((s["disconnects"].as_u64(), s["clears"].as_u64()), (Some(2), Some(2)), "{s}");
 }

@@ -175,8 +175,9 @@ impl Worker {
                 self.effects = effects;
             }
             Work::Disconnected { origin, conn } => {
+                let state = self.state.clone();
                 let mut effects = std::mem::take(&mut self.effects);
-                self.table.disconnect(&origin, conn, &mut effects);
+                self.table.disconnect(&ServiceFleet(&state), &origin, conn, state.now_ms(), &mut effects);
                 self.carry_out(&mut effects, Context::default());
                 self.effects = effects;
                 if let Some(recorder) = self.state.recorder() {

@@ -418,21 +418,21 @@ impl Offline {
         };
         let now = self.clock(record.t);
         let mut effects = Vec::new();
-        if record.is_disconnect() {
-            if let Some(conn) = record.conn {
-                self.table.disconnect(&origin, ConnId(conn), &mut effects);
-                self.carry_out(effects, None, record.t, now);
-            }
-            return;
-        }
-        self.totals.live += 1;
-        let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
         let fleet = DumpFleet {
             topic_map: &self.topic_map,
             replayable: &self.replayable,
             engines: &self.engines,
             default_engine: self.default_engine,
         };
+        if record.is_disconnect() {
+            if let Some(conn) = record.conn {
+                self.table.disconnect(&fleet, &origin, ConnId(conn), now, &mut effects);
+                self.carry_out(effects, None, record.t, now);
+            }
+            return;
+        }
+        self.totals.live += 1;
+        let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
         let mut new = |_: &StreamKey, pod: &Arc<str>, model: &Arc<str>, _: Mode| {
             let stats = StreamStats { pod: pod.to_string(), model: model.to_string(), ..Default::default() };
             (Counts { stats }, None)

@@ -1,8 +1,8 @@
 //! The stream table: every stream of one apply worker (or of `kvindex replay`), from a
 //! message's frames to the steps its sequencer asks for. Admission (the topic filter, name
 //! bounds, the table's caps and reclaiming, central-mode source binding), naming (topic → pod,
-//! DP rank → pod id), connection tracking (a new connection resyncs, a closed one clears) and
-//! sequencing happen here, once, and come out as typed [`Effect`]s in order. The live worker
+//! DP rank → pod id), connection tracking (`connections`: a new connection catches up or
+//! resyncs, a closed one clears) and sequencing happen here, once, and come out as typed [`Effect`]s in order. The live worker
 //! (`apply`) and the offline replay (`dump::offline`) are two drivers of this table: they carry
 //! the effects out on their index (and metrics, logs, snapshots), and cannot drift apart.
 //!
@@ -16,6 +16,7 @@
 //! [`Fleet`] (what the registry knows), which makes the table testable and replayable.
 
 mod batch;
+mod connections;
 mod engine_rules;
 mod fleet;
 mod naming;
@@ -29,7 +30,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use kvindex::sequencer::{Item, Sequencer, SequencerConfig, SourceState, Step};
+use kvindex::sequencer::{Item, Sequencer, SequencerConfig, Step};
 use kvindex::wire::{self, EventBatch};
 
 pub use batch::{decode, Batch};
@@ -102,6 +103,9 @@ pub struct StreamTable<X> {
     streams: std::collections::HashMap<StreamKey, Stream<X>>,
     naming: Naming,
     config: TableConfig,
+    /// Central-mode connections that have carried no message yet, with their source address
+    /// (see `connections`): at most one entry per open connection.
+    fresh: std::collections::HashMap<ConnId, kvindex_zmtp::Source>,
 }
 
 impl<X: Ext> StreamTable<X> {
@@ -110,6 +114,7 @@ impl<X: Ext> StreamTable<X> {
             streams: Default::default(),
             naming: Naming::new(config.topic_filter.clone(), config.dp_naming_topic),
             config,
+            fresh: Default::default(),
         }
     }
 
@@ -171,6 +176,9 @@ impl<X: Ext> StreamTable<X> {
         new_ext: &mut NewExt<'_, X>,
         out: &mut Vec<Effect<X>>,
     ) -> Option<EventBatch<'f>> {
+        if let Some(conn) = conn {
+            self.carried(conn);
+        }
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let raw = match wire::parse_live(&refs) {
             Ok(raw) => raw,
@@ -379,98 +387,6 @@ impl<X: Ext> StreamTable<X> {
         }
         st.saw(&steps);
         out.push(Effect::Steps { key: key.clone(), steps });
-    }
-
-    /// A publisher's live connection opened, before any message on it. What the publisher sent
-    /// before our subscription reached it never comes on the connection, so each stream the
-    /// connection may carry, with a replay endpoint, catches up (the sequencer's
-    /// `on_connected`: a replay of everything after its cursor, from 0 when it holds nothing).
-    /// A dialled pod's connection carries the streams of its endpoint. A central-mode
-    /// connection names no topic until it sends: it catches up the streams bound to its source
-    /// address that hold no live connection (they were heard from this address, and their
-    /// connection closed), which it then carries (its close clears them). A stream no message
-    /// ever made is unknown here (central mode: an engine's first connection). Streams without
-    /// a replay endpoint are left as they were (their next message resyncs them).
-    #[allow(clippy::too_many_arguments)]
-    pub fn connected(
-        &mut self,
-        fleet: &dyn Fleet,
-        origin: &Origin,
-        conn: ConnId,
-        peer: Option<&Peer>,
-        now: u64,
-        out: &mut Vec<Effect<X>>,
-    ) {
-        let source = peer.map(Peer::source);
-        let mut keys: Vec<StreamKey> = self
-            .streams
-            .iter()
-            .filter(|(key, st)| match origin {
-                Origin::Pod { id, endpoint, .. } => {
-                    st.mode == Mode::PerPod && key.base == *id && st.endpoint.as_ref() == Some(endpoint)
-                }
-                Origin::Central => {
-                    st.mode == Mode::Central && st.conn.is_none() && source.is_some() && st.bound == source
-                }
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
-        // In key order, as `disconnect`.
-        keys.sort();
-        let generation = fleet.generation();
-        for key in keys {
-            let Some(st) = self.streams.get_mut(&key) else { continue };
-            if st.registry_generation != generation {
-                st.seq.set_replay(fleet.has_replay(&key.base, key.rank));
-                st.registry_generation = generation;
-            }
-            if !st.seq.config().replay {
-                continue;
-            }
-            let mut steps = Vec::new();
-            if st.conn.is_some_and(|c| c != conn) {
-                out.push(Effect::Reconnected { key: key.clone() });
-                st.seq.on_reconnect();
-            }
-            st.conn = Some(conn);
-            st.seq.on_connected(now, &mut steps);
-            st.saw(&steps);
-            out.push(Effect::Steps { key, steps });
-        }
-    }
-
-    /// A publisher's live connection closed: every stream whose messages came on it is
-    /// cleared and back to CONNECTING. Only the connection that carried a stream clears it; a
-    /// foreign one (central mode) never did, so it cannot.
-    pub fn disconnect(&mut self, origin: &Origin, conn: ConnId, out: &mut Vec<Effect<X>>) {
-        let mut keys: Vec<StreamKey> = self
-            .streams
-            .iter()
-            .filter(|(key, st)| match st.conn {
-                Some(c) => c == conn,
-                // A dialled pod's stream filled by its start-up replay before any live message
-                // came: the dialer's connection is the only one that pod has.
-                None => match origin {
-                    Origin::Pod { id, endpoint, .. } => {
-                        key.base == *id
-                            && st.endpoint.as_ref() == Some(endpoint)
-                            && st.seq.state() != SourceState::Connecting
-                    }
-                    Origin::Central => false,
-                },
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
-        // In key order, so a replay offline carries the clears out as the live worker did.
-        keys.sort();
-        for key in keys {
-            let Some(st) = self.streams.get_mut(&key) else { continue };
-            st.conn = None;
-            let mut steps = Vec::new();
-            st.seq.on_disconnect(&mut steps);
-            out.push(Effect::Disconnected { key: key.clone(), conn });
-            out.push(Effect::Steps { key, steps });
-        }
     }
 
     /// A replay's answer for `key`'s stream (none: the stream is gone, nothing to do). A

@@ -121,9 +121,9 @@ fn a_new_connection_resyncs_its_stream_and_only_the_carrying_connection_clears_i
     let steps = steps(&t, &effects);
     assert!(steps.iter().any(|(_, s)| matches!(s, Step::Clear { reason: Reason::Reconnect })), "{steps:?}");
     let mut out = Vec::new();
-    t.disconnect(&Origin::Central, ConnId(1), &mut out);
+    t.disconnect(&registry(), &Origin::Central, ConnId(1), 3, &mut out);
     assert!(out.is_empty(), "the old connection no longer carries the stream");
-    t.disconnect(&Origin::Central, ConnId(2), &mut out);
+    t.disconnect(&registry(), &Origin::Central, ConnId(2), 3, &mut out);
     assert!(matches!(&out[0], Effect::Disconnected { conn: ConnId(2), .. }));
     let steps = steps_of(&out);
     assert!(steps.iter().any(|s| matches!(s, Step::Clear { .. })), "{steps:?}");
@@ -272,8 +272,8 @@ fn a_central_connection_catches_up_the_silent_streams_its_address_published() {
     admit_from(&mut t, "kv@busy@m", 2, "10.0.0.1:4001");
     admit_from(&mut t, "kv@p@m", 3, "10.0.0.1:4002"); // no replay endpoint
     let mut out = Vec::new();
-    t.disconnect(&Origin::Central, ConnId(1), &mut out);
-    t.disconnect(&Origin::Central, ConnId(3), &mut out);
+    t.disconnect(&registry(), &Origin::Central, ConnId(1), 0, &mut out);
+    t.disconnect(&registry(), &Origin::Central, ConnId(3), 0, &mut out);
     // Another address: none of its streams.
     let mut out = Vec::new();
     t.connected(&registry(), &Origin::Central, ConnId(8), Some(&tcp_peer("10.0.0.2:5000")), 10, &mut out);
@@ -289,4 +289,51 @@ fn a_central_connection_catches_up_the_silent_streams_its_address_published() {
     let mut out = Vec::new();
     t.connected(&registry(), &Origin::Central, ConnId(10), Some(&tcp_peer("10.0.0.1:5001")), 10, &mut out);
     assert!(out.is_empty());
+}
+
+#[test]
+fn a_new_central_connection_seen_before_the_old_ones_close_still_catches_up() {
+    let mut t = table(16);
+    let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
+    let mut out = Vec::new();
+    let engine = tcp_peer("10.0.0.1:4000");
+    t.admit(
+        &registry(),
+        &Origin::Central,
+        Some(ConnId(1)),
+        Some(&engine),
+        &frames("kv@heard@m", 0, 0),
+        None,
+        0,
+        &mut new,
+        &mut out,
+    );
+    // The restarted engine's connection (2) and another engine's on the same host (3, which
+    // then speaks) are reported before the old connection's close.
+    let mut out = Vec::new();
+    t.connected(&registry(), &Origin::Central, ConnId(3), Some(&tcp_peer("10.0.0.1:4002")), 1, &mut out);
+    t.connected(&registry(), &Origin::Central, ConnId(2), Some(&tcp_peer("10.0.0.1:4001")), 1, &mut out);
+    assert!(out.is_empty(), "the stream is still on its old connection");
+    let peer3 = tcp_peer("10.0.0.1:4002");
+    t.admit(
+        &registry(),
+        &Origin::Central,
+        Some(ConnId(3)),
+        Some(&peer3),
+        &frames("kv@p@m", 0, 0),
+        None,
+        1,
+        &mut new,
+        &mut out,
+    );
+    let mut out = Vec::new();
+    t.disconnect(&registry(), &Origin::Central, ConnId(1), 2, &mut out);
+    assert!(steps_of(&out).iter().any(|s| matches!(s, Step::Clear { reason: Reason::Disconnect })));
+    assert_eq!(catch_ups(&t, &out), [("heard".to_string(), 0)], "caught up on the fresh connection");
+    assert_eq!(t.get(&StreamKey { base: Arc::from("heard"), rank: 0 }).unwrap().conn, Some(ConnId(2)));
+    // The fresh connection's close clears it again; nothing fresh is left to catch up on.
+    let mut out = Vec::new();
+    t.disconnect(&registry(), &Origin::Central, ConnId(2), 3, &mut out);
+    assert!(matches!(&out[0], Effect::Disconnected { conn: ConnId(2), .. }));
+    assert!(catch_ups(&t, &out).is_empty());
 }
