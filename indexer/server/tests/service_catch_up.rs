@@ -34,6 +34,19 @@ fn dialling(pod: &str, ports: (u16, u16)) -> Server {
     Server::start(&["--block-size", "16", "--pod", &flag])
 }
 
+/// A publisher up and a server dialling it, which holds its first store (`chain(0, 4)`) EXACT.
+fn dialled_and_exact(py: &std::path::PathBuf, name: &str, pod: &str) -> (Server, Peer) {
+    let ports = (free_port(), free_port());
+    let mut peer = Peer::start(py);
+    publisher(&mut peer, name, pod, ports, false);
+    let server = dialling(pod, ports);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": [name]}))["subscribed"], true);
+    store(&mut peer, name, "first", &chain(0, 4));
+    peer.wait_exact(&server, &[name], MODEL, "EXACT", DEADLINE_S);
+    (server, peer)
+}
+
 fn store(peer: &mut Peer, name: &str, chain_name: &str, tokens: &[u32]) -> u64 {
     peer.cmd(json!({"op": "store", "name": name, "chain": chain_name, "tokens": tokens}))["seq"].as_u64().unwrap()
 }
@@ -91,14 +104,7 @@ fn service_an_engine_up_after_a_refused_start_is_caught_up_while_it_stays_idle()
 #[test]
 fn service_a_dialled_connection_that_drops_and_returns_is_caught_up_in_order() {
     let Some(py) = python() else { return };
-    let ports = (free_port(), free_port());
-    let mut peer = Peer::start(&py);
-    publisher(&mut peer, "d", "pod-d", ports, false);
-    let server = dialling("pod-d", ports);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["d"]}))["subscribed"], true);
-    store(&mut peer, "d", "a", &chain(0, 4));
-    peer.wait_exact(&server, &["d"], MODEL, "EXACT", DEADLINE_S);
+    let (server, mut peer) = dialled_and_exact(&py, "d", "pod-d");
     peer.cmd(json!({"op": "unplug", "name": "d"}));
     wait_disconnected(&server, "pod-d", 1);
     // While nobody listens: blocks 2 and 3 of `a` go, `b` is stored.
@@ -115,14 +121,7 @@ fn service_a_dialled_connection_that_drops_and_returns_is_caught_up_in_order() {
 #[test]
 fn service_a_restarted_engine_that_stores_before_the_dialer_joins_is_caught_up() {
     let Some(py) = python() else { return };
-    let ports = (free_port(), free_port());
-    let mut peer = Peer::start(&py);
-    publisher(&mut peer, "r", "pod-r", ports, false);
-    let server = dialling("pod-r", ports);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["r"]}))["subscribed"], true);
-    store(&mut peer, "r", "old", &chain(0, 4));
-    peer.wait_exact(&server, &["r"], MODEL, "EXACT", DEADLINE_S);
+    let (server, mut peer) = dialled_and_exact(&py, "r", "pod-r");
     peer.cmd(json!({"op": "restart", "name": "r", "connect_later": true}));
     wait_disconnected(&server, "pod-r", 1);
     assert_eq!(store(&mut peer, "r", "new", &chain(5, 4)), 0, "the new process's first batch");

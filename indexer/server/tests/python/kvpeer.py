@@ -93,6 +93,20 @@ def chain_hash(parent, tokens):
     return int.from_bytes(h.digest(), "big")
 
 
+def bind_retrying(sock, endpoint):
+    """Binds `sock` on `endpoint` (a just-closed port can take a moment to free); returns the
+    endpoint bound."""
+    for attempt in range(100):
+        try:
+            sock.bind(endpoint)
+            break
+        except zmq.ZMQError:
+            if attempt == 99:
+                raise
+            time.sleep(0.05)
+    return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+
 class Publisher:
     """One engine: a PUB-compatible socket, an optional replay ROUTER, and the reference of
     which blocks its engine holds."""
@@ -133,15 +147,7 @@ class Publisher:
         if self.cfg.get("replay"):
             self.router = CTX.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
-            for attempt in range(100):  # a just-closed port can take a moment to free
-                try:
-                    self.router.bind(self.replay_ep or self.cfg["replay"])
-                    break
-                except zmq.ZMQError:
-                    if attempt == 99:
-                        raise
-                    time.sleep(0.05)
-            self.replay_ep = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self.replay_ep = bind_retrying(self.router, self.replay_ep or self.cfg["replay"])
             self.thread = threading.Thread(target=self.serve_replay, daemon=True)
             self.thread.start()
         self.subscribed = False
@@ -158,15 +164,7 @@ class Publisher:
             self.pub_ep = self.cfg["connect"]
             self.sock.connect(self.cfg["connect"])
             return
-        for attempt in range(100):  # a just-closed port can take a moment to free
-            try:
-                self.sock.bind(self.pub_ep or self.cfg["bind"])
-                break
-            except zmq.ZMQError:
-                if attempt == 99:
-                    raise
-                time.sleep(0.05)
-        self.pub_ep = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.pub_ep = bind_retrying(self.sock, self.pub_ep or self.cfg["bind"])
 
     def unplug(self):
         """The live socket closes (its connections go); the process (its seq, blocks and replay
