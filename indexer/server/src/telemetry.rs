@@ -162,7 +162,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: CONTROL_DENIED, kind: Counter, labels: &["api", "reason"], unit: None, help: "Control-plane calls refused (registration disabled, bad token, operator pod), by api and reason" },
     Metric { name: TOPIC_CONFLICTS, kind: Counter, labels: &[], unit: None, help: "Central-mode messages dropped: their topic is bound to another source address" },
     Metric { name: SOURCES_REFUSED, kind: Counter, labels: &["reason"], unit: None, help: "Messages dropped because they would start a source past max_sources or max_sources_per_address, or name one too long" },
-    Metric { name: SOURCES_RECLAIMED, kind: Counter, labels: &["reason"], unit: None, help: "Streams forgotten to make room in a full source table: never EXACT and silent, or silent past stale_after_ms" },
+    Metric { name: SOURCES_RECLAIMED, kind: Counter, labels: &["reason"], unit: None, help: "Streams forgotten to make room in a full source table: never EXACT and silent, holding no block, or silent past stale_after_ms" },
     Metric { name: READY, kind: Gauge, labels: &[], unit: None, help: "1 once the initial replays are done" },
     Metric { name: PODS, kind: Gauge, labels: &[], unit: None, help: "Pods with index state" },
     Metric { name: HASH_MISMATCHES, kind: Counter, labels: &["source"], unit: None, help: "Engine block hashes that differ from vLLM's recipe (sampled cross-check)" },

@@ -91,7 +91,9 @@ async fn not_found() -> Response {
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     metrics::gauge!(m::HTTP_BODY_BYTES).set(s.bodies.held() as f64);
-    ([("content-type", "text/plain; version=0.0.4")], s.prometheus.render())
+    let mut text = s.prometheus.render();
+    crate::source_series::SourceSeries::global().render(&mut text);
+    ([("content-type", "text/plain; version=0.0.4")], text)
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {

@@ -57,11 +57,15 @@ pub struct Stream<X> {
     pub ext: X,
 }
 
-/// Why a stream may be reclaimed, in the order they go: never-confirmed streams first.
+/// Why a stream may be reclaimed, in the order they go: never-confirmed streams first, then
+/// those whose pod holds nothing, then silent ones (which may hold blocks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reclaim {
     /// Never EXACT, and silent for [`UNCONFIRMED_RECLAIM_MS`].
     Unconfirmed,
+    /// Its pod holds no block in the index, however much it talks, and it is at least
+    /// [`UNCONFIRMED_RECLAIM_MS`] old: forgetting it forgets nothing the index credits.
+    Empty,
     /// Silent for `stale_after_ms`.
     Silent,
 }
@@ -70,6 +74,7 @@ impl Reclaim {
     pub fn label(self) -> &'static str {
         match self {
             Reclaim::Unconfirmed => "unconfirmed",
+            Reclaim::Empty => "empty",
             Reclaim::Silent => "silent",
         }
     }
@@ -93,8 +98,10 @@ pub enum Binding {
 impl<X: Ext> Stream<X> {
     /// Why this stream may be reclaimed now to make room for another, if it may: only streams
     /// no operator or registration configured, not pinned by the driver, that never were
-    /// EXACT and said nothing for [`UNCONFIRMED_RECLAIM_MS`], or that said nothing for
-    /// `stale_after_ms`. With its last activity, to reclaim the longest silent first.
+    /// EXACT and said nothing for [`UNCONFIRMED_RECLAIM_MS`], whose pod holds no block (and
+    /// that are that old), or that said nothing for `stale_after_ms`. A stream whose pod holds
+    /// blocks is never reclaimed while it talks, so a peer churning made-up topics cannot
+    /// take a real engine's place. With its last activity, to reclaim the longest silent first.
     pub fn reclaimable(
         &self,
         fleet: &dyn Fleet,
@@ -109,6 +116,8 @@ impl<X: Ext> Stream<X> {
         let silent = now.saturating_sub(last);
         if !self.confirmed && silent >= UNCONFIRMED_RECLAIM_MS {
             Some((Reclaim::Unconfirmed, last))
+        } else if now.saturating_sub(self.created_at) >= UNCONFIRMED_RECLAIM_MS && !fleet.holds_blocks(&self.pod) {
+            Some((Reclaim::Empty, last))
         } else if silent >= stale_after_ms {
             Some((Reclaim::Silent, last))
         } else {
