@@ -519,6 +519,11 @@ fn zmq_limits(s: &Settings, src: &Sources<'_>, ints: &Ints<'_>) -> Result<kvinde
         )?,
         max_connections,
         max_connections_per_source,
+        max_connections_per_network: ints.or(
+            &defs::zmq_max_connections_per_network,
+            s.zmq_max_connections_per_network,
+            (max_connections as i64 / 2).max(1),
+        )? as usize,
         max_handshaking,
         max_handshaking_per_source: ints.or(
             &defs::zmq_max_handshaking_per_source,

@@ -142,8 +142,15 @@ settings! {
     /// quarter of `zmq_max_connections` when that is lower.
     #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS_PER_SOURCE")]
     zmq_max_connections_per_source: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 20 },
-    /// Most central-SUB connections that have not finished their ZeroMQ handshake. Default a
-    /// quarter of `zmq_max_connections` (at least 2).
+    /// Most central-SUB connections from one network (an IPv4 /24, an IPv6 /64): a few
+    /// addresses of one owner cannot take the listener either. At the cap a newcomer takes the
+    /// place of the network's oldest connection still handshaking. Default half of
+    /// `zmq_max_connections`.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS_PER_NETWORK")]
+    zmq_max_connections_per_network: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 20 },
+    /// Most central-SUB connections that have not finished their ZeroMQ handshake; at the cap a
+    /// newcomer takes the place of the oldest of them. Default a quarter of
+    /// `zmq_max_connections` (at least 2).
     #[arg(long, env = "KVINDEX_ZMQ_MAX_HANDSHAKING")]
     zmq_max_handshaking: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 20 },
     /// The same from one source address. Default 4, or half of `zmq_max_handshaking` when that
