@@ -83,7 +83,9 @@ pub enum Reason {
     HandshakingFull { limit: usize },
     #[error("listener already holds {limit} connections from this source that have not finished their handshake")]
     SourceHandshakingFull { limit: usize },
-    #[error("listener already holds {limit} connections from this source's network (/24, /64), none of them handshaking")]
+    #[error(
+        "listener already holds {limit} connections from this source's network (/24, /64), none of them handshaking"
+    )]
     NetworkFull { limit: usize },
     #[error("closed before finishing its handshake, to make room for a newer connection at a full cap")]
     Evicted,

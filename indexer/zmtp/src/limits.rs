@@ -32,8 +32,9 @@ pub struct Limits {
     /// the whole budget and stall the other publishers. Default 64 MiB.
     pub max_bytes_in_flight_per_source: usize,
     /// Most connections a listener holds, handshaking ones included. At the cap a newcomer
-    /// takes the place of the oldest connection still handshaking (closed and reported as
-    /// [`crate::Reason::Evicted`]), and is refused only when every connection has handshaken.
+    /// takes the place of a connection still handshaking (the oldest of the source with the
+    /// most; closed and reported as [`crate::Reason::Evicted`]), and is refused only when
+    /// every connection has handshaken.
     /// Default 1024.
     pub max_connections: usize,
     /// Most connections a listener holds from one source (an IP address, or a uid for
@@ -42,15 +43,15 @@ pub struct Limits {
     pub max_connections_per_source: usize,
     /// Most connections a listener holds from one network (an IPv4 /24, an IPv6 /64; see
     /// [`crate::network_of`]), so a few addresses of one owner cannot take the listener either.
-    /// At the cap a newcomer takes the place of the network's oldest handshaking connection,
-    /// and is refused when there is none. Default 512 (half of `max_connections`).
+    /// At the cap a newcomer takes the place of one of the network's handshaking connections
+    /// (the same pick), and is refused when there is none. Default 512 (half of `max_connections`).
     pub max_connections_per_network: usize,
     /// Most connections a listener holds that have not finished their handshake yet. A
     /// socket that never greets still holds a descriptor until `handshake_timeout`, so these
     /// are bounded apart from (and well below) `max_connections`: half-open sockets can never
     /// take the room of publishers that did handshake. At the cap a newcomer takes the place
-    /// of the oldest of them, so half-open sockets cannot keep a publisher from handshaking
-    /// either. Default 256.
+    /// of one of them (the same pick), so half-open sockets cannot keep a publisher from
+    /// handshaking either. Default 256.
     pub max_handshaking: usize,
     /// The same, from one source: an address holding many half-open sockets cannot keep a
     /// publisher from another address from handshaking; past it a newcomer is refused. Default

@@ -10,10 +10,11 @@
 //! still handshaking are capped apart, in total and per source, so sockets that never greet
 //! (each holding a descriptor until the handshake timeout) cannot take the room of publishers
 //! from other addresses. And when the listener, its handshaking share or a network's share is
-//! full, the newcomer takes the place of the oldest connection still handshaking there, which
-//! is closed ([`Reason::Evicted`]): an engine handshakes in milliseconds, so half-open sockets
-//! from many addresses cannot keep it out either (they would have to open as many sockets as
-//! the cap within its handshake). A newcomer is refused only by its own source's caps, or
+//! full, the newcomer takes the place of a connection still handshaking there, which is closed
+//! ([`Reason::Evicted`]): the oldest of the source with the most handshaking. An engine
+//! handshakes in milliseconds on one connection, so half-open sockets from many addresses
+//! cannot keep it out either: re-opened as fast as they are closed, each closes another of
+//! its own kind, never the engine's. A newcomer is refused only by its own source's caps, or
 //! where every connection has handshaken. Dropping the listener stops the accept task and
 //! every connection task with it.
 
@@ -112,11 +113,21 @@ impl Sources {
         }
     }
 
-    /// Closes the oldest handshaking connection (of `network`, if given) and gives its place
-    /// back at once. False when there is none.
-    fn evict_oldest(&mut self, network: Option<&Source>) -> bool {
-        let oldest = self.waiting.iter().find(|(_, w)| network.is_none_or(|n| w.network == *n)).map(|(k, _)| *k);
-        let Some(victim) = oldest.and_then(|k| self.waiting.remove(&k)) else { return false };
+    /// Closes a handshaking connection (of `network`, if given), the oldest of the source with
+    /// the most handshaking, and gives its place back at once. False when there is none.
+    fn make_room(&mut self, network: Option<&Source>) -> bool {
+        let mut pick: Option<(usize, u64)> = None;
+        // Oldest first: a later candidate replaces the pick only from a heavier source.
+        for (order, w) in &self.waiting {
+            if network.is_some_and(|n| w.network != *n) {
+                continue;
+            }
+            let weight = self.by_source.get(&w.source).map_or(0, |e| e.handshaking);
+            if pick.is_none_or(|(heaviest, _)| weight > heaviest) {
+                pick = Some((weight, *order));
+            }
+        }
+        let Some(victim) = pick.and_then(|(_, k)| self.waiting.remove(&k)) else { return false };
         self.release(&victim.source, &victim.network, true);
         let _ = victim.evict.send(());
         true
@@ -188,15 +199,15 @@ impl Shared {
         // Each eviction frees a place under every cap; at most one per cap is needed.
         loop {
             if sources.by_network.get(&network).is_some_and(|&n| n >= limits.max_connections_per_network) {
-                if !sources.evict_oldest(Some(&network)) {
+                if !sources.make_room(Some(&network)) {
                     return Err(Reason::NetworkFull { limit: limits.max_connections_per_network });
                 }
             } else if sources.total >= limits.max_connections {
-                if !sources.evict_oldest(None) {
+                if !sources.make_room(None) {
                     return Err(Reason::ListenerFull { limit: limits.max_connections });
                 }
             } else if sources.handshaking >= limits.max_handshaking {
-                if !sources.evict_oldest(None) {
+                if !sources.make_room(None) {
                     return Err(Reason::HandshakingFull { limit: limits.max_handshaking });
                 }
             } else {

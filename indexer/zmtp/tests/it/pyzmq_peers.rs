@@ -193,7 +193,9 @@ fn heartbeats_keep_quiet_libzmq_publishers_connected() {
     let mut sub = Sub::Listener(listener);
     // "pinging" PINGs us every 250 ms and drops us after 2 s without a PONG; "silent" sends
     // nothing at all unless we PING it.
-    py.cmd(json!({"op": "pub", "name": "pinging", "connect": endpoint, "heartbeat_ms": 250, "heartbeat_timeout_ms": 2000}));
+    py.cmd(
+        json!({"op": "pub", "name": "pinging", "connect": endpoint, "heartbeat_ms": 250, "heartbeat_timeout_ms": 2000}),
+    );
     py.cmd(json!({"op": "pub", "name": "silent", "connect": endpoint}));
     let mut conns = vec![connected(&mut sub, &rt).0, connected(&mut sub, &rt).0];
     py.wait_subs("pinging", 1);

@@ -294,7 +294,9 @@ fn half_open_connections_are_capped_per_source_and_the_oldest_makes_room_at_the_
     // Half-open sockets from many addresses cannot keep a publisher out either: with every
     // handshaking place held, it takes the oldest's and handshakes.
     py.cmd(json!({"op": "flood", "name": "f5", "endpoint": endpoint, "n": 1, "source": "127.0.0.5"}));
-    sub.wait_for(&rt, 20, "another Evicted", |e| matches!(e, Event::Rejected { reason: Reason::Evicted, .. }).then_some(()));
+    sub.wait_for(&rt, 20, "another Evicted", |e| {
+        matches!(e, Event::Rejected { reason: Reason::Evicted, .. }).then_some(())
+    });
     py.cmd(json!({"op": "pub", "name": "late", "connect": endpoint}));
     connected(&mut sub, &rt);
     for f in ["f2", "f3", "f4", "f5"] {
