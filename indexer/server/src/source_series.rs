@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use metrics_exporter_prometheus::formatting::{sanitize_label_value, write_help_line, write_metric_line, write_type_line};
+use metrics_exporter_prometheus::formatting::{
+    sanitize_label_value, write_help_line, write_metric_line, write_type_line,
+};
 use parking_lot::Mutex;
 
 use crate::telemetry as m;

@@ -176,13 +176,7 @@ fn check_rocksdb_lock(dir: &Path) -> Result<(), DirError> {
 
 /// [`LOCK_FILE`], opened (never through a link); created only when `create`.
 fn open_lock(path: &Path, create: bool) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(create)
-        .truncate(false)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+    OpenOptions::new().read(true).write(true).create(create).truncate(false).custom_flags(libc::O_NOFOLLOW).open(path)
 }
 
 /// Locks `lock` (`flock`, exclusive) or says who holds it.
