@@ -45,6 +45,7 @@ pub const CONFIG_ERRORS: &str = "kvindex_config_errors_total";
 pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
 pub const HTTP_CONNECTIONS: &str = "kvindex_http_connections";
 pub const HTTP_REFUSED: &str = "kvindex_http_refused_total";
+pub const HTTP_EVICTED: &str = "kvindex_http_evicted_total";
 pub const HTTP_BODY_BYTES: &str = "kvindex_http_body_bytes";
 pub const GRPC_REJECTED: &str = "kvindex_grpc_rejected_total";
 pub const GRPC_SHED: &str = "kvindex_grpc_shed_total";
@@ -153,6 +154,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: HTTP_INVALID, kind: Counter, labels: &["reason"], unit: None, help: "Rejected HTTP admin requests" },
     Metric { name: HTTP_CONNECTIONS, kind: Gauge, labels: &["listener"], unit: None, help: "Open HTTP connections, by listener" },
     Metric { name: HTTP_REFUSED, kind: Counter, labels: &["listener", "reason"], unit: None, help: "HTTP connections and requests refused for a bound (connection caps, slow or oversized heads and bodies)" },
+    Metric { name: HTTP_EVICTED, kind: Counter, labels: &["listener", "reason"], unit: None, help: "Idle HTTP connections closed to make room for a new one at a full connection cap, by the cap" },
     Metric { name: HTTP_BODY_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "HTTP request body bytes held now (http_max_inflight_body_bytes)" },
     Metric { name: GRPC_REJECTED, kind: Counter, labels: &["reason"], unit: None, help: "gRPC requests refused before their handler (too_large: over max_message_bytes)" },
     Metric { name: GRPC_SHED, kind: Counter, labels: &["method"], unit: None, help: "Requests over grpc_small_query_tokens refused RESOURCE_EXHAUSTED: every slot busy and the queue full, by method" },
