@@ -14,59 +14,6 @@ use support::*;
 
 const MODEL: &str = "m";
 
-#[test]
-fn half_open_sockets_from_one_address_do_not_lock_out_an_engine_at_another() {
-    let Some(py) = python() else { return };
-    let token = admin_token_file();
-    let server = ServeProcess::start_with_open_files(
-        256,
-        &[
-            "--zmq-bind",
-            "tcp://127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--block-size",
-            "16",
-            "--admin-token-file",
-            token.to_str().unwrap(),
-        ],
-        &[],
-    );
-    let zmq = server.zmq.clone().expect("central mode");
-    let target = zmq.trim_start_matches("tcp://").to_string();
-    let mut attacker = Peer::start(&py);
-    attacker.cmd(json!({"op": "hold_half_open", "target": target, "count": 300, "source": "127.0.0.2"}));
-    // The listener is full of the attacker's sockets (the rest are refused, counted).
-    wait_until("half-open sockets refused", 20, || {
-        (server.metric("kvindex_zmq_rejected_total", &[]) >= 100.0).then_some(())
-    });
-
-    // An engine from 127.0.0.1 subscribes well within the handshake timeout (10 s), while the
-    // attacker keeps its sockets open.
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    peer.cmd(
-        json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": zmq, "topic": format!("kv@pod-a@{MODEL}")}),
-    );
-    assert_eq!(
-        peer.cmd(json!({"op": "wait_sub", "names": ["a"], "timeout": 5}))["subscribed"],
-        true,
-        "the engine could not subscribe while half-open sockets were held"
-    );
-    peer.cmd(json!({"op": "store", "name": "a", "chain": "c", "tokens": chain(1, 4)}));
-    wait_until("the engine's store indexed", 10, || {
-        (peer.score_pod(MODEL, &chain(1, 4), "pod-a").0 == 4).then_some(())
-    });
-    assert_eq!(server.get("/healthz").0, 200, "HTTP answers");
-    let opened = attacker.cmd(json!({"op": "release_half_open"}))["opened"].as_u64().unwrap();
-    assert!(opened >= 300, "the attacker opened {opened} sockets");
-    // Refused as half-open sockets of one address, never for want of room in the listener.
-    assert!(server.metric("kvindex_zmq_rejected_total", &["reason=\"source_handshaking_full\""]) >= 100.0);
-    assert_eq!(server.metric("kvindex_zmq_rejected_total", &["reason=\"listener_full\""]), 0.0);
-}
-
 fn central_under(max_open_files: u32, token: &std::path::Path) -> ServeProcess {
     ServeProcess::start_with_open_files(
         max_open_files,
@@ -104,6 +51,28 @@ fn an_engine_subscribes_and_is_indexed(py: &std::path::PathBuf, server: &ServePr
         (peer.score_pod(MODEL, &chain(1, 4), "pod-a").0 == 4).then_some(())
     });
     assert_eq!(server.get("/healthz").0, 200, "HTTP answers");
+}
+
+#[test]
+fn half_open_sockets_from_one_address_do_not_lock_out_an_engine_at_another() {
+    let Some(py) = python() else { return };
+    let token = admin_token_file();
+    let server = central_under(256, &token);
+    let zmq = server.zmq.clone().expect("central mode");
+    let target = zmq.trim_start_matches("tcp://").to_string();
+    let mut attacker = Peer::start(&py);
+    attacker.cmd(json!({"op": "hold_half_open", "target": target, "count": 300, "source": "127.0.0.2"}));
+    // The listener is full of the attacker's sockets (the rest are refused, counted).
+    wait_until("half-open sockets refused", 20, || {
+        (server.metric("kvindex_zmq_rejected_total", &[]) >= 100.0).then_some(())
+    });
+    // An engine from 127.0.0.1 subscribes while the attacker keeps its sockets open.
+    an_engine_subscribes_and_is_indexed(&py, &server, &zmq);
+    let opened = attacker.cmd(json!({"op": "release_half_open"}))["opened"].as_u64().unwrap();
+    assert!(opened >= 300, "the attacker opened {opened} sockets");
+    // Refused as half-open sockets of one address, never for want of room in the listener.
+    assert!(server.metric("kvindex_zmq_rejected_total", &["reason=\"source_handshaking_full\""]) >= 100.0);
+    assert_eq!(server.metric("kvindex_zmq_rejected_total", &["reason=\"listener_full\""]), 0.0);
 }
 
 /// Issue 33: at `nofile` 1024 (384 connections, 96 of them handshaking), 24 addresses holding

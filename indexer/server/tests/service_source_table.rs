@@ -17,6 +17,17 @@ fn central(extra: &[&str]) -> Server {
     Server::start(&args)
 }
 
+/// A peer with a gRPC client and a publisher, `flood`, dialling the central SUB from 127.0.0.2:
+/// the one that makes topics up.
+fn flooder(py: &std::path::PathBuf, server: &Server) -> Peer {
+    let mut peer = Peer::start(py);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let connect = from_address("127.0.0.2", &server.zmq());
+    peer.cmd(json!({"op": "pub_start", "name": "flood", "pod": "x", "connect": connect, "topic": "kv@x@m"}));
+    peer.cmd(json!({"op": "wait_sub", "names": ["flood"]}));
+    peer
+}
+
 /// A publisher dialling `zmq` from source address `from` (libzmq's `source;destination` form).
 fn from_address(from: &str, zmq: &str) -> String {
     format!("tcp://{from}:0;{}", zmq.trim_start_matches("tcp://"))
@@ -27,10 +38,7 @@ fn one_address_cannot_take_more_than_its_share_of_the_table() {
     let Some(py) = python() else { return };
     let server = central(&["--max-sources", "100", "--max-sources-per-address", "8"]);
     let zmq = server.zmq();
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    peer.cmd(json!({"op": "pub_start", "name": "flood", "pod": "x", "connect": from_address("127.0.0.2", &zmq), "topic": "kv@x@m"}));
-    peer.cmd(json!({"op": "wait_sub", "names": ["flood"]}));
+    let mut peer = flooder(&py, &server);
     peer.cmd(json!({"op": "topics_flood", "name": "flood", "prefix": "made-up-", "n": 40, "model": MODEL}));
     wait_until("32 made-up topics refused", 20, || {
         (server.metric("kvindex_sources_refused_total", &["reason=\"max_sources_per_address\""]) >= 32.0).then_some(())
@@ -52,11 +60,8 @@ fn a_full_table_reclaims_made_up_streams_for_a_real_engine() {
     let Some(py) = python() else { return };
     let server = central(&["--max-sources", "6"]);
     let zmq = server.zmq();
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    let mut peer = flooder(&py, &server);
     // Made-up topics that start past seq 0 with no replay: never EXACT.
-    peer.cmd(json!({"op": "pub_start", "name": "flood", "pod": "x", "connect": from_address("127.0.0.2", &zmq), "topic": "kv@x@m"}));
-    peer.cmd(json!({"op": "wait_sub", "names": ["flood"]}));
     peer.cmd(json!({"op": "topics_flood", "name": "flood", "prefix": "made-up-", "n": 6, "model": MODEL, "seq": 5}));
     wait_until("the table full of made-up streams", 20, || {
         (server.sources()["sources"].as_array().unwrap().len() == 6).then_some(())
@@ -100,10 +105,7 @@ fn a_talking_stream_that_holds_nothing_makes_room_and_churn_never_evicts_an_engi
     let Some(py) = python() else { return };
     let server = central(&["--max-sources", "4"]);
     let zmq = server.zmq();
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    peer.cmd(json!({"op": "pub_start", "name": "flood", "pod": "x", "connect": from_address("127.0.0.2", &zmq), "topic": "kv@x@m"}));
-    peer.cmd(json!({"op": "wait_sub", "names": ["flood"]}));
+    let mut peer = flooder(&py, &server);
     // Four made-up topics from seq 0, EXACT, each batch empty: they talk and hold nothing.
     let talk = |peer: &mut Peer, prefix: &str, first: u64, n: u64, seq: u64| {
         peer.cmd(json!({"op": "topics_flood", "name": "flood", "prefix": prefix, "first": first, "n": n, "model": MODEL, "seq": seq, "empty": true}));
@@ -160,10 +162,7 @@ fn per_source_series_go_with_their_source() {
     let Some(py) = python() else { return };
     let server = central(&["--max-sources", "4"]);
     let zmq = server.zmq();
-    let mut peer = Peer::start(&py);
-    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    peer.cmd(json!({"op": "pub_start", "name": "flood", "pod": "x", "connect": from_address("127.0.0.2", &zmq), "topic": "kv@x@m"}));
-    peer.cmd(json!({"op": "wait_sub", "names": ["flood"]}));
+    let mut peer = flooder(&py, &server);
     // Five waves of four never-confirmed topics (past seq 0, no replay): each wave reclaims
     // the one before once it has been silent for a second.
     for wave in 0..5u64 {
