@@ -102,6 +102,23 @@ impl Registry {
         self.rank_ids.get(pod).cloned()
     }
 
+    /// Why `cfg` cannot be registered beside the other pods, if it cannot: one of its ranks
+    /// would be named as one of another pod's (vLLM at `h:8000` with two DP ranks names its
+    /// rank 1 `h:8001`, which another engine at `h:8001` names too), and two engines would feed
+    /// one pod.
+    pub fn rank_id_collision(&self, cfg: &PodConfig) -> Option<String> {
+        rank_ids(cfg).enumerate().find_map(|(rank, rank_id)| {
+            let (other, _) = self.rank_ids.get(&rank_id).filter(|(other, _)| *other != cfg.id)?;
+            let whose = if rank == 0 { "its id".to_string() } else { format!("its DP rank {rank}'s pod id") };
+            Some(format!(
+                "pod {:?}: {whose} {rank_id:?} is already a pod id of registered pod {other:?} (DP rank r of \
+                 a pod at host:port is named host:port+r): two engines would feed one pod; give one of them \
+                 another id (or port), or unregister {other:?} first",
+                cfg.id
+            ))
+        })
+    }
+
     pub fn generation(&self) -> u64 {
         self.generation
     }
