@@ -43,7 +43,11 @@ fn owner(peer: &mut Peer, server: &Server) {
 /// The owner's pod holds chain 0 and nothing else, credited (neither extended, cleared,
 /// removed, invented nor withheld).
 fn assert_victim_intact(peer: &mut Peer) {
-    assert_eq!(peer.score_pod(MODEL, &chain(0, 8), VICTIM), (4, "EXACT".to_string()), "the owner's chain, as it holds it");
+    assert_eq!(
+        peer.score_pod(MODEL, &chain(0, 8), VICTIM),
+        (4, "EXACT".to_string()),
+        "the owner's chain, as it holds it"
+    );
     assert_eq!(peer.score_pod(MODEL, &chain(9, 4), VICTIM).0, 0, "a chain the owner never held");
 }
 
@@ -70,8 +74,12 @@ fn attack(server: &Server, peer: &mut Peer, topic: &str, rank: u32, refusals: &d
         (refusals(server) - before >= sent).then_some(())
     });
     assert_victim_intact(peer);
-    let pods: Vec<String> =
-        server.sources()["sources"].as_array().unwrap().iter().map(|s| s["pod"].as_str().unwrap().to_string()).collect();
+    let pods: Vec<String> = server.sources()["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pod"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(pods, [VICTIM], "the other stream was never made");
     // The owner is served as before.
     peer.cmd(json!({"op": "store", "name": "owner", "chain": "c1", "tokens": chain(1, 4)}));
@@ -135,7 +143,10 @@ fn an_operator_configured_pod_cannot_be_fed_by_another_topics_rank() {
     std::fs::write(&file, format!("[[pods]]\nid = \"{VICTIM}\"\nmodel = \"{MODEL}\"\n")).unwrap();
     let server = central(&["--pods-file", file.to_str().unwrap()]);
     wait_until("the configured pod registered", 20, || {
-        server.sources()["registered_pods"].as_array().is_some_and(|p| p.iter().any(|p| p["pod"] == VICTIM)).then_some(())
+        server.sources()["registered_pods"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p["pod"] == VICTIM))
+            .then_some(())
     });
     let mut peer = Peer::with_grpc(&py, &server);
     owner(&mut peer, &server);
@@ -222,8 +233,12 @@ fn two_engines_whose_dp_names_meet_are_never_merged() {
         assert_eq!(peer.score_pod(MODEL, &chain(1, 4), b), (4, "EXACT".to_string()), "A's rank 1 cleared by B");
         (pod_owned(&server) - before >= 2.0).then_some(())
     });
-    let mut pods: Vec<String> =
-        server.sources()["sources"].as_array().unwrap().iter().map(|s| s["pod"].as_str().unwrap().to_string()).collect();
+    let mut pods: Vec<String> = server.sources()["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pod"].as_str().unwrap().to_string())
+        .collect();
     pods.sort();
     assert_eq!(pods, [a, b]);
     assert_eq!(server.sources()["sources"].as_array().unwrap().len(), 2, "one stream per pod");
@@ -234,7 +249,8 @@ fn two_engines_whose_dp_names_meet_are_never_merged() {
 fn a_registration_whose_dp_names_meet_another_pods_is_refused() {
     let server = Server::start(&["--block-size", "16"]);
     let register = |pod: &str, dp_size: u32, port: u16| {
-        let body = json!({"pod": pod, "model": MODEL, "endpoint": format!("tcp://127.0.0.1:{port}"), "dp_size": dp_size});
+        let body =
+            json!({"pod": pod, "model": MODEL, "endpoint": format!("tcp://127.0.0.1:{port}"), "dp_size": dp_size});
         server.http("POST", "/pods", Some(&body.to_string()))
     };
     let (status, body) = register("10.0.0.5:8000", 2, free_port());

@@ -116,6 +116,19 @@ impl Foreign {
     }
 }
 
+/// Whether `key`'s stream, of `mode`, may feed `pod` as the registry stands: a registered pod's
+/// rank ids are fed by its own dialers (a dialled pod) or by configured streams (a central-mode
+/// pod) only.
+fn may_feed(fleet: &dyn Fleet, key: &StreamKey, pod: &str, mode: Mode) -> Result<(), Foreign> {
+    let Some((base, dialled)) = fleet.pod_of_registration(pod) else { return Ok(()) };
+    let allowed = if dialled { mode == Mode::PerPod && *key.base == *base } else { fleet.configured(&key.base) };
+    if allowed {
+        Ok(())
+    } else {
+        Err(Foreign::Registered { base: Arc::from(base.as_str()), dialled })
+    }
+}
+
 /// A replay's answer, as the table takes it.
 #[derive(Debug)]
 pub enum ReplayEvent {
@@ -259,8 +272,7 @@ impl<X: Ext> StreamTable<X> {
             let key = StreamKey { base: name.base.clone(), rank };
             if let Some(st) = self.streams.get(&key).filter(|st| st.mode != name.mode) {
                 // A dialled pod's stream is fed by its dialer only, a topic's by the SUB only.
-                let why = Foreign::Owned(Self::owner_of(&key, st));
-                out.push(Effect::Foreign { key, pod: st.pod.clone(), why });
+                self.refuse_other_mode(&key, st, out);
                 continue;
             }
             if !self.streams.contains_key(&key) {
@@ -419,18 +431,19 @@ impl<X: Ext> StreamTable<X> {
         mode: Mode,
         source: Option<kvindex_zmtp::Source>,
     ) -> Result<u64, Foreign> {
-        if let Some((base, dialled)) = fleet.pod_of_registration(pod) {
-            let allowed = if dialled { mode == Mode::PerPod && *key.base == *base } else { fleet.configured(&key.base) };
-            if !allowed {
-                return Err(Foreign::Registered { base: Arc::from(base.as_str()), dialled });
-            }
-        }
+        may_feed(fleet, key, pod, mode)?;
         self.owners.claim(pod, key, mode, source).map_err(Foreign::Owned)
     }
 
-    /// `key`'s stream `st` as the owner of its pod.
-    fn owner_of(key: &StreamKey, st: &Stream<X>) -> Owner {
-        Owner { claim: st.claim, key: key.clone(), mode: st.mode, source: st.bound }
+    /// Another mode's message for `key`'s stream `st`: refused, and `st`'s pod contested.
+    fn refuse_other_mode(&self, key: &StreamKey, st: &Stream<X>, out: &mut Vec<Effect<X>>) {
+        let owner = self.owners.contest(&st.pod).unwrap_or_else(|| Owner {
+            claim: st.claim,
+            key: key.clone(),
+            mode: st.mode,
+            source: st.bound,
+        });
+        out.push(Effect::Foreign { key: key.clone(), pod: st.pod.clone(), why: Foreign::Owned(owner) });
     }
 
     /// Makes room in a full table: reclaims the longest-silent stream that may go
@@ -450,12 +463,14 @@ impl<X: Ext> StreamTable<X> {
     }
 
     /// Gives up the contested pods of this table whose streams may go: their publisher's
-    /// connection closed, and they may be reclaimed ([`Stream::reclaimable`]).
+    /// connection closed and they may be reclaimed ([`Stream::reclaimable`]), or a registration
+    /// made since keeps their pod for its own streams.
     fn yield_contested(&mut self, fleet: &dyn Fleet, now: u64, out: &mut Vec<Effect<X>>) {
         let stale = self.config.sequencer.stale_after_ms;
         for (key, claim) in self.owners.contested() {
             let Some(st) = self.streams.get(&key).filter(|st| st.claim == claim) else { continue };
-            if st.conn.is_some() || st.reclaimable(fleet, &key, now, stale).is_none() {
+            let departed = st.conn.is_none() && st.reclaimable(fleet, &key, now, stale).is_some();
+            if !departed && may_feed(fleet, &key, &st.pod, st.mode).is_ok() {
                 continue;
             }
             if let Some(stream) = self.remove(&key) {
@@ -479,8 +494,7 @@ impl<X: Ext> StreamTable<X> {
     ) {
         let name = Name { base: key.base.clone(), model: model.clone(), mode: Mode::PerPod, endpoint: None };
         if let Some(st) = self.streams.get(key).filter(|st| st.mode != Mode::PerPod) {
-            let why = Foreign::Owned(Self::owner_of(key, st));
-            out.push(Effect::Foreign { key: key.clone(), pod: st.pod.clone(), why });
+            self.refuse_other_mode(key, st, out);
             return;
         }
         let replay = fleet.has_replay(&key.base, key.rank);

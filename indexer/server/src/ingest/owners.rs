@@ -10,7 +10,8 @@
 //!
 //! A refused claim marks the pod contested: its owner gives the pod up ([`StreamTable`]'s tick)
 //! once it may be reclaimed by the table's rules and its publisher's connection has closed (the
-//! engine is gone), so an engine that takes the place of a departed one is served.
+//! engine is gone), so an engine that takes the place of a departed one is served; or at once
+//! if a registration made since keeps the pod for its own streams (an operator's word).
 //!
 //! [`StreamTable`]: super::StreamTable
 
@@ -56,16 +57,25 @@ impl PodOwners {
     /// give back with [`PodOwners::release`]), else the owner (the pod is then contested).
     pub fn claim(&self, pod: &Arc<str>, key: &StreamKey, mode: Mode, source: Option<Source>) -> Result<u64, Owner> {
         let mut inner = self.inner.lock();
-        if let Some(owner) = inner.pods.get(pod) {
-            let owner = owner.clone();
-            inner.contested.insert(pod.clone(), (owner.key.clone(), owner.claim));
-            self.contested.store(inner.contested.len(), Ordering::Relaxed);
+        if let Some(owner) = self.contest_locked(&mut inner, pod) {
             return Err(owner);
         }
         inner.next += 1;
         let claim = inner.next;
         inner.pods.insert(pod.clone(), Owner { claim, key: key.clone(), mode, source });
         Ok(claim)
+    }
+
+    /// Another stream asked for `pod`: its owner, if it has one (the pod is then contested).
+    pub fn contest(&self, pod: &str) -> Option<Owner> {
+        self.contest_locked(&mut self.inner.lock(), pod)
+    }
+
+    fn contest_locked(&self, inner: &mut Inner, pod: &str) -> Option<Owner> {
+        let (pod, owner) = inner.pods.get_key_value(pod).map(|(p, o)| (p.clone(), o.clone()))?;
+        inner.contested.insert(pod, (owner.key.clone(), owner.claim));
+        self.contested.store(inner.contested.len(), Ordering::Relaxed);
+        Some(owner)
     }
 
     /// `pod`'s owner's stream is gone: the pod is free (a stale claim changes nothing).

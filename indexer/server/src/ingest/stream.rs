@@ -67,7 +67,8 @@ pub enum Reclaim {
     /// Silent for `stale_after_ms`.
     Silent,
     /// Its pod is wanted by another stream, and it may go: its publisher's connection closed
-    /// and it would be reclaimed by the rules above.
+    /// and it would be reclaimed by the rules above, or a registration made since keeps the pod
+    /// for its own streams.
     Contested,
 }
 

@@ -270,7 +270,8 @@ fn a_second_stream_naming_an_owned_pod_is_refused_in_either_dp_naming() {
     let mut t = table(16);
     admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
     for from in [3, 2] {
-        let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(from)), &frames("kv@h:7999@m", 0, 1), 2, 1);
+        let effects =
+            admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(from)), &frames("kv@h:7999@m", 0, 1), 2, 1);
         assert_eq!(foreign(&effects), Some(("h:8000".to_string(), "pod_owned")), "from 127.0.0.{from}");
         assert!(!effects.iter().any(|e| matches!(e, Effect::Steps { .. } | Effect::Created { .. })));
     }
@@ -355,7 +356,8 @@ fn a_dialled_pods_streams_and_rank_ids_are_its_dialers_alone() {
     admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 0, 0), 1, 0);
     // A topic naming the dialled pod itself, or its rank 1 (not yet heard from), or rank 1 of
     // another base landing on it.
-    for (topic, rank, pod) in [("kv@d:8000@m", 0, "d:8000"), ("kv@d:8000@m", 1, "d:8001"), ("kv@d:7999@m", 2, "d:8001")] {
+    for (topic, rank, pod) in [("kv@d:8000@m", 0, "d:8000"), ("kv@d:8000@m", 1, "d:8001"), ("kv@d:7999@m", 2, "d:8001")]
+    {
         let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames(topic, 0, rank), 2, 1);
         assert_eq!(foreign(&effects), Some((pod.to_string(), "pod_owned")), "{topic} rank {rank}");
     }
@@ -377,4 +379,25 @@ fn a_topic_id_with_a_port_spelled_otherwise_or_a_dp_suffix_names_no_stream() {
         assert!(matches!(effects[..], [Effect::Refused { reason: "name", .. }]), "{topic}");
     }
     assert!(t.is_empty());
+}
+
+#[test]
+fn a_registration_made_after_another_stream_took_its_pod_takes_it_back() {
+    let mut fleet = registry();
+    let mut t = table(16);
+    // A central topic names `d:8000` before anyone registers it.
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@d:8000@m", 0, 0), 1, 0);
+    fleet.ranks = [("d:8000".to_string(), ("d:8000".to_string(), true))].into();
+    let dialled = Origin::Pod { id: Arc::from("d:8000"), model: Arc::from("m"), endpoint: Arc::from("tcp://d:5557") };
+    let effects = admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 0, 0), 2, 1);
+    assert_eq!(foreign(&effects), Some(("d:8000".to_string(), "pod_owned")), "the other mode's stream owns it");
+    // Connected and talking, the central stream still goes: the registration keeps the pod.
+    let mut out = Vec::new();
+    t.tick(&fleet, 2, &mut out);
+    assert!(matches!(&out[0], Effect::Reclaimed { why: Reclaim::Contested, .. }));
+    let effects = admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 1, 0), 2, 3);
+    assert_eq!(foreign(&effects), None);
+    assert_eq!(t.get(&StreamKey { base: Arc::from("d:8000"), rank: 0 }).map(|st| st.mode), Some(Mode::PerPod));
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@d:8000@m", 1, 0), 1, 4);
+    assert_eq!(foreign(&effects), Some(("d:8000".to_string(), "pod_owned")));
 }
