@@ -74,17 +74,19 @@ fn attack(server: &Server, peer: &mut Peer, topic: &str, rank: u32, refusals: &d
         (refusals(server) - before >= sent).then_some(())
     });
     assert_victim_intact(peer);
-    let pods: Vec<String> = server.sources()["sources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["pod"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(pods, [VICTIM], "the other stream was never made");
+    assert_eq!(listed(server, "sources"), [VICTIM], "the other stream was never made");
     // The owner is served as before.
     peer.cmd(json!({"op": "store", "name": "owner", "chain": "c1", "tokens": chain(1, 4)}));
     peer.wait_exact(server, &["owner"], MODEL, "EXACT", 30);
     assert_eq!(peer.score_pod(MODEL, &chain(1, 4), VICTIM).0, 4);
+}
+
+/// The pods of `/debug/sources`' list `list` (`sources`, `registered_pods`), sorted.
+fn listed(server: &Server, list: &str) -> Vec<String> {
+    let mut pods: Vec<String> =
+        server.sources()[list].as_array().unwrap().iter().map(|s| s["pod"].as_str().unwrap().to_string()).collect();
+    pods.sort();
+    pods
 }
 
 fn pod_owned(server: &Server) -> f64 {
@@ -102,35 +104,38 @@ fn central(extra: &[&str]) -> Server {
     Server::central(&args)
 }
 
+/// A central server with `extra` flags and the owner on it, with a peer scoring on it.
+fn with_owner(extra: &[&str]) -> Option<(Server, Peer)> {
+    let py = python()?;
+    let server = central(extra);
+    let mut peer = Peer::with_grpc(&py, &server);
+    owner(&mut peer, &server);
+    Some((server, peer))
+}
+
+/// [`with_owner`], then [`attack`] with `topic`'s rank.
+fn owner_attacked(extra: &[&str], topic: &str, rank: u32, refusals: &dyn Fn(&Server) -> f64) {
+    let Some((server, mut peer)) = with_owner(extra) else { return };
+    attack(&server, &mut peer, topic, rank, refusals);
+}
+
 /// Rank 1 of topic id `h:7999` is pod `h:8000` by the port offset: another base's pod.
 #[test]
 fn another_topics_dp_rank_cannot_feed_an_owned_pod() {
-    let Some(py) = python() else { return };
-    let server = central(&[]);
-    let mut peer = Peer::with_grpc(&py, &server);
-    owner(&mut peer, &server);
-    attack(&server, &mut peer, &format!("kv@10.0.0.9:7999@{MODEL}"), 1, &pod_owned);
+    owner_attacked(&[], &format!("kv@10.0.0.9:7999@{MODEL}"), 1, &pod_owned);
 }
 
 /// `--dp-naming topic`: every rank of a topic names the topic's pod, so another address sending
 /// the owner's topic with rank 1 named the owner's pod itself.
 #[test]
 fn with_topic_naming_another_address_cannot_feed_an_owned_pod_through_a_rank() {
-    let Some(py) = python() else { return };
-    let server = central(&["--dp-naming", "topic"]);
-    let mut peer = Peer::with_grpc(&py, &server);
-    owner(&mut peer, &server);
-    attack(&server, &mut peer, &format!("kv@{VICTIM}@{MODEL}"), 1, &topic_conflicts);
+    owner_attacked(&["--dp-naming", "topic"], &format!("kv@{VICTIM}@{MODEL}"), 1, &topic_conflicts);
 }
 
 /// The operator's allowlist admits both addresses: being allowed to publish is not owning a pod.
 #[test]
 fn an_allowed_address_cannot_feed_another_streams_pod() {
-    let Some(py) = python() else { return };
-    let server = central(&["--zmq-allow", "127.0.0.0/8"]);
-    let mut peer = Peer::with_grpc(&py, &server);
-    owner(&mut peer, &server);
-    attack(&server, &mut peer, &format!("kv@10.0.0.9:7999@{MODEL}"), 1, &pod_owned);
+    owner_attacked(&["--zmq-allow", "127.0.0.0/8"], &format!("kv@10.0.0.9:7999@{MODEL}"), 1, &pod_owned);
 }
 
 /// A pod the operator configured (central mode, pods file) is fed by configured streams only.
@@ -142,12 +147,7 @@ fn an_operator_configured_pod_cannot_be_fed_by_another_topics_rank() {
     let file = dir.join("pods.toml");
     std::fs::write(&file, format!("[[pods]]\nid = \"{VICTIM}\"\nmodel = \"{MODEL}\"\n")).unwrap();
     let server = central(&["--pods-file", file.to_str().unwrap()]);
-    wait_until("the configured pod registered", 20, || {
-        server.sources()["registered_pods"]
-            .as_array()
-            .is_some_and(|p| p.iter().any(|p| p["pod"] == VICTIM))
-            .then_some(())
-    });
+    wait_until("the configured pod registered", 20, || (listed(&server, "registered_pods") == [VICTIM]).then_some(()));
     let mut peer = Peer::with_grpc(&py, &server);
     owner(&mut peer, &server);
     attack(&server, &mut peer, &format!("kv@10.0.0.9:7999@{MODEL}"), 1, &pod_owned);
@@ -158,10 +158,7 @@ fn an_operator_configured_pod_cannot_be_fed_by_another_topics_rank() {
 /// topic with rank 1 does not take pod `:8001`, and the owner's real rank 1 then gets it.
 #[test]
 fn a_bound_topics_other_ranks_stay_with_its_address() {
-    let Some(py) = python() else { return };
-    let server = central(&[]);
-    let mut peer = Peer::with_grpc(&py, &server);
-    owner(&mut peer, &server);
+    let Some((server, mut peer)) = with_owner(&[]) else { return };
     let topic = format!("kv@{VICTIM}@{MODEL}");
     let rank1 = "10.0.0.9:8001";
     publisher(&mut peer, &server, "evil", rank1, &topic, 1, 3);
@@ -185,10 +182,7 @@ fn a_bound_topics_other_ranks_stay_with_its_address() {
 /// rank 1 named `:8000`) or a spelled-out DP suffix names no stream: refused and counted.
 #[test]
 fn a_topic_id_with_a_port_spelled_otherwise_or_a_dp_suffix_is_refused() {
-    let Some(py) = python() else { return };
-    let server = central(&[]);
-    let mut peer = Peer::with_grpc(&py, &server);
-    owner(&mut peer, &server);
+    let Some((server, mut peer)) = with_owner(&[]) else { return };
     let refused = |s: &Server| s.metric("kvindex_sources_refused_total", &["reason=\"name\""]);
     for (i, (topic, rank)) in
         [("kv@10.0.0.9:07999@m", 1), ("kv@10.0.0.9:+7999@m", 1), ("kv@10.0.0.9:8000#dp1@m", 0)].into_iter().enumerate()
@@ -204,8 +198,7 @@ fn a_topic_id_with_a_port_spelled_otherwise_or_a_dp_suffix_is_refused() {
         });
     }
     assert_victim_intact(&mut peer);
-    let pods = server.sources()["sources"].as_array().unwrap().len();
-    assert_eq!(pods, 1, "only the owner's stream");
+    assert_eq!(listed(&server, "sources"), [VICTIM], "only the owner's stream");
 }
 
 /// Two real engines on one host whose DP names meet: vLLM at `:8000` with DP 2 (rank 1 named
@@ -233,15 +226,7 @@ fn two_engines_whose_dp_names_meet_are_never_merged() {
         assert_eq!(peer.score_pod(MODEL, &chain(1, 4), b), (4, "EXACT".to_string()), "A's rank 1 cleared by B");
         (pod_owned(&server) - before >= 2.0).then_some(())
     });
-    let mut pods: Vec<String> = server.sources()["sources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["pod"].as_str().unwrap().to_string())
-        .collect();
-    pods.sort();
-    assert_eq!(pods, [a, b]);
-    assert_eq!(server.sources()["sources"].as_array().unwrap().len(), 2, "one stream per pod");
+    assert_eq!(listed(&server, "sources"), [a, b], "one stream per pod");
 }
 
 /// The same two engines dialled: the later registration is refused with an error naming both.
@@ -261,13 +246,7 @@ fn a_registration_whose_dp_names_meet_another_pods_is_refused() {
         assert!(body.contains(pod) && body.contains("registered pod \\\"10.0.0.5:8000\\\""), "{body}");
     }
     assert_eq!(server.metric("kvindex_config_errors_total", &["source=\"http\""]), 2.0);
-    let pods: Vec<String> = server.sources()["registered_pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["pod"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(pods, ["10.0.0.5:8000"]);
+    assert_eq!(listed(&server, "registered_pods"), ["10.0.0.5:8000"]);
     // Re-registering the owner itself is no collision.
     assert_eq!(register("10.0.0.5:8000", 2, free_port()).0, 200);
 }
@@ -323,5 +302,5 @@ fn a_departed_owners_pod_goes_to_the_engine_that_takes_its_place() {
     wait_until("B's stream in the debug view", 20, || server.source(b).filter(|s| s["topic_id"] == b));
     assert_eq!(peer.score_pod(MODEL, &chain(1, 4), b).0, 0, "nothing of A's is left");
     assert!(server.metric("kvindex_sources_reclaimed_total", &["reason=\"contested\""]) >= 1.0);
-    assert_eq!(server.sources()["sources"].as_array().unwrap().len(), 1);
+    assert_eq!(listed(&server, "sources"), [b]);
 }
