@@ -63,8 +63,10 @@ pub fn new_stream(
     let ev = |t: &'static str| counter!(m::EVENTS, "type" => t, "source" => pod.to_string());
     state.status().add(pod);
     tracing::info!(pod = %pod, model = %model, mode = mode.label(), "new source");
-    // A record for another model is of no use: the pod's blocks are in another namespace.
-    let restore = state.restored().take(pod).filter(|r| r.model() == &**model && r.rank == key.rank);
+    // A record for another model is of no use: the pod's blocks are in another namespace; one
+    // of another stream is another engine's.
+    let restore =
+        state.restored().take(pod).filter(|r| r.model() == &**model && r.rank == key.rank && r.base == *key.base);
     let resume_at = restore.as_ref().map(|r| r.cursor);
     let live = Live {
         events: [ev("BlockStored"), ev("BlockRemoved"), ev("AllBlocksCleared"), ev("unknown")],
@@ -119,6 +121,10 @@ impl Fleet for ServiceFleet<'_> {
 
     fn configured(&self, base: &str) -> bool {
         self.0.registry().origin_of(base).is_some()
+    }
+
+    fn pod_of_registration(&self, pod: &str) -> Option<(String, bool)> {
+        self.0.registry().pod_of_rank_id(pod)
     }
 
     fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool {

@@ -12,6 +12,11 @@ pub trait Fleet {
     fn has_replay(&self, base: &str, rank: u32) -> bool;
     /// Whether an operator or a registration configured `base` (never reclaimed).
     fn configured(&self, base: &str) -> bool;
+    /// The configured pod whose DP ranks name `pod` (itself at rank 0, `dp_size` ranks), and
+    /// whether it is dialled: (its id, dialled). Its streams alone may feed `pod`.
+    fn pod_of_registration(&self, _pod: &str) -> Option<(String, bool)> {
+        None
+    }
     /// Central mode: whether `source` holds a connection to the central SUB.
     fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool;
     /// The engine family publishing `base`'s streams (its pod entry's `engine`, else the

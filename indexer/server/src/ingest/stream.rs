@@ -44,6 +44,8 @@ pub struct Stream<X> {
     pub resume_at: Option<u64>,
     /// Central mode: the source address this stream's topic is bound to.
     pub bound: Option<Source>,
+    /// This stream's claim on its pod id ([`super::PodOwners`]), given back when it goes.
+    pub claim: u64,
     /// Messages dropped because they came from another source.
     pub conflicts: u64,
     /// When the stream was made (the driver's clock), for reclaiming one that never spoke again.
@@ -64,6 +66,10 @@ pub enum Reclaim {
     Unconfirmed,
     /// Silent for `stale_after_ms`.
     Silent,
+    /// Its pod is wanted by another stream, and it may go: its publisher's connection closed
+    /// and it would be reclaimed by the rules above, or a registration made since keeps the pod
+    /// for its own streams.
+    Contested,
 }
 
 impl Reclaim {
@@ -71,6 +77,7 @@ impl Reclaim {
         match self {
             Reclaim::Unconfirmed => "unconfirmed",
             Reclaim::Silent => "silent",
+            Reclaim::Contested => "contested",
         }
     }
 }
