@@ -177,6 +177,7 @@ impl Worker {
         }
         add(&counters.events[3], report.unknown_events);
         self.blocks_stored.increment(report.stored_blocks);
+        st.ext.stored_blocks |= report.stored_blocks > 0;
         self.blocks_removed.increment(report.removed_blocks);
         add(&counters.hash_checked, u64::from(report.hash_check.checked));
         add(&counters.hash_mismatched, u64::from(report.hash_check.mismatched));

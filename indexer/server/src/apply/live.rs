@@ -36,11 +36,18 @@ pub struct Live {
     pub staleness: Staleness,
     /// Whether the stream is withheld from scores now (past `max_source_staleness_ms`).
     pub withheld: bool,
+    /// Whether a batch of the stream stored blocks in the index (never reclaimed for holding
+    /// none now, see `ingest::Reclaim::Empty`).
+    pub stored_blocks: bool,
 }
 
 impl Ext for Live {
     fn pinned(&self) -> bool {
         self.importing.is_some() || self.exporting.is_some()
+    }
+
+    fn stored_blocks(&self) -> bool {
+        self.stored_blocks
     }
 }
 
@@ -61,8 +68,10 @@ pub fn new_stream(
 ) -> (Live, Option<u64>) {
     state.status().add(pod);
     tracing::info!(pod = %pod, model = %model, mode = mode.label(), "new source");
-    // A record for another model is of no use: the pod's blocks are in another namespace.
-    let restore = state.restored().take(pod).filter(|r| r.model() == &**model && r.rank == key.rank);
+    // A record for another model is of no use: the pod's blocks are in another namespace; one
+    // of another stream is another engine's.
+    let restore =
+        state.restored().take(pod).filter(|r| r.model() == &**model && r.rank == key.rank && r.base == *key.base);
     let resume_at = restore.as_ref().map(|r| r.cursor);
     let live = Live {
         counters: SourceSeries::global().stream(pod),
@@ -73,6 +82,7 @@ pub fn new_stream(
         waiting: Vec::new(),
         staleness: Staleness::default(),
         withheld: false,
+        stored_blocks: false,
     };
     (live, resume_at)
 }
@@ -120,6 +130,10 @@ impl Fleet for ServiceFleet<'_> {
 
     fn holds_blocks(&self, pod: &str) -> bool {
         self.0.index().pod_stats(pod).is_some_and(|s| s.blocks > 0)
+    }
+
+    fn pod_of_registration(&self, pod: &str) -> Option<(String, bool)> {
+        self.0.registry().pod_of_rank_id(pod)
     }
 
     fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool {
