@@ -469,7 +469,10 @@ impl<X: Ext> StreamTable<X> {
         let stale = self.config.sequencer.stale_after_ms;
         for (key, claim) in self.owners.contested() {
             let Some(st) = self.streams.get(&key).filter(|st| st.claim == claim) else { continue };
-            let departed = st.conn.is_none() && st.reclaimable(fleet, &key, now, stale).is_some();
+            // Silent as reclaiming counts it: a closed connection cleared the pod, so holding no
+            // block (`Empty`) says nothing of whether its engine is coming back.
+            let departed = st.conn.is_none()
+                && st.reclaimable(fleet, &key, now, stale).is_some_and(|(why, _)| why != Reclaim::Empty);
             if !departed && may_feed(fleet, &key, &st.pod, st.mode).is_ok() {
                 continue;
             }

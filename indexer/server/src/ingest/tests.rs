@@ -14,6 +14,8 @@ struct Registry {
     topics: HashMap<String, String>,
     /// Pods whose entry names SGLang (the rest: vLLM, the default).
     sglang: Vec<String>,
+    /// Pods that hold no block in the index (the rest hold some).
+    empty: Vec<String>,
     /// Registered pods: every rank's pod id → (the pod, dialled).
     ranks: HashMap<String, (String, bool)>,
     /// Whether a source address still holds a connection to the central SUB.
@@ -36,6 +38,9 @@ impl Fleet for Registry {
     fn pod_of_registration(&self, pod: &str) -> Option<(String, bool)> {
         self.ranks.get(pod).cloned()
     }
+    fn holds_blocks(&self, pod: &str) -> bool {
+        !self.empty.iter().any(|p| p == pod)
+    }
     fn source_connected(&self, _: &kvindex_zmtp::Source) -> bool {
         self.connected
     }
@@ -52,6 +57,7 @@ fn registry() -> Registry {
     Registry {
         topics: [("eng-a".to_string(), "pod-a".to_string())].into(),
         sglang: vec!["sgl".to_string()],
+        empty: Vec::new(),
         ranks: HashMap::new(),
         connected: true,
     }
@@ -161,6 +167,36 @@ fn a_full_table_refuses_a_new_stream_until_one_may_be_reclaimed() {
     assert!(matches!(&effects[0], Effect::Reclaimed { why: Reclaim::Silent, stream, .. } if &*stream.pod == "x"));
     assert!(t.get(&StreamKey { base: Arc::from("y"), rank: 0 }).is_some());
     assert_eq!(t.len(), 1);
+}
+
+#[test]
+fn a_full_table_reclaims_a_talking_stream_whose_pod_holds_nothing_never_one_that_holds_blocks() {
+    let mut t = table(2);
+    let fleet = Registry { empty: vec!["talker".into()], ..registry() };
+    let admit = |t: &mut StreamTable<()>, topic: &str, seq: u64, now: u64| {
+        let mut out = Vec::new();
+        let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
+        let frames = frames(topic, seq, 0);
+        t.admit(&fleet, &Origin::Central, Some(ConnId(1)), None, &frames, None, now, &mut new, &mut out);
+        out
+    };
+    // Both EXACT and talking every 100 ms; "engine" holds blocks, "talker" none.
+    for seq in 0..20 {
+        admit(&mut t, "kv@engine@m", seq, seq * 100);
+        admit(&mut t, "kv@talker@m", seq, seq * 100);
+    }
+    assert!(t.iter().all(|(_, st)| st.confirmed));
+    let effects = admit(&mut t, "kv@newcomer@m", 0, 2_000);
+    assert!(
+        matches!(&effects[0], Effect::Reclaimed { why: Reclaim::Empty, stream, .. } if &*stream.pod == "talker"),
+        "the stream that holds nothing makes room"
+    );
+    assert!(t.get(&StreamKey { base: Arc::from("newcomer"), rank: 0 }).is_some());
+    // The newcomer is under a second old and holds blocks; the engine holds blocks: nothing
+    // more may go while they talk.
+    let effects = admit(&mut t, "kv@another@m", 0, 2_100);
+    assert!(matches!(effects[..], [Effect::Refused { reason: "max_sources", .. }]), "{}", effects.len());
+    assert!(t.get(&StreamKey { base: Arc::from("engine"), rank: 0 }).is_some());
 }
 
 /// `frames` with a 24-byte seq frame: the seq, then the publisher's 16-byte epoch.
