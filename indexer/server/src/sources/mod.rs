@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use crate::apply::{Origin, Queues, Work};
 use crate::shutdown::Shutdown;
+use crate::source_series::{self, SourceSeries};
 use crate::telemetry as m;
 use crate::transport::{self, Backoff, Event, SocketKind, SubDialer, SubListener, TransportError};
 
@@ -146,6 +147,8 @@ impl Dialer {
             Err(e) => return TransportError::from_zmtp("connect", &endpoint, &e).record(),
         };
         let mut connected_before = false;
+        // Its series goes when the pod does (this task ends when it is unregistered).
+        let counters = SourceSeries::global().dialler(&id);
         loop {
             let event = tokio::select! {
                 event = sub.recv() => match event {
@@ -166,7 +169,7 @@ impl Dialer {
                 other => {
                     if let Event::Connected { conn, peer, .. } = &other {
                         if std::mem::replace(&mut connected_before, true) {
-                            metrics::counter!(m::RECONNECTIONS, "pod" => id.to_string()).increment(1);
+                            source_series::add(&counters.reconnections, 1);
                         }
                         // What the engine published before this subscription reached it is asked
                         // from its replay socket (queued before the connection's messages).
