@@ -70,6 +70,7 @@ pub use event::{Event, Message};
 pub use greeting::Greeting;
 pub use handshake::PeerInfo;
 pub use limits::Limits;
-pub use peer::{network_of, ConnId, Peer, Source};
+pub use kvindex_conn_caps::network_of;
+pub use peer::{ConnId, Peer, Source};
 pub use sub_dialer::SubDialer;
 pub use sub_listener::{Admission, SubListener};

@@ -6,7 +6,7 @@
 //!   (`http_max_connections_per_address`) and per network (`http_max_connections_per_network`):
 //!   at a full cap the oldest idle connection under it is closed to make room, and a newcomer is
 //!   closed at accept (before any byte is read or a TLS handshake starts, and counted) only when
-//!   every connection under the cap is answering a request ([`super::connection_caps`]);
+//!   every connection under the cap is answering a request ([`kvindex_conn_caps`]);
 //! - a header read timeout (`http_header_timeout_ms`, hyper's own timer), which is also how long
 //!   an idle keep-alive connection may wait for its next request;
 //! - a write timeout (`http_write_timeout_ms`): a write that makes no progress that long (a
@@ -33,6 +33,7 @@ use axum::http::{Request, Response};
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use kvindex_conn_caps::{Answering, ConnectionCaps, Place};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -41,7 +42,6 @@ use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
-use super::connection_caps::{Answering, ConnectionCaps, Place};
 use crate::config::http_limits::ConnLimits;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;

@@ -19,9 +19,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use kvindex_zmtp::network_of;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+
+use crate::network_of;
 
 /// The caps of one listener and the connections it holds.
 pub struct ConnectionCaps {
