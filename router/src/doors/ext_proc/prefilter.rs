@@ -25,7 +25,14 @@ pub fn hint(ranked: &[PodChoice], band: f64) -> Option<Vec<String>> {
     if best == 0 {
         return None;
     }
-    Some(in_band.iter().filter(|c| c.cached_blocks == best).map(|c| c.pod.clone()).collect())
+    // The picker behind us knows endpoints, not the ranks this router would name there.
+    let mut pods: Vec<String> = Vec::new();
+    for c in in_band.iter().filter(|c| c.cached_blocks == best) {
+        if !pods.iter().any(|p| p == c.endpoint()) {
+            pods.push(c.endpoint().to_string());
+        }
+    }
+    Some(pods)
 }
 
 #[cfg(test)]
