@@ -152,10 +152,6 @@ async fn pods_of_one_capacity_in_tokens_weigh_alike_whatever_their_block_or_page
     let router = router(&bins, &args);
     let ids: Vec<String> = pods.iter().map(|p| p.pod_id.clone()).collect();
     wait_scraped(&router.http, &ids).await;
-    for id in &ids {
-        let view = router_pod(&router.http, id).await;
-        assert_eq!(view["load"]["kv_tokens"], 20_480, "{view}");
-    }
     let body = json!({"model": MODEL, "prompt": "a short question", "max_tokens": 1});
     let decision = post(&router.http, "/route/v1/completions", &body).await.json();
     let weights: Vec<(String, f64)> = decision["ranked"]
@@ -168,5 +164,9 @@ async fn pods_of_one_capacity_in_tokens_weigh_alike_whatever_their_block_or_page
     // 20,480 tokens are 1,280 blocks of the router's 16: a full cache costs 256 × 1,280 / 10,000.
     for (pod, weight) in &weights {
         assert!((weight - 256.0 * 1280.0 / 10_000.0).abs() < 1e-9, "{pod}: a full cache costs {weight}: {decision}");
+    }
+    for id in &ids {
+        let view = router_pod(&router.http, id).await;
+        assert_eq!(view["load"]["kv_tokens"], 20_480, "{view}");
     }
 }
