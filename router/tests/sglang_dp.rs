@@ -29,9 +29,7 @@ fn engine_peer() -> Option<JsonPeer> {
     let python = kvindex_testkit::env::python_with(&["zmq", "msgspec", "grpc", "grpc_tools", "pydantic"])?;
     let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let mut command = Command::new(python);
-    command
-        .arg(root.join("router/tests/python/sglang_dp_engine.py"))
-        .arg(root.join("proto/kvindex/v1/indexer.proto"));
+    command.arg(root.join("router/tests/python/sglang_dp_engine.py")).arg(root.join("proto/kvindex/v1/indexer.proto"));
     Some(JsonPeer::start(&mut command))
 }
 
@@ -86,14 +84,7 @@ impl DpStack {
         )
         .expect("kvindex serve");
         let addrs = kv.listening("KVINDEX_LISTENING ").expect("listening line");
-        Some(DpStack {
-            peer,
-            kv_http: addrs["http"].clone(),
-            kv_grpc: addrs["grpc"].clone(),
-            _kv: kv,
-            dir,
-            pod,
-        })
+        Some(DpStack { peer, kv_http: addrs["http"].clone(), kv_grpc: addrs["grpc"].clone(), _kv: kv, dir, pod })
     }
 
     /// The indexer's id of rank `r`.

@@ -387,8 +387,8 @@ impl Fleet {
                 if !precedence::may_replace(existing.source.origin(), source.origin()) {
                     return Err(PodRefused::Stronger { id: spec.id.clone(), owner: existing.source });
                 }
-                let unchanged = group.len() == entries.len()
-                    && entries.iter().all(|e| group.iter().any(|p| p.same_as(e)));
+                let unchanged =
+                    group.len() == entries.len() && entries.iter().all(|e| group.iter().any(|p| p.same_as(e)));
                 if unchanged {
                     return Ok(());
                 }
@@ -543,7 +543,10 @@ mod tests {
         let second = fleet.begin(&pod, 40);
         let _cached = fleet.begin(&pod, 0);
         assert_eq!(queued(&pod), 100);
-        pod.scraped(EngineLoad { waiting: 0.0, running: 3.0, kv_usage: None, kv_tokens: None, engines: 1 }, Instant::now());
+        pod.scraped(
+            EngineLoad { waiting: 0.0, running: 3.0, kv_usage: None, kv_tokens: None, engines: 1 },
+            Instant::now(),
+        );
         assert_eq!(queued(&pod), 100, "a scrape counts requests, not the prompt still to compute");
         first.prefilled();
         first.prefilled();
@@ -600,7 +603,10 @@ mod tests {
         fleet.upsert(&dp_spec("g:30000", 3, DpRouting::Engine), Source::File).unwrap();
         assert_eq!(ids(&fleet), ["g:30000", "h:30000", "h:30001"]);
         let rank1 = fleet.get("h:30001").unwrap();
-        assert_eq!((rank1.url.as_str(), rank1.spec_id.as_str(), &rank1.dp), ("http://h:30000", "h:30000", &PodDp::Rank { rank: 1, ranks: 2 }));
+        assert_eq!(
+            (rank1.url.as_str(), rank1.spec_id.as_str(), &rank1.dp),
+            ("http://h:30000", "h:30000", &PodDp::Rank { rank: 1, ranks: 2 })
+        );
         assert_eq!(rank1.dp.named_rank(), Some(1));
         let balanced = fleet.get("g:30000").unwrap();
         assert_eq!(balanced.dp, PodDp::Balanced(vec!["g:30000".into(), "g:30001".into(), "g:30002".into()]));

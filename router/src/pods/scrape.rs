@@ -31,9 +31,9 @@ pub async fn run(fleet: Arc<Fleet>, client: HttpClient, interval: Duration, time
             by_url.entry(pod.url.clone()).or_default().push(pod);
         }
         tasks.retain(|url, (pods, task)| {
-            let current = by_url
-                .get(url)
-                .is_some_and(|now| now.len() == pods.len() && now.iter().zip(pods.iter()).all(|(a, b)| Arc::ptr_eq(a, b)));
+            let current = by_url.get(url).is_some_and(|now| {
+                now.len() == pods.len() && now.iter().zip(pods.iter()).all(|(a, b)| Arc::ptr_eq(a, b))
+            });
             if !current {
                 task.abort();
             }
@@ -43,7 +43,8 @@ pub async fn run(fleet: Arc<Fleet>, client: HttpClient, interval: Duration, time
             if tasks.contains_key(&url) {
                 continue;
             }
-            let task = tokio::spawn(scrape_loop(url.clone(), pods.clone(), client.clone(), interval, timeout)).abort_handle();
+            let task =
+                tokio::spawn(scrape_loop(url.clone(), pods.clone(), client.clone(), interval, timeout)).abort_handle();
             tasks.insert(url, (pods, task));
         }
         if changes.changed().await.is_err() {
@@ -76,7 +77,9 @@ async fn scrape_loop(url: String, pods: Vec<Arc<Pod>>, client: HttpClient, inter
 fn scraped(pod: &Pod, load: EngineLoad) {
     pod.scraped(load, Instant::now());
     metrics::counter!(m::SCRAPES, "outcome" => "ok").increment(1);
-    for (kind, value) in [("waiting", load.waiting), ("running", load.running), ("kv_usage", load.kv_usage.unwrap_or(0.0))] {
+    for (kind, value) in
+        [("waiting", load.waiting), ("running", load.running), ("kv_usage", load.kv_usage.unwrap_or(0.0))]
+    {
         metrics::gauge!(m::POD_LOAD, "pod" => pod.id.clone(), "kind" => kind).set(value);
     }
     if let Some(tokens) = load.kv_tokens {

@@ -27,7 +27,6 @@ const NUM_PAGES: &str = "sglang:num_pages";
 const MAX_TOTAL_NUM_TOKENS: &str = "sglang:max_total_num_tokens";
 const PAGE_SIZE: &str = "sglang:page_size";
 
-
 /// One engine's (one `dp_rank`'s) gauges as read so far.
 #[derive(Default)]
 struct Engine {
@@ -97,7 +96,8 @@ pub fn parse(text: &str, rank: Option<u32>) -> Result<EngineLoad, Unread> {
         }
         let usable = |n: f64| n >= 1.0 && n < u64::MAX as f64;
         let from_pages = || {
-            let (pages, page_size) = (engine.num_pages.filter(|&p| usable(p))?, engine.page_size.filter(|&p| usable(p))?);
+            let (pages, page_size) =
+                (engine.num_pages.filter(|&p| usable(p))?, engine.page_size.filter(|&p| usable(p))?);
             Some(pages.floor() * page_size.floor())
         };
         let tokens = engine.max_total_num_tokens.filter(|&t| usable(t)).or_else(from_pages);
@@ -118,14 +118,23 @@ mod tests {
     #[test]
     fn a_data_parallel_pod_sums_its_engines_and_keeps_the_fullest_and_the_smallest() {
         let load = parse(DP_ATTENTION_PAGE, None).unwrap();
-        assert_eq!(load, EngineLoad { waiting: 7.0, running: 7.0, kv_usage: Some(0.26), kv_tokens: Some(320_000), engines: 2 });
+        assert_eq!(
+            load,
+            EngineLoad { waiting: 7.0, running: 7.0, kv_usage: Some(0.26), kv_tokens: Some(320_000), engines: 2 }
+        );
     }
 
     #[test]
     fn one_rank_of_a_data_parallel_pod_reads_its_own_series_only() {
         let rank = |r| parse(DP_ATTENTION_PAGE, Some(r));
-        assert_eq!(rank(0), Ok(EngineLoad { waiting: 2.0, running: 3.0, kv_usage: Some(0.13), kv_tokens: Some(327_680), engines: 1 }));
-        assert_eq!(rank(1), Ok(EngineLoad { waiting: 5.0, running: 4.0, kv_usage: Some(0.26), kv_tokens: Some(320_000), engines: 1 }));
+        assert_eq!(
+            rank(0),
+            Ok(EngineLoad { waiting: 2.0, running: 3.0, kv_usage: Some(0.13), kv_tokens: Some(327_680), engines: 1 })
+        );
+        assert_eq!(
+            rank(1),
+            Ok(EngineLoad { waiting: 5.0, running: 4.0, kv_usage: Some(0.26), kv_tokens: Some(320_000), engines: 1 })
+        );
         assert_eq!(rank(2), Err(Unread::NoSuchRank), "a rank the engine does not run");
         let single = "sglang:num_running_reqs{tp_rank=\"0\"} 1.0\n";
         assert_eq!(parse(single, Some(0)), Err(Unread::NoSuchRank), "no dp_rank label: not a data-parallel engine");

@@ -150,7 +150,8 @@ mod tests {
         let spec: PodSpec = serde_json::from_str(r#"{"id": "a:1", "url": "http://a:1"}"#).unwrap();
         assert_eq!(spec, PodSpec::new("a:1", "http://a:1", Role::Both));
         let spec: PodSpec =
-            serde_json::from_str(r#"{"id": "a:1", "url": "http://a:1", "dp_size": 4, "dp_routing": "router"}"#).unwrap();
+            serde_json::from_str(r#"{"id": "a:1", "url": "http://a:1", "dp_size": 4, "dp_routing": "router"}"#)
+                .unwrap();
         assert_eq!((spec.dp_size, spec.dp_routing), (4, DpRouting::Router));
     }
 }

@@ -124,7 +124,8 @@ mod tests {
 
     #[test]
     fn older_vllm_names_and_garbage() {
-        let load = parse("vllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc 0.5\nnot a sample\n{}\n", None).unwrap();
+        let load =
+            parse("vllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc 0.5\nnot a sample\n{}\n", None).unwrap();
         assert_eq!(load, EngineLoad { waiting: 1.0, running: 0.0, kv_usage: Some(0.5), kv_tokens: None, engines: 1 });
         assert!(parse("up 1\n", None).is_err());
         assert!(parse("vllm:num_requests_waiting{engine=\"0 1\n", None).is_err(), "unterminated labels");
