@@ -418,7 +418,7 @@ impl Router {
         }
         // A pod whose engine picks the rank: no rank can be credited, and crediting one would
         // not raise what every rank holds.
-        if !holder.handle.as_ref().is_some_and(|p| candidates::balancer_ranks(p, holder.load.engines).is_some()) {
+        if holder.handle.as_ref().is_none_or(|p| candidates::balancer_ranks(p, holder.load.engines).is_none()) {
             self.recorder.record(&self.indexer, decision, &holder.pod);
         }
         Some(guards)
