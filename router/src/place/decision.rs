@@ -67,6 +67,27 @@ impl PodChoice {
     pub fn dp_rank(&self) -> Option<u32> {
         self.handle.as_ref()?.dp.named_rank()
     }
+
+    /// A choice of `pod` holding `cached` blocks, under `load` and nothing else (the unit
+    /// tests' choices; each sets what it looks at).
+    #[cfg(test)]
+    pub(crate) fn example(pod: &str, cached: u32, load: f64) -> PodChoice {
+        PodChoice {
+            pod: pod.into(),
+            role: Role::Both,
+            matched_blocks: cached,
+            speculative_blocks: 0,
+            cached_blocks: cached,
+            source_state: None,
+            cost: 0.0,
+            kv_weight: 0.0,
+            kv_cost: 0.0,
+            over_kv_cutoff: false,
+            in_band: false,
+            load: LoadView::unscraped(load),
+            handle: None,
+        }
+    }
 }
 
 /// Time spent per stage, in microseconds.

@@ -38,25 +38,9 @@ pub fn hint(ranked: &[PodChoice], band: f64) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::fleet::LoadView;
-    use crate::pods::spec::Role;
 
     fn choice(pod: &str, cached: u32, load: f64) -> PodChoice {
-        PodChoice {
-            pod: pod.into(),
-            role: Role::Both,
-            matched_blocks: cached,
-            speculative_blocks: 0,
-            cached_blocks: cached,
-            source_state: None,
-            cost: 0.0,
-            kv_weight: 0.0,
-            kv_cost: 0.0,
-            over_kv_cutoff: false,
-            in_band: false,
-            load: LoadView::unscraped(load),
-            handle: None,
-        }
+        PodChoice::example(pod, cached, load)
     }
 
     #[test]

@@ -569,7 +569,7 @@ mod tests {
 
     #[test]
     fn the_destination_is_an_endpoint_and_fallbacks_are_those_the_one_rank_header_fits() {
-        use crate::pods::fleet::{Fleet, LoadView, Source};
+        use crate::pods::fleet::{Fleet, Source};
         use crate::pods::spec::{DpRouting, PodSpec, Role};
         let fleet = Fleet::new(std::time::Duration::from_secs(2));
         let sglang = |id: &str| PodSpec {
@@ -580,21 +580,7 @@ mod tests {
         fleet.upsert(&sglang("a:30000"), Source::Static).unwrap();
         fleet.upsert(&sglang("b:30000"), Source::Static).unwrap();
         fleet.upsert(&PodSpec::new("v:8000", "http://v:8000", Role::Both), Source::Static).unwrap();
-        let choice = |id: &str| PodChoice {
-            pod: id.into(),
-            role: Role::Both,
-            matched_blocks: 0,
-            speculative_blocks: 0,
-            cached_blocks: 0,
-            source_state: None,
-            cost: 0.0,
-            kv_weight: 0.0,
-            kv_cost: 0.0,
-            over_kv_cutoff: false,
-            in_band: false,
-            load: LoadView::unscraped(0.0),
-            handle: fleet.get(id),
-        };
+        let choice = |id: &str| PodChoice { handle: fleet.get(id), ..PodChoice::example(id, 0, 0.0) };
         let ranked: Vec<PodChoice> =
             ["a:30001", "a:30000", "v:8000", "b:30000", "b:30001"].into_iter().map(choice).collect();
         assert_eq!(ranked[0].dp_rank(), Some(1));
