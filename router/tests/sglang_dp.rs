@@ -164,7 +164,18 @@ fn prompt(k: u32, turn: u32) -> Vec<u32> {
 /// One request through the router: (pod the router picked, matched blocks it predicted,
 /// cached tokens the engine served, rank that served).
 async fn complete(router: &str, tokens: &[u32]) -> (String, u64, u64, u64) {
-    let reply = post(router, "/v1/completions", &json!({"model": MODEL, "prompt": tokens, "max_tokens": 1})).await;
+    complete_asking_rank(router, tokens, None).await
+}
+
+/// [`complete`], the client naming rank `asked` itself (header and body), if given.
+async fn complete_asking_rank(router: &str, tokens: &[u32], asked: Option<u64>) -> (String, u64, u64, u64) {
+    let mut body = json!({"model": MODEL, "prompt": tokens, "max_tokens": 1});
+    let asked = asked.map(|r| r.to_string());
+    let headers: Vec<(&str, &str)> = asked.iter().map(|r| ("x-data-parallel-rank", r.as_str())).collect();
+    if let Some(r) = &asked {
+        body["routed_dp_rank"] = json!(r.parse::<u64>().unwrap());
+    }
+    let reply = request(router, "POST", "/v1/completions", Some(body.to_string().into()), &headers).await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     let matched = reply.header("x-kvindex-matched-blocks").unwrap().parse().unwrap();
     let rank = reply.header("x-sgl-dp-rank").expect("the engine names the rank that served").parse().unwrap();
@@ -241,10 +252,12 @@ async fn the_router_names_the_rank_holding_the_prefix_and_the_engine_serves_it_t
         home.push(rank);
         stack.settle().await;
     }
-    // Follow-ups: each goes to the rank holding its prefix, predicted and served exactly.
+    // Follow-ups: each goes to the rank holding its prefix, predicted and served exactly; on the
+    // last turn the client names the other rank itself, and the router's rank replaces it.
     for turn in 1..3 {
         for k in 0..6u32 {
-            let (pod, matched, cached, rank) = complete(&router.http, &prompt(k, turn)).await;
+            let other = (turn == 2).then(|| 1 - home[k as usize]);
+            let (pod, matched, cached, rank) = complete_asking_rank(&router.http, &prompt(k, turn), other).await;
             assert_eq!(rank, home[k as usize], "conversation {k} stays on its rank");
             assert_eq!(pod, ranks[rank as usize]);
             assert_eq!((matched, cached), (3, 48), "conversation {k}, turn {turn}: predicted and served");
@@ -254,4 +267,5 @@ async fn the_router_names_the_rank_holding_the_prefix_and_the_engine_serves_it_t
     let served = stack.peer.cmd(json!({"op": "dp_engine_served"}))["served"].clone();
     let named: Vec<Value> = served.as_array().unwrap().iter().map(|s| s[0].clone()).collect();
     assert!(named.iter().all(|r| r.is_u64()), "every request named its rank: {served}");
+    assert!(served.as_array().unwrap().iter().all(|s| s[0] == s[1]), "and was served there: {served}");
 }

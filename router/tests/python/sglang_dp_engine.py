@@ -203,7 +203,10 @@ def http_server(engine):
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))) or b"{}")
             if self.path != "/v1/completions":
                 return self.reply(404, {"error": "not found"})
-            headers = {k.lower(): v for k, v in self.headers.items()}
+            # A repeated header reads as its first value, as Starlette's `Headers.get` does.
+            headers = {}
+            for k, v in self.headers.items():
+                headers.setdefault(k.lower(), v)
             status, answer, rank = engine.complete(headers, body)
             self.reply(status, answer, rank=rank)
 
