@@ -8,9 +8,10 @@
 //! had a response byte yet, `running` = the pod's running requests (scraped) plus this
 //! router's requests sent since that scrape, `waiting` = its queued requests (scraped),
 //! `kv_usage` its KV-cache usage (0–1), `kv_weight' = kv_weight × min(1, kv_blocks /
-//! kv_reference_blocks)` with `kv_blocks` the pod's KV capacity in tokens (vLLM's
-//! `num_gpu_blocks × block_size`, SGLang's `max_total_num_tokens`) over the indexer's block
-//! size, so pods of any block or page size compare alike (`kv_weight` itself when unknown), and
+//! kv_reference_blocks)` with `kv_blocks` the pod's KV capacity in blocks of the indexer's
+//! size: its capacity in tokens (vLLM's `num_gpu_blocks × block_size`, SGLang's
+//! `max_total_num_tokens`) over that block size, so pods of any block or page size compare
+//! alike (`kv_weight` itself when unknown), and
 //! a pod's cached blocks are the larger of its exact
 //! matched prefix and its speculative credit. Lowest cost wins; equal costs go to the pod with
 //! the highest rendezvous weight of the prompt's first block key, so every replica breaks the
