@@ -134,7 +134,7 @@ impl Fleet {
                 out.push(self.peer.score(MODEL, &tokens(pod, k), &[])["scores"].clone());
             }
         }
-        out.push(self.peer.score(MODEL, &chain(999_999, 2), &[])["scores"].clone());
+        out.push(self.peer.score(MODEL, &chain(99_999, 2), &[])["scores"].clone());
         out
     }
 
@@ -336,6 +336,15 @@ fn a_sibling_that_dies_lies_stalls_or_oversends_mid_bootstrap_means_a_cold_start
     // The direct request carried its bound, and the sibling refused at once; the relay that
     // dropped it made the sibling send everything, and the replica refused it on arrival.
     assert_eq!(metric(&sibling.http, "kvindex_sibling_exports_total", &["outcome=\"too_large\""]), 1.0);
+
+    // Nothing listens where the sibling should be (the first replica of an install).
+    let nowhere = format!("127.0.0.1:{}", free_port());
+    let replica = fleet.serve(None, &["--bootstrap-from", &nowhere]);
+    fleet.subscribed();
+    fleet.publish(1);
+    ready(&replica, 60);
+    assert_eq!(metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"unreachable\""]), 1.0);
+    drop(replica);
 
     // The sibling itself dies (SIGKILL) while a replica waits for its export.
     let pid = sibling.child.id().to_string();

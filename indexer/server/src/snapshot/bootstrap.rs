@@ -117,6 +117,9 @@ async fn fetch_unbounded(
         let chunk = match stream.message().await {
             Ok(Some(chunk)) => chunk,
             Ok(None) => break,
+            // Nothing came yet: the connection itself failed (under TLS 1.3 a sibling that
+            // refuses our certificate says so only after the handshake looked done).
+            Err(status) if reassembly.received() == 0 && header.is_none() => return Err(refused_call(&status, limit)),
             Err(status) => return Err(stopped(&status, limit)),
         };
         let Some(value) = reassembly.push(chunk).map_err(|t| BootstrapError::TooLarge { limit: t.limit })? else {
@@ -194,10 +197,11 @@ fn decode_all(header: &Header, values: &[Vec<u8>]) -> Result<Vec<StreamRecord>, 
     Ok(records)
 }
 
-/// Why the call was refused before any chunk.
+/// Why the call was refused before any chunk (`Unknown`: a transport error, not the sibling's
+/// answer).
 fn refused_call(status: &tonic::Status, limit: u64) -> BootstrapError {
     match status.code() {
-        Code::Unavailable | Code::Unimplemented => {
+        Code::Unavailable | Code::Unimplemented | Code::Unknown => {
             BootstrapError::Unreachable(format!("{:?}: {}", status.code(), status.message()))
         }
         _ => stopped(status, limit),
