@@ -86,6 +86,7 @@ pub const BOOTSTRAP_SECONDS: &str = "kvindex_bootstrap_seconds";
 pub const BOOTSTRAP_BYTES: &str = "kvindex_bootstrap_bytes";
 pub const SIBLING_EXPORTS: &str = "kvindex_sibling_exports_total";
 pub const SIBLING_EXPORT_SECONDS: &str = "kvindex_sibling_export_seconds";
+pub const SIBLING_EXPORTS_RUNNING: &str = "kvindex_sibling_exports_running";
 pub const SIBLING_CHECKS: &str = "kvindex_sibling_checks_total";
 pub const SIBLING_PODS: &str = "kvindex_sibling_pods";
 
@@ -203,6 +204,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: BOOTSTRAP_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Bytes the last bootstrap received" },
     Metric { name: SIBLING_EXPORTS, kind: Counter, labels: &["outcome"], unit: None, help: "Index exports to bootstrapping siblings (ExportIndex), by outcome" },
     Metric { name: SIBLING_EXPORT_SECONDS, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Time to capture, encode and send an export to a sibling" },
+    Metric { name: SIBLING_EXPORTS_RUNNING, kind: Gauge, labels: &[], unit: None, help: "Exports to siblings running now (at most sibling_export_max_concurrent, one per caller)" },
     Metric { name: SIBLING_CHECKS, kind: Counter, labels: &["outcome"], unit: None, help: "Periodic digest checks of a sibling (sibling_check_interval_ms), by outcome" },
     Metric { name: SIBLING_PODS, kind: Gauge, labels: &["sibling", "verdict"], unit: None, help: "Pods by how their digest compared with a sibling's at the last check: agree, differ (same cursor), behind, missing, unsettled" },
 ];

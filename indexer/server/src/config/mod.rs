@@ -817,6 +817,28 @@ mod tests {
     }
 
     #[test]
+    fn bootstrap_settings_are_checked_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "sibling-test-token-0123456789abcdef").unwrap();
+        let token = token.to_str().unwrap();
+        assert!(config(&[]).unwrap().bootstrap_from.is_none());
+        let c = config(&["--admin-token-file", token, "--bootstrap-from", "kvindex-indexer-peers:50051"]).unwrap();
+        assert_eq!(c.bootstrap_from.unwrap().addr, "kvindex-indexer-peers:50051");
+        assert_eq!((c.bootstrap_timeout_ms, c.sibling_check_interval_ms), (60_000, 0));
+        let err = |args: &[&str]| config(args).unwrap_err().key;
+        assert_eq!(err(&["--bootstrap-from", "peers:50051"]), "bootstrap_from", "no admin token to present");
+        for bad in ["peers", ":50051", "peers:http", "http://peers:50051"] {
+            assert_eq!(err(&["--admin-token-file", token, "--bootstrap-from", bad]), "bootstrap_from", "{bad}");
+        }
+        assert_eq!(err(&["--bootstrap-tls-ca", token]), "bootstrap_from", "TLS to no sibling");
+        let from = ["--admin-token-file", token, "--bootstrap-from", "peers:50051"];
+        assert_eq!(err(&[&from[..], &["--bootstrap-tls-ca", token]].concat()), "bootstrap_tls_ca", "not PEM");
+        assert_eq!(err(&[&from[..], &["--bootstrap-tls-cert", token]].concat()), "bootstrap_tls_key");
+        assert_eq!(err(&["--sibling-check-interval-ms", "1000"]), "sibling_check_interval_ms");
+    }
+
+    #[test]
     fn hash_seed_turns_the_vllm_hash_check_on() {
         assert!(config(&[]).unwrap().hash_check.is_none());
         let on = config(&["--hash-seed", "0"]).unwrap().hash_check.unwrap();

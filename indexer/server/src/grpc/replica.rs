@@ -18,7 +18,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metrics::{counter, histogram};
+use metrics::{counter, gauge, histogram};
 use parking_lot::Mutex;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -66,22 +66,20 @@ impl ReplicaService {
     ) -> Self {
         ReplicaService { index, queues, control, limits, block_size, instance, running: Arc::default() }
     }
+}
 
-    /// Takes `caller`'s export slot, or says why not.
-    fn claim(&self, caller: &str) -> Result<Slot, Status> {
-        let mut running = self.running.lock();
-        if running.contains(caller) {
-            return Err(Status::resource_exhausted(format!("an export to {caller} is already running")));
-        }
-        if running.len() >= self.limits.max_concurrent {
-            return Err(Status::resource_exhausted(format!(
-                "{} exports are running (sibling_export_max_concurrent)",
-                running.len()
-            )));
-        }
-        running.insert(caller.to_string());
-        Ok(Slot { running: self.running.clone(), caller: caller.to_string() })
+/// Takes `caller`'s export slot among the `running` ones (at most `max`), or says why not.
+fn claim(running: &Arc<Mutex<HashSet<String>>>, max: usize, caller: &str) -> Result<Slot, Status> {
+    let mut held = running.lock();
+    if held.contains(caller) {
+        return Err(Status::resource_exhausted(format!("an export to {caller} is already running")));
     }
+    if held.len() >= max {
+        return Err(Status::resource_exhausted(format!("{} exports are running (sibling_export_max_concurrent)", held.len())));
+    }
+    held.insert(caller.to_string());
+    gauge!(m::SIBLING_EXPORTS_RUNNING).set(held.len() as f64);
+    Ok(Slot { running: running.clone(), caller: caller.to_string() })
 }
 
 /// A caller's export slot, given back when dropped.
@@ -92,7 +90,9 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.running.lock().remove(&self.caller);
+        let mut running = self.running.lock();
+        running.remove(&self.caller);
+        gauge!(m::SIBLING_EXPORTS_RUNNING).set(running.len() as f64);
     }
 }
 
@@ -116,7 +116,7 @@ impl Replica for ReplicaService {
     ) -> Result<Response<Self::ExportIndexStream>, Status> {
         authorize(&self.control, &request).inspect_err(|_| outcome("denied"))?;
         let caller = caller_of(request.remote_addr());
-        let slot = self.claim(&caller).inspect_err(|_| outcome("busy"))?;
+        let slot = claim(&self.running, self.limits.max_concurrent, &caller).inspect_err(|_| outcome("busy"))?;
         let asked = request.into_inner().max_bytes;
         let budget = if asked > 0 { asked.min(self.limits.max_bytes) } else { self.limits.max_bytes };
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -173,5 +173,25 @@ impl Replica for ReplicaService {
     ) -> Result<Response<pb::PodDigestsResponse>, Status> {
         let pods = crate::sibling_check::own_digests(&self.index);
         Ok(Response::new(pb::PodDigestsResponse { instance: self.instance, pods, block_size: self.block_size as u32 }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_export_per_caller_and_a_bound_on_all() {
+        let running = Arc::default();
+        let a = claim(&running, 2, "10.0.0.1").unwrap();
+        let again = claim(&running, 2, "10.0.0.1").err().unwrap();
+        assert_eq!(again.code(), tonic::Code::ResourceExhausted);
+        assert!(again.message().contains("already running"), "{}", again.message());
+        let _b = claim(&running, 2, "10.0.0.2").unwrap();
+        let full = claim(&running, 2, "10.0.0.3").err().unwrap();
+        assert!(full.message().contains("sibling_export_max_concurrent"), "{}", full.message());
+        drop(a);
+        let _a = claim(&running, 2, "10.0.0.1").expect("given back when its export ends");
+        assert_eq!(running.lock().len(), 2);
     }
 }
