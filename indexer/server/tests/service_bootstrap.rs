@@ -116,7 +116,7 @@ impl Fleet {
                 .iter()
                 .zip(PODS)
                 .map(|(name, pod)| {
-                    let s = source(&server.http, pod)?;
+                    let s = debug_source(&server.http, pod)?;
                     let state = s["state"].as_str()?;
                     (s["last_seq"] == info["pubs"][name]["last_seq"] && (state == "EXACT" || state == "DEGRADED"))
                         .then(|| state.to_string())
@@ -151,18 +151,7 @@ impl Fleet {
     }
 }
 
-fn source(http: &str, pod: &str) -> Option<Value> {
-    let (status, body) = http_request(http, "GET", "/debug/sources", None);
-    if status != 200 {
-        return None;
-    }
-    let v: Value = serde_json::from_str(&body).ok()?;
-    v["sources"].as_array()?.iter().find(|s| s["pod"] == pod).cloned()
-}
 
-fn metric(http: &str, name: &str, labels: &[&str]) -> f64 {
-    kvindex_testkit::prometheus::sum(&http_request(http, "GET", "/metrics", None).1, name, labels)
-}
 
 fn ready(server: &ServeProcess, secs: u64) {
     wait_until("ready", secs, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
@@ -251,12 +240,12 @@ fn a_new_replica_bootstraps_from_its_sibling_and_scores_exactly_as_it_does() {
     assert_eq!(fleet.matched(&replica, 0, 0), 4, "an old chain, long out of the replay buffer");
     let r = fleet.check(&replica);
     assert_eq!(r["mismatches"], json!([]), "EXACT pods hold exactly what their publishers hold: {r}");
-    assert_eq!(metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"loaded\""]), 1.0);
-    assert_eq!(metric(&replica.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 2.0);
-    assert_eq!(metric(&sibling.http, "kvindex_sibling_exports_total", &["outcome=\"ok\""]), 1.0);
+    assert_eq!(http_metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"loaded\""]), 1.0);
+    assert_eq!(http_metric(&replica.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 2.0);
+    assert_eq!(http_metric(&sibling.http, "kvindex_sibling_exports_total", &["outcome=\"ok\""]), 1.0);
 
     // Both hold the same for every pod, and say so in /debug/sources and to `kvindex compare`.
-    let digests = |s: &ServeProcess| PODS.map(|p| source(&s.http, p).unwrap()["digest"].clone());
+    let digests = |s: &ServeProcess| PODS.map(|p| debug_source(&s.http, p).unwrap()["digest"].clone());
     assert_eq!(digests(&replica), digests(&sibling));
     assert!(digests(&sibling).iter().all(|d| d.as_str().is_some_and(|d| d.len() == 16 && d != "0000000000000000")));
     let (code, out) = compare(&sibling, &replica);
@@ -264,9 +253,9 @@ fn a_new_replica_bootstraps_from_its_sibling_and_scores_exactly_as_it_does() {
     assert!(out.contains("2 pods, 2 agree, 0 differ"), "{out}");
     // The opt-in periodic check agrees too.
     wait_until("the sibling check", 30, || {
-        (metric(&replica.http, "kvindex_sibling_pods", &["verdict=\"agree\""]) == 2.0).then_some(())
+        (http_metric(&replica.http, "kvindex_sibling_pods", &["verdict=\"agree\""]) == 2.0).then_some(())
     });
-    assert_eq!(metric(&replica.http, "kvindex_sibling_pods", &["verdict=\"differ\""]), 0.0);
+    assert_eq!(http_metric(&replica.http, "kvindex_sibling_pods", &["verdict=\"differ\""]), 0.0);
 }
 
 #[test]
@@ -325,17 +314,17 @@ fn a_sibling_that_dies_lies_stalls_or_oversends_mid_bootstrap_means_a_cold_start
         fleet.publish(1);
         ready(&replica, 60);
         fleet.settle(&replica);
-        assert_eq!(metric(&replica.http, "kvindex_bootstrap_total", &[&format!("outcome=\"{outcome}\"")]), 1.0, "{outcome}");
-        assert_eq!(metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"loaded\""]), 0.0, "{outcome}");
+        assert_eq!(http_metric(&replica.http, "kvindex_bootstrap_total", &[&format!("outcome=\"{outcome}\"")]), 1.0, "{outcome}");
+        assert_eq!(http_metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"loaded\""]), 0.0, "{outcome}");
         // Cold, never half: not one record of the sibling went in, even those that arrived whole.
-        assert_eq!(metric(&replica.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 0.0);
+        assert_eq!(http_metric(&replica.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 0.0);
         assert_eq!((fleet.matched(&replica, 0, 0), fleet.matched(&replica, 1, 0)), (0, 0), "{outcome}");
         fleet.check(&replica);
     }
-    assert_eq!(metric(&sibling.http, "kvindex_sibling_exports_total", &["outcome=\"denied\""]), 1.0);
+    assert_eq!(http_metric(&sibling.http, "kvindex_sibling_exports_total", &["outcome=\"denied\""]), 1.0);
     // The direct request carried its bound, and the sibling refused at once; the relay that
     // dropped it made the sibling send everything, and the replica refused it on arrival.
-    assert_eq!(metric(&sibling.http, "kvindex_sibling_exports_total", &["outcome=\"too_large\""]), 1.0);
+    assert_eq!(http_metric(&sibling.http, "kvindex_sibling_exports_total", &["outcome=\"too_large\""]), 1.0);
 
     // Nothing listens where the sibling should be (the first replica of an install).
     let nowhere = format!("127.0.0.1:{}", free_port());
@@ -343,7 +332,7 @@ fn a_sibling_that_dies_lies_stalls_or_oversends_mid_bootstrap_means_a_cold_start
     fleet.subscribed();
     fleet.publish(1);
     ready(&replica, 60);
-    assert_eq!(metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"unreachable\""]), 1.0);
+    assert_eq!(http_metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"unreachable\""]), 1.0);
     drop(replica);
 
     // The sibling itself dies (SIGKILL) while a replica waits for its export.
@@ -360,8 +349,8 @@ fn a_sibling_that_dies_lies_stalls_or_oversends_mid_bootstrap_means_a_cold_start
     fleet.publish(1);
     ready(&replica, 60);
     fleet.settle(&replica);
-    assert_eq!(metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"loaded\""]), 0.0);
-    assert_eq!(metric(&replica.http, "kvindex_bootstrap_total", &[]), 1.0);
+    assert_eq!(http_metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"loaded\""]), 0.0);
+    assert_eq!(http_metric(&replica.http, "kvindex_bootstrap_total", &[]), 1.0);
     assert_eq!(fleet.matched(&replica, 0, 0), 0, "cold");
     fleet.check(&replica);
 }

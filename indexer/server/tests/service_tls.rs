@@ -121,26 +121,22 @@ fn tls_metric(server: &ServeProcess, pki: &Pki, name: &str, labels: &[&str]) -> 
         .sum()
 }
 
+/// `kvindex serve` with mTLS on its listeners (the test CA's server certificate, clients
+/// that CA signed), a central SUB, and `extra` flags.
+fn mtls_server(pki: &Pki, extra: &[&str]) -> ServeProcess {
+    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"));
+    let mut args = vec!["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0"];
+    args.extend(["--tls-cert", &cert, "--tls-key", &key, "--tls-client-ca", &ca]);
+    args.extend(extra);
+    ServeProcess::start(&args, &[])
+}
+
 #[test]
 fn mtls_on_grpc_and_http_refuses_clients_without_a_trusted_certificate() {
     let Some(py) = python() else { return };
     let pki = Pki::new();
-    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"));
-    let args = [
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--zmq-bind",
-        "tcp://127.0.0.1:0",
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--tls-client-ca",
-        &ca,
-    ];
-    let server = ServeProcess::start(&args, &[]);
+    let ca = pki.path("ca.pem");
+    let server = mtls_server(&pki, &[]);
     let ca_path = pki.dir.join("ca.pem");
     let (client_pem, client_key) = (pki.dir.join("client.pem"), pki.dir.join("client.key"));
     let (rogue_pem, rogue_key) = (pki.dir.join("rogue.pem"), pki.dir.join("rogue.key"));
@@ -254,29 +250,11 @@ fn tls_config_errors_name_the_key() {
 fn bootstrap_and_compare_over_mtls() {
     let Some(py) = python() else { return };
     let pki = Pki::new();
-    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"));
+    let ca = pki.path("ca.pem");
     let (client_cert, client_key) = (pki.path("client.pem"), pki.path("client.key"));
     let token = admin_token_file();
     let token = token.to_str().unwrap();
-    let sibling = ServeProcess::start(
-        &[
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--zmq-bind",
-            "tcp://127.0.0.1:0",
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--tls-client-ca",
-            &ca,
-            "--admin-token-file",
-            token,
-        ],
-        &[],
-    );
+    let sibling = mtls_server(&pki, &["--admin-token-file", token]);
     let mut peer = Peer::start(&py);
     let grpc = json!({"op": "grpc_tls", "addr": sibling.grpc, "ca": ca, "cert": client_cert, "key": client_key});
     assert_eq!(peer.cmd(grpc)["ready"], true);
@@ -312,8 +290,7 @@ fn bootstrap_and_compare_over_mtls() {
         server
     };
     let bootstraps = |server: &ServeProcess, outcome: &str| {
-        let body = http_request(&server.http, "GET", "/metrics", None).1;
-        kvindex_testkit::prometheus::sum(&body, "kvindex_bootstrap_total", &[&format!("outcome=\"{outcome}\"")])
+        http_metric(&server.http, "kvindex_bootstrap_total", &[&format!("outcome=\"{outcome}\"")])
     };
     let trusted = replica(true);
     assert_eq!(bootstraps(&trusted, "loaded"), 1.0);
