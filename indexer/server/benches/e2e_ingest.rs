@@ -903,9 +903,15 @@ fn main() {
             "New replica beside a sibling of {PUBLISHERS} dialled pods filled to {} entries in {:.1} s (pods publishing on at ~2 batches/s each):",
             r.filled, r.fill_s
         );
-        println!("| start | spawn → /readyz | entries when ready | hit in its first {probe:.0} s vs the sibling (prompts) |");
+        println!(
+            "| start | spawn → /readyz | entries when ready | hit in its first {probe:.0} s vs the sibling (prompts) |"
+        );
         println!("|---|---:|---:|---:|");
-        for (what, s) in [("cold", &r.cold), ("--bootstrap-from the sibling", &r.bootstrap), ("the sibling from its local snapshot", &r.local)] {
+        for (what, s) in [
+            ("cold", &r.cold),
+            ("--bootstrap-from the sibling", &r.bootstrap),
+            ("the sibling from its local snapshot", &r.local),
+        ] {
             let hit = s.hit.map_or("—".to_string(), |h| format!("{h:.3} ({})", s.probes));
             println!("| {what} | {:.2} s | {} | {hit} |", s.ready_s, s.entries);
         }

@@ -257,7 +257,13 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     }
     if !stopped_early {
         if let Some(sub) = listeners.zmq {
-            tasks.push(tokio::spawn(sources::serve_central(queues.clone(), central, topic_filter, sub, stop.subscribe())));
+            tasks.push(tokio::spawn(sources::serve_central(
+                queues.clone(),
+                central,
+                topic_filter,
+                sub,
+                stop.subscribe(),
+            )));
         }
         if let Some(store) = &snapshots {
             tasks.push(tokio::spawn(snapshot::periodic(state.clone(), store.clone(), stop.subscribe())));
@@ -266,7 +272,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         if let (Some(sibling), true) = (&state.config().bootstrap_from, state.config().sibling_check_interval_ms > 0) {
             let every = Duration::from_millis(state.config().sibling_check_interval_ms);
             let bearer = state.config().admin_token.as_ref().map(|t| t.bearer());
-            let check = crate::sibling_check::run(index_for_check, sibling.clone(), every, instance, bearer, stop.subscribe());
+            let check =
+                crate::sibling_check::run(index_for_check, sibling.clone(), every, instance, bearer, stop.subscribe());
             tasks.push(tokio::spawn(check));
         }
     }

@@ -39,7 +39,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 5] = [Verdict::Agree, Verdict::Differ, Verdict::Behind, Verdict::Missing, Verdict::Unsettled];
+    pub const ALL: [Verdict; 5] =
+        [Verdict::Agree, Verdict::Differ, Verdict::Behind, Verdict::Missing, Verdict::Unsettled];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -85,7 +86,12 @@ pub fn compare(a: &[pb::PodDigest], b: &[pb::PodDigest]) -> Vec<PodComparison> {
         pods.entry(d.pod.as_str()).or_default().1 = Some(d);
     }
     pods.into_iter()
-        .map(|(pod, (a, b))| PodComparison { pod: pod.to_string(), verdict: verdict(a, b), a: a.cloned(), b: b.cloned() })
+        .map(|(pod, (a, b))| PodComparison {
+            pod: pod.to_string(),
+            verdict: verdict(a, b),
+            a: a.cloned(),
+            b: b.cloned(),
+        })
         .collect()
 }
 
@@ -171,7 +177,11 @@ pub async fn run(
 }
 
 /// One sibling's digests.
-pub async fn ask(addr: &str, tls: Option<&sibling::SiblingTls>, bearer: Option<&str>) -> Result<pb::PodDigestsResponse, String> {
+pub async fn ask(
+    addr: &str,
+    tls: Option<&sibling::SiblingTls>,
+    bearer: Option<&str>,
+) -> Result<pb::PodDigestsResponse, String> {
     let call = async {
         let mut client = sibling::connect(addr, tls, ASK_TIMEOUT).await?;
         client

@@ -62,7 +62,6 @@ fn start_record_with(out: &Path, extra: &[&str]) -> (std::process::Child, String
     (child, field("grpc"), field("http"), field("zmq"))
 }
 
-
 #[test]
 fn cli_record_then_replay_gives_the_live_answers_and_explains_a_constructed_case() {
     let Some(py) = python() else { return };

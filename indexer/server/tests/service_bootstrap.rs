@@ -151,8 +151,6 @@ impl Fleet {
     }
 }
 
-
-
 fn ready(server: &ServeProcess, secs: u64) {
     wait_until("ready", secs, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
 }
@@ -282,10 +280,15 @@ fn compare_names_the_pod_whose_stream_was_cut_on_one_replica() {
     fleet.settle(&first);
     let (code, out) = compare(&first, &second);
     assert_eq!(code, 1, "the replicas differ: {out}");
-    let named: Vec<&str> = out.lines().filter_map(|l| l.split_whitespace().next()).filter(|p| PODS.contains(p)).collect();
+    let named: Vec<&str> =
+        out.lines().filter_map(|l| l.split_whitespace().next()).filter(|p| PODS.contains(p)).collect();
     assert_eq!(named, ["a:8000"], "only the cut pod is named: {out}");
     fleet.check(&second);
 }
+
+/// How the sibling misbehaves (a `sibling_proxy.py` mode and its N, or none: the sibling
+/// itself), the replica's flags, and the outcome it must count.
+type BrokenSibling<'a> = (Option<(&'a str, u32)>, Vec<&'a str>, &'a str);
 
 #[test]
 fn a_sibling_that_dies_lies_stalls_or_oversends_mid_bootstrap_means_a_cold_start() {
@@ -295,8 +298,7 @@ fn a_sibling_that_dies_lies_stalls_or_oversends_mid_bootstrap_means_a_cold_start
     let wrong_token = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(wrong_token.path(), "another-token-0123456789abcdef").unwrap();
     let wrong_token = wrong_token.path().to_str().unwrap().to_string();
-    // (how the sibling misbehaves, flags, the outcome counted)
-    let cases: Vec<(Option<(&str, u32)>, Vec<&str>, &str)> = vec![
+    let cases: Vec<BrokenSibling> = vec![
         (Some(("die_after", 2)), vec![], "interrupted"),
         (Some(("unbounded", 0)), vec!["--bootstrap-max-bytes", "64"], "too_large"),
         (Some(("flip", 1)), vec![], "damaged"),
@@ -314,7 +316,11 @@ fn a_sibling_that_dies_lies_stalls_or_oversends_mid_bootstrap_means_a_cold_start
         fleet.publish(1);
         ready(&replica, 60);
         fleet.settle(&replica);
-        assert_eq!(http_metric(&replica.http, "kvindex_bootstrap_total", &[&format!("outcome=\"{outcome}\"")]), 1.0, "{outcome}");
+        assert_eq!(
+            http_metric(&replica.http, "kvindex_bootstrap_total", &[&format!("outcome=\"{outcome}\"")]),
+            1.0,
+            "{outcome}"
+        );
         assert_eq!(http_metric(&replica.http, "kvindex_bootstrap_total", &["outcome=\"loaded\""]), 0.0, "{outcome}");
         // Cold, never half: not one record of the sibling went in, even those that arrived whole.
         assert_eq!(http_metric(&replica.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 0.0);

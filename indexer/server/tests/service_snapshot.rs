@@ -49,7 +49,6 @@ fn source(http: &str) -> Option<Value> {
     debug_source(http, POD)
 }
 
-
 /// Waits until the server has applied the publisher's last seq; returns the source's state.
 fn settle(peer: &mut Peer, http: &str, secs: u64) -> String {
     let info = peer.cmd(json!({"op": "info", "names": ["a"]}));
@@ -340,9 +339,14 @@ fn service_snapshots_rewrite_only_the_streams_that_moved() {
     peer.wait_exact(&server, &["a", "b"], MODEL, "EXACT", 30);
     wait_snapshot(&server.http);
     let counts = |http: &str| {
-        let streams =
-            |outcome: &str| http_metric(http, "kvindex_snapshot_streams_total", &[&format!("outcome=\"{outcome}\"")]) as u64;
-        (http_metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]) as u64, streams("written"), streams("kept"))
+        let streams = |outcome: &str| {
+            http_metric(http, "kvindex_snapshot_streams_total", &[&format!("outcome=\"{outcome}\"")]) as u64
+        };
+        (
+            http_metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]) as u64,
+            streams("written"),
+            streams("kept"),
+        )
     };
     // Nothing moves: snapshots keep both records and write none.
     let (w0, written0, kept0) = counts(&server.http);

@@ -262,7 +262,9 @@ fn bootstrap_and_compare_over_mtls() {
     peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": sibling.zmq.clone().unwrap(), "topic": topic}));
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
     peer.cmd(json!({"op": "store", "name": "a", "chain": "c0", "tokens": chain(0, 4)}));
-    wait_until("pod-a indexed on the sibling", 20, || (peer.score_pod(MODEL, &chain(0, 4), "pod-a").0 == 4).then_some(()));
+    wait_until("pod-a indexed on the sibling", 20, || {
+        (peer.score_pod(MODEL, &chain(0, 4), "pod-a").0 == 4).then_some(())
+    });
 
     // The sibling's certificate names localhost; the replica dials it by IP.
     let from = sibling.grpc.replace("127.0.0.1", "localhost");

@@ -34,15 +34,7 @@ pub fn residency(parent: u64, key: u64) -> u64 {
 /// Adds to `sums` what the blocks `[a, b)` of a chain moved by going from tiers `before` to
 /// `after`: `key(i)` is block `i`'s key and `parent` the key before block `a`.
 #[inline]
-pub fn fold(
-    sums: &mut [u64],
-    a: u32,
-    b: u32,
-    before: u8,
-    after: u8,
-    parent: u64,
-    mut key: impl FnMut(u32) -> u64,
-) {
+pub fn fold(sums: &mut [u64], a: u32, b: u32, before: u8, after: u8, parent: u64, mut key: impl FnMut(u32) -> u64) {
     let (gained, lost) = (after & !before, before & !after);
     if gained | lost == 0 || a >= b {
         return;

@@ -92,7 +92,8 @@ pub async fn bootstrap_phase(entries: u64, probe_secs: f64) -> BootstrapResult {
     let token = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token.path(), "e2e-bench-admin-token-0123456789").unwrap();
     let token_flags = ["--admin-token-file".to_string(), token.path().to_str().unwrap().to_string()];
-    let mut flags = ["--snapshot-interval", "3600", "--snapshot-dir", dir.path().to_str().unwrap()].map(String::from).to_vec();
+    let mut flags =
+        ["--snapshot-interval", "3600", "--snapshot-dir", dir.path().to_str().unwrap()].map(String::from).to_vec();
     flags.extend(token_flags.clone());
     let (sibling, ctl, args, fill_s) = fill_dialled(entries, 500_000.0, &flags).await;
     // Every pod's conversations so far; the next ones are stored at a low pace from here on

@@ -9,9 +9,9 @@ use kvindex::sequencer::{SequencerConfig, Step};
 use super::staleness::Staleness;
 use crate::ingest::{Batch, Ext, Fleet, Mode, Stream, TableConfig};
 use crate::protocols::StreamKey;
+use crate::readiness::HoldPart;
 use crate::snapshot::format::StreamRecord;
 use crate::snapshot::import::Importing;
-use crate::readiness::HoldPart;
 use crate::source_series::{SourceSeries, StreamCounters};
 use crate::state::ServiceState;
 

@@ -496,7 +496,9 @@ fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::sibling::Sib
     };
     let port = addr.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then_some(port));
     if port.is_none_or(|p| p.parse::<u16>().is_err()) || addr.contains('/') {
-        return Err(src.error("bootstrap_from", format!("must be host:port (the sibling's gRPC address), got {addr:?}")));
+        return Err(
+            src.error("bootstrap_from", format!("must be host:port (the sibling's gRPC address), got {addr:?}"))
+        );
     }
     let identity = match (&cert, &key) {
         (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
@@ -505,7 +507,9 @@ fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::sibling::Sib
         (None, Some(_)) => return Err(src.error("bootstrap_tls_cert", "bootstrap_tls_key needs bootstrap_tls_cert")),
     };
     let tls = match &ca {
-        Some(ca) => Some(crate::sibling::SiblingTls::read(ca, identity, domain).map_err(|m| src.error("bootstrap_tls_ca", m))?),
+        Some(ca) => {
+            Some(crate::sibling::SiblingTls::read(ca, identity, domain).map_err(|m| src.error("bootstrap_tls_ca", m))?)
+        }
         None if identity.is_some() || domain.is_some() => {
             return Err(src.error("bootstrap_tls_ca", "the other bootstrap_tls_* settings need bootstrap_tls_ca"))
         }

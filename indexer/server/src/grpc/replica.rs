@@ -75,7 +75,10 @@ fn claim(running: &Arc<Mutex<HashSet<String>>>, max: usize, caller: &str) -> Res
         return Err(Status::resource_exhausted(format!("an export to {caller} is already running")));
     }
     if held.len() >= max {
-        return Err(Status::resource_exhausted(format!("{} exports are running (sibling_export_max_concurrent)", held.len())));
+        return Err(Status::resource_exhausted(format!(
+            "{} exports are running (sibling_export_max_concurrent)",
+            held.len()
+        )));
     }
     held.insert(caller.to_string());
     gauge!(m::SIBLING_EXPORTS_RUNNING).set(held.len() as f64);
@@ -140,7 +143,13 @@ impl Replica for ReplicaService {
                 Ok(Ok(Some((bytes, streams)))) => {
                     outcome("ok");
                     histogram!(m::SIBLING_EXPORT_SECONDS).record(started.elapsed().as_secs_f64());
-                    tracing::info!(caller, streams, bytes, elapsed_ms = started.elapsed().as_millis() as u64, "index exported to a sibling");
+                    tracing::info!(
+                        caller,
+                        streams,
+                        bytes,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "index exported to a sibling"
+                    );
                     return;
                 }
                 Ok(Ok(None)) => {
@@ -158,7 +167,9 @@ impl Replica for ReplicaService {
                 }
                 Err(_) => {
                     outcome("deadline");
-                    Status::deadline_exceeded(format!("the export took longer than {timeout:?} (sibling_export_timeout_ms)"))
+                    Status::deadline_exceeded(format!(
+                        "the export took longer than {timeout:?} (sibling_export_timeout_ms)"
+                    ))
                 }
             };
             tracing::warn!(caller, error = %status.message(), "sibling export failed");

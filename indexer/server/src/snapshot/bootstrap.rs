@@ -92,7 +92,11 @@ pub struct Fetched {
 }
 
 /// Fetches the sibling's index and verifies all of it (see the module doc), within the limits.
-pub async fn fetch(sibling: &Sibling, bearer: Option<&str>, limits: &BootstrapLimits) -> Result<Fetched, BootstrapError> {
+pub async fn fetch(
+    sibling: &Sibling,
+    bearer: Option<&str>,
+    limits: &BootstrapLimits,
+) -> Result<Fetched, BootstrapError> {
     match tokio::time::timeout(limits.timeout, fetch_unbounded(sibling, bearer, limits)).await {
         Ok(fetched) => fetched,
         Err(_) => Err(BootstrapError::Timeout(limits.timeout)),
@@ -128,7 +132,10 @@ async fn fetch_unbounded(
         match &header {
             None => header = Some(check_header(&value, limits)?),
             Some(h) if values.len() >= h.streams.len() => {
-                return Err(BootstrapError::Damaged(format!("more records than the {} its header lists", h.streams.len())))
+                return Err(BootstrapError::Damaged(format!(
+                    "more records than the {} its header lists",
+                    h.streams.len()
+                )))
             }
             Some(_) => values.push(value),
         }
@@ -160,7 +167,10 @@ fn check_header(value: &[u8], limits: &BootstrapLimits) -> Result<Header, Bootst
         return Err(BootstrapError::Refused(format!("key recipe {}, this build uses {recipe}", header.recipe_version)));
     }
     if header.block_size != limits.block_size {
-        return Err(BootstrapError::Refused(format!("block size {}, ours is {}", header.block_size, limits.block_size)));
+        return Err(BootstrapError::Refused(format!(
+            "block size {}, ours is {}",
+            header.block_size, limits.block_size
+        )));
     }
     if header.streams.len() > limits.max_streams {
         return Err(BootstrapError::Damaged(format!(
@@ -197,11 +207,11 @@ fn decode_all(header: &Header, values: &[Vec<u8>]) -> Result<Vec<StreamRecord>, 
     Ok(records)
 }
 
-/// Why the call was refused before any chunk (`Unknown`: a transport error, not the sibling's
-/// answer).
+/// Why the call was refused before any chunk (`Unknown`, `Cancelled`: the connection failed,
+/// e.g. a sibling refusing our certificate; not the sibling's answer).
 fn refused_call(status: &tonic::Status, limit: u64) -> BootstrapError {
     match status.code() {
-        Code::Unavailable | Code::Unimplemented | Code::Unknown => {
+        Code::Unavailable | Code::Unimplemented | Code::Unknown | Code::Cancelled => {
             BootstrapError::Unreachable(format!("{:?}: {}", status.code(), status.message()))
         }
         _ => stopped(status, limit),
@@ -270,7 +280,8 @@ pub async fn run(state: &Arc<ServiceState>, readiness: &Arc<Readiness>, sibling:
         }
         Err(e) => {
             counter!(m::BOOTSTRAPS, "outcome" => e.label()).increment(1);
-            let fallback = if state.restored().is_empty() { "starting cold" } else { "starting from the local snapshot" };
+            let fallback =
+                if state.restored().is_empty() { "starting cold" } else { "starting from the local snapshot" };
             tracing::error!(sibling = %sibling.addr, error = %e, reason = e.label(), "bootstrap failed: {fallback}");
             hold.seal();
         }

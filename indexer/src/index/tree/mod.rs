@@ -813,9 +813,14 @@ impl Tree {
             if grant == need {
                 let mut st = EditStats::default();
                 let mut sums = [0u64; MAX_TIERS];
-                let edited = runs.edit_with(s, e, pod, |t| t | tier_bit, &mut st, |a, b, before, after| {
-                    self.fold_digest(seg, guard, &mut sums, a, b, before, after)
-                });
+                let edited = runs.edit_with(
+                    s,
+                    e,
+                    pod,
+                    |t| t | tier_bit,
+                    &mut st,
+                    |a, b, before, after| self.fold_digest(seg, guard, &mut sums, a, b, before, after),
+                );
                 add_sums(&mut st.digest, &sums);
                 self.keys.fetch_add(st.became_held, Ordering::Relaxed);
                 seg.set_runs(edited, guard);
@@ -916,7 +921,16 @@ impl Tree {
     /// Folds into `sums` what blocks `[a, b)` of `seg` moved the pod's digest by, going from
     /// tiers `before` to `after` (see `digest`).
     #[allow(clippy::too_many_arguments)]
-    fn fold_digest(&self, seg: &Segment, guard: &Guard, sums: &mut [u64; MAX_TIERS], a: u32, b: u32, before: u8, after: u8) {
+    fn fold_digest(
+        &self,
+        seg: &Segment,
+        guard: &Guard,
+        sums: &mut [u64; MAX_TIERS],
+        a: u32,
+        b: u32,
+        before: u8,
+        after: u8,
+    ) {
         let st = seg.storage(guard);
         let b = b.min(st.cap() as u32);
         let parent = match a.checked_sub(1) {

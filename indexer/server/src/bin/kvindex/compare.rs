@@ -94,7 +94,9 @@ fn table(args: &CompareArgs, compared: &[PodComparison]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let differing: Vec<&PodComparison> = compared.iter().filter(|c| c.verdict != Verdict::Agree).collect();
-    let blocks = |d: &Option<kvindex_proto::kvindex::v1::PodDigest>| d.as_ref().map_or("-".to_string(), |d| d.blocks.to_string());
+    let blocks = |d: &Option<kvindex_proto::kvindex::v1::PodDigest>| {
+        d.as_ref().map_or("-".to_string(), |d| d.blocks.to_string())
+    };
     let cursor = |d: &Option<kvindex_proto::kvindex::v1::PodDigest>| {
         d.as_ref().and_then(|d| d.has_cursor.then_some(d.cursor)).map_or("-".to_string(), |c| c.to_string())
     };
