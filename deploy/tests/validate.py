@@ -15,8 +15,9 @@ without a cluster:
 - kvindex containers riding in another workload's pod (the EPP) carrying a readiness probe: a
   pod is ready only when every container is, and the fail-open pre-filter must never take the
   EPP out of its Service;
-- a `kvindex serve` container whose HTTP probes do not go to its own probe listener
-  (`--probe-addr`): on `--http-addr` any client can fill the port the kubelet probes;
+- a `kvindex serve` or `kvindex-router serve` container whose HTTP probes do not go to its own
+  probe listener (`--probe-addr`): on `--http-addr` any client can fill the port the kubelet
+  probes;
 - what the API server or the controllers would reject or silently ignore: a Deployment whose
   selector does not match its pod template, a Service or PodDisruptionBudget selecting no pod of
   the render (unless annotated kvindex.io/selects-external: "true": it selects the pods of an
@@ -242,9 +243,11 @@ PATH_FLAGS = {
 
 
 def check_probe_port(where, doc, problems):
-    """`kvindex serve`'s HTTP probes go to its `--probe-addr` port (by number or port name)."""
+    """`kvindex serve`'s and `kvindex-router serve`'s HTTP probes go to its `--probe-addr` port (by
+    number or port name)."""
     for c, _, _ in containers(doc):
-        if pathlib.PurePath((c.get("command") or [""])[0]).name != "kvindex" or (c.get("args") or [""])[0] != "serve":
+        binary = pathlib.PurePath((c.get("command") or [""])[0]).name
+        if binary not in ("kvindex", "kvindex-router") or (c.get("args") or [""])[0] != "serve":
             continue
         probes = [k for k in ("readinessProbe", "livenessProbe", "startupProbe") if "httpGet" in (c.get(k) or {})]
         if not probes:
@@ -636,11 +639,16 @@ def self_test(k8s_version, bin_dir=None, envoy=None):
     d["spec"]["template"]["spec"]["containers"][0].update(
         command=["kvindex"], args=["serve", "--snapshot-dir=/var/lib/kvindex/snapshots"])
     broken.append(("snapshot dir on the read-only root", d))
-    for what, args in (("kvindex probed without a probe listener", ["serve", "--http-addr=0.0.0.0:9090"]),
-                       ("kvindex probed on its http port", ["serve", "--http-addr=0.0.0.0:9090", "--probe-addr=0.0.0.0:9092"])):
+    for what, binary, args in (
+        ("kvindex probed without a probe listener", "kvindex", ["serve", "--http-addr=0.0.0.0:9090"]),
+        ("kvindex probed on its http port", "kvindex", ["serve", "--http-addr=0.0.0.0:9090", "--probe-addr=0.0.0.0:9092"]),
+        ("router probed without a probe listener", "kvindex-router", ["serve", "--http-addr=0.0.0.0:9090"]),
+        ("router probed on its http port", "kvindex-router",
+         ["serve", "--http-addr=0.0.0.0:9090", "--probe-addr=0.0.0.0:9092"]),
+    ):
         d = copy.deepcopy(deployment)
         d["spec"]["template"]["spec"]["containers"][0].update(
-            command=["kvindex"], args=args, ports=[{"name": "http", "containerPort": 9090}],
+            command=[binary], args=args, ports=[{"name": "http", "containerPort": 9090}],
             livenessProbe={"httpGet": {"path": "/healthz", "port": "http"}})
         broken.append((what, d))
     d = copy.deepcopy(deployment)

@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// `--admin-addr`). Unset: they are served on both.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
+    /// A listener for the kubelet's probes only: `/healthz` and `/readyz` (anything else 404),
+    /// still also served on the other addresses. Clients of those cannot fill it, so the
+    /// probes answer while `--http-addr` is full. Off unless given.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub probe_addr: Option<String>,
     /// `kvindex serve` gRPC endpoints, tried in order with failover. None: load-only placement.
     #[arg(long = "indexer", value_name = "HOST:PORT", num_args = 1.., action = clap::ArgAction::Append)]
     pub indexers: Vec<String>,
@@ -160,9 +165,19 @@ pub struct ServeArgs {
     /// Time for a whole request body to arrive (408 past it).
     #[arg(long, default_value_t = 60_000, value_name = "MS")]
     pub http_body_timeout_ms: u64,
-    /// Most open connections per HTTP listener; past it a new connection is closed at accept.
+    /// Most open connections per HTTP listener. At the cap the oldest idle connection makes
+    /// room; a new connection is closed at accept only when every one is answering a request.
     #[arg(long, default_value_t = 2048)]
     pub max_connections: usize,
+    /// Most open connections per HTTP listener from one client IP address (the same rule at
+    /// the cap); at most --max-connections. Default: half of --max-connections.
+    #[arg(long)]
+    pub max_connections_per_address: Option<usize>,
+    /// Most open connections per HTTP listener from one network, an IPv4 /24 or an IPv6 /64
+    /// (the same rule at the cap); at most --max-connections. Default: three quarters of
+    /// --max-connections.
+    #[arg(long)]
+    pub max_connections_per_network: Option<usize>,
     /// Longest prompt accepted, in tokens (after tokenization).
     #[arg(long, default_value_t = 262_144)]
     pub max_prompt_tokens: usize,
@@ -215,6 +230,7 @@ pub struct Config {
     pub http_addr: String,
     pub admin_addr: Option<String>,
     pub metrics_addr: Option<String>,
+    pub probe_addr: Option<String>,
     pub indexers: Vec<String>,
     pub pods: Vec<PodSpec>,
     pub pods_file: Option<PathBuf>,
@@ -244,6 +260,8 @@ pub struct Config {
     pub http_write_timeout: Duration,
     pub http_body_timeout: Duration,
     pub max_connections: usize,
+    pub max_connections_per_address: usize,
+    pub max_connections_per_network: usize,
     pub max_prompt_tokens: usize,
     pub max_messages: usize,
     pub upstream_retries: usize,
@@ -440,6 +458,9 @@ impl ServeArgs {
         if let Some(addr) = &self.metrics_addr {
             check_host_port("--metrics-addr", addr)?;
         }
+        if let Some(addr) = &self.probe_addr {
+            check_host_port("--probe-addr", addr)?;
+        }
         for addr in &self.indexers {
             check_host_port("--indexer", addr)?;
         }
@@ -534,6 +555,18 @@ impl ServeArgs {
         if self.max_connections == 0 {
             return Err(err("--max-connections", "must be at least 1"));
         }
+        let share = |flag: &'static str, given: Option<usize>, default: usize| match given {
+            None => Ok(default.max(1)),
+            Some(0) => Err(err(flag, "must be at least 1")),
+            Some(n) if n > self.max_connections => {
+                Err(err(flag, format!("must be at most --max-connections ({})", self.max_connections)))
+            }
+            Some(n) => Ok(n),
+        };
+        let max_connections_per_address =
+            share("--max-connections-per-address", self.max_connections_per_address, self.max_connections / 2)?;
+        let max_connections_per_network =
+            share("--max-connections-per-network", self.max_connections_per_network, self.max_connections / 4 * 3)?;
         if self.max_messages == 0 {
             return Err(err("--max-messages", "must be at least 1"));
         }
@@ -547,6 +580,7 @@ impl ServeArgs {
             http_addr: self.http_addr,
             admin_addr: self.admin_addr,
             metrics_addr: self.metrics_addr,
+            probe_addr: self.probe_addr,
             indexers: self.indexers,
             pods,
             pods_file: self.pods_file,
@@ -581,6 +615,8 @@ impl ServeArgs {
             http_write_timeout: positive_ms("--http-write-timeout-ms", self.http_write_timeout_ms)?,
             http_body_timeout: positive_ms("--http-body-timeout-ms", self.http_body_timeout_ms)?,
             max_connections: self.max_connections,
+            max_connections_per_address,
+            max_connections_per_network,
             max_prompt_tokens: self.max_prompt_tokens,
             max_messages: self.max_messages,
             upstream_retries: self.upstream_retries,
@@ -704,6 +740,17 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_per_address_and_per_network_caps_default_to_shares_of_the_total() {
+        let base = ["--http-addr", "127.0.0.1:8080", "--pod", "a=http://x:1"];
+        let caps = |c: Config| (c.max_connections, c.max_connections_per_address, c.max_connections_per_network);
+        assert_eq!(caps(parse(&base).unwrap()), (2048, 1024, 1536));
+        assert_eq!(caps(parse(&[&base[..], &["--max-connections", "1"]].concat()).unwrap()), (1, 1, 1));
+        let given =
+            ["--max-connections", "8", "--max-connections-per-address", "8", "--max-connections-per-network", "2"];
+        assert_eq!(caps(parse(&[&base[..], &given[..]].concat()).unwrap()), (8, 8, 2));
+    }
+
+    #[test]
     fn mistakes_name_the_flag() {
         let base = ["--http-addr", "127.0.0.1:8080"];
         let cases: &[(&[&str], &str)] = &[
@@ -732,6 +779,12 @@ pub(crate) mod tests {
                 &["--pod", "a=http://x:1", "--indexer-admin-token-file", "/nonexistent/token"],
                 "--indexer-admin-token-file: cannot read /nonexistent/token",
             ),
+            (&["--pod", "a=http://x:1", "--max-connections-per-address", "0"], "--max-connections-per-address"),
+            (
+                &["--pod", "a=http://x:1", "--max-connections", "8", "--max-connections-per-network", "9"],
+                "--max-connections-per-network: must be at most --max-connections (8)",
+            ),
+            (&["--pod", "a=http://x:1", "--probe-addr", "nohostport"], "--probe-addr: expected <host>:<port>"),
         ];
         for (extra, expected) in cases {
             let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();

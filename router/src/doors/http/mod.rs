@@ -45,6 +45,11 @@ pub fn metrics_only(app: Arc<App>) -> AxumRouter {
     common(true).fallback(|| async { ApiError::not_found() }).with_state(app)
 }
 
+/// Routes of `--probe-addr`: `/healthz` and `/readyz` only, for the kubelet.
+pub fn probes_only(app: Arc<App>) -> AxumRouter {
+    common(false).fallback(|| async { ApiError::not_found() }).with_state(app)
+}
+
 /// `/healthz`, `/readyz` on every address; `/metrics`, `/debug/pods` too `with_metrics`
 /// (no metrics-only listener).
 pub fn common(with_metrics: bool) -> AxumRouter<Arc<App>> {
