@@ -215,7 +215,9 @@ mod tests {
         let (start_up, _) = s.replay_in_flight().unwrap();
         let mut out = Vec::new();
         s.on_connected(1, &mut out);
-        assert!(out.iter().any(|s| matches!(s, Step::ReplayDone { id, outcome: ReplayOutcome::Abandoned } if *id == start_up)));
+        assert!(out
+            .iter()
+            .any(|s| matches!(s, Step::ReplayDone { id, outcome: ReplayOutcome::Abandoned } if *id == start_up)));
         assert_eq!(asked(&out), Some((0, Reason::CatchUp)), "one replay at a time, from 0");
         // The start-up replay's late answer is ignored; the catch-up's applies.
         let mut late = Vec::new();
