@@ -7,10 +7,10 @@
 //! usually begin with one of a few bytes (DeepSeek's all begin with `<`), and no cut token
 //! occurs inside another (a rule of cut tokens), so none is a prefix of another either: at any
 //! position at most one cut token starts. The occurrences are then exactly the anchored
-//! matches at the positions of those first bytes, which `memchr` finds with SIMD (about 2×
-//! fewer instructions per prompt with calls to the crate's anchored search, 6× or more
-//! stepping its automaton here). With more than three distinct first bytes, the overlapping
-//! scan is used as before.
+//! matches at the positions of those first bytes, which `memchr` finds with SIMD; the automaton
+//! is stepped here from its anchored start (a search call per position costs over 10× more). On the
+//! router bench's 30 kB DeepSeek chat: ~10× fewer instructions than the overlapping scan. With
+//! more than three distinct first bytes, the overlapping scan is used as before.
 
 use aho_corasick::automaton::Automaton;
 use aho_corasick::nfa::contiguous::NFA;
