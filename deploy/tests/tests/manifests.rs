@@ -2,7 +2,8 @@
 //! deploy/tests/validate.py (Kubernetes' schemas via kubernetes-validate, the CRD schemas,
 //! Envoy's protos and then Envoy itself (`envoy --mode validate`) for the gateway config,
 //! selectors, engines and kvindex agreeing with each other, and every kvindex flag against the
-//! binaries' `serve --help`). The renderers are
+//! binaries' `serve --help`; every indexer and router reading the admin token from a Secret of
+//! the render, in the overlays as in the chart). The renderers are
 //! the real ones: kubectl's built-in kustomize, and Helm's Go engine through helm-python-sdk
 //! (deploy/tests/render_chart.py says why and its limits).
 
@@ -34,6 +35,7 @@ fn render_and_report(dirs: &[&str]) -> (String, String) {
             .arg(bin_dir())
             .arg("--envoy")
             .arg(envoy())
+            .arg("--require-admin-token")
             .arg("-"),
         yaml.as_bytes(),
         &format!("{dir}: validation"),
