@@ -93,7 +93,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: CLIENT_DISCONNECTS, kind: Counter, labels: &[], unit: None, help: "Responses abandoned by the client before the end (upstream cancelled)" },
     Metric { name: INFLIGHT, kind: Gauge, labels: &["pod"], unit: None, help: "Requests in flight per pod" },
     Metric { name: PODS, kind: Gauge, labels: &["role"], unit: None, help: "Pods by role" },
-    Metric { name: POD_LOAD, kind: Gauge, labels: &["kind", "pod"], unit: None, help: "Last scraped load per pod (waiting, running, kv_usage, kv_blocks)" },
+    Metric { name: POD_LOAD, kind: Gauge, labels: &["kind", "pod"], unit: None, help: "Last scraped load per pod (waiting, running, kv_usage, kv_tokens)" },
     Metric { name: SCRAPES, kind: Counter, labels: &["outcome"], unit: None, help: "Scrapes of pod /metrics by outcome" },
     Metric { name: POD_CHANGES, kind: Counter, labels: &["op", "source"], unit: None, help: "Pod table changes by source and operation" },
     Metric { name: RECORD_ROUTE, kind: Counter, labels: &["outcome"], unit: None, help: "RecordRoute calls to the indexer by outcome" },

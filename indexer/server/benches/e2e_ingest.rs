@@ -30,6 +30,11 @@
 //!    of it: lag, gaps, replays, clears, over-reports and the time back to all EXACT (see
 //!    `e2e_ingest/overload.rs`).
 //!
+//! 7. (`E2E_BOOTSTRAP_ENTRIES`, default off) A new replica beside a sibling filled that full,
+//!    cold, with `--bootstrap-from` the sibling, and the sibling restarted from its own snapshot:
+//!    spawn → `/readyz`, entries, and the hit over the first `E2E_BOOTSTRAP_PROBE_SECS` (default
+//!    60) of traffic against the sibling's (see `e2e_ingest/bootstrap.rs`).
+//!
 //! `E2E_KVINDEX` = another `kvindex` binary to run instead of this build's (a before/after
 //! comparison with the same bench).
 //!
@@ -53,6 +58,8 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
 
+#[path = "e2e_ingest/bootstrap.rs"]
+mod bootstrap;
 #[path = "e2e_ingest/hwm_pub.rs"]
 mod hwm_pub;
 #[path = "e2e_ingest/overload.rs"]
@@ -778,6 +785,29 @@ fn main() {
             "Warm restart: {PUBLISHERS} dialled pods filled to {} entries in {:.1} s; graceful stop (final snapshot) {:.2} s; {extra} batches per pod published while down. Restart: listening after {:.2} s, /readyz after {:.2} s (snapshot load {:.2} s); {} entries back ({} blocks published, all distinct), {} pods imported, {} replays filled",
             r.filled, r.fill_s, r.stop_s, r.listening_s, r.ready_s, r.load_s, r.entries_after, r.expected_after, r.imported, r.replayed
         );
+    }
+    let bootstrap_entries: u64 = std::env::var("E2E_BOOTSTRAP_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if bootstrap_entries > 0 {
+        let probe: f64 = std::env::var("E2E_BOOTSTRAP_PROBE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60.0);
+        let r = rt.block_on(bootstrap::bootstrap_phase(bootstrap_entries, probe));
+        println!();
+        println!(
+            "New replica beside a sibling of {PUBLISHERS} dialled pods filled to {} entries in {:.1} s (pods publishing on at ~2 batches/s each):",
+            r.filled, r.fill_s
+        );
+        println!(
+            "| start | spawn → /readyz | entries when ready | hit in its first {probe:.0} s vs the sibling (prompts) |"
+        );
+        println!("|---|---:|---:|---:|");
+        for (what, s) in [
+            ("cold", &r.cold),
+            ("--bootstrap-from the sibling", &r.bootstrap),
+            ("the sibling from its local snapshot", &r.local),
+        ] {
+            let hit = s.hit.map_or("—".to_string(), |h| format!("{h:.3} ({})", s.probes));
+            println!("| {what} | {:.2} s | {} | {hit} |", s.ready_s, s.entries);
+        }
+        println!("bootstrap received {:.0} MiB", r.bootstrap_bytes / 1048576.0);
     }
     let steady_entries: u64 = std::env::var("E2E_STEADY_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     if steady_entries > 0 {

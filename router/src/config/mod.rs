@@ -38,7 +38,10 @@ pub struct ServeArgs {
     #[arg(long = "indexer", value_name = "HOST:PORT", num_args = 1.., action = clap::ArgAction::Append)]
     pub indexers: Vec<String>,
     /// A pod serving both prefill and decode: `<pod-id>=<http-base-url>`, the pod id being the
-    /// one the indexer reports (e.g. `10.0.0.7:8000=http://10.0.0.7:8000`).
+    /// one the indexer reports (e.g. `10.0.0.7:8000=http://10.0.0.7:8000`). An engine serving
+    /// several data-parallel ranks behind that URL (SGLang's `--dp-size`) adds
+    /// `,dp_size=<n>[,dp_routing=engine|router]`: the engine picks the rank (the pod is credited
+    /// what every rank holds), or the router names it (`X-Data-Parallel-Rank`).
     #[arg(long = "pod", value_name = "ID=URL", num_args = 1.., action = clap::ArgAction::Append)]
     pub pods: Vec<String>,
     /// A prefill-only pod (P/D disaggregation), `<pod-id>=<http-base-url>`.
@@ -113,9 +116,10 @@ pub struct ServeArgs {
     /// at least --kv-reference-blocks KV blocks (or whose capacity is unknown).
     #[arg(long, default_value_t = 256.0)]
     pub kv_weight: f64,
-    /// KV capacity (blocks, the engine's `num_gpu_blocks` from `vllm:cache_config_info`) below
-    /// which a full cache costs --kv-weight × capacity / this, so every block held costs alike
-    /// on small and big pods. 0 = --kv-weight on every pod.
+    /// KV capacity (blocks of --block-size; a pod reports tokens: vLLM's `num_gpu_blocks` ×
+    /// `block_size` from `vllm:cache_config_info`, SGLang's `sglang:max_total_num_tokens`)
+    /// below which a full cache costs --kv-weight × capacity / this, so every token held costs
+    /// alike on small and big pods, whatever their block or page size. 0 = --kv-weight on every pod.
     #[arg(long, default_value_t = crate::place::cost::DEFAULT_KV_REFERENCE_BLOCKS, value_name = "BLOCKS")]
     pub kv_reference_blocks: f64,
     /// Pods at or above this KV-cache usage (0–1) are picked only when every pod is.
@@ -372,13 +376,23 @@ fn err(flag: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError { flag, message: message.into() }
 }
 
-/// `<id>=<http-base-url>` → a pod spec with the URL normalized (no trailing slash).
+/// `<id>=<http-base-url>[,dp_size=<n>][,dp_routing=engine|router]` → a pod spec with the URL
+/// normalized (no trailing slash).
 pub fn parse_pod(flag: &'static str, spec: &str, role: Role) -> Result<PodSpec, ConfigError> {
-    let (id, url) = spec
+    let (id, rest) = spec
         .split_once('=')
-        .filter(|(id, url)| !id.trim().is_empty() && !url.trim().is_empty())
+        .filter(|(id, rest)| !id.trim().is_empty() && !rest.trim().is_empty())
         .ok_or_else(|| err(flag, format!("expected <pod-id>=<http-base-url>, got {spec:?}")))?;
-    Ok(PodSpec { id: id.trim().to_string(), url: normalize_url(flag, url.trim())?, role })
+    let mut parts = rest.split(',');
+    let url = parts.next().unwrap_or_default();
+    let mut pod = PodSpec::new(id.trim(), normalize_url(flag, url.trim())?, role);
+    for option in parts {
+        pod.set_option(option).map_err(|message| err(flag, format!("{spec:?}: {message}")))?;
+    }
+    match pod.dp_refusal() {
+        Some(message) => Err(err(flag, format!("{spec:?}: {message}"))),
+        None => Ok(pod),
+    }
 }
 
 /// Checks a pod base URL: plain `http://host:port[/prefix]` (TLS to pods belongs in a sidecar).
@@ -597,6 +611,7 @@ impl Config {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::pods::spec::DpRouting;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -631,6 +646,31 @@ pub(crate) mod tests {
         assert_eq!(config.pods[0].url, "http://127.0.0.1:8001", "trailing slash dropped");
         assert_eq!(config.pods[0].role, Role::Both);
         assert!(config.client_chat_templates.is_none(), "client chat templates are off by default");
+        assert_eq!((config.pods[0].dp_size, config.pods[0].dp_routing), (1, DpRouting::Engine));
+    }
+
+    #[test]
+    fn a_pod_serving_data_parallel_ranks_behind_its_url_says_so_and_who_picks_the_rank() {
+        let config = parse(&[
+            "--http-addr",
+            "127.0.0.1:8080",
+            "--pod",
+            "10.0.0.7:30000=http://10.0.0.7:30000/,dp_size=2",
+            "--pod",
+            "10.0.0.8:30000=http://10.0.0.8:30000,dp_size=4,dp_routing=router",
+            "--decode-pod",
+            "10.0.0.9:30000=http://10.0.0.9:30000,dp_size=2,dp_routing=router",
+        ])
+        .unwrap();
+        let shapes: Vec<_> = config.pods.iter().map(|p| (p.url.as_str(), p.dp_size, p.dp_routing)).collect();
+        assert_eq!(
+            shapes,
+            [
+                ("http://10.0.0.7:30000", 2, DpRouting::Engine),
+                ("http://10.0.0.8:30000", 4, DpRouting::Router),
+                ("http://10.0.0.9:30000", 2, DpRouting::Router),
+            ]
+        );
     }
 
     #[test]
@@ -669,6 +709,10 @@ pub(crate) mod tests {
         let cases: &[(&[&str], &str)] = &[
             (&["--pod", "nourl"], "--pod: expected <pod-id>=<http-base-url>"),
             (&["--pod", "a=https://x:1"], "https upstreams are not supported"),
+            (&["--pod", "a=http://x:1,dp_size=0"], "--pod: \"a=http://x:1,dp_size=0\": dp_size must be 1–128"),
+            (&["--pod", "a=http://x:1,dp=2"], "unknown option \"dp\""),
+            (&["--pod", "a=http://x:1,dp_routing=gateway"], "dp_routing must be engine or router"),
+            (&["--prefill-pod", "a=http://x:1,dp_size=2,dp_routing=router"], "cannot name the rank of a prefill pod"),
             (&["--pod", "a=ftp://x:1"], "must start with http://"),
             (&["--pod", "a=http://x:1", "--pod", "a=http://y:1"], "given twice"),
             (&["--pod", "a=http://x:1", "--indexer", "nohostport"], "--indexer: expected <host>:<port>"),

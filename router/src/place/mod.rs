@@ -271,7 +271,7 @@ impl Router {
             (None, Err(_)) => 0,
         };
         let key = tie_key(&target.namespace, request, &tokens, scores.block_size);
-        let field = candidates::gather(&self.fleet, &pods, scores.response.as_ref(), key);
+        let field = candidates::gather(&self.fleet, &pods, scores.response.as_ref(), key, scores.block_size);
         let s = &self.settings;
         let pick = pick::pick(&field, pools.as_ref(), total_blocks, &s.weights, s.policy, s.load_band);
         count_kv_cutoff(&pick.ranked);
@@ -299,7 +299,7 @@ impl Router {
     /// any: the same candidates and rule as [`Router::route`] with nothing cached.
     pub fn rank_by_load(&self, subset: Option<&[String]>) -> Result<Vec<Arc<Pod>>, RouteError> {
         let pods = candidates::eligible(&self.fleet, subset)?;
-        let field = candidates::gather(&self.fleet, &pods, None, 0);
+        let field = candidates::gather(&self.fleet, &pods, None, 0, self.settings.block_size);
         let ranked = cost::rank(&field.candidates, 0, &self.settings.weights, Policy::LoadOnly);
         Ok(ranked.into_iter().map(|r| pods[r.index].clone()).collect())
     }
@@ -423,7 +423,11 @@ impl Router {
                 .increment(u64::from(choice.cached_blocks.saturating_sub(choice.matched_blocks)));
             record_overlap(decision, holder);
         }
-        self.recorder.record(&self.indexer, decision, &holder.pod);
+        // A pod whose engine picks the rank: no rank can be credited, and crediting one would
+        // not raise what every rank holds.
+        if holder.handle.as_ref().is_none_or(|p| candidates::balancer_ranks(p, holder.load.engines).is_none()) {
+            self.recorder.record(&self.indexer, decision, &holder.pod);
+        }
         Some(guards)
     }
 
@@ -482,7 +486,7 @@ mod tests {
     fn router(ids: &[&str]) -> Router {
         let fleet = Arc::new(Fleet::new(Duration::from_secs(2)));
         for id in ids {
-            let spec = PodSpec { id: id.to_string(), url: format!("http://{id}"), role: Role::Both };
+            let spec = PodSpec::new(*id, format!("http://{id}"), Role::Both);
             fleet.upsert(&spec, Source::Static).unwrap();
         }
         let settings = RouterSettings {

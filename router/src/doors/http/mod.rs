@@ -22,6 +22,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
 use crate::error::ApiError;
+use crate::pods::fleet::PodDp;
 pub use app::App;
 
 /// Routes of `--http-addr` (`/metrics` and `/debug/pods` only `with_metrics`, i.e. without a
@@ -76,8 +77,15 @@ async fn debug_pods(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
         .snapshot()
         .iter()
         .map(|pod| {
-            json!({"id": pod.id, "url": pod.url, "role": pod.role, "source": pod.source,
-                   "load": pod.load(now, fleet.stale_after())})
+            let mut entry = json!({"id": pod.id, "url": pod.url, "role": pod.role, "source": pod.source,
+                   "load": pod.load(now, fleet.stale_after())});
+            // A rank the router names, or a pod whose engine picks among the ranks it stands for.
+            match &pod.dp {
+                PodDp::Single => {}
+                PodDp::Rank { rank, .. } => entry["dp_rank"] = json!({"pod": pod.spec_id, "rank": rank}),
+                PodDp::Balanced(ranks) => entry["dp_ranks"] = json!(ranks),
+            }
+            entry
         })
         .collect();
     Json(json!({"pods": pods}))
