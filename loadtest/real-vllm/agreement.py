@@ -30,6 +30,14 @@ distinct long prompts that makes the small engine evict, repeats after the evict
 `/reset_prefix_cache` on one engine, and a stop and restart of the small engine mid-run (requests
 keep flowing while it is down and while it starts again).
 
+Fleet shapes: the engines' block size (`--engine-block-size`, default 32) may be a multiple of
+kvindex's (`--block-size 32`, fixed here). An engine reuses whole engine blocks only, so a prompt
+that shares with a cached one a prefix ending inside an engine block gets none of that block;
+phase 6 (shared system prompts of 1-6 x 32 tokens, each followed by a random tail, and exact
+repeats) makes that case on purpose, and the summary counts it per phase. The prediction is
+still the router's matched blocks x 32 under the last-token rule in kvindex's unit: nothing
+here cuts it to engine blocks, that is the index's job.
+
 Started by run.sh with the vLLM venv's python; it starts and stops every process itself.
 Prints `agreement <agreeing>/<requests>, over-predicted <n>` last; exit 0 only with >= 99%
 agreement, no over-prediction, and the tokenizer and hash checks clean.
@@ -54,8 +62,10 @@ from engine import BLOCK_SIZE, Engine, EngineConfig, _die_with_parent, cached_to
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL_DIR = os.path.join(HERE, "tiny-model")
 MODEL = "tiny"
-SMALL_CACHE_BLOCKS = 40  # 1,280 token slots: the eviction burst below overflows it
+SMALL_CACHE_TOKENS = 1280  # 40 blocks of 32: the eviction burst below overflows it, at any engine block
 SMALL_MAX_MODEL_LEN = 1024
+# kvindex's block (serve, record, router): fixed. The engines' block is --engine-block-size.
+KVINDEX_BLOCK_SIZE = 32
 
 
 def log(msg):
@@ -117,6 +127,11 @@ def http(method, url, body=None, timeout_s=120.0):
 def metrics_text(url):
     with urllib.request.urlopen(url, timeout=10) as r:
         return r.read().decode()
+
+
+def metric_sum_labelled(text, name, label, value):
+    prefix = f'{name}{{{label}="{value}"}} '
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
 def metric_sum(text, name):
@@ -194,9 +209,15 @@ class Run:
     def __init__(self, args, fleet, tokenizer_check):
         self.args, self.fleet, self.tok = args, fleet, tokenizer_check
         self.rows = []
+        self.phase = "start"
+        self.engine_block = args.engine_block_size
         self.fence_rng = random.Random(f"fence-{args.seed}")
         self.pending_fence = set()  # pods that served since their last fence
         self.out = open(os.path.join(args.out, "requests.jsonl"), "w")
+
+    def begin(self, phase, what):
+        self.phase = phase
+        log(f"== {phase}: {what}")
 
     # Fences -----------------------------------------------------------------------------
 
@@ -208,9 +229,11 @@ class Run:
         return {c["pod"]: c["matched_blocks"] for c in decision["ranked"]}, decision.get("score")
 
     def fence(self, pod, timeout_s=60.0):
-        """A fresh one-block prompt straight to the pod, then wait until the index holds it."""
+        """A fresh one-engine-block prompt straight to the pod, then wait until the index holds it.
+
+        One engine block plus a token: an engine publishes only full blocks of its own size."""
         engine = self.fleet.engines[pod]
-        ids = [self.fence_rng.randrange(3, 1024) for _ in range(BLOCK_SIZE + 1)]
+        ids = [self.fence_rng.randrange(3, 1024) for _ in range(self.engine_block + 1)]
         engine.completion(ids, max_tokens=1)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -238,7 +261,7 @@ class Run:
                 return src.get("last_seq")
         return None
 
-    def send(self, label, kind, payload, max_tokens=1, **extra):
+    def send(self, label, kind, payload, max_tokens=1, tags=None, **extra):
         self.level()
         # What the index holds now is what the router scores this request against. /debug/sources
         # is refreshed on the apply thread's tick, so its seq is only a lower bound of what was
@@ -258,23 +281,27 @@ class Run:
         ids = response.get("prompt_token_ids") if kind == "chat" else response["choices"][0].get("prompt_token_ids")
         prompt_tokens = response["usage"]["prompt_tokens"]
         got = cached_tokens(response)
-        cap = (prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE  # the engine computes at least one token
-        predicted = min(matched * BLOCK_SIZE, cap)
+        # The engine computes at least the last token. In kvindex's unit: the engine's own unit is
+        # for the index to apply, not for this harness.
+        cap = (prompt_tokens - 1) // KVINDEX_BLOCK_SIZE * KVINDEX_BLOCK_SIZE
+        predicted = min(matched * KVINDEX_BLOCK_SIZE, cap)
         tokenizer_same = self.tok.check(label, kind, payload, ids)
         row = {
-            "label": label, "endpoint": kind, "pod": pod, "score": score, "matched_blocks": matched,
-            "total_blocks": total_blocks, "prompt_tokens": prompt_tokens, "cached_tokens": got,
-            "predicted_cached_tokens": predicted, "capped": matched * BLOCK_SIZE > cap,
+            "label": label, "phase": self.phase, "endpoint": kind, "pod": pod, "score": score,
+            "matched_blocks": matched, "total_blocks": total_blocks, "prompt_tokens": prompt_tokens,
+            "cached_tokens": got,
+            "predicted_cached_tokens": predicted, "capped": matched * KVINDEX_BLOCK_SIZE > cap,
             "agree": predicted == got, "over": predicted > got,
-            "router_blocks_ok": total_blocks == prompt_tokens // BLOCK_SIZE,
+            "router_blocks_ok": total_blocks == prompt_tokens // KVINDEX_BLOCK_SIZE,
             "tokenizer_same": tokenizer_same, "vllm_xargs": extra.get("vllm_xargs"),
             "sent_at": sent_at, "applied_at_least": applied_at_least, "prompt_token_ids": ids,
+            **(tags or {}),
         }
         self.rows.append(row)
         self.out.write(json.dumps(row) + "\n")
         self.out.flush()
         mark = "ok  " if row["agree"] else ("OVER" if row["over"] else "UNDR")
-        log(f"{mark} {label:<28} pod {pod} prompt {prompt_tokens:4d} cached {got:4d} predicted {predicted:4d}"
+        log(f"{mark} {label:<30} pod {pod} prompt {prompt_tokens:4d} cached {got:4d} predicted {predicted:4d}"
             f" (matched {matched}{', capped' if row['capped'] else ''}, score {score})")
         if pod in self.fleet.engines:
             self.pending_fence.add(pod)
@@ -314,13 +341,13 @@ def workload(run, fleet, small_pod, big_pod, restart_small):
             _, ids = run.completion(f"doc{d}.q{q}{tag}", doc + questions[d][q])
             remembered.append((f"doc{d}.q{q}", ids))
 
-    log("== phase 1: chats over shared system prompts, documents")
+    run.begin("phase 1", "chats over shared system prompts, documents")
     chat_turn(1)
     doc_round(0)
     chat_turn(2)
     doc_round(1)
 
-    log("== phase 2: token-id prompts, report mode full")
+    run.begin("phase 2", "token-id prompts, report mode full")
     for label, ids in remembered[:4]:
         run.completion(f"ids.{label}", ids)
         run.completion(f"ids.{label}+tail", ids + [rng.randrange(3, 1024) for _ in range(40)])
@@ -330,9 +357,9 @@ def workload(run, fleet, small_pod, big_pod, restart_small):
     # compute the last token), so the prediction is capped by the engine's rule.
     label, ids = remembered[6]
     for i in range(2):
-        run.completion(f"exact10.{label}.{i}", ids[:10 * BLOCK_SIZE])
+        run.completion(f"exact10.{label}.{i}", ids[:10 * KVINDEX_BLOCK_SIZE])
 
-    log("== phase 3: distinct long prompts (the small engine evicts), then repeats")
+    run.begin("phase 3", "distinct long prompts (the small engine evicts), then repeats")
     burst = [words(rng, rng.randrange(150, 260)) for _ in range(14)]
     for i, text in enumerate(burst):
         run.completion(f"evict{i}", text)
@@ -341,14 +368,14 @@ def workload(run, fleet, small_pod, big_pod, restart_small):
     doc_round(0, ".again")
     chat_turn(3)
 
-    log(f"== phase 4: /reset_prefix_cache on {big_pod}")
+    run.begin("phase 4", f"/reset_prefix_cache on {big_pod}")
     run.level()
     fleet.engines[big_pod].reset_prefix_cache()
     run.pending_fence.add(big_pod)  # AllBlocksCleared travels with the engine's next step
     doc_round(1, ".after-reset")
     chat_turn(4)
 
-    log(f"== phase 5: {small_pod} stopped, requests go on, then restarted")
+    run.begin("phase 5", f"{small_pod} stopped, requests go on, then restarted")
     run.level()
     fleet.engines[small_pod].stop()
     doc_round(2)
@@ -371,6 +398,46 @@ def workload(run, fleet, small_pod, big_pod, restart_small):
         run.completion(f"evict{i}.after-restart", burst[i])
     doc_round(3)
     chat_turn(6)
+    shared_system_prompts(run)
+
+
+# Phase 6's system prompts, in kvindex blocks of 32 tokens: against an engine block of 64 the odd
+# ones end inside an engine block, against 128 all but 4 do; against 32 none (the control).
+SYSTEM_PROMPT_BLOCKS = (1, 2, 3, 4, 5, 6, 3, 5)
+SYSTEM_PROMPT_ROUNDS = 8
+REPEAT_ROUNDS = {3: 1, 6: 4}  # round -> the earlier round whose prompts are sent again, whole
+
+
+def shared_system_prompts(run):
+    """Phase 6: token-id prompts = a shared system prompt of k x 32 tokens + a random tail.
+
+    Each later prompt shares exactly k x 32 tokens with every earlier one of its system prompt
+    (fresh tails differ at their first token), so an engine holding it can reuse
+    floor(k x 32 / engine block) engine blocks of it and no more; a repeat shares the whole
+    prompt, so the engine's last-token rule in its own unit decides. Its own random stream:
+    phases 1-5 send what they sent before this phase existed."""
+    rng = random.Random(f"{run.args.seed}-system-prompts")
+    unit = run.engine_block
+    run.begin("phase 6", f"{len(SYSTEM_PROMPT_BLOCKS)} shared system prompts of "
+              f"{'/'.join(str(k * KVINDEX_BLOCK_SIZE) for k in SYSTEM_PROMPT_BLOCKS)} tokens + random tails, "
+              f"{SYSTEM_PROMPT_ROUNDS} rounds (engine block {unit})")
+    systems = [[rng.randrange(3, 1024) for _ in range(k * KVINDEX_BLOCK_SIZE)] for k in SYSTEM_PROMPT_BLOCKS]
+    sent = {}  # (system, round) -> ids
+    for r in range(SYSTEM_PROMPT_ROUNDS):
+        for s, system in enumerate(systems):
+            if r in REPEAT_ROUNDS:
+                ids = sent[(s, REPEAT_ROUNDS[r])]
+                label, shared = f"sys{s}.r{r}.repeat", len(ids)
+            else:
+                ids = system + [rng.randrange(3, 1024) for _ in range(rng.randrange(8, 200))]
+                label, shared = f"sys{s}.r{r}", (len(system) if r > 0 else 0)
+            sent[(s, r)] = ids
+            # What this prompt shares with earlier ones (if a pod still holds them), capped by the
+            # last-token rule, and how much of it lies in a part of an engine block: credit that
+            # kvindex's 32-token blocks would give and the engine cannot (0 when the units agree).
+            usable = min(shared, len(ids) - 1)
+            cut = usable // KVINDEX_BLOCK_SIZE * KVINDEX_BLOCK_SIZE - usable // unit * unit
+            run.completion(label, ids, tags={"shared_tokens": shared, "engine_block_cut_tokens": cut})
 
 
 def main():
@@ -381,6 +448,9 @@ def main():
     p.add_argument("--base-port", type=int, default=18400)
     p.add_argument("--seed", default="kvindex-real-vllm-1")
     p.add_argument("--target", type=float, default=0.99)
+    p.add_argument("--engine-block-size", type=int, default=BLOCK_SIZE,
+                   help=f"both engines' --block-size (a multiple of {KVINDEX_BLOCK_SIZE}, the CPU backend's unit); "
+                        f"kvindex stays at --block-size {KVINDEX_BLOCK_SIZE}")
     p.add_argument("--fences-only", action="store_true",
                    help="stop after every engine's first fence (the start-up race), before the workload")
     p.add_argument("--fence-restarted", action="store_true",
@@ -389,6 +459,13 @@ def main():
                         "the new process publishes (it does not clear a pod on disconnect), so without this the "
                         "first request routed to the restarted engine can be over-predicted")
     args = p.parse_args()
+    if args.engine_block_size <= 0 or args.engine_block_size % KVINDEX_BLOCK_SIZE:
+        p.error(f"--engine-block-size {args.engine_block_size}: must be a positive multiple of {KVINDEX_BLOCK_SIZE}")
+    engine_block = args.engine_block_size
+    small_cache_blocks = SMALL_CACHE_TOKENS // engine_block
+    if small_cache_blocks * engine_block < SMALL_MAX_MODEL_LEN:
+        p.error(f"--engine-block-size {engine_block}: the small engine's {SMALL_CACHE_TOKENS} token slots hold "
+                f"no whole {SMALL_MAX_MODEL_LEN}-token request")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup in `finally`
     os.makedirs(args.out, exist_ok=True)
     started = time.monotonic()
@@ -398,16 +475,17 @@ def main():
     fleet = Fleet()
     big_pod, small_pod = fleet.pod_id(big_http), fleet.pod_id(small_http)
     args.record_pod = big_pod
-    big_cfg = EngineConfig(http_port=big_http, kv_port=big_kv, dev_mode=True,
+    big_cfg = EngineConfig(http_port=big_http, kv_port=big_kv, dev_mode=True, block_size=engine_block,
                            log_path=os.path.join(args.out, "engine-big.log"))
     small_cfg = EngineConfig(http_port=small_http, kv_port=central_zmq, replay_port=small_replay, pub_bind=False,
-                             num_gpu_blocks_override=SMALL_CACHE_BLOCKS, max_model_len=SMALL_MAX_MODEL_LEN,
-                             dev_mode=True, log_path=os.path.join(args.out, "engine-small.log"))
+                             num_gpu_blocks_override=small_cache_blocks, max_model_len=SMALL_MAX_MODEL_LEN,
+                             block_size=engine_block, dev_mode=True,
+                             log_path=os.path.join(args.out, "engine-small.log"))
     b = args.bin_dir
     try:
         kvindex = Service("kvindex serve", [
             f"{b}/kvindex", "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-            "--block-size", str(BLOCK_SIZE),
+            "--block-size", str(KVINDEX_BLOCK_SIZE),
             "--zmq-bind", f"tcp://127.0.0.1:{central_zmq}", "--replay", f"{small_pod}=tcp://127.0.0.1:{small_replay}",
             "--pod", f"{big_pod},{MODEL},tcp://127.0.0.1:{big_kv},tcp://127.0.0.1:{big_kv + 1}",
             "--hash-seed", "0", "--vllm-version", "0.32.0", "--hash-algo", "sha256_cbor", "--hash-check-every", "1",
@@ -419,7 +497,7 @@ def main():
         # `until_seq` make a replay fixture (make_fixture.py).
         recorder = Service("kvindex record", [
             f"{b}/kvindex", "record", "--out", os.path.join(args.out, "big-engine.jsonl.gz"),
-            "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--block-size", str(BLOCK_SIZE),
+            "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--block-size", str(KVINDEX_BLOCK_SIZE),
             "--pod", f"{big_pod},{MODEL},tcp://127.0.0.1:{big_kv},tcp://127.0.0.1:{big_kv + 1}",
         ], os.path.join(args.out, "record.log"), "KVINDEX_LISTENING")
         fleet.services.append(recorder)
@@ -431,7 +509,7 @@ def main():
         router = Service("kvindex-router", [
             f"{b}/kvindex-router", "serve", "--http-addr", "127.0.0.1:0", "--indexer", kvindex.addrs["grpc"],
             "--pod", f"{big_pod}=http://{big_pod}", "--pod", f"{small_pod}=http://{small_pod}",
-            "--tokenizer", f"{MODEL}={MODEL_DIR}", "--block-size", str(BLOCK_SIZE),
+            "--tokenizer", f"{MODEL}={MODEL_DIR}", "--block-size", str(KVINDEX_BLOCK_SIZE),
             # Debug builds on a loaded 2-core machine: a 5 ms deadline would fail open and
             # under-predict for reasons that are not the index's.
             "--score-deadline-ms", "3000",
@@ -439,6 +517,8 @@ def main():
         fleet.services.append(router)
         fleet.router_url = "http://" + router.addrs["http"]
         log(f"kvindex {kvindex.addrs}, tokenizer {tokenizer.addrs}, router {router.addrs}")
+        log(f"shape: engine --block-size {engine_block} behind kvindex --block-size {KVINDEX_BLOCK_SIZE}; "
+            f"small engine {small_cache_blocks} blocks of {engine_block}")
 
         fleet.engines[big_pod] = Engine(big_cfg).start()
         fleet.engines[small_pod] = Engine(small_cfg).start()
@@ -487,6 +567,10 @@ def main():
         hash_blocks = metric_sum(text, "kvindex_hash_check_blocks_total")
         hash_mismatches = metric_sum(text, "kvindex_hash_check_mismatches_total")
         status, _, sources = http("GET", fleet.kvindex_http + "/debug/sources")
+        # The router's own comparison of each response's cached_tokens with its prediction.
+        router_text = metrics_text(fleet.router_url + "/metrics")
+        router_outcomes = {o: metric_sum_labelled(router_text, "kvindex_router_cache_prediction_total", "outcome", o)
+                           for o in ("exact", "over", "under", "unreported")}
         with open(os.path.join(args.out, "sources.json"), "w") as f:
             json.dump(sources, f, indent=1)
     finally:
@@ -506,6 +590,18 @@ def main():
         f"capped at prompt_tokens-1); under-predicted {under}; score not ok {not_ok}")
     log(f"kvindex-tokenizer: {tok.checked - tok.differ}/{tok.checked} text prompts tokenized as the engine did; "
         f"router total blocks wrong {router_blocks_bad}")
+    for phase in dict.fromkeys(r["phase"] for r in rows):
+        p_rows = [r for r in rows if r["phase"] == phase]
+        log(f"{phase}: {len(p_rows)} requests, agree {sum(r['agree'] for r in p_rows)}, "
+            f"over {sum(r['over'] for r in p_rows)}, "
+            f"under {sum(not r['agree'] and not r['over'] for r in p_rows)}, "
+            f"engine cache hits {sum(r['cached_tokens'] > 0 for r in p_rows)}")
+    cut_rows = [r for r in rows if r.get("engine_block_cut_tokens", 0) > 0]
+    log(f"engine block {engine_block} / kvindex block {KVINDEX_BLOCK_SIZE}: {len(cut_rows)} requests share a prefix "
+        f"that ends inside an engine block (phase 6), agree {sum(r['agree'] for r in cut_rows)}, "
+        f"over {sum(r['over'] for r in cut_rows)}")
+    log("router's own prediction outcomes (kvindex_router_cache_prediction_total): "
+        + ", ".join(f"{o} {v:.0f}" for o, v in router_outcomes.items()))
     log(f"hash cross-check: {hash_blocks:.0f} engine block hashes recomputed, {hash_mismatches:.0f} mismatches")
     for src in sources.get("sources", []) if isinstance(sources, dict) else []:
         log(f"source {src.get('pod')} ({src.get('mode')}): {src.get('state')}, restarts {src.get('restarts')}, "

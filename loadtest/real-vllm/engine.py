@@ -12,7 +12,7 @@ Library use (run with the vLLM venv's python, see setup.sh):
         engine.completion(prompt="Hello", max_tokens=1)
 
 CLI: python engine.py --http-port 18100 --kv-port 18557 [--num-gpu-blocks-override 20]
-[--dev-mode] serves until Ctrl-C / SIGTERM.
+[--block-size 128] [--dev-mode] serves until Ctrl-C / SIGTERM.
 """
 
 import argparse
@@ -30,7 +30,7 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VENV = os.environ.get("KVINDEX_VLLM_VENV", "/var/tmp/kvindex-vllm-venv")
-BLOCK_SIZE = 32  # the CPU attention backend rejects 16
+BLOCK_SIZE = 32  # the default engine block; the CPU attention backend takes multiples of 32 only
 MARKER_ENV = "KVINDEX_REAL_VLLM_ENGINE"
 
 
@@ -51,6 +51,9 @@ class EngineConfig:
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache
     max_model_len: int = 2048
     max_num_seqs: int = 16
+    # vLLM's --block-size: what the engine stores, publishes (`BlockStored.block_size`) and reuses
+    # (whole blocks only). It may be a multiple of the index's block size (a fleet shape of its own).
+    block_size: int = BLOCK_SIZE
     hash_seed: str = "0"  # PYTHONHASHSEED: with sha256_cbor it seeds vLLM's NONE_HASH
     extra_args: tuple = ()
     extra_env: dict = dataclasses.field(default_factory=dict)
@@ -85,7 +88,7 @@ class EngineConfig:
             "--max-model-len", str(self.max_model_len),
             "--max-num-seqs", str(self.max_num_seqs),
             "--enable-prefix-caching",
-            "--block-size", str(BLOCK_SIZE),
+            "--block-size", str(self.block_size),
             "--prefix-caching-hash-algo", "sha256_cbor",
             "--enable-prompt-tokens-details",
             "--enforce-eager",
@@ -305,12 +308,13 @@ def main():
     p.add_argument("--pub-connect", action="store_true",
                    help="the engine dials tcp://127.0.0.1:<kv-port> (bind a SUB there) instead of binding *:<kv-port>")
     p.add_argument("--num-gpu-blocks-override", type=int)
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE, help="the engine's block size (a multiple of 32)")
     p.add_argument("--dev-mode", action="store_true")
     p.add_argument("--log")
     a = p.parse_args()
     cfg = EngineConfig(http_port=a.http_port, kv_port=a.kv_port, replay_port=a.replay_port,
                        model_dir=a.model_dir, pub_bind=not a.pub_connect, num_gpu_blocks_override=a.num_gpu_blocks_override,
-                       dev_mode=a.dev_mode, log_path=a.log)
+                       block_size=a.block_size, dev_mode=a.dev_mode, log_path=a.log)
     engine = Engine(cfg)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

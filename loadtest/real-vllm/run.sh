@@ -17,7 +17,9 @@
 # BASE_PORT (default 18400; uses BASE_PORT..BASE_PORT+12), FENCE_RESTARTED=1 (fence the
 # restarted engine before it can be routed to: hides the restart window, see README),
 # FENCES_ONLY=1 (stop after every engine's first fence: the start-up race alone, exit 0 if both
-# passed; cheap to repeat with KVINDEX_BIN_DIR).
+# passed; cheap to repeat with KVINDEX_BIN_DIR), ENGINE_BLOCK_SIZE (the engines' --block-size,
+# default 32, a multiple of 32: e.g. 128 runs the shape "engine block 128 behind kvindex
+# --block-size 32"; kvindex, its recorder and the router keep --block-size 32).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -73,7 +75,7 @@ echo "results in $out; setup and build took $(( $(date +%s) - start )) s"
 # The driver in its own process group, so the trap can stop everything it started.
 set +e
 setsid "$venv/bin/python" "$here/agreement.py" --bin-dir "$bin_dir" --stubs "$stubs" --out "$out" \
-  --base-port "${BASE_PORT:-18400}" ${FENCE_RESTARTED:+--fence-restarted} ${FENCES_ONLY:+--fences-only} &
+  --base-port "${BASE_PORT:-18400}" --engine-block-size "${ENGINE_BLOCK_SIZE:-32}" ${FENCE_RESTARTED:+--fence-restarted} ${FENCES_ONLY:+--fences-only} &
 driver=$!
 wait "$driver"
 rc=$?
@@ -81,7 +83,10 @@ set -e
 
 # Item 6: agreement.py recorded the per-pod engine with `kvindex record` ($out/big-engine.jsonl.gz).
 # KEEP_FIXTURE=1 turns a passing run into the replay fixture indexer/server/tests/real_engine_dump.rs reads.
-if [ "$rc" = 0 ] && [ -n "${KEEP_FIXTURE:-}" ]; then
+# The fixture's test assumes the default shape (engine block 32).
+if [ "$rc" = 0 ] && [ -n "${KEEP_FIXTURE:-}" ] && [ "${ENGINE_BLOCK_SIZE:-32}" != 32 ]; then
+  echo "run.sh: KEEP_FIXTURE is for ENGINE_BLOCK_SIZE=32; no fixture written" >&2
+elif [ "$rc" = 0 ] && [ -n "${KEEP_FIXTURE:-}" ]; then
   "$venv/bin/python" "$here/make_fixture.py" "$out" "$repo/testdata/real-vllm"
 fi
 exit "$rc"
