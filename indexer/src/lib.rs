@@ -26,5 +26,5 @@ pub mod wire;
 pub use index::{
     ApplyReport, BlockRef, ChainParent, ColumnError, Columns, EngineBlocks, GroupExport, HashCheck, ImportReport,
     KvIndex, KvIndexConfig, PodExport, PodRules, PodStats, ScoreQuery, ScoreResult, SkipReason, TierClass, TierLimits,
-    TierWeights, UnitExport,
+    TierWeights, UnitExport, MAX_CONTEXT_PARALLEL,
 };

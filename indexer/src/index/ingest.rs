@@ -516,6 +516,7 @@ impl PodIngest {
             _ => return report.skip(SkipReason::BlockSizeMismatch, blocks),
         };
         if engine_bs % ctx.block_size != 0 {
+            report.refused_block_size = Some(engine_bs as u64);
             return report.skip(SkipReason::BlockSizeMismatch, blocks);
         }
         let per_block_units = u32::try_from(engine_bs / ctx.block_size).unwrap_or(u32::MAX);

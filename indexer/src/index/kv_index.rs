@@ -560,6 +560,7 @@ mod tests {
         // A block size that is not a multiple of the canonical one is refused, unit unchanged.
         let r = index.apply("a", "m", &store_sized(&[9], None, (0..3).collect(), 3, None));
         assert_eq!((r.skipped(SkipReason::BlockSizeMismatch), r.block_size_changes), (1, 0));
+        assert_eq!(r.refused_block_size, Some(3));
         assert_eq!(index.credit_unit("a"), (4, false));
     }
 

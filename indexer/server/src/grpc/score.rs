@@ -1,6 +1,8 @@
 //! ScoreTokens, shared by both gRPC contracts: checks a request's limits, asks the index, and
-//! answers with each pod's matched blocks, tier counts and source state, plus the speculative
-//! run RecordRoute credited (in its own field, never in `matched_blocks`). A pod whose source
+//! answers with each pod's matched blocks (whole engine blocks, as the index credits them), tier
+//! counts, source state and credit unit, plus the speculative run RecordRoute credited (in its
+//! own field, never in `matched_blocks`, cut to the pod's unit and the prompt's last token as the
+//! exact match is). A pod whose source
 //! is too far behind its engine (`max_source_staleness_ms`, `apply::staleness`) is answered as
 //! holding nothing, STALE, until it catches up: its blocks may have been evicted meanwhile.
 
@@ -140,6 +142,7 @@ impl Scorer {
                     matched_by_tier,
                     state: answered_state(source) as i32,
                     speculative_blocks: 0,
+                    credit_unit_tokens: index.credit_unit(&name).0,
                 },
             );
         }
@@ -160,12 +163,18 @@ impl Scorer {
                     .then(|| by_name.get(pod).map_or(0, |s| s.matched_blocks))
             });
             for (pod, run) in runs {
+                // What the engine could reuse of the run once it holds it: whole engine blocks,
+                // never this prompt's last token, less a block with EAGLE.
+                let run = index.cut_credit(&pod, run, req.token_ids.len());
                 let score = by_name.entry(pod.to_string()).or_insert_with(|| pb::PodScore {
                     pod: pod.to_string(),
                     state: answered_state(states.get(&*pod).copied()) as i32,
+                    credit_unit_tokens: index.credit_unit(&pod).0,
                     ..Default::default()
                 });
-                score.speculative_blocks = run;
+                if run > score.matched_blocks {
+                    score.speculative_blocks = run;
+                }
             }
         }
         let scores = if req.pods.is_empty() {
@@ -186,6 +195,7 @@ impl Scorer {
                         matched_by_tier: HashMap::new(),
                         state: answered_state(states.get(p.as_str()).copied()) as i32,
                         speculative_blocks: 0,
+                        credit_unit_tokens: index.credit_unit(p).0,
                     })
                 })
                 .collect()

@@ -636,7 +636,8 @@ class Peer:
 
     def op_check(self, names, model):
         """The property: no pod is credited with a block its publisher does not hold; and an
-        EXACT pod is credited with exactly what it holds."""
+        EXACT pod is credited with exactly what its engine would serve of it: the blocks it
+        holds, at most the prompt's tokens minus one (vLLM computes the last token)."""
         violations, mismatches, states = [], [], {}
         for n in names:
             p = self.pubs[n]
@@ -645,7 +646,7 @@ class Peer:
                 if r.get("ok") is False:
                     return r
                 s = r["scores"][0]
-                held = p.held_prefix(tokens)
+                held = min(p.held_prefix(tokens), (len(tokens) - 1) // p.block_size)
                 states[p.pod] = s["state"]
                 if s["matched_blocks"] > held:
                     violations.append({"pod": p.pod, "chain": chain, "matched": s["matched_blocks"], "held": held})
