@@ -39,7 +39,7 @@ pub struct ScoreQuery<'a> {
 pub struct ScoreResult {
     /// Full canonical blocks in the prompt.
     pub total_blocks: u32,
-    /// Pods holding at least block 0 (among the filtered pods), sorted by pod id.
+    /// Pods credited at least one block (among the filtered pods), sorted by pod id.
     pub matches: Vec<PodMatch>,
 }
 

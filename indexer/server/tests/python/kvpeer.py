@@ -400,6 +400,12 @@ class Peer:
             return {"ok": False, "code": e.code().name, "details": e.details()}
         return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms}
 
+    def op_score_units(self, model, tokens, pods=()):
+        """The unit (tokens) each scored pod is credited in (`PodScore.credit_unit_tokens`)."""
+        req = self.pb.ScoreTokensRequest(model=model, token_ids=tokens, pods=list(pods))
+        r = self.stub.ScoreTokens(req, timeout=10)
+        return {"units": [s.credit_unit_tokens for s in r.scores]}
+
     def op_score_pod_many(self, model, pod, prompts):
         """Matched blocks and state of `pod` for each prompt (one round trip for many queries)."""
         out = []
