@@ -10,7 +10,7 @@ use std::time::Instant;
 use kvindex_proto::kvindex::v1 as pb;
 
 use super::cost::Candidate;
-use super::decision::PodChoice;
+use super::decision::{CreditUnit, PodChoice};
 use super::rendezvous;
 use crate::error::RouteError;
 use crate::pods::fleet::{Fleet, Pod};
@@ -73,6 +73,7 @@ pub fn gather(fleet: &Fleet, pods: &[Arc<Pod>], scores: Option<&pb::ScoreTokensR
             speculative_blocks: speculative,
             cached_blocks: 0,
             source_state: found.and_then(|p| state_label(p.state)),
+            credit_unit: found.map(|p| CreditUnit { tokens: p.credit_unit_tokens, eagle: p.eagle }).unwrap_or_default(),
             cost: 0.0,
             kv_weight: 0.0,
             kv_cost: 0.0,

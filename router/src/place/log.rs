@@ -106,6 +106,7 @@ mod tests {
             speculative_blocks: 0,
             cached_blocks: cached,
             source_state: None,
+            credit_unit: Default::default(),
             cost: 3.0,
             kv_weight: 0.0,
             kv_cost: 0.0,

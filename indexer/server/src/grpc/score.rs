@@ -133,6 +133,7 @@ impl Scorer {
                 .filter(|(_, n)| **n > 0)
                 .map(|(i, n)| (tiers.name(TierId(i as u8)), *n))
                 .collect();
+            let unit = index.credit_unit(&name);
             by_name.insert(
                 name.to_string(),
                 pb::PodScore {
@@ -142,7 +143,8 @@ impl Scorer {
                     matched_by_tier,
                     state: answered_state(source) as i32,
                     speculative_blocks: 0,
-                    credit_unit_tokens: index.credit_unit(&name).0,
+                    credit_unit_tokens: unit.0,
+                    eagle: unit.1,
                 },
             );
         }
@@ -166,11 +168,15 @@ impl Scorer {
                 // What the engine could reuse of the run once it holds it: whole engine blocks,
                 // never this prompt's last token, less a block with EAGLE.
                 let run = index.cut_credit(&pod, run, req.token_ids.len());
-                let score = by_name.entry(pod.to_string()).or_insert_with(|| pb::PodScore {
-                    pod: pod.to_string(),
-                    state: answered_state(states.get(&*pod).copied()) as i32,
-                    credit_unit_tokens: index.credit_unit(&pod).0,
-                    ..Default::default()
+                let score = by_name.entry(pod.to_string()).or_insert_with(|| {
+                    let unit = index.credit_unit(&pod);
+                    pb::PodScore {
+                        pod: pod.to_string(),
+                        state: answered_state(states.get(&*pod).copied()) as i32,
+                        credit_unit_tokens: unit.0,
+                        eagle: unit.1,
+                        ..Default::default()
+                    }
                 });
                 if run > score.matched_blocks {
                     score.speculative_blocks = run;
@@ -188,14 +194,18 @@ impl Scorer {
                 .iter()
                 .filter(|p| seen.insert(p.as_str()))
                 .map(|p| {
-                    by_name.remove(p).unwrap_or_else(|| pb::PodScore {
-                        pod: p.clone(),
-                        matched_blocks: 0,
-                        weighted_score: 0.0,
-                        matched_by_tier: HashMap::new(),
-                        state: answered_state(states.get(p.as_str()).copied()) as i32,
-                        speculative_blocks: 0,
-                        credit_unit_tokens: index.credit_unit(p).0,
+                    by_name.remove(p).unwrap_or_else(|| {
+                        let unit = index.credit_unit(p);
+                        pb::PodScore {
+                            pod: p.clone(),
+                            matched_blocks: 0,
+                            weighted_score: 0.0,
+                            matched_by_tier: HashMap::new(),
+                            state: answered_state(states.get(p.as_str()).copied()) as i32,
+                            speculative_blocks: 0,
+                            credit_unit_tokens: unit.0,
+                            eagle: unit.1,
+                        }
                     })
                 })
                 .collect()
