@@ -110,7 +110,8 @@ fn score_tokens_credits_whole_engine_blocks_in_every_fleet_shape() {
     let held = held_tokens();
     let mut wrong = Vec::new();
     // (index block, [(publisher, pod, engine block)]).
-    let shapes: [(usize, &[(&str, &str, usize)]); 2] = [
+    type Publisher = (&'static str, &'static str, usize);
+    let shapes: [(usize, &[Publisher]); 2] = [
         (16, &[("e64", "10.0.1.1:8000", 64), ("e32", "10.0.1.2:8000", 32), ("e16", "10.0.1.3:8000", 16)]),
         (32, &[("e128", "10.0.2.1:8000", 128), ("e32b", "10.0.2.2:8000", 32)]),
     ];
@@ -304,4 +305,75 @@ fn get_pod_scores_credits_whole_engine_blocks() {
             assert_eq!(r["scores"][0]["matched_blocks"].as_u64(), Some(*score as u64), "{pod}: {r}");
         }
     }
+}
+
+/// The matched blocks and state ScoreTokens answers for `pod` and the prompt `tokens`.
+fn credited(peer: &mut Peer, tokens: &[u32], pod: &str) -> (u64, String) {
+    let r = peer.score_exactly(MODEL, tokens, &[pod]);
+    let s = &r["scores"][0];
+    (s["matched_blocks"].as_u64().unwrap(), s["state"].as_str().unwrap().to_string())
+}
+
+/// `kvindex_skipped_blocks_total{reason="block_size_mismatch"}`.
+fn mismatched(server: &Server) -> f64 {
+    server.metric("kvindex_skipped_blocks_total", &["reason=\"block_size_mismatch\""])
+}
+
+/// A pod whose engine changes block size within one run (its events disagree: counted, credited
+/// in whole blocks of both sizes), then restarts with another (learnt afresh), and an engine
+/// whose block is not a multiple of the index's (refused, counted, nothing credited).
+#[test]
+fn an_engine_that_changes_block_size_and_one_whose_block_cannot_be_indexed() {
+    let Some(py) = python() else { return };
+    let held = held_tokens();
+    let server = Server::central(&[]);
+    let mut peer = Peer::with_grpc(&py, &server);
+    let (pod, odd) = ("10.0.6.1:8000", "10.0.6.2:8000");
+    publisher(&mut peer, &server, "p", pod, 64);
+    publisher(&mut peer, &server, "odd", odd, 24);
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["p", "odd"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "store", "name": "p", "chain": "held", "tokens": &held[..HELD * 64]}));
+    wait_held(&mut peer, &server, &["p"], &[(pod, 64, 64, false)]);
+    assert_eq!(server.metric("kvindex_block_size_changes_total", &[]), 0.0);
+
+    // The same engine, same group and tier, now stores blocks of 48: its events disagree. The
+    // store is applied and counted, and the pod is credited in whole blocks of both sizes
+    // (the lcm, 192 tokens): never past either.
+    let other: Vec<u32> = (0..96).map(|j| 600_000 + j).collect();
+    peer.cmd(json!({"op": "store", "name": "p", "chain": "other", "tokens": other, "block_size": 48}));
+    peer.settle(&server, &["p"]);
+    assert_eq!(server.metric("kvindex_block_size_changes_total", &[]), 1.0);
+    let source = server.source(pod).unwrap();
+    assert_eq!(source["credit_unit_tokens"].as_u64(), Some(192), "{source}");
+    for (k, n, want) in [(256, 257, 192), (191, 300, 0), (192, 193, 192), (192, 192, 0)] {
+        let (matched, state) = credited(&mut peer, &prompt(&held, k, n), pod);
+        assert_eq!((matched * 16, state.as_str()), (want, "EXACT"), "k {k} n {n}");
+    }
+    assert_eq!(credited(&mut peer, &[&other[..], &[1]].concat(), pod).0, 0, "96 tokens: no whole unit of 192");
+
+    // A new process of the engine with blocks of 32: the restart clears the pod, and the unit
+    // is the new block size once it stores.
+    peer.cmd(json!({"op": "restart", "name": "p", "block_size": 32}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["p"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "store", "name": "p", "chain": "held", "tokens": &held[..HELD * 32]}));
+    wait_until("the restarted engine credited in blocks of 32", 30, || {
+        let source = server.source(pod)?;
+        let (matched, state) = credited(&mut peer, &prompt(&held, 128, 129), pod);
+        (source["credit_unit_tokens"].as_u64() == Some(32) && matched == 8 && state == "EXACT").then_some(())
+    });
+    assert_eq!(server.metric("kvindex_block_size_changes_total", &[]), 1.0, "a restart is not a disagreement");
+    wrong_if_any(check_pod(&mut peer, pod, 32, 16, false));
+
+    // Engine blocks of 24 tokens behind blocks of 16 cannot be cut into canonical blocks:
+    // refused and counted, nothing credited, the unit untouched.
+    peer.cmd(json!({"op": "store", "name": "odd", "chain": "held", "tokens": &held[..96]}));
+    wait_until("the refused store counted", 30, || (mismatched(&server) > 0.0).then_some(()));
+    peer.settle(&server, &["odd"]);
+    assert_eq!(credited(&mut peer, &held[..97], odd).0, 0);
+    let source = server.source(odd).unwrap();
+    assert_eq!(source["credit_unit_tokens"].as_u64(), Some(16), "{source}");
+}
+
+fn wrong_if_any(wrong: Vec<String>) {
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
