@@ -25,6 +25,6 @@ pub mod wire;
 
 pub use index::{
     ApplyReport, BlockRef, ChainParent, ColumnError, Columns, EngineBlocks, GroupExport, HashCheck, ImportReport,
-    KvIndex, KvIndexConfig, PodExport, PodRules, PodStats, ScoreQuery, ScoreResult, SkipReason, TierClass, TierLimits,
-    TierWeights, UnitExport, MAX_CONTEXT_PARALLEL,
+    KvIndex, KvIndexConfig, PodDigest, PodExport, PodRules, PodStats, ScoreQuery, ScoreResult, SkipReason, TierClass,
+    TierLimits, TierWeights, UnitExport, MAX_CONTEXT_PARALLEL,
 };

@@ -47,6 +47,8 @@ pub mod readiness;
 pub mod replay;
 pub mod server;
 pub mod shutdown;
+pub mod sibling;
+pub mod sibling_check;
 pub mod snapshot;
 pub mod source_series;
 pub mod sources;

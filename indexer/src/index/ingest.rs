@@ -158,6 +158,8 @@ pub struct PodIngest {
     rules: PodRules,
     /// The cut last published for scoring.
     published_cut: Cut,
+    /// Per tier, the wrapping sum of the pod's residency hashes (see `digest`).
+    digest: [u64; MAX_TIERS],
 }
 
 impl PodIngest {
@@ -188,6 +190,7 @@ impl PodIngest {
             units: EngineUnits::default(),
             rules: PodRules::default(),
             published_cut: Cut::default(),
+            digest: [0; MAX_TIERS],
         }
     }
 
@@ -280,6 +283,11 @@ impl PodIngest {
     /// Totals of the sampled hash cross-check for this pod.
     pub fn hash_check(&self) -> Verification {
         self.hash_check
+    }
+
+    /// Per tier id, the sum of this pod's residency hashes (see `digest`).
+    pub fn digest_sums(&self) -> [u64; MAX_TIERS] {
+        self.digest
     }
 
     /// Canonical blocks this pod holds in any tier.
@@ -853,6 +861,9 @@ impl PodIngest {
         for (i, count) in self.tier_blocks.iter_mut().enumerate() {
             *count = (*count + stats.tier_gained[i]).saturating_sub(stats.tier_lost[i]);
         }
+        for (sum, d) in self.digest.iter_mut().zip(stats.digest) {
+            *sum = sum.wrapping_add(d);
+        }
     }
 
     fn maybe_check_hashes(
@@ -1118,6 +1129,7 @@ impl PodIngest {
         self.tier_blocks = [0; MAX_TIERS];
         self.blocks = 0;
         self.units.clear();
+        self.digest = [0; MAX_TIERS];
         stats.lost
     }
 }

@@ -10,6 +10,7 @@
 //! drop a pod, and this type does it exactly.
 
 mod config;
+pub mod digest;
 pub mod engine_blocks;
 pub mod export;
 pub mod hybrid;
@@ -24,6 +25,7 @@ pub mod tree;
 pub mod units;
 
 pub use self::config::KvIndexConfig;
+pub use self::digest::PodDigest;
 pub use self::engine_blocks::{BlockRef, ChainParent, ColumnError, Columns, EngineBlocks};
 pub use self::export::{GroupExport, ImportReport, PodExport, UnitExport};
 pub use self::ingest::HashCheck;
