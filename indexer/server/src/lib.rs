@@ -28,6 +28,8 @@
 //! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
 //! - The handles the parts share: [`index_handle`] (index, credits, [`status`], [`clock`]),
 //!   [`readiness`], [`shutdown`].
+//! - [`reservations`]: the routers' shared in-flight load (RecordRoute reservations), a pure
+//!   table the gRPC services hold.
 //! - [`grpc`], [`http`]: the servers; [`tls`]: their TLS / mTLS. [`telemetry`]: metric names and the recorder.
 
 pub mod apply;
@@ -44,6 +46,7 @@ pub mod pods;
 pub mod protocols;
 pub mod readiness;
 pub mod replay;
+pub mod reservations;
 pub mod server;
 pub mod shutdown;
 pub mod snapshot;
