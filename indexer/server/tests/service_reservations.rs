@@ -142,7 +142,7 @@ fn bounds_refuse_reservations_and_count_them() {
     assert_eq!(reserve(&mut peer, &batch)["reserved"], 3, "a's share");
     assert_eq!(reserve(&mut peer, &[reservation(B, 5, 1), reservation(B, 6, 1)])["reserved"], 1, "the caller's share");
     assert_eq!(reserve(&mut other, &[reservation(B, 1, 1), reservation(B, 2, 1)])["reserved"], 1, "the table's");
-    assert_eq!(reserve(&mut peer, &[reservation("nope:1", 9, 1)])["reserved"], 0, "not a source of this indexer");
+    assert_eq!(reserve(&mut peer, &[reservation("nope:1", 9, 1)])["reserved"], 0, "neither a source nor registered");
     assert_eq!(in_flight(&mut peer), json!({A: [3, 3], B: [2, 2]}));
     for (bound, n) in [("pod", 1.0), ("caller", 1.0), ("table", 1.0)] {
         let labels = ["result=\"refused\"".to_string(), format!("bound=\"{bound}\"")];
@@ -150,9 +150,12 @@ fn bounds_refuse_reservations_and_count_them() {
         assert_eq!(server.metric("kvindex_reservations_total", &labels), n, "{bound}");
     }
     assert_eq!(server.metric("kvindex_reservations_total", &["result=\"unknown_pod\""]), 1.0);
-    // Released, the room is there again.
+    // Released, the room is there again; a pod registered that has not published yet is a
+    // pod of this indexer too.
     assert_eq!(release(&mut peer, &[(1, "request")])["released"], 1);
-    assert_eq!(reserve(&mut other, &[reservation(B, 2, 1)])["reserved"], 1);
+    peer.cmd(json!({"op": "register", "pod": "10.0.0.9:8000", "model": MODEL}));
+    assert_eq!(reserve(&mut other, &[reservation("10.0.0.9:8000", 2, 1)])["reserved"], 1);
+    assert_eq!(in_flight(&mut peer)["10.0.0.9:8000"], json!([1, 1]));
 }
 
 #[test]

@@ -112,6 +112,7 @@ mod tests {
             over_kv_cutoff: false,
             in_band: false,
             load,
+            shared: None,
             handle: None,
         }
     }

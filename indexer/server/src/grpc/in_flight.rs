@@ -3,9 +3,10 @@
 //! and ScoreTokens answers each pod's totals (`ScoreTokensResponse.in_flight`). One lock around
 //! the pure table, the server's clock, the checks and the counts; the handlers stay thin.
 //!
-//! A reservation is taken only for a pod this indexer has a source for (the table's pods are
-//! then bounded by the sources), whatever its state: a DEGRADED pod's cache is unknown, its
-//! load is not. Callers are named by peer address, as for credits ([`super::record_route::caller_of`]).
+//! A reservation is taken only for a pod this indexer knows (one it has a source for, or one
+//! registered that has not published yet), whatever its state: a DEGRADED pod's cache is
+//! unknown, its load is not. So the pods of the table, and of every ScoreTokens answer, are
+//! bounded by the indexer's own. Callers are named by peer address, as for credits ([`super::record_route::caller_of`]).
 
 use parking_lot::Mutex;
 
@@ -13,6 +14,7 @@ use kvindex_proto::kvindex::v1 as pb;
 
 use super::score::MAX_NAME;
 use crate::index_handle::IndexHandle;
+use crate::pods::Pods;
 use crate::reservations::{Part, Released, ReservationConfig, Reservations, Reserve, Reserved, ENTRY_BYTES};
 use crate::telemetry as m;
 
@@ -25,16 +27,17 @@ pub const MAX_RELEASES_PER_CALL: usize = 8192;
 pub struct InFlightLoad {
     table: Mutex<Reservations>,
     index: IndexHandle,
+    pods: Pods,
     /// Most uncached blocks a reservation may name: the largest prompt's blocks.
     max_prefill_blocks: u32,
 }
 
 impl InFlightLoad {
-    pub fn new(config: ReservationConfig, index: IndexHandle, max_tokens: usize) -> InFlightLoad {
+    pub fn new(config: ReservationConfig, index: IndexHandle, pods: Pods, max_tokens: usize) -> InFlightLoad {
         let block_size = index.index().block_size().max(1);
         let max_prefill_blocks = u32::try_from(max_tokens / block_size).unwrap_or(u32::MAX);
         metrics::gauge!(m::RESERVATIONS_HELD).set(0.0);
-        InFlightLoad { table: Mutex::new(Reservations::new(config)), index, max_prefill_blocks }
+        InFlightLoad { table: Mutex::new(Reservations::new(config)), index, pods, max_prefill_blocks }
     }
 
     pub fn enabled(&self) -> bool {
@@ -75,10 +78,7 @@ impl InFlightLoad {
         if reservations.is_empty() {
             return (0, 0);
         }
-        let known: Vec<bool> = {
-            let states = self.index.status().pod_states();
-            reservations.iter().map(|r| states.contains_key(&r.pod)).collect()
-        };
+        let known = self.known(reservations);
         let now = self.index.now_ms();
         let mut table = self.table.lock();
         if !table.enabled() {
@@ -128,6 +128,22 @@ impl InFlightLoad {
             }
         }
         (held, u32::try_from(ttl).unwrap_or(u32::MAX))
+    }
+
+    /// Whether each reservation's pod is one this indexer knows: a source, else a registered
+    /// pod (one lock at a time).
+    fn known(&self, reservations: &[pb::Reservation]) -> Vec<bool> {
+        let mut known: Vec<bool> = {
+            let states = self.index.status().pod_states();
+            reservations.iter().map(|r| states.contains_key(&r.pod)).collect()
+        };
+        if known.contains(&false) {
+            let registry = self.pods.registry();
+            for (k, r) in known.iter_mut().zip(reservations) {
+                *k = *k || registry.get(&r.pod).is_some();
+            }
+        }
+        known
     }
 
     /// Ends `caller`'s `releases` (a caller releases only its own); returns how many found

@@ -77,7 +77,7 @@ pub async fn serve(
     let max = bounds.max_message_bytes;
     let scorer = Arc::new(Scorer::new(index.clone(), bounds.max_tokens));
     let admission = Arc::new(Admission::new(bounds.admission));
-    let in_flight = Arc::new(InFlightLoad::new(bounds.reservations, index.clone(), bounds.max_tokens));
+    let in_flight = Arc::new(InFlightLoad::new(bounds.reservations, index.clone(), pods.clone(), bounds.max_tokens));
     let service =
         IndexerService { index, pods, control, scorer: scorer.clone(), admission: admission.clone(), in_flight };
     let indexer = IndexerServer::new(service).max_decoding_message_size(max);
