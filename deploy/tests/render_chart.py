@@ -8,7 +8,8 @@ nothing and no cluster capabilities are discovered (.Capabilities are Helm's def
 `helm template`.
 
 For the default values, every file in examples/ and each layout with every optional part off: lint (strict), validate the values against
-values.schema.json, render, then run validate.py on the objects. The epp-sidecar patch that the
+values.schema.json, render, then run validate.py on the objects (with the admin token required
+wherever the values leave it on, its default). The epp-sidecar patch that the
 chart ships in a ConfigMap is applied to a stand-in EPP Deployment and validated as well, so its
 containers (flags included) are checked like the rest; kubectl applies it (`patch --local`). Values that break the schema must be
 refused (a self-check that the schema is enforced).
@@ -151,7 +152,8 @@ def main():
             pathlib.Path(a.out).mkdir(parents=True, exist_ok=True)
             (pathlib.Path(a.out) / f"{name}.yaml").write_text(yaml.safe_dump_all([d for _, d in docs], sort_keys=False))
         counts = {}
-        found = validate.validate(docs, "1.32.0", a.bin_dir, a.upstream_crds, a.envoy, counts)
+        token_on = (values.get("adminToken") or {}).get("enabled", True)
+        found = validate.validate(docs, "1.32.0", a.bin_dir, a.upstream_crds, a.envoy, counts, require_admin_token=token_on)
         problems += found
         if a.envoy and name in ENVOY_CONFIGS and counts.get("envoy", 0) != ENVOY_CONFIGS[name]:
             problems.append(f"{name}: {counts.get('envoy', 0)} Envoy configs validated by Envoy, {ENVOY_CONFIGS[name]} expected")

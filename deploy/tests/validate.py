@@ -25,9 +25,13 @@ without a cluster:
   (discovery's or the central SUB's Service), the discovery label selector and the
   InferencePool selector matching the engine pods;
 - with --bin-dir DIR: every `--flag` given to kvindex, kvindex-router and kvindex-tokenizer is
-  one the binary's `serve --help` lists.
+  one the binary's `serve --help` lists;
+- with --require-admin-token: every indexer (`--admin-token-file`) and router
+  (`--indexer-admin-token-file`) reads the admin token from a Secret of the render that holds
+  the key (the chart's and the overlays' default: without it registration and RecordRoute are
+  off).
 
-Usage: validate.py [--k8s-version 1.32.0] [--bin-dir DIR] [--upstream-crds DIR] [--envoy PATH] FILE|- ...
+Usage: validate.py [--k8s-version 1.32.0] [--bin-dir DIR] [--upstream-crds DIR] [--envoy PATH] [--require-admin-token] FILE|- ...
        validate.py --self-test [--envoy PATH]   (the checks reject broken objects)
 Exit status 1 with every problem listed, 0 with a one-line summary per input.
 """
@@ -151,6 +155,7 @@ ENVOY_MODULES = (
     "envoy.extensions.upstreams.http.v3",
     "envoy.extensions.load_balancing_policies.override_host.v3",
     "envoy.extensions.load_balancing_policies.least_request.v3",
+    "envoy.extensions.access_loggers.filters.cel.v3",
 )
 
 
@@ -352,7 +357,7 @@ def coherence(docs):
     return problems
 
 
-def validate(docs, k8s_version, bin_dir=None, upstream_crds=None, envoy=None, counts=None):
+def validate(docs, k8s_version, bin_dir=None, upstream_crds=None, envoy=None, counts=None, require_admin_token=False):
     """Every problem found; `counts["envoy"]` (when given) counts what Envoy itself validated."""
     problems = []
     templates = list(pod_templates(docs))
@@ -418,6 +423,36 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None, envoy=None, co
                         problems.append(f"{where}: data[{k}] is not YAML: {err}")
     problems += coherence(docs)
     problems += token_coherence(docs)
+    if require_admin_token:
+        problems += admin_token_wiring(docs)
+    return problems
+
+
+# The flag through which each kvindex binary reads the admin token.
+ADMIN_TOKEN_FLAGS = {"kvindex": "--admin-token-file", "kvindex-router": "--indexer-admin-token-file"}
+
+
+def admin_token_wiring(docs):
+    """Every indexer and router reads the admin token from a Secret of this render holding the key."""
+    problems = []
+    secrets = {}
+    for _, doc in docs:
+        if doc.get("kind") == "Secret":
+            keys = set(doc.get("data") or {}) | set(doc.get("stringData") or {})
+            secrets[(doc.get("metadata") or {}).get("name")] = keys
+    for _, doc in docs:
+        if doc.get("kind") != "Deployment":
+            continue
+        for c, _, _ in containers(doc):
+            flag = ADMIN_TOKEN_FLAGS.get(pathlib.PurePath((c.get("command") or [""])[0]).name)
+            if flag is None:
+                continue
+            source = admin_token_source(doc, c, flag)
+            where = f"{name_of(doc)} container {c['name']}"
+            if source is None:
+                problems.append(f"{where}: no {flag} read from a Secret volume: registration and RecordRoute would be off")
+            elif source[1] not in secrets.get(source[0], set()):
+                problems.append(f"{where}: {flag} reads key {source[1]!r} of Secret {source[0]!r}, which this render does not hold")
     return problems
 
 
@@ -573,9 +608,43 @@ def self_test(k8s_version, bin_dir=None, envoy=None):
         broken.append(("envoy: override_host without its required fallback_policy", config_map(b)))
     failures = [what for what, obj in broken
                 if not validate([(what, deployment), (what, obj)], k8s_version, bin_dir, envoy=envoy)]
-    if failures or missed:
-        raise SystemExit(f"self-test: these broken objects were accepted: {failures + missed}")
-    print(f"self-test: {len(broken)} broken objects and 5 incoherent engine/indexer pairs rejected, valid ones accepted")
+    unwired = admin_token_self_test(deployment, k8s_version)
+    if failures or missed or unwired:
+        raise SystemExit(f"self-test: these broken objects were accepted: {failures + missed + unwired}")
+    print(f"self-test: {len(broken)} broken objects, 5 incoherent engine/indexer pairs and 4 renders without the "
+          "admin token rejected, valid ones accepted")
+
+
+def admin_token_self_test(deployment, k8s_version):
+    """--require-admin-token accepts the wiring the layouts ship and rejects each way to lose it;
+    returns what it wrongly accepted."""
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "a"}, "type": "Opaque",
+              "stringData": {"token": "REPLACE-ME-with-a-random-token"}}
+    wired = copy.deepcopy(deployment)
+    wired["spec"]["template"]["spec"]["volumes"] = [{"name": "t", "secret": {"secretName": "a"}}]
+    wired["spec"]["template"]["spec"]["containers"] = [
+        {"name": "i", "image": "i", "command": ["kvindex"], "args": ["serve", "--admin-token-file=/t/token"],
+         "volumeMounts": [{"name": "t", "mountPath": "/t"}]},
+        {"name": "r", "image": "i", "command": ["kvindex-router"], "args": ["serve", "--indexer-admin-token-file=/t/token"],
+         "volumeMounts": [{"name": "t", "mountPath": "/t"}]}]
+    assert not validate([("ok", wired), ("ok", secret)], k8s_version, require_admin_token=True), "wired token rejected"
+    broken = []
+    d = copy.deepcopy(wired)
+    for c in d["spec"]["template"]["spec"]["containers"]:
+        c["args"] = ["serve"]
+        del c["volumeMounts"]
+    del d["spec"]["template"]["spec"]["volumes"]
+    broken.append(("indexer and router without an admin token", [d, secret]))
+    d = copy.deepcopy(wired)
+    d["spec"]["template"]["spec"]["containers"] = d["spec"]["template"]["spec"]["containers"][:1]
+    d["spec"]["template"]["spec"]["containers"][0]["args"] = ["serve"]
+    broken.append(("indexer alone without an admin token", [d, secret]))
+    broken.append(("the token's Secret missing from the render", [wired]))
+    s = copy.deepcopy(secret)
+    s["stringData"] = {"other": "x" * 16}
+    broken.append(("the token's key missing from its Secret", [wired, s]))
+    return [what for what, objs in broken
+            if not validate([(what, o) for o in objs], k8s_version, require_admin_token=True)]
 
 
 def main():
@@ -585,6 +654,8 @@ def main():
     ap.add_argument("--bin-dir")
     ap.add_argument("--upstream-crds")
     ap.add_argument("--envoy", help="Envoy's binary: `envoy --mode validate` on every Envoy config too")
+    ap.add_argument("--require-admin-token", action="store_true",
+                    help="every indexer and router must read the admin token from a Secret of the render")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args()
     if a.self_test:
@@ -594,13 +665,14 @@ def main():
     if not docs:
         raise SystemExit("validate.py: no objects in the input")
     counts = {}
-    problems = validate(docs, a.k8s_version, a.bin_dir, a.upstream_crds, a.envoy, counts)
+    problems = validate(docs, a.k8s_version, a.bin_dir, a.upstream_crds, a.envoy, counts, a.require_admin_token)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         raise SystemExit(f"validate.py: {len(problems)} problem(s) in {len(docs)} objects")
     kinds = sorted({d['kind'] for _, d in docs})
     envoy = f", {counts.get('envoy', 0)} Envoy configs valid to Envoy" if a.envoy else ""
-    print(f"valid: {len(docs)} objects ({', '.join(kinds)}){envoy}")
+    token = ", admin token wired" if a.require_admin_token else ""
+    print(f"valid: {len(docs)} objects ({', '.join(kinds)}){envoy}{token}")
 
 
 if __name__ == "__main__":

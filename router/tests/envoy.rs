@@ -2,12 +2,14 @@
 //! `deploy/` ships with only their addresses changed (`support/envoy.rs`): picks honoured by
 //! `override_host` (the shipped pool cluster) and by an `ORIGINAL_DST` cluster reading the header,
 //! streaming and not, fallbacks walked on retries, errors answered by the picker, Envoy's own
-//! ext_proc stats; fail-open with the router frozen and killed; and the epp-sidecar chain, where
-//! the pre-filter's hint must reach an EPP behind it (an independent one in Python).
+//! ext_proc stats; fail-open with the router frozen and killed; the epp-sidecar chain, where
+//! the pre-filter's hint must reach an EPP behind it (an independent one in Python); and on both
+//! configs, Envoy's own error replies as the picker's OpenAI JSON, each answered by the picker
+//! (no failed stream, no ignored route-cache clear).
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -18,6 +20,7 @@ use support::envoy::*;
 use support::ext_proc::{picker, tokenized_stack, PickerProcess, PICKER_MODEL};
 use support::fake_pod::{FakePod, Script};
 use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MODEL: &str = PICKER_MODEL;
 const ENDPOINT_PICKER: &str = "deploy/kustomize/overlays/endpoint-picker/envoy.yaml";
@@ -68,6 +71,43 @@ async fn wait_placed_on(router: &str, body: &Value, pod: &str) {
         (first["pod"] == pod && first["matched_blocks"].as_u64() > Some(0)).then_some(())
     })
     .await;
+}
+
+/// Envoy's account of the test's requests on a shipped config: no ext_proc stream failed or was
+/// failed open, no message timed out or came unasked, no route-cache clear was asked for where
+/// Envoy ignores it; and the picker (`picker`: its HTTP address) saw no protocol error. Each stat
+/// must exist: a misspelt name must not read as zero.
+async fn assert_every_stream_answered(envoy: &Envoy, picker: &str) {
+    for zero in [
+        "streams_failed",
+        "failure_mode_allowed",
+        "message_timeouts",
+        "spurious_msgs_received",
+        "clear_route_cache_ignored",
+    ] {
+        let name = format!("{EXT_PROC}.{zero}");
+        assert_eq!(envoy.stat_present(&name).await, Some(0), "{name}");
+    }
+    let broken = metric(picker, "kvindex_router_extproc_protocol_errors_total", &[]).await;
+    assert_eq!(broken, 0.0, "the picker failed a stream for breaking the protocol");
+}
+
+/// The OpenAI-shaped error every path answers with (router/src/error.rs): JSON with exactly
+/// `message`, `type` (`server_error` for a 5xx, else `invalid_request_error`), `param` and
+/// `code`. Returns the error object.
+fn openai_error(reply: &Reply, status: u16) -> Value {
+    let text = String::from_utf8_lossy(&reply.body);
+    assert_eq!(reply.status, status, "{text}");
+    assert_eq!(reply.header("content-type"), Some("application/json"), "{text}");
+    let error = reply.json()["error"].clone();
+    let mut keys: Vec<&str> = error.as_object().map(|e| e.keys().map(String::as_str).collect()).unwrap_or_default();
+    keys.sort_unstable();
+    assert_eq!(keys, ["code", "message", "param", "type"], "{text}");
+    let kind = if status >= 500 { "server_error" } else { "invalid_request_error" };
+    assert_eq!(error["type"], kind, "{text}");
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{text}");
+    assert!(error["code"].as_str().is_some_and(|c| !c.is_empty()), "{text}");
+    error
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,9 +175,7 @@ async fn envoy_sends_each_request_where_the_picker_says_by_metadata_and_by_heade
     let requests = 4 + 1 + 2;
     assert!(envoy.stat(&format!("{EXT_PROC}.streams_started")).await >= requests);
     assert_eq!(envoy.stat(&format!("{EXT_PROC}.immediate_responses_sent")).await, 2);
-    for zero in ["streams_failed", "message_timeouts", "failure_mode_allowed", "spurious_msgs_received"] {
-        assert_eq!(envoy.stat(&format!("{EXT_PROC}.{zero}")).await, 0, "{zero}");
-    }
+    assert_every_stream_answered(&envoy, &epp.http).await;
     wait_for("the picker to count the streams that ran to their end", DEADLINE, || async {
         let completed = metric(&epp.http, "kvindex_router_extproc_streams_total", &["outcome=\"completed\""]).await;
         (completed >= 5.0).then_some(())
@@ -158,6 +196,7 @@ async fn envoy_sends_each_request_where_the_picker_says_by_metadata_and_by_heade
         assert_eq!(reply.status, 200, "{:?}", reply.body);
         assert_eq!(reply.header("x-kvindex-pod"), Some(upstream(&reply).as_str()));
     }
+    assert_every_stream_answered(&envoy, &epp.http).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,6 +332,18 @@ fn epp_saw(epp: &ChildProcess) -> (Option<Vec<String>>, String) {
     (subset, seen["picked"].as_str().unwrap().to_string())
 }
 
+/// The shipped epp-sidecar chain: the pre-filter at `prefilter` (its ext_proc address), then the
+/// stand-in EPP (started here, picking among `pods`), then the pool by the EPP's header.
+fn epp_sidecar(py: &Path, prefilter: &str, pods: &[String]) -> (ChildProcess, Value) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/stand_in_epp.py");
+    let epp = ChildProcess::spawn(Command::new(py).arg(script).arg(pods.join(","))).expect("stand-in EPP");
+    let port = epp.listening("LISTENING ").expect("the EPP's port")["port"].clone();
+    let mut bootstrap = shipped_bootstrap(EPP_SIDECAR);
+    point(&mut bootstrap, "kvindex-prefilter", &[prefilter]);
+    point(&mut bootstrap, "epp", &[&format!("127.0.0.1:{port}")]);
+    (epp, bootstrap)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_prefilter_hint_reaches_the_endpoint_picker_behind_it() {
     let bins = bins();
@@ -302,13 +353,7 @@ async fn the_prefilter_hint_reaches_the_endpoint_picker_behind_it() {
     let pods: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
     let mut prefilter = picker(&bins, &stack, &dir, &["--ext-proc-mode", "prefilter"]);
     wait_scraped(&prefilter.http, &pods).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/stand_in_epp.py");
-    let epp = ChildProcess::spawn(Command::new(&py).arg(script).arg(pods.join(","))).expect("stand-in EPP");
-    let port = epp.listening("LISTENING ").expect("the EPP's port")["port"].clone();
-
-    let mut bootstrap = shipped_bootstrap(EPP_SIDECAR);
-    point(&mut bootstrap, "kvindex-prefilter", &[&prefilter.ext_proc]);
-    point(&mut bootstrap, "epp", &[&format!("127.0.0.1:{port}")]);
+    let (epp, bootstrap) = epp_sidecar(&py, &prefilter.ext_proc, &pods);
     let envoy = Envoy::start(&envoy_bin, bootstrap).await;
     envoy.wait_health("kvindex-prefilter", true).await;
 
@@ -330,7 +375,7 @@ async fn the_prefilter_hint_reaches_the_endpoint_picker_behind_it() {
         assert!(again.cached_tokens() >= 144, "served from cache: {}", again.cached_tokens());
     }
     assert_eq!(metric(&prefilter.http, "kvindex_router_prefilter_total", &["outcome=\"hint\""]).await, 3.0);
-    assert_eq!(envoy.stat(&format!("{EXT_PROC}.failure_mode_allowed")).await, 0, "no stream failed");
+    assert_every_stream_answered(&envoy, &prefilter.http).await;
 
     // The pre-filter gone: requests still flow, the EPP picking alone.
     prefilter.process.kill();
@@ -339,4 +384,107 @@ async fn the_prefilter_hint_reaches_the_endpoint_picker_behind_it() {
         assert_eq!(reply.status, 200, "{:?}", reply.body);
         assert_eq!(epp_saw(&epp).0, None);
     }
+}
+
+/// The shipped configs buffer the body for the picker up to 16 MiB (`request_body_buffer_limit`),
+/// the router's default `--max-body-bytes`.
+const BODY_LIMIT: usize = 16 << 20;
+
+/// A body past the limit, once with its length declared (the picker refuses it at the headers)
+/// and once chunked (only Envoy's buffer finds it too large, and Envoy answers itself while the
+/// picker waits for the body): both get the same OpenAI-shaped 413.
+async fn too_large_both_ways(envoy: &Envoy) {
+    let (declared, _) = through(envoy, "/v1/completions", Bytes::from(vec![b'x'; BODY_LIMIT + 1])).await;
+    let refused = openai_error(&declared, 413);
+    assert_eq!(refused["code"], "request_too_large");
+    let chunked = tokio::time::timeout(HUNG, post_chunked(&envoy.listener, "/v1/completions", BODY_LIMIT + (1 << 20)))
+        .await
+        .expect("the chunked POST through Envoy hung");
+    assert_eq!(openai_error(&chunked, 413), refused, "Envoy's own 413 reads as the picker's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_endpoint_picker_config_envoys_own_errors_are_openai_json_and_its_replies_are_answered() {
+    let bins = bins();
+    let Some(envoy_bin) = envoy_binary() else { return };
+    let pod = FakePod::start(Script::Echo("a".into())).await;
+    let args = ["--pod", &pod.spec(), "--model", "m", "--scrape-interval-ms", "20"];
+    let epp = PickerProcess::start(&bins, &args.map(String::from));
+    wait_scraped(&epp.http, std::slice::from_ref(&pod.addr)).await;
+    let envoy = Envoy::start(&envoy_bin, endpoint_picker(&epp.ext_proc, &[&pod.addr])).await;
+    envoy.wait_health("kvindex-epp", true).await;
+    let body = json!({"model": "m", "prompt": [1, 2, 3]});
+
+    let placed = through_json(&envoy, "/v1/completions", &body).await;
+    assert_eq!((placed.status, upstream(&placed)), (200, pod.addr.clone()), "{:?}", placed.body);
+    too_large_both_ways(&envoy).await;
+    // The picker's own errors go out as it wrote them, not wrapped a second time.
+    let (bad, _) = through(&envoy, "/v1/completions", Bytes::from_static(b"{not json")).await;
+    assert_eq!(openai_error(&bad, 400)["code"], "invalid_json");
+    // A request Envoy cannot parse: its reply's headers are the first message the picker gets.
+    // (What the client gets is Envoy's business: with an ext_proc filter, Envoy 1.40 closes the
+    // connection without an answer, envoyproxy/envoy#29440.)
+    let mut malformed = tokio::net::TcpStream::connect(&envoy.listener).await.unwrap();
+    malformed.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n").await.unwrap();
+    let _ = tokio::time::timeout(HUNG, malformed.read_to_end(&mut Vec::new())).await.expect("Envoy hung up");
+    // Every stream Envoy opened, the picker ended; Envoy's reply mid-body among them, counted as
+    // the gateway's reply.
+    wait_for("the picker to end every stream Envoy opened", DEADLINE, || async {
+        let ended = metric(&epp.http, "kvindex_router_extproc_streams_total", &[]).await;
+        (ended == envoy.stat(&format!("{EXT_PROC}.streams_started")).await as f64).then_some(())
+    })
+    .await;
+    assert!(metric(&epp.http, "kvindex_router_extproc_streams_total", &["outcome=\"gateway_reply\""]).await >= 1.0);
+    assert_every_stream_answered(&envoy, &epp.http).await;
+    drop(envoy);
+
+    // Envoy's own 5xx: a pool whose only address refuses connections.
+    let refused = format!("127.0.0.1:{}", kvindex_testkit::ports::free_port());
+    let envoy = Envoy::start(&envoy_bin, endpoint_picker(&epp.ext_proc, &[&refused])).await;
+    envoy.wait_health("kvindex-epp", true).await;
+    let failed = through_json(&envoy, "/v1/completions", &body).await;
+    let error = openai_error(&failed, 503);
+    assert!(error["message"].as_str().unwrap().starts_with("upstream connect error"), "{error}");
+    assert_every_stream_answered(&envoy, &epp.http).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_epp_sidecar_chain_envoys_own_errors_are_openai_json_and_no_route_cache_clear_is_ignored() {
+    let bins = bins();
+    let Some(envoy_bin) = envoy_binary() else { return };
+    let Some(py) = python_peer() else { return };
+    let a = FakePod::start(Script::Echo("a".into())).await;
+    let b = FakePod::start(Script::Echo("b".into())).await;
+    let pods = [a.addr.clone(), b.addr.clone()];
+    let args = [
+        "--pod",
+        &a.spec(),
+        "--pod",
+        &b.spec(),
+        "--model",
+        "m",
+        "--scrape-interval-ms",
+        "20",
+        "--ext-proc-mode",
+        "prefilter",
+    ];
+    let prefilter = PickerProcess::start(&bins, &args.map(String::from));
+    wait_scraped(&prefilter.http, &pods).await;
+    let (epp, bootstrap) = epp_sidecar(&py, &prefilter.ext_proc, &pods);
+    let envoy = Envoy::start(&envoy_bin, bootstrap).await;
+    envoy.wait_health("kvindex-prefilter", true).await;
+
+    // Placed by the EPP (nothing cached: no hint), with a body and without one.
+    for seed in 0..3u32 {
+        let body = json!({"model": "m", "prompt": (0..32).map(|i| seed * 1000 + i).collect::<Vec<u32>>()});
+        let reply = through_json(&envoy, "/v1/completions", &body).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        assert_eq!(epp_saw(&epp), (None, upstream(&reply)));
+    }
+    let listed =
+        tokio::time::timeout(HUNG, request(&envoy.listener, "GET", "/v1/models", None, &[])).await.expect("hung");
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    assert_eq!(epp_saw(&epp), (None, upstream(&listed)));
+    too_large_both_ways(&envoy).await;
+    assert_every_stream_answered(&envoy, &prefilter.http).await;
 }

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::service::ext_proc::v3::processing_response;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, processing_response, ProtocolConfiguration};
 use serde_json::json;
 use support::ext_proc::*;
 use support::fake_pod::{FakePod, Script};
@@ -88,10 +89,10 @@ async fn malformed_streams_fail_alone_and_the_picker_keeps_serving() {
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("request body"), "{status:?}");
 
-    // Out of order: response headers before the request was answered.
+    // Out of order: a second request head on one stream.
     let mut stream = Stream::open(&mut client).await;
     stream.send(post_headers("/v1/completions")).await;
-    stream.send(response_headers("200")).await;
+    stream.send(post_headers("/v1/completions")).await;
     assert_eq!(stream.recv().await.expect_err("out of order").code(), tonic::Code::InvalidArgument);
 
     // A body past --max-body-bytes, streamed without a declared length: 413 on that stream.
@@ -224,4 +225,72 @@ async fn a_stream_that_stops_before_its_request_ends_is_answered_408_in_time() {
     assert!(opened.elapsed() < Duration::from_secs(10), "took {:?}", opened.elapsed());
     assert_eq!(metric(&epp.http, "kvindex_router_request_errors_total", &["reason=\"request_timeout\""]).await, 2.0);
     assert_eq!(metric(&epp.http, "kvindex_router_extproc_streams_total", &["outcome=\"timeout\""]).await, 2.0);
+}
+
+/// The gateway's reply (`status`, then `text` as its body) through a full-duplex stream: each
+/// answered, the body echoed.
+async fn reply_through(stream: &mut Stream, status: &str, text: &[u8]) {
+    stream.send(response_headers(status)).await;
+    let answer = stream.recv().await.expect("no stream error").expect("an answer");
+    assert!(matches!(answer.response, Some(processing_response::Response::ResponseHeaders(_))), "{answer:?}");
+    let mut reply_body = body(text, true);
+    if let Some(processing_request::Request::RequestBody(b)) = reply_body.request.take() {
+        reply_body.request = Some(processing_request::Request::ResponseBody(b));
+    }
+    stream.send(reply_body).await;
+    let echoed = stream.recv().await.expect("no stream error").expect("the body echoed");
+    assert!(matches!(echoed.response, Some(processing_response::Response::ResponseBody(_))), "{echoed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_the_gateway_makes_itself_is_answered_in_every_request_phase() {
+    let bins = bins();
+    let pod = FakePod::start(Script::Echo("a".into())).await;
+    // A buffer bound of one body: a request dropped mid-body must give its bytes back.
+    let args =
+        ["--pod", &pod.spec(), "--model", "m", "--max-body-bytes", "65536", "--ext-proc-max-buffered-bytes", "65536"];
+    let epp = PickerProcess::start(&bins, &args.map(String::from));
+    let mut client = connect(&epp.ext_proc).await;
+    let whole = json!({"model": "m", "prompt": (0..9_000).collect::<Vec<u32>>()}).to_string().into_bytes();
+
+    // Before the request headers (Envoy refused them: too large, malformed): the reply's headers
+    // are the stream's first message.
+    let mut first = Stream::open(&mut client).await;
+    reply_through(&mut first, "431", b"Request Header Fields Too Large").await;
+    // Mid-body, streamed (full duplex, GIE's mode).
+    let mut streamed = Stream::open(&mut client).await;
+    streamed.send(post_headers("/v1/completions")).await;
+    streamed.send(body(&whole[..40_000], false)).await;
+    reply_through(&mut streamed, "408", b"request timeout").await;
+    // Mid-body, buffered, with no response body sent (the shipped configs: Envoy's own 413 past
+    // request_body_buffer_limit).
+    let mut buffered = Stream::open(&mut client).await;
+    let mut head = post_headers("/v1/completions");
+    head.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::Buffered as i32,
+        response_body_mode: BodySendMode::None as i32,
+        ..Default::default()
+    });
+    buffered.send(head).await;
+    assert!(buffered.recv().await.expect("no stream error").is_some(), "the headers go on to be buffered");
+    buffered.send(response_headers("413")).await;
+    let answer = buffered.recv().await.expect("no stream error").expect("an answer");
+    assert!(matches!(answer.response, Some(processing_response::Response::ResponseHeaders(_))), "{answer:?}");
+
+    // The streamed request's 40,000 bytes were given back at the reply, its stream still open:
+    // a whole body fits the bound beside it.
+    let answers = pick(&mut client, "/v1/completions", &whole).await;
+    assert!(destination(&answers[0]).is_some(), "{:?}", answers[0]);
+
+    // Each ends as the gateway's reply once the gateway closes it; none broke the protocol.
+    for mut stream in [first, streamed, buffered] {
+        stream.tx = None;
+        assert!(stream.recv().await.expect("no stream error").is_none(), "the picker ends the stream too");
+    }
+    wait_for("the three gateway replies to be counted", DEADLINE, || async {
+        let replied = metric(&epp.http, "kvindex_router_extproc_streams_total", &["outcome=\"gateway_reply\""]).await;
+        (replied == 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(metric(&epp.http, "kvindex_router_extproc_protocol_errors_total", &[]).await, 0.0);
 }

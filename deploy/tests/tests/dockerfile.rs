@@ -1,7 +1,9 @@
 //! The image (deploy/Dockerfile) cannot be built here (no Docker engine on the machine), so its
 //! structure is held to the rules instead: multi-stage, the final stage from a slim runtime
 //! base with no compiler, cargo or -dev packages, the three binaries copied from the build
-//! stage, and a numeric non-root USER so `runAsNonRoot` admission can verify it.
+//! stage, and a numeric non-root USER so `runAsNonRoot` admission can verify it. The image this
+//! project does build (deploy/image/build.sh, buildah) comes from deploy/image/Containerfile,
+//! held here to the Dockerfile's final stage, so that both images are the same to a pod.
 
 use kvindex_deploy_tests::tools::repo_root;
 
@@ -46,12 +48,7 @@ fn final_stage_is_minimal_and_non_root() {
     assert!(build.lines.iter().any(|l| l.contains("cargo build --release --locked")), "no locked release build");
     let last = st.last().unwrap();
     assert!(last.from.contains("-slim"), "final stage is not a slim base: {}", last.from);
-    for l in &last.lines {
-        let lower = l.to_ascii_lowercase();
-        for banned in ["cargo", "rustc", "rustup", "gcc", "g++", "clang", "build-essential", "make ", "-dev "] {
-            assert!(!lower.contains(banned), "final stage has build tooling ({banned}): {l}");
-        }
-    }
+    assert_no_build_tools(last);
     let users: Vec<&String> = last.lines.iter().filter(|l| l.starts_with("USER ")).collect();
     let user = users.last().expect("final stage has no USER");
     let uid = user.trim_start_matches("USER ").split(':').next().unwrap().trim();
@@ -65,6 +62,44 @@ fn final_stage_is_minimal_and_non_root() {
         apt.iter().all(|l| l.contains("--no-install-recommends") && l.contains("rm -rf /var/lib/apt/lists")),
         "apt without cleanup: {apt:?}"
     );
+}
+
+fn assert_no_build_tools(stage: &Stage) {
+    for l in &stage.lines {
+        let lower = l.to_ascii_lowercase();
+        for banned in ["cargo", "rustc", "rustup", "gcc", "g++", "clang", "build-essential", "make ", "-dev "] {
+            assert!(!lower.contains(banned), "final stage has build tooling ({banned}): {l}");
+        }
+    }
+}
+
+/// What a pod sees of an image's configuration: user, workdir, ports, entrypoint, command.
+fn runtime_config(stage: &Stage) -> Vec<&String> {
+    let keys = ["USER ", "WORKDIR ", "EXPOSE ", "ENTRYPOINT ", "CMD "];
+    stage.lines.iter().filter(|l| keys.iter().any(|k| l.starts_with(k))).collect()
+}
+
+#[test]
+fn the_buildah_containerfile_is_the_dockerfiles_final_stage() {
+    let read = |p: &str| std::fs::read_to_string(repo_root().join(p)).unwrap_or_else(|e| panic!("read {p}: {e}"));
+    let docker = stages(&read("deploy/Dockerfile"));
+    let buildah = stages(&read("deploy/image/Containerfile"));
+    let (runtime, image) = (docker.last().unwrap(), &buildah[..]);
+    assert_eq!(image.len(), 1, "the Containerfile is one stage on the base build.sh gives it");
+    let image = &image[0];
+    assert_eq!(image.from, "${BASE}", "the base is build.sh's (debootstrap's or --base)");
+    assert_no_build_tools(image);
+    assert_eq!(runtime_config(image), runtime_config(runtime), "user, workdir, ports, entrypoint or command differ");
+    let state_dir = "mkdir -p /var/lib/kvindex && chown 65532:65532 /var/lib/kvindex";
+    for (name, stage) in [("Dockerfile", runtime), ("Containerfile", image)] {
+        assert!(stage.lines.iter().any(|l| l.contains(state_dir)), "{name}: no {state_dir:?}");
+        let copy = stage.lines.iter().find(|l| l.starts_with("COPY ")).unwrap_or_else(|| panic!("{name}: no COPY"));
+        let words: Vec<&str> = copy.split_whitespace().collect();
+        assert_eq!(words.last(), Some(&"/usr/local/bin/"), "{name}: binaries not copied to /usr/local/bin/: {copy}");
+        for bin in ["kvindex", "kvindex-router", "kvindex-tokenizer"] {
+            assert!(words.iter().any(|w| w.rsplit('/').next() == Some(bin)), "{name}: {bin} not copied: {copy}");
+        }
+    }
 }
 
 #[test]

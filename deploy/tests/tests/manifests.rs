@@ -2,7 +2,8 @@
 //! deploy/tests/validate.py (Kubernetes' schemas via kubernetes-validate, the CRD schemas,
 //! Envoy's protos and then Envoy itself (`envoy --mode validate`) for the gateway config,
 //! selectors, engines and kvindex agreeing with each other, and every kvindex flag against the
-//! binaries' `serve --help`). The renderers are
+//! binaries' `serve --help`; every indexer and router reading the admin token from a Secret of
+//! the render, in the overlays as in the chart). The renderers are
 //! the real ones: kubectl's built-in kustomize, and Helm's Go engine through helm-python-sdk
 //! (deploy/tests/render_chart.py says why and its limits).
 
@@ -34,6 +35,7 @@ fn render_and_report(dirs: &[&str]) -> (String, String) {
             .arg(bin_dir())
             .arg("--envoy")
             .arg(envoy())
+            .arg("--require-admin-token")
             .arg("-"),
         yaml.as_bytes(),
         &format!("{dir}: validation"),
@@ -84,6 +86,7 @@ fn endpoint_picker_renders_and_validates() {
         "name: envoy.load_balancing_policies.override_host",
         "request_body_mode: BUFFERED",
         "receiving_namespaces: {untyped: [\"envoy.lb\"]}",
+        "local_reply_config:",
         "clusterIP: None",
         "appProtocol: kubernetes.io/h2c",
     ] {
@@ -104,6 +107,7 @@ fn epp_sidecar_renders_and_validates() {
         "receiving_namespaces: {untyped: [\"envoy.lb.subset_hint\"]}",
         "forwarding_namespaces:\n                      untyped: [\"envoy.lb.subset_hint\"]",
         "value: tcp://kvindex-events:5557",
+        "local_reply_config:",
     ] {
         assert!(y.contains(needed), "epp-sidecar lacks {needed:?}");
     }

@@ -319,6 +319,11 @@ pub enum TokenError {
     NotPrintable,
     #[error("the token is not a valid header value")]
     NotAHeader,
+    #[error(
+        "the token is still the deploy manifests' placeholder (it starts with {prefix}): put a random token in the \
+         Secret kvindex-admin-token (deploy/README.md, \"The admin token\")"
+    )]
+    Placeholder { prefix: &'static str },
 }
 
 /// The indexers' admin bearer token, as the `authorization` value RecordRoute sends. Never
@@ -337,6 +342,10 @@ impl IndexerToken {
     /// --admin-token-file`), so a token it would refuse is refused here, at start.
     const MIN_LEN: usize = 16;
 
+    /// How the deploy manifests' placeholder token begins: the indexer refuses it, so it is
+    /// refused here too, at start, with the same message.
+    const PLACEHOLDER_PREFIX: &'static str = "REPLACE-ME";
+
     /// The token in a file's `text` (surrounding whitespace ignored).
     pub fn parse(text: &str) -> Result<IndexerToken, TokenError> {
         let token = text.trim();
@@ -345,6 +354,9 @@ impl IndexerToken {
         }
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(TokenError::NotPrintable);
+        }
+        if token.starts_with(Self::PLACEHOLDER_PREFIX) {
+            return Err(TokenError::Placeholder { prefix: Self::PLACEHOLDER_PREFIX });
         }
         let mut value: tonic::metadata::AsciiMetadataValue =
             format!("Bearer {token}").parse().map_err(|_| TokenError::NotAHeader)?;
@@ -635,9 +647,10 @@ pub(crate) mod tests {
     fn the_indexer_admin_token_is_read_checked_and_never_printed() {
         let dir = std::env::temp_dir().join(format!("kvindex-router-token-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (good, short) = (dir.join("good"), dir.join("short"));
+        let (good, short, placeholder) = (dir.join("good"), dir.join("short"), dir.join("placeholder"));
         std::fs::write(&good, "  0123456789abcdef-secret\n").unwrap();
         std::fs::write(&short, "tooshort").unwrap();
+        std::fs::write(&placeholder, "REPLACE-ME-with-a-random-token\n").unwrap();
         let base = ["--http-addr", "127.0.0.1:8080", "--pod", "a=http://x:1", "--indexer-admin-token-file"];
         let config = parse(&[&base[..], &[good.to_str().unwrap()]].concat()).unwrap();
         let token = config.indexer_admin_token.clone().expect("a token");
@@ -645,6 +658,8 @@ pub(crate) mod tests {
         assert!(!format!("{token:?} {config:?}").contains("secret"), "the token is never printed");
         let e = parse(&[&base[..], &[short.to_str().unwrap()]].concat()).unwrap_err();
         assert!(e.contains("--indexer-admin-token-file") && e.contains("at least 16"), "{e}");
+        let e = parse(&[&base[..], &[placeholder.to_str().unwrap()]].concat()).unwrap_err();
+        assert!(e.contains("placeholder") && e.contains("Secret kvindex-admin-token"), "{e}");
         assert!(parse(&base[..4]).unwrap().indexer_admin_token.is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }

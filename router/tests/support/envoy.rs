@@ -191,12 +191,17 @@ impl Envoy {
 
     /// Envoy's counter or gauge `name` (0 when absent).
     pub async fn stat(&self, name: &str) -> u64 {
+        self.stat_present(name).await.unwrap_or(0)
+    }
+
+    /// Envoy's counter or gauge `name`, `None` when Envoy has no such stat (a misspelt name
+    /// must not read as zero).
+    pub async fn stat_present(&self, name: &str) -> Option<u64> {
         let text = String::from_utf8_lossy(&get(&self.admin, &format!("/stats?filter={name}")).await.body).into_owned();
         text.lines()
             .filter_map(|l| l.split_once(": "))
             .find(|(n, _)| *n == name)
             .and_then(|(_, v)| v.trim().parse().ok())
-            .unwrap_or(0)
     }
 
     /// `health_flags` of each host of `cluster` (`/clusters`), by `host:port`.

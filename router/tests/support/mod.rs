@@ -150,6 +150,33 @@ pub async fn request(addr: &str, method: &str, path: &str, body: Option<Bytes>, 
     Reply { status: head.status.as_u16(), headers: head.headers, body }
 }
 
+/// A POST of `size` bytes sent chunked (no `Content-Length`, so only whoever buffers the body
+/// finds it too large), 1 MiB a chunk; the reply is read even when it comes before the body is
+/// all sent, as an over-limit answer does.
+pub async fn post_chunked(addr: &str, path: &str, size: usize) -> Reply {
+    const CHUNK: usize = 1 << 20;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap_or_else(|e| panic!("{addr}: {e}"));
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("handshake");
+    // Ends with an error when the peer answers and closes mid-body: expected here.
+    tokio::spawn(connection);
+    let chunks = (0..size.div_ceil(CHUNK)).map(move |i| {
+        Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from(vec![
+            b'x';
+            CHUNK.min(size - i * CHUNK)
+        ])))
+    });
+    let request = hyper::Request::post(path)
+        .header("host", addr)
+        .header("content-type", "application/json")
+        .body(http_body_util::StreamBody::new(tokio_stream::iter(chunks)))
+        .expect("request");
+    let response = sender.send_request(request).await.unwrap_or_else(|e| panic!("chunked POST {addr}{path}: {e:?}"));
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Reply { status: head.status.as_u16(), headers: head.headers, body }
+}
+
 pub async fn post(addr: &str, path: &str, body: &Value) -> Reply {
     request(addr, "POST", path, Some(Bytes::from(body.to_string())), &[]).await
 }

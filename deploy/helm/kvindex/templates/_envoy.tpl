@@ -150,6 +150,34 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: inference
+          # Envoy's own error replies (a body past request_body_buffer_limit, no pod reachable, a bad
+          # request line) as the OpenAI-shaped JSON error the router and the picker answer with: type
+          # server_error for a 5xx, else invalid_request_error; code is Envoy's response code details
+          # (request_too_large for a body past the limit, as the router says it). A reply that already is
+          # JSON (the picker's own errors) goes out as it was written. (A runtime_key is required by the
+          # status filter; none is set, so the default applies.)
+          local_reply_config:
+            mappers:
+            - filter:
+                extension_filter:
+                  name: envoy.access_loggers.extension_filters.cel
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter
+                    expression: "response.headers['content-type'].startsWith('application/json')"
+              body_format_override:
+                text_format_source: {inline_string: "%LOCAL_REPLY_BODY%"}
+                content_type: application/json
+            - filter: {status_code_filter: {comparison: {op: EQ, value: {default_value: 413, runtime_key: kvindex.local_reply.too_large}}}}
+              body_format_override:
+                json_format:
+                  error: {message: "the request body is larger than 16777216 bytes", type: invalid_request_error, param: null, code: request_too_large}
+            - filter: {status_code_filter: {comparison: {op: GE, value: {default_value: 500, runtime_key: kvindex.local_reply.server_error}}}}
+              body_format_override:
+                json_format:
+                  error: {message: "%LOCAL_REPLY_BODY%", type: server_error, param: null, code: "%RESPONSE_CODE_DETAILS%"}
+            body_format:
+              json_format:
+                error: {message: "%LOCAL_REPLY_BODY%", type: invalid_request_error, param: null, code: "%RESPONSE_CODE_DETAILS%"}
           route_config:
             virtual_hosts:
             - name: all

@@ -12,6 +12,10 @@ impl AdminToken {
     /// Fewest bytes a token may have (a guessable token is no lock).
     pub const MIN_LEN: usize = 16;
 
+    /// How the deploy manifests' token begins (deploy/kustomize/admin-token): a Secret the
+    /// operator must replace. Everyone can read it in the repository, so it is no lock either.
+    pub const PLACEHOLDER_PREFIX: &'static str = "REPLACE-ME";
+
     /// The token in `text` (a file's content; surrounding whitespace ignored).
     pub fn parse(text: &str) -> Result<AdminToken, String> {
         let token = text.trim();
@@ -20,6 +24,13 @@ impl AdminToken {
         }
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err("the token must be printable ASCII without spaces".into());
+        }
+        if token.starts_with(Self::PLACEHOLDER_PREFIX) {
+            return Err(format!(
+                "the token is still the deploy manifests' placeholder (it starts with {}): put a random token in the \
+                 Secret kvindex-admin-token (deploy/README.md, \"The admin token\")",
+                Self::PLACEHOLDER_PREFIX
+            ));
         }
         Ok(AdminToken(token.to_string()))
     }
@@ -51,5 +62,12 @@ mod tests {
         assert!(!t.matches("0123456789abcdef0"));
         assert!(!t.matches(""));
         assert!(!format!("{t:?}").contains("0123"));
+    }
+
+    #[test]
+    fn the_manifests_placeholder_is_refused_by_name() {
+        let e = AdminToken::parse("REPLACE-ME-with-a-random-token\n").unwrap_err();
+        assert!(e.contains("placeholder") && e.contains("kvindex-admin-token"), "{e}");
+        assert!(AdminToken::parse("a-token-without-REPLACE-ME-first").is_ok());
     }
 }

@@ -132,14 +132,23 @@ fn respond(response: processing_response::Response, metadata: Option<Struct>) ->
     ProcessingResponse { response: Some(response), dynamic_metadata: metadata, ..Default::default() }
 }
 
-/// The answer to `request_headers`: headers to set, the route cache cleared (the destination
-/// changes the route), and the dynamic metadata.
-pub fn request_headers(set: Vec<HeaderValueOption>, metadata: Option<Struct>) -> ProcessingResponse {
-    let common = CommonResponse {
-        header_mutation: Some(HeaderMutation { set_headers: set, remove_headers: Vec::new() }),
-        clear_route_cache: true,
+/// Headers to set, with the route cache cleared only when the destination header is among them:
+/// it is the one header the pick sets that a route may match on (GIE asks for the clear with
+/// it). Envoy ignores a clear that comes without a header mutation, and counts it
+/// (`clear_route_cache_ignored`); a clear for any other header costs a route lookup for nothing.
+fn mutation(set: Vec<HeaderValueOption>) -> CommonResponse {
+    let clear_route_cache = set.iter().any(|o| o.header.as_ref().is_some_and(|h| h.key == DESTINATION));
+    CommonResponse {
+        header_mutation: (!set.is_empty()).then(|| HeaderMutation { set_headers: set, remove_headers: Vec::new() }),
+        clear_route_cache,
         ..Default::default()
-    };
+    }
+}
+
+/// The answer to `request_headers`: headers to set (the route cache cleared with the
+/// destination), and the dynamic metadata.
+pub fn request_headers(set: Vec<HeaderValueOption>, metadata: Option<Struct>) -> ProcessingResponse {
+    let common = mutation(set);
     respond(processing_response::Response::RequestHeaders(HeadersResponse { response: Some(common) }), metadata)
 }
 
@@ -150,13 +159,10 @@ pub fn request_headers_continue() -> ProcessingResponse {
 }
 
 /// The answer to a `BUFFERED` request body: the pick as header mutations (Envoy still holds the
-/// headers, so they take effect), the route cache cleared, the metadata; the body unchanged.
+/// headers, so they take effect; the route cache cleared with the destination), the metadata;
+/// the body unchanged.
 pub fn request_body_buffered(set: Vec<HeaderValueOption>, metadata: Option<Struct>) -> ProcessingResponse {
-    let common = CommonResponse {
-        header_mutation: (!set.is_empty()).then(|| HeaderMutation { set_headers: set, remove_headers: Vec::new() }),
-        clear_route_cache: true,
-        ..Default::default()
-    };
+    let common = mutation(set);
     respond(processing_response::Response::RequestBody(BodyResponse { response: Some(common) }), metadata)
 }
 
@@ -168,10 +174,7 @@ pub fn response_body_unchanged() -> ProcessingResponse {
 
 /// The answer to `response_headers`, optionally adding headers to the client's response.
 pub fn response_headers(set: Vec<HeaderValueOption>) -> ProcessingResponse {
-    let common = CommonResponse {
-        header_mutation: (!set.is_empty()).then(|| HeaderMutation { set_headers: set, remove_headers: Vec::new() }),
-        ..Default::default()
-    };
+    let common = mutation(set);
     respond(processing_response::Response::ResponseHeaders(HeadersResponse { response: Some(common) }), None)
 }
 
@@ -301,6 +304,38 @@ mod tests {
         let metadata = destination_metadata(&["a:1".to_string(), "b:2".to_string()]);
         let Some(Kind::StructValue(inner)) = &metadata.fields[LB_NAMESPACE].kind else { panic!("a struct") };
         assert_eq!(inner.fields[DESTINATION].kind, Some(Kind::StringValue("a:1,b:2".into())));
+    }
+
+    fn common(response: &ProcessingResponse) -> &CommonResponse {
+        let common = match &response.response {
+            Some(processing_response::Response::RequestHeaders(h)) => h.response.as_ref(),
+            Some(processing_response::Response::RequestBody(b)) => b.response.as_ref(),
+            Some(processing_response::Response::ResponseHeaders(h)) => h.response.as_ref(),
+            other => panic!("not a headers or body answer: {other:?}"),
+        };
+        common.expect("a common response")
+    }
+
+    #[test]
+    fn the_route_cache_is_cleared_with_the_destination_only_and_never_without_a_mutation() {
+        let destination = || vec![set_header(DESTINATION, "10.0.0.1:8000"), set_header("content-length", "9")];
+        for answer in [request_headers(destination(), None), request_body_buffered(destination(), None)] {
+            let common = common(&answer);
+            assert!(common.clear_route_cache && common.header_mutation.is_some());
+        }
+        let length = || vec![set_header("content-length", "9")];
+        for answer in
+            [request_headers(length(), None), request_body_buffered(length(), None), response_headers(length())]
+        {
+            let common = common(&answer);
+            assert!(!common.clear_route_cache && common.header_mutation.is_some());
+        }
+        for answer in
+            [request_headers(Vec::new(), None), request_body_buffered(Vec::new(), None), response_headers(Vec::new())]
+        {
+            let common = common(&answer);
+            assert!(!common.clear_route_cache && common.header_mutation.is_none(), "{common:?}");
+        }
     }
 
     #[test]

@@ -14,9 +14,18 @@
 //! - `NONE` request body: nothing to read the prompt from; placed by load at the headers.
 //!
 //! Response bodies are echoed in full-duplex mode, acknowledged unchanged in the others, and not
-//! seen at all with `NONE`. A message out of order, a body past the limit, or a request body
-//! mode we cannot pick in (`STREAMED`, `BUFFERED_PARTIAL`: headers would leave before the
-//! prompt is known) ends this stream only.
+//! seen at all with `NONE`.
+//!
+//! The response may start before the request reached us in full: Envoy (or a filter beside us)
+//! answers a request itself with a local reply (a body past `request_body_buffer_limit`, headers
+//! past their limit, a timeout), and the filter sends that reply's response headers, even as the
+//! stream's first message. That is the protocol, not a break of it: the request is dropped
+//! unplaced, the response answered like any other, and the stream counted as the gateway's reply.
+//!
+//! A message out of order (a second request or response head, a request message once the
+//! response started), a body past the limit, or a request body mode we cannot pick in
+//! (`STREAMED`, `BUFFERED_PARTIAL`: headers would leave before the prompt is known) ends this
+//! stream only.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -68,6 +77,11 @@ enum Phase {
 }
 
 impl Phase {
+    /// Before any response message came.
+    fn before_response(self) -> bool {
+        matches!(self, Phase::RequestHeaders | Phase::RequestBody | Phase::Answered)
+    }
+
     fn label(self) -> &'static str {
         match self {
             Phase::RequestHeaders => "awaiting request headers",
@@ -97,6 +111,8 @@ struct State {
     body: Vec<u8>,
     reservation: Reservation,
     first_byte: Option<Instant>,
+    /// The gateway answered the request itself before it reached us in full.
+    gateway_replied: bool,
     decision: Option<Decision>,
     /// The pod counted in flight (index into the ranking), moved to the served endpoint.
     attempt: Option<usize>,
@@ -115,6 +131,7 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<ProcessingRequest>,
         body: Vec::new(),
         reservation,
         first_byte: None,
+        gateway_replied: false,
         decision: None,
         attempt: None,
         guards: Vec::new(),
@@ -140,7 +157,7 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<ProcessingRequest>,
         };
         let message = match received {
             Ok(Some(message)) => message,
-            Ok(None) | Err(_) => break if state.ran_to_its_end() { "completed" } else { "closed" },
+            Ok(None) | Err(_) => break state.closed_outcome(),
         };
         match state.handle(message).await {
             Ok(responses) => {
@@ -199,15 +216,33 @@ fn endpoint(path: &str, body: &[u8]) -> Endpoint {
 }
 
 impl State {
-    /// Whether a stream closing now closes after everything it was to carry: the response's
-    /// end, or the request's answer when the filter sends us no response body (`NONE`: Envoy
-    /// closes the stream when the HTTP request ends).
-    fn ran_to_its_end(&self) -> bool {
+    /// How a stream the gateway closes now ended: `completed` after everything it was to carry
+    /// (the response's end, or the request's answer when the filter sends us no response body:
+    /// `NONE`, Envoy closes the stream when the HTTP request ends), `gateway_reply` likewise when
+    /// the gateway answered the request itself, else `closed`.
+    fn closed_outcome(&self) -> &'static str {
         let no_response_body = self.modes.is_some_and(|m| m.response == BodySendMode::None);
-        match self.phase {
+        let ran_to_its_end = match self.phase {
             Phase::Done => true,
             Phase::Answered | Phase::ResponseBody => no_response_body,
             Phase::RequestHeaders | Phase::RequestBody => false,
+        };
+        match (ran_to_its_end, self.gateway_replied) {
+            (false, _) => "closed",
+            (true, false) => "completed",
+            (true, true) => "gateway_reply",
+        }
+    }
+
+    /// A response message came. One that comes while the request is still coming is the
+    /// gateway's own reply to it: what was buffered of the request goes, and nothing was placed.
+    fn response_starts(&mut self) {
+        if matches!(self.phase, Phase::RequestHeaders | Phase::RequestBody) {
+            tracing::debug!(phase = self.phase.label(), "the gateway answered the request itself");
+            self.gateway_replied = true;
+            self.body = Vec::new();
+            self.reservation.release();
+            self.phase = Phase::Answered;
         }
     }
 
@@ -293,7 +328,8 @@ impl State {
                 responses.push(envoy::request_trailers());
                 Ok(responses)
             }
-            (Request::ResponseHeaders(h), Phase::Answered) => {
+            (Request::ResponseHeaders(h), phase) if phase.before_response() => {
+                self.response_starts();
                 let served = envoy::served_endpoint(self.metadata.as_ref());
                 let set = self.account_served(served);
                 self.phase = if h.end_of_stream { Phase::Done } else { Phase::ResponseBody };
@@ -305,7 +341,9 @@ impl State {
                 }
                 Ok(vec![envoy::response_headers(set)])
             }
-            (Request::ResponseBody(b), Phase::ResponseBody) => {
+            // In `Answered` (or a request phase) when the filter skips the response headers.
+            (Request::ResponseBody(b), phase) if phase != Phase::Done => {
+                self.response_starts();
                 if !b.body.is_empty() {
                     // The pod's first bytes: the prompt is computed (see pods::fleet).
                     self.guards.iter_mut().for_each(InFlight::prefilled);
@@ -313,13 +351,16 @@ impl State {
                 if b.end_of_stream {
                     self.phase = Phase::Done;
                     self.guards.clear();
+                } else {
+                    self.phase = Phase::ResponseBody;
                 }
                 Ok(vec![match modes.response {
                     BodySendMode::FullDuplexStreamed => envoy::response_body(b.body, b.end_of_stream),
                     _ => envoy::response_body_unchanged(),
                 }])
             }
-            (Request::ResponseTrailers(_), Phase::ResponseBody | Phase::Answered) => {
+            (Request::ResponseTrailers(_), phase) if phase != Phase::Done => {
+                self.response_starts();
                 self.phase = Phase::Done;
                 self.guards.clear();
                 Ok(vec![envoy::response_trailers()])
