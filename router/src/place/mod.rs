@@ -2,8 +2,9 @@
 //! file: the request's target (model, LoRA) → [`tokenize`] → score ([`indexer`], within the
 //! deadline, else load only) → [`candidates`] (load now, what each pod holds) → [`cost`] →
 //! [`pick`] → a [`Decision`], and the one decision line ([`log`]). Committing a decision marks
-//! the request in flight on its pod and asks the indexer for speculative credit ([`record`]),
-//! so the next sibling request routed by any replica sees it. The doors call [`Router::route`]
+//! the request in flight on its pod and asks the indexers for speculative credit ([`record`]),
+//! so the next sibling request routed by any replica sees it, and reserves the request there
+//! ([`reserve`]), so every replica's cost counts it until its first byte and its end. The doors call [`Router::route`]
 //! (or [`Router::rank_by_load`] for a request with no prompt) and [`Router::commit`]; nothing
 //! here knows HTTP or ext_proc.
 
