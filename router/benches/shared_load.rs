@@ -265,6 +265,19 @@ fn main() {
             let next = sim_next_seq(&pod.http).await.unwrap();
             service.wait_applied(&pod.pod_id, next, Duration::from_secs(30)).await.expect("applied");
         }
+        // A request per pod every 2 s keeps every source publishing, so none goes STALE
+        // (`stale_after_ms`) and every credit is computed in full.
+        let http_addrs: Vec<String> = sims.pods.iter().map(|p| p.http.clone()).collect();
+        let heartbeat = tokio::spawn(async move {
+            for round in 0u32.. {
+                for (i, addr) in http_addrs.iter().enumerate() {
+                    let prompt: Vec<u32> = (0..16).map(|t| 800_000 + 1000 * (round % 500) + 10 * i as u32 + t).collect();
+                    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 1}).to_string();
+                    let _ = http(addr, "POST", "/v1/completions", Some(&body)).await;
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        });
         let token = std::fs::read_to_string(service.admin_token_file()).unwrap();
         let auth: AsciiMetadataValue = format!("Bearer {}", token.trim()).parse().unwrap();
         let client = IndexerClient::connect(format!("http://{}", service.grpc_addr)).await.expect("indexer");
@@ -321,6 +334,7 @@ fn main() {
                 println!("          failed calls by code: {codes:?}");
             }
         }
+        heartbeat.abort();
         let (_, metrics) = http(&service.http_addr, "GET", "/metrics", None).await.unwrap();
         for line in metrics.lines().filter(|l| l.starts_with("kvindex_reservation") || l.starts_with("kvindex_release_route")) {
             println!("  {line}");
