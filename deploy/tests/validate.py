@@ -15,6 +15,8 @@ without a cluster:
 - kvindex containers riding in another workload's pod (the EPP) carrying a readiness probe: a
   pod is ready only when every container is, and the fail-open pre-filter must never take the
   EPP out of its Service;
+- a `kvindex serve` container whose HTTP probes do not go to its own probe listener
+  (`--probe-addr`): on `--http-addr` any client can fill the port the kubelet probes;
 - what the API server or the controllers would reject or silently ignore: a Deployment whose
   selector does not match its pod template, a Service or PodDisruptionBudget selecting no pod of
   the render (unless annotated kvindex.io/selects-external: "true": it selects the pods of an
@@ -239,6 +241,28 @@ PATH_FLAGS = {
 }
 
 
+def check_probe_port(where, doc, problems):
+    """`kvindex serve`'s HTTP probes go to its `--probe-addr` port (by number or port name)."""
+    for c, _, _ in containers(doc):
+        if pathlib.PurePath((c.get("command") or [""])[0]).name != "kvindex" or (c.get("args") or [""])[0] != "serve":
+            continue
+        probes = [k for k in ("readinessProbe", "livenessProbe", "startupProbe") if "httpGet" in (c.get(k) or {})]
+        if not probes:
+            continue
+        env = {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e}
+        addr = flag_values(c.get("args") or [], env).get("--probe-addr")
+        if not addr:
+            problems.append(f"{where}: {c['name']} is probed over HTTP without --probe-addr: "
+                            "clients of --http-addr can fill the port the kubelet probes")
+            continue
+        named = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+        for k in probes:
+            port = c[k]["httpGet"].get("port")
+            port = named.get(port, port) if isinstance(port, str) else port
+            if str(port) != addr.rsplit(":", 1)[-1]:
+                problems.append(f"{where}: {c['name']}'s {k} probes port {port}, not --probe-addr {addr}")
+
+
 def check_mounts(where, doc, problems):
     """Every volumeMount names a volume of its pod; every path flag lies under a mount."""
     spec = ((doc.get("spec") or {}).get("template") or {}).get("spec") or {}
@@ -387,6 +411,7 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None, envoy=None, co
         spec = doc.get("spec") or {}
         if kind == "Deployment":
             check_mounts(where, doc, problems)
+            check_probe_port(where, doc, problems)
             sel = (spec.get("selector") or {}).get("matchLabels")
             labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
             if not sel or not selects(sel, labels):
@@ -567,6 +592,13 @@ def self_test(k8s_version, bin_dir=None, envoy=None):
     d["spec"]["template"]["spec"]["containers"][0].update(
         command=["kvindex"], args=["serve", "--snapshot-dir=/var/lib/kvindex/snapshots"])
     broken.append(("snapshot dir on the read-only root", d))
+    for what, args in (("kvindex probed without a probe listener", ["serve", "--http-addr=0.0.0.0:9090"]),
+                       ("kvindex probed on its http port", ["serve", "--http-addr=0.0.0.0:9090", "--probe-addr=0.0.0.0:9092"])):
+        d = copy.deepcopy(deployment)
+        d["spec"]["template"]["spec"]["containers"][0].update(
+            command=["kvindex"], args=args, ports=[{"name": "http", "containerPort": 9090}],
+            livenessProbe={"httpGet": {"path": "/healthz", "port": "http"}})
+        broken.append((what, d))
     d = copy.deepcopy(deployment)
     d["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = [{"name": "gone", "mountPath": "/x"}]
     broken.append(("mount of a missing volume", d))

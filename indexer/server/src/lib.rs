@@ -27,7 +27,8 @@
 //!   and the speculative sweep.
 //! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
 //! - The handles the parts share: [`index_handle`] (index, credits, [`status`], [`clock`]),
-//!   [`readiness`], [`shutdown`].
+//!   [`readiness`], [`shutdown`]; [`source_series`]: the per-source metric series, which live
+//!   as long as their source.
 //! - [`reservations`]: the routers' shared in-flight load (RecordRoute reservations), a pure
 //!   table the gRPC services hold.
 //! - [`grpc`], [`http`]: the servers; [`tls`]: their TLS / mTLS. [`telemetry`]: metric names and the recorder.
@@ -50,6 +51,7 @@ pub mod reservations;
 pub mod server;
 pub mod shutdown;
 pub mod snapshot;
+pub mod source_series;
 pub mod sources;
 pub mod state;
 pub mod status;

@@ -42,6 +42,8 @@ pub struct Listeners {
     http: TcpListener,
     /// The metrics-only listener, when `metrics_addr` is set.
     metrics: Option<TcpListener>,
+    /// The probes' listener, when `probe_addr` is set.
+    probe: Option<TcpListener>,
     zmq: Option<SubListener>,
     /// Loaded before the server announces it listens, so a bad tokenizer dir fails `bind`.
     tokenizer: Option<PromptTokenizer>,
@@ -66,6 +68,11 @@ impl Listeners {
         self.metrics.as_ref().map(|l| l.local_addr().expect("a bound listener has an address"))
     }
 
+    /// The probe listener's address, when `probe_addr` is set.
+    pub fn probe_addr(&self) -> Option<SocketAddr> {
+        self.probe.as_ref().map(|l| l.local_addr().expect("a bound listener has an address"))
+    }
+
     /// The central SUB's endpoint (`tcp://host:port`), in central mode.
     pub fn zmq_endpoint(&self) -> Option<&str> {
         self.zmq.as_ref().map(SubListener::endpoint)
@@ -85,6 +92,10 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
     let http = tcp("http_addr", config.http_addr).await?;
     let metrics = match config.metrics_addr {
         Some(addr) => Some(tcp("metrics_addr", addr).await?),
+        None => None,
+    };
+    let probe = match config.probe_addr {
+        Some(addr) => Some(tcp("probe_addr", addr).await?),
         None => None,
     };
     let zmq = match &config.zmq_bind {
@@ -113,7 +124,7 @@ pub async fn bind(config: &Config) -> Result<Listeners, ServerError> {
         Some(dir) => Some(snapshot::store::SnapshotDir::claim(dir).map_err(ServerError::SnapshotDir)?),
         None => None,
     };
-    Ok(Listeners { grpc, http, metrics, zmq, tokenizer, discovery, snapshot_dir })
+    Ok(Listeners { grpc, http, metrics, probe, zmq, tokenizer, discovery, snapshot_dir })
 }
 
 /// Runs the service on `listeners` until `shutdown` resolves (or a server fails), then shuts
@@ -179,6 +190,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let http_addr = listeners.http_addr();
     let zmq_endpoint = listeners.zmq_endpoint().map(str::to_string);
     let metrics_addr = listeners.metrics_addr();
+    let probe_addr = listeners.probe_addr();
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     if let Some(sub) = listeners.zmq {
         tasks.push(tokio::spawn(sources::serve_central(queues.clone(), central, topic_filter, sub, stop.subscribe())));
@@ -197,6 +209,15 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let (grpc_tls, http_tls) = (tls.as_ref().map(|t| t.0.clone()), tls.as_ref().map(|t| t.1.clone()));
     let mut grpc = tokio::spawn(grpc::serve(grpc_handles, grpc_bounds, listeners.grpc, grpc_tls, stop.subscribe()));
     let bodies = http::body::Bodies::new(body_limits);
+    if let Some(listener) = listeners.probe.take() {
+        let app = http::probe_router(http_handles.clone(), prometheus.clone(), bodies.clone());
+        let (tls, limits, stopping) = (http_tls.clone(), conn_limits.for_probes(), stop.subscribe());
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = http::serve::serve("probe", listener, app, tls, limits, stopping).await {
+                tracing::error!(error = %e, "probe listener stopped");
+            }
+        }));
+    }
     let (app, metrics_app) = match listeners.metrics {
         Some(metrics) => {
             let app = http::router(http_handles.clone(), prometheus.clone(), bodies.clone(), false);
@@ -216,7 +237,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         }));
     }
     readiness.set_listening();
-    tracing::info!(%grpc_addr, %http_addr, metrics = ?metrics_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
+    tracing::info!(%grpc_addr, %http_addr, metrics = ?metrics_addr, probe = ?probe_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
 
     let outcome = tokio::select! {
         r = &mut grpc => Err(server_stopped("gRPC", r)),

@@ -18,6 +18,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::dump::recorder::Recorder;
 use crate::index_handle::IndexHandle;
+use crate::ingest::PodOwners;
 use crate::pods::registry::Registry;
 use crate::pods::{Pods, PodsConfig};
 use crate::readiness::Readiness;
@@ -41,6 +42,8 @@ pub struct ServiceState {
     replay_permits: Arc<Semaphore>,
     restored: Restored,
     recorder: Option<Arc<Recorder>>,
+    /// Which stream owns each pod id, for every worker's stream table.
+    pod_owners: Arc<PodOwners>,
     /// The runtime the service's tasks run on (apply workers are threads and spawn onto it).
     runtime: tokio::runtime::Handle,
 }
@@ -68,6 +71,7 @@ impl ServiceState {
             shared,
             restored: Restored::default(),
             recorder,
+            pod_owners: Arc::default(),
             runtime: tokio::runtime::Handle::current(),
         }
     }
@@ -118,6 +122,11 @@ impl ServiceState {
     /// Snapshot records loaded at start and not yet picked up by their streams.
     pub fn restored(&self) -> &Restored {
         &self.restored
+    }
+
+    /// Which stream owns each pod id (shared by every worker's stream table).
+    pub fn pod_owners(&self) -> Arc<PodOwners> {
+        self.pod_owners.clone()
     }
 
     /// The dump being recorded (`kvindex record`), if any.

@@ -45,6 +45,7 @@ pub const CONFIG_ERRORS: &str = "kvindex_config_errors_total";
 pub const HTTP_INVALID: &str = "kvindex_http_invalid_requests_total";
 pub const HTTP_CONNECTIONS: &str = "kvindex_http_connections";
 pub const HTTP_REFUSED: &str = "kvindex_http_refused_total";
+pub const HTTP_EVICTED: &str = "kvindex_http_evicted_total";
 pub const HTTP_BODY_BYTES: &str = "kvindex_http_body_bytes";
 pub const GRPC_REJECTED: &str = "kvindex_grpc_rejected_total";
 pub const GRPC_SHED: &str = "kvindex_grpc_shed_total";
@@ -158,6 +159,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: HTTP_INVALID, kind: Counter, labels: &["reason"], unit: None, help: "Rejected HTTP admin requests" },
     Metric { name: HTTP_CONNECTIONS, kind: Gauge, labels: &["listener"], unit: None, help: "Open HTTP connections, by listener" },
     Metric { name: HTTP_REFUSED, kind: Counter, labels: &["listener", "reason"], unit: None, help: "HTTP connections and requests refused for a bound (connection caps, slow or oversized heads and bodies)" },
+    Metric { name: HTTP_EVICTED, kind: Counter, labels: &["listener", "reason"], unit: None, help: "Idle HTTP connections closed to make room for a new one at a full connection cap, by the cap" },
     Metric { name: HTTP_BODY_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "HTTP request body bytes held now (http_max_inflight_body_bytes)" },
     Metric { name: GRPC_REJECTED, kind: Counter, labels: &["reason"], unit: None, help: "gRPC requests refused before their handler (too_large: over max_message_bytes)" },
     Metric { name: GRPC_SHED, kind: Counter, labels: &["method"], unit: None, help: "Requests over grpc_small_query_tokens refused RESOURCE_EXHAUSTED: every slot busy and the queue full, by method" },
@@ -165,9 +167,9 @@ pub const METRICS: &[Metric] = &[
     Metric { name: GRPC_QUEUED_TOKENS, kind: Gauge, labels: &[], unit: None, help: "Tokens of requests over grpc_small_query_tokens waiting for a slot" },
     Metric { name: TLS_HANDSHAKE_FAILURES, kind: Counter, labels: &["listener", "reason"], unit: None, help: "TLS handshakes that failed (no or a bad client certificate, timeout)" },
     Metric { name: CONTROL_DENIED, kind: Counter, labels: &["api", "reason"], unit: None, help: "Control-plane calls refused (registration disabled, bad token, operator pod), by api and reason" },
-    Metric { name: TOPIC_CONFLICTS, kind: Counter, labels: &[], unit: None, help: "Central-mode messages dropped: their topic is bound to another source address" },
-    Metric { name: SOURCES_REFUSED, kind: Counter, labels: &["reason"], unit: None, help: "Messages dropped because they would start a source past max_sources or max_sources_per_address, or name one too long" },
-    Metric { name: SOURCES_RECLAIMED, kind: Counter, labels: &["reason"], unit: None, help: "Streams forgotten to make room in a full source table: never EXACT and silent, or silent past stale_after_ms" },
+    Metric { name: TOPIC_CONFLICTS, kind: Counter, labels: &[], unit: None, help: "Central-mode messages dropped: their topic (any of its DP ranks) is bound to another source address" },
+    Metric { name: SOURCES_REFUSED, kind: Counter, labels: &["reason"], unit: None, help: "Messages dropped because they would start a source past max_sources or max_sources_per_address, name one badly, or feed a pod another stream owns" },
+    Metric { name: SOURCES_RECLAIMED, kind: Counter, labels: &["reason"], unit: None, help: "Streams forgotten to make room in a full source table (never EXACT and silent, holding no block, or silent past stale_after_ms), or to give a contested pod to another stream" },
     Metric { name: READY, kind: Gauge, labels: &[], unit: None, help: "1 once the initial replays are done" },
     Metric { name: PODS, kind: Gauge, labels: &[], unit: None, help: "Pods with index state" },
     Metric { name: HASH_MISMATCHES, kind: Counter, labels: &["source"], unit: None, help: "Engine block hashes that differ from vLLM's recipe (sampled cross-check)" },

@@ -1,14 +1,16 @@
-//! The HTTP admin listener holds its bounds against a hostile client (issue 23, item 8), on
-//! the real `kvindex serve` binary over loopback TCP: a client that trickles its request head
-//! is cut off after `http_header_timeout_ms`, a silent one too, and an idle keep-alive
-//! connection is closed after as long (not counted as a refusal); a registration body that
-//! stalls gets 408 after `http_body_timeout_ms`; connections past `http_max_connections` are
-//! closed at accept while the open ones are served, and `/healthz` answers again once one
-//! leaves; one address cannot hold more than `http_max_connections_per_address` while another
-//! is served; a body over `http_max_body_bytes` gets 413 (declared or streamed), all bodies
-//! over `http_max_inflight_body_bytes` get 503, a head over 32 KiB 431, each counted in
-//! `kvindex_http_refused_total{reason}`. Without the token no body is read at all. A client
-//! that stops reading its answers is cut off after `http_write_timeout_ms`.
+//! The HTTP admin listener holds its bounds against a hostile client (issue 23, item 8, and
+//! issue 33), on the real `kvindex serve` binary over loopback TCP: a client that trickles its
+//! request head is cut off after `http_header_timeout_ms`, a silent one too, and an idle
+//! keep-alive connection is closed after as long (not counted as a refusal); a registration
+//! body that stalls gets 408 after `http_body_timeout_ms`; at `http_max_connections` (and per
+//! address, per network) the oldest idle connection is closed to make room, and a newcomer is
+//! closed at accept only when every connection under the cap is being answered; silent
+//! connections from a few addresses do not keep `/healthz` out, and the probe listener
+//! (`probe_addr`) answers while the main one is full; a body over `http_max_body_bytes` gets
+//! 413 (declared or streamed), all bodies over `http_max_inflight_body_bytes` get 503, a head
+//! over 32 KiB 431, each counted in `kvindex_http_refused_total{reason}`. Without the token no
+//! body is read at all. A client that stops reading its answers is cut off after
+//! `http_write_timeout_ms`.
 //!
 //! The bounds are set through their env vars, which a server without them ignores: against
 //! such a server every test here fails on the behaviour, not on a flag it does not know.
@@ -102,7 +104,7 @@ fn registration_head(content_length: usize, token: bool) -> String {
 
 #[test]
 fn a_client_trickling_its_head_is_cut_off_and_an_idle_keep_alive_closed_while_others_are_served() {
-    let server = serve(&[("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "500")]);
+    let server = serve(&[("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "1000")]);
     let addr = server.http.clone();
 
     // One byte of a request head every 50 ms, never finishing it.
@@ -138,10 +140,10 @@ fn a_client_trickling_its_head_is_cut_off_and_an_idle_keep_alive_closed_while_ot
     assert_eq!(http_request(&addr, "GET", "/healthz", None), (200, "ok\n".to_string()));
 
     let cut_after = trickle.join().unwrap();
-    assert!(cut_after >= Duration::from_millis(500), "not before the timeout: {cut_after:?}");
+    assert!(cut_after >= Duration::from_millis(1000), "not before the timeout: {cut_after:?}");
     assert_eq!(read_until_closed(&mut silent), "", "the stalled head is closed without an answer");
     assert_eq!(read_until_closed(&mut idle), "", "the idle keep-alive connection is closed");
-    assert!(idle_since.elapsed() >= Duration::from_millis(500), "not before the timeout");
+    assert!(idle_since.elapsed() >= Duration::from_millis(1000), "not before the timeout");
     wait_until("both stalled heads counted", 10, || (refused(&server, "header_timeout") >= 2.0).then_some(()));
     assert_eq!(refused(&server, "header_timeout"), 2.0, "the idle keep-alive close is not a refusal");
     assert_eq!(http_request(&addr, "GET", "/healthz", None).0, 200, "still serving");
@@ -169,7 +171,7 @@ fn a_client_that_never_reads_its_answers_is_cut_off_after_the_write_timeout() {
 
 #[test]
 fn a_registration_body_that_stalls_gets_408_and_without_the_token_none_is_read() {
-    let server = serve(&[("KVINDEX_HTTP_BODY_TIMEOUT_MS", "500")]);
+    let server = serve(&[("KVINDEX_HTTP_BODY_TIMEOUT_MS", "1000")]);
     let addr = server.http.clone();
 
     // Without the token: refused at once, the declared body never read.
@@ -182,7 +184,7 @@ fn a_registration_body_that_stalls_gets_408_and_without_the_token_none_is_read()
     let started = Instant::now();
     let answer = exchange(&mut stalled, &format!("{}{{\"pod\": ", registration_head(100, true)));
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    assert!(started.elapsed() >= Duration::from_millis(500), "not before the timeout");
+    assert!(started.elapsed() >= Duration::from_millis(1000), "not before the timeout");
     assert_eq!(refused(&server, "body_timeout"), 1.0);
     // A registration that arrives in time is still read.
     let body = r#"{"pod": "p", "model": "m", "bogus": 1}"#;
@@ -190,25 +192,48 @@ fn a_registration_body_that_stalls_gets_408_and_without_the_token_none_is_read()
     assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("bogus"), "{answer}");
 }
 
+/// A registration that declares a body and sends the head and one byte: with the token, it is
+/// inside its handler, reading the body, for `http_body_timeout_ms`: a busy connection.
+fn busy_registration(stream: &mut TcpStream) {
+    stream.write_all(format!("{}{{", registration_head(100, true)).as_bytes()).unwrap();
+}
+
 #[test]
-fn connections_past_the_cap_are_refused_and_counted_and_healthz_answers_once_one_leaves() {
+fn at_the_cap_the_oldest_idle_connection_makes_room_and_busy_ones_are_never_cut() {
     let server = serve(&[
         ("KVINDEX_HTTP_MAX_CONNECTIONS", "4"),
         ("KVINDEX_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "4"),
+        ("KVINDEX_HTTP_MAX_CONNECTIONS_PER_NETWORK", "4"),
         ("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "60000"),
+        ("KVINDEX_HTTP_BODY_TIMEOUT_MS", "60000"),
     ]);
     let addr = server.http.clone();
-    // Four connections, each served once and kept open.
-    let mut open: Vec<TcpStream> = (0..4).map(|_| connect(&addr)).collect();
+    // Four connections from four networks, each served once and kept open: idle.
+    let from = |i: usize| format!("127.0.{i}.1");
+    let mut open: Vec<TcpStream> = (1..=4).map(|i| connect_from(&from(i), &addr)).collect();
     open.iter_mut().for_each(healthz_kept_alive);
-    let answer = exchange(&mut connect(&addr), HEALTHZ);
-    assert_eq!(answer, "", "the fifth connection was served");
+    // A fifth is served: the oldest idle one is closed for it.
+    let fifth = exchange(&mut connect_from(&from(5), &addr), HEALTHZ);
+    assert!(fifth.starts_with("HTTP/1.1 200"), "the fifth connection is served: {fifth}");
+    assert_eq!(read_until_closed(&mut open[0]), "", "the oldest idle connection was closed");
+    assert_eq!(server.metric("kvindex_http_evicted_total", &["reason=\"max_connections\""]), 1.0);
+    assert_eq!(refused(&server, "max_connections"), 0.0);
+    healthz_kept_alive(&mut open[1]);
+    drop(open);
+    wait_until("the idle connections closed", 10, || {
+        (server.metric("kvindex_http_connections", &["listener=\"http\""]) == 0.0).then_some(())
+    });
+
+    // Four registrations being read: every connection is answering, none may go.
+    let mut busy: Vec<TcpStream> = (1..=4).map(|i| connect_from(&from(i), &addr)).collect();
+    busy.iter_mut().for_each(busy_registration);
+    wait_until("four bodies being read", 20, || (server.metric("kvindex_http_body_bytes", &[]) == 400.0).then_some(()));
+    assert_eq!(exchange(&mut connect_from(&from(5), &addr), HEALTHZ), "", "refused: no connection is idle");
     assert_eq!(refused(&server, "max_connections"), 1.0);
-    assert_eq!(server.metric("kvindex_http_connections", &["listener=\"http\""]), 4.0);
-    // The open ones are still served, and one that leaves makes room.
-    assert!(exchange(&mut open[0], HEALTHZ).starts_with("HTTP/1.1 200"));
+    // One that leaves makes room.
+    drop(busy.pop());
     wait_until("room for a new connection", 10, || {
-        exchange(&mut connect(&addr), HEALTHZ).starts_with("HTTP/1.1 200").then_some(())
+        exchange(&mut connect_from(&from(5), &addr), HEALTHZ).starts_with("HTTP/1.1 200").then_some(())
     });
 }
 
@@ -227,20 +252,125 @@ fn connect_from(source: &str, addr: &str) -> TcpStream {
 }
 
 #[test]
-fn one_address_cannot_take_the_listener_from_the_probes() {
+fn one_address_and_one_network_cannot_take_the_listener_from_the_probes() {
     let server = serve(&[
         ("KVINDEX_HTTP_MAX_CONNECTIONS", "8"),
         ("KVINDEX_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "2"),
+        ("KVINDEX_HTTP_MAX_CONNECTIONS_PER_NETWORK", "4"),
         ("KVINDEX_HTTP_HEADER_TIMEOUT_MS", "60000"),
+        ("KVINDEX_HTTP_BODY_TIMEOUT_MS", "60000"),
     ]);
     let addr = server.http.clone();
-    let mut held: Vec<TcpStream> = (0..2).map(|_| connect_from("127.0.0.2", &addr)).collect();
-    held.iter_mut().for_each(healthz_kept_alive);
-    let answer = exchange(&mut connect_from("127.0.0.2", &addr), HEALTHZ);
-    assert_eq!(answer, "", "a third connection from one address was served");
+    // Two busy connections from one address: a third from it is refused, one from another
+    // address is served.
+    let mut held: Vec<TcpStream> = (0..2).map(|_| connect_from("127.0.5.2", &addr)).collect();
+    held.iter_mut().for_each(busy_registration);
+    wait_until("two bodies being read", 20, || (server.metric("kvindex_http_body_bytes", &[]) == 200.0).then_some(()));
+    assert_eq!(exchange(&mut connect_from("127.0.5.2", &addr), HEALTHZ), "", "a third from one address");
     assert_eq!(refused(&server, "max_connections_per_address"), 1.0);
+    // Two more from another address of the same /24: the network's four are busy, so a fifth
+    // address there is refused while the rest of the listener is free.
+    let mut more: Vec<TcpStream> = (0..2).map(|_| connect_from("127.0.5.3", &addr)).collect();
+    more.iter_mut().for_each(busy_registration);
+    wait_until("four bodies being read", 20, || (server.metric("kvindex_http_body_bytes", &[]) == 400.0).then_some(()));
+    assert_eq!(exchange(&mut connect_from("127.0.5.4", &addr), HEALTHZ), "", "a fifth from one network");
+    assert_eq!(refused(&server, "max_connections_per_network"), 1.0);
     let probe = exchange(&mut connect_from("127.0.0.1", &addr), HEALTHZ);
-    assert!(probe.starts_with("HTTP/1.1 200"), "the probe from another address: {probe}");
+    assert!(probe.starts_with("HTTP/1.1 200"), "the probe from another network: {probe}");
+}
+
+/// Keeps `per_address` silent connections from each of `addresses` open to `addr`, opening
+/// a new one whenever the server closes one, until dropped.
+struct SilentClients {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl SilentClients {
+    fn hold(addr: &str, addresses: &[&str], per_address: usize) -> SilentClients {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for source in addresses {
+            for _ in 0..per_address {
+                let (stop, addr, source) = (stop.clone(), addr.to_string(), source.to_string());
+                threads.push(std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let mut silent = connect_from(&source, &addr);
+                        silent.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                        // Wait until the server closes it (or we are told to stop).
+                        let mut buf = [0u8; 64];
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                            match silent.read(&mut buf) {
+                                Ok(0) => break,
+                                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                                _ => break,
+                            }
+                        }
+                    }
+                }));
+            }
+        }
+        SilentClients { stop, threads }
+    }
+}
+
+impl Drop for SilentClients {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Issue 33: four addresses holding 16 silent connections each (re-opened as the header timeout
+/// closes them) kept `/healthz` from answering 42 of 42 times over 25 s on the default config:
+/// a kubelet liveness probe would have restarted the indexer. Silent connections are idle:
+/// the probe's connection takes the place of the oldest.
+#[test]
+fn silent_connections_from_a_few_addresses_do_not_keep_the_probes_out() {
+    let server = serve(&[]);
+    let addr = server.http.clone();
+    wait_until("ready", 10, || (http_request(&addr, "GET", "/readyz", None).0 == 200).then_some(()));
+    let _silent = SilentClients::hold(&addr, &["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"], 16);
+    // All 64 held (the listener full), or the caps making room among them.
+    wait_until("the silent connections held", 20, || {
+        let held = server.metric("kvindex_http_connections", &["listener=\"http\""]);
+        let evicted = server.metric("kvindex_http_evicted_total", &[]);
+        (held >= 64.0 || (held >= 32.0 && evicted >= 1.0)).then_some(())
+    });
+    for _ in 0..10 {
+        assert_eq!(http_request(&addr, "GET", "/healthz", None), (200, "ok\n".to_string()));
+        assert_eq!(http_request(&addr, "GET", "/readyz", None).0, 200);
+    }
+    assert!(server.metric("kvindex_http_evicted_total", &[]) >= 1.0);
+}
+
+/// With `probe_addr`, health and readiness have a listener of their own: they answer while
+/// `http_addr` is full of connections that are all being answered (which nothing may cut).
+#[test]
+fn the_probe_listener_answers_while_the_main_one_is_full() {
+    let server = serve(&[
+        ("KVINDEX_PROBE_ADDR", "127.0.0.1:0"),
+        ("KVINDEX_HTTP_MAX_CONNECTIONS", "4"),
+        ("KVINDEX_HTTP_MAX_CONNECTIONS_PER_ADDRESS", "4"),
+        ("KVINDEX_HTTP_MAX_CONNECTIONS_PER_NETWORK", "4"),
+        ("KVINDEX_HTTP_BODY_TIMEOUT_MS", "60000"),
+    ]);
+    let (addr, probe) =
+        (server.http.clone(), server.probe.clone().expect("KVINDEX_LISTENING names the probe listener"));
+    let mut busy: Vec<TcpStream> = (0..4).map(|_| connect(&addr)).collect();
+    busy.iter_mut().for_each(busy_registration);
+    wait_until("four bodies being read", 20, || (server.metric("kvindex_http_body_bytes", &[]) == 400.0).then_some(()));
+    assert_eq!(exchange(&mut connect(&addr), HEALTHZ), "", "the main listener is full");
+    // Ready once every listener is up (the server says so a moment after it starts serving).
+    wait_until("ready", 10, || (http_request(&probe, "GET", "/readyz", None).0 == 200).then_some(()));
+    for _ in 0..5 {
+        assert_eq!(http_request(&probe, "GET", "/healthz", None), (200, "ok\n".to_string()));
+        assert_eq!(http_request(&probe, "GET", "/readyz", None), (200, "ready\n".to_string()));
+    }
+    assert_eq!(http_request(&probe, "GET", "/metrics", None).0, 404, "probes only");
+    assert_eq!(http_request(&probe, "POST", "/pods", Some("{}")).0, 404, "no control plane");
 }
 
 #[test]

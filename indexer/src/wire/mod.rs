@@ -16,4 +16,4 @@ pub use error::WireError;
 pub use event::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, OddTokens, Value};
 pub use frames::{parse_live, parse_replay, Epoch, RawMessage, ReplayReply, END_OF_REPLAY_SEQ};
 pub use msgpack::{decode_batch, decode_batch_as};
-pub use topic::{dp_pod_id, parse_topic, Topic};
+pub use topic::{canonical_port, dp_pod_id, parse_topic, topic_id_refusal, Topic};

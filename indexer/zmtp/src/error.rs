@@ -83,6 +83,12 @@ pub enum Reason {
     HandshakingFull { limit: usize },
     #[error("listener already holds {limit} connections from this source that have not finished their handshake")]
     SourceHandshakingFull { limit: usize },
+    #[error(
+        "listener already holds {limit} connections from this source's network (/24, /64), none of them handshaking"
+    )]
+    NetworkFull { limit: usize },
+    #[error("closed before finishing its handshake, to make room for a newer connection at a full cap")]
+    Evicted,
     #[error("address not allowed to connect")]
     NotAllowed,
 }
@@ -102,6 +108,8 @@ impl Reason {
             Reason::SourceFull { .. } => "source_full",
             Reason::HandshakingFull { .. } => "handshaking_full",
             Reason::SourceHandshakingFull { .. } => "source_handshaking_full",
+            Reason::NetworkFull { .. } => "network_full",
+            Reason::Evicted => "evicted",
             Reason::NotAllowed => "not_allowed",
         }
     }

@@ -70,6 +70,6 @@ pub use event::{Event, Message};
 pub use greeting::Greeting;
 pub use handshake::PeerInfo;
 pub use limits::Limits;
-pub use peer::{ConnId, Peer, Source};
+pub use peer::{network_of, ConnId, Peer, Source};
 pub use sub_dialer::SubDialer;
 pub use sub_listener::{Admission, SubListener};

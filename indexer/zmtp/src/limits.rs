@@ -31,20 +31,31 @@ pub struct Limits {
     /// listener, so one address holding unfinished messages on many connections cannot spend
     /// the whole budget and stall the other publishers. Default 64 MiB.
     pub max_bytes_in_flight_per_source: usize,
-    /// Most connections a listener holds, handshaking ones included; more are closed at once
-    /// and reported as rejected. Default 1024.
+    /// Most connections a listener holds, handshaking ones included. At the cap a newcomer
+    /// takes the place of a connection still handshaking (the oldest of the source with the
+    /// most; closed and reported as [`crate::Reason::Evicted`]), and is refused only when
+    /// every connection has handshaken.
+    /// Default 1024.
     pub max_connections: usize,
     /// Most connections a listener holds from one source (an IP address, or a uid for
-    /// `ipc://`), so one address cannot lock the others out. Default 32.
+    /// `ipc://`), so one address cannot lock the others out; past it a newcomer is refused.
+    /// Default 32.
     pub max_connections_per_source: usize,
+    /// Most connections a listener holds from one network (an IPv4 /24, an IPv6 /64; see
+    /// [`crate::network_of`]), so a few addresses of one owner cannot take the listener either.
+    /// At the cap a newcomer takes the place of one of the network's handshaking connections
+    /// (the same pick), and is refused when there is none. Default 512 (half of `max_connections`).
+    pub max_connections_per_network: usize,
     /// Most connections a listener holds that have not finished their handshake yet. A
     /// socket that never greets still holds a descriptor until `handshake_timeout`, so these
     /// are bounded apart from (and well below) `max_connections`: half-open sockets can never
-    /// take the room of publishers that did handshake. Default 256.
+    /// take the room of publishers that did handshake. At the cap a newcomer takes the place
+    /// of one of them (the same pick), so half-open sockets cannot keep a publisher from
+    /// handshaking either. Default 256.
     pub max_handshaking: usize,
     /// The same, from one source: an address holding many half-open sockets cannot keep a
-    /// publisher from another address from handshaking. Default 4 (an engine handshakes in
-    /// milliseconds, and a node's DP ranks dial one after another).
+    /// publisher from another address from handshaking; past it a newcomer is refused. Default
+    /// 4 (an engine handshakes in milliseconds, and a node's DP ranks dial one after another).
     pub max_handshaking_per_source: usize,
     /// Time from accept (or connect) to a finished ZMTP handshake. Default 10 s.
     pub handshake_timeout: Duration,
@@ -69,6 +80,7 @@ impl Default for Limits {
             max_bytes_in_flight_per_source: 64 << 20,
             max_connections: 1024,
             max_connections_per_source: 32,
+            max_connections_per_network: 512,
             max_handshaking: 256,
             max_handshaking_per_source: 4,
             handshake_timeout: Duration::from_secs(10),
@@ -92,6 +104,7 @@ impl Limits {
             ("max_bytes_in_flight_per_source", self.max_bytes_in_flight_per_source),
             ("max_connections", self.max_connections),
             ("max_connections_per_source", self.max_connections_per_source),
+            ("max_connections_per_network", self.max_connections_per_network),
             ("max_handshaking", self.max_handshaking),
             ("max_handshaking_per_source", self.max_handshaking_per_source),
             ("max_queued_events", self.max_queued_events),

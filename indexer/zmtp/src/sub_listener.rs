@@ -1,7 +1,7 @@
 //! A bound SUB that engines dial (vLLM's default when its endpoint has no `*`: the engine
 //! connects, so one indexer address serves the whole fleet). Accepts many publishers, caps
-//! them per listener and per source, handshakes each under a timeout, and turns every
-//! connection into [`Event`]s on one queue.
+//! them per listener, per network and per source, handshakes each under a timeout, and turns
+//! every connection into [`Event`]s on one queue.
 //!
 //! One task per bound endpoint accepts (one SUB may listen on several ports, e.g. every DP
 //! rank's); one task per connection reads. Connections are capped before the
@@ -9,15 +9,21 @@
 //! one address costs us a descriptor for microseconds, not for the handshake timeout. Those
 //! still handshaking are capped apart, in total and per source, so sockets that never greet
 //! (each holding a descriptor until the handshake timeout) cannot take the room of publishers
-//! from other addresses. Dropping the listener stops the accept task and every connection
-//! task with it.
+//! from other addresses. And when the listener, its handshaking share or a network's share is
+//! full, the newcomer takes the place of a connection still handshaking there, which is closed
+//! ([`Reason::Evicted`]): the oldest of the source with the most handshaking. An engine
+//! handshakes in milliseconds on one connection, so half-open sockets from many addresses
+//! cannot keep it out either: re-opened as fast as they are closed, each closes another of
+//! its own kind, never the engine's. A newcomer is refused only by its own source's caps, or
+//! where every connection has handshaken. Dropping the listener stops the accept task and
+//! every connection task with it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::timeout;
 
@@ -64,6 +70,12 @@ struct Sources {
     /// Of `total`, those that have not finished their handshake.
     handshaking: usize,
     by_source: HashMap<Source, SourceEntry>,
+    /// Connections per network ([`Source::network`]).
+    by_network: HashMap<Source, usize>,
+    /// The connections still handshaking, oldest first (by admission): those that make room
+    /// for a newcomer at a full cap.
+    waiting: BTreeMap<u64, Waiting>,
+    admitted: u64,
 }
 
 struct SourceEntry {
@@ -72,79 +84,157 @@ struct SourceEntry {
     budget: Budget,
 }
 
-/// A connection's place in the caps; freed when the connection's task ends (or is aborted).
+/// A handshaking connection, as the caps see it: whose it is, and how to close it.
+struct Waiting {
+    source: Source,
+    network: Source,
+    evict: oneshot::Sender<()>,
+}
+
+impl Sources {
+    /// Gives back one connection's place: in total, its source's and its network's, and, if
+    /// it was still handshaking, in those caps too.
+    fn release(&mut self, source: &Source, network: &Source, handshaking: bool) {
+        let handshaking = usize::from(handshaking);
+        self.total -= 1;
+        self.handshaking -= handshaking;
+        if let Some(entry) = self.by_source.get_mut(source) {
+            entry.connections -= 1;
+            entry.handshaking -= handshaking;
+            if entry.connections == 0 && entry.budget.used() == 0 {
+                self.by_source.remove(source);
+            }
+        }
+        if let Some(n) = self.by_network.get_mut(network) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_network.remove(network);
+            }
+        }
+    }
+
+    /// Closes a handshaking connection (of `network`, if given), the oldest of the source with
+    /// the most handshaking, and gives its place back at once. False when there is none.
+    fn make_room(&mut self, network: Option<&Source>) -> bool {
+        let mut pick: Option<(usize, u64)> = None;
+        // Oldest first: a later candidate replaces the pick only from a heavier source.
+        for (order, w) in &self.waiting {
+            if network.is_some_and(|n| w.network != *n) {
+                continue;
+            }
+            let weight = self.by_source.get(&w.source).map_or(0, |e| e.handshaking);
+            if pick.is_none_or(|(heaviest, _)| weight > heaviest) {
+                pick = Some((weight, *order));
+            }
+        }
+        let Some(victim) = pick.and_then(|(_, k)| self.waiting.remove(&k)) else { return false };
+        self.release(&victim.source, &victim.network, true);
+        let _ = victim.evict.send(());
+        true
+    }
+}
+
+/// A connection's place in the caps; freed when the connection's task ends (or is aborted),
+/// or at once when it is evicted.
 struct Slot {
     shared: Arc<Shared>,
     source: Source,
-    /// Still counted among the handshaking connections.
-    handshaking: bool,
+    network: Source,
+    /// Its place among the handshaking connections, until it has handshaken.
+    waiting: Option<u64>,
 }
 
 impl Slot {
     /// The handshake is done: the connection leaves the handshaking caps (not the others).
-    fn handshaken(&mut self) {
-        if std::mem::take(&mut self.handshaking) {
-            let mut sources = self.shared.sources.lock().unwrap_or_else(|e| e.into_inner());
-            sources.handshaking -= 1;
-            if let Some(entry) = sources.by_source.get_mut(&self.source) {
-                entry.handshaking -= 1;
-            }
+    /// False when it was evicted meanwhile (its place is gone: it must close).
+    fn handshaken(&mut self) -> bool {
+        let Some(order) = self.waiting.take() else { return true };
+        let mut sources = self.shared.sources.lock().unwrap_or_else(|e| e.into_inner());
+        if sources.waiting.remove(&order).is_none() {
+            return false;
         }
+        sources.handshaking -= 1;
+        if let Some(entry) = sources.by_source.get_mut(&self.source) {
+            entry.handshaking -= 1;
+        }
+        true
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let handshaking = usize::from(self.handshaking);
         let mut sources = self.shared.sources.lock().unwrap_or_else(|e| e.into_inner());
-        sources.total -= 1;
-        sources.handshaking -= handshaking;
-        if let Some(entry) = sources.by_source.get_mut(&self.source) {
-            entry.connections -= 1;
-            entry.handshaking -= handshaking;
-            if entry.connections == 0 && entry.budget.used() == 0 {
-                sources.by_source.remove(&self.source);
-            }
+        match self.waiting {
+            // Evicted: its place was given back then.
+            Some(order) if sources.waiting.remove(&order).is_none() => {}
+            waiting => sources.release(&self.source, &self.network, waiting.is_some()),
         }
     }
 }
 
+/// What admission gives a connection: its place, its source's byte budget, and the signal
+/// that it was evicted.
+type Admitted = (Slot, Budget, oneshot::Receiver<()>);
+
 impl Shared {
-    /// Takes a slot for `peer` if the caps allow, with its source's byte budget.
-    fn admit(self: &Arc<Self>, peer: &Peer) -> Result<(Slot, Budget), Reason> {
+    /// Takes a slot for `peer` if the caps allow, making room at a full cap by evicting the
+    /// oldest handshaking connection that counts against it.
+    fn admit(self: &Arc<Self>, peer: &Peer) -> Result<Admitted, Reason> {
         if self.admission.as_ref().is_some_and(|allowed| !allowed(peer)) {
             return Err(Reason::NotAllowed);
         }
+        let limits = &self.limits;
         let mut sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
-        if sources.total >= self.limits.max_connections {
-            return Err(Reason::ListenerFull { limit: self.limits.max_connections });
-        }
-        if sources.handshaking >= self.limits.max_handshaking {
-            return Err(Reason::HandshakingFull { limit: self.limits.max_handshaking });
-        }
         let source = peer.source();
-        if sources.by_source.len() > 2 * self.limits.max_connections {
+        let network = source.network();
+        // A source's own caps refuse the newcomer: it would only make room among its own.
+        if let Some(entry) = sources.by_source.get(&source) {
+            if entry.connections >= limits.max_connections_per_source {
+                return Err(Reason::SourceFull { limit: limits.max_connections_per_source });
+            }
+            if entry.handshaking >= limits.max_handshaking_per_source {
+                return Err(Reason::SourceHandshakingFull { limit: limits.max_handshaking_per_source });
+            }
+        }
+        // Each eviction frees a place under every cap; at most one per cap is needed.
+        loop {
+            if sources.by_network.get(&network).is_some_and(|&n| n >= limits.max_connections_per_network) {
+                if !sources.make_room(Some(&network)) {
+                    return Err(Reason::NetworkFull { limit: limits.max_connections_per_network });
+                }
+            } else if sources.total >= limits.max_connections {
+                if !sources.make_room(None) {
+                    return Err(Reason::ListenerFull { limit: limits.max_connections });
+                }
+            } else if sources.handshaking >= limits.max_handshaking {
+                if !sources.make_room(None) {
+                    return Err(Reason::HandshakingFull { limit: limits.max_handshaking });
+                }
+            } else {
+                break;
+            }
+        }
+        if sources.by_source.len() > 2 * limits.max_connections {
             // Sources whose last connection left while their messages were still queued.
             sources.by_source.retain(|_, e| e.connections > 0 || e.budget.used() > 0);
         }
-        let per_source = self.limits.max_bytes_in_flight_per_source;
+        let per_source = limits.max_bytes_in_flight_per_source;
         let entry = sources.by_source.entry(source).or_insert_with(|| SourceEntry {
             connections: 0,
             handshaking: 0,
             budget: Budget::new(per_source),
         });
-        if entry.connections >= self.limits.max_connections_per_source {
-            return Err(Reason::SourceFull { limit: self.limits.max_connections_per_source });
-        }
-        if entry.handshaking >= self.limits.max_handshaking_per_source {
-            return Err(Reason::SourceHandshakingFull { limit: self.limits.max_handshaking_per_source });
-        }
         entry.connections += 1;
         entry.handshaking += 1;
         let budget = entry.budget.clone();
+        *sources.by_network.entry(network).or_insert(0) += 1;
         sources.total += 1;
         sources.handshaking += 1;
-        Ok((Slot { shared: self.clone(), source, handshaking: true }, budget))
+        sources.admitted += 1;
+        let order = sources.admitted;
+        let (evict, evicted) = oneshot::channel();
+        sources.waiting.insert(order, Waiting { source, network, evict });
+        Ok((Slot { shared: self.clone(), source, network, waiting: Some(order) }, budget, evicted))
     }
 }
 
@@ -239,8 +329,8 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => match shared.admit(&peer) {
-                    Ok((slot, source_budget)) => {
-                        connections.spawn(serve(shared.clone(), stream, Arc::new(peer), slot, source_budget));
+                    Ok((slot, source_budget, evicted)) => {
+                        connections.spawn(serve(shared.clone(), stream, Arc::new(peer), slot, source_budget, evicted));
                     }
                     Err(reason) => {
                         drop(stream);
@@ -262,19 +352,33 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>) {
     }
 }
 
-async fn serve(shared: Arc<Shared>, stream: Stream, peer: Arc<Peer>, mut slot: Slot, source_budget: Budget) {
+async fn serve(
+    shared: Arc<Shared>,
+    stream: Stream,
+    peer: Arc<Peer>,
+    mut slot: Slot,
+    source_budget: Budget,
+    evicted: oneshot::Receiver<()>,
+) {
     let lease = shared.budget.lease_with(source_budget);
     let handshake = async {
         let (mut conn, info) = handshake::handshake(stream, SocketType::Sub, &shared.limits, lease).await?;
         handshake::subscribe(&mut conn, &shared.subscriptions).await?;
         Ok::<_, Reason>((conn, info))
     };
-    let (mut conn, info) = match timeout(shared.limits.handshake_timeout, handshake).await {
+    let outcome = tokio::select! {
+        outcome = timeout(shared.limits.handshake_timeout, handshake) => outcome,
+        // Its place went to a newer connection (the sender is only dropped with it: evicted).
+        _ = evicted => return drop(shared.events.send(Event::Rejected { peer, reason: Reason::Evicted }).await),
+    };
+    let (mut conn, info) = match outcome {
         Ok(Ok(done)) => done,
         Ok(Err(reason)) => return drop(shared.events.send(Event::Rejected { peer, reason }).await),
         Err(_) => return drop(shared.events.send(Event::Rejected { peer, reason: Reason::HandshakeTimeout }).await),
     };
-    slot.handshaken();
+    if !slot.handshaken() {
+        return drop(shared.events.send(Event::Rejected { peer, reason: Reason::Evicted }).await);
+    }
     let conn_id = ConnId::next();
     if shared.events.send(Event::Connected { conn: conn_id, peer: peer.clone(), info }).await.is_err() {
         return;

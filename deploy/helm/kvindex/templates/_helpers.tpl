@@ -95,6 +95,7 @@ prometheus.io/path: /metrics
   - serve
   - --grpc-addr=127.0.0.1:{{ $p.indexerGrpc }}
   - --http-addr=0.0.0.0:{{ $p.indexerHttp }}
+  - --probe-addr=0.0.0.0:{{ $p.indexerProbe }}
   - --block-size={{ .Values.blockSize }}
   - --zmq-bind=tcp://*:{{ $p.events }}
   - --max-entries={{ printf "%.0f" (float64 .Values.indexer.maxEntries) }}
@@ -118,10 +119,12 @@ prometheus.io/path: /metrics
     containerPort: {{ $p.events }}
   - name: kvindex-http
     containerPort: {{ $p.indexerHttp }}
+  - name: kvindex-probe
+    containerPort: {{ $p.indexerProbe }}
   livenessProbe:
     httpGet:
       path: /healthz
-      port: {{ $p.indexerHttp }}
+      port: {{ $p.indexerProbe }}
     periodSeconds: 10
     failureThreshold: 6
   {{- if or .Values.indexer.snapshots.enabled .Values.adminToken.enabled }}

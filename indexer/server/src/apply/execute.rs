@@ -15,6 +15,7 @@ use super::{Steps, Worker};
 use crate::ingest::{Batch, RulesReport};
 use crate::protocols::{ReplayItem, StreamKey, Work};
 use crate::snapshot::import::start_import;
+use crate::source_series::add;
 use crate::state::ServiceState;
 use crate::telemetry as m;
 
@@ -90,7 +91,7 @@ impl Worker {
                     }
                 }
                 Step::Gap { expected, got } => {
-                    st.ext.gaps.increment(1);
+                    add(&st.ext.counters.gaps, 1);
                     tracing::warn!(pod = %st.pod, expected, got, "sequence gap");
                 }
                 Step::Duplicate { .. } => self.duplicates.increment(1),
@@ -167,22 +168,19 @@ impl Worker {
         if let Some(at) = batch.received {
             histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());
         }
-        st.ext.events[0].increment(report.stored_events);
-        st.ext.events[1].increment(report.removed_events);
-        st.ext.events[2].increment(report.cleared_events);
+        let counters = &st.ext.counters;
+        add(&counters.events[0], report.stored_events);
+        add(&counters.events[1], report.removed_events);
+        add(&counters.events[2], report.cleared_events);
         if report.cleared_events > 0 {
             self.state.end_speculation(&st.pod, "all_blocks_cleared");
         }
-        st.ext.events[3].increment(report.unknown_events);
+        add(&counters.events[3], report.unknown_events);
         self.blocks_stored.increment(report.stored_blocks);
+        st.ext.stored_blocks |= report.stored_blocks > 0;
         self.blocks_removed.increment(report.removed_blocks);
-        if report.hash_check.checked > 0 {
-            counter!(m::HASH_CHECKED, "source" => st.pod.to_string()).increment(u64::from(report.hash_check.checked));
-        }
-        if report.hash_check.mismatched > 0 {
-            counter!(m::HASH_MISMATCHES, "source" => st.pod.to_string())
-                .increment(u64::from(report.hash_check.mismatched));
-        }
+        add(&counters.hash_checked, u64::from(report.hash_check.checked));
+        add(&counters.hash_mismatched, u64::from(report.hash_check.mismatched));
         for (c, n) in self.skipped.iter().zip(report.skipped) {
             if n > 0 {
                 c.increment(n);

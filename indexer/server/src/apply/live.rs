@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use metrics::{counter, Counter};
-
 use kvindex::sequencer::{SequencerConfig, Step};
 
 use super::staleness::Staleness;
@@ -13,13 +11,14 @@ use crate::ingest::{Batch, Ext, Fleet, Mode, Stream, TableConfig};
 use crate::protocols::StreamKey;
 use crate::snapshot::format::StreamRecord;
 use crate::snapshot::import::Importing;
+use crate::source_series::{SourceSeries, StreamCounters};
 use crate::state::ServiceState;
-use crate::telemetry as m;
 
 /// What the live worker keeps per stream.
 pub struct Live {
-    pub events: [Counter; 4],
-    pub gaps: Counter,
+    /// Its source's per-source series (events by type, gaps, the hash check), rendered while
+    /// a stream of the source holds them.
+    pub counters: Arc<StreamCounters>,
     /// The initial replay counts for readiness until it is done.
     pub startup_sync: Option<u64>,
     /// The pod's snapshot record, imported once the stream continues from its cursor.
@@ -37,11 +36,18 @@ pub struct Live {
     pub staleness: Staleness,
     /// Whether the stream is withheld from scores now (past `max_source_staleness_ms`).
     pub withheld: bool,
+    /// Whether a batch of the stream stored blocks in the index (never reclaimed for holding
+    /// none now, see `ingest::Reclaim::Empty`).
+    pub stored_blocks: bool,
 }
 
 impl Ext for Live {
     fn pinned(&self) -> bool {
         self.importing.is_some() || self.exporting.is_some()
+    }
+
+    fn stored_blocks(&self) -> bool {
+        self.stored_blocks
     }
 }
 
@@ -60,15 +66,15 @@ pub fn new_stream(
     model: &Arc<str>,
     mode: Mode,
 ) -> (Live, Option<u64>) {
-    let ev = |t: &'static str| counter!(m::EVENTS, "type" => t, "source" => pod.to_string());
     state.status().add(pod);
     tracing::info!(pod = %pod, model = %model, mode = mode.label(), "new source");
-    // A record for another model is of no use: the pod's blocks are in another namespace.
-    let restore = state.restored().take(pod).filter(|r| r.model() == &**model && r.rank == key.rank);
+    // A record for another model is of no use: the pod's blocks are in another namespace; one
+    // of another stream is another engine's.
+    let restore =
+        state.restored().take(pod).filter(|r| r.model() == &**model && r.rank == key.rank && r.base == *key.base);
     let resume_at = restore.as_ref().map(|r| r.cursor);
     let live = Live {
-        events: [ev("BlockStored"), ev("BlockRemoved"), ev("AllBlocksCleared"), ev("unknown")],
-        gaps: counter!(m::GAPS, "source" => pod.to_string()),
+        counters: SourceSeries::global().stream(pod),
         startup_sync: None,
         restore,
         importing: None,
@@ -76,6 +82,7 @@ pub fn new_stream(
         waiting: Vec::new(),
         staleness: Staleness::default(),
         withheld: false,
+        stored_blocks: false,
     };
     (live, resume_at)
 }
@@ -119,6 +126,14 @@ impl Fleet for ServiceFleet<'_> {
 
     fn configured(&self, base: &str) -> bool {
         self.0.registry().origin_of(base).is_some()
+    }
+
+    fn holds_blocks(&self, pod: &str) -> bool {
+        self.0.index().pod_stats(pod).is_some_and(|s| s.blocks > 0)
+    }
+
+    fn pod_of_registration(&self, pod: &str) -> Option<(String, bool)> {
+        self.0.registry().pod_of_rank_id(pod)
     }
 
     fn source_connected(&self, source: &kvindex_zmtp::Source) -> bool {

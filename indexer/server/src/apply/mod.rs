@@ -7,6 +7,7 @@
 //! [`Queues`]. `kvindex replay` drives the same table offline (`crate::dump::offline`).
 
 mod execute;
+mod foreign;
 mod held;
 mod lag;
 pub(crate) mod live;
@@ -79,7 +80,7 @@ impl Worker {
     pub fn new(state: Arc<ServiceState>, index: usize) -> Self {
         Worker {
             index,
-            table: StreamTable::new(live::table_config(&state)),
+            table: StreamTable::sharing(live::table_config(&state), state.pod_owners()),
             deferred: VecDeque::new(),
             effects: Vec::new(),
             blocks_stored: counter!(m::BLOCKS, "op" => "stored"),
@@ -303,6 +304,7 @@ impl Worker {
                         tracing::info!(pod = %st.pod, %conn, "publisher disconnected: pod cleared until its next connection");
                     }
                 }
+                Effect::Foreign { key, pod, why } => self.refuse_foreign(&key, &pod, &why, cx),
                 Effect::Steps { key, mut steps } => self.execute(&key, &mut steps, cx.decoded),
             }
         }
@@ -311,7 +313,7 @@ impl Worker {
     fn tick(&mut self, lane: &Receiver) {
         let now = self.state.now_ms();
         let mut effects = std::mem::take(&mut self.effects);
-        self.table.tick(now, &mut effects);
+        self.table.tick(&ServiceFleet(&self.state), now, &mut effects);
         self.carry_out(&mut effects, Context::default());
         self.effects = effects;
         self.publish_status(lane, now);

@@ -33,9 +33,12 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// The metrics-only listener (`/metrics`, `/debug/*`); `None`: they are on `http_addr`.
     pub metrics_addr: Option<SocketAddr>,
+    /// The probes' own listener (`/healthz`, `/readyz`); `None`: none.
+    pub probe_addr: Option<SocketAddr>,
     /// TLS (and with a client CA, mTLS) on every API listener; `None`: plain TCP.
     pub tls: Option<crate::tls::TlsFiles>,
-    /// Connection bounds of each HTTP listener (`http_addr`, `metrics_addr`).
+    /// Connection bounds of each HTTP listener (`http_addr`, `metrics_addr`; `probe_addr` holds
+    /// fewer connections, [`http_limits::ConnLimits::for_probes`]).
     pub http_conn_limits: http_limits::ConnLimits,
     /// Bounds on the HTTP request bodies read (registrations).
     pub http_body_limits: http_limits::BodyLimits,
@@ -214,6 +217,10 @@ impl Config {
             Some(a) => Some(addr(&defs::metrics_addr, Some(a))?),
             None => None,
         };
+        let probe_addr = match s.probe_addr.filter(|a| !a.is_empty()) {
+            Some(a) => Some(addr(&defs::probe_addr, Some(a))?),
+            None => None,
+        };
         let zmq_bind = match s.zmq_bind {
             Some(e) if !e.is_empty() => Some(pod::endpoint(&e).map_err(|m| src.error("zmq_bind", m))?),
             _ => None,
@@ -371,6 +378,7 @@ impl Config {
             grpc_addr,
             http_addr,
             metrics_addr,
+            probe_addr,
             tls,
             http_conn_limits,
             http_body_limits,
@@ -538,6 +546,11 @@ fn zmq_limits(s: &Settings, src: &Sources<'_>, ints: &Ints<'_>) -> Result<kvinde
         )?,
         max_connections,
         max_connections_per_source,
+        max_connections_per_network: ints.or(
+            &defs::zmq_max_connections_per_network,
+            s.zmq_max_connections_per_network,
+            (max_connections as i64 / 2).max(1),
+        )? as usize,
         max_handshaking,
         max_handshaking_per_source: ints.or(
             &defs::zmq_max_handshaking_per_source,
@@ -595,11 +608,18 @@ fn http_limits(
             format!("must be at least http_max_body_bytes ({max_bytes}), got {max_inflight_bytes}"),
         ));
     }
+    let max_connections_per_network = ints.within(
+        &defs::http_max_connections_per_network,
+        s.http_max_connections_per_network,
+        (max_connections / 2).max(1),
+        max_connections,
+    )?;
     let conn = http_limits::ConnLimits {
         header_timeout: ms(&defs::http_header_timeout_ms, s.http_header_timeout_ms)?,
         write_timeout: ms(&defs::http_write_timeout_ms, s.http_write_timeout_ms)?,
         max_connections: max_connections as usize,
         max_connections_per_address: max_connections_per_address as usize,
+        max_connections_per_network: max_connections_per_network as usize,
     };
     let body = http_limits::BodyLimits {
         max_bytes: max_bytes as usize,
@@ -845,13 +865,23 @@ mod tests {
     fn http_bounds_default_within_the_kept_descriptors_and_are_checked() {
         let c = config(&[]).unwrap();
         let (conn, body) = (c.http_conn_limits, c.http_body_limits);
-        assert_eq!((conn.max_connections, conn.max_connections_per_address), (64, 16));
-        assert!(2 * conn.max_connections as i64 <= DESCRIPTORS_KEPT, "both HTTP listeners full leave room");
+        assert_eq!(
+            (conn.max_connections, conn.max_connections_per_address, conn.max_connections_per_network),
+            (64, 16, 32)
+        );
+        let probes = conn.for_probes().max_connections;
+        assert!(
+            2 * conn.max_connections as i64 + probes as i64 <= DESCRIPTORS_KEPT,
+            "every HTTP listener full leaves room"
+        );
         assert_eq!(conn.header_timeout, std::time::Duration::from_secs(10));
         assert_eq!(conn.write_timeout, std::time::Duration::from_secs(30));
         assert_eq!((body.max_bytes, body.max_inflight_bytes), (64 << 10, 1 << 20));
         let c = config(&["--http-max-connections", "8", "--http-max-body-bytes", "4194304"]).unwrap();
         assert_eq!(c.http_conn_limits.max_connections_per_address, 2);
+        assert_eq!(c.http_conn_limits.max_connections_per_network, 4);
+        let e = config(&["--http-max-connections", "8", "--http-max-connections-per-network", "9"]).unwrap_err();
+        assert_eq!(e.key, "http_max_connections_per_network");
         assert_eq!(c.http_body_limits.max_inflight_bytes, 4 << 20, "the budget holds at least one body");
         let e = config(&["--http-max-connections", "8", "--http-max-connections-per-address", "9"]).unwrap_err();
         assert_eq!(e.key, "http_max_connections_per_address");

@@ -142,8 +142,15 @@ settings! {
     /// quarter of `zmq_max_connections` when that is lower.
     #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS_PER_SOURCE")]
     zmq_max_connections_per_source: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 20 },
-    /// Most central-SUB connections that have not finished their ZeroMQ handshake. Default a
-    /// quarter of `zmq_max_connections` (at least 2).
+    /// Most central-SUB connections from one network (an IPv4 /24, an IPv6 /64): a few
+    /// addresses of one owner cannot take the listener either. At the cap a newcomer takes the
+    /// place of the network's oldest connection still handshaking. Default half of
+    /// `zmq_max_connections`.
+    #[arg(long, env = "KVINDEX_ZMQ_MAX_CONNECTIONS_PER_NETWORK")]
+    zmq_max_connections_per_network: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 20 },
+    /// Most central-SUB connections that have not finished their ZeroMQ handshake; at the cap a
+    /// newcomer takes the place of the oldest of them. Default a quarter of
+    /// `zmq_max_connections` (at least 2).
     #[arg(long, env = "KVINDEX_ZMQ_MAX_HANDSHAKING")]
     zmq_max_handshaking: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 20 },
     /// The same from one source address. Default 4, or half of `zmq_max_handshaking` when that
@@ -290,6 +297,11 @@ settings! {
     /// etcd's `--listen-metrics-urls`). Unset: they stay on `http_addr`.
     #[arg(long, env = "KVINDEX_METRICS_ADDR")]
     metrics_addr: Option<String> = TextSpec { default: None },
+    /// Also serve `/healthz` and `/readyz` (and nothing else) on this address, for the
+    /// kubelet's probes: a listener of their own, which clients of `http_addr` cannot fill.
+    /// Unset: the probes use `http_addr` (and `metrics_addr`).
+    #[arg(long, env = "KVINDEX_PROBE_ADDR")]
+    probe_addr: Option<String> = TextSpec { default: None },
     /// Time for an HTTP request's head to arrive, and for an idle keep-alive connection to
     /// start its next request, before the connection is closed. Default 10000.
     #[arg(long, env = "KVINDEX_HTTP_HEADER_TIMEOUT_MS")]
@@ -301,14 +313,19 @@ settings! {
     /// Time for a whole HTTP request body to arrive (408 past it). Default 10000.
     #[arg(long, env = "KVINDEX_HTTP_BODY_TIMEOUT_MS")]
     http_body_timeout_ms: Option<i64> = IntSpec { default: Some(10_000), min: 1, max: 3_600_000 },
-    /// Most open connections per HTTP listener (`http_addr`, `metrics_addr` each); past it a
-    /// new connection is closed at accept. Default 64.
+    /// Most open connections per HTTP listener (`http_addr`, `metrics_addr`, `probe_addr`
+    /// each). At the cap the oldest idle connection (no request being answered) is closed to
+    /// make room; a new one is closed at accept only when every one is answering. Default 64.
     #[arg(long, env = "KVINDEX_HTTP_MAX_CONNECTIONS")]
     http_max_connections: Option<i64> = IntSpec { default: Some(64), min: 1, max: 1 << 20 },
-    /// Most open connections per HTTP listener from one client address. Default a quarter of
-    /// `http_max_connections`.
+    /// Most open connections per HTTP listener from one client address (the same rule at the
+    /// cap). Default a quarter of `http_max_connections`.
     #[arg(long, env = "KVINDEX_HTTP_MAX_CONNECTIONS_PER_ADDRESS")]
     http_max_connections_per_address: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 20 },
+    /// Most open connections per HTTP listener from one network (an IPv4 /24, an IPv6 /64; the
+    /// same rule at the cap). Default half of `http_max_connections`.
+    #[arg(long, env = "KVINDEX_HTTP_MAX_CONNECTIONS_PER_NETWORK")]
+    http_max_connections_per_network: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 20 },
     /// Largest HTTP request body (a registration); 413 past it. Default 65536.
     #[arg(long, env = "KVINDEX_HTTP_MAX_BODY_BYTES")]
     http_max_body_bytes: Option<i64> = IntSpec { default: Some(64 << 10), min: 1, max: 1 << 30 },

@@ -174,8 +174,9 @@ impl Ext for Counts {}
 
 /// The registry as a dump knows it: the topic map given, a replay socket for every stream
 /// whose replay replies were recorded (one the service had none for never asked), nothing
-/// configured, no central source to bind to.
+/// configured, no central source to bind to; and the blocks its pods hold in the replayed index.
 struct DumpFleet<'a> {
+    index: &'a KvIndex,
     topic_map: &'a HashMap<String, String>,
     replayable: &'a HashSet<StreamKey>,
     engines: &'a HashMap<String, (Engine, Option<usize>)>,
@@ -197,6 +198,10 @@ impl Fleet for DumpFleet<'_> {
 
     fn configured(&self, _base: &str) -> bool {
         false
+    }
+
+    fn holds_blocks(&self, pod: &str) -> bool {
+        self.index.pod_stats(pod).is_some_and(|s| s.blocks > 0)
     }
 
     fn source_connected(&self, _source: &kvindex_zmtp::Source) -> bool {
@@ -428,6 +433,7 @@ impl Offline {
         self.totals.live += 1;
         let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
         let fleet = DumpFleet {
+            index: &self.index,
             topic_map: &self.topic_map,
             replayable: &self.replayable,
             engines: &self.engines,

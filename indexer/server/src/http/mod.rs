@@ -2,11 +2,14 @@
 //! (`POST /pods`, `DELETE /pods/{pod}`), which only answers a bearer token ([`crate::pods::auth`]).
 //! With `metrics_addr` set, `/metrics` and `/debug/*` move to their own listener
 //! ([`metrics_router`]) so the port that serves probes and registration can be exposed without
-//! the debug views, and Prometheus can reach the metrics without reaching anything else.
+//! the debug views, and Prometheus can reach the metrics without reaching anything else. With
+//! `probe_addr` set, `/healthz` and `/readyz` are also served on a listener of their own
+//! ([`probe_router`]), which the clients of the other ports cannot fill.
 //! Both listeners are served within connection and time bounds ([`serve`]); the one body an
 //! endpoint reads, a registration's, within size, time and memory bounds ([`body`]).
 
 pub mod body;
+pub mod connection_caps;
 pub mod serve;
 
 use std::sync::Arc;
@@ -80,6 +83,15 @@ pub fn metrics_router(handles: Handles, prometheus: PrometheusHandle, bodies: bo
         .with_state(AppState { handles, prometheus, bodies })
 }
 
+/// The routes of the probe listener (`probe_addr`): health and readiness, nothing else.
+pub fn probe_router(handles: Handles, prometheus: PrometheusHandle, bodies: body::Bodies) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .with_state(AppState { handles, prometheus, bodies })
+}
+
 fn observability() -> Router<AppState> {
     Router::new().route("/metrics", get(metrics)).route("/debug/sources", get(debug_sources))
 }
@@ -91,7 +103,9 @@ async fn not_found() -> Response {
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     metrics::gauge!(m::HTTP_BODY_BYTES).set(s.bodies.held() as f64);
-    ([("content-type", "text/plain; version=0.0.4")], s.prometheus.render())
+    let mut text = s.prometheus.render();
+    crate::source_series::SourceSeries::global().render(&mut text);
+    ([("content-type", "text/plain; version=0.0.4")], text)
 }
 
 async fn readyz(State(s): State<AppState>) -> Response {

@@ -2,10 +2,11 @@
 //! `axum::serve` cannot set (issue 23: its connections had no header timeout and no cap, so
 //! slowloris clients could hold every descriptor and stall every request):
 //!
-//! - a connection cap per listener (`http_max_connections`) and per client address
-//!   (`http_max_connections_per_address`): past either, a new connection is closed at accept,
-//!   before any byte is read or a TLS handshake starts, and counted; the open ones are served,
-//!   and one client address cannot take the whole listener from the kubelet's probes;
+//! - a connection cap per listener (`http_max_connections`), per client address
+//!   (`http_max_connections_per_address`) and per network (`http_max_connections_per_network`):
+//!   at a full cap the oldest idle connection under it is closed to make room, and a newcomer is
+//!   closed at accept (before any byte is read or a TLS handshake starts, and counted) only when
+//!   every connection under the cap is answering a request ([`super::connection_caps`]);
 //! - a header read timeout (`http_header_timeout_ms`, hyper's own timer), which is also how long
 //!   an idle keep-alive connection may wait for its next request;
 //! - a write timeout (`http_write_timeout_ms`): a write that makes no progress that long (a
@@ -17,26 +18,30 @@
 //! `router/src/doors/http/server.rs`; the two crates share no crate where a hyper serving loop would
 //! belong (the pure core has no I/O), so each has its own.
 
-use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::http::{Request, Response};
+use bytes::Bytes;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
-use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
+use super::connection_caps::{Answering, ConnectionCaps, Place};
 use crate::config::http_limits::ConnLimits;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;
@@ -49,7 +54,7 @@ pub const MAX_HEAD_BYTES: usize = 32 << 10;
 pub const MAX_BUFFER_BYTES: usize = 64 << 10;
 
 /// Serves `app` on `listener` (TLS with `tls`) until `shutdown`, then lets the open
-/// connections finish their requests. `name` labels the metrics (`http`, `metrics`).
+/// connections finish their requests. `name` labels the metrics (`http`, `metrics`, `probe`).
 pub async fn serve(
     name: &'static str,
     listener: TcpListener,
@@ -59,8 +64,11 @@ pub async fn serve(
     mut shutdown: Shutdown,
 ) -> io::Result<()> {
     let acceptor = tls.map(TlsAcceptor::from);
-    let open = Arc::new(Semaphore::new(limits.max_connections));
-    let addresses = Arc::new(Addresses::new(limits.max_connections_per_address));
+    let caps = ConnectionCaps::new(
+        limits.max_connections,
+        limits.max_connections_per_address,
+        limits.max_connections_per_network,
+    );
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -84,7 +92,7 @@ pub async fn serve(
             },
             () = shutdown.recv() => break,
         };
-        let admitted = match admit(&open, &addresses, peer.ip()) {
+        let admitted = match caps.admit(peer.ip()) {
             Ok(admitted) => admitted,
             Err(reason) => {
                 metrics::counter!(m::HTTP_REFUSED, "listener" => name, "reason" => reason).increment(1);
@@ -92,6 +100,9 @@ pub async fn serve(
                 continue;
             }
         };
+        if let Some(cap) = admitted.made_room {
+            metrics::counter!(m::HTTP_EVICTED, "listener" => name, "reason" => cap).increment(1);
+        }
         let _ = tcp.set_nodelay(true);
         gauge.increment(1.0);
         let connection = Connection {
@@ -101,12 +112,17 @@ pub async fn serve(
             watcher: graceful.watcher(),
             acceptor: acceptor.clone(),
             write_timeout: limits.write_timeout,
+            place: admitted.place,
         };
         let gauge = gauge.clone();
+        let evicted = admitted.evicted;
         tokio::spawn(async move {
-            connection.run(tcp, peer).await;
+            tokio::select! {
+                () = connection.run(tcp, peer) => {}
+                // Idle, and its place went to a newer connection: dropping it closes it.
+                Ok(()) = evicted => {}
+            }
             gauge.decrement(1.0);
-            drop(admitted);
         });
     }
     drop(listener);
@@ -122,6 +138,8 @@ struct Connection {
     watcher: Watcher,
     acceptor: Option<TlsAcceptor>,
     write_timeout: std::time::Duration,
+    /// Its place under the listener's caps (given back when the connection ends).
+    place: Arc<Place>,
 }
 
 impl Connection {
@@ -141,7 +159,7 @@ impl Connection {
         let mut timed = TimeoutStream::new(io);
         timed.set_write_timeout(Some(self.write_timeout));
         let io = Tracked { inner: Box::pin(timed), activity: activity.clone() };
-        let service = TowerToHyperService::new(self.app);
+        let service = TowerToHyperService::new(NotingAnswers { app: self.app, place: self.place });
         let connection = self.watcher.watch(self.builder.serve_connection(TokioIo::new(io), service));
         let Err(e) = connection.await else { return };
         let reason = if e.is_timeout() {
@@ -160,57 +178,54 @@ impl Connection {
     }
 }
 
-/// A connection's place in the listener and in its address's share, given back when dropped.
-struct Admitted {
-    _permit: OwnedSemaphorePermit,
-    _address: AddressSlot,
+/// The app, noting on the connection's place that a request is being answered: from the moment
+/// it reaches the app until its answer's body is written out (or dropped), the connection is
+/// busy, never closed to make room.
+#[derive(Clone)]
+struct NotingAnswers {
+    app: axum::Router,
+    place: Arc<Place>,
 }
 
-/// A place for a connection from `ip`, or the bound it is refused by (the metric's `reason`).
-fn admit(open: &Arc<Semaphore>, addresses: &Arc<Addresses>, ip: IpAddr) -> Result<Admitted, &'static str> {
-    let permit = open.clone().try_acquire_owned().map_err(|_| "max_connections")?;
-    let address = Addresses::take(addresses, ip).ok_or("max_connections_per_address")?;
-    Ok(Admitted { _permit: permit, _address: address })
-}
+impl tower::Service<Request<Incoming>> for NotingAnswers {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
-/// Open connections per client address. Every entry holds at least one connection, so the
-/// map is bounded by the listener's cap.
-struct Addresses {
-    max: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
-}
-
-impl Addresses {
-    fn new(max: usize) -> Addresses {
-        Addresses { max, open: Mutex::new(HashMap::new()) }
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        tower::Service::<Request<Incoming>>::poll_ready(&mut self.app, cx)
     }
 
-    fn take(this: &Arc<Addresses>, ip: IpAddr) -> Option<AddressSlot> {
-        // An IPv4 client on a dual-stack listener is one address, however it is written.
-        let ip = ip.to_canonical();
-        let mut open = this.open.lock();
-        if open.get(&ip).is_some_and(|&n| n >= this.max) {
-            return None;
-        }
-        *open.entry(ip).or_insert(0) += 1;
-        Some(AddressSlot { addresses: this.clone(), ip })
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        let answering = self.place.answering();
+        let answer = tower::Service::call(&mut self.app, request);
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| Body::new(WhileAnswering { body, _answering: answering })))
+        })
     }
 }
 
-struct AddressSlot {
-    addresses: Arc<Addresses>,
-    ip: IpAddr,
+/// An answer's body, holding its connection busy until it is written out or dropped.
+struct WhileAnswering {
+    body: Body,
+    _answering: Answering,
 }
 
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        let mut open = self.addresses.open.lock();
-        if let Some(n) = open.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.ip);
-            }
-        }
+impl hyper::body::Body for WhileAnswering {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -290,24 +305,4 @@ fn is_write_timeout(e: &hyper::Error) -> bool {
 fn is_connection_error(e: &io::Error) -> bool {
     use io::ErrorKind;
     matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_address_holds_at_most_its_share_and_gives_it_back() {
-        let addresses = Arc::new(Addresses::new(2));
-        let ip: IpAddr = "10.0.0.1".parse().unwrap();
-        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
-        let a = Addresses::take(&addresses, ip).unwrap();
-        let b = Addresses::take(&addresses, mapped).expect("the same address written as IPv6");
-        assert!(Addresses::take(&addresses, ip).is_none(), "past its share");
-        assert!(Addresses::take(&addresses, "10.0.0.2".parse().unwrap()).is_some(), "another address");
-        drop(a);
-        assert!(Addresses::take(&addresses, ip).is_some(), "given back");
-        drop(b);
-        assert!(addresses.open.lock().is_empty(), "no entry without a connection");
-    }
 }

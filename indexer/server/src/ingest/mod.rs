@@ -1,10 +1,11 @@
 //! The stream table: every stream of one apply worker (or of `kvindex replay`), from a
 //! message's frames to the steps its sequencer asks for. Admission (the topic filter, name
-//! bounds, the table's caps and reclaiming, central-mode source binding), naming (topic → pod,
-//! DP rank → pod id), connection tracking (a new connection resyncs, a closed one clears) and
-//! sequencing happen here, once, and come out as typed [`Effect`]s in order. The live worker
-//! (`apply`) and the offline replay (`dump::offline`) are two drivers of this table: they carry
-//! the effects out on their index (and metrics, logs, snapshots), and cannot drift apart.
+//! bounds, the table's caps and reclaiming, central-mode source binding, one owner per pod id:
+//! [`PodOwners`]), naming (topic → pod, DP rank → pod id), connection tracking (a new
+//! connection resyncs, a closed one clears) and sequencing happen here, once, and come out as
+//! typed [`Effect`]s in order. The live worker (`apply`) and the offline replay
+//! (`dump::offline`) are two drivers of this table: they carry the effects out on their index
+//! (and metrics, logs, snapshots), and cannot drift apart.
 //!
 //! A live payload is decoded once, here: [`StreamTable::admit`] returns the decoded batch, and
 //! an `Apply` in the steps it emits is always that batch (the sequencer applies a live batch in
@@ -19,6 +20,7 @@ mod batch;
 mod engine_rules;
 mod fleet;
 mod naming;
+mod owners;
 mod sglang_check;
 mod stream;
 #[cfg(test)]
@@ -36,6 +38,7 @@ pub use batch::{decode, Batch};
 pub use engine_rules::{EngineRules, RulesReport, SGLANG_DEFAULT_PAGE_SIZE};
 pub use fleet::Fleet;
 pub use naming::{Mode, Name, Naming, Unnamed, MAX_TOPIC_LEN};
+pub use owners::{Owner, PodOwners};
 pub use sglang_check::{SampledPageCheck, MISCONFIGURED_AFTER_PAGES};
 pub use stream::{Binding, Ext, Reclaim, Stream, UNCONFIRMED_RECLAIM_MS};
 
@@ -78,12 +81,52 @@ pub enum Effect<X> {
     Moved { key: StreamKey, from: kvindex_zmtp::Source, to: kvindex_zmtp::Source },
     /// Central mode: a message for the stream's topic from another source, dropped.
     Conflict { key: StreamKey, bound: kvindex_zmtp::Source, total: u64 },
+    /// The message would start (or feed) a stream for `pod`, which it may not feed: dropped.
+    Foreign { key: StreamKey, pod: Arc<str>, why: Foreign },
     /// The stream's publisher came on a new connection: it resyncs from seq 0.
     Reconnected { key: StreamKey },
     /// The stream's connection closed: it is cleared until the next one.
     Disconnected { key: StreamKey, conn: ConnId },
     /// The stream's sequencer steps, in order.
     Steps { key: StreamKey, steps: Vec<Step<Batch>> },
+}
+
+/// Why a stream may not feed a pod.
+#[derive(Debug, Clone)]
+pub enum Foreign {
+    /// Another stream owns the pod (`kvindex_sources_refused_total{reason="pod_owned"}`).
+    Owned(Owner),
+    /// The pod is one of `base`'s, which an operator or a registration configured: a dialled
+    /// pod's ranks are fed by its dialers only, a central-mode one's by configured streams only
+    /// (`pod_owned` too).
+    Registered { base: Arc<str>, dialled: bool },
+    /// A DP rank of a topic bound to another source address, which holds a connection
+    /// (`kvindex_topic_conflicts_total`).
+    BoundTopic(Owner),
+}
+
+impl Foreign {
+    /// The refusal's reason: `pod_owned` (`kvindex_sources_refused_total`) or `topic_bound`
+    /// (counted in `kvindex_topic_conflicts_total`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Foreign::Owned(_) | Foreign::Registered { .. } => "pod_owned",
+            Foreign::BoundTopic(_) => "topic_bound",
+        }
+    }
+}
+
+/// Whether `key`'s stream, of `mode`, may feed `pod` as the registry stands: a registered pod's
+/// rank ids are fed by its own dialers (a dialled pod) or by configured streams (a central-mode
+/// pod) only.
+fn may_feed(fleet: &dyn Fleet, key: &StreamKey, pod: &str, mode: Mode) -> Result<(), Foreign> {
+    let Some((base, dialled)) = fleet.pod_of_registration(pod) else { return Ok(()) };
+    let allowed = if dialled { mode == Mode::PerPod && *key.base == *base } else { fleet.configured(&key.base) };
+    if allowed {
+        Ok(())
+    } else {
+        Err(Foreign::Registered { base: Arc::from(base.as_str()), dialled })
+    }
 }
 
 /// A replay's answer, as the table takes it.
@@ -102,14 +145,22 @@ pub struct StreamTable<X> {
     streams: std::collections::HashMap<StreamKey, Stream<X>>,
     naming: Naming,
     config: TableConfig,
+    owners: Arc<PodOwners>,
 }
 
 impl<X: Ext> StreamTable<X> {
+    /// A table whose pods no other table names (`kvindex replay`, tests).
     pub fn new(config: TableConfig) -> StreamTable<X> {
+        StreamTable::sharing(config, Arc::default())
+    }
+
+    /// A table whose pod ids are owned in `owners`, with every other table of the service.
+    pub fn sharing(config: TableConfig, owners: Arc<PodOwners>) -> StreamTable<X> {
         StreamTable {
             streams: Default::default(),
             naming: Naming::new(config.topic_filter.clone(), config.dp_naming_topic),
             config,
+            owners,
         }
     }
 
@@ -150,9 +201,11 @@ impl<X: Ext> StreamTable<X> {
         self.streams.iter().filter(|(k, s)| &*k.base == pod || &*s.pod == pod).map(|(k, _)| k.clone()).collect()
     }
 
-    /// Takes `key`'s stream out of the table (the driver forgets what it held).
+    /// Takes `key`'s stream out of the table (the driver forgets what it held); its pod is free.
     pub fn remove(&mut self, key: &StreamKey) -> Option<Stream<X>> {
-        self.streams.remove(key)
+        let st = self.streams.remove(key)?;
+        self.owners.release(&st.pod, st.claim);
+        Some(st)
     }
 
     /// A live message: `conn` is the connection it came on (none in a dump that did not record
@@ -217,7 +270,21 @@ impl<X: Ext> StreamTable<X> {
         let generation = fleet.generation();
         for rank in ranks {
             let key = StreamKey { base: name.base.clone(), rank };
+            if let Some(st) = self.streams.get(&key).filter(|st| st.mode != name.mode) {
+                // A dialled pod's stream is fed by its dialer only, a topic's by the SUB only.
+                self.refuse_other_mode(&key, st, out);
+                continue;
+            }
             if !self.streams.contains_key(&key) {
+                if let (Mode::Central, Some(source)) = (name.mode, peer.map(Peer::source)) {
+                    // A bound topic binds all its ranks: another address cannot start one.
+                    let connected = |s: &kvindex_zmtp::Source| fleet.source_connected(s);
+                    if let Some(owner) = self.owners.bound_elsewhere(&key.base, source, connected) {
+                        let pod = self.naming.pod_id(name.mode, &key);
+                        out.push(Effect::Foreign { key, pod, why: Foreign::BoundTopic(owner) });
+                        continue;
+                    }
+                }
                 if name.mode == Mode::Central {
                     // One address cannot take the table: its streams are capped.
                     let source = peer.map(Peer::source);
@@ -237,12 +304,18 @@ impl<X: Ext> StreamTable<X> {
                     continue;
                 }
             }
-            let Some(st) = self.entry(&key, &name, (engine, page_size, check), now, new_ext, out) else { continue };
+            let source = peer.filter(|_| name.mode == Mode::Central).map(Peer::source);
+            let rules = (engine, page_size, check);
+            let owners = self.owners.clone();
+            let Some(st) = self.entry(fleet, &key, &name, source, rules, now, new_ext, out) else { continue };
             if name.mode == Mode::Central {
                 if let Some(peer) = peer {
                     match st.bind_source(fleet, peer) {
                         Binding::Kept => {}
-                        Binding::Moved { from, to } => out.push(Effect::Moved { key: key.clone(), from, to }),
+                        Binding::Moved { from, to } => {
+                            owners.rebind(&st.pod, st.claim, to);
+                            out.push(Effect::Moved { key: key.clone(), from, to })
+                        }
                         Binding::Conflict { bound, total } => {
                             out.push(Effect::Conflict { key, bound, total });
                             continue;
@@ -287,12 +360,16 @@ impl<X: Ext> StreamTable<X> {
         decoded.ok()
     }
 
-    /// `key`'s stream, made if new (the driver makes its part), its model switched if the
-    /// source now names another.
+    /// `key`'s stream, made if new and its pod id is free for it (the driver makes its part),
+    /// its model switched if the source now names another. `source`: a central-mode stream's
+    /// publisher address.
+    #[allow(clippy::too_many_arguments)]
     fn entry(
         &mut self,
+        fleet: &dyn Fleet,
         key: &StreamKey,
         name: &Name,
+        source: Option<kvindex_zmtp::Source>,
         (engine, page_size, check): SourceRules,
         now: u64,
         new_ext: &mut NewExt<'_, X>,
@@ -300,6 +377,13 @@ impl<X: Ext> StreamTable<X> {
     ) -> Option<&mut Stream<X>> {
         if !self.streams.contains_key(key) {
             let pod = self.naming.pod_id(name.mode, key);
+            let claim = match self.claim(fleet, key, &pod, name.mode, source) {
+                Ok(claim) => claim,
+                Err(why) => {
+                    out.push(Effect::Foreign { key: key.clone(), pod, why });
+                    return None;
+                }
+            };
             let (ext, resume_at) = new_ext(key, &pod, &name.model, name.mode);
             let seq = Sequencer::new(self.config.sequencer.clone());
             self.streams.insert(
@@ -315,6 +399,7 @@ impl<X: Ext> StreamTable<X> {
                     conn: None,
                     resume_at,
                     bound: None,
+                    claim,
                     conflicts: 0,
                     created_at: now,
                     confirmed: false,
@@ -337,6 +422,30 @@ impl<X: Ext> StreamTable<X> {
         Some(st)
     }
 
+    /// `pod` for `key`'s new stream: the claim to keep, or why it may not feed the pod.
+    fn claim(
+        &self,
+        fleet: &dyn Fleet,
+        key: &StreamKey,
+        pod: &Arc<str>,
+        mode: Mode,
+        source: Option<kvindex_zmtp::Source>,
+    ) -> Result<u64, Foreign> {
+        may_feed(fleet, key, pod, mode)?;
+        self.owners.claim(pod, key, mode, source).map_err(Foreign::Owned)
+    }
+
+    /// Another mode's message for `key`'s stream `st`: refused, and `st`'s pod contested.
+    fn refuse_other_mode(&self, key: &StreamKey, st: &Stream<X>, out: &mut Vec<Effect<X>>) {
+        let owner = self.owners.contest(&st.pod).unwrap_or_else(|| Owner {
+            claim: st.claim,
+            key: key.clone(),
+            mode: st.mode,
+            source: st.bound,
+        });
+        out.push(Effect::Foreign { key: key.clone(), pod: st.pod.clone(), why: Foreign::Owned(owner) });
+    }
+
     /// Makes room in a full table: reclaims the longest-silent stream that may go
     /// ([`Stream::reclaimable`]), never-confirmed ones first. False when none may.
     fn reclaim_one(&mut self, fleet: &dyn Fleet, now: u64, out: &mut Vec<Effect<X>>) -> bool {
@@ -348,9 +457,29 @@ impl<X: Ext> StreamTable<X> {
             .min_by_key(|(why, last, _)| (*why, *last))
             .map(|(why, _, k)| (k.clone(), why));
         let Some((key, why)) = pick else { return false };
-        let Some(stream) = self.streams.remove(&key) else { return false };
+        let Some(stream) = self.remove(&key) else { return false };
         out.push(Effect::Reclaimed { key, stream: Box::new(stream), why });
         true
+    }
+
+    /// Gives up the contested pods of this table whose streams may go: their publisher's
+    /// connection closed and they may be reclaimed ([`Stream::reclaimable`]), or a registration
+    /// made since keeps their pod for its own streams.
+    fn yield_contested(&mut self, fleet: &dyn Fleet, now: u64, out: &mut Vec<Effect<X>>) {
+        let stale = self.config.sequencer.stale_after_ms;
+        for (key, claim) in self.owners.contested() {
+            let Some(st) = self.streams.get(&key).filter(|st| st.claim == claim) else { continue };
+            // Silent as reclaiming counts it: a closed connection cleared the pod, so holding no
+            // block (`Empty`) says nothing of whether its engine is coming back.
+            let departed = st.conn.is_none()
+                && st.reclaimable(fleet, &key, now, stale).is_some_and(|(why, _)| why != Reclaim::Empty);
+            if !departed && may_feed(fleet, &key, &st.pod, st.mode).is_ok() {
+                continue;
+            }
+            if let Some(stream) = self.remove(&key) {
+                out.push(Effect::Reclaimed { key, stream: Box::new(stream), why: Reclaim::Contested });
+            }
+        }
     }
 
     /// A per-pod source with a replay socket, before any live message: a replay from 0 (or
@@ -367,9 +496,13 @@ impl<X: Ext> StreamTable<X> {
         out: &mut Vec<Effect<X>>,
     ) {
         let name = Name { base: key.base.clone(), model: model.clone(), mode: Mode::PerPod, endpoint: None };
+        if let Some(st) = self.streams.get(key).filter(|st| st.mode != Mode::PerPod) {
+            self.refuse_other_mode(key, st, out);
+            return;
+        }
         let replay = fleet.has_replay(&key.base, key.rank);
-        let source = (fleet.engine(&key.base), fleet.page_size(&key.base), fleet.sglang_check(&key.base));
-        let Some(st) = self.entry(key, &name, source, now, new_ext, out) else { return };
+        let rules = (fleet.engine(&key.base), fleet.page_size(&key.base), fleet.sglang_check(&key.base));
+        let Some(st) = self.entry(fleet, key, &name, None, rules, now, new_ext, out) else { return };
         st.endpoint = Some(endpoint.clone());
         st.seq.set_replay(replay);
         let mut steps = Vec::new();
@@ -447,8 +580,9 @@ impl<X: Ext> StreamTable<X> {
         out.push(Effect::Steps { key: key.clone(), steps });
     }
 
-    /// The clock moved: replay timeouts, staleness.
-    pub fn tick(&mut self, now: u64, out: &mut Vec<Effect<X>>) {
+    /// The clock moved: replay timeouts, staleness, contested pods given up.
+    pub fn tick(&mut self, fleet: &dyn Fleet, now: u64, out: &mut Vec<Effect<X>>) {
+        self.yield_contested(fleet, now, out);
         for (key, st) in &mut self.streams {
             let mut steps = Vec::new();
             st.seq.on_tick(now, &mut steps);

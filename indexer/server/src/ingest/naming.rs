@@ -1,13 +1,14 @@
 //! Naming: which stream a live message belongs to. The topic names the pod in central mode
 //! (through the registry's topic map, resolved once per registry generation and cached); a
 //! dialled pod is named by its registration. A DP rank is a stream of its own, named after its
-//! rank-0 pod by `dp_naming`. Both drivers of the stream table name streams here, so a replay
-//! offline names them as the service did.
+//! rank-0 pod by `dp_naming`; a topic id whose port is not spelled canonically, or that spells
+//! a DP suffix itself, names none (it would name another stream's pod). Both drivers of the
+//! stream table name streams here, so a replay offline names them as the service did.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvindex::wire::{dp_pod_id, parse_topic};
+use kvindex::wire::{dp_pod_id, parse_topic, topic_id_refusal};
 
 use super::fleet::Fleet;
 use crate::config::pod;
@@ -116,6 +117,10 @@ impl Naming {
                 reason: "name",
                 why: "topic id or model too long or with control characters",
             });
+        }
+        if let Some(why) = topic_id_refusal(t.id) {
+            // Another spelling of a port, or a DP suffix, would name another stream's pod.
+            return Err(Unnamed::Refused { reason: "name", why });
         }
         let base: Arc<str> = Arc::from(fleet.pod_for_topic(t.id));
         let model: Arc<str> = Arc::from(t.model);

@@ -23,6 +23,13 @@ pub trait Ext {
     fn pinned(&self) -> bool {
         false
     }
+
+    /// The stream has put blocks in the index (the live worker: a batch of it stored some),
+    /// so it is never reclaimed for holding none now: an engine that emptied its cache keeps
+    /// its place.
+    fn stored_blocks(&self) -> bool {
+        false
+    }
 }
 
 impl Ext for () {}
@@ -44,6 +51,8 @@ pub struct Stream<X> {
     pub resume_at: Option<u64>,
     /// Central mode: the source address this stream's topic is bound to.
     pub bound: Option<Source>,
+    /// This stream's claim on its pod id ([`super::PodOwners`]), given back when it goes.
+    pub claim: u64,
     /// Messages dropped because they came from another source.
     pub conflicts: u64,
     /// When the stream was made (the driver's clock), for reclaiming one that never spoke again.
@@ -57,20 +66,30 @@ pub struct Stream<X> {
     pub ext: X,
 }
 
-/// Why a stream may be reclaimed, in the order they go: never-confirmed streams first.
+/// Why a stream may be reclaimed, in the order they go: never-confirmed streams first, then
+/// those whose pod holds nothing, then silent ones (which may hold blocks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reclaim {
     /// Never EXACT, and silent for [`UNCONFIRMED_RECLAIM_MS`].
     Unconfirmed,
+    /// It never stored a block and its pod holds none, however much it talks, and it is at
+    /// least [`UNCONFIRMED_RECLAIM_MS`] old: forgetting it forgets nothing the index credits.
+    Empty,
     /// Silent for `stale_after_ms`.
     Silent,
+    /// Its pod is wanted by another stream, and it may go: its publisher's connection closed
+    /// and it would be reclaimed by the rules above, or a registration made since keeps the pod
+    /// for its own streams.
+    Contested,
 }
 
 impl Reclaim {
     pub fn label(self) -> &'static str {
         match self {
             Reclaim::Unconfirmed => "unconfirmed",
+            Reclaim::Empty => "empty",
             Reclaim::Silent => "silent",
+            Reclaim::Contested => "contested",
         }
     }
 }
@@ -93,8 +112,11 @@ pub enum Binding {
 impl<X: Ext> Stream<X> {
     /// Why this stream may be reclaimed now to make room for another, if it may: only streams
     /// no operator or registration configured, not pinned by the driver, that never were
-    /// EXACT and said nothing for [`UNCONFIRMED_RECLAIM_MS`], or that said nothing for
-    /// `stale_after_ms`. With its last activity, to reclaim the longest silent first.
+    /// EXACT and said nothing for [`UNCONFIRMED_RECLAIM_MS`], that never stored a block and
+    /// whose pod holds none (and that are that old), or that said nothing for `stale_after_ms`.
+    /// A stream that stored blocks is never reclaimed while it talks, so a peer churning
+    /// made-up topics cannot take a real engine's place. With its last activity, to reclaim
+    /// the longest silent first.
     pub fn reclaimable(
         &self,
         fleet: &dyn Fleet,
@@ -109,6 +131,11 @@ impl<X: Ext> Stream<X> {
         let silent = now.saturating_sub(last);
         if !self.confirmed && silent >= UNCONFIRMED_RECLAIM_MS {
             Some((Reclaim::Unconfirmed, last))
+        } else if now.saturating_sub(self.created_at) >= UNCONFIRMED_RECLAIM_MS
+            && !self.ext.stored_blocks()
+            && !fleet.holds_blocks(&self.pod)
+        {
+            Some((Reclaim::Empty, last))
         } else if silent >= stale_after_ms {
             Some((Reclaim::Silent, last))
         } else {

@@ -14,6 +14,12 @@ struct Registry {
     topics: HashMap<String, String>,
     /// Pods whose entry names SGLang (the rest: vLLM, the default).
     sglang: Vec<String>,
+    /// Pods that hold no block in the index (the rest hold some).
+    empty: Vec<String>,
+    /// Registered pods: every rank's pod id → (the pod, dialled).
+    ranks: HashMap<String, (String, bool)>,
+    /// Whether a source address still holds a connection to the central SUB.
+    connected: bool,
 }
 
 impl Fleet for Registry {
@@ -26,11 +32,17 @@ impl Fleet for Registry {
     fn has_replay(&self, _: &str, _: u32) -> bool {
         false
     }
-    fn configured(&self, _: &str) -> bool {
-        false
+    fn configured(&self, base: &str) -> bool {
+        self.ranks.values().any(|(pod, _)| pod == base)
+    }
+    fn pod_of_registration(&self, pod: &str) -> Option<(String, bool)> {
+        self.ranks.get(pod).cloned()
+    }
+    fn holds_blocks(&self, pod: &str) -> bool {
+        !self.empty.iter().any(|p| p == pod)
     }
     fn source_connected(&self, _: &kvindex_zmtp::Source) -> bool {
-        true
+        self.connected
     }
     fn engine(&self, base: &str) -> kvindex::wire::Engine {
         if self.sglang.iter().any(|p| p == base) {
@@ -42,13 +54,23 @@ impl Fleet for Registry {
 }
 
 fn registry() -> Registry {
-    Registry { topics: [("eng-a".to_string(), "pod-a".to_string())].into(), sglang: vec!["sgl".to_string()] }
+    Registry {
+        topics: [("eng-a".to_string(), "pod-a".to_string())].into(),
+        sglang: vec!["sgl".to_string()],
+        empty: Vec::new(),
+        ranks: HashMap::new(),
+        connected: true,
+    }
 }
 
 fn table(max_streams: usize) -> StreamTable<()> {
+    table_naming(max_streams, false)
+}
+
+fn table_naming(max_streams: usize, dp_naming_topic: bool) -> StreamTable<()> {
     StreamTable::new(TableConfig {
         topic_filter: "kv@".into(),
-        dp_naming_topic: false,
+        dp_naming_topic,
         max_streams,
         max_streams_per_address: usize::MAX,
         block_size: 16,
@@ -147,6 +169,36 @@ fn a_full_table_refuses_a_new_stream_until_one_may_be_reclaimed() {
     assert_eq!(t.len(), 1);
 }
 
+#[test]
+fn a_full_table_reclaims_a_talking_stream_whose_pod_holds_nothing_never_one_that_holds_blocks() {
+    let mut t = table(2);
+    let fleet = Registry { empty: vec!["talker".into()], ..registry() };
+    let admit = |t: &mut StreamTable<()>, topic: &str, seq: u64, now: u64| {
+        let mut out = Vec::new();
+        let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
+        let frames = frames(topic, seq, 0);
+        t.admit(&fleet, &Origin::Central, Some(ConnId(1)), None, &frames, None, now, &mut new, &mut out);
+        out
+    };
+    // Both EXACT and talking every 100 ms; "engine" holds blocks, "talker" none.
+    for seq in 0..20 {
+        admit(&mut t, "kv@engine@m", seq, seq * 100);
+        admit(&mut t, "kv@talker@m", seq, seq * 100);
+    }
+    assert!(t.iter().all(|(_, st)| st.confirmed));
+    let effects = admit(&mut t, "kv@newcomer@m", 0, 2_000);
+    assert!(
+        matches!(&effects[0], Effect::Reclaimed { why: Reclaim::Empty, stream, .. } if &*stream.pod == "talker"),
+        "the stream that holds nothing makes room"
+    );
+    assert!(t.get(&StreamKey { base: Arc::from("newcomer"), rank: 0 }).is_some());
+    // The newcomer is under a second old and holds blocks; the engine holds blocks: nothing
+    // more may go while they talk.
+    let effects = admit(&mut t, "kv@another@m", 0, 2_100);
+    assert!(matches!(effects[..], [Effect::Refused { reason: "max_sources", .. }]), "{}", effects.len());
+    assert!(t.get(&StreamKey { base: Arc::from("engine"), rank: 0 }).is_some());
+}
+
 /// `frames` with a 24-byte seq frame: the seq, then the publisher's 16-byte epoch.
 fn with_epoch(mut frames: Vec<Bytes>, epoch: u8) -> Vec<Bytes> {
     let mut seq = frames[1].to_vec();
@@ -209,4 +261,179 @@ fn each_stream_is_decoded_and_keyed_by_its_sources_engine() {
     assert_eq!(st.rules.engine(), kvindex::wire::Engine::Vllm);
     let payload = frames("kv@p@m", 0, 0).pop().unwrap();
     assert!(st.rules.prepare(&super::decode(st.rules.engine(), &payload).unwrap()).0.is_none());
+}
+
+/// A publisher at 127.0.0.`last`.
+fn peer(last: u8) -> Peer {
+    Peer::Tcp(std::net::SocketAddr::from(([127, 0, 0, last], 40000)))
+}
+
+/// [`admit`] from `origin` at `peer` (none: no address), in `fleet`.
+fn admit_from(
+    t: &mut StreamTable<()>,
+    fleet: &Registry,
+    origin: &Origin,
+    peer: Option<&Peer>,
+    frames: &[Bytes],
+    conn: u64,
+    now: u64,
+) -> Vec<Effect<()>> {
+    let mut out = Vec::new();
+    let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
+    t.admit(fleet, origin, Some(ConnId(conn)), peer, frames, None, now, &mut new, &mut out);
+    out
+}
+
+/// The pods the table's streams feed, sorted.
+fn pods(t: &StreamTable<()>) -> Vec<String> {
+    let mut pods: Vec<String> = t.iter().map(|(_, st)| st.pod.to_string()).collect();
+    pods.sort();
+    pods
+}
+
+/// The refusal among `effects`, as (pod, reason).
+fn foreign(effects: &[Effect<()>]) -> Option<(String, &'static str)> {
+    effects.iter().find_map(|e| match e {
+        Effect::Foreign { pod, why, .. } => Some((pod.to_string(), why.reason())),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_second_stream_naming_an_owned_pod_is_refused_in_either_dp_naming() {
+    let fleet = registry();
+    // Port offset: rank 1 of `h:7999` is `h:8000`, which topic `h:8000` owns.
+    let mut t = table(16);
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
+    for from in [3, 2] {
+        let effects =
+            admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(from)), &frames("kv@h:7999@m", 0, 1), 2, 1);
+        assert_eq!(foreign(&effects), Some(("h:8000".to_string(), "pod_owned")), "from 127.0.0.{from}");
+        assert!(!effects.iter().any(|e| matches!(e, Effect::Steps { .. } | Effect::Created { .. })));
+    }
+    assert_eq!(pods(&t), ["h:8000"]);
+    // Topic naming: every rank of a topic names the topic's pod.
+    let mut t = table_naming(16, true);
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 1, 1);
+    assert_eq!(foreign(&effects), Some(("h:8000".to_string(), "pod_owned")));
+    assert_eq!(pods(&t), ["h:8000"]);
+}
+
+#[test]
+fn a_bound_topic_binds_every_rank_to_its_address_until_that_address_is_gone() {
+    let mut fleet = registry();
+    let mut t = table(16);
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@h:8000@m", 0, 1), 2, 1);
+    assert_eq!(foreign(&effects), Some(("h:8001".to_string(), "topic_bound")));
+    assert_eq!(pods(&t), ["h:8000"], "another address does not take rank 1");
+    // The owner's own rank 1 is served.
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 3, 2);
+    assert_eq!(foreign(&effects), None);
+    assert_eq!(pods(&t), ["h:8000", "h:8001"]);
+    // Rank 2 from another address, once the bound one holds no connection: a moved engine.
+    fleet.connected = false;
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@h:8000@m", 0, 2), 4, 3);
+    assert_eq!(foreign(&effects), None);
+    assert_eq!(pods(&t), ["h:8000", "h:8001", "h:8002"]);
+}
+
+#[test]
+fn tables_that_share_owners_refuse_a_second_stream_of_one_pod_and_free_it_when_the_owner_goes() {
+    let owners = Arc::new(PodOwners::default());
+    let config = table(16).config().clone();
+    let (mut a, mut b) = (StreamTable::sharing(config.clone(), owners.clone()), StreamTable::sharing(config, owners));
+    let fleet = registry();
+    admit_from(&mut a, &fleet, &Origin::Central, None, &frames("kv@h:8000@m", 0, 1), 1, 0);
+    // The same pod from another topic, on another worker (another table).
+    let effects = admit_from(&mut b, &fleet, &Origin::Central, None, &frames("kv@h:8001@m", 0, 0), 2, 1);
+    assert_eq!(foreign(&effects), Some(("h:8001".to_string(), "pod_owned")));
+    assert!(b.is_empty());
+    a.remove(&StreamKey { base: Arc::from("h:8000"), rank: 1 });
+    let effects = admit_from(&mut b, &fleet, &Origin::Central, None, &frames("kv@h:8001@m", 1, 0), 2, 2);
+    assert_eq!(foreign(&effects), None, "the owner is gone: the pod is free");
+    assert_eq!(pods(&b), ["h:8001"]);
+}
+
+#[test]
+fn a_contested_pod_is_given_up_once_its_owner_is_disconnected_and_may_be_reclaimed() {
+    let fleet = registry();
+    let mut t = table(16);
+    let owner = StreamKey { base: Arc::from("h:8000"), rank: 1 };
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 1, 0);
+    let claim = || frames("kv@h:8001@m", 0, 0);
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &claim(), 2, 10);
+    assert_eq!(foreign(&effects), Some(("h:8001".to_string(), "pod_owned")));
+    let stale = SequencerConfig::default().stale_after_ms;
+    // Silent long enough, but still connected: it keeps the pod.
+    let mut out = Vec::new();
+    t.tick(&fleet, stale + 100, &mut out);
+    assert!(t.get(&owner).is_some(), "a connected owner keeps its pod");
+    // Its connection closed: the next tick gives the pod up.
+    t.disconnect(&Origin::Central, ConnId(1), &mut out);
+    out.clear();
+    t.tick(&fleet, stale + 200, &mut out);
+    assert!(matches!(&out[0], Effect::Reclaimed { why: Reclaim::Contested, key, .. } if *key == owner));
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &claim(), 2, stale + 300);
+    assert_eq!(foreign(&effects), None);
+    assert_eq!(pods(&t), ["h:8001"]);
+}
+
+#[test]
+fn a_dialled_pods_streams_and_rank_ids_are_its_dialers_alone() {
+    let mut fleet = registry();
+    fleet.ranks = [("d:8000", ("d:8000", true)), ("d:8001", ("d:8000", true)), ("c:9000", ("c:9000", false))]
+        .into_iter()
+        .map(|(id, (pod, dialled))| (id.to_string(), (pod.to_string(), dialled)))
+        .collect();
+    let mut t = table(16);
+    let dialled = Origin::Pod { id: Arc::from("d:8000"), model: Arc::from("m"), endpoint: Arc::from("tcp://d:5557") };
+    admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 0, 0), 1, 0);
+    // A topic naming the dialled pod itself, or its rank 1 (not yet heard from), or rank 1 of
+    // another base landing on it.
+    for (topic, rank, pod) in [("kv@d:8000@m", 0, "d:8000"), ("kv@d:8000@m", 1, "d:8001"), ("kv@d:7999@m", 2, "d:8001")]
+    {
+        let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames(topic, 0, rank), 2, 1);
+        assert_eq!(foreign(&effects), Some((pod.to_string(), "pod_owned")), "{topic} rank {rank}");
+    }
+    // A configured central-mode pod is fed by configured streams only.
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@c:8999@m", 0, 1), 2, 1);
+    assert_eq!(foreign(&effects), Some(("c:9000".to_string(), "pod_owned")));
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@c:9000@m", 0, 0), 3, 1);
+    assert_eq!(foreign(&effects), None);
+    // The dialled pod's rank 1 is its own.
+    admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 0, 1), 4, 2);
+    assert_eq!(pods(&t), ["c:9000", "d:8000", "d:8001"]);
+}
+
+#[test]
+fn a_topic_id_with_a_port_spelled_otherwise_or_a_dp_suffix_names_no_stream() {
+    let mut t = table(16);
+    for topic in ["kv@h:07999@m", "kv@h:+7999@m", "kv@pod-a#dp1@m"] {
+        let (_, effects) = admit(&mut t, &frames(topic, 0, 1), 1, 0);
+        assert!(matches!(effects[..], [Effect::Refused { reason: "name", .. }]), "{topic}");
+    }
+    assert!(t.is_empty());
+}
+
+#[test]
+fn a_registration_made_after_another_stream_took_its_pod_takes_it_back() {
+    let mut fleet = registry();
+    let mut t = table(16);
+    // A central topic names `d:8000` before anyone registers it.
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@d:8000@m", 0, 0), 1, 0);
+    fleet.ranks = [("d:8000".to_string(), ("d:8000".to_string(), true))].into();
+    let dialled = Origin::Pod { id: Arc::from("d:8000"), model: Arc::from("m"), endpoint: Arc::from("tcp://d:5557") };
+    let effects = admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 0, 0), 2, 1);
+    assert_eq!(foreign(&effects), Some(("d:8000".to_string(), "pod_owned")), "the other mode's stream owns it");
+    // Connected and talking, the central stream still goes: the registration keeps the pod.
+    let mut out = Vec::new();
+    t.tick(&fleet, 2, &mut out);
+    assert!(matches!(&out[0], Effect::Reclaimed { why: Reclaim::Contested, .. }));
+    let effects = admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 1, 0), 2, 3);
+    assert_eq!(foreign(&effects), None);
+    assert_eq!(t.get(&StreamKey { base: Arc::from("d:8000"), rank: 0 }).map(|st| st.mode), Some(Mode::PerPod));
+    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@d:8000@m", 1, 0), 1, 4);
+    assert_eq!(foreign(&effects), Some(("d:8000".to_string(), "pod_owned")));
 }

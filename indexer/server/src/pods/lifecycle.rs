@@ -85,6 +85,10 @@ impl Pods {
         };
         let old = {
             let mut reg = self.inner.registry.write();
+            if let Some(message) = reg.rank_id_collision(&cfg) {
+                metrics::counter!(m::CONFIG_ERRORS, "source" => origin).increment(1);
+                return Err(ConfigError::new("pod.id", Origin::Request(origin), message));
+            }
             if let Some(existing) = reg.get_mut(&cfg.id) {
                 // The engine and its page size decide how the stream is read and keyed: a change
                 // restarts the dialers and clears what was keyed by the old rules.

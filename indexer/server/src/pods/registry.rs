@@ -26,6 +26,9 @@ pub struct Registry {
     static_replay: HashMap<String, String>,
     /// Effective topic id → pod id (static entries, then pods' `topic_id`).
     topics: HashMap<String, String>,
+    /// The pod id of every rank of every pod → (the pod, whether it is dialled): a dialled
+    /// pod's `dp_size` ranks, a central-mode pod's id.
+    rank_ids: HashMap<String, (String, bool)>,
     /// Bumped on every change, so workers can cache what they derive from the registry.
     generation: u64,
 }
@@ -58,6 +61,13 @@ pub struct PodView {
     pub sglang_event_format: Option<&'static str>,
 }
 
+/// The pod ids of `cfg`'s ranks: a dialled pod's `dp_size` ranks (DP naming), a central-mode
+/// pod's id (its ranks are named by its topic's messages).
+fn rank_ids(cfg: &PodConfig) -> impl Iterator<Item = String> + '_ {
+    let ranks = if cfg.endpoint.is_some() { cfg.dp_size } else { 1 };
+    (0..ranks).map(|r| kvindex::wire::dp_pod_id(&cfg.id, Some(i64::from(r))))
+}
+
 impl Registry {
     pub fn new(topic_map: &[TopicMapEntry], replay: &[ReplayEntry]) -> Self {
         let mut r = Registry {
@@ -78,7 +88,35 @@ impl Registry {
             }
         }
         self.topics = topics;
+        self.rank_ids = HashMap::new();
+        for (id, p) in &self.pods {
+            for rank_id in rank_ids(&p.cfg) {
+                self.rank_ids.entry(rank_id).or_insert_with(|| (id.clone(), p.cfg.endpoint.is_some()));
+            }
+        }
         self.generation += 1;
+    }
+
+    /// The registered pod one of whose ranks is named `pod`, and whether it is dialled.
+    pub fn pod_of_rank_id(&self, pod: &str) -> Option<(String, bool)> {
+        self.rank_ids.get(pod).cloned()
+    }
+
+    /// Why `cfg` cannot be registered beside the other pods, if it cannot: one of its ranks
+    /// would be named as one of another pod's (vLLM at `h:8000` with two DP ranks names its
+    /// rank 1 `h:8001`, which another engine at `h:8001` names too), and two engines would feed
+    /// one pod.
+    pub fn rank_id_collision(&self, cfg: &PodConfig) -> Option<String> {
+        rank_ids(cfg).enumerate().find_map(|(rank, rank_id)| {
+            let (other, _) = self.rank_ids.get(&rank_id).filter(|(other, _)| *other != cfg.id)?;
+            let whose = if rank == 0 { "its id".to_string() } else { format!("its DP rank {rank}'s pod id") };
+            Some(format!(
+                "pod {:?}: {whose} {rank_id:?} is already a pod id of registered pod {other:?} (DP rank r of \
+                 a pod at host:port is named host:port+r): two engines would feed one pod; give one of them \
+                 another id (or port), or unregister {other:?} first",
+                cfg.id
+            ))
+        })
     }
 
     pub fn generation(&self) -> u64 {

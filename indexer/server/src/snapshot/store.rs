@@ -151,6 +151,45 @@ fn rocksdb_lock_held(lock: &Path) -> Result<bool, DirError> {
     Ok(i32::from(query.l_type) != libc::F_UNLCK)
 }
 
+/// Refuses `dir` when it holds a file neither RocksDB nor kvindex wrote. Reads only.
+fn check_foreign(dir: &Path) -> Result<(), DirError> {
+    let foreign = foreign_entries(dir)?;
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    const SHOWN: usize = 8;
+    let mut names = foreign.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if foreign.len() > SHOWN {
+        names.push_str(&format!(" and {} more", foreign.len() - SHOWN));
+    }
+    Err(DirError::Foreign { dir: dir.display().to_string(), names })
+}
+
+/// Refuses `dir` when another process holds RocksDB's own lock in it. Reads only.
+fn check_rocksdb_lock(dir: &Path) -> Result<(), DirError> {
+    let rocksdb_lock = dir.join("LOCK");
+    if rocksdb_lock_held(&rocksdb_lock)? {
+        return Err(DirError::Held { dir: dir.display().to_string(), lock: rocksdb_lock.display().to_string() });
+    }
+    Ok(())
+}
+
+/// [`LOCK_FILE`], opened (never through a link); created only when `create`.
+fn open_lock(path: &Path, create: bool) -> std::io::Result<File> {
+    OpenOptions::new().read(true).write(true).create(create).truncate(false).custom_flags(libc::O_NOFOLLOW).open(path)
+}
+
+/// Locks `lock` (`flock`, exclusive) or says who holds it.
+fn take_lock(dir: &Path, path: &Path, lock: &File) -> Result<(), DirError> {
+    match lock.try_lock() {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => {
+            Err(DirError::Held { dir: dir.display().to_string(), lock: path.display().to_string() })
+        }
+        Err(TryLockError::Error(source)) => Err(DirError::Io { path: path.display().to_string(), source }),
+    }
+}
+
 /// The snapshot directory, claimed by this process: its [`LOCK_FILE`] locked (`flock`) for as
 /// long as this value lives (the store keeps it), and checked to hold nothing but what
 /// RocksDB and kvindex write (and an empty volume's `lost+found`).
@@ -163,41 +202,31 @@ pub struct SnapshotDir {
 impl SnapshotDir {
     /// Creates `dir` if need be (a symlink to a directory is used as it is, never replaced)
     /// and claims it. Refused, with nothing touched, when another process holds it (our lock
-    /// file, or RocksDB's own lock) or when it holds a file kvindex did not write.
+    /// file, or RocksDB's own lock) or when it holds a file kvindex did not write. The checks
+    /// come before [`LOCK_FILE`] is created, so a refused directory (or a symlink's target)
+    /// does not get one either; a lock file this call creates is checked for again once held,
+    /// against a process that claimed the directory in between.
     pub fn claim(dir: &Path) -> Result<SnapshotDir, DirError> {
-        let shown = || dir.display().to_string();
-        std::fs::create_dir_all(dir).map_err(|source| DirError::Io { path: shown(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| DirError::Io { path: dir.display().to_string(), source })?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&lock_path)
-            .map_err(|source| DirError::Io { path: lock_path.display().to_string(), source })?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err(DirError::Held { dir: shown(), lock: lock_path.display().to_string() })
+        let io = |source| DirError::Io { path: lock_path.display().to_string(), source };
+        check_foreign(dir)?;
+        let lock = match open_lock(&lock_path, false) {
+            Ok(lock) => {
+                take_lock(dir, &lock_path, &lock)?;
+                check_rocksdb_lock(dir)?;
+                lock
             }
-            Err(TryLockError::Error(source)) => {
-                return Err(DirError::Io { path: lock_path.display().to_string(), source })
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                check_rocksdb_lock(dir)?;
+                let lock = open_lock(&lock_path, true).map_err(io)?;
+                take_lock(dir, &lock_path, &lock)?;
+                check_foreign(dir)?;
+                check_rocksdb_lock(dir)?;
+                lock
             }
-        }
-        let foreign = foreign_entries(dir)?;
-        if !foreign.is_empty() {
-            const SHOWN: usize = 8;
-            let mut names = foreign.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
-            if foreign.len() > SHOWN {
-                names.push_str(&format!(" and {} more", foreign.len() - SHOWN));
-            }
-            return Err(DirError::Foreign { dir: shown(), names });
-        }
-        let rocksdb_lock = dir.join("LOCK");
-        if rocksdb_lock_held(&rocksdb_lock)? {
-            return Err(DirError::Held { dir: shown(), lock: rocksdb_lock.display().to_string() });
-        }
+            Err(e) => return Err(io(e)),
+        };
         Ok(SnapshotDir { path: dir.to_path_buf(), _lock: lock })
     }
 
@@ -516,6 +545,31 @@ mod tests {
         assert!(!msg.contains("CURRENT"), "RocksDB's files are not foreign: {msg}");
         assert_eq!(listing(dir.path()), before);
         assert_eq!(std::fs::read_to_string(dir.path().join("notes.txt")).unwrap(), "the operator's");
+    }
+
+    #[test]
+    fn a_refused_directory_gets_no_lock_file_nor_does_a_links_target() {
+        let root = tempfile::tempdir().unwrap();
+        let (real, link) = (root.path().join("real"), root.path().join("link"));
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("notes.txt"), "the operator's").unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        for dir in [&real, &link] {
+            let e = SnapshotDir::claim(dir).unwrap_err();
+            assert!(matches!(e, DirError::Foreign { .. }), "{e}");
+            assert_eq!(listing(&real), ["notes.txt"], "refused through {dir:?}: nothing written");
+        }
+        // Held by another RocksDB user (RocksDB's own lock, no kvindex lock file): the same.
+        let held = root.path().join("held");
+        let db = DB::open(&options(), &held).unwrap();
+        let before = listing(&held);
+        assert!(!before.contains(&LOCK_FILE.to_string()));
+        let e = SnapshotDir::claim(&held).unwrap_err();
+        assert!(matches!(&e, DirError::Held { lock, .. } if lock.ends_with("/LOCK")), "{e}");
+        assert_eq!(listing(&held), before, "nothing written into a held directory");
+        drop(db);
+        SnapshotDir::claim(&held).expect("free once the other lets go");
+        assert!(held.join(LOCK_FILE).is_file(), "a claimed directory gets its lock file");
     }
 
     #[test]

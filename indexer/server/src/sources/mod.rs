@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use crate::apply::{Origin, Queues, Work};
 use crate::shutdown::Shutdown;
+use crate::source_series::{self, SourceSeries};
 use crate::telemetry as m;
 use crate::transport::{self, Backoff, Event, SocketKind, SubDialer, SubListener, TransportError};
 
@@ -138,6 +139,8 @@ impl Dialer {
             Err(e) => return TransportError::from_zmtp("connect", &endpoint, &e).record(),
         };
         let mut connected_before = false;
+        // Its series goes when the pod does (this task ends when it is unregistered).
+        let counters = SourceSeries::global().dialler(&id);
         loop {
             let event = tokio::select! {
                 event = sub.recv() => match event {
@@ -157,7 +160,7 @@ impl Dialer {
                 }
                 other => {
                     if matches!(other, Event::Connected { .. }) && std::mem::replace(&mut connected_before, true) {
-                        metrics::counter!(m::RECONNECTIONS, "pod" => id.to_string()).increment(1);
+                        source_series::add(&counters.reconnections, 1);
                     }
                     if let Event::Disconnected { conn, .. } = &other {
                         queues.send(worker, Work::Disconnected { origin: origin.clone(), conn: *conn }).await;

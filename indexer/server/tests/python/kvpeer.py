@@ -425,22 +425,23 @@ class Peer:
             out.append([s["matched_blocks"], s["state"]])
         return {"scores": out}
 
-    def op_topics_flood(self, name, prefix, n, model, seq=0):
-        """Publishes one store on each of `n` made-up topics `kv@<prefix><i>@<model>` (a peer
-        trying to fill the source table), all at `seq`."""
+    def op_topics_flood(self, name, prefix, n, model, seq=0, first=0, empty=False):
+        """Publishes one store on each of `n` made-up topics `kv@<prefix><i>@<model>` (`i` from
+        `first`; a peer trying to fill the source table), all at `seq`; with `empty`, a batch of
+        no events instead (a stream that talks and holds nothing)."""
         p = self.pubs[name]
         tokens = list(range(1, p.block_size + 1))
         ev = BlockStored(block_hashes=[chain_hash(None, tokens)], parent_block_hash=None, token_ids=tokens,
                          block_size=p.block_size, lora_id=None, medium="GPU", lora_name=None, extra_keys=[None], group_idx=0)
-        payload = p.batch([ev])
-        for i in range(n):
+        payload = p.batch([] if empty else [ev])
+        for i in range(first, first + n):
             p.sock.send_multipart([f"kv@{prefix}{i}@{model}".encode(), seq.to_bytes(8, "big"), payload])
         return {}
 
     def op_hold_half_open(self, target, count, source="127.0.0.2"):
         """An attacker: keeps `count` TCP connections from `source` to `target` (host:port)
         open without ever sending a byte (no ZMTP greeting), reopening any the server closes,
-        until `release_half_open`."""
+        until `release_half_open` (which ends every holder started so far)."""
         import selectors
         import socket
 
@@ -476,15 +477,19 @@ class Peer:
             for key in list(sel.get_map().values()):
                 key.fileobj.close()
 
-        self.half_open = (stop, threading.Thread(target=run, daemon=True), opened)
-        self.half_open[1].start()
+        holder = (stop, threading.Thread(target=run, daemon=True), opened)
+        holder[1].start()
+        self.half_opens = getattr(self, "half_opens", []) + [holder]
         return {}
 
     def op_release_half_open(self):
-        stop, thread, opened = self.half_open
-        stop.set()
-        thread.join()
-        return {"opened": opened[0]}
+        total = 0
+        for stop, thread, opened in getattr(self, "half_opens", []):
+            stop.set()
+            thread.join()
+            total += opened[0]
+        self.half_opens = []
+        return {"opened": total}
 
     def op_score_raw(self, model, n_tokens, pods=()):
         return self.op_score(model, list(range(n_tokens)), pods)

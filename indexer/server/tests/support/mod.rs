@@ -336,6 +336,8 @@ pub struct ServeProcess {
     pub zmq: Option<String>,
     /// The metrics-only listener (`--metrics-addr`), when the server has one.
     pub metrics: Option<String>,
+    /// The probe listener (`--probe-addr`), when the server has one.
+    pub probe: Option<String>,
 }
 
 impl ServeProcess {
@@ -379,7 +381,7 @@ impl ServeProcess {
                 };
                 let zmq = field("zmq").filter(|z| z != "-");
                 let (grpc, http, metrics) = (field("grpc").unwrap(), field("http").unwrap(), field("metrics"));
-                return ServeProcess { grpc, http, zmq, metrics, child };
+                return ServeProcess { grpc, http, zmq, metrics, probe: field("probe"), child };
             }
         }
     }

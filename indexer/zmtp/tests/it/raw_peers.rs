@@ -255,7 +255,7 @@ fn one_address_holding_unfinished_messages_cannot_stall_another() {
 }
 
 #[test]
-fn half_open_connections_are_capped_apart_per_source_and_in_total() {
+fn half_open_connections_are_capped_per_source_and_the_oldest_makes_room_at_the_total() {
     let Some(mut py) = Peer::start() else { return };
     let rt = runtime();
     let limits = Limits {
@@ -278,22 +278,34 @@ fn half_open_connections_are_capped_apart_per_source_and_in_total() {
     // A publisher from another address still handshakes while they are held.
     py.cmd(json!({"op": "pub", "name": "good", "connect": endpoint}));
     connected(&mut sub, &rt);
-    // A third address takes the last handshaking place; the next is refused for the total.
+    // A third address takes the last handshaking place; the next takes the place of the
+    // oldest half-open socket (one of 127.0.0.2's), which is closed.
     py.cmd(json!({"op": "flood", "name": "f3", "endpoint": endpoint, "n": 1, "source": "127.0.0.3"}));
     py.cmd(json!({"op": "flood", "name": "f4", "endpoint": endpoint, "n": 1, "source": "127.0.0.4"}));
-    let (reason, _) = sub.wait_for(&rt, 20, "HandshakingFull", |e| match e {
-        Event::Rejected { reason: r @ Reason::HandshakingFull { .. }, peer } => Some((r.clone(), peer.clone())),
+    let (evicted, skipped) = sub.wait_for(&rt, 20, "Evicted", |e| match e {
+        Event::Rejected { reason: Reason::Evicted, peer } => Some(peer.clone()),
         _ => None,
     });
-    assert_eq!(reason.0, Reason::HandshakingFull { limit: 3 });
-    assert_eq!(reason.1.source().to_string(), "127.0.0.4");
-    py.cmd(json!({"op": "flood_close", "name": "f2"}));
-    py.cmd(json!({"op": "flood_close", "name": "f3"}));
-    py.cmd(json!({"op": "flood_close", "name": "f4"}));
+    assert_eq!(evicted.source().to_string(), "127.0.0.2", "the oldest goes first");
+    assert!(
+        !skipped.iter().any(|e| matches!(e, Event::Rejected { reason: Reason::HandshakingFull { .. }, .. })),
+        "no newcomer refused for the total: {skipped:?}"
+    );
+    // Half-open sockets from many addresses cannot keep a publisher out either: with every
+    // handshaking place held, it takes the oldest's and handshakes.
+    py.cmd(json!({"op": "flood", "name": "f5", "endpoint": endpoint, "n": 1, "source": "127.0.0.5"}));
+    sub.wait_for(&rt, 20, "another Evicted", |e| {
+        matches!(e, Event::Rejected { reason: Reason::Evicted, .. }).then_some(())
+    });
+    py.cmd(json!({"op": "pub", "name": "late", "connect": endpoint}));
+    connected(&mut sub, &rt);
+    for f in ["f2", "f3", "f4", "f5"] {
+        py.cmd(json!({"op": "flood_close", "name": f}));
+    }
 }
 
 #[test]
-fn connection_caps_hold_per_source_and_per_listener() {
+fn connection_caps_hold_per_source_and_a_full_listener_makes_room_only_among_the_handshaking() {
     let Some(mut py) = Peer::start() else { return };
     let rt = runtime();
     let limits = Limits { max_connections: 6, max_connections_per_source: 3, ..quick_limits() };
@@ -310,18 +322,20 @@ fn connection_caps_hold_per_source_and_per_listener() {
             (n == 2).then_some(())
         }
     });
-    // Three from 127.0.0.3 fill the listener; one from 127.0.0.4 is refused.
+    // Three from 127.0.0.3 fill the listener; one from 127.0.0.4 takes the place of the oldest
+    // (a silent one from 127.0.0.2).
     py.cmd(json!({"op": "flood", "name": "f3", "endpoint": endpoint, "n": 3, "source": "127.0.0.3"}));
     py.cmd(json!({"op": "flood", "name": "f4", "endpoint": endpoint, "n": 1, "source": "127.0.0.4"}));
-    let (reason, skipped) = sub.wait_for(&rt, 20, "ListenerFull", |e| match e {
-        Event::Rejected { reason: r @ Reason::ListenerFull { .. }, peer } => Some((r.clone(), peer.clone())),
+    let (evicted, skipped) = sub.wait_for(&rt, 20, "Evicted", |e| match e {
+        Event::Rejected { reason: Reason::Evicted, peer } => Some(peer.clone()),
         _ => None,
     });
     seen.extend(skipped);
-    assert_eq!(reason.0, Reason::ListenerFull { limit: 6 });
-    assert_eq!(reason.1.source().to_string(), "127.0.0.4");
+    assert_eq!(evicted.source().to_string(), "127.0.0.2");
     assert_eq!(count(&seen, "source_full"), 1, "{seen:?}"); // one counted in wait_for's pick
-                                                            // The silent ones time out of the handshake and free their places for a real publisher.
+    assert_eq!(count(&seen, "listener_full"), 0, "{seen:?}");
+    // The silent ones time out of the handshake and free their places for real publishers;
+    // once six have handshaken, a seventh connection is refused: none is left to make room.
     let (_, skipped) = sub.wait_for(&rt, 20, "six handshake timeouts", {
         let mut n = 0;
         move |e| {
@@ -330,11 +344,46 @@ fn connection_caps_hold_per_source_and_per_listener() {
         }
     });
     assert_eq!(count(&skipped, "listener_full") + count(&skipped, "source_full"), 0);
-    py.cmd(json!({"op": "pub", "name": "good", "connect": endpoint}));
+    for name in ["g1", "g2", "g3", "g4", "g5", "g6"] {
+        let source = if name <= "g3" { "127.0.0.5" } else { "127.0.0.6" };
+        py.cmd(json!({"op": "pub", "name": name, "connect": format!("tcp://{source}:0;{}", endpoint.trim_start_matches("tcp://"))}));
+        connected(&mut sub, &rt);
+    }
+    py.cmd(json!({"op": "flood", "name": "f7", "endpoint": endpoint, "n": 1, "source": "127.0.0.7"}));
+    let (reason, _) = sub.wait_for(&rt, 20, "ListenerFull", |e| match e {
+        Event::Rejected { reason: r @ Reason::ListenerFull { .. }, peer } => Some((r.clone(), peer.clone())),
+        _ => None,
+    });
+    assert_eq!(reason.0, Reason::ListenerFull { limit: 6 });
+    assert_eq!(reason.1.source().to_string(), "127.0.0.7");
+    for f in ["f2", "f3", "f4", "f7"] {
+        py.cmd(json!({"op": "flood_close", "name": f}));
+    }
+}
+
+#[test]
+fn a_network_holds_at_most_its_share_and_makes_room_only_among_its_own() {
+    let Some(mut py) = Peer::start() else { return };
+    let rt = runtime();
+    let limits = Limits { max_connections: 8, max_connections_per_network: 4, ..quick_limits() };
+    let (mut sub, endpoint) = listen(&rt, limits, &[b""]);
+    let from = |source: &str| format!("tcp://{source}:0;{}", endpoint.trim_start_matches("tcp://"));
+    // Four publishers from two addresses of 127.0.9.0/24 fill their network's share.
+    for (i, source) in ["127.0.9.1", "127.0.9.1", "127.0.9.2", "127.0.9.2"].iter().enumerate() {
+        py.cmd(json!({"op": "pub", "name": format!("n{i}"), "connect": from(source)}));
+        connected(&mut sub, &rt);
+    }
+    // A fifth from a third address of that network is refused: none of them is handshaking.
+    py.cmd(json!({"op": "flood", "name": "f9", "endpoint": endpoint, "n": 1, "source": "127.0.9.3"}));
+    let (reason, _) = sub.wait_for(&rt, 20, "NetworkFull", |e| match e {
+        Event::Rejected { reason: r @ Reason::NetworkFull { .. }, peer } => Some((r.clone(), peer.clone())),
+        _ => None,
+    });
+    assert_eq!((reason.0, reason.1.source().to_string()), (Reason::NetworkFull { limit: 4 }, "127.0.9.3".into()));
+    // Another network still connects: the listener has room the first could not take.
+    py.cmd(json!({"op": "pub", "name": "other", "connect": from("127.0.8.1")}));
     connected(&mut sub, &rt);
-    py.cmd(json!({"op": "flood_close", "name": "f2"}));
-    py.cmd(json!({"op": "flood_close", "name": "f3"}));
-    py.cmd(json!({"op": "flood_close", "name": "f4"}));
+    py.cmd(json!({"op": "flood_close", "name": "f9"}));
 }
 
 #[test]

@@ -58,7 +58,8 @@ fn publisher(
 }
 
 /// Waits until seq 13 arrived, every message in order on one connection: the 600 ms pause
-/// is three heartbeat intervals of `quick_limits`, and a PING would make the 3.0 peer drop us.
+/// is three heartbeat intervals of [`pausing_limits`], and a PING would make the 3.0 peer drop
+/// us.
 fn in_order_past_the_pause(sub: &mut Sub, rt: &tokio::runtime::Runtime) {
     let (info, _) = sub.wait_for(rt, 20, "Connected", |e| match e {
         Event::Connected { info, .. } => Some(info.clone()),
@@ -78,6 +79,12 @@ fn in_order_past_the_pause(sub: &mut Sub, rt: &tokio::runtime::Runtime) {
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
 }
 
+/// `quick_limits` with an idle timeout well past the publisher's 600 ms pause: a silent 3.0
+/// peer is closed at the idle timeout, and a loaded box may stretch the pause by a second.
+fn pausing_limits() -> Limits {
+    Limits { idle_timeout: Duration::from_secs(3), ..quick_limits() }
+}
+
 #[test]
 fn a_zeromq_crate_publisher_bound_and_dialling() {
     let rt = runtime();
@@ -87,13 +94,13 @@ fn a_zeromq_crate_publisher_bound_and_dialling() {
     let peer = peer_thread(move || publisher(Some("tcp://127.0.0.1:0".into()), None, bound_tx, stop_rx));
     let endpoint = bound_rx.recv_timeout(Duration::from_secs(20)).unwrap();
     let _guard = rt.enter();
-    let mut sub = Sub::Dialer(SubDialer::connect(&endpoint, &[b"kv@"], quick_limits(), Backoff::default()).unwrap());
+    let mut sub = Sub::Dialer(SubDialer::connect(&endpoint, &[b"kv@"], pausing_limits(), Backoff::default()).unwrap());
     in_order_past_the_pause(&mut sub, &rt);
     stop_tx.send(()).unwrap();
     assert!(peer.join().unwrap() >= 14);
 
     // It dials our bound SUB.
-    let listener = rt.block_on(SubListener::bind("tcp://127.0.0.1:0", &[b"kv@"], quick_limits())).unwrap();
+    let listener = rt.block_on(SubListener::bind("tcp://127.0.0.1:0", &[b"kv@"], pausing_limits())).unwrap();
     let endpoint = listener.endpoint().to_string();
     let mut sub = Sub::Listener(listener);
     let (bound_tx, bound_rx) = mpsc::channel();

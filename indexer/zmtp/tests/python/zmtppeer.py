@@ -36,14 +36,14 @@ def hexs(frames):
 
 
 class Pub:
-    def __init__(self, bind=None, connect=None, heartbeat_ms=0, hwm=1_000_000):
+    def __init__(self, bind=None, connect=None, heartbeat_ms=0, hwm=1_000_000, heartbeat_timeout_ms=0):
         self.sock = CTX.socket(zmq.XPUB)
         self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, hwm)
         if heartbeat_ms:
             self.sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat_ms)
-            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * heartbeat_ms)
+            self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat_timeout_ms or 3 * heartbeat_ms)
         if bind:
             for attempt in range(100):  # a just-closed port can take a moment to free
                 try:
@@ -215,8 +215,8 @@ class Peers:
         self.floods = {}
 
     # libzmq
-    def op_pub(self, name, bind=None, connect=None, heartbeat_ms=0):
-        self.pubs[name] = Pub(bind, connect, heartbeat_ms)
+    def op_pub(self, name, bind=None, connect=None, heartbeat_ms=0, heartbeat_timeout_ms=0):
+        self.pubs[name] = Pub(bind, connect, heartbeat_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
         return {"endpoint": self.pubs[name].endpoint}
 
     def op_wait_subs(self, name, n=1, timeout=20):

@@ -129,10 +129,13 @@ fn run_service(config: Config) -> anyhow::Result<()> {
         let mut out = io::stdout().lock();
         let zmq = listeners.zmq_endpoint().unwrap_or("-");
         write!(out, "KVINDEX_LISTENING grpc={} http={} zmq={zmq}", listeners.grpc_addr(), listeners.http_addr())?;
-        match listeners.metrics_addr() {
-            Some(metrics) => writeln!(out, " metrics={metrics}")?,
-            None => writeln!(out)?,
+        if let Some(metrics) = listeners.metrics_addr() {
+            write!(out, " metrics={metrics}")?;
         }
+        if let Some(probe) = listeners.probe_addr() {
+            write!(out, " probe={probe}")?;
+        }
+        writeln!(out)?;
         out.flush()?;
         drop(out);
         kvindex_server::run(config, listeners, stop).await?;
