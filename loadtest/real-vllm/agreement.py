@@ -381,6 +381,8 @@ def main():
     p.add_argument("--base-port", type=int, default=18400)
     p.add_argument("--seed", default="kvindex-real-vllm-1")
     p.add_argument("--target", type=float, default=0.99)
+    p.add_argument("--fences-only", action="store_true",
+                   help="stop after every engine's first fence (the start-up race), before the workload")
     p.add_argument("--fence-restarted", action="store_true",
                    help="fence the restarted engine before the router may pick it: its first event makes the "
                         "index drop what the old process held. kvindex keeps a dead publisher's blocks until "
@@ -448,6 +450,17 @@ def main():
         for pod in fleet.engines:
             run.fence(pod, timeout_s=120)  # the events path works end to end before anything is measured
         log(f"all services up after {time.monotonic() - started:.0f} s")
+        if args.fences_only:
+            # The start-up race alone (kvindex serve up before the engines, each engine's first
+            # batch published while our dialer may still be backing off), cheap to repeat.
+            text = metrics_text(fleet.kvindex_http + "/metrics").splitlines()
+            catch_ups = sum(float(l.rsplit(" ", 1)[1]) for l in text
+                            if l.startswith('kvindex_replay_requests_total{reason="catch_up"} '))
+            replayed = sum(float(l.rsplit(" ", 1)[1]) for l in text
+                           if l.startswith('kvindex_messages_received_total{socket="DEALER"} '))
+            log(f"fences only: every engine's first fence passed; catch-up replays asked {catch_ups:.0f}, "
+                f"replayed messages {replayed:.0f}")
+            return 0
 
         def restart_small():
             """Starts the small engine again now; the returned thread waits for its health."""

@@ -15,7 +15,9 @@
 # tokenizer stubs; scripts/setup.sh makes it), CARGO_TARGET_DIR, PROFILE (debug|release),
 # KVINDEX_BIN_DIR (use these binaries, skip the build), OUT (results dir, default a temp dir),
 # BASE_PORT (default 18400; uses BASE_PORT..BASE_PORT+12), FENCE_RESTARTED=1 (fence the
-# restarted engine before it can be routed to: hides the restart window, see README).
+# restarted engine before it can be routed to: hides the restart window, see README),
+# FENCES_ONLY=1 (stop after every engine's first fence: the start-up race alone, exit 0 if both
+# passed; cheap to repeat with KVINDEX_BIN_DIR).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -71,7 +73,7 @@ echo "results in $out; setup and build took $(( $(date +%s) - start )) s"
 # The driver in its own process group, so the trap can stop everything it started.
 set +e
 setsid "$venv/bin/python" "$here/agreement.py" --bin-dir "$bin_dir" --stubs "$stubs" --out "$out" \
-  --base-port "${BASE_PORT:-18400}" ${FENCE_RESTARTED:+--fence-restarted} &
+  --base-port "${BASE_PORT:-18400}" ${FENCE_RESTARTED:+--fence-restarted} ${FENCES_ONLY:+--fences-only} &
 driver=$!
 wait "$driver"
 rc=$?

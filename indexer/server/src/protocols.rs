@@ -79,6 +79,15 @@ pub enum Work {
         endpoint: Arc<str>,
         startup: bool,
     },
+    /// A publisher's live connection opened (before any message on it): the streams it may
+    /// carry whose replay endpoint is known ask it for what was published before our
+    /// subscription reached the publisher (a dialled pod's streams; in central mode, the
+    /// streams bound to the connection's source address that hold no live connection).
+    Connected {
+        origin: Origin,
+        conn: ConnId,
+        peer: Arc<Peer>,
+    },
     /// A publisher's live connection closed: every stream whose messages came on it is
     /// cleared and back to CONNECTING (its next connection resyncs). Only the connection that
     /// carried a stream clears it; a foreign one (central mode) never did, so it cannot.

@@ -18,6 +18,7 @@ pub const DECODE_ERRORS: &str = "kvindex_decode_errors_total";
 pub const GAPS: &str = "kvindex_gaps_total";
 pub const DUPLICATES: &str = "kvindex_duplicates_total";
 pub const REPLAYS: &str = "kvindex_replays_total";
+pub const REPLAY_REQUESTS: &str = "kvindex_replay_requests_total";
 pub const CLEARS: &str = "kvindex_clears_total";
 pub const TRANSITIONS: &str = "kvindex_source_transitions_total";
 pub const SOURCES: &str = "kvindex_sources";
@@ -132,6 +133,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: GAPS, kind: Counter, labels: &["source"], unit: None, help: "Sequence gaps seen, by source pod" },
     Metric { name: DUPLICATES, kind: Counter, labels: &[], unit: None, help: "Messages dropped because their seq was already applied" },
     Metric { name: REPLAYS, kind: Counter, labels: &["outcome"], unit: None, help: "Replays, by outcome" },
+    Metric { name: REPLAY_REQUESTS, kind: Counter, labels: &["reason"], unit: None, help: "Replays asked, by why (initial_sync, gap, catch_up)" },
     Metric { name: CLEARS, kind: Counter, labels: &["reason"], unit: None, help: "Pod clears, by reason" },
     Metric { name: TRANSITIONS, kind: Counter, labels: &["from", "reason", "to"], unit: None, help: "Source state transitions" },
     Metric { name: SOURCES, kind: Gauge, labels: &["state"], unit: None, help: "Sources (per DP rank) by state" },

@@ -253,10 +253,12 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     let s = store(&mut peer, "b", 12, 2, false);
     observe(&mut peer, "pod-b#dp1", s, "DEGRADED");
     // A new publisher process: the old connection closes (the pod is cleared), the new one
-    // starts from seq 0 (an empty replay buffer; nothing of the old process is claimed).
+    // starts from seq 0 (an empty replay buffer; nothing of the old process is claimed). Its
+    // connection catches up from its replay socket (nothing yet), so the pod may already be
+    // EXACT again, holding nothing, when the debug view is read.
     peer.cmd(json!({"op": "restart", "name": "a"}));
     wait_until("the old connection's close cleared pod-a", 30, || {
-        source(&http, "pod-a").filter(|s| s["state"] == "CONNECTING").map(|_| ())
+        source(&http, "pod-a").filter(|s| s["disconnects"] == 1).map(|_| ())
     });
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"], "fresh": true}))["subscribed"], true);
     let s = store(&mut peer, "a", 1, 3, false);
@@ -265,7 +267,12 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     let s = store(&mut peer, "a", 0, 2, false);
     observe(&mut peer, "pod-a", s, "EXACT");
     let a = source(&http, "pod-a").unwrap();
-    assert_eq!((a["gaps"].as_u64(), a["replays_filled"].as_u64()), (Some(1), Some(1)), "{a}");
+    // The gap's replay, and the new connection's catch-up (asked as the connection opened,
+    // before its first message; refused when the new process's replay socket is not bound yet,
+    // as its PUB connects first, and then not tried again: its first message came first).
+    assert_eq!((a["gaps"].as_u64(), a["replays_started"].as_u64()), (Some(1), Some(2)), "{a}");
+    let filled = a["replays_filled"].as_u64().unwrap();
+    assert!(filled == 2 || (filled == 1 && a["replays_failed"] == 1), "{a}");
     assert!(a["disconnects"].as_u64().unwrap() >= 1, "the restart closed a connection: {a}");
     assert!(live.iter().any(|(_, _, s)| s.iter().any(|m| m.iter().any(|(p, _)| p == "pod-b#dp1"))));
     assert!(live.iter().any(|(_, _, s)| s.iter().any(|m| m.iter().any(|(p, _)| p == "pod-a"))));

@@ -124,7 +124,14 @@ fn run(version: &str, mode: Mode, topic_frame: bool, drops: &[usize]) -> Vec<Str
     // Each lost frame is one gap that a replay filled; nothing was cleared.
     let gaps = drops.len() as u64;
     assert_eq!(s["gaps"], gaps, "{what}: {s}");
-    assert_eq!(s["replays_filled"].as_u64().unwrap(), gaps + u64::from(matches!(mode, Mode::PerPod)), "{what}: {s}");
+    // Per-pod, the start-up sync and the catch-up on the dialer's connection fill too (the
+    // catch-up waits for the start-up sync, and a first live message before it makes it
+    // needless: 0 or 1 of it).
+    let filled = s["replays_filled"].as_u64().unwrap();
+    match mode {
+        Mode::Central => assert_eq!(filled, gaps, "{what}: {s}"),
+        Mode::PerPod => assert!((gaps + 1..=gaps + 2).contains(&filled), "{what}: {s}"),
+    }
     assert_eq!(s["replays_failed"], 0, "{what}: {s}");
     assert_eq!(s["clears"], 0, "{what}: {s}");
     assert!(checked_positive > 0, "{what}: no query had a positive expectation");

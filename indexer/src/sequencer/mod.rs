@@ -13,6 +13,7 @@
 //!                         ├──seq goes back (restart), or a new connection──▶ clear, replay from 0 ──▶ EXACT | DEGRADED
 //!                         ├──its connection closes──▶ clear ──▶ CONNECTING (from any state)
 //!                         └──silent > stale_after──▶ STALE (back on data)
+//! a live connection opens (any state) ──▶ catch-up replay from the cursor (from 0 when CONNECTING)
 //! DEGRADED keeps applying new batches (scores only under-report) and becomes EXACT again only
 //! after a full resync: a replay from seq 0 whose first reply is seq 0 (after a restart).
 //! ```
@@ -20,6 +21,7 @@
 //! The one rule: never guess. A seq that can no longer be obtained (dropped beyond the replay
 //! buffer, replay unavailable, malformed payload) clears the pod and marks it DEGRADED.
 
+mod catch_up;
 mod resume;
 mod state;
 #[cfg(test)]
@@ -49,8 +51,9 @@ pub enum Step<P> {
     Clear { reason: Reason },
     /// Ask the publisher's replay socket for every buffered batch from `from`; answer with
     /// [`Sequencer::on_replay_message`] / [`Sequencer::on_replay_end`] /
-    /// [`Sequencer::on_replay_failed`] carrying the same `id`.
-    RequestReplay { id: u64, from: u64 },
+    /// [`Sequencer::on_replay_failed`] carrying the same `id`. `reason` says why it is asked
+    /// (`InitialSync`, `Gap`, `CatchUp`), for the shell to count.
+    RequestReplay { id: u64, from: u64, reason: Reason },
     /// The replay `id` is over (no more messages for it will be accepted).
     ReplayDone { id: u64, outcome: ReplayOutcome },
     /// A seq gap: `expected` was next, `got` arrived.
@@ -122,6 +125,8 @@ struct ActiveReplay {
     first_seen: Option<u64>,
     /// `next` when the replay started, to tell progress from a replay that brought nothing.
     next_at_start: Option<u64>,
+    /// Why it was asked (a failed catch-up may be tried again, see `catch_up`).
+    reason: Reason,
 }
 
 /// The state machine of one (source, DP rank) stream. `P` is the decoded batch (opaque here).
@@ -148,6 +153,11 @@ pub struct Sequencer<P> {
     resumed: bool,
     /// The publisher epoch of the last live message that had one (24-byte seq frames).
     epoch: Option<[u8; 16]>,
+    /// A live connection opened and nothing has come on it yet: its catch-up replay is still
+    /// to be asked (see `catch_up`).
+    catch_up: bool,
+    /// Catch-up replays asked since the connection opened.
+    catch_up_tries: u8,
     stats: SequencerStats,
 }
 
@@ -168,6 +178,8 @@ impl<P> Sequencer<P> {
             reconnected: false,
             resumed: false,
             epoch: None,
+            catch_up: false,
+            catch_up_tries: 0,
             stats: SequencerStats::default(),
         }
     }
@@ -283,9 +295,10 @@ impl<P> Sequencer<P> {
         let id = self.replay_ids;
         let next_at_start = self.next;
         self.next = Some(from);
-        self.replay = Some(ActiveReplay { id, from, started_at: now, begun: false, first_seen: None, next_at_start });
+        self.replay =
+            Some(ActiveReplay { id, from, started_at: now, begun: false, first_seen: None, next_at_start, reason });
         self.stats.replays_started += 1;
-        out.push(Step::RequestReplay { id, from });
+        out.push(Step::RequestReplay { id, from, reason });
         self.set_state(SourceState::Replaying, reason, out);
     }
 
@@ -332,16 +345,20 @@ impl<P> Sequencer<P> {
     /// A message from the live (SUB) socket.
     pub fn on_live(&mut self, seq: u64, item: Item<P>, now: Millis, out: &mut Vec<Step<P>>) {
         self.last_data_at = Some(now);
+        // What came before this message is the gap rules' now (applied, or replayed as a gap).
+        self.catch_up = false;
         if self.state == SourceState::Stale {
             let to = self.settled();
             self.set_state(to, Reason::Data, out);
         }
         if self.last_live.is_some_and(|last| seq <= last) || self.resumed_behind(seq) {
             self.restart(Reason::Restart, out);
-        } else if std::mem::take(&mut self.reconnected) && self.last_live.is_some() {
+        } else if std::mem::take(&mut self.reconnected) && self.holds_any() {
             // A new connection whose seq moved forward: the same process after a network
             // blip, or a new process that already published past our cursor. Seq numbers
-            // cannot tell them apart, so nothing is trusted: clear and resync from seq 0.
+            // cannot tell them apart, so nothing is trusted: clear and resync from seq 0. (Also
+            // when what the stream holds came by replay alone: that was the old connection's
+            // process too.)
             self.restart(Reason::Reconnect, out);
         }
         self.reconnected = false;
@@ -357,6 +374,12 @@ impl<P> Sequencer<P> {
             return;
         }
         self.route(seq, item, now, out);
+    }
+
+    /// Whether the stream holds (or is filling) anything of its publisher: a live message came,
+    /// or a replay set its cursor.
+    fn holds_any(&self) -> bool {
+        self.last_live.is_some() || self.next.is_some()
     }
 
     /// Places one message when no replay is in flight.
@@ -416,6 +439,7 @@ impl<P> Sequencer<P> {
     /// next connection starts over as a new stream (seq 0 applies; a later seq replays from 0).
     pub fn on_disconnect(&mut self, out: &mut Vec<Step<P>>) {
         self.stats.disconnects += 1;
+        self.catch_up = false;
         if self.replay.is_some() {
             self.end_replay(ReplayOutcome::Abandoned, out);
         }
@@ -463,6 +487,9 @@ impl<P> Sequencer<P> {
         };
         let Some(replay) = self.end_replay(outcome, out) else { return };
         self.cooldown_until = now.saturating_add(self.config.replay_cooldown_ms);
+        if replay.reason == Reason::CatchUp && matches!(reason, Reason::ReplayTimeout | Reason::ReplayUnavailable) {
+            self.catch_up_failed();
+        }
         if reason == Reason::PendingOverflow {
             // The held messages are dropped: clear now, continue from what comes next.
             self.pending.clear();
@@ -594,6 +621,7 @@ impl<P> Sequencer<P> {
                 self.abandon_replay(Reason::ReplayTimeout, now, out);
             }
         }
+        self.try_catch_up(now, out);
         if matches!(self.state, SourceState::Exact | SourceState::Degraded) {
             if let Some(at) = self.last_data_at {
                 if now.saturating_sub(at) >= self.config.stale_after_ms {

@@ -52,7 +52,7 @@ mod tests {
         let mut s = Seq::new(SequencerConfig::default());
         let mut out = Vec::new();
         s.resume(41, 0, &mut out);
-        assert_eq!(out[0], Step::RequestReplay { id: 1, from: 42 });
+        assert_eq!(out[0], Step::RequestReplay { id: 1, from: 42, reason: Reason::InitialSync });
         assert!(s.is_resumed());
         s.on_live(45, Item::Batch(45), 1, &mut out);
         for seq in 42..=44 {

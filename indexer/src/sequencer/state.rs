@@ -47,6 +47,9 @@ pub enum Reason {
     InitialSync,
     /// A seq gap was seen and a replay was started.
     Gap,
+    /// A live connection opened: what the publisher sent before our subscription reached it
+    /// is asked from its replay socket (everything after the cursor; from 0 when there is none).
+    CatchUp,
     /// The replay filled the gap.
     ReplayFilled,
     /// The replay's first message was above the requested seq.
@@ -85,6 +88,7 @@ impl Reason {
             Reason::FirstBatch => "first_batch",
             Reason::InitialSync => "initial_sync",
             Reason::Gap => "gap",
+            Reason::CatchUp => "catch_up",
             Reason::ReplayFilled => "replay_filled",
             Reason::ReplayNotCovered => "replay_not_covered",
             Reason::ReplayUnavailable => "replay_unavailable",

@@ -1,7 +1,7 @@
 //! A SUB that dials one publisher (per-pod mode: the indexer connects to each engine's bound
-//! PUB) and keeps it connected: re-dials with [`Backoff`] after a refused connect, a failed
-//! handshake or a disconnect, and reports each as an [`Event`], so the server sees every
-//! reconnect (a restarted engine's seq starts again at 0).
+//! PUB) and keeps it connected: re-dials with [`Backoff`] after a refused connect (within a
+//! second: nothing listens yet), a failed handshake or a disconnect, and reports each as an
+//! [`Event`], so the server sees every reconnect (a restarted engine's seq starts again at 0).
 
 use std::sync::Arc;
 
@@ -120,7 +120,12 @@ async fn dial_loop(
             Ok(Err(reason)) => Some(reason),
             Err(_) => Some(Reason::HandshakeTimeout),
         };
-        let retry_in = backoff.delay(attempt);
+        // Nothing listens yet (an engine still starting): retried soon whatever the attempt.
+        let refused = matches!(
+            failure,
+            Some(Reason::Connect(std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound))
+        );
+        let retry_in = if refused { backoff.delay_refused(attempt) } else { backoff.delay(attempt) };
         attempt = attempt.saturating_add(1);
         if let Some(reason) = failure {
             let event = Event::ConnectFailed { endpoint: name.clone(), reason, retry_in };

@@ -64,11 +64,12 @@ impl Worker {
                     counter!(m::CLEARS, "reason" => reason.label()).increment(1);
                     tracing::warn!(pod = %st.pod, reason = reason.label(), entries_removed = removed, "pod cleared");
                 }
-                Step::RequestReplay { id, from } => {
+                Step::RequestReplay { id, from, reason } => {
+                    counter!(m::REPLAY_REQUESTS, "reason" => reason.label()).increment(1);
                     let endpoint = state.registry().replay_endpoint(&key.base, key.rank);
                     match endpoint {
                         Some(ep) => {
-                            tracing::info!(pod = %st.pod, from, endpoint = %ep, "replay requested");
+                            tracing::info!(pod = %st.pod, from, reason = reason.label(), endpoint = %ep, "replay requested");
                             state.spawn(crate::replay::run(state.clone(), self.index, key.clone(), id, from, ep));
                         }
                         None => self.deferred.push_back(Work::Replay {

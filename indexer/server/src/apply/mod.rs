@@ -167,9 +167,18 @@ impl Worker {
                 self.carry_out(&mut effects, Context::default());
                 self.effects = effects;
             }
-            Work::Disconnected { origin, conn } => {
+            Work::Connected { origin, conn, peer } => {
+                let state = self.state.clone();
                 let mut effects = std::mem::take(&mut self.effects);
-                self.table.disconnect(&origin, conn, &mut effects);
+                let fleet = ServiceFleet(&state);
+                self.table.connected(&fleet, &origin, conn, Some(&peer), state.now_ms(), &mut effects);
+                self.carry_out(&mut effects, Context::default());
+                self.effects = effects;
+            }
+            Work::Disconnected { origin, conn } => {
+                let state = self.state.clone();
+                let mut effects = std::mem::take(&mut self.effects);
+                self.table.disconnect(&ServiceFleet(&state), &origin, conn, state.now_ms(), &mut effects);
                 self.carry_out(&mut effects, Context::default());
                 self.effects = effects;
                 if let Some(recorder) = self.state.recorder() {

@@ -11,10 +11,10 @@
 //! Replay output has a bounded part of the lane of its own that the worker serves first: a
 //! replay completes a gap, and behind a full live lane its batches would wait past the replay
 //! timeout, which is how a burst of gaps used to become pod clears. Control work (a
-//! disconnect, a registration's initial sync, a removal, a snapshot, stop) queues behind the
-//! live messages before it, so it sees them applied, and takes no room: each is bounded by
-//! what caused it (a connection, a registration, a snapshot). A lane whose worker is gone
-//! refuses everything, so no sender waits for ever.
+//! connection's open and close, a registration's initial sync, a removal, a snapshot, stop)
+//! queues behind the live messages before it, so it sees them applied, and takes no room: each
+//! is bounded by what caused it (a connection, a registration, a snapshot). A lane whose worker
+//! is gone refuses everything, so no sender waits for ever.
 
 use std::collections::VecDeque;
 use std::hash::Hasher;

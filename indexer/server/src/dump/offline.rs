@@ -423,15 +423,6 @@ impl Offline {
         };
         let now = self.clock(record.t);
         let mut effects = Vec::new();
-        if record.is_disconnect() {
-            if let Some(conn) = record.conn {
-                self.table.disconnect(&origin, ConnId(conn), &mut effects);
-                self.carry_out(effects, None, record.t, now);
-            }
-            return;
-        }
-        self.totals.live += 1;
-        let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
         let fleet = DumpFleet {
             index: &self.index,
             topic_map: &self.topic_map,
@@ -439,6 +430,15 @@ impl Offline {
             engines: &self.engines,
             default_engine: self.default_engine,
         };
+        if record.is_disconnect() {
+            if let Some(conn) = record.conn {
+                self.table.disconnect(&fleet, &origin, ConnId(conn), now, &mut effects);
+                self.carry_out(effects, None, record.t, now);
+            }
+            return;
+        }
+        self.totals.live += 1;
+        let frames: Vec<Bytes> = frames.iter().map(|f| Bytes::copy_from_slice(f)).collect();
         let mut new = |_: &StreamKey, pod: &Arc<str>, model: &Arc<str>, _: Mode| {
             let stats = StreamStats { pod: pod.to_string(), model: model.to_string(), ..Default::default() };
             (Counts { stats }, None)
@@ -544,7 +544,7 @@ impl Offline {
                     let seq = stream.seq.last_seq().unwrap_or(0);
                     self.note(&pod, seq, t, reason.label());
                 }
-                Step::RequestReplay { id, from } => self.asked.push_back((key.clone(), id, from)),
+                Step::RequestReplay { id, from, .. } => self.asked.push_back((key.clone(), id, from)),
                 Step::ReplayDone { .. } | Step::Duplicate { .. } | Step::Transition { .. } | Step::Gap { .. } => {}
             }
         }

@@ -1,11 +1,11 @@
 //! The stream table: every stream of one apply worker (or of `kvindex replay`), from a
 //! message's frames to the steps its sequencer asks for. Admission (the topic filter, name
 //! bounds, the table's caps and reclaiming, central-mode source binding, one owner per pod id:
-//! [`PodOwners`]), naming (topic → pod, DP rank → pod id), connection tracking (a new
-//! connection resyncs, a closed one clears) and sequencing happen here, once, and come out as
-//! typed [`Effect`]s in order. The live worker (`apply`) and the offline replay
-//! (`dump::offline`) are two drivers of this table: they carry the effects out on their index
-//! (and metrics, logs, snapshots), and cannot drift apart.
+//! [`PodOwners`]), naming (topic → pod, DP rank → pod id), connection tracking (`connections`:
+//! a new connection catches up or resyncs, a closed one clears) and sequencing happen here,
+//! once, and come out as typed [`Effect`]s in order. The live worker (`apply`) and the offline
+//! replay (`dump::offline`) are two drivers of this table: they carry the effects out on their
+//! index (and metrics, logs, snapshots), and cannot drift apart.
 //!
 //! A live payload is decoded once, here: [`StreamTable::admit`] returns the decoded batch, and
 //! an `Apply` in the steps it emits is always that batch (the sequencer applies a live batch in
@@ -17,6 +17,7 @@
 //! [`Fleet`] (what the registry knows), which makes the table testable and replayable.
 
 mod batch;
+mod connections;
 mod engine_rules;
 mod fleet;
 mod naming;
@@ -31,7 +32,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use kvindex::sequencer::{Item, Sequencer, SequencerConfig, SourceState, Step};
+use kvindex::sequencer::{Item, Sequencer, SequencerConfig, Step};
 use kvindex::wire::{self, EventBatch};
 
 pub use batch::{decode, Batch};
@@ -146,6 +147,9 @@ pub struct StreamTable<X> {
     naming: Naming,
     config: TableConfig,
     owners: Arc<PodOwners>,
+    /// Central-mode connections that have carried no message yet, with their source address
+    /// (see `connections`): at most one entry per open connection.
+    fresh: std::collections::HashMap<ConnId, kvindex_zmtp::Source>,
 }
 
 impl<X: Ext> StreamTable<X> {
@@ -161,6 +165,7 @@ impl<X: Ext> StreamTable<X> {
             naming: Naming::new(config.topic_filter.clone(), config.dp_naming_topic),
             config,
             owners,
+            fresh: Default::default(),
         }
     }
 
@@ -224,6 +229,9 @@ impl<X: Ext> StreamTable<X> {
         new_ext: &mut NewExt<'_, X>,
         out: &mut Vec<Effect<X>>,
     ) -> Option<EventBatch<'f>> {
+        if let Some(conn) = conn {
+            self.carried(conn);
+        }
         let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
         let raw = match wire::parse_live(&refs) {
             Ok(raw) => raw,
@@ -512,40 +520,6 @@ impl<X: Ext> StreamTable<X> {
         }
         st.saw(&steps);
         out.push(Effect::Steps { key: key.clone(), steps });
-    }
-
-    /// A publisher's live connection closed: every stream whose messages came on it is
-    /// cleared and back to CONNECTING. Only the connection that carried a stream clears it; a
-    /// foreign one (central mode) never did, so it cannot.
-    pub fn disconnect(&mut self, origin: &Origin, conn: ConnId, out: &mut Vec<Effect<X>>) {
-        let mut keys: Vec<StreamKey> = self
-            .streams
-            .iter()
-            .filter(|(key, st)| match st.conn {
-                Some(c) => c == conn,
-                // A dialled pod's stream filled by its start-up replay before any live message
-                // came: the dialer's connection is the only one that pod has.
-                None => match origin {
-                    Origin::Pod { id, endpoint, .. } => {
-                        key.base == *id
-                            && st.endpoint.as_ref() == Some(endpoint)
-                            && st.seq.state() != SourceState::Connecting
-                    }
-                    Origin::Central => false,
-                },
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
-        // In key order, so a replay offline carries the clears out as the live worker did.
-        keys.sort();
-        for key in keys {
-            let Some(st) = self.streams.get_mut(&key) else { continue };
-            st.conn = None;
-            let mut steps = Vec::new();
-            st.seq.on_disconnect(&mut steps);
-            out.push(Effect::Disconnected { key: key.clone(), conn });
-            out.push(Effect::Steps { key, steps });
-        }
     }
 
     /// A replay's answer for `key`'s stream (none: the stream is gone, nothing to do). A

@@ -20,6 +20,8 @@ struct Registry {
     ranks: HashMap<String, (String, bool)>,
     /// Whether a source address still holds a connection to the central SUB.
     connected: bool,
+    /// Pods with a replay endpoint.
+    replay: Vec<String>,
 }
 
 impl Fleet for Registry {
@@ -29,8 +31,8 @@ impl Fleet for Registry {
     fn pod_for_topic(&self, id: &str) -> String {
         self.topics.get(id).cloned().unwrap_or_else(|| id.to_string())
     }
-    fn has_replay(&self, _: &str, _: u32) -> bool {
-        false
+    fn has_replay(&self, base: &str, _: u32) -> bool {
+        self.replay.iter().any(|p| p == base)
     }
     fn configured(&self, base: &str) -> bool {
         self.ranks.values().any(|(pod, _)| pod == base)
@@ -60,6 +62,7 @@ fn registry() -> Registry {
         empty: Vec::new(),
         ranks: HashMap::new(),
         connected: true,
+        replay: vec!["dialled".to_string(), "heard".to_string(), "busy".to_string()],
     }
 }
 
@@ -137,9 +140,9 @@ fn a_new_connection_resyncs_its_stream_and_only_the_carrying_connection_clears_i
     let steps = steps(&t, &effects);
     assert!(steps.iter().any(|(_, s)| matches!(s, Step::Clear { reason: Reason::Reconnect })), "{steps:?}");
     let mut out = Vec::new();
-    t.disconnect(&Origin::Central, ConnId(1), &mut out);
+    t.disconnect(&registry(), &Origin::Central, ConnId(1), 3, &mut out);
     assert!(out.is_empty(), "the old connection no longer carries the stream");
-    t.disconnect(&Origin::Central, ConnId(2), &mut out);
+    t.disconnect(&registry(), &Origin::Central, ConnId(2), 3, &mut out);
     assert!(matches!(&out[0], Effect::Disconnected { conn: ConnId(2), .. }));
     let steps = steps_of(&out);
     assert!(steps.iter().any(|s| matches!(s, Step::Clear { .. })), "{steps:?}");
@@ -371,7 +374,7 @@ fn a_contested_pod_is_given_up_once_its_owner_is_disconnected_and_may_be_reclaim
     t.tick(&fleet, stale + 100, &mut out);
     assert!(t.get(&owner).is_some(), "a connected owner keeps its pod");
     // Its connection closed: the next tick gives the pod up.
-    t.disconnect(&Origin::Central, ConnId(1), &mut out);
+    t.disconnect(&fleet, &Origin::Central, ConnId(1), stale + 150, &mut out);
     out.clear();
     t.tick(&fleet, stale + 200, &mut out);
     assert!(matches!(&out[0], Effect::Reclaimed { why: Reclaim::Contested, key, .. } if *key == owner));
@@ -436,4 +439,90 @@ fn a_registration_made_after_another_stream_took_its_pod_takes_it_back() {
     assert_eq!(t.get(&StreamKey { base: Arc::from("d:8000"), rank: 0 }).map(|st| st.mode), Some(Mode::PerPod));
     let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@d:8000@m", 1, 0), 1, 4);
     assert_eq!(foreign(&effects), Some(("d:8000".to_string(), "pod_owned")));
+}
+
+/// The catch-up replays `effects` ask, as (pod, from).
+fn catch_ups(t: &StreamTable<()>, effects: &[Effect<()>]) -> Vec<(String, u64)> {
+    steps(t, effects)
+        .into_iter()
+        .filter_map(|(pod, s)| match s {
+            Step::RequestReplay { from, reason: Reason::CatchUp, .. } => Some((pod, from)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_dialled_pods_connection_catches_up_the_streams_of_its_endpoint() {
+    let mut t = table(16);
+    let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
+    let model: Arc<str> = Arc::from("m");
+    let mut out = Vec::new();
+    for (pod, endpoint) in [("dialled", "tcp://e:1"), ("dialled", "tcp://e:2"), ("other", "tcp://o:1")] {
+        let key = StreamKey { base: Arc::from(pod), rank: u32::from(endpoint.ends_with('2')) };
+        t.initial_sync(&registry(), &key, &model, &Arc::from(endpoint), 0, &mut new, &mut out);
+    }
+    // The start-up replay of rank 0 was refused (the engine was not up); the cooldown passes.
+    let key = StreamKey { base: Arc::from("dialled"), rank: 0 };
+    let (id, _) = t.get(&key).unwrap().seq.replay_in_flight().unwrap();
+    t.replay(&key, id, ReplayEvent::Failed { timeout: false }, 1, &mut out);
+    let origin = Origin::Pod { id: Arc::from("dialled"), model, endpoint: Arc::from("tcp://e:1") };
+    let later = SequencerConfig::default().replay_cooldown_ms + 10;
+    let mut out = Vec::new();
+    t.connected(&registry(), &origin, ConnId(7), Some(&peer(1)), later, &mut out);
+    assert_eq!(
+        catch_ups(&t, &out),
+        [("dialled".to_string(), 0)],
+        "rank 1 and the other pod have endpoints of their own"
+    );
+    assert_eq!(t.get(&key).unwrap().conn, Some(ConnId(7)), "the connection carries the stream: its close clears it");
+}
+
+#[test]
+fn a_central_connection_catches_up_the_silent_streams_its_address_published() {
+    let (mut t, fleet) = (table(16), registry());
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@heard@m", 0, 0), 1, 0);
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@busy@m", 0, 0), 2, 0);
+    // No replay endpoint:
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@p@m", 0, 0), 3, 0);
+    let mut out = Vec::new();
+    t.disconnect(&fleet, &Origin::Central, ConnId(1), 0, &mut out);
+    t.disconnect(&fleet, &Origin::Central, ConnId(3), 0, &mut out);
+    // Another address: none of its streams.
+    let mut out = Vec::new();
+    t.connected(&fleet, &Origin::Central, ConnId(8), Some(&peer(2)), 10, &mut out);
+    assert!(out.is_empty());
+    // The address again: only the stream whose connection closed and that can replay (the busy
+    // one still holds its own connection).
+    t.connected(&fleet, &Origin::Central, ConnId(9), Some(&peer(1)), 10, &mut out);
+    assert_eq!(catch_ups(&t, &out), [("heard".to_string(), 0)]);
+    let conn = |t: &StreamTable<()>, pod: &str| t.get(&StreamKey { base: Arc::from(pod), rank: 0 }).unwrap().conn;
+    assert_eq!((conn(&t, "heard"), conn(&t, "busy"), conn(&t, "p")), (Some(ConnId(9)), Some(ConnId(2)), None));
+    // It now carries the stream: a second connection from the address leaves it alone.
+    let mut out = Vec::new();
+    t.connected(&fleet, &Origin::Central, ConnId(10), Some(&peer(1)), 10, &mut out);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn a_new_central_connection_seen_before_the_old_ones_close_still_catches_up() {
+    let (mut t, fleet) = (table(16), registry());
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@heard@m", 0, 0), 1, 0);
+    // The restarted engine's connection (2) and another engine's on the same host (3, which
+    // then speaks) are reported before the old connection's close.
+    let mut out = Vec::new();
+    t.connected(&fleet, &Origin::Central, ConnId(3), Some(&peer(1)), 1, &mut out);
+    t.connected(&fleet, &Origin::Central, ConnId(2), Some(&peer(1)), 1, &mut out);
+    assert!(out.is_empty(), "the stream is still on its old connection");
+    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@p@m", 0, 0), 3, 1);
+    let mut out = Vec::new();
+    t.disconnect(&fleet, &Origin::Central, ConnId(1), 2, &mut out);
+    assert!(steps_of(&out).iter().any(|s| matches!(s, Step::Clear { reason: Reason::Disconnect })));
+    assert_eq!(catch_ups(&t, &out), [("heard".to_string(), 0)], "caught up on the fresh connection");
+    assert_eq!(t.get(&StreamKey { base: Arc::from("heard"), rank: 0 }).unwrap().conn, Some(ConnId(2)));
+    // The fresh connection's close clears it again; nothing fresh is left to catch up on.
+    let mut out = Vec::new();
+    t.disconnect(&fleet, &Origin::Central, ConnId(2), 3, &mut out);
+    assert!(matches!(&out[0], Effect::Disconnected { conn: ConnId(2), .. }));
+    assert!(catch_ups(&t, &out).is_empty());
 }

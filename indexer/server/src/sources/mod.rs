@@ -70,7 +70,15 @@ pub async fn serve_central(
             }
             other => {
                 match &other {
-                    Event::Connected { peer, .. } => connections.note(peer.source(), true),
+                    Event::Connected { conn, peer, .. } => {
+                        connections.note(peer.source(), true);
+                        // A stream this address published before may catch up on it (any worker
+                        // may hold one); the doors keep this before the connection's messages.
+                        for worker in 0..queues.workers() {
+                            let work = Work::Connected { origin: Origin::Central, conn: *conn, peer: peer.clone() };
+                            doors.send(worker, work).await;
+                        }
+                    }
                     Event::Disconnected { conn, peer, .. } => {
                         connections.note(peer.source(), false);
                         // Any worker may hold a stream of this connection (one per topic); the
@@ -159,8 +167,14 @@ impl Dialer {
                     }
                 }
                 other => {
-                    if matches!(other, Event::Connected { .. }) && std::mem::replace(&mut connected_before, true) {
-                        source_series::add(&counters.reconnections, 1);
+                    if let Event::Connected { conn, peer, .. } = &other {
+                        if std::mem::replace(&mut connected_before, true) {
+                            source_series::add(&counters.reconnections, 1);
+                        }
+                        // What the engine published before this subscription reached it is asked
+                        // from its replay socket (queued before the connection's messages).
+                        let work = Work::Connected { origin: origin.clone(), conn: *conn, peer: peer.clone() };
+                        queues.send(worker, work).await;
                     }
                     if let Event::Disconnected { conn, .. } = &other {
                         queues.send(worker, Work::Disconnected { origin: origin.clone(), conn: *conn }).await;

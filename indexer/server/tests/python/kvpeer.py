@@ -93,6 +93,20 @@ def chain_hash(parent, tokens):
     return int.from_bytes(h.digest(), "big")
 
 
+def bind_retrying(sock, endpoint):
+    """Binds `sock` on `endpoint` (a just-closed port can take a moment to free); returns the
+    endpoint bound."""
+    for attempt in range(100):
+        try:
+            sock.bind(endpoint)
+            break
+        except zmq.ZMQError:
+            if attempt == 99:
+                raise
+            time.sleep(0.05)
+    return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+
 class Publisher:
     """One engine: a PUB-compatible socket, an optional replay ROUTER, and the reference of
     which blocks its engine holds."""
@@ -116,62 +130,61 @@ class Publisher:
         self.open()
 
     def open(self, connect=True):
+        """A new process. `connect` false (or `bind_later` in the config): its live socket is
+        neither connected nor bound until `plug`; what it publishes until then reaches no one."""
         self.seq = 0
         self.held = {}  # hash -> (parent, tokens)
         self.buffer = collections.deque(maxlen=self.buffer_steps)
-        self.sock = CTX.socket(zmq.XPUB)
-        self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.SNDHWM, 1_000_000)
-        if "connect" in self.cfg:
+        self.sock = None
+        if connect and not self.cfg.get("bind_later"):
+            self.plug()
+        elif "connect" in self.cfg:
             self.pub_ep = self.cfg["connect"]
-            if connect:
-                self.sock.connect(self.cfg["connect"])
         else:
-            for attempt in range(100):
-                try:
-                    self.sock.bind(self.pub_ep or self.cfg["bind"])
-                    break
-                except zmq.ZMQError:
-                    if attempt == 99:
-                        raise
-                    time.sleep(0.05)
-            self.pub_ep = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self.pub_ep = self.pub_ep or self.cfg["bind"]
         self.router = None
         self.stop = threading.Event()
         if self.cfg.get("replay"):
             self.router = CTX.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
-            for attempt in range(100):  # a just-closed port can take a moment to free
-                try:
-                    self.router.bind(self.replay_ep or self.cfg["replay"])
-                    break
-                except zmq.ZMQError:
-                    if attempt == 99:
-                        raise
-                    time.sleep(0.05)
-            self.replay_ep = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self.replay_ep = bind_retrying(self.router, self.replay_ep or self.cfg["replay"])
             self.thread = threading.Thread(target=self.serve_replay, daemon=True)
             self.thread.start()
         self.subscribed = False
 
-    def reconnect(self):
-        """A network blip: the live connection is replaced by a new one; the process (its seq,
-        blocks and replay buffer) goes on."""
-        self.sock.close(0)
+    def plug(self):
+        """A live socket of this process: connected to `connect`, or bound on `bind` (the same
+        endpoint again after `unplug`)."""
         self.sock = CTX.socket(zmq.XPUB)
         self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 1_000_000)
-        self.sock.connect(self.cfg["connect"])
         self.subscribed = False
+        if "connect" in self.cfg:
+            self.pub_ep = self.cfg["connect"]
+            self.sock.connect(self.cfg["connect"])
+            return
+        self.pub_ep = bind_retrying(self.sock, self.pub_ep or self.cfg["bind"])
+
+    def unplug(self):
+        """The live socket closes (its connections go); the process (its seq, blocks and replay
+        socket) goes on, publishing to no one until `plug`."""
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None
+
+    def reconnect(self):
+        """A network blip: the live connection is replaced by a new one; the process (its seq,
+        blocks and replay buffer) goes on."""
+        self.unplug()
+        self.plug()
 
     def close(self):
         self.stop.set()
         if self.router is not None:
             self.thread.join()
             self.router.close(0)
-        self.sock.close(0)
+        self.unplug()
 
     def serve_replay(self):
         poller = zmq.Poller()
@@ -205,7 +218,7 @@ class Publisher:
         deadline = time.time() + timeout
         if fresh:
             self.subscribed = False
-        while not self.subscribed and time.time() < deadline:
+        while self.sock is not None and not self.subscribed and time.time() < deadline:
             if self.sock.poll(50):
                 msg = self.sock.recv()
                 if msg[:1] == b"\x01":
@@ -217,7 +230,7 @@ class Publisher:
             s = self.seq if seq is None else seq
             self.seq = s + 1
             self.buffer.append((s, payload))
-        if not drop:
+        if not drop and self.sock is not None:
             self.sock.send_multipart([self.topic if topic is None else topic, s.to_bytes(8, "big"), payload])
         return s
 
@@ -592,7 +605,8 @@ class Peer:
 
     def op_restart(self, name, connect_later=False):
         """A new process: seq from 0, nothing held, empty replay buffer. With `connect_later`,
-        it publishes unconnected (messages lost on the wire) until `connect`."""
+        it publishes unconnected (messages lost on the wire) until `connect` (a bound one: until
+        `plug`)."""
         p = self.pubs[name]
         p.close()
         p.open(connect=not connect_later)
@@ -602,9 +616,21 @@ class Peer:
         self.pubs[name].reconnect()
         return {}
 
+    def op_unplug(self, name):
+        self.pubs[name].unplug()
+        return {}
+
+    def op_plug(self, name):
+        p = self.pubs[name]
+        p.plug()
+        return {"endpoint": p.pub_ep}
+
     def op_connect(self, name):
         p = self.pubs[name]
-        p.sock.connect(p.cfg["connect"])
+        if p.sock is None:
+            p.plug()
+        else:
+            p.sock.connect(p.cfg["connect"])
         return {}
 
     def op_stop(self, name):
