@@ -7,7 +7,8 @@
 //! the control that shows the test can fail) the second router sends its prompt to the pod the
 //! first one just loaded. Releases are watched in the indexer's own answer (ScoreTokens'
 //! `in_flight`, read over gRPC), through the proxy and the ext_proc door; a router killed with
-//! requests in flight leaves reservations that end at their TTL. The pods are real `kvindex-sim`
+//! requests in flight leaves reservations that end at their TTL; a second indexer holds every
+//! reservation too, and with no indexer answering a router places by its own counts. The pods are real `kvindex-sim`
 //! engines prefilling slowly, so nothing is answered while the test looks.
 
 mod support;
@@ -15,10 +16,15 @@ mod support;
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, ProcessingRequest, ProtocolConfiguration};
 use http_body_util::{BodyExt, Full};
+use kvindex_loadtest::kvindex_service::http_with;
 use kvindex_proto::kvindex::v1 as pb;
 use serde_json::{json, Value};
-use support::ext_proc::{connect, pick_on, response_body, response_headers, PickerProcess, Stream};
+use support::ext_proc::{
+    body, connect, headers, pick_on, post_headers, response_body, response_headers, PickerProcess, Stream,
+};
 use support::*;
 
 const MODEL: &str = "sim/model";
@@ -282,4 +288,158 @@ async fn the_endpoint_picker_releases_on_the_response_envoy_shows_it() {
     wait_in_flight(&indexer, "the second pick reserved", &[(&pod, (1, 12))]).await;
     drop(stream);
     wait_in_flight(&indexer, "the abandoned request released", &[]).await;
+}
+
+/// A second `kvindex serve` beside `stack`'s, taking the same admin token (a router sends one
+/// token to every indexer) and with the stack's pods registered: it has no source of theirs, but
+/// knows them, so it keeps their reservations. Returns the process and its gRPC address.
+async fn sibling_indexer(bins: &Bins, stack: &Stack) -> (ChildProcess, String) {
+    let token_file = stack.kv.admin_token_file();
+    let process = ChildProcess::spawn(
+        std::process::Command::new(&bins.kvindex)
+            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", &BLOCK.to_string()])
+            .arg("--admin-token-file")
+            .arg(token_file),
+    )
+    .expect("a second kvindex serve");
+    let addrs = process.listening("KVINDEX_LISTENING ").expect("its addresses");
+    let bearer = format!("Bearer {}", std::fs::read_to_string(token_file).expect("the token").trim());
+    for pod in &stack.sim.pods {
+        let body = json!({"pod": pod.pod_id, "model": MODEL}).to_string();
+        let (status, text) = http_with(&addrs["http"], "POST", "/pods", Some(&body), &[("Authorization", &bearer)])
+            .await
+            .expect("POST /pods");
+        assert_eq!(status, 200, "{text}");
+    }
+    (process, addrs["grpc"].clone())
+}
+
+/// Each pod's `shared` load in `router`'s explanation of a placement of `body` (nothing is sent).
+async fn explained_shared(router: &str, body: &Value) -> BTreeMap<String, Value> {
+    let explained = post(router, "/route/v1/completions", body).await.json();
+    let ranked = explained["ranked"].as_array().cloned().unwrap_or_default();
+    ranked.into_iter().map(|c| (c["pod"].as_str().unwrap_or_default().to_string(), c["shared"].clone())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_indexer_holds_the_reservations_and_without_any_the_routers_keep_their_own_counts() {
+    let bins = bins();
+    let mut stack = Stack::start(&bins, 3, &["--model", MODEL, "--prefill-tokens-per-s", "20"]).await;
+    let (mut second, second_grpc) = sibling_indexer(&bins, &stack).await;
+    let first_grpc = stack.kv.grpc_addr.clone();
+    let mut args = stack.router_args();
+    args.extend(
+        ["--indexer", &second_grpc, "--scrape-interval-ms", "20", "--score-deadline-ms", "500"].map(String::from),
+    );
+    let (a, b) = (router(&bins, &args), router(&bins, &args));
+    let ids: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
+    wait_scraped(&a.http, &ids).await;
+    wait_scraped(&b.http, &ids).await;
+    let body = |seed| json!({"model": MODEL, "prompt": prompt(seed, 256), "max_tokens": 4});
+
+    // Router a's request is reserved on both indexers, with its 24 blocks to prefill.
+    let (pod, first) = send(&a, &[&b], &ids, body(0)).await;
+    for indexer in [&first_grpc, &second_grpc] {
+        wait_in_flight(indexer, "a's request reserved on every indexer", &[(&pod, (1, 24))]).await;
+    }
+    // The first indexer dies: router b still sees a's request, through the second one.
+    stack.kv.process.kill();
+    let seen = json!({"requests": 1, "prefill_blocks": 24});
+    wait_for("router b to see a's request through the second indexer", DEADLINE, || async {
+        (explained_shared(&b.http, &body(1)).await.get(&pod) == Some(&seen)).then_some(())
+    })
+    .await;
+
+    // No indexer answers: b places by its own counts (and the scrapes), and still places.
+    second.kill();
+    let own = metric(&b.http, "kvindex_router_load_view_total", &["view=\"own\""]).await;
+    wait_for("router b to place without any indexer's view", DEADLINE, || async {
+        let shared = explained_shared(&b.http, &body(1)).await;
+        (shared.len() == ids.len() && shared.values().all(Value::is_null)).then_some(())
+    })
+    .await;
+    assert!(metric(&b.http, "kvindex_router_load_view_total", &["view=\"own\""]).await > own);
+    // (Not `send`: nothing is recorded without an indexer.)
+    let second_request = {
+        let (addr, body) = (b.http.clone(), body(1));
+        tokio::spawn(async move { post(&addr, "/v1/completions", &body).await })
+    };
+    let mine = wait_for("router b to send its request", DEADLINE, || async {
+        for id in &ids {
+            if router_pod(&b.http, id).await["load"]["inflight"].as_u64() == Some(1) {
+                return Some(id.clone());
+            }
+        }
+        None
+    })
+    .await;
+    assert_ne!(mine, pod, "a's request is running there (b scraped it busy)");
+    let explained = post(&b.http, "/route/v1/completions", &body(2)).await.json();
+    let ranked = explained["ranked"].as_array().unwrap();
+    let on_mine = ranked.iter().find(|c| c["pod"] == mine.as_str()).unwrap();
+    assert_eq!(on_mine["load"]["inflight"], 1, "b's own request counts: {explained}");
+    assert!(on_mine["shared"].is_null(), "{explained}");
+    assert!(ranked[0]["pod"] != mine.as_str() && ranked[0]["pod"] != pod.as_str(), "the idle pod: {explained}");
+    first.abort();
+    second_request.abort();
+}
+
+/// `headers` as the response's (`:status`), ending the stream or not.
+fn response_head(status: &str, end_of_stream: bool) -> processing_request::Request {
+    match headers(&[(":status", status)], end_of_stream).request {
+        Some(processing_request::Request::RequestHeaders(h)) => processing_request::Request::ResponseHeaders(h),
+        other => panic!("headers are headers: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_response_body_the_endpoint_picker_releases_the_prefill_at_the_head() {
+    let bins = bins();
+    let stack = Stack::start(&bins, 1, &["--model", MODEL]).await;
+    let pod = stack.sim.pods[0].pod_id.clone();
+    let picker = PickerProcess::start(&bins, &stack.router_args());
+    wait_scraped(&picker.http, std::slice::from_ref(&pod)).await;
+    let indexer = stack.kv.grpc_addr.clone();
+    let client = connect(&picker.ext_proc).await;
+    let request = |seed: u32| {
+        json!({"model": MODEL, "prompt": (0..192).map(|t| 50_000 * seed + t).collect::<Vec<u32>>(), "max_tokens": 4})
+            .to_string()
+    };
+    // The shipped configs' mode: the request buffered, no response body shown to the picker.
+    let open = |seed: u32| {
+        let mut client = client.clone();
+        async move {
+            let mut stream = Stream::open(&mut client).await;
+            let mut head = post_headers("/v1/completions");
+            head.protocol_config = Some(ProtocolConfiguration {
+                request_body_mode: BodySendMode::Buffered as i32,
+                response_body_mode: BodySendMode::None as i32,
+                ..Default::default()
+            });
+            stream.send(head).await;
+            stream.recv().await.unwrap().expect("headers answer");
+            stream.send(body(request(seed).as_bytes(), true)).await;
+            stream.recv().await.unwrap().expect("the buffered body's answer, with the pick");
+            stream
+        }
+    };
+
+    let mut stream = open(1).await;
+    wait_in_flight(&indexer, "the pick reserved with its 12 blocks", &[(&pod, (1, 12))]).await;
+    stream.send(ProcessingRequest { request: Some(response_head("200", false)), ..Default::default() }).await;
+    stream.recv().await.unwrap().expect("headers answer");
+    wait_in_flight(&indexer, "the prefill released at the head: no body follows for the picker", &[(&pod, (1, 0))])
+        .await;
+    stream.tx = None;
+    assert!(stream.recv().await.unwrap().is_none(), "the picker ends the stream too");
+    wait_in_flight(&indexer, "the request released at the stream's end", &[]).await;
+
+    // A reply without a body (its head ends the stream): released whole at the head.
+    let mut stream = open(2).await;
+    wait_in_flight(&indexer, "the second pick reserved", &[(&pod, (1, 12))]).await;
+    stream.send(ProcessingRequest { request: Some(response_head("503", true)), ..Default::default() }).await;
+    stream.recv().await.unwrap().expect("headers answer");
+    wait_in_flight(&indexer, "the request released at a head that ends the response", &[]).await;
+    drop(stream);
 }
