@@ -28,6 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("descriptor.bin"))
         .compile_protos(&protos, &[root])?;
+    // The directories too: cargo rescans a directory for any change, so a `.proto` added by a
+    // merge or a checkout (whose file time can be older than the last build) is compiled.
+    for top in ["kvindex", "tokenization", "indexer"] {
+        println!("cargo:rerun-if-changed={}", root.join(top).display());
+    }
     for p in &protos {
         println!("cargo:rerun-if-changed={}", p.display());
     }

@@ -178,7 +178,10 @@ def main():
     # Values the schema cannot judge but the templates must refuse, each with its reason.
     for bad, reason in (({"engines": {"dpSize": 2}}, "must be at least engines.dpSize (2) apart"),
                         ({"layout": "epp-sidecar", "engines": {"dpSize": 2, "replayPort": 6557}},
-                         "epp-sidecar with engines.dpSize > 1 is not supported")):
+                         "epp-sidecar with engines.dpSize > 1 is not supported"),
+                        ({"layout": "epp-sidecar", "eppSidecar": {"renderEpp": True, "epp": {"replicas": 2}}},
+                         "cannot feed more than one replica"),
+                        ({"adminToken": {"enabled": False}}, "bootstrapFromSiblings with indexer.replicas > 1 needs adminToken.enabled")):
         try:
             render(chart, bad, "refused", a.kubectl)
             problems.append(f"the chart rendered inconsistent values {bad}")
@@ -189,7 +192,7 @@ def main():
     if problems:
         print("\n".join(problems), file=sys.stderr)
         raise SystemExit(f"render_chart.py: {len(problems)} problem(s)")
-    print(f"chart: lint clean, {len(cases)} value sets rendered and valid, 5 invalid value sets refused, 2 inconsistent value sets refused")
+    print(f"chart: lint clean, {len(cases)} value sets rendered and valid, 5 invalid value sets refused, 4 inconsistent value sets refused")
 
 
 if __name__ == "__main__":

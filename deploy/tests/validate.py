@@ -15,8 +15,9 @@ without a cluster:
 - kvindex containers riding in another workload's pod (the EPP) carrying a readiness probe: a
   pod is ready only when every container is, and the fail-open pre-filter must never take the
   EPP out of its Service;
-- a `kvindex serve` container whose HTTP probes do not go to its own probe listener
-  (`--probe-addr`): on `--http-addr` any client can fill the port the kubelet probes;
+- a `kvindex serve` or `kvindex-router serve` container whose HTTP probes do not go to its own
+  probe listener (`--probe-addr`): on `--http-addr` any client can fill the port the kubelet
+  probes;
 - what the API server or the controllers would reject or silently ignore: a Deployment whose
   selector does not match its pod template, a Service or PodDisruptionBudget selecting no pod of
   the render (unless annotated kvindex.io/selects-external: "true": it selects the pods of an
@@ -242,9 +243,11 @@ PATH_FLAGS = {
 
 
 def check_probe_port(where, doc, problems):
-    """`kvindex serve`'s HTTP probes go to its `--probe-addr` port (by number or port name)."""
+    """`kvindex serve`'s and `kvindex-router serve`'s HTTP probes go to its `--probe-addr` port (by
+    number or port name)."""
     for c, _, _ in containers(doc):
-        if pathlib.PurePath((c.get("command") or [""])[0]).name != "kvindex" or (c.get("args") or [""])[0] != "serve":
+        binary = pathlib.PurePath((c.get("command") or [""])[0]).name
+        if binary not in ("kvindex", "kvindex-router") or (c.get("args") or [""])[0] != "serve":
             continue
         probes = [k for k in ("readinessProbe", "livenessProbe", "startupProbe") if "httpGet" in (c.get(k) or {})]
         if not probes:
@@ -447,9 +450,53 @@ def validate(docs, k8s_version, bin_dir=None, upstream_crds=None, envoy=None, co
                     except yaml.YAMLError as err:
                         problems.append(f"{where}: data[{k}] is not YAML: {err}")
     problems += coherence(docs)
+    problems += replica_coherence(docs)
     problems += token_coherence(docs)
     if require_admin_token:
         problems += admin_token_wiring(docs)
+    return problems
+
+
+def replica_coherence(docs):
+    """`kvindex serve` run as several replicas of one Deployment: central mode (--zmq-bind)
+    cannot feed them (each engine's publisher dials one endpoint, so each replica would miss the
+    engines the others got); per-pod replicas start from a sibling's index (--bootstrap-from) at
+    a Service of this render that selects them, on their gRPC port."""
+    problems = []
+    services = {d["metadata"]["name"]: d for _, d in docs if d.get("kind") == "Service"}
+    for _, doc in docs:
+        replicas = (doc.get("spec") or {}).get("replicas", 1)
+        if doc.get("kind") != "Deployment" or not isinstance(replicas, int) or replicas <= 1:
+            continue
+        for c, labels, _ in containers(doc):
+            args = c.get("args") or []
+            if pathlib.PurePath((c.get("command") or [""])[0]).name != "kvindex" or args[:1] != ["serve"]:
+                continue
+            env = {e["name"]: str(e["value"]) for e in c.get("env") or [] if "value" in e}
+            f = flag_values(args, env)
+            where = f"{name_of(doc)} container {c['name']}"
+            if "--zmq-bind" in f:
+                problems.append(f"{where}: central mode (--zmq-bind) in {replicas} replicas: each engine dials one "
+                                "endpoint, so every replica would miss the engines the others got")
+                continue
+            target = f.get("--bootstrap-from")
+            if not target:
+                problems.append(f"{where}: {replicas} replicas without --bootstrap-from: a new replica starts cold")
+                continue
+            host, _, port = target.rpartition(":")
+            grpc_port = f.get("--grpc-addr", "127.0.0.1:50051").rpartition(":")[2]
+            named = {p.get("name"): str(p.get("containerPort")) for p in c.get("ports") or []}
+            svc = services.get(host.split(".")[0])
+            if svc is None:
+                problems.append(f"{where}: --bootstrap-from {target}: no Service {host} in this render")
+                continue
+            if not selects((svc.get("spec") or {}).get("selector") or {}, labels):
+                problems.append(f"{where}: --bootstrap-from {target}: Service {host} does not select its replicas")
+                continue
+            reaches = any(str(sp.get("port")) == port and named.get(sp.get("targetPort"), str(sp.get("targetPort"))) == grpc_port
+                          for sp in (svc.get("spec") or {}).get("ports") or [])
+            if not reaches:
+                problems.append(f"{where}: --bootstrap-from {target}: Service {host} port {port} does not reach --grpc-addr port {grpc_port}")
     return problems
 
 
@@ -592,11 +639,16 @@ def self_test(k8s_version, bin_dir=None, envoy=None):
     d["spec"]["template"]["spec"]["containers"][0].update(
         command=["kvindex"], args=["serve", "--snapshot-dir=/var/lib/kvindex/snapshots"])
     broken.append(("snapshot dir on the read-only root", d))
-    for what, args in (("kvindex probed without a probe listener", ["serve", "--http-addr=0.0.0.0:9090"]),
-                       ("kvindex probed on its http port", ["serve", "--http-addr=0.0.0.0:9090", "--probe-addr=0.0.0.0:9092"])):
+    for what, binary, args in (
+        ("kvindex probed without a probe listener", "kvindex", ["serve", "--http-addr=0.0.0.0:9090"]),
+        ("kvindex probed on its http port", "kvindex", ["serve", "--http-addr=0.0.0.0:9090", "--probe-addr=0.0.0.0:9092"]),
+        ("router probed without a probe listener", "kvindex-router", ["serve", "--http-addr=0.0.0.0:9090"]),
+        ("router probed on its http port", "kvindex-router",
+         ["serve", "--http-addr=0.0.0.0:9090", "--probe-addr=0.0.0.0:9092"]),
+    ):
         d = copy.deepcopy(deployment)
         d["spec"]["template"]["spec"]["containers"][0].update(
-            command=["kvindex"], args=args, ports=[{"name": "http", "containerPort": 9090}],
+            command=[binary], args=args, ports=[{"name": "http", "containerPort": 9090}],
             livenessProbe={"httpGet": {"path": "/healthz", "port": "http"}})
         broken.append((what, d))
     d = copy.deepcopy(deployment)
@@ -641,10 +693,39 @@ def self_test(k8s_version, bin_dir=None, envoy=None):
     failures = [what for what, obj in broken
                 if not validate([(what, deployment), (what, obj)], k8s_version, bin_dir, envoy=envoy)]
     unwired = admin_token_self_test(deployment, k8s_version)
-    if failures or missed or unwired:
-        raise SystemExit(f"self-test: these broken objects were accepted: {failures + missed + unwired}")
-    print(f"self-test: {len(broken)} broken objects, 5 incoherent engine/indexer pairs and 4 renders without the "
-          "admin token rejected, valid ones accepted")
+    lone = replica_self_test(deployment, k8s_version)
+    if failures or missed or unwired or lone:
+        raise SystemExit(f"self-test: these broken objects were accepted: {failures + missed + unwired + lone}")
+    print(f"self-test: {len(broken)} broken objects, 5 incoherent engine/indexer pairs, 4 renders without the "
+          "admin token and 4 indexer replica sets that cannot share the fleet rejected, valid ones accepted")
+
+
+def replica_self_test(deployment, k8s_version):
+    """Indexer replicas bootstrapping from a Service that selects them are accepted; central mode
+    in two replicas, replicas without --bootstrap-from, or bootstrapping through a Service that
+    does not reach them are not. Returns what it wrongly accepted."""
+    d = copy.deepcopy(deployment)
+    d["spec"]["replicas"] = 2
+    d["spec"]["template"]["spec"]["containers"][0].update(
+        command=["kvindex"], args=["serve", "--grpc-addr=0.0.0.0:50051", "--bootstrap-from=x-peers:50051"],
+        ports=[{"name": "grpc", "containerPort": 50051}])
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x-peers"},
+           "spec": {"clusterIP": "None", "selector": {"app": "x"}, "ports": [{"name": "grpc", "port": 50051, "targetPort": "grpc"}]}}
+    assert not validate([("ok", d), ("ok", svc)], k8s_version), "replicas bootstrapping from their peers rejected"
+    broken = []
+    b = copy.deepcopy(d)
+    b["spec"]["template"]["spec"]["containers"][0]["args"] = ["serve", "--zmq-bind=tcp://*:5557"]
+    broken.append(("central mode in two replicas", [b, svc]))
+    b = copy.deepcopy(d)
+    b["spec"]["template"]["spec"]["containers"][0]["args"] = ["serve", "--grpc-addr=0.0.0.0:50051"]
+    broken.append(("two replicas without --bootstrap-from", [b, svc]))
+    other = copy.deepcopy(svc)
+    other["spec"]["selector"] = {"app": "y"}
+    broken.append(("bootstrap through a Service that selects other pods", [d, other]))
+    other = copy.deepcopy(svc)
+    other["spec"]["ports"][0]["targetPort"] = 9090
+    broken.append(("bootstrap through a Service port that misses the gRPC port", [d, other]))
+    return [what for what, objs in broken if not validate([(what, o) for o in objs], k8s_version)]
 
 
 def admin_token_self_test(deployment, k8s_version):

@@ -184,6 +184,8 @@ pub struct RouterProcess {
     pub admin: Option<String>,
     /// `host:port` of `--metrics-addr`, when given.
     pub metrics: Option<String>,
+    /// `host:port` of `--probe-addr`, when given.
+    pub probe: Option<String>,
 }
 
 impl RouterProcess {
@@ -193,6 +195,7 @@ impl RouterProcess {
             ChildProcess::spawn(Command::new(binary).args(["serve", "--http-addr", "127.0.0.1:0"]).args(args))?;
         let addrs = process.listening("KVINDEX_ROUTER_LISTENING ")?;
         let http = addrs.get("http").cloned().ok_or("KVINDEX_ROUTER_LISTENING without http=")?;
-        Ok(RouterProcess { process, http, admin: addrs.get("admin").cloned(), metrics: addrs.get("metrics").cloned() })
+        let named = |name: &str| addrs.get(name).cloned();
+        Ok(RouterProcess { process, http, admin: named("admin"), metrics: named("metrics"), probe: named("probe") })
     }
 }

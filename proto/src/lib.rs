@@ -1,6 +1,8 @@
 //! Generated gRPC types for kvindex's own API and the llm-d compatible services.
 //! Each module mirrors one protobuf package; the `.proto` files are the contract.
 
+pub mod score_query;
+
 /// Encoded `FileDescriptorSet` of every service here, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));
 

@@ -11,12 +11,20 @@
 //! cargo build --release -p kvindex-server --bin kvindex -p kvindex-loadtest --bin kvindex-sim
 //! cargo bench -p kvindex-router --bench overhead            # CHATS=24 TURNS=4 to change the sample
 //! ```
+//!
+//! Instructions per route, whatever else the machine runs (callgrind counts only the routes,
+//! every thread of this process; `COUNT=first-seen` counts the first-seen routes instead):
+//!
+//! ```sh
+//! CHATS=2 TURNS=3 valgrind --tool=callgrind --instr-atstart=no $CARGO_TARGET_DIR/release/deps/overhead-<hash>
+//! ```
 
 mod support;
 
 use std::time::Duration;
 
-use kvindex_router::{Decision, Prompt, RouteRequest};
+use kvindex_router::{Decision, Prompt, RouteRequest, Router};
+use kvindex_testkit::callgrind;
 use kvindex_tokenizer::ChatRequest;
 use serde_json::Value;
 use support::{chat, env_usize, World, MODEL};
@@ -69,12 +77,34 @@ impl Samples {
     }
 }
 
+/// Under callgrind, which routes are counted: `next-turn` (default) or `first-seen`.
+fn counted_case() -> String {
+    std::env::var("COUNT").unwrap_or_else(|_| "next-turn".into())
+}
+
+/// One route, counted by callgrind when `counted` (and the bench runs under it).
+async fn route(router: &Router, messages: &[Value], counted: bool) -> Decision {
+    let request = request(messages);
+    if counted {
+        callgrind::start();
+    }
+    let decision = router.route(&request).await.expect("route");
+    if counted {
+        callgrind::stop();
+    }
+    decision
+}
+
 fn main() {
     let Some((dir, kvindex, sim)) = support::locate() else { return };
     let (chats, turns) = (env_usize("CHATS", 24), env_usize("TURNS", 4));
+    // Under valgrind everything runs ~50x slower: a 5 ms deadline would fail every score open.
+    let valgrind = callgrind::running();
+    let deadline = Duration::from_millis(if valgrind { 60_000 } else { 5 });
+    let case = counted_case();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async move {
-        let world = World::start(&dir, &kvindex, &sim, Duration::from_millis(5)).await;
+        let world = World::start(&dir, &kvindex, &sim, deadline).await;
         let router = &world.router;
         let (mut first_seen, mut next_turn) = (Samples::default(), Samples::default());
         // Warm-up: a few untimed routes.
@@ -83,14 +113,17 @@ fn main() {
         }
         for seed in 0..chats {
             let mut messages = chat(seed, 27_000);
-            let decision = router.route(&request(&messages)).await.expect("route");
-            first_seen.add(&decision);
+            first_seen.add(&route(router, &messages, case == "first-seen").await);
             for turn in 0..turns {
                 // The pod serves the turn, so the index learns the conversation.
                 world.serve_turn(seed, &mut messages, turn).await;
-                let decision = router.route(&request(&messages)).await.expect("route");
-                next_turn.add(&decision);
+                next_turn.add(&route(router, &messages, case == "next-turn").await);
             }
+        }
+        if valgrind {
+            let n = if case == "first-seen" { chats } else { chats * turns };
+            callgrind::dump(&format!("{case} routes: {n}"));
+            println!("callgrind: counted {n} {case} routes (divide the totals by {n})");
         }
         println!("router overhead (tokenize + ScoreTokens + pick), DeepSeek 129k tokenizer, kvindex serve on loopback");
         first_seen.print("first-seen");

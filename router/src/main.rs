@@ -1,6 +1,6 @@
 //! `kvindex-router`: the thin command line over the router library. `serve` binds the
-//! listeners, prints `KVINDEX_ROUTER_LISTENING http=<addr> [admin=<addr>] [metrics=<addr>] [ext_proc=<addr>]
-//! [ext_proc_health=<addr>]` (so scripts and tests using port 0 learn the addresses), and runs
+//! listeners, prints `KVINDEX_ROUTER_LISTENING http=<addr> [admin=<addr>] [metrics=<addr>] [probe=<addr>]
+//! [ext_proc=<addr>] [ext_proc_health=<addr>]` (so scripts and tests using port 0 learn the addresses), and runs
 //! until SIGINT or SIGTERM.
 
 use std::io::Write;
@@ -66,6 +66,10 @@ async fn serve(args: ServeArgs) -> Result<(), StartError> {
         Some(addr) => Some(bind("--metrics-addr", addr).await?),
         None => None,
     };
+    let probe = match &config.probe_addr {
+        Some(addr) => Some(bind("--probe-addr", addr).await?),
+        None => None,
+    };
     let (ext_proc, ext_proc_health) = match &config.ext_proc {
         Some(e) => {
             let listener = bind("--ext-proc-addr", &e.addr).await?;
@@ -78,8 +82,13 @@ async fn serve(args: ServeArgs) -> Result<(), StartError> {
         None => (None, None),
     };
     let mut line = format!("KVINDEX_ROUTER_LISTENING http={}", http.local_addr()?);
-    let named =
-        [("admin", &admin), ("metrics", &metrics), ("ext_proc", &ext_proc), ("ext_proc_health", &ext_proc_health)];
+    let named = [
+        ("admin", &admin),
+        ("metrics", &metrics),
+        ("probe", &probe),
+        ("ext_proc", &ext_proc),
+        ("ext_proc_health", &ext_proc_health),
+    ];
     for (name, listener) in named {
         if let Some(listener) = listener {
             line.push_str(&format!(" {name}={}", listener.local_addr()?));
@@ -88,7 +97,7 @@ async fn serve(args: ServeArgs) -> Result<(), StartError> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{line}").and_then(|_| out.flush())?;
     drop(out);
-    serve::run(config, Listeners { http, admin, metrics, ext_proc, ext_proc_health }, stop).await
+    serve::run(config, Listeners { http, admin, metrics, probe, ext_proc, ext_proc_health }, stop).await
 }
 
 async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, StartError> {

@@ -45,6 +45,7 @@ pub const EXTPROC_PICK_SECONDS: &str = "kvindex_router_extproc_pick_seconds";
 pub const PREFILTER: &str = "kvindex_router_prefilter_total";
 pub const HTTP_CONNECTIONS: &str = "kvindex_router_http_connections";
 pub const HTTP_CONNECTIONS_REFUSED: &str = "kvindex_router_http_connections_refused_total";
+pub const HTTP_CONNECTIONS_EVICTED: &str = "kvindex_router_http_connections_evicted_total";
 pub const HTTP_TIMEOUTS: &str = "kvindex_router_http_timeouts_total";
 pub const HTTP_BODY_BYTES: &str = "kvindex_router_http_body_bytes";
 
@@ -97,7 +98,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: CLIENT_DISCONNECTS, kind: Counter, labels: &[], unit: None, help: "Responses abandoned by the client before the end (upstream cancelled)" },
     Metric { name: INFLIGHT, kind: Gauge, labels: &["pod"], unit: None, help: "Requests in flight per pod" },
     Metric { name: PODS, kind: Gauge, labels: &["role"], unit: None, help: "Pods by role" },
-    Metric { name: POD_LOAD, kind: Gauge, labels: &["kind", "pod"], unit: None, help: "Last scraped load per pod (waiting, running, kv_usage, kv_blocks)" },
+    Metric { name: POD_LOAD, kind: Gauge, labels: &["kind", "pod"], unit: None, help: "Last scraped load per pod (waiting, running, kv_usage, kv_tokens)" },
     Metric { name: SCRAPES, kind: Counter, labels: &["outcome"], unit: None, help: "Scrapes of pod /metrics by outcome" },
     Metric { name: POD_CHANGES, kind: Counter, labels: &["op", "source"], unit: None, help: "Pod table changes by source and operation" },
     Metric { name: RECORD_ROUTE, kind: Counter, labels: &["outcome"], unit: None, help: "RecordRoute calls to the indexer by outcome" },
@@ -112,7 +113,8 @@ pub const METRICS: &[Metric] = &[
     Metric { name: EXTPROC_PICK_SECONDS, kind: Histogram, labels: &["mode"], unit: Some(Unit::Seconds), help: "ext_proc: first request body byte in to destination out" },
     Metric { name: PREFILTER, kind: Counter, labels: &["outcome"], unit: None, help: "Pre-filter answers: hint, miss (no hint) or error (no hint, request passed on)" },
     Metric { name: HTTP_CONNECTIONS, kind: Gauge, labels: &["listener"], unit: None, help: "Open HTTP connections by listener" },
-    Metric { name: HTTP_CONNECTIONS_REFUSED, kind: Counter, labels: &["listener"], unit: None, help: "HTTP connections closed at accept: the listener was at --max-connections" },
+    Metric { name: HTTP_CONNECTIONS_REFUSED, kind: Counter, labels: &["listener", "reason"], unit: None, help: "HTTP connections closed at accept, by the full cap (max_connections, max_connections_per_address, max_connections_per_network) under which every connection was answering a request" },
+    Metric { name: HTTP_CONNECTIONS_EVICTED, kind: Counter, labels: &["listener", "reason"], unit: None, help: "Idle HTTP connections closed to make room for a new one at a full cap (max_connections, max_connections_per_address, max_connections_per_network), the oldest first" },
     Metric { name: HTTP_TIMEOUTS, kind: Counter, labels: &["listener", "phase"], unit: None, help: "HTTP requests cut off for a slow client, by phase (header, body, write)" },
     Metric { name: HTTP_BODY_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Request body bytes held by the proxy now (bounded by --max-inflight-body-bytes)" },
 ];

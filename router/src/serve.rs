@@ -22,6 +22,8 @@ pub struct Listeners {
     pub admin: Option<TcpListener>,
     /// The metrics-only listener (`--metrics-addr`): `/metrics` and `/debug/pods` only there.
     pub metrics: Option<TcpListener>,
+    /// The kubelet's probes' own listener (`--probe-addr`): `/healthz` and `/readyz` only.
+    pub probe: Option<TcpListener>,
     /// The Gateway API endpoint picker (`--ext-proc-addr`) and its optional health address.
     pub ext_proc: Option<TcpListener>,
     pub ext_proc_health: Option<TcpListener>,
@@ -80,6 +82,8 @@ pub async fn run(
         header_timeout: config.http_header_timeout,
         write_timeout: config.http_write_timeout,
         max_connections: config.max_connections,
+        max_connections_per_address: config.max_connections_per_address,
+        max_connections_per_network: config.max_connections_per_network,
     };
     tokio::spawn(async move {
         shutdown.await;
@@ -96,6 +100,11 @@ pub async fn run(
         let stopped = until(stopped.clone());
         tokio::spawn(http::server::serve("metrics", listener, app, limits, stopped))
     });
+    let probe = listeners.probe.map(|listener| {
+        let app = http::probes_only(app.clone());
+        let stopped = until(stopped.clone());
+        tokio::spawn(http::server::serve("probe", listener, app, limits.for_probes(), stopped))
+    });
     let admin = listeners.admin.map(|listener| {
         let app = http::admin::admin(app.clone(), with_metrics);
         let stopped = until(stopped.clone());
@@ -111,7 +120,7 @@ pub async fn run(
     };
     tracing::info!(pods = fleet.snapshot().len(), indexers = config.indexers.len(), "kvindex-router serving");
     http::server::serve("http", listeners.http, http::public(app, with_metrics), limits, until(stopped)).await?;
-    for server in admin.into_iter().chain(metrics) {
+    for server in admin.into_iter().chain(metrics).chain(probe) {
         let _ = server.await;
     }
     if let Some(ext_proc) = ext_proc {

@@ -19,6 +19,12 @@ use crate::metrics as m;
 /// from the caller's prefill pod, never passed through from the client.
 pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 
+/// The header naming the data-parallel rank that is to serve a request, for an engine whose
+/// ranks share one endpoint: SGLang 0.5.19+ (`X-Data-Parallel-Rank`, over the body's
+/// `routed_dp_rank`, before any load-balance method) and vLLM (`X-data-parallel-rank`) read it.
+/// Set from the pick, replacing any the client sent.
+pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
+
 /// The pooled client for pods (requests and scrapes).
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -79,15 +85,22 @@ impl Failure {
     }
 }
 
-/// Sends `outgoing` to the pod at `base_url` (naming the prefill pod `prefill` to it, P/D) and
-/// returns the response as soon as its head arrives, its body still streaming.
+/// Where one request goes: the pod's base URL, and the data-parallel rank to name there.
+#[derive(Debug, Clone, Copy)]
+pub struct Destination<'a> {
+    pub base_url: &'a str,
+    pub dp_rank: Option<u32>,
+}
+
+/// Sends `outgoing` to `to` (naming the prefill pod `prefill` to it, P/D) and returns the
+/// response as soon as its head arrives, its body still streaming.
 pub async fn send(
     client: &HttpClient,
-    base_url: &str,
+    to: Destination<'_>,
     prefill: Option<&str>,
     outgoing: &Outgoing<'_>,
 ) -> Result<hyper::Response<Incoming>, Failure> {
-    let request = build(base_url, outgoing, prefill).ok_or(Failure::Unsendable)?;
+    let request = build(to, outgoing, prefill).ok_or(Failure::Unsendable)?;
     let started = Instant::now();
     match client.request(request).await {
         Ok(response) => {
@@ -99,8 +112,8 @@ pub async fn send(
     }
 }
 
-fn build(base_url: &str, outgoing: &Outgoing<'_>, prefill: Option<&str>) -> Option<hyper::Request<Full<Bytes>>> {
-    let uri: hyper::Uri = format!("{base_url}{}", outgoing.path).parse().ok()?;
+fn build(to: Destination<'_>, outgoing: &Outgoing<'_>, prefill: Option<&str>) -> Option<hyper::Request<Full<Bytes>>> {
+    let uri: hyper::Uri = format!("{}{}", to.base_url, outgoing.path).parse().ok()?;
     let mut request = hyper::Request::post(uri).body(Full::new(outgoing.body.clone())).ok()?;
     let headers = request.headers_mut();
     for (name, value) in outgoing.headers {
@@ -111,6 +124,9 @@ fn build(base_url: &str, outgoing: &Outgoing<'_>, prefill: Option<&str>) -> Opti
     headers.insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(outgoing.body.len()));
     if let Some(prefill) = prefill {
         headers.insert(PREFILLER_HEADER, HeaderValue::from_str(prefill).ok()?);
+    }
+    if let Some(rank) = to.dp_rank {
+        headers.insert(DP_RANK_HEADER, HeaderValue::from(rank));
     }
     Some(request)
 }

@@ -5,8 +5,8 @@
 //! chats over `--max-messages` and texts over the byte cap before any tokenizing, bodies over
 //! `--max-body-bytes` with 413, bodies over the in-flight budget with 503, a client that trickles
 //! its headers or body is cut off after the timeout while others are served, one that stops
-//! reading its answers after the write timeout, and connections
-//! past `--max-connections` are refused, each counted.
+//! reading its answers after the write timeout, each counted. The connection caps
+//! (`--max-connections` and its per-address and per-network shares) are tests/connection_caps.rs's.
 
 mod support;
 
@@ -177,11 +177,6 @@ async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
     answer
 }
 
-async fn healthz_on(stream: &mut TcpStream) -> String {
-    stream.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
-    String::from_utf8_lossy(&read_until_closed(stream).await).into_owned()
-}
-
 fn fake_router(bins: &Bins, pod: &FakePod, extra: &[&str]) -> RouterProcess {
     let mut args = vec!["--pod".to_string(), pod.spec(), "--model".into(), "m".into(), "--metrics-addr".into()];
     args.push("127.0.0.1:0".into());
@@ -295,34 +290,6 @@ async fn bodies_over_the_size_or_the_shared_budget_are_refused_before_buffering_
     wait_for("the budget given back", DEADLINE, || async {
         let ok = post(&addr, "/v1/completions", &json!({"model": "m", "prompt": [1]})).await;
         (ok.status == 200).then_some(())
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_connection_past_the_cap_is_refused_and_counted() {
-    let bins = bins();
-    let pod = FakePod::start(Script::Echo("p".into())).await;
-    let router = fake_router(&bins, &pod, &["--max-connections", "4"]);
-    let (addr, metrics) = (router.http.clone(), router.metrics.clone().unwrap());
-    let mut open = Vec::new();
-    for _ in 0..4 {
-        open.push(TcpStream::connect(&addr).await.unwrap());
-    }
-    wait_for("four connections open", DEADLINE, || async {
-        let n = metric(&metrics, "kvindex_router_http_connections", &["listener=\"http\""]).await;
-        (n == 4.0).then_some(())
-    })
-    .await;
-    let mut fifth = TcpStream::connect(&addr).await.unwrap();
-    let answer = healthz_on(&mut fifth).await;
-    assert!(answer.is_empty(), "the fifth connection was served: {answer}");
-    assert_eq!(metric(&metrics, "kvindex_router_http_connections_refused_total", &[]).await, 1.0);
-    // The open ones are still served, and a closed one makes room.
-    assert!(healthz_on(&mut open[0]).await.starts_with("HTTP/1.1 200"));
-    wait_for("room for a new connection", DEADLINE, || async {
-        let mut stream = TcpStream::connect(&addr).await.ok()?;
-        healthz_on(&mut stream).await.starts_with("HTTP/1.1 200").then_some(())
     })
     .await;
 }

@@ -2,7 +2,8 @@
 //! engine's `/metrics` names) is placed by each pod's real load: the router reads the SGLang
 //! pod's `sglang:num_running_reqs` / `sglang:num_queue_reqs` as it reads vLLM's gauges, so the
 //! SGLang pod is neither taken for idle nor for unreachable. No indexer: placement is by load
-//! alone, so nothing but the scraped load decides.
+//! alone, so nothing but the scraped load decides. Their KV capacity is compared in tokens,
+//! whatever each engine's block or page size.
 
 mod support;
 
@@ -15,6 +16,12 @@ const MODEL: &str = "sim/model";
 const KV_BLOCKS: u64 = 512;
 
 fn sim(bins: &Bins, engine: &str) -> SimFleet {
+    sim_sized(bins, engine, 16, KV_BLOCKS)
+}
+
+/// One `kvindex-sim` pod of `engine` with `blocks` KV blocks (SGLang: pages) of `block_size`
+/// tokens.
+fn sim_sized(bins: &Bins, engine: &str, block_size: u64, blocks: u64) -> SimFleet {
     SimFleet::start(
         &bins.sim,
         1,
@@ -23,8 +30,10 @@ fn sim(bins: &Bins, engine: &str) -> SimFleet {
             MODEL,
             "--engine",
             engine,
+            "--block-size",
+            &block_size.to_string(),
             "--kv-blocks",
-            &KV_BLOCKS.to_string(),
+            &blocks.to_string(),
             "--http-base-port",
             "0",
             "--zmq-bind-base-port",
@@ -103,7 +112,7 @@ async fn a_loaded_sglang_pod_is_seen_loaded_and_an_idle_one_idle() {
     .await;
     let sglang_view: Value = router_pod(r, &sglang_pod.pod_id).await;
     assert_eq!(sglang_view["load"]["reachable"], true, "{sglang_view}");
-    assert_eq!(sglang_view["load"]["kv_blocks"].as_u64(), Some(KV_BLOCKS), "{sglang_view}");
+    assert_eq!(sglang_view["load"]["kv_tokens"].as_u64(), Some(KV_BLOCKS * 16), "{sglang_view}");
     for pod in placements(r, 1).await {
         assert_eq!(pod, sglang_pod.pod_id, "the idle SGLang pod takes fresh prompts");
     }
@@ -123,5 +132,41 @@ async fn a_loaded_sglang_pod_is_seen_loaded_and_an_idle_one_idle() {
 
     for task in vllm_background.into_iter().chain(sglang_background) {
         task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_of_one_capacity_in_tokens_weigh_alike_whatever_their_block_or_page_size() {
+    let bins = bins();
+    // 20,480 tokens each: vLLM blocks of 16, SGLang pages of 64, SGLang pages of 1 (its default).
+    let fleets = [
+        sim_sized(&bins, "vllm", 16, 1280),
+        sim_sized(&bins, "sglang", 64, 320),
+        sim_sized(&bins, "sglang", 1, 20_480),
+    ];
+    let pods: Vec<&SimPod> = fleets.iter().map(|f| &f.pods[0]).collect();
+    let mut args = vec!["--scrape-interval-ms".to_string(), "100".to_string()];
+    for pod in &pods {
+        args.extend(["--pod".to_string(), pod.router_spec()]);
+    }
+    let router = router(&bins, &args);
+    let ids: Vec<String> = pods.iter().map(|p| p.pod_id.clone()).collect();
+    wait_scraped(&router.http, &ids).await;
+    let body = json!({"model": MODEL, "prompt": "a short question", "max_tokens": 1});
+    let decision = post(&router.http, "/route/v1/completions", &body).await.json();
+    let weights: Vec<(String, f64)> = decision["ranked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["pod"].as_str().unwrap().to_string(), c["kv_weight"].as_f64().unwrap()))
+        .collect();
+    assert_eq!(weights.len(), 3, "{decision}");
+    // 20,480 tokens are 1,280 blocks of the router's 16: a full cache costs 256 × 1,280 / 10,000.
+    for (pod, weight) in &weights {
+        assert!((weight - 256.0 * 1280.0 / 10_000.0).abs() < 1e-9, "{pod}: a full cache costs {weight}: {decision}");
+    }
+    for id in &ids {
+        let view = router_pod(&router.http, id).await;
+        assert_eq!(view["load"]["kv_tokens"], 20_480, "{view}");
     }
 }

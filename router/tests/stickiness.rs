@@ -220,7 +220,7 @@ async fn a_conversation_stays_on_a_small_pod_running_a_few_requests_and_leaves_i
     assert_eq!(reply.cached_tokens(), cached as u64 * BLOCK as u64, "and it hits there");
     chat.answered(&reply);
     // Explained: the capacity read from the pod's /metrics, the weight scaled by it.
-    assert_eq!(entry["load"]["kv_blocks"], 1280, "{entry}");
+    assert_eq!(entry["load"]["kv_tokens"], 1280 * 16, "{entry}");
     let kv_weight = entry["kv_weight"].as_f64().unwrap();
     assert!((kv_weight - 256.0 * 1280.0 / 10_000.0).abs() < 1e-6, "{entry}");
     assert!((entry["kv_cost"].as_f64().unwrap() - kv_weight * kv_usage).abs() < 1e-6, "{entry}");
@@ -244,7 +244,7 @@ async fn a_conversation_stays_on_a_big_pod_running_a_few_requests() {
     let home = sticky_turns(&stack, &router.http, &mut chat, 0..3).await;
     stack.settle().await;
     let (background, explained, entry) = explain_with_load(&stack, &router.http, &mut chat, &home, 3, 4, 4, 0).await;
-    assert_eq!(entry["load"]["kv_blocks"], 20000, "{entry}");
+    assert_eq!(entry["load"]["kv_tokens"], 20000 * 16, "{entry}");
     assert_eq!(entry["kv_weight"], 256.0, "a pod above the reference size pays the full weight: {entry}");
     let reply = post(&router.http, "/v1/chat/completions", &chat.ask(3)).await;
     assert_eq!(reply.status, 200);

@@ -78,6 +78,11 @@ fn normalize_message(message: &Json) -> Result<Json> {
     let Json::Object(map) = message else {
         return Err(TokenizerError::InvalidRequest("every message must be a JSON object".into()));
     };
+    if !map.iter().any(|(k, v)| v.is_null() || REASONING_FIELDS.contains(&k.as_str())) {
+        // Nothing to drop or alias (most messages): a copy keeps the map's hash table, where
+        // collecting the entries again would hash every key.
+        return Ok(message.clone());
+    }
     let map: Map<String, Json> =
         map.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
     let reasoning = REASONING_FIELDS.iter().find_map(|f| map.get(*f).cloned());

@@ -79,6 +79,7 @@ use aho_corasick::AhoCorasick;
 use serde_json::Value as Json;
 use tokenizers::{AddedToken, Encoding, ModelWrapper, OffsetReferential, OffsetType, Token, Tokenizer};
 
+use crate::cut_finder::CutFinder;
 use crate::prefix_cache::{CachedPrefix, Node, PrefixCache};
 use crate::tokenized::TokenizedText;
 
@@ -98,7 +99,7 @@ const MAX_CANDIDATES: usize = 1 << 16;
 /// What a model's tokenizer allows: its cut tokens and its post-processor's frame.
 pub struct CutPlan {
     /// Contents of the cut tokens, for finding candidate cut points in a request.
-    finder: AhoCorasick,
+    finder: CutFinder,
     cut_ids: HashSet<u32>,
     frame: Frame,
 }
@@ -147,8 +148,8 @@ impl CutPlan {
         if cut_tokens.is_empty() {
             return Err("no added token can serve as a cut point".into());
         }
-        let finder = AhoCorasick::new(cut_tokens.iter().map(|(_, content)| content))
-            .map_err(|e| format!("cut token automaton: {e}"))?;
+        let contents: Vec<&str> = cut_tokens.iter().map(|(_, content)| content.as_str()).collect();
+        let finder = CutFinder::new(&contents).map_err(|e| format!("cut token automaton: {e}"))?;
         Ok(Self { finder, cut_ids: cut_tokens.iter().map(|(id, _)| *id).collect(), frame })
     }
 
@@ -359,8 +360,7 @@ pub(crate) fn encode(
         return Ok(None);
     }
     // Candidates: every occurrence of a cut token's content (a superset of the cut points).
-    let mut candidates: Vec<(usize, usize)> =
-        plan.finder.find_overlapping_iter(text).take(MAX_CANDIDATES + 1).map(|m| (m.start(), m.end())).collect();
+    let mut candidates = plan.finder.occurrences(text, MAX_CANDIDATES + 1);
     if candidates.is_empty() || candidates.len() > MAX_CANDIDATES {
         return Ok(None);
     }
@@ -384,6 +384,8 @@ pub(crate) fn encode(
     let (mut at, mut at_chars) = (0usize, 0usize);
     let mut lead: Option<(usize, u32)> = None;
     if let Some(CachedPrefix { end, chain, .. }) = &hit {
+        // The reused ids in one allocation (the new text's few are appended after).
+        out.ids.reserve(chain.iter().map(|node| node.ids.len()).sum::<usize>() + (text.len() - end) / 2);
         for node in chain {
             out.ids.extend_from_slice(&node.ids);
             if with_offsets {

@@ -8,6 +8,7 @@
 pub mod chat_render;
 pub mod chat_request;
 pub mod client_template;
+mod cut_finder;
 pub mod echo;
 pub mod error;
 pub mod grpc_service;

@@ -6,8 +6,9 @@
 //!    drops) and event-to-visible p50/p99 (the server's histogram of batch `ts` → applied, same
 //!    clock).
 //! 2. ScoreTokens over gRPC for an 8k-token prompt (512 blocks, held by 4 pods) at a target
-//!    request rate (open loop) while the 64 publishers ingest at a target block-op rate.
-//!    Reports client-side p50/p99.
+//!    request rate (open loop) while the 64 publishers ingest at a target block-op rate, beside
+//!    a trivial gRPC echo (the floor), from three clients, in rounds (`e2e_ingest/score.rs`).
+//!    Reports client-side p50/p99 and the server's own. Runs last.
 //!
 //! 3. (`E2E_RSS_ENTRIES`, default 10M) The index filled over the wire: server RSS per entry.
 //! 4. (`E2E_RESTART_ENTRIES`, default off) A warm restart: 64 pods that bind their PUB and
@@ -29,11 +30,17 @@
 //!    of it: lag, gaps, replays, clears, over-reports and the time back to all EXACT (see
 //!    `e2e_ingest/overload.rs`).
 //!
+//! 7. (`E2E_BOOTSTRAP_ENTRIES`, default off) A new replica beside a sibling filled that full,
+//!    cold, with `--bootstrap-from` the sibling, and the sibling restarted from its own snapshot:
+//!    spawn → `/readyz`, entries, and the hit over the first `E2E_BOOTSTRAP_PROBE_SECS` (default
+//!    60) of traffic against the sibling's (see `e2e_ingest/bootstrap.rs`).
+//!
 //! `E2E_KVINDEX` = another `kvindex` binary to run instead of this build's (a before/after
 //! comparison with the same bench).
 //!
 //! Run: `cargo bench -p kvindex-server --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
 //! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`,
+//! `E2E_SCORE_ROUNDS` (default 3),
 //! `E2E_SERVE_ARGS` = extra `serve` flags, e.g. `--snapshot-dir /tmp/s --snapshot-interval 1`,
 //! `E2E_LOG` = the server's `RUST_LOG`, default `warn`).
 
@@ -51,10 +58,14 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
 
+#[path = "e2e_ingest/bootstrap.rs"]
+mod bootstrap;
 #[path = "e2e_ingest/hwm_pub.rs"]
 mod hwm_pub;
 #[path = "e2e_ingest/overload.rs"]
 mod overload;
+#[path = "e2e_ingest/score.rs"]
+mod score;
 
 const PUBLISHERS: usize = 64;
 const BLOCK: usize = 16;
@@ -114,6 +125,9 @@ impl Server {
             // connections per source (refused before the greeting: the `zeromq` crate then says
             // `connect: Other("Failed Greeting exchange")`).
             .args(["--zmq-max-connections-per-source", &(2 * PUBLISHERS).to_string()])
+            // Every publisher's pods are one address's streams, past the default cap of 64 (split
+            // over the apply workers): refused streams would not be ingested.
+            .args(["--max-sources-per-address", &(16 * PUBLISHERS).to_string()])
             .args(extra)
             // Extra `serve` flags for a comparison run, e.g. E2E_SERVE_ARGS="--snapshot-dir /tmp/s".
             .args(std::env::var("E2E_SERVE_ARGS").unwrap_or_default().split_whitespace())
@@ -313,124 +327,6 @@ fn bucket_delta(before: &[(f64, f64)], after: &[(f64, f64)]) -> Vec<(f64, f64)> 
 fn bucket_quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
     let total = buckets.last().map_or(0.0, |b| b.1);
     buckets.iter().find(|b| b.1 >= q * total && b.1 > 0.0).map_or(f64::NAN, |b| b.0 * 1e3)
-}
-
-struct ScoreResult {
-    p50: f64,
-    p99: f64,
-    achieved: f64,
-    ok: usize,
-    errors: u64,
-    server_p50: f64,
-    server_p99: f64,
-}
-
-async fn score_phase(rps: f64, ingest_rate: f64, secs: f64) -> ScoreResult {
-    let server = Server::start(&[]);
-    // 4 pods hold the 8k-token prompt (512 blocks).
-    let prompt: Vec<u32> = (0..8192u32).map(|i| (i * 31 + 7) % 151_000).collect();
-    let mut holders = Vec::new();
-    for _ in 0..4 {
-        let mut sock = PubSocket::new();
-        sock.connect(&server.zmq).await.unwrap();
-        holders.push(sock);
-    }
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    for (p, sock) in holders.iter_mut().enumerate() {
-        // Each holder pod stores the whole prompt as one 512-block BlockStored.
-        let hashes: Vec<u64> = (0..512u64).map(|b| 0xabc0_0000 + ((p as u64) << 32) + b).collect();
-        let ev = Stored {
-            ty: "BlockStored",
-            block_hashes: hashes,
-            parent_block_hash: None,
-            token_ids: &prompt,
-            block_size: BLOCK as u32,
-            lora_id: None,
-            medium: "GPU",
-            lora_name: None,
-        };
-        let payload = rmp_serde::to_vec_named(&(now_ts(), [ev], 0i64)).unwrap();
-        let topic = Bytes::from(format!("kv@holder-{p}:8000@{MODEL}"));
-        let msg: ZmqMessage =
-            vec![topic, Bytes::copy_from_slice(&0u64.to_be_bytes()), Bytes::from(payload)].try_into().unwrap();
-        sock.send(msg).await.unwrap();
-    }
-    let mut client = IndexerClient::connect(format!("http://{}", server.grpc)).await.unwrap();
-    let req = ScoreTokensRequest { model: MODEL.into(), token_ids: prompt.clone(), ..Default::default() };
-    loop {
-        let r = client.score_tokens(req.clone()).await.unwrap().into_inner();
-        if r.scores.len() == 4 && r.scores.iter().all(|s| s.matched_blocks == 512) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Ingest in the background, queries open loop at `rps`.
-    let sent = Arc::new(AtomicU64::new(0));
-    let seqs = Arc::new(AtomicU64::new(0));
-    let until = Instant::now() + Duration::from_millis(1200) + Duration::from_secs_f64(secs);
-    let mut pubs = Vec::new();
-    if ingest_rate > 0.0 {
-        for id in 0..PUBLISHERS {
-            pubs.push(tokio::spawn(publish(id, server.zmq.clone(), ingest_rate, until, sent.clone(), seqs.clone())));
-        }
-    }
-    tokio::time::sleep(Duration::from_millis(1300)).await;
-    let channels: Vec<IndexerClient<tonic::transport::Channel>> = {
-        let mut v = Vec::new();
-        for _ in 0..8 {
-            v.push(IndexerClient::connect(format!("http://{}", server.grpc)).await.unwrap());
-        }
-        v
-    };
-    // Warm-up (connections, allocator), not measured.
-    for c in &channels {
-        let mut c = c.clone();
-        for _ in 0..20 {
-            c.score_tokens(req.clone()).await.unwrap();
-        }
-    }
-    let lat = Arc::new(parking_lot::Mutex::new(Vec::<f64>::new()));
-    let errors = Arc::new(AtomicU64::new(0));
-    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rps));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let q_start = Instant::now();
-    let mut inflight = Vec::new();
-    let mut n = 0usize;
-    while q_start.elapsed().as_secs_f64() < secs {
-        tick.tick().await;
-        let mut c = channels[n % channels.len()].clone();
-        n += 1;
-        let req = req.clone();
-        let lat = lat.clone();
-        let errors = errors.clone();
-        inflight.push(tokio::spawn(async move {
-            let t = Instant::now();
-            match c.score_tokens(req).await {
-                Ok(r) if r.get_ref().scores.len() >= 4 => lat.lock().push(t.elapsed().as_secs_f64() * 1e3),
-                _ => {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }));
-    }
-    let achieved = n as f64 / q_start.elapsed().as_secs_f64();
-    for t in inflight {
-        let _ = t.await;
-    }
-    for p in pubs {
-        let _ = p.await;
-    }
-    let mut v = lat.lock().clone();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    ScoreResult {
-        p50: quantile(&v, 0.5),
-        p99: quantile(&v, 0.99),
-        achieved,
-        ok: v.len(),
-        errors: errors.load(Ordering::Relaxed),
-        server_p50: server_quantile(&server, "kvindex_score_latency_seconds", 0.5),
-        server_p99: server_quantile(&server, "kvindex_score_latency_seconds", 0.99),
-    }
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -829,6 +725,9 @@ async fn steady_phase(entries: u64, secs: f64, rate: f64, serve_extra: &[String]
 }
 
 fn main() {
+    if std::env::var_os(score::ECHO_ENV).is_some() {
+        return score::serve_echo();
+    }
     // `cargo bench` passes `--bench`; nothing to parse.
     let rates: Vec<f64> = std::env::var("E2E_RATES")
         .unwrap_or_else(|_| "250000,500000,1000000,2000000".into())
@@ -887,6 +786,29 @@ fn main() {
             r.filled, r.fill_s, r.stop_s, r.listening_s, r.ready_s, r.load_s, r.entries_after, r.expected_after, r.imported, r.replayed
         );
     }
+    let bootstrap_entries: u64 = std::env::var("E2E_BOOTSTRAP_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    if bootstrap_entries > 0 {
+        let probe: f64 = std::env::var("E2E_BOOTSTRAP_PROBE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(60.0);
+        let r = rt.block_on(bootstrap::bootstrap_phase(bootstrap_entries, probe));
+        println!();
+        println!(
+            "New replica beside a sibling of {PUBLISHERS} dialled pods filled to {} entries in {:.1} s (pods publishing on at ~2 batches/s each):",
+            r.filled, r.fill_s
+        );
+        println!(
+            "| start | spawn → /readyz | entries when ready | hit in its first {probe:.0} s vs the sibling (prompts) |"
+        );
+        println!("|---|---:|---:|---:|");
+        for (what, s) in [
+            ("cold", &r.cold),
+            ("--bootstrap-from the sibling", &r.bootstrap),
+            ("the sibling from its local snapshot", &r.local),
+        ] {
+            let hit = s.hit.map_or("—".to_string(), |h| format!("{h:.3} ({})", s.probes));
+            println!("| {what} | {:.2} s | {} | {hit} |", s.ready_s, s.entries);
+        }
+        println!("bootstrap received {:.0} MiB", r.bootstrap_bytes / 1048576.0);
+    }
     let steady_entries: u64 = std::env::var("E2E_STEADY_ENTRIES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     if steady_entries > 0 {
         let secs: f64 = std::env::var("E2E_STEADY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(150.0);
@@ -920,17 +842,5 @@ fn main() {
         );
     }
     overload::run(&rt);
-    println!();
-    println!("ScoreTokens, 8k-token prompt (512 blocks, 4 holder pods), open loop, 8 HTTP/2 connections:");
-    println!("| target req/s | sent req/s | ingest target block ops/s | ok | errors | client p50 | client p99 | server p50 ≤ | server p99 ≤ |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for &rps in &score_rps {
-        for ingest in [0.0, score_ingest] {
-            let r = rt.block_on(score_phase(rps, ingest, secs));
-            println!(
-                "| {rps:.0} | {:.0} | {ingest:.0} | {} | {} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |",
-                r.achieved, r.ok, r.errors, r.p50, r.p99, r.server_p50, r.server_p99
-            );
-        }
-    }
+    score::run(&score_rps, score_ingest, secs);
 }

@@ -50,6 +50,8 @@ pub mod replay;
 pub mod reservations;
 pub mod server;
 pub mod shutdown;
+pub mod sibling;
+pub mod sibling_check;
 pub mod snapshot;
 pub mod source_series;
 pub mod sources;

@@ -25,7 +25,7 @@ use crate::grpc::tokenizer::PromptTokenizer;
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::ControlPlane;
 use crate::pods::{Pods, PodsConfig};
-use crate::readiness::Readiness;
+use crate::readiness::{Readiness, SharedHold};
 use crate::shutdown::ShutdownSignal;
 use crate::sources::connections::CentralConnections;
 use crate::state::{ServiceState, Shared};
@@ -165,10 +165,20 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         central_bind: config.zmq_bind.clone(),
         topic_filter: config.topic_filter.clone(),
     };
-    let grpc_handles = grpc::Handles { index: index.clone(), pods: pods.clone(), control, tokenizer };
+    let instance = grpc::replica::instance_id();
+    let replica = grpc::replica::ReplicaService::new(
+        index.clone(),
+        queues.clone(),
+        control.clone(),
+        config.sibling_export,
+        config.block_size,
+        instance,
+    );
+    let grpc_handles = grpc::Handles { index: index.clone(), pods: pods.clone(), control, tokenizer, replica };
     let grpc_bounds = grpc::Bounds::of(&config);
     let topic_filter = config.topic_filter.clone();
     let (tls, body_limits, conn_limits) = (config.tls.clone(), config.http_body_limits, config.http_conn_limits);
+    let index_for_check = index.clone();
     let shared = Shared {
         index,
         pods: pods.clone(),
@@ -192,13 +202,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let metrics_addr = listeners.metrics_addr();
     let probe_addr = listeners.probe_addr();
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
-    if let Some(sub) = listeners.zmq {
-        tasks.push(tokio::spawn(sources::serve_central(queues.clone(), central, topic_filter, sub, stop.subscribe())));
-    }
-    if let Some(store) = &snapshots {
-        tasks.push(tokio::spawn(snapshot::periodic(state.clone(), store.clone(), stop.subscribe())));
-    }
-    tasks.extend(pods.start(pods_config, listeners.discovery.take(), &stop).await);
+    // Not ready until the sources have started (after a bootstrap, if any).
+    let starting = SharedHold::new(readiness.clone());
     let tls = match &tls {
         Some(files) => {
             let config = |alpn: &[&[u8]]| files.server_config(alpn).map_err(|e| ServerError::Tls(e.message));
@@ -239,10 +244,49 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     readiness.set_listening();
     tracing::info!(%grpc_addr, %http_addr, metrics = ?metrics_addr, probe = ?probe_addr, zmq = ?zmq_endpoint, "kvindex serve listening");
 
-    let outcome = tokio::select! {
+    let shutdown = std::pin::pin!(shutdown);
+    let mut shutdown = shutdown;
+    // A sibling's index first, before any stream starts and takes its record; the servers
+    // answer meanwhile (health, and /readyz: not ready).
+    let mut stopped_early = false;
+    if let Some(sibling) = state.config().bootstrap_from.clone() {
+        tokio::select! {
+            _ = snapshot::bootstrap::run(&state, &readiness, &sibling) => {}
+            _ = &mut shutdown => stopped_early = true,
+        }
+    }
+    if !stopped_early {
+        if let Some(sub) = listeners.zmq {
+            tasks.push(tokio::spawn(sources::serve_central(
+                queues.clone(),
+                central,
+                topic_filter,
+                sub,
+                stop.subscribe(),
+            )));
+        }
+        if let Some(store) = &snapshots {
+            tasks.push(tokio::spawn(snapshot::periodic(state.clone(), store.clone(), stop.subscribe())));
+        }
+        tasks.extend(pods.start(pods_config, listeners.discovery.take(), &stop).await);
+        if let (Some(sibling), true) = (&state.config().bootstrap_from, state.config().sibling_check_interval_ms > 0) {
+            let every = Duration::from_millis(state.config().sibling_check_interval_ms);
+            let bearer = state.config().admin_token.as_ref().map(|t| t.bearer());
+            let check =
+                crate::sibling_check::run(index_for_check, sibling.clone(), every, instance, bearer, stop.subscribe());
+            tasks.push(tokio::spawn(check));
+        }
+    }
+    starting.seal();
+
+    let outcome = if stopped_early {
+        Ok(())
+    } else {
+        tokio::select! {
         r = &mut grpc => Err(server_stopped("gRPC", r)),
         r = &mut http => Err(server_stopped("HTTP", r)),
-        _ = shutdown => Ok(()),
+        _ = &mut shutdown => Ok(()),
+        }
     };
     tracing::info!("shutting down");
     stop.trigger();

@@ -59,6 +59,21 @@ pub struct StreamDebug {
     pub staleness_ms: f64,
     /// Past `max_source_staleness_ms`: not credited in scores until it is back under it.
     pub stale: bool,
+    /// The digest of what the index holds for the pod at `last_seq` (`kvindex::index::digest`,
+    /// hex), comparable with another replica's; none while a snapshot's or a sibling's
+    /// record waits to be proven or is being imported.
+    #[serde(serialize_with = "hex_digest")]
+    pub digest: Option<u64>,
+    /// Blocks the pod held when the digest was read.
+    pub digest_blocks: u64,
+}
+
+/// A digest as 16 hex digits (a JSON number would lose its low bits in most readers).
+fn hex_digest<S: serde::Serializer>(digest: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match digest {
+        Some(d) => s.serialize_str(&format!("{d:016x}")),
+        None => s.serialize_none(),
+    }
 }
 
 /// What a score needs to know of a pod's source.

@@ -86,6 +86,14 @@ pub const RESERVATIONS_HELD: &str = "kvindex_reservations";
 pub const RESERVATIONS_EXPIRED: &str = "kvindex_reservations_expired_total";
 pub const RESERVATION_RELEASES: &str = "kvindex_reservation_releases_total";
 pub const RELEASE_ROUTE_REQUESTS: &str = "kvindex_release_route_requests_total";
+pub const BOOTSTRAPS: &str = "kvindex_bootstrap_total";
+pub const BOOTSTRAP_SECONDS: &str = "kvindex_bootstrap_seconds";
+pub const BOOTSTRAP_BYTES: &str = "kvindex_bootstrap_bytes";
+pub const SIBLING_EXPORTS: &str = "kvindex_sibling_exports_total";
+pub const SIBLING_EXPORT_SECONDS: &str = "kvindex_sibling_export_seconds";
+pub const SIBLING_EXPORTS_RUNNING: &str = "kvindex_sibling_exports_running";
+pub const SIBLING_CHECKS: &str = "kvindex_sibling_checks_total";
+pub const SIBLING_PODS: &str = "kvindex_sibling_pods";
 
 /// Why the Prometheus recorder could not be installed (another recorder holds the process's
 /// one slot, or a bucket setting was refused).
@@ -201,6 +209,14 @@ pub const METRICS: &[Metric] = &[
     Metric { name: RESERVATIONS_EXPIRED, kind: Counter, labels: &[], unit: None, help: "RecordRoute reservations that reached their TTL unreleased (a router died or lost its indexer)" },
     Metric { name: RESERVATION_RELEASES, kind: Counter, labels: &["part", "result"], unit: None, help: "ReleaseRoute releases by part (prefill, request) and whether they found their reservation" },
     Metric { name: RELEASE_ROUTE_REQUESTS, kind: Counter, labels: &["outcome"], unit: None, help: "ReleaseRoute requests, by outcome" },
+    Metric { name: BOOTSTRAPS, kind: Counter, labels: &["outcome"], unit: None, help: "Bootstraps from a sibling (--bootstrap-from), by outcome: loaded, or why not (then the replica starts as without it)" },
+    Metric { name: BOOTSTRAP_SECONDS, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Time to stream and verify a sibling's index" },
+    Metric { name: BOOTSTRAP_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Bytes the last bootstrap received" },
+    Metric { name: SIBLING_EXPORTS, kind: Counter, labels: &["outcome"], unit: None, help: "Index exports to bootstrapping siblings (ExportIndex), by outcome" },
+    Metric { name: SIBLING_EXPORT_SECONDS, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Time to capture, encode and send an export to a sibling" },
+    Metric { name: SIBLING_EXPORTS_RUNNING, kind: Gauge, labels: &[], unit: None, help: "Exports to siblings running now (at most sibling_export_max_concurrent, one per caller)" },
+    Metric { name: SIBLING_CHECKS, kind: Counter, labels: &["outcome"], unit: None, help: "Periodic digest checks of a sibling (sibling_check_interval_ms), by outcome" },
+    Metric { name: SIBLING_PODS, kind: Gauge, labels: &["sibling", "verdict"], unit: None, help: "Pods by how their digest compared with a sibling's at the last check: agree, differ (same cursor), behind, missing, unsettled" },
 ];
 
 fn describe() {

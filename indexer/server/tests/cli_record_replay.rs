@@ -62,12 +62,6 @@ fn start_record_with(out: &Path, extra: &[&str]) -> (std::process::Child, String
     (child, field("grpc"), field("http"), field("zmq"))
 }
 
-fn source(http: &str, pod: &str) -> Option<Value> {
-    let (_, body) = http_request(http, "GET", "/debug/sources", None);
-    let v: Value = serde_json::from_str(&body).ok()?;
-    v["sources"].as_array()?.iter().find(|s| s["pod"] == pod).cloned()
-}
-
 #[test]
 fn cli_record_then_replay_gives_the_live_answers_and_explains_a_constructed_case() {
     let Some(py) = python() else { return };
@@ -102,7 +96,7 @@ fn cli_record_then_replay_gives_the_live_answers_and_explains_a_constructed_case
             .iter()
             .all(|n| {
                 let p = &info["pubs"][n];
-                source(&http, p["pod"].as_str().unwrap())
+                debug_source(&http, p["pod"].as_str().unwrap())
                     .is_some_and(|s| s["last_seq"] == p["last_seq"] && s["state"] != "REPLAYING")
             })
             .then_some(())
@@ -215,7 +209,7 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     let mut live: Vec<Observed> = Vec::new();
     let mut observe = |peer: &mut Peer, pod: &str, seq: u64, state: &str| {
         wait_until(&format!("{pod} applied seq {seq}"), 30, || {
-            source(&http, pod)
+            debug_source(&http, pod)
                 .filter(|s| s["last_seq"] == seq && s["state"] == state && s["replay_in_flight"].is_null())
                 .map(|_| ())
         });
@@ -247,7 +241,7 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     // apply the next seq onto the old blocks.
     peer.cmd(json!({"op": "reconnect", "name": "b"}));
     wait_until("the blip's close cleared pod-b#dp1", 30, || {
-        source(&http, "pod-b#dp1").filter(|s| s["state"] == "CONNECTING").map(|_| ())
+        debug_source(&http, "pod-b#dp1").filter(|s| s["state"] == "CONNECTING").map(|_| ())
     });
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["b"], "fresh": true}))["subscribed"], true);
     let s = store(&mut peer, "b", 12, 2, false);
@@ -258,7 +252,7 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     // EXACT again, holding nothing, when the debug view is read.
     peer.cmd(json!({"op": "restart", "name": "a"}));
     wait_until("the old connection's close cleared pod-a", 30, || {
-        source(&http, "pod-a").filter(|s| s["disconnects"] == 1).map(|_| ())
+        debug_source(&http, "pod-a").filter(|s| s["disconnects"] == 1).map(|_| ())
     });
     assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"], "fresh": true}))["subscribed"], true);
     let s = store(&mut peer, "a", 1, 3, false);
@@ -266,7 +260,7 @@ fn cli_replay_of_a_recorded_session_scores_as_live_after_every_batch() {
     observe(&mut peer, "pod-a", s, "EXACT");
     let s = store(&mut peer, "a", 0, 2, false);
     observe(&mut peer, "pod-a", s, "EXACT");
-    let a = source(&http, "pod-a").unwrap();
+    let a = debug_source(&http, "pod-a").unwrap();
     // The gap's replay, and the new connection's catch-up (asked as the connection opened,
     // before its first message; refused when the new process's replay socket is not bound yet,
     // as its PUB connects first, and then not tried again: its first message came first).

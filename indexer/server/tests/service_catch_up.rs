@@ -157,3 +157,29 @@ fn service_a_central_engine_that_reconnects_is_caught_up() {
     let s = server.source("pod-z").unwrap();
     assert_eq!((s["disconnects"].as_u64(), s["clears"].as_u64()), (Some(2), Some(2)), "{s}");
 }
+
+/// The engine restarts between our start-up replay and our dialer reaching its PUB (bound
+/// late): the new process's seq 0 sits below the cursor the start-up replay left and its buffer
+/// holds nothing past it, so by seq alone its batch is a duplicate and the old process's blocks
+/// look current. The first connection reads the history again from 0: the old blocks go, the
+/// new one is learnt.
+#[test]
+fn service_an_engine_that_restarts_between_the_start_up_replay_and_the_subscription_is_read_again() {
+    let Some(py) = python() else { return };
+    let ports = (free_port(), free_port());
+    let mut peer = Peer::start(&py);
+    publisher(&mut peer, "s", "pod-s", ports, true);
+    store(&mut peer, "s", "old0", &chain(0, 4));
+    store(&mut peer, "s", "old1", &chain(1, 4));
+    let server = dialling("pod-s", ports);
+    peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
+    wait_until("the start-up replay learns the old process's blocks", DEADLINE_S, || {
+        (peer.score_pod(MODEL, &chain(1, 4), "pod-s").0 == 4).then_some(())
+    });
+    peer.cmd(json!({"op": "restart", "name": "s", "connect_later": true}));
+    assert_eq!(store(&mut peer, "s", "new", &chain(5, 4)), 0, "the new process's first batch");
+    peer.cmd(json!({"op": "plug", "name": "s"}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["s"]}))["subscribed"], true, "the dialer joins");
+    wait_learnt(&server, &mut peer, "s", "pod-s", &[(&chain(5, 4), 4), (&chain(0, 4), 0), (&chain(1, 4), 0)]);
+    wait_last_seq(&server, "pod-s", 0);
+}

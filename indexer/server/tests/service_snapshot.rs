@@ -46,16 +46,7 @@ fn start(args: &[String]) -> ServeProcess {
 }
 
 fn source(http: &str) -> Option<Value> {
-    let (status, body) = http_request(http, "GET", "/debug/sources", None);
-    if status != 200 {
-        return None;
-    }
-    let v: Value = serde_json::from_str(&body).ok()?;
-    v["sources"].as_array()?.iter().find(|s| s["pod"] == POD).cloned()
-}
-
-fn metric(http: &str, name: &str, labels: &[&str]) -> f64 {
-    kvindex_testkit::prometheus::sum(&http_request(http, "GET", "/metrics", None).1, name, labels)
+    debug_source(http, POD)
 }
 
 /// Waits until the server has applied the publisher's last seq; returns the source's state.
@@ -70,9 +61,9 @@ fn settle(peer: &mut Peer, http: &str, secs: u64) -> String {
 
 /// Waits for a snapshot that covers the publisher's last seq (two writes after catching up).
 fn wait_snapshot(http: &str) {
-    let before = metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]);
+    let before = http_metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]);
     wait_until("two more snapshots", 20, || {
-        (metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]) >= before + 2.0).then_some(())
+        (http_metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]) >= before + 2.0).then_some(())
     });
 }
 
@@ -144,7 +135,7 @@ fn service_warm_restart_after_sigkill_catches_up_exactly_from_the_snapshot() {
     assert_eq!(settle(&mut peer, &server.http, 30), "EXACT", "{:?}", source(&server.http));
     let r = peer.check(&["a"], MODEL);
     assert_eq!(r["mismatches"], json!([]), "after catch-up the index equals the publisher's full stream: {r}");
-    assert!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]) >= 1.0);
+    assert!(http_metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]) >= 1.0);
     // A chain stored before the restart, long out of the replay buffer, is credited in full.
     assert_eq!(peer.score_pod(MODEL, &chain(5, 4), POD), (4, "EXACT".to_string()));
 }
@@ -170,8 +161,8 @@ fn service_warm_restart_with_a_too_short_replay_buffer_degrades_without_false_po
     assert_eq!(settle(&mut peer, &server.http, 30), "DEGRADED");
     let r = peer.check(&["a"], MODEL);
     assert_eq!(peer.score_pod(MODEL, &chain(0, 4), POD).0, 0, "removed while we were away: {r}");
-    assert_eq!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 0.0);
-    assert_eq!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"dropped\""]), 1.0);
+    assert_eq!(http_metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 0.0);
+    assert_eq!(http_metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"dropped\""]), 1.0);
 }
 
 #[test]
@@ -202,8 +193,8 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     corrupt_store(dir.path());
     let server = start(&args);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
-    assert_eq!(metric(&server.http, "kvindex_snapshot_loads_total", &["outcome=\"refused\""]), 1.0);
-    assert!(metric(&server.http, "kvindex_snapshot_load_errors_total", &[]) >= 1.0);
+    assert_eq!(http_metric(&server.http, "kvindex_snapshot_loads_total", &["outcome=\"refused\""]), 1.0);
+    assert!(http_metric(&server.http, "kvindex_snapshot_load_errors_total", &[]) >= 1.0);
     // Ready means the start-up replay is over and the subscription is up: a store sent before
     // that can fall between the replay's answer and the live stream (ZeroMQ's slow joiner).
     wait_until("ready", 20, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
@@ -305,7 +296,7 @@ fn service_graceful_restart_restores_a_hybrid_pod_with_its_groups() {
         publish(&mut peer, before.len() + k, p);
     }
     assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
-    assert!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]) >= 1.0);
+    assert!(http_metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]) >= 1.0);
     let served: Vec<u32> = prompts.iter().map(|t| peer.score_pod("tiny", t, POD).0 as u32).collect();
     assert_eq!(served, expected, "the hybrid pod came back with its groups and residencies");
 }
@@ -348,9 +339,14 @@ fn service_snapshots_rewrite_only_the_streams_that_moved() {
     peer.wait_exact(&server, &["a", "b"], MODEL, "EXACT", 30);
     wait_snapshot(&server.http);
     let counts = |http: &str| {
-        let streams =
-            |outcome: &str| metric(http, "kvindex_snapshot_streams_total", &[&format!("outcome=\"{outcome}\"")]) as u64;
-        (metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]) as u64, streams("written"), streams("kept"))
+        let streams = |outcome: &str| {
+            http_metric(http, "kvindex_snapshot_streams_total", &[&format!("outcome=\"{outcome}\"")]) as u64
+        };
+        (
+            http_metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""]) as u64,
+            streams("written"),
+            streams("kept"),
+        )
     };
     // Nothing moves: snapshots keep both records and write none.
     let (w0, written0, kept0) = counts(&server.http);
@@ -385,7 +381,7 @@ fn service_snapshots_rewrite_only_the_streams_that_moved() {
     }
     let r = peer.wait_exact(&server, &["a", "b"], MODEL, "EXACT", 30);
     assert_eq!(r["mismatches"], json!([]), "{r}");
-    assert_eq!(metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 2.0);
+    assert_eq!(http_metric(&server.http, "kvindex_snapshot_restored_pods_total", &["outcome=\"imported\""]), 2.0);
     // Chains long out of both replay buffers, credited in full: b's from its kept record.
     assert_eq!(peer.score_pod(MODEL, &chain(1002, 4), "idle:8000"), (4, "EXACT".to_string()));
     assert_eq!(peer.score_pod(MODEL, &chain(2, 4), "busy:8000"), (4, "EXACT".to_string()));
@@ -406,7 +402,7 @@ fn refused(args: &[String]) -> (std::process::ExitStatus, String) {
 }
 
 fn snapshots_written(http: &str) -> f64 {
-    metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""])
+    http_metric(http, "kvindex_snapshot_writes_total", &["outcome=\"ok\""])
 }
 
 /// The names in `dir`, sorted, with each file's contents.
@@ -464,7 +460,7 @@ fn service_a_snapshot_dir_with_an_operator_file_refuses_to_start_and_nothing_is_
     // Only RocksDB's files: refused and started clean, in the link's target.
     std::fs::remove_file(dir.join("notes.txt")).unwrap();
     let server = start(&bare_args(&link));
-    assert_eq!(metric(&server.http, "kvindex_snapshot_loads_total", &["outcome=\"refused\""]), 1.0);
+    assert_eq!(http_metric(&server.http, "kvindex_snapshot_loads_total", &["outcome=\"refused\""]), 1.0);
     wait_until("a snapshot", 20, || (snapshots_written(&server.http) >= 1.0).then_some(()));
     assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link is still a link");
     assert!(dir.join("CURRENT").is_file(), "the new store is in the link's target");
@@ -502,7 +498,7 @@ fn service_a_second_server_on_a_held_snapshot_dir_fails_and_the_first_ones_store
     assert!(first.child.wait().unwrap().success());
     let next = start(&args);
     assert_eq!(
-        metric(&next.http, "kvindex_snapshot_loads_total", &["outcome=\"loaded\""]),
+        http_metric(&next.http, "kvindex_snapshot_loads_total", &["outcome=\"loaded\""]),
         1.0,
         "the first server's store, whole"
     );

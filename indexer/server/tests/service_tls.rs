@@ -121,26 +121,22 @@ fn tls_metric(server: &ServeProcess, pki: &Pki, name: &str, labels: &[&str]) -> 
         .sum()
 }
 
+/// `kvindex serve` with mTLS on its listeners (the test CA's server certificate, clients
+/// that CA signed), a central SUB, and `extra` flags.
+fn mtls_server(pki: &Pki, extra: &[&str]) -> ServeProcess {
+    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"));
+    let mut args = vec!["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0"];
+    args.extend(["--tls-cert", &cert, "--tls-key", &key, "--tls-client-ca", &ca]);
+    args.extend(extra);
+    ServeProcess::start(&args, &[])
+}
+
 #[test]
 fn mtls_on_grpc_and_http_refuses_clients_without_a_trusted_certificate() {
     let Some(py) = python() else { return };
     let pki = Pki::new();
-    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"));
-    let args = [
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--zmq-bind",
-        "tcp://127.0.0.1:0",
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--tls-client-ca",
-        &ca,
-    ];
-    let server = ServeProcess::start(&args, &[]);
+    let ca = pki.path("ca.pem");
+    let server = mtls_server(&pki, &[]);
     let ca_path = pki.dir.join("ca.pem");
     let (client_pem, client_key) = (pki.dir.join("client.pem"), pki.dir.join("client.key"));
     let (rogue_pem, rogue_key) = (pki.dir.join("rogue.pem"), pki.dir.join("rogue.key"));
@@ -244,4 +240,79 @@ fn tls_config_errors_name_the_key() {
         assert!(stderr.contains(&format!("config error: {key_name}")), "{args:?}: {stderr}");
         assert!(!String::from_utf8_lossy(&out.stdout).contains("KVINDEX_LISTENING"));
     }
+}
+
+/// A sibling behind mTLS exports its index only to a replica that presents a certificate its CA
+/// signed and the replicas' admin token (`--bootstrap-tls-*`, `--admin-token-file`), and
+/// `kvindex compare` reaches it with the same files. A replica without a client certificate is
+/// refused at the handshake: a clear error, counted, and a cold start.
+#[test]
+fn bootstrap_and_compare_over_mtls() {
+    let Some(py) = python() else { return };
+    let pki = Pki::new();
+    let ca = pki.path("ca.pem");
+    let (client_cert, client_key) = (pki.path("client.pem"), pki.path("client.key"));
+    let token = admin_token_file();
+    let token = token.to_str().unwrap();
+    let sibling = mtls_server(&pki, &["--admin-token-file", token]);
+    let mut peer = Peer::start(&py);
+    let grpc = json!({"op": "grpc_tls", "addr": sibling.grpc, "ca": ca, "cert": client_cert, "key": client_key});
+    assert_eq!(peer.cmd(grpc)["ready"], true);
+    let topic = format!("kv@pod-a@{MODEL}");
+    peer.cmd(json!({"op": "pub_start", "name": "a", "pod": "pod-a", "connect": sibling.zmq.clone().unwrap(), "topic": topic}));
+    assert_eq!(peer.cmd(json!({"op": "wait_sub", "names": ["a"]}))["subscribed"], true);
+    peer.cmd(json!({"op": "store", "name": "a", "chain": "c0", "tokens": chain(0, 4)}));
+    wait_until("pod-a indexed on the sibling", 20, || {
+        (peer.score_pod(MODEL, &chain(0, 4), "pod-a").0 == 4).then_some(())
+    });
+
+    // The sibling's certificate names localhost; the replica dials it by IP.
+    let from = sibling.grpc.replace("127.0.0.1", "localhost");
+    let replica = |identity: bool| {
+        let mut args = vec![
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--admin-token-file",
+            token,
+            "--bootstrap-from",
+            &from,
+            "--bootstrap-tls-ca",
+            &ca,
+            // No stream here claims pod-a's record: /readyz stops waiting for it after this.
+            "--bootstrap-timeout-ms",
+            "3000",
+        ];
+        if identity {
+            args.extend(["--bootstrap-tls-cert", &client_cert, "--bootstrap-tls-key", &client_key]);
+        }
+        let server = ServeProcess::start(&args, &[]);
+        wait_until("ready", 60, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
+        server
+    };
+    let bootstraps = |server: &ServeProcess, outcome: &str| {
+        http_metric(&server.http, "kvindex_bootstrap_total", &[&format!("outcome=\"{outcome}\"")])
+    };
+    let trusted = replica(true);
+    assert_eq!(bootstraps(&trusted, "loaded"), 1.0);
+    assert_eq!(tls_metric(&sibling, &pki, "kvindex_sibling_exports_total", &["outcome=\"ok\""]), 1.0);
+    let anonymous = replica(false);
+    assert_eq!(bootstraps(&anonymous, "loaded"), 0.0);
+    assert_eq!(bootstraps(&anonymous, "unreachable"), 1.0, "refused at the handshake");
+    assert_eq!(tls_metric(&sibling, &pki, "kvindex_sibling_exports_total", &["outcome=\"ok\""]), 1.0);
+
+    let compare = |tls: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvindex"))
+            .args(["compare", &from, &from])
+            .args(tls)
+            .output()
+            .unwrap()
+    };
+    let out = compare(&["--tls-ca", &ca, "--tls-cert", &client_cert, "--tls-key", &client_key]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("1 pods, 1 agree, 0 differ"), "{stdout}");
+    let out = compare(&["--tls-ca", &ca]);
+    assert_eq!(out.status.code(), Some(2), "no client certificate: {}", String::from_utf8_lossy(&out.stderr));
 }

@@ -151,6 +151,8 @@ pub struct PodIngest {
     hash_check: Verification,
     /// Stamped by the index whenever this pod's residencies may change (see `KvIndex::pod_version`).
     version: u64,
+    /// Per tier, the wrapping sum of the pod's residency hashes (see `digest`).
+    digest: [u64; MAX_TIERS],
 }
 
 impl PodIngest {
@@ -178,6 +180,7 @@ impl PodIngest {
             stores_seen: 0,
             hash_check: Verification::default(),
             version: 0,
+            digest: [0; MAX_TIERS],
         }
     }
 
@@ -206,6 +209,11 @@ impl PodIngest {
     /// Totals of the sampled hash cross-check for this pod.
     pub fn hash_check(&self) -> Verification {
         self.hash_check
+    }
+
+    /// Per tier id, the sum of this pod's residency hashes (see `digest`).
+    pub fn digest_sums(&self) -> [u64; MAX_TIERS] {
+        self.digest
     }
 
     /// Canonical blocks this pod holds in any tier.
@@ -774,6 +782,9 @@ impl PodIngest {
         for (i, count) in self.tier_blocks.iter_mut().enumerate() {
             *count = (*count + stats.tier_gained[i]).saturating_sub(stats.tier_lost[i]);
         }
+        for (sum, d) in self.digest.iter_mut().zip(stats.digest) {
+            *sum = sum.wrapping_add(d);
+        }
     }
 
     fn maybe_check_hashes(
@@ -1035,6 +1046,7 @@ impl PodIngest {
         self.indexed = false;
         self.tier_blocks = [0; MAX_TIERS];
         self.blocks = 0;
+        self.digest = [0; MAX_TIERS];
         stats.lost
     }
 }

@@ -9,6 +9,7 @@
 //! drop a pod, and this type does it exactly.
 
 mod config;
+pub mod digest;
 pub mod engine_blocks;
 pub mod export;
 pub mod hybrid;
@@ -21,6 +22,7 @@ pub mod tiers;
 pub mod tree;
 
 pub use self::config::KvIndexConfig;
+pub use self::digest::PodDigest;
 pub use self::engine_blocks::{BlockRef, ChainParent, ColumnError, Columns, EngineBlocks};
 pub use self::export::{GroupExport, ImportReport, PodExport};
 pub use self::ingest::HashCheck;

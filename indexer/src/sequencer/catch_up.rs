@@ -31,11 +31,19 @@ impl<P> Sequencer<P> {
     /// the stream: what that connection brought is then not trusted (the publisher may be a new
     /// process), so the stream is cleared now and caught up from 0 instead of at its next
     /// message. Without a replay socket nothing changes here (the next message resyncs).
+    ///
+    /// The same for the first connection after a start-up replay (answered, or still in
+    /// flight): the process that answered it may have restarted before our dialer reached its
+    /// PUB, and the new one's seqs then sit below the cursor (dropped as duplicates) or past
+    /// it (applied onto the old process's blocks). Its history is read again from 0, which
+    /// re-learns everything the start-up replay brought that the engine still holds. A stream
+    /// resumed from a snapshot keeps its cursor: its proof is the resume rules'.
     pub fn on_connected(&mut self, now: Millis, out: &mut Vec<Step<P>>) {
         if !self.config.replay {
             return;
         }
-        if self.reconnected && self.holds_any() {
+        let first_after_sync = std::mem::take(&mut self.synced_unconnected);
+        if (self.reconnected || first_after_sync) && self.holds_any() {
             self.restart(Reason::Reconnect, out);
             self.last_live = None;
         }
@@ -116,6 +124,16 @@ mod tests {
         s
     }
 
+    /// A stream restored from a snapshot at seq 2, whose resume replay brought nothing new.
+    fn resumed_at_two() -> Seq {
+        let mut s = Seq::new(cfg());
+        let mut out = Vec::new();
+        s.resume(2, 0, &mut out);
+        assert_eq!(asked(&out), Some((3, Reason::InitialSync)));
+        answer(&mut s, &[], 1);
+        s
+    }
+
     #[test]
     fn a_new_stream_asks_from_zero_and_learns_what_came_before_the_subscription() {
         let mut s = Seq::new(cfg());
@@ -135,7 +153,7 @@ mod tests {
 
     #[test]
     fn a_stream_with_a_cursor_asks_after_it_and_the_overlap_is_a_duplicate() {
-        let mut s = synced_to_two();
+        let mut s = resumed_at_two();
         let mut out = Vec::new();
         s.on_connected(2, &mut out);
         assert_eq!(asked(&out), Some((3, Reason::CatchUp)));
@@ -150,7 +168,7 @@ mod tests {
 
     #[test]
     fn nothing_new_leaves_the_stream_as_it_was() {
-        let mut s = synced_to_two();
+        let mut s = resumed_at_two();
         let mut out = Vec::new();
         s.on_connected(2, &mut out);
         let out = answer(&mut s, &[], 3);
@@ -161,7 +179,7 @@ mod tests {
 
     #[test]
     fn a_buffer_that_no_longer_reaches_the_cursor_clears_and_degrades() {
-        let mut s = synced_to_two();
+        let mut s = resumed_at_two();
         let mut out = Vec::new();
         s.on_connected(2, &mut out);
         let out = answer(&mut s, &[6, 7], 3);
@@ -170,22 +188,42 @@ mod tests {
         assert_eq!(s.state(), SourceState::Degraded);
     }
 
+    /// The engine restarted between the start-up replay and our dialer reaching its PUB: the
+    /// new process's seq 0 is below the cursor (a duplicate by seq alone) and its buffer holds
+    /// nothing past it, so only a catch-up from 0 tells the old blocks from the new.
     #[test]
-    fn waits_for_the_replay_in_flight_then_goes() {
+    fn the_first_connection_after_a_start_up_replay_clears_and_catches_up_from_zero() {
+        let mut s = synced_to_two();
+        let mut out = Vec::new();
+        s.on_connected(2, &mut out);
+        assert!(cleared(&out), "the start-up replay's process may not be the one we reached");
+        assert_eq!(asked(&out), Some((0, Reason::CatchUp)));
+        let out = answer(&mut s, &[0], 3);
+        assert_eq!(applied(&out), vec![0]);
+        assert_eq!((s.state(), s.last_seq()), (SourceState::Exact, Some(0)));
+        // The new process's next batch continues the stream; a later connection is a reconnect.
+        let mut out = Vec::new();
+        s.on_live(1, Item::Batch(1), 4, &mut out);
+        assert_eq!((applied(&out), cleared(&out)), (vec![1], false));
+    }
+
+    #[test]
+    fn a_start_up_replay_in_flight_when_the_connection_opens_gives_way_to_a_catch_up() {
         let mut s = Seq::new(cfg());
         let mut out = Vec::new();
         s.start_initial_sync(0, &mut out);
+        let (start_up, _) = s.replay_in_flight().unwrap();
         let mut out = Vec::new();
         s.on_connected(1, &mut out);
-        assert_eq!(asked(&out), None, "one replay at a time");
-        assert!(s.catch_up_wanted());
-        // The start-up replay was answered before the subscription reached the publisher, which
-        // published seq 1 in between: only the catch-up brings it.
-        answer(&mut s, &[0], 2);
-        let mut out = Vec::new();
-        s.on_tick(3, &mut out);
-        assert_eq!(asked(&out), Some((1, Reason::CatchUp)));
-        assert_eq!(applied(&answer(&mut s, &[0, 1], 4)), vec![1]);
+        assert!(out
+            .iter()
+            .any(|s| matches!(s, Step::ReplayDone { id, outcome: ReplayOutcome::Abandoned } if *id == start_up)));
+        assert_eq!(asked(&out), Some((0, Reason::CatchUp)), "one replay at a time, from 0");
+        // The start-up replay's late answer is ignored; the catch-up's applies.
+        let mut late = Vec::new();
+        s.on_replay_message(start_up, 0, Item::Batch(0), 2, &mut late);
+        assert!(applied(&late).is_empty());
+        assert_eq!(applied(&answer(&mut s, &[0, 1], 3)), vec![0, 1]);
         assert_eq!(s.state(), SourceState::Exact);
     }
 
@@ -212,13 +250,16 @@ mod tests {
         let mut s = Seq::new(cfg());
         let mut out = Vec::new();
         s.start_initial_sync(0, &mut out);
-        s.on_connected(1, &mut out);
-        s.on_live(1, Item::Batch(1), 2, &mut out); // held behind the start-up replay
-        let out = answer(&mut s, &[0], 3);
-        assert_eq!(applied(&out), vec![0, 1]);
+        let (id, _) = s.replay_in_flight().unwrap();
+        s.on_replay_failed(id, false, 10, &mut out); // the engine was not up: cooling down
+        s.on_connected(500, &mut out);
+        assert!(s.catch_up_wanted());
         let mut out = Vec::new();
-        s.on_tick(4, &mut out);
-        assert_eq!(asked(&out), None, "seq 1 came live: nothing before it is missing");
+        s.on_live(0, Item::Batch(0), 600, &mut out);
+        assert_eq!(applied(&out), vec![0]);
+        let mut out = Vec::new();
+        s.on_tick(2_010, &mut out);
+        assert_eq!(asked(&out), None, "seq 0 came live: nothing before it is missing");
         assert!(!s.catch_up_wanted());
     }
 

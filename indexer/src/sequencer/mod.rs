@@ -151,6 +151,10 @@ pub struct Sequencer<P> {
     reconnected: bool,
     /// Restored from a snapshot's cursor and no batch applied since (see `resume`).
     resumed: bool,
+    /// The start-up replay was asked before any live connection: what it brought came from
+    /// whichever process answered it, which the first connection may not reach (see
+    /// `catch_up`).
+    synced_unconnected: bool,
     /// The publisher epoch of the last live message that had one (24-byte seq frames).
     epoch: Option<[u8; 16]>,
     /// A live connection opened and nothing has come on it yet: its catch-up replay is still
@@ -177,6 +181,7 @@ impl<P> Sequencer<P> {
             pending: VecDeque::new(),
             reconnected: false,
             resumed: false,
+            synced_unconnected: false,
             epoch: None,
             catch_up: false,
             catch_up_tries: 0,
@@ -324,6 +329,7 @@ impl<P> Sequencer<P> {
     /// at start-up), so the index is complete before the service reports ready.
     pub fn start_initial_sync(&mut self, now: Millis, out: &mut Vec<Step<P>>) {
         if self.state == SourceState::Connecting && self.replay.is_none() && self.can_replay(now) {
+            self.synced_unconnected = true;
             self.start_replay(0, now, Reason::InitialSync, out);
         }
     }
@@ -445,6 +451,7 @@ impl<P> Sequencer<P> {
         }
         self.pending.clear();
         self.clear(Reason::Disconnect, out);
+        self.synced_unconnected = false;
         self.degraded = false;
         self.lost_by = None;
         self.next = None;

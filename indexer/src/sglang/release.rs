@@ -5,7 +5,7 @@
 //! |--------|------|
 //! | 0.5.6  | page ids are the SHA-256 page chain (before: Python's `hash()`, not reproducible, and a node's first page has no parent, so those stores never credit: [`super::builtin_ids`]; cross-check off) |
 //! | 0.5.15 | the C++ hash binding, pages batched into one event; `medium` published |
-//! | 0.5.19 | a cache salt seeds the event chain; salted stores carry a `metadata` map |
+//! | 0.5.19 | a cache salt seeds the event chain; salted stores carry a `metadata` map; the OpenAI routes take the data-parallel rank to serve on (`X-Data-Parallel-Rank`) |
 //! | 0.5.20 | map-form (tagged) events with `cache_salt` and `session_id`; the storage chain is seeded by (extra_key, cache_salt) |
 //! | 0.5.22 | `lora_name`; `format = "dynamo"` namespaces every published id by (extra_key, cache_salt); replay replies carry the topic frame |
 //! | 0.5.23 | ids past u32 hash as wide pages; the default format namespaces ids of named adapters |
@@ -113,6 +113,14 @@ impl SglangRelease {
         self.at_least(0, 5, 19)
     }
 
+    /// The OpenAI routes take the data-parallel rank a request is to be served on
+    /// (`X-Data-Parallel-Rank`, over the body's `routed_dp_rank`), and the DP controller obeys it
+    /// before any load-balance method. Read in 0.5.19, 0.5.20 and 0.5.23; 0.5.6 and earlier
+    /// take a rank on `/generate` only (`data_parallel_rank`), not on the OpenAI routes.
+    pub fn routes_named_dp_rank(self) -> bool {
+        self.at_least(0, 5, 19)
+    }
+
     /// The storage chain is seeded by (extra_key, cache_salt); before, it is the plain chain.
     pub fn namespaced_storage_chain(self) -> bool {
         self.at_least(0, 5, 20)
@@ -211,5 +219,6 @@ mod tests {
         assert_eq!(r("0.5.23").id_namespace(EventFormat::Default, true), Some((true, false)));
         assert_eq!(r("0.5.22").id_namespace(EventFormat::Dynamo, false), Some((true, true)));
         assert!(!r("0.5.22").wide_pages() && r("0.5.23").wide_pages());
+        assert!(!r("0.5.6").routes_named_dp_rank() && r("0.5.19").routes_named_dp_rank());
     }
 }

@@ -35,6 +35,8 @@ struct PodLoad {
     kv_usage: f64,
     /// `num_gpu_blocks`.
     kv_blocks: usize,
+    /// Tokens per block (the router reads the capacity as blocks × block size).
+    block_size: usize,
 }
 
 struct Running {
@@ -119,6 +121,7 @@ impl RouterProcesses {
                     running: stats.num_running as f64,
                     kv_usage: stats.kv_usage,
                     kv_blocks: stats.num_gpu_blocks,
+                    block_size: stats.block_size,
                 }
             })
             .collect();
@@ -183,8 +186,8 @@ async fn serve_metrics(load: Arc<Mutex<PodLoad>>) -> Result<String, String> {
             let l = *load.lock().unwrap_or_else(|e| e.into_inner());
             async move {
                 format!(
-                    "vllm:num_requests_waiting{{engine=\"0\"}} {}\nvllm:num_requests_running{{engine=\"0\"}} {}\nvllm:kv_cache_usage_perc{{engine=\"0\"}} {}\nvllm:cache_config_info{{engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0\n",
-                    l.waiting, l.running, l.kv_usage, l.kv_blocks
+                    "vllm:num_requests_waiting{{engine=\"0\"}} {}\nvllm:num_requests_running{{engine=\"0\"}} {}\nvllm:kv_cache_usage_perc{{engine=\"0\"}} {}\nvllm:cache_config_info{{block_size=\"{}\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0\n",
+                    l.waiting, l.running, l.kv_usage, l.block_size, l.kv_blocks
                 )
             }
         }),

@@ -11,9 +11,11 @@
 //!   command;
 //! - [`prometheus`]: a `/metrics` scrape and the sum of a metric's samples by label;
 //! - [`procfs`]: another process's peak memory, children and start time;
-//! - [`run`]: a helper program run to the end, failing with what it printed.
+//! - [`run`]: a helper program run to the end, failing with what it printed;
+//! - [`callgrind`]: valgrind's client requests, for benches that count instructions per stage.
 
 pub mod binaries;
+pub mod callgrind;
 pub mod env;
 pub mod http;
 pub mod json_peer;

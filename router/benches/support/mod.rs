@@ -110,7 +110,7 @@ impl World {
         let fleet = Arc::new(Fleet::new(Duration::from_secs(2)));
         for pod in &sims.pods {
             service.register_pod(&pod.pod_id, MODEL, pod.replay.as_deref()).await.expect("register");
-            let spec = PodSpec { id: pod.pod_id.clone(), url: format!("http://{}", pod.http), role: Role::Both };
+            let spec = PodSpec::new(pod.pod_id.clone(), format!("http://{}", pod.http), Role::Both);
             fleet.upsert(&spec, Source::Static).unwrap();
         }
         let settings = RouterSettings {

@@ -34,11 +34,19 @@ pub struct ServeArgs {
     /// `--admin-addr`). Unset: they are served on both.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
+    /// A listener for the kubelet's probes only: `/healthz` and `/readyz` (anything else 404),
+    /// still also served on the other addresses. Clients of those cannot fill it, so the
+    /// probes answer while `--http-addr` is full. Off unless given.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub probe_addr: Option<String>,
     /// `kvindex serve` gRPC endpoints, tried in order with failover. None: load-only placement.
     #[arg(long = "indexer", value_name = "HOST:PORT", num_args = 1.., action = clap::ArgAction::Append)]
     pub indexers: Vec<String>,
     /// A pod serving both prefill and decode: `<pod-id>=<http-base-url>`, the pod id being the
-    /// one the indexer reports (e.g. `10.0.0.7:8000=http://10.0.0.7:8000`).
+    /// one the indexer reports (e.g. `10.0.0.7:8000=http://10.0.0.7:8000`). An engine serving
+    /// several data-parallel ranks behind that URL (SGLang's `--dp-size`) adds
+    /// `,dp_size=<n>[,dp_routing=engine|router]`: the engine picks the rank (the pod is credited
+    /// what every rank holds), or the router names it (`X-Data-Parallel-Rank`).
     #[arg(long = "pod", value_name = "ID=URL", num_args = 1.., action = clap::ArgAction::Append)]
     pub pods: Vec<String>,
     /// A prefill-only pod (P/D disaggregation), `<pod-id>=<http-base-url>`.
@@ -113,9 +121,10 @@ pub struct ServeArgs {
     /// at least --kv-reference-blocks KV blocks (or whose capacity is unknown).
     #[arg(long, default_value_t = 256.0)]
     pub kv_weight: f64,
-    /// KV capacity (blocks, the engine's `num_gpu_blocks` from `vllm:cache_config_info`) below
-    /// which a full cache costs --kv-weight × capacity / this, so every block held costs alike
-    /// on small and big pods. 0 = --kv-weight on every pod.
+    /// KV capacity (blocks of --block-size; a pod reports tokens: vLLM's `num_gpu_blocks` ×
+    /// `block_size` from `vllm:cache_config_info`, SGLang's `sglang:max_total_num_tokens`)
+    /// below which a full cache costs --kv-weight × capacity / this, so every token held costs
+    /// alike on small and big pods, whatever their block or page size. 0 = --kv-weight on every pod.
     #[arg(long, default_value_t = crate::place::cost::DEFAULT_KV_REFERENCE_BLOCKS, value_name = "BLOCKS")]
     pub kv_reference_blocks: f64,
     /// Pods at or above this KV-cache usage (0–1) are picked only when every pod is.
@@ -156,9 +165,19 @@ pub struct ServeArgs {
     /// Time for a whole request body to arrive (408 past it).
     #[arg(long, default_value_t = 60_000, value_name = "MS")]
     pub http_body_timeout_ms: u64,
-    /// Most open connections per HTTP listener; past it a new connection is closed at accept.
+    /// Most open connections per HTTP listener. At the cap the oldest idle connection makes
+    /// room; a new connection is closed at accept only when every one is answering a request.
     #[arg(long, default_value_t = 2048)]
     pub max_connections: usize,
+    /// Most open connections per HTTP listener from one client IP address (the same rule at
+    /// the cap); at most --max-connections. Default: half of --max-connections.
+    #[arg(long)]
+    pub max_connections_per_address: Option<usize>,
+    /// Most open connections per HTTP listener from one network, an IPv4 /24 or an IPv6 /64
+    /// (the same rule at the cap); at most --max-connections. Default: three quarters of
+    /// --max-connections.
+    #[arg(long)]
+    pub max_connections_per_network: Option<usize>,
     /// Longest prompt accepted, in tokens (after tokenization).
     #[arg(long, default_value_t = 262_144)]
     pub max_prompt_tokens: usize,
@@ -218,6 +237,7 @@ pub struct Config {
     pub http_addr: String,
     pub admin_addr: Option<String>,
     pub metrics_addr: Option<String>,
+    pub probe_addr: Option<String>,
     pub indexers: Vec<String>,
     pub pods: Vec<PodSpec>,
     pub pods_file: Option<PathBuf>,
@@ -247,6 +267,8 @@ pub struct Config {
     pub http_write_timeout: Duration,
     pub http_body_timeout: Duration,
     pub max_connections: usize,
+    pub max_connections_per_address: usize,
+    pub max_connections_per_network: usize,
     pub max_prompt_tokens: usize,
     pub max_messages: usize,
     pub upstream_retries: usize,
@@ -381,13 +403,23 @@ fn err(flag: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError { flag, message: message.into() }
 }
 
-/// `<id>=<http-base-url>` → a pod spec with the URL normalized (no trailing slash).
+/// `<id>=<http-base-url>[,dp_size=<n>][,dp_routing=engine|router]` → a pod spec with the URL
+/// normalized (no trailing slash).
 pub fn parse_pod(flag: &'static str, spec: &str, role: Role) -> Result<PodSpec, ConfigError> {
-    let (id, url) = spec
+    let (id, rest) = spec
         .split_once('=')
-        .filter(|(id, url)| !id.trim().is_empty() && !url.trim().is_empty())
+        .filter(|(id, rest)| !id.trim().is_empty() && !rest.trim().is_empty())
         .ok_or_else(|| err(flag, format!("expected <pod-id>=<http-base-url>, got {spec:?}")))?;
-    Ok(PodSpec { id: id.trim().to_string(), url: normalize_url(flag, url.trim())?, role })
+    let mut parts = rest.split(',');
+    let url = parts.next().unwrap_or_default();
+    let mut pod = PodSpec::new(id.trim(), normalize_url(flag, url.trim())?, role);
+    for option in parts {
+        pod.set_option(option).map_err(|message| err(flag, format!("{spec:?}: {message}")))?;
+    }
+    match pod.dp_refusal() {
+        Some(message) => Err(err(flag, format!("{spec:?}: {message}"))),
+        None => Ok(pod),
+    }
 }
 
 /// Checks a pod base URL: plain `http://host:port[/prefix]` (TLS to pods belongs in a sidecar).
@@ -434,6 +466,9 @@ impl ServeArgs {
         }
         if let Some(addr) = &self.metrics_addr {
             check_host_port("--metrics-addr", addr)?;
+        }
+        if let Some(addr) = &self.probe_addr {
+            check_host_port("--probe-addr", addr)?;
         }
         for addr in &self.indexers {
             check_host_port("--indexer", addr)?;
@@ -529,6 +564,18 @@ impl ServeArgs {
         if self.max_connections == 0 {
             return Err(err("--max-connections", "must be at least 1"));
         }
+        let share = |flag: &'static str, given: Option<usize>, default: usize| match given {
+            None => Ok(default.max(1)),
+            Some(0) => Err(err(flag, "must be at least 1")),
+            Some(n) if n > self.max_connections => {
+                Err(err(flag, format!("must be at most --max-connections ({})", self.max_connections)))
+            }
+            Some(n) => Ok(n),
+        };
+        let max_connections_per_address =
+            share("--max-connections-per-address", self.max_connections_per_address, self.max_connections / 2)?;
+        let max_connections_per_network =
+            share("--max-connections-per-network", self.max_connections_per_network, self.max_connections / 4 * 3)?;
         if self.max_messages == 0 {
             return Err(err("--max-messages", "must be at least 1"));
         }
@@ -542,6 +589,7 @@ impl ServeArgs {
             http_addr: self.http_addr,
             admin_addr: self.admin_addr,
             metrics_addr: self.metrics_addr,
+            probe_addr: self.probe_addr,
             indexers: self.indexers,
             pods,
             pods_file: self.pods_file,
@@ -576,6 +624,8 @@ impl ServeArgs {
             http_write_timeout: positive_ms("--http-write-timeout-ms", self.http_write_timeout_ms)?,
             http_body_timeout: positive_ms("--http-body-timeout-ms", self.http_body_timeout_ms)?,
             max_connections: self.max_connections,
+            max_connections_per_address,
+            max_connections_per_network,
             max_prompt_tokens: self.max_prompt_tokens,
             max_messages: self.max_messages,
             upstream_retries: self.upstream_retries,
@@ -607,6 +657,7 @@ impl Config {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::pods::spec::DpRouting;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -641,6 +692,31 @@ pub(crate) mod tests {
         assert_eq!(config.pods[0].url, "http://127.0.0.1:8001", "trailing slash dropped");
         assert_eq!(config.pods[0].role, Role::Both);
         assert!(config.client_chat_templates.is_none(), "client chat templates are off by default");
+        assert_eq!((config.pods[0].dp_size, config.pods[0].dp_routing), (1, DpRouting::Engine));
+    }
+
+    #[test]
+    fn a_pod_serving_data_parallel_ranks_behind_its_url_says_so_and_who_picks_the_rank() {
+        let config = parse(&[
+            "--http-addr",
+            "127.0.0.1:8080",
+            "--pod",
+            "10.0.0.7:30000=http://10.0.0.7:30000/,dp_size=2",
+            "--pod",
+            "10.0.0.8:30000=http://10.0.0.8:30000,dp_size=4,dp_routing=router",
+            "--decode-pod",
+            "10.0.0.9:30000=http://10.0.0.9:30000,dp_size=2,dp_routing=router",
+        ])
+        .unwrap();
+        let shapes: Vec<_> = config.pods.iter().map(|p| (p.url.as_str(), p.dp_size, p.dp_routing)).collect();
+        assert_eq!(
+            shapes,
+            [
+                ("http://10.0.0.7:30000", 2, DpRouting::Engine),
+                ("http://10.0.0.8:30000", 4, DpRouting::Router),
+                ("http://10.0.0.9:30000", 2, DpRouting::Router),
+            ]
+        );
     }
 
     #[test]
@@ -674,11 +750,26 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_per_address_and_per_network_caps_default_to_shares_of_the_total() {
+        let base = ["--http-addr", "127.0.0.1:8080", "--pod", "a=http://x:1"];
+        let caps = |c: Config| (c.max_connections, c.max_connections_per_address, c.max_connections_per_network);
+        assert_eq!(caps(parse(&base).unwrap()), (2048, 1024, 1536));
+        assert_eq!(caps(parse(&[&base[..], &["--max-connections", "1"]].concat()).unwrap()), (1, 1, 1));
+        let given =
+            ["--max-connections", "8", "--max-connections-per-address", "8", "--max-connections-per-network", "2"];
+        assert_eq!(caps(parse(&[&base[..], &given[..]].concat()).unwrap()), (8, 8, 2));
+    }
+
+    #[test]
     fn mistakes_name_the_flag() {
         let base = ["--http-addr", "127.0.0.1:8080"];
         let cases: &[(&[&str], &str)] = &[
             (&["--pod", "nourl"], "--pod: expected <pod-id>=<http-base-url>"),
             (&["--pod", "a=https://x:1"], "https upstreams are not supported"),
+            (&["--pod", "a=http://x:1,dp_size=0"], "--pod: \"a=http://x:1,dp_size=0\": dp_size must be 1–128"),
+            (&["--pod", "a=http://x:1,dp=2"], "unknown option \"dp\""),
+            (&["--pod", "a=http://x:1,dp_routing=gateway"], "dp_routing must be engine or router"),
+            (&["--prefill-pod", "a=http://x:1,dp_size=2,dp_routing=router"], "cannot name the rank of a prefill pod"),
             (&["--pod", "a=ftp://x:1"], "must start with http://"),
             (&["--pod", "a=http://x:1", "--pod", "a=http://y:1"], "given twice"),
             (&["--pod", "a=http://x:1", "--indexer", "nohostport"], "--indexer: expected <host>:<port>"),
@@ -698,6 +789,12 @@ pub(crate) mod tests {
                 &["--pod", "a=http://x:1", "--indexer-admin-token-file", "/nonexistent/token"],
                 "--indexer-admin-token-file: cannot read /nonexistent/token",
             ),
+            (&["--pod", "a=http://x:1", "--max-connections-per-address", "0"], "--max-connections-per-address"),
+            (
+                &["--pod", "a=http://x:1", "--max-connections", "8", "--max-connections-per-network", "9"],
+                "--max-connections-per-network: must be at most --max-connections (8)",
+            ),
+            (&["--pod", "a=http://x:1", "--probe-addr", "nohostport"], "--probe-addr: expected <host>:<port>"),
         ];
         for (extra, expected) in cases {
             let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();

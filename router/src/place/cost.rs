@@ -8,8 +8,11 @@
 //! had a response byte yet, `running` = the pod's running requests (scraped) plus this
 //! router's requests sent since that scrape, `waiting` = its queued requests (scraped),
 //! `kv_usage` its KV-cache usage (0–1), `kv_weight' = kv_weight × min(1, kv_blocks /
-//! kv_reference_blocks)` with `kv_blocks` the pod's KV capacity (vLLM's `num_gpu_blocks`;
-//! `kv_weight` itself when unknown), and a pod's cached blocks are the larger of its exact
+//! kv_reference_blocks)` with `kv_blocks` the pod's KV capacity in blocks of the indexer's
+//! size: its capacity in tokens (vLLM's `num_gpu_blocks × block_size`, SGLang's
+//! `max_total_num_tokens`) over that block size, so pods of any block or page size compare
+//! alike (`kv_weight` itself when unknown), and
+//! a pod's cached blocks are the larger of its exact
 //! matched prefix and its speculative credit. Lowest cost wins; equal costs go to the pod with
 //! the highest rendezvous weight of the prompt's first block key, so every replica breaks the
 //! tie the same way.
@@ -137,7 +140,8 @@ pub struct Candidate {
     pub waiting: f64,
     /// KV-cache usage 0–1, when known.
     pub kv_usage: Option<f64>,
-    /// KV-cache capacity in blocks, when the engine reports it.
+    /// KV-cache capacity in blocks of the indexer's block size (the tokens the engine reports
+    /// over it), when the engine reports it.
     pub kv_blocks: Option<u64>,
     /// Whether the pod's `/metrics` answers.
     pub reachable: bool,

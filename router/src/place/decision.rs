@@ -86,6 +86,39 @@ impl PodChoice {
     pub fn requests(&self) -> f64 {
         combined(&self.load, self.shared).0
     }
+
+    /// The endpoint a gateway knows the pod by: its configured id, which for a rank the router
+    /// names is not the rank's own id.
+    pub fn endpoint(&self) -> &str {
+        self.handle.as_ref().map_or(self.pod.as_str(), |p| p.spec_id.as_str())
+    }
+
+    /// The data-parallel rank every request sent to this choice must name.
+    pub fn dp_rank(&self) -> Option<u32> {
+        self.handle.as_ref()?.dp.named_rank()
+    }
+
+    /// A choice of `pod` holding `cached` blocks, under `load` and nothing else (the unit
+    /// tests' choices; each sets what it looks at).
+    #[cfg(test)]
+    pub(crate) fn example(pod: &str, cached: u32, load: f64) -> PodChoice {
+        PodChoice {
+            pod: pod.into(),
+            role: Role::Both,
+            matched_blocks: cached,
+            speculative_blocks: 0,
+            cached_blocks: cached,
+            source_state: None,
+            cost: 0.0,
+            kv_weight: 0.0,
+            kv_cost: 0.0,
+            over_kv_cutoff: false,
+            in_band: false,
+            load: LoadView::unscraped(load),
+            shared: None,
+            handle: None,
+        }
+    }
 }
 
 /// Time spent per stage, in microseconds.
@@ -207,7 +240,7 @@ impl OverlapOutcome {
     }
 }
 
-/// `pod:cached/total[(spec n)],load=..[,queued_prefill=blocks][,shared=requests/blocks][,kv=usage[/capacity blk],kv_cost=..],cost=..[,flags]`:
+/// `pod:cached/total[(spec n)],load=..[,queued_prefill=blocks][,shared=requests/blocks][,kv=usage[/capacity tok],kv_cost=..],cost=..[,flags]`:
 /// enough to recompute the cost by hand (the KV term is `kv_cost`, the rest is the
 /// documented weights times the numbers shown).
 fn summarize(out: &mut String, c: &PodChoice, total: u32) {
@@ -225,8 +258,8 @@ fn summarize(out: &mut String, c: &PodChoice, total: u32) {
     }
     if let Some(kv) = c.load.kv_usage {
         let _ = write!(out, ",kv={kv:.2}");
-        if let Some(blocks) = c.load.kv_blocks {
-            let _ = write!(out, "/{blocks}blk");
+        if let Some(tokens) = c.load.kv_tokens {
+            let _ = write!(out, "/{tokens}tok");
         }
         let _ = write!(out, ",kv_cost={:.1}", c.kv_cost);
     }

@@ -14,10 +14,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use kvindex_proto::kvindex::v1 as pb;
+use kvindex_proto::score_query::{self, ScoreQuery};
 use parking_lot::Mutex;
 use pb::indexer_client::IndexerClient;
-use tokio::task::JoinSet;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::config::IndexerTls;
@@ -56,6 +57,8 @@ const TIMEOUTS_BEFORE_DOWN: u32 = 3;
 
 struct IndexerEndpoint {
     addr: String,
+    /// The one HTTP/2 connection to it (reconnected by tonic when it breaks), every call's.
+    channel: Channel,
     client: IndexerClient<Channel>,
     /// Out of rotation until a probe succeeds.
     down: AtomicBool,
@@ -132,7 +135,8 @@ impl IndexerPool {
                 let channel = endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect_lazy();
                 Ok(Arc::new(IndexerEndpoint {
                     addr: addr.clone(),
-                    client: IndexerClient::new(channel),
+                    client: IndexerClient::new(channel.clone()),
+                    channel,
                     down: AtomicBool::new(false),
                     timeouts: AtomicU32::new(0),
                     probing: Mutex::new(false),
@@ -218,11 +222,10 @@ impl IndexerPool {
         });
     }
 
-    /// Scores `request` within the deadline. `Ok` carries the endpoint's address too.
-    pub async fn score(
-        &self,
-        request: pb::ScoreTokensRequest,
-    ) -> Result<(pb::ScoreTokensResponse, &str), ScoreFailure> {
+    /// Scores `query` within the deadline. `Ok` carries the endpoint's address too. Each attempt
+    /// runs on the caller's task (no task of its own to schedule and wake) and shares the
+    /// query's token ids.
+    pub async fn score(&self, query: ScoreQuery) -> Result<(pb::ScoreTokensResponse, &str), ScoreFailure> {
         if self.endpoints.is_empty() {
             return Err(ScoreFailure::NoIndexer);
         }
@@ -234,13 +237,13 @@ impl IndexerPool {
         if order.is_empty() {
             return Err(ScoreFailure::AllDown);
         }
-        let request = Arc::new(request);
-        let mut attempts: JoinSet<(usize, Result<pb::ScoreTokensResponse, tonic::Status>)> = JoinSet::new();
-        let launch = |attempts: &mut JoinSet<_>, index: usize| {
-            let mut client = self.endpoints[index].client.clone();
-            let mut call = tonic::Request::new((*request).clone());
+        let mut attempts = FuturesUnordered::new();
+        let launch = |attempts: &mut FuturesUnordered<_>, index: usize| {
+            let channel = self.endpoints[index].channel.clone();
+            let mut call = tonic::Request::new(query.clone());
             call.set_timeout(self.deadline);
-            attempts.spawn(async move { (index, client.score_tokens(call).await.map(|r| r.into_inner())) });
+            attempts
+                .push(async move { (index, score_query::score_tokens(channel, call).await.map(|r| r.into_inner())) });
         };
         launch(&mut attempts, order[0]);
         let mut next = 1;
@@ -255,16 +258,16 @@ impl IndexerPool {
         let mut hard_error = false;
         loop {
             tokio::select! {
-                joined = attempts.join_next() => {
-                    match joined {
-                        Some(Ok((index, Ok(response)))) => {
+                answered = attempts.next() => {
+                    match answered {
+                        Some((index, Ok(response))) => {
                             let endpoint = &self.endpoints[index];
                             endpoint.timeouts.store(0, Ordering::Relaxed);
                             self.preferred.store(index, Ordering::Relaxed);
                             metrics::counter!(m::SCORE_ATTEMPTS, "endpoint" => endpoint.addr.clone(), "outcome" => "ok").increment(1);
                             return Ok((response, endpoint.addr.as_str()));
                         }
-                        Some(Ok((index, Err(status)))) => {
+                        Some((index, Err(status))) => {
                             in_flight.retain(|&i| i != index);
                             // The server enforcing our grpc-timeout is a slow answer, not a
                             // broken indexer (e.g. catching up after a pause).
@@ -275,7 +278,7 @@ impl IndexerPool {
                                 self.mark_down(index, "error");
                             }
                         }
-                        Some(Err(_)) | None => {}
+                        None => {}
                     }
                     if next < order.len() {
                         launch(&mut attempts, order[next]);

@@ -73,8 +73,6 @@ mod tests {
 
     use super::*;
     use crate::place::decision::{PodChoice, ScoreOutcome, Timings};
-    use crate::pods::fleet::LoadView;
-    use crate::pods::spec::Role;
 
     /// The log lines written while it is the subscriber's writer.
     #[derive(Clone, Default)]
@@ -98,23 +96,7 @@ mod tests {
     }
 
     fn choice(pod: &str, cached: u32) -> PodChoice {
-        let load = LoadView::unscraped(1.0);
-        PodChoice {
-            pod: pod.into(),
-            role: Role::Both,
-            matched_blocks: cached,
-            speculative_blocks: 0,
-            cached_blocks: cached,
-            source_state: None,
-            cost: 3.0,
-            kv_weight: 0.0,
-            kv_cost: 0.0,
-            over_kv_cutoff: false,
-            in_band: false,
-            load,
-            shared: None,
-            handle: None,
-        }
+        PodChoice { cost: 3.0, ..PodChoice::example(pod, cached, 1.0) }
     }
 
     fn line(decision: &Decision, door: Door) -> Value {

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvindex_proto::kvindex::v1 as pb;
+use kvindex_proto::score_query::ScoreQuery;
 
 use crate::config::{Config, IndexerToken};
 use crate::error::{RouteError, StartError};
@@ -275,7 +276,8 @@ impl Router {
         let start = Instant::now();
         let target = self.target(request)?;
         check_size(&self.settings, &request.prompt)?;
-        let tokens = self.tokenize(request, &target).await?;
+        // Shared from here on: the score's attempts, the tie-break and the decision read them.
+        let tokens = self.tokenize(request, &target).await?.map(Arc::new);
         let tokenized = Instant::now();
         let pods = candidates::eligible(&self.fleet, request.subset.as_deref())?;
         let pools = pools(&pods)?;
@@ -288,7 +290,7 @@ impl Router {
         };
         let key = tie_key(&target.namespace, request, &tokens, scores.block_size);
         let shared = self.shared_load(scores.response.as_ref());
-        let field = candidates::gather(&self.fleet, &pods, scores.response.as_ref(), shared, key);
+        let field = candidates::gather(&self.fleet, &pods, scores.response.as_ref(), shared, key, scores.block_size);
         let s = &self.settings;
         let pick = pick::pick(&field, pools.as_ref(), total_blocks, &s.weights, s.policy, s.load_band);
         count_kv_cutoff(&pick.ranked);
@@ -297,7 +299,7 @@ impl Router {
             id: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
             model: request.model.clone(),
             policy: pick.policy,
-            prompt_tokens: tokens.as_ref().ok().map(Vec::len),
+            prompt_tokens: tokens.as_ref().ok().map(|ids| ids.len()),
             total_blocks,
             block_size: scores.block_size as u32,
             score: scores.outcome,
@@ -305,7 +307,7 @@ impl Router {
             prefill: pick.prefill,
             best_cached_blocks: pick.best_cached_blocks,
             timings: clock.timings(),
-            tokens: tokens.ok().map(Arc::new),
+            tokens: tokens.ok(),
             lora_name: target.lora_name,
             cache_salt: request.cache_salt.clone(),
             base_model: target.base_model,
@@ -316,7 +318,7 @@ impl Router {
     /// any: the same candidates and rule as [`Router::route`] with nothing cached.
     pub fn rank_by_load(&self, subset: Option<&[String]>) -> Result<Vec<Arc<Pod>>, RouteError> {
         let pods = candidates::eligible(&self.fleet, subset)?;
-        let field = candidates::gather(&self.fleet, &pods, None, None, 0);
+        let field = candidates::gather(&self.fleet, &pods, None, None, 0, self.settings.block_size);
         let ranked = cost::rank(&field.candidates, 0, &self.settings.weights, Policy::LoadOnly);
         Ok(ranked.into_iter().map(|r| pods[r.index].clone()).collect())
     }
@@ -361,7 +363,12 @@ impl Router {
 
     /// ScoreTokens within the deadline; without token ids or an answer in time, fail open
     /// (counted by reason).
-    async fn score(&self, request: &RouteRequest, target: &Target, tokens: &Result<Vec<u32>, Unavailable>) -> Scores {
+    async fn score(
+        &self,
+        request: &RouteRequest,
+        target: &Target,
+        tokens: &Result<Arc<Vec<u32>>, Unavailable>,
+    ) -> Scores {
         let ours = self.settings.block_size;
         let scores = match tokens {
             Err(unavailable) => Scores {
@@ -370,14 +377,14 @@ impl Router {
                 block_size: ours,
             },
             Ok(ids) => {
-                let query = pb::ScoreTokensRequest {
+                let rest = pb::ScoreTokensRequest {
                     model: target.base_model.clone(),
-                    token_ids: ids.clone(),
+                    token_ids: Vec::new(),
                     pods: Vec::new(),
                     lora_name: target.lora_name.clone().unwrap_or_default(),
                     cache_salt: request.cache_salt.clone().unwrap_or_default(),
                 };
-                match self.indexer.score(query).await {
+                match self.indexer.score(ScoreQuery::new(rest, ids.clone())).await {
                     Ok((response, indexer)) => {
                         let block_size = self.block_size_of(&response);
                         let outcome = ScoreOutcome::Scored { indexer: indexer.to_string() };
@@ -444,7 +451,11 @@ impl Router {
                 .increment(u64::from(choice.cached_blocks.saturating_sub(choice.matched_blocks)));
             record_overlap(decision, holder);
         }
-        self.recorder.record(&self.indexer, Some(decision), &holder.pod, reservations);
+        // A pod whose engine picks the rank: no rank can be credited, and crediting one would
+        // not raise what every rank holds; its reservations still count its load.
+        let credit =
+            holder.handle.as_ref().is_none_or(|p| candidates::balancer_ranks(p, holder.load.engines).is_none());
+        self.recorder.record(&self.indexer, credit.then_some(decision), &holder.pod, reservations);
         Some(guards)
     }
 
@@ -483,7 +494,12 @@ fn pools(pods: &[Arc<Pod>]) -> Result<Option<Pools>, RouteError> {
 }
 
 /// The prompt's rendezvous key: its first block's prefix key, or without token ids, its text.
-fn tie_key(namespace: &str, request: &RouteRequest, tokens: &Result<Vec<u32>, Unavailable>, block_size: usize) -> u64 {
+fn tie_key(
+    namespace: &str,
+    request: &RouteRequest,
+    tokens: &Result<Arc<Vec<u32>>, Unavailable>,
+    block_size: usize,
+) -> u64 {
     match (tokens, &request.prompt) {
         (Ok(ids), _) => rendezvous::prompt_key(namespace, ids, block_size, request.cache_salt.as_deref()),
         (Err(_), Prompt::Text(text)) => rendezvous::text_key(namespace, text),
@@ -514,7 +530,7 @@ mod tests {
     fn router(ids: &[&str]) -> Router {
         let fleet = Arc::new(Fleet::new(Duration::from_secs(2)));
         for id in ids {
-            let spec = PodSpec { id: id.to_string(), url: format!("http://{id}"), role: Role::Both };
+            let spec = PodSpec::new(*id, format!("http://{id}"), Role::Both);
             fleet.upsert(&spec, Source::Static).unwrap();
         }
         let settings = RouterSettings {

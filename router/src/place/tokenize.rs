@@ -1,12 +1,13 @@
 //! Prompt → the token ids the engine will cache, exactly as vLLM computes them: in process
-//! through the tokenizer-svc library (`TokenizerRegistry`, CPU work moved off the async
-//! workers), or through a `kvindex-tokenizer` / llm-d tokenizer sidecar over gRPC.
+//! through the tokenizer-svc library (`TokenizerRegistry`, CPU work kept off the async
+//! workers' task queues), or through a `kvindex-tokenizer` / llm-d tokenizer sidecar over gRPC.
 //!
 //! Tokens only steer placement, so a tokenizer that is missing or broken on our side places
 //! the request by load (counted) instead of failing it; a prompt the template rejects, or a
 //! model nobody serves, is the client's error.
 
 use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,7 +181,7 @@ impl Tokenizers {
         let (place, result) = if let Prompt::Tokens(ids) = prompt {
             ("ids", Ok(Ok(ids.clone())))
         } else if let Some(registry) = self.local.as_ref().filter(|_| self.local_models.contains(model)) {
-            ("local", local(registry.clone(), model, prompt, max_tokens).await)
+            ("local", local(registry, model, prompt, max_tokens).await)
         } else if let Some(client) = &self.remote {
             ("remote", remote(client.clone(), model, prompt, max_tokens).await)
         } else {
@@ -207,25 +208,54 @@ impl Tokenizers {
     }
 }
 
+/// What the in-process tokenizer makes of `prompt` (CPU work: render, then tokenize).
+fn render(
+    registry: &TokenizerRegistry,
+    model: &str,
+    prompt: &Prompt,
+    max_tokens: usize,
+) -> kvindex_tokenizer::Result<Bounded> {
+    match prompt {
+        Prompt::Text(text) => registry.render_completion_within(model, text, max_tokens),
+        Prompt::Chat(chat) => registry.render_chat_within(model, chat, max_tokens),
+        Prompt::Tokens(ids) => Ok(Bounded::Ids(ids.clone())),
+    }
+}
+
+/// Runs [`render`] off the async workers' task queues. On a multi-thread runtime, in place
+/// (`block_in_place`: this thread hands its other tasks to another and goes on with the
+/// request), so the request waits neither for a blocking-pool thread to wake nor, after, for a
+/// worker to wake and poll it again, and the prompt is not copied to move it there; on a
+/// current-thread runtime (tests), on the blocking pool. A panic is a failed tokenizer either way.
+async fn render_off_workers(
+    registry: &Arc<TokenizerRegistry>,
+    model: &str,
+    prompt: &Prompt,
+    max_tokens: usize,
+) -> Option<kvindex_tokenizer::Result<Bounded>> {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread {
+        let in_place = || std::panic::catch_unwind(AssertUnwindSafe(|| render(registry, model, prompt, max_tokens)));
+        tokio::task::block_in_place(in_place).ok()
+    } else {
+        let (registry, model, prompt) = (registry.clone(), model.to_string(), prompt.clone());
+        tokio::task::spawn_blocking(move || render(&registry, &model, &prompt, max_tokens)).await.ok()
+    }
+}
+
 async fn local(
-    registry: Arc<TokenizerRegistry>,
+    registry: &Arc<TokenizerRegistry>,
     model: &str,
     prompt: &Prompt,
     max_tokens: usize,
 ) -> Result<Result<Vec<u32>, Unavailable>, TokenizeError> {
-    let (model, prompt) = (model.to_string(), prompt.clone());
-    let joined = tokio::task::spawn_blocking(move || match &prompt {
-        Prompt::Text(text) => registry.render_completion_within(&model, text, max_tokens),
-        Prompt::Chat(chat) => registry.render_chat_within(&model, chat, max_tokens),
-        Prompt::Tokens(ids) => Ok(Bounded::Ids(ids.clone())),
-    })
-    .await;
-    match joined {
-        Err(_) => Ok(Err(Unavailable::TokenizerFailed)),
-        Ok(Ok(Bounded::Ids(ids))) => Ok(Ok(ids)),
-        Ok(Ok(Bounded::OverLimit { counted })) => Err(TokenizeError::OverLimit { counted, max: max_tokens }),
-        Ok(Err(e)) if e.is_client_error() => Err(TokenizeError::Invalid(e.to_string())),
-        Ok(Err(e)) => {
+    match render_off_workers(registry, model, prompt, max_tokens).await {
+        None => Ok(Err(Unavailable::TokenizerFailed)),
+        Some(Ok(Bounded::Ids(ids))) => Ok(Ok(ids)),
+        Some(Ok(Bounded::OverLimit { counted })) => Err(TokenizeError::OverLimit { counted, max: max_tokens }),
+        Some(Err(e)) if e.is_client_error() => Err(TokenizeError::Invalid(e.to_string())),
+        Some(Err(e)) => {
             tracing::warn!(error = %e.log_summary(), "in-process tokenizer failed; placing by load");
             Ok(Err(Unavailable::TokenizerFailed))
         }

@@ -1,19 +1,37 @@
 //! Kubernetes pod discovery in the router: the `kvindex-discovery` watcher's changes become
 //! the fleet's `Discovered` entries, one per DP rank (`<podIP>:<http_port + r>`, the indexer's
 //! pod ids for the same ranks). A pod deleted, NotReady or moved to a new IP leaves the fleet.
+//!
+//! An SGLang pod (the `kvindex.io/engine` annotation) serves all its ranks behind its one HTTP
+//! port: it is one pod with `dp_size` ranks there, the router naming the rank where the
+//! release's OpenAI routes take it (`kvindex.io/engine-version` 0.5.19 or later), else the
+//! engine picking (credited what every rank holds).
 
 use std::sync::Arc;
 
+use kvindex::sglang::SglangRelease;
+use kvindex::wire::Engine;
 use kvindex_discovery::{Change, DiscoveredPod, Outcome, WatchConfig};
 use tokio::sync::watch;
 
 use crate::metrics as m;
 use crate::pods::fleet::{Fleet, Source};
-use crate::pods::spec::{PodSpec, Role};
+use crate::pods::spec::{DpRouting, PodSpec, Role};
 
-/// The fleet entries of one discovered pod: one per DP rank.
+/// The fleet entries of one discovered pod: one per DP rank, each at its own port (vLLM and
+/// llm-d's convention), or an SGLang pod with its ranks behind one port.
 pub fn specs(pod: &DiscoveredPod) -> Vec<PodSpec> {
-    (0..pod.dp_size).map(|r| PodSpec { id: pod.rank_pod_id(r), url: pod.http_url(r), role: Role::Both }).collect()
+    if pod.engine == Some(Engine::Sglang) && pod.dp_size > 1 {
+        let names_rank = pod
+            .engine_version
+            .as_deref()
+            .and_then(|v| v.parse::<SglangRelease>().ok())
+            .is_some_and(SglangRelease::routes_named_dp_rank);
+        let dp_routing = if names_rank { DpRouting::Router } else { DpRouting::Engine };
+        let spec = PodSpec::new(pod.pod_id(), pod.http_url(0), Role::Both);
+        return vec![PodSpec { dp_size: pod.dp_size, dp_routing, ..spec }];
+    }
+    (0..pod.dp_size).map(|r| PodSpec::new(pod.rank_pod_id(r), pod.http_url(r), Role::Both)).collect()
 }
 
 /// Applies one outcome of the watcher to the fleet.
@@ -93,5 +111,30 @@ mod tests {
         apply(&fleet, &Outcome { changes: vec![Change::Remove(pod("10.0.0.2", 2))], ..Default::default() });
         let ids: Vec<String> = fleet.snapshot().iter().map(|p| p.id.clone()).collect();
         assert_eq!(ids, ["10.0.0.1:8000"]);
+    }
+
+    #[test]
+    fn an_sglang_pod_serves_its_ranks_behind_one_port_and_the_release_says_who_picks_the_rank() {
+        let sglang = |version: Option<&str>| DiscoveredPod {
+            engine: Some(Engine::Sglang),
+            engine_version: version.map(str::to_string),
+            http_port: 30000,
+            ..pod("10.0.0.3", 2)
+        };
+        for (version, routing) in [
+            (Some("0.5.23"), DpRouting::Router),
+            (Some("0.5.19"), DpRouting::Router),
+            (Some("0.5.6"), DpRouting::Engine),
+            (Some("not a version"), DpRouting::Engine),
+            (None, DpRouting::Engine),
+        ] {
+            let specs = specs(&sglang(version));
+            assert_eq!(specs.len(), 1, "{version:?}");
+            let s = &specs[0];
+            assert_eq!((s.id.as_str(), s.url.as_str()), ("10.0.0.3:30000", "http://10.0.0.3:30000"));
+            assert_eq!((s.dp_size, s.dp_routing), (2, routing), "{version:?}");
+        }
+        let one_rank = specs(&DiscoveredPod { dp_size: 1, ..sglang(Some("0.5.23")) });
+        assert_eq!(one_rank, [PodSpec::new("10.0.0.3:30000", "http://10.0.0.3:30000", Role::Both)]);
     }
 }

@@ -1,5 +1,6 @@
 //! Pods from a file that deployment tooling rewrites (a ConfigMap, a service-discovery agent):
-//! a JSON array of `{"id", "url", "role"}`, re-read when its content changes. A file that
+//! a JSON array of `{"id", "url", "role"}` (and, for an engine serving data-parallel ranks
+//! behind its URL, `"dp_size"` and `"dp_routing"`), re-read when its content changes. A file that
 //! cannot be read or parsed leaves the previous pods in place, logged and counted, so a
 //! half-written file never empties the fleet.
 
@@ -31,6 +32,8 @@ pub enum PodsFileError {
     Twice(String),
     #[error("pod {id:?}: {error}")]
     BadUrl { id: String, error: ConfigError },
+    #[error("pod {id:?}: {message}")]
+    BadDp { id: String, message: String },
 }
 
 /// Parses and validates a pods file.
@@ -48,6 +51,9 @@ pub fn parse(text: &str) -> Result<Vec<PodSpec>, PodsFileError> {
             }
             spec.url = normalize_url("url", &spec.url)
                 .map_err(|error| PodsFileError::BadUrl { id: spec.id.clone(), error })?;
+            if let Some(message) = spec.dp_refusal() {
+                return Err(PodsFileError::BadDp { id: spec.id.clone(), message });
+            }
             Ok(spec)
         })
         .collect()
@@ -124,6 +130,9 @@ mod tests {
             r#"[{"id": "a", "url": "http://a:1"}, {"id": "a", "url": "http://a:2"}]"#,
             r#"[{"id": "", "url": "http://a:1"}]"#,
             r#"[{"id": "a", "url": "https://a:1"}]"#,
+            r#"[{"id": "a", "url": "http://a:1", "dp_size": 0}]"#,
+            r#"[{"id": "a", "url": "http://a:1", "dp_size": 2, "dp_routing": "gateway"}]"#,
+            r#"[{"id": "a", "url": "http://a:1", "role": "prefill", "dp_size": 2, "dp_routing": "router"}]"#,
             r#"[{"id": "a", "url": "http://a:1", "role": "both-ish"}]"#,
         ] {
             assert!(parse(bad).is_err(), "{bad}");

@@ -13,6 +13,12 @@
 //! request this router sends carries the blocks it is expected to prefill there (its uncached
 //! blocks), "queued prefill" until the pod's first response byte arrives (the prefill is done)
 //! or the request ends; a new request on that pod waits about that long before its own.
+//!
+//! A configured pod whose engine serves several data-parallel ranks behind its one URL is, by
+//! its `dp_routing`, either one entry per rank (the router names the rank in each request, so
+//! each rank has its own cache, load and in-flight count) or one entry standing for all its
+//! ranks (the engine picks: credited what every rank holds). Sources add and remove configured
+//! pods, i.e. all entries of one spec id at once; the picker sees entries.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +30,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::spec::{PodSpec, Role};
+use super::spec::{DpRouting, PodSpec, Role};
 use crate::metrics as m;
 use crate::place::reserve::Reservation;
 use crate::pods::engine_load::EngineLoad;
@@ -71,6 +77,10 @@ pub enum PodRefused {
     /// Only the source that added a pod removes it.
     #[error("pod {id:?} was added by {owner:?} and cannot be removed here")]
     NotOwner { id: String, owner: Source },
+    /// One of the spec's ids (its own, or a data-parallel rank's) names another configured
+    /// pod's entry: two engines would be credited each other's blocks.
+    #[error("pod {id:?} names {taken:?}, which pod {other:?} already uses (as its id or a data-parallel rank's)")]
+    IdTaken { id: String, taken: String, other: String },
 }
 
 /// Consecutive failed scrapes after which a pod is tried only when no other pod answers.
@@ -89,13 +99,39 @@ struct LoadState {
     queued_prefill_blocks: u64,
 }
 
-/// One pod: identity (fixed for the life of this value) and load (changing).
+/// Which of its engine's data-parallel ranks an entry stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodDp {
+    /// The whole engine (no ranks behind the URL, or a rank with a URL of its own).
+    Single,
+    /// Rank `rank` of `ranks`, named in every request sent to it (`X-Data-Parallel-Rank`).
+    Rank { rank: u32, ranks: u32 },
+    /// Every rank, the engine's balancer choosing: the indexer's ids of the ranks, rank 0 first.
+    Balanced(Vec<String>),
+}
+
+impl PodDp {
+    /// The rank a request names, and whose `/metrics` series are this entry's load.
+    pub fn named_rank(&self) -> Option<u32> {
+        match self {
+            PodDp::Rank { rank, .. } => Some(*rank),
+            PodDp::Single | PodDp::Balanced(_) => None,
+        }
+    }
+}
+
+/// One pod (or one named rank of a pod): identity (fixed for the life of this value) and load
+/// (changing).
 #[derive(Debug)]
 pub struct Pod {
+    /// The indexer's id for what this entry serves from: the pod's, or its rank's.
     pub id: String,
     pub url: String,
     pub role: Role,
     pub source: Source,
+    /// The configured pod's id: the endpoint a gateway knows, and what sources add and remove.
+    pub spec_id: String,
+    pub dp: PodDp,
     load: Mutex<LoadState>,
     last_picked: AtomicU64,
 }
@@ -108,9 +144,12 @@ pub struct LoadView {
     pub waiting: Option<f64>,
     pub running: Option<f64>,
     pub kv_usage: Option<f64>,
-    /// KV-cache capacity in blocks, as the engine last reported it (a property of the engine,
+    /// KV-cache capacity in tokens, as the engine last reported it (a property of the engine,
     /// kept when the scrape goes stale).
-    pub kv_blocks: Option<u64>,
+    pub kv_tokens: Option<u64>,
+    /// Data-parallel engines the pod's `/metrics` showed last (1 until scraped), a property of
+    /// the engine kept when the scrape goes stale.
+    pub engines: u32,
     pub inflight: u32,
     pub fresh: u32,
     /// Uncached prompt blocks of this router's requests to the pod that have not had their
@@ -130,7 +169,8 @@ impl LoadView {
             waiting: None,
             running: None,
             kv_usage: None,
-            kv_blocks: None,
+            kv_tokens: None,
+            engines: 1,
             inflight: 0,
             fresh: 0,
             queued_prefill_blocks: 0,
@@ -141,20 +181,56 @@ impl LoadView {
 }
 
 impl Pod {
-    fn new(spec: &PodSpec, source: Source) -> Pod {
+    fn new(spec: &PodSpec, id: String, dp: PodDp, source: Source) -> Pod {
         Pod {
-            id: spec.id.clone(),
+            id,
             url: spec.url.clone(),
             role: spec.role,
             source,
+            spec_id: spec.id.clone(),
+            dp,
             load: Mutex::new(LoadState::default()),
             last_picked: AtomicU64::new(0),
         }
     }
 
+    /// The entries of one configured pod: itself; or, its ranks behind its URL, one per rank
+    /// (the router names the rank) or one for all (the engine picks).
+    fn entries(spec: &PodSpec, source: Source) -> Vec<Pod> {
+        match (spec.dp_size, spec.dp_routing) {
+            (0 | 1, _) => vec![Pod::new(spec, spec.id.clone(), PodDp::Single, source)],
+            (ranks, DpRouting::Router) => {
+                (0..ranks).map(|r| Pod::new(spec, spec.rank_id(r), PodDp::Rank { rank: r, ranks }, source)).collect()
+            }
+            (ranks, DpRouting::Engine) => {
+                let ids = (0..ranks).map(|r| spec.rank_id(r)).collect();
+                vec![Pod::new(spec, spec.id.clone(), PodDp::Balanced(ids), source)]
+            }
+        }
+    }
+
+    /// Whether this entry is what `entry` would be (same spec, same shape, same source).
+    fn same_as(&self, entry: &Pod) -> bool {
+        self.id == entry.id
+            && self.url == entry.url
+            && self.role == entry.role
+            && self.source == entry.source
+            && self.spec_id == entry.spec_id
+            && self.dp == entry.dp
+    }
+
     /// Records a scrape: it now includes every request started before it.
     pub fn scraped(&self, load: EngineLoad, at: Instant) {
         let mut s = self.load.lock();
+        let before = s.scraped.map_or(1, |(l, _)| l.engines);
+        if load.engines > 1 && before <= 1 && self.dp == PodDp::Single {
+            tracing::warn!(
+                pod = %self.id,
+                engines = load.engines,
+                "the pod's /metrics shows several data-parallel engines behind its URL, but it is configured without \
+                 dp_size: credited only what every rank holds; configure dp_size (and dp_routing) for it"
+            );
+        }
         s.scraped = Some((load, at));
         s.failures = 0;
         s.generation += 1;
@@ -175,7 +251,8 @@ impl Pod {
                 waiting: Some(l.waiting),
                 running: Some(l.running),
                 kv_usage: l.kv_usage,
-                kv_blocks: l.kv_blocks,
+                kv_tokens: l.kv_tokens,
+                engines: l.engines,
                 inflight: s.inflight,
                 fresh: s.fresh,
                 queued_prefill_blocks: s.queued_prefill_blocks,
@@ -187,7 +264,8 @@ impl Pod {
                 waiting: None,
                 running: None,
                 kv_usage: None,
-                kv_blocks: s.scraped.and_then(|(l, _)| l.kv_blocks),
+                kv_tokens: s.scraped.and_then(|(l, _)| l.kv_tokens),
+                engines: s.scraped.map_or(1, |(l, _)| l.engines),
                 inflight: s.inflight,
                 fresh: s.fresh,
                 queued_prefill_blocks: s.queued_prefill_blocks,
@@ -277,13 +355,29 @@ impl Fleet {
         self.stale_after
     }
 
-    /// Every pod, in id order.
+    /// Every entry, in id order.
     pub fn snapshot(&self) -> Vec<Arc<Pod>> {
         self.pods.read().values().cloned().collect()
     }
 
+    /// The entry `id` (a pod's id, or a named rank's).
     pub fn get(&self, id: &str) -> Option<Arc<Pod>> {
         self.pods.read().get(id).cloned()
+    }
+
+    /// The entries a gateway's name for a pod covers: the entry of that id, and when it is
+    /// the endpoint of ranks the router names, every rank there (the gateway knows the
+    /// endpoint, not its ranks). A few map lookups: hints name up to every pod of a fleet.
+    pub fn covered_by(&self, id: &str) -> Vec<Arc<Pod>> {
+        let pods = self.pods.read();
+        let Some(pod) = pods.get(id) else { return Vec::new() };
+        match pod.dp {
+            PodDp::Rank { ranks, .. } if pod.spec_id == id => {
+                let ids = (0..ranks).map(|r| kvindex::wire::dp_pod_id(id, Some(i64::from(r))));
+                ids.filter_map(|rank_id| pods.get(&rank_id).filter(|p| p.spec_id == id).cloned()).collect()
+            }
+            _ => vec![pod.clone()],
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -295,35 +389,59 @@ impl Fleet {
         self.version.subscribe()
     }
 
-    /// Adds or updates a pod from `source`. Unchanged entries keep their load state. A pod a
-    /// stronger source holds is refused ([`kvindex_discovery::precedence`]).
+    /// Adds or updates a configured pod from `source` (all its entries). Unchanged entries keep
+    /// their load state. A pod a stronger source holds is refused
+    /// ([`kvindex_discovery::precedence`]), and so is a spec any of whose ids another
+    /// configured pod uses.
     pub fn upsert(&self, spec: &PodSpec, source: Source) -> Result<(), PodRefused> {
+        let entries = Pod::entries(spec, source);
         {
             let mut pods = self.pods.write();
-            if let Some(existing) = pods.get(&spec.id) {
+            let group: Vec<&Arc<Pod>> = pods.values().filter(|p| p.spec_id == spec.id).collect();
+            if let Some(existing) = group.first() {
                 if !precedence::may_replace(existing.source.origin(), source.origin()) {
                     return Err(PodRefused::Stronger { id: spec.id.clone(), owner: existing.source });
                 }
-                if existing.url == spec.url && existing.role == spec.role && existing.source == source {
+                let unchanged =
+                    group.len() == entries.len() && entries.iter().all(|e| group.iter().any(|p| p.same_as(e)));
+                if unchanged {
                     return Ok(());
                 }
             }
-            pods.insert(spec.id.clone(), Arc::new(Pod::new(spec, source)));
+            let ids = entries.iter().map(|e| e.id.as_str()).chain(dp_rank_ids(&entries));
+            for taken in ids {
+                let other = pods.values().find(|p| p.spec_id != spec.id && pod_names(p).any(|id| id == taken));
+                if let Some(other) = other {
+                    return Err(PodRefused::IdTaken {
+                        id: spec.id.clone(),
+                        taken: taken.to_string(),
+                        other: other.spec_id.clone(),
+                    });
+                }
+            }
+            pods.retain(|_, p| p.spec_id != spec.id);
+            for entry in entries {
+                pods.insert(entry.id.clone(), Arc::new(entry));
+            }
         }
         self.changed();
         Ok(())
     }
 
-    /// Removes a pod that `source` added; `Err` when another source owns it.
+    /// Removes a configured pod (all its entries) that `source` added; `Err` when another
+    /// source owns it.
     pub fn remove(&self, id: &str, source: Source) -> Result<bool, PodRefused> {
         let removed = {
             let mut pods = self.pods.write();
-            match pods.get(id) {
+            match pods.values().find(|p| p.spec_id == id) {
                 None => false,
                 Some(pod) if pod.source != source => {
                     return Err(PodRefused::NotOwner { id: id.to_string(), owner: pod.source });
                 }
-                Some(_) => pods.remove(id).is_some(),
+                Some(_) => {
+                    pods.retain(|_, p| p.spec_id != id);
+                    true
+                }
             }
         };
         if removed {
@@ -332,17 +450,17 @@ impl Fleet {
         Ok(removed)
     }
 
-    /// Makes `source`'s entries exactly `specs` (a re-read pods file). Ids owned by another
-    /// source are skipped and returned.
+    /// Makes `source`'s entries exactly those of `specs` (a re-read pods file). Ids owned by
+    /// another source are skipped and returned.
     pub fn replace_source(&self, source: Source, specs: &[PodSpec]) -> Vec<String> {
         let mut refused = Vec::new();
         let ids: std::collections::HashSet<&str> = specs.iter().map(|s| s.id.as_str()).collect();
-        let stale: Vec<String> = self
+        let stale: std::collections::BTreeSet<String> = self
             .pods
             .read()
             .values()
-            .filter(|p| p.source == source && !ids.contains(p.id.as_str()))
-            .map(|p| p.id.clone())
+            .filter(|p| p.source == source && !ids.contains(p.spec_id.as_str()))
+            .map(|p| p.spec_id.clone())
             .collect();
         for id in stale {
             let _ = self.remove(&id, source);
@@ -373,6 +491,7 @@ impl Fleet {
     }
 
     fn changed(&self) {
+        // Entries, not configured pods: a pod whose router-named ranks are entries counts each.
         let pods = self.pods.read();
         for role in [Role::Both, Role::Prefill, Role::Decode] {
             let n = pods.values().filter(|p| p.role == role).count();
@@ -383,12 +502,26 @@ impl Fleet {
     }
 }
 
+/// Every id an entry answers to in the indexer: its own, and for a balanced pod its ranks'.
+fn pod_names(pod: &Pod) -> impl Iterator<Item = &str> {
+    let ranks = match &pod.dp {
+        PodDp::Balanced(ids) => ids.as_slice(),
+        PodDp::Single | PodDp::Rank { .. } => &[],
+    };
+    std::iter::once(pod.id.as_str()).chain(ranks.iter().map(String::as_str))
+}
+
+/// The rank ids balanced entries answer to besides their own.
+fn dp_rank_ids(entries: &[Pod]) -> impl Iterator<Item = &str> {
+    entries.iter().flat_map(|e| pod_names(e).skip(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn spec(id: &str) -> PodSpec {
-        PodSpec { id: id.into(), url: format!("http://{id}"), role: Role::Both }
+        PodSpec::new(id, format!("http://{id}"), Role::Both)
     }
 
     #[test]
@@ -401,7 +534,7 @@ mod tests {
         let first = fleet.begin(&pod, 0);
         let second = fleet.begin(&pod, 0);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 2.0, "no scrape yet: own in-flight");
-        pod.scraped(EngineLoad { waiting: 1.0, running: 2.0, kv_usage: Some(0.5), kv_blocks: None }, now);
+        pod.scraped(EngineLoad { waiting: 1.0, running: 2.0, kv_usage: Some(0.5), kv_tokens: None, engines: 1 }, now);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 3.0, "the scrape includes both");
         let third = fleet.begin(&pod, 0);
         assert_eq!(pod.load(now, fleet.stale_after()).load, 4.0);
@@ -425,7 +558,10 @@ mod tests {
         let second = fleet.begin(&pod, 40);
         let _cached = fleet.begin(&pod, 0);
         assert_eq!(queued(&pod), 100);
-        pod.scraped(EngineLoad { waiting: 0.0, running: 3.0, kv_usage: None, kv_blocks: None }, Instant::now());
+        pod.scraped(
+            EngineLoad { waiting: 0.0, running: 3.0, kv_usage: None, kv_tokens: None, engines: 1 },
+            Instant::now(),
+        );
         assert_eq!(queued(&pod), 100, "a scrape counts requests, not the prompt still to compute");
         first.prefilled();
         first.prefilled();
@@ -465,6 +601,63 @@ mod tests {
         fleet.upsert(&spec("r:1"), Source::Registered).unwrap();
         fleet.upsert(&spec("r:1"), Source::Discovered).unwrap();
         assert_eq!(fleet.get("r:1").unwrap().source, Source::Discovered, "discovery takes over a registration");
+    }
+
+    fn dp_spec(id: &str, dp_size: u32, dp_routing: DpRouting) -> PodSpec {
+        PodSpec { dp_size, dp_routing, ..spec(id) }
+    }
+
+    fn ids(fleet: &Fleet) -> Vec<String> {
+        fleet.snapshot().iter().map(|p| p.id.clone()).collect()
+    }
+
+    #[test]
+    fn ranks_the_router_names_are_entries_of_their_own_and_ranks_the_engine_picks_one_entry() {
+        let fleet = Fleet::new(Duration::from_secs(2));
+        fleet.upsert(&dp_spec("h:30000", 2, DpRouting::Router), Source::Static).unwrap();
+        fleet.upsert(&dp_spec("g:30000", 3, DpRouting::Engine), Source::File).unwrap();
+        assert_eq!(ids(&fleet), ["g:30000", "h:30000", "h:30001"]);
+        let rank1 = fleet.get("h:30001").unwrap();
+        assert_eq!(
+            (rank1.url.as_str(), rank1.spec_id.as_str(), &rank1.dp),
+            ("http://h:30000", "h:30000", &PodDp::Rank { rank: 1, ranks: 2 })
+        );
+        assert_eq!(rank1.dp.named_rank(), Some(1));
+        let balanced = fleet.get("g:30000").unwrap();
+        assert_eq!(balanced.dp, PodDp::Balanced(vec!["g:30000".into(), "g:30001".into(), "g:30002".into()]));
+        assert_eq!(balanced.dp.named_rank(), None);
+        // A gateway names the endpoint: it covers every rank there.
+        let covered: Vec<String> = fleet.covered_by("h:30000").iter().map(|p| p.id.clone()).collect();
+        assert_eq!(covered, ["h:30000", "h:30001"]);
+        // An unchanged spec keeps its entries (and their load); a changed one replaces them all.
+        fleet.upsert(&dp_spec("h:30000", 2, DpRouting::Router), Source::Static).unwrap();
+        assert!(Arc::ptr_eq(&rank1, &fleet.get("h:30001").unwrap()));
+        fleet.replace_source(Source::File, &[dp_spec("g:30000", 2, DpRouting::Router)]);
+        assert_eq!(ids(&fleet), ["g:30000", "g:30001", "h:30000", "h:30001"]);
+        // Sources remove configured pods, all entries at once; a rank alone is no pod.
+        assert_eq!(fleet.remove("h:30001", Source::Static), Ok(false));
+        assert_eq!(fleet.remove("h:30000", Source::Static), Ok(true));
+        fleet.replace_source(Source::File, &[]);
+        assert!(fleet.is_empty());
+    }
+
+    #[test]
+    fn a_pod_whose_ids_another_pod_uses_is_refused() {
+        let fleet = Fleet::new(Duration::from_secs(2));
+        fleet.upsert(&dp_spec("h:30000", 2, DpRouting::Router), Source::File).unwrap();
+        fleet.upsert(&dp_spec("g:8000", 2, DpRouting::Engine), Source::File).unwrap();
+        for (taken, other) in [("h:30001", "h:30000"), ("g:8001", "g:8000")] {
+            let refused = fleet.upsert(&spec(taken), Source::Static).unwrap_err();
+            let want = PodRefused::IdTaken { id: taken.into(), taken: taken.into(), other: other.into() };
+            assert_eq!(refused, want);
+        }
+        // The other way round: ranks that would name pods already there.
+        fleet.upsert(&spec("k:9001"), Source::Static).unwrap();
+        for routing in [DpRouting::Router, DpRouting::Engine] {
+            let refused = fleet.upsert(&dp_spec("k:9000", 2, routing), Source::File).unwrap_err();
+            assert!(refused.to_string().contains("names \"k:9001\""), "{refused}");
+        }
+        assert_eq!(ids(&fleet), ["g:8000", "h:30000", "h:30001", "k:9001"]);
     }
 
     #[test]

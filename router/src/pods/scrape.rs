@@ -1,8 +1,10 @@
-//! Keeps every pod's load current: one task per pod scrapes its `/metrics` on an interval,
-//! and a supervisor starts and stops those tasks as the pod table changes. A pod whose
-//! `/metrics` keeps failing is marked unreachable (picked only when nothing else answers).
+//! Keeps every pod's load current: one task per pod URL scrapes its `/metrics` on an interval,
+//! and a supervisor starts and stops those tasks as the pod table changes. The entries of one
+//! URL (the named data-parallel ranks of one engine) share one scrape, each reading its own
+//! rank's series. A pod whose `/metrics` keeps failing is marked unreachable (picked only when
+//! nothing else answers).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,25 +21,31 @@ use crate::upstream::HttpClient;
 /// Largest `/metrics` body read (vLLM's and SGLang's are a few tens of kilobytes).
 const MAX_METRICS_BYTES: usize = 4 << 20;
 
-/// Runs until the process ends: one scrape task per pod, following the pod table.
+/// Runs until the process ends: one scrape task per pod URL, following the pod table.
 pub async fn run(fleet: Arc<Fleet>, client: HttpClient, interval: Duration, timeout: Duration) {
     let mut changes = fleet.subscribe();
-    let mut tasks: HashMap<String, (Arc<Pod>, AbortHandle)> = HashMap::new();
+    let mut tasks: HashMap<String, (Vec<Arc<Pod>>, AbortHandle)> = HashMap::new();
     loop {
-        let pods = fleet.snapshot();
-        tasks.retain(|id, (pod, task)| {
-            let current = pods.iter().any(|p| &p.id == id && Arc::ptr_eq(p, pod));
+        let mut by_url: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+        for pod in fleet.snapshot() {
+            by_url.entry(pod.url.clone()).or_default().push(pod);
+        }
+        tasks.retain(|url, (pods, task)| {
+            let current = by_url.get(url).is_some_and(|now| {
+                now.len() == pods.len() && now.iter().zip(pods.iter()).all(|(a, b)| Arc::ptr_eq(a, b))
+            });
             if !current {
                 task.abort();
             }
             current
         });
-        for pod in pods {
-            if tasks.contains_key(&pod.id) {
+        for (url, pods) in by_url {
+            if tasks.contains_key(&url) {
                 continue;
             }
-            let task = tokio::spawn(scrape_loop(pod.clone(), client.clone(), interval, timeout)).abort_handle();
-            tasks.insert(pod.id.clone(), (pod, task));
+            let task =
+                tokio::spawn(scrape_loop(url.clone(), pods.clone(), client.clone(), interval, timeout)).abort_handle();
+            tasks.insert(url, (pods, task));
         }
         if changes.changed().await.is_err() {
             return;
@@ -45,38 +53,42 @@ pub async fn run(fleet: Arc<Fleet>, client: HttpClient, interval: Duration, time
     }
 }
 
-async fn scrape_loop(pod: Arc<Pod>, client: HttpClient, interval: Duration, timeout: Duration) {
+async fn scrape_loop(url: String, pods: Vec<Arc<Pod>>, client: HttpClient, interval: Duration, timeout: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match tokio::time::timeout(timeout, scrape_once(&client, &pod.url)).await {
-            Ok(Ok(load)) => {
-                pod.scraped(load, Instant::now());
-                metrics::counter!(m::SCRAPES, "outcome" => "ok").increment(1);
-                for (kind, value) in
-                    [("waiting", load.waiting), ("running", load.running), ("kv_usage", load.kv_usage.unwrap_or(0.0))]
-                {
-                    metrics::gauge!(m::POD_LOAD, "pod" => pod.id.clone(), "kind" => kind).set(value);
+        let page = match tokio::time::timeout(timeout, fetch(&client, &url)).await {
+            Ok(page) => page,
+            Err(_) => Err("timeout"),
+        };
+        for pod in &pods {
+            match page.as_deref().map_err(|e| *e).and_then(|text| engine_metrics::parse(text, pod.dp.named_rank())) {
+                Ok(load) => scraped(pod, load),
+                Err(reason) => {
+                    pod.scrape_failed();
+                    metrics::counter!(m::SCRAPES, "outcome" => reason).increment(1);
                 }
-                if let Some(blocks) = load.kv_blocks {
-                    metrics::gauge!(m::POD_LOAD, "pod" => pod.id.clone(), "kind" => "kv_blocks").set(blocks as f64);
-                }
-            }
-            Ok(Err(reason)) => {
-                pod.scrape_failed();
-                metrics::counter!(m::SCRAPES, "outcome" => reason).increment(1);
-            }
-            Err(_) => {
-                pod.scrape_failed();
-                metrics::counter!(m::SCRAPES, "outcome" => "timeout").increment(1);
             }
         }
     }
 }
 
-/// One GET of `<url>/metrics`; the error is a metric label.
-pub async fn scrape_once(client: &HttpClient, base_url: &str) -> Result<EngineLoad, &'static str> {
+fn scraped(pod: &Pod, load: EngineLoad) {
+    pod.scraped(load, Instant::now());
+    metrics::counter!(m::SCRAPES, "outcome" => "ok").increment(1);
+    for (kind, value) in
+        [("waiting", load.waiting), ("running", load.running), ("kv_usage", load.kv_usage.unwrap_or(0.0))]
+    {
+        metrics::gauge!(m::POD_LOAD, "pod" => pod.id.clone(), "kind" => kind).set(value);
+    }
+    if let Some(tokens) = load.kv_tokens {
+        metrics::gauge!(m::POD_LOAD, "pod" => pod.id.clone(), "kind" => "kv_tokens").set(tokens as f64);
+    }
+}
+
+/// One GET of `<url>/metrics`, as text; the error is a metric label.
+async fn fetch(client: &HttpClient, base_url: &str) -> Result<String, &'static str> {
     let uri: hyper::Uri = format!("{base_url}/metrics").parse().map_err(|_| "bad_url")?;
     let request = hyper::Request::get(uri).body(Full::new(Bytes::new())).map_err(|_| "bad_url")?;
     let response = client.request(request).await.map_err(|_| "connect_error")?;
@@ -85,6 +97,5 @@ pub async fn scrape_once(client: &HttpClient, base_url: &str) -> Result<EngineLo
     }
     let body =
         Limited::new(response.into_body(), MAX_METRICS_BYTES).collect().await.map_err(|_| "body_error")?.to_bytes();
-    let text = std::str::from_utf8(&body).map_err(|_| "not_utf8")?;
-    engine_metrics::parse(text).map_err(|_| "unknown_engine")
+    String::from_utf8(body.to_vec()).map_err(|_| "not_utf8")
 }

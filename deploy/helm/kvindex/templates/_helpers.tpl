@@ -145,6 +145,7 @@ prometheus.io/path: /metrics
   args:
   - serve
   - --http-addr=0.0.0.0:{{ $p.routerHttp }}
+  - --probe-addr=0.0.0.0:{{ $p.routerProbe }}
   - --indexer=127.0.0.1:{{ $p.indexerGrpc }}
   {{- if .Values.tokenizer.enabled }}
   - --tokenizer-endpoint=127.0.0.1:{{ $p.tokenizerGrpc }}
@@ -173,10 +174,12 @@ prometheus.io/path: /metrics
     containerPort: {{ $p.prefilterHealth }}
   - name: router-http
     containerPort: {{ $p.routerHttp }}
+  - name: router-probe
+    containerPort: {{ $p.routerProbe }}
   livenessProbe:
     httpGet:
       path: /healthz
-      port: {{ $p.routerHttp }}
+      port: {{ $p.routerProbe }}
     periodSeconds: 10
     failureThreshold: 6
   {{- if .Values.adminToken.enabled }}

@@ -55,6 +55,7 @@ impl Worker {
                 }
                 Step::Clear { reason } => {
                     if st.ext.restore.take().is_some() {
+                        st.ext.restore_hold = None;
                         counter!(m::SNAPSHOT_RESTORES, "outcome" => "dropped").increment(1);
                         tracing::warn!(pod = %st.pod, reason = reason.label(), "snapshot record dropped: the stream did not continue from its cursor");
                     }
@@ -208,6 +209,10 @@ impl Worker {
             st.ext.importing = None;
             self.imports -= 1;
             self.run_waiting(&key);
+            // A sibling's record is in and the steps behind it ran: this stream has caught up.
+            if let Some(st) = self.table.get_mut(&key) {
+                st.ext.restore_hold = None;
+            }
         }
     }
 

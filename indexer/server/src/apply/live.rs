@@ -9,6 +9,7 @@ use kvindex::sequencer::{SequencerConfig, Step};
 use super::staleness::Staleness;
 use crate::ingest::{Batch, Ext, Fleet, Mode, Stream, TableConfig};
 use crate::protocols::StreamKey;
+use crate::readiness::HoldPart;
 use crate::snapshot::format::StreamRecord;
 use crate::snapshot::import::Importing;
 use crate::source_series::{SourceSeries, StreamCounters};
@@ -23,6 +24,9 @@ pub struct Live {
     pub startup_sync: Option<u64>,
     /// The pod's snapshot record, imported once the stream continues from its cursor.
     pub restore: Option<StreamRecord>,
+    /// A sibling's record's part of `/readyz`'s wait: done (dropped) once the record is
+    /// imported and the stream's held-back steps have run, or the record is dropped.
+    pub restore_hold: Option<HoldPart>,
     /// The record, being imported on the import pool: until it is done, this stream's steps
     /// wait in `waiting`, in order, so nothing touches the pod before its record is in.
     pub importing: Option<Importing>,
@@ -70,13 +74,16 @@ pub fn new_stream(
     tracing::info!(pod = %pod, model = %model, mode = mode.label(), "new source");
     // A record for another model is of no use: the pod's blocks are in another namespace; one
     // of another stream is another engine's.
-    let restore =
-        state.restored().take(pod).filter(|r| r.model() == &**model && r.rank == key.rank && r.base == *key.base);
+    let (restore, restore_hold) = match state.restored().take(pod) {
+        Some((r, hold)) if r.model() == &**model && r.rank == key.rank && r.base == *key.base => (Some(r), hold),
+        _ => (None, None),
+    };
     let resume_at = restore.as_ref().map(|r| r.cursor);
     let live = Live {
         counters: SourceSeries::global().stream(pod),
         startup_sync: None,
         restore,
+        restore_hold,
         importing: None,
         exporting: None,
         waiting: Vec::new(),

@@ -33,6 +33,8 @@ pub struct Queues {
     lanes: Vec<Arc<Lane>>,
     capacity: usize,
     depth: Arc<AtomicI64>,
+    /// Held for a whole capture of the workers' streams (`apply::captures`): one at a time.
+    pub(super) captures: tokio::sync::Mutex<()>,
 }
 
 /// One worker's lane.
@@ -116,7 +118,7 @@ impl Queues {
             .collect();
         let receivers = lanes.iter().map(|lane| Receiver { lane: lane.clone(), depth: depth.clone() }).collect();
         metrics::gauge!(m::QUEUE_CAPACITY).set((capacity * workers) as f64);
-        (Queues { lanes, capacity, depth }, receivers)
+        (Queues { lanes, capacity, depth, captures: tokio::sync::Mutex::new(()) }, receivers)
     }
 
     pub fn workers(&self) -> usize {

@@ -14,6 +14,9 @@ use super::{Receiver, Worker};
 use crate::status::{PageHashCheckDebug, StreamDebug};
 use crate::telemetry as m;
 
+/// What a pod the index has no state for holds: nothing.
+const EMPTY_POD: kvindex::PodDigest = kvindex::PodDigest { digest: 0, blocks: 0 };
+
 impl Worker {
     /// Refreshes what `/debug/sources` shows of this worker's streams, and its lag.
     pub(super) fn publish_status(&mut self, lane: &Receiver, now: u64) {
@@ -38,6 +41,9 @@ impl Worker {
                     tracing::info!(pod = %st.pod, staleness_ms = behind.as_millis() as u64, "source caught up: credited again");
                 }
             }
+            // Read here, between two batches, so it is the digest at `applied_seq`.
+            let settled = st.ext.restore.is_none() && st.ext.importing.is_none();
+            let held = settled.then(|| self.state.index().pod_digest(&st.pod)).map(|d| d.unwrap_or(EMPTY_POD));
             snapshot.push((
                 key.clone(),
                 StreamDebug {
@@ -81,6 +87,8 @@ impl Worker {
                     lag_ms: lag.as_secs_f64() * 1e3,
                     staleness_ms: behind.as_secs_f64() * 1e3,
                     stale: withheld,
+                    digest: held.map(|d| d.digest),
+                    digest_blocks: held.map_or(0, |d| d.blocks),
                 },
             ));
         }

@@ -98,6 +98,14 @@ pub struct Config {
     /// Warm-restart snapshots (`snapshot_dir`), when enabled.
     pub snapshot_dir: Option<PathBuf>,
     pub snapshot_interval_ms: u64,
+    /// The sibling to bootstrap from (`bootstrap_from`), and to compare digests with.
+    pub bootstrap_from: Option<crate::sibling::Sibling>,
+    pub bootstrap_timeout_ms: u64,
+    pub bootstrap_max_bytes: u64,
+    /// Serving side of `ExportIndex`.
+    pub sibling_export: crate::grpc::replica::ExportLimits,
+    /// The periodic digest check (0 = off).
+    pub sibling_check_interval_ms: u64,
     /// `kvindex record`: every message the sources deliver is appended to this dump. Not a
     /// `serve` setting: recording holds token ids, so only the `record` command turns it on.
     pub record: Option<RecordConfig>,
@@ -185,6 +193,7 @@ impl Config {
         // topics carry it.
         let discovery = s.discovery.watch_config(!central).map_err(|e| src.error(e.key, e.message))?;
         let tls = tls_files(&s, src)?;
+        let bootstrap_from = sibling(&s, src)?;
         let admin_token = match &s.admin_token_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -447,11 +456,32 @@ impl Config {
             },
             snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
             snapshot_interval_ms: ints.get(&defs::snapshot_interval, s.snapshot_interval)? as u64 * 1000,
+            bootstrap_from,
+            bootstrap_timeout_ms: ints.get(&defs::bootstrap_timeout_ms, s.bootstrap_timeout_ms)? as u64,
+            bootstrap_max_bytes: ints.get(&defs::bootstrap_max_bytes, s.bootstrap_max_bytes)? as u64,
+            sibling_export: crate::grpc::replica::ExportLimits {
+                max_bytes: ints.get(&defs::sibling_export_max_bytes, s.sibling_export_max_bytes)? as u64,
+                timeout: std::time::Duration::from_millis(
+                    ints.get(&defs::sibling_export_timeout_ms, s.sibling_export_timeout_ms)? as u64,
+                ),
+                max_concurrent: ints.get(&defs::sibling_export_max_concurrent, s.sibling_export_max_concurrent)?
+                    as usize,
+            },
+            sibling_check_interval_ms: ints.get(&defs::sibling_check_interval_ms, s.sibling_check_interval_ms)? as u64,
             record: None,
             pods,
             topic_map,
             replay,
         };
+        if config.bootstrap_from.is_some() && config.admin_token.is_none() {
+            return Err(src.error(
+                "bootstrap_from",
+                "needs admin_token_file: a sibling exports its index only to a caller holding the replicas' admin token",
+            ));
+        }
+        if config.bootstrap_from.is_none() && config.sibling_check_interval_ms > 0 {
+            return Err(src.error("sibling_check_interval_ms", "needs bootstrap_from (the siblings' address)"));
+        }
         config.speculative.block_size = config.block_size;
         if config.speculative.default_ttl_ms > config.speculative.max_ttl_ms {
             return Err(src.error("speculative_ttl_ms", "must not exceed speculative_max_ttl_ms"));
@@ -470,6 +500,41 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// The sibling of `bootstrap_from` and the `bootstrap_tls_*` settings, read and checked now.
+fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::sibling::Sibling>, ConfigError> {
+    let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
+    let (ca, cert, key) = (path(&s.bootstrap_tls_ca), path(&s.bootstrap_tls_cert), path(&s.bootstrap_tls_key));
+    let domain = s.bootstrap_tls_domain.clone().filter(|d| !d.is_empty());
+    let Some(addr) = s.bootstrap_from.clone().filter(|a| !a.is_empty()) else {
+        if ca.is_some() || cert.is_some() || key.is_some() || domain.is_some() {
+            return Err(src.error("bootstrap_from", "the bootstrap_tls_* settings need bootstrap_from"));
+        }
+        return Ok(None);
+    };
+    let port = addr.rsplit_once(':').and_then(|(host, port)| (!host.is_empty()).then_some(port));
+    if port.is_none_or(|p| p.parse::<u16>().is_err()) || addr.contains('/') {
+        return Err(
+            src.error("bootstrap_from", format!("must be host:port (the sibling's gRPC address), got {addr:?}"))
+        );
+    }
+    let identity = match (&cert, &key) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        (None, None) => None,
+        (Some(_), None) => return Err(src.error("bootstrap_tls_key", "bootstrap_tls_cert needs bootstrap_tls_key")),
+        (None, Some(_)) => return Err(src.error("bootstrap_tls_cert", "bootstrap_tls_key needs bootstrap_tls_cert")),
+    };
+    let tls = match &ca {
+        Some(ca) => {
+            Some(crate::sibling::SiblingTls::read(ca, identity, domain).map_err(|m| src.error("bootstrap_tls_ca", m))?)
+        }
+        None if identity.is_some() || domain.is_some() => {
+            return Err(src.error("bootstrap_tls_ca", "the other bootstrap_tls_* settings need bootstrap_tls_ca"))
+        }
+        None => None,
+    };
+    Ok(Some(crate::sibling::Sibling { addr, tls }))
 }
 
 /// The listeners' TLS files (`tls_cert` and `tls_key` together; `tls_client_ca` only with them),
@@ -772,6 +837,28 @@ mod tests {
         let e = with_file("[[pods]]\nid = \"a\"\nmodel = \"m\"\npage_size = 3\n", &[]).unwrap_err();
         assert_eq!(e.key, "pods[0].page_size");
         assert!(config(&["--block-size", "16", "--pod", "a,m,tcp://h:1,engine=sglang,page_size=32"]).is_ok());
+    }
+
+    #[test]
+    fn bootstrap_settings_are_checked_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "sibling-test-token-0123456789abcdef").unwrap();
+        let token = token.to_str().unwrap();
+        assert!(config(&[]).unwrap().bootstrap_from.is_none());
+        let c = config(&["--admin-token-file", token, "--bootstrap-from", "kvindex-indexer-peers:50051"]).unwrap();
+        assert_eq!(c.bootstrap_from.unwrap().addr, "kvindex-indexer-peers:50051");
+        assert_eq!((c.bootstrap_timeout_ms, c.sibling_check_interval_ms), (60_000, 0));
+        let err = |args: &[&str]| config(args).unwrap_err().key;
+        assert_eq!(err(&["--bootstrap-from", "peers:50051"]), "bootstrap_from", "no admin token to present");
+        for bad in ["peers", ":50051", "peers:http", "http://peers:50051"] {
+            assert_eq!(err(&["--admin-token-file", token, "--bootstrap-from", bad]), "bootstrap_from", "{bad}");
+        }
+        assert_eq!(err(&["--bootstrap-tls-ca", token]), "bootstrap_from", "TLS to no sibling");
+        let from = ["--admin-token-file", token, "--bootstrap-from", "peers:50051"];
+        assert_eq!(err(&[&from[..], &["--bootstrap-tls-ca", token]].concat()), "bootstrap_tls_ca", "not PEM");
+        assert_eq!(err(&[&from[..], &["--bootstrap-tls-cert", token]].concat()), "bootstrap_tls_key");
+        assert_eq!(err(&["--sibling-check-interval-ms", "1000"]), "sibling_check_interval_ms");
     }
 
     #[test]

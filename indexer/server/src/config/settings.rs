@@ -284,6 +284,48 @@ settings! {
     /// Seconds between snapshots (with `snapshot_dir`; default 60).
     #[arg(long, env = "KVINDEX_SNAPSHOT_INTERVAL")]
     snapshot_interval: Option<i64> = IntSpec { default: Some(60), min: 1, max: 1 << 31 },
+    /// A running sibling replica's gRPC address (`host:port`; in Kubernetes the indexers'
+    /// Service): start from its index, streamed in the snapshot format and taken with the
+    /// snapshot's rule (each pod once its engine's replay continues from the sibling's cursor).
+    /// Needs `admin_token_file` (the sibling's token). Unset: no bootstrap.
+    #[arg(long, env = "KVINDEX_BOOTSTRAP_FROM")]
+    bootstrap_from: Option<String> = TextSpec { default: None },
+    /// PEM CA that signed the siblings' certificates: talk TLS to `bootstrap_from` (and to the
+    /// siblings the digest check asks).
+    #[arg(long, env = "KVINDEX_BOOTSTRAP_TLS_CA")]
+    bootstrap_tls_ca: Option<PathBuf> = TextSpec { default: None },
+    /// PEM client certificate for the siblings' mTLS (with `bootstrap_tls_key`).
+    #[arg(long, env = "KVINDEX_BOOTSTRAP_TLS_CERT")]
+    bootstrap_tls_cert: Option<PathBuf> = TextSpec { default: None },
+    /// PEM private key of `bootstrap_tls_cert`.
+    #[arg(long, env = "KVINDEX_BOOTSTRAP_TLS_KEY")]
+    bootstrap_tls_key: Option<PathBuf> = TextSpec { default: None },
+    /// The name the siblings' certificates carry (default: the host of `bootstrap_from`).
+    #[arg(long, env = "KVINDEX_BOOTSTRAP_TLS_DOMAIN")]
+    bootstrap_tls_domain: Option<String> = TextSpec { default: None },
+    /// The sibling's whole export must arrive within this; `/readyz` then waits at most as
+    /// long again for every stream to prove or drop its record. Default 60000.
+    #[arg(long, env = "KVINDEX_BOOTSTRAP_TIMEOUT_MS")]
+    bootstrap_timeout_ms: Option<i64> = IntSpec { default: Some(60_000), min: 1, max: 86_400_000 },
+    /// The most bytes accepted from the sibling; a larger export is refused whole. Default 4 GiB.
+    #[arg(long, env = "KVINDEX_BOOTSTRAP_MAX_BYTES")]
+    bootstrap_max_bytes: Option<i64> = IntSpec { default: Some(4 * GIB), min: 1, max: 1 << 40 },
+    /// Serving side: the largest export sent to a bootstrapping sibling (encoded); past it the
+    /// export is refused (RESOURCE_EXHAUSTED). Default 4 GiB.
+    #[arg(long, env = "KVINDEX_SIBLING_EXPORT_MAX_BYTES")]
+    sibling_export_max_bytes: Option<i64> = IntSpec { default: Some(4 * GIB), min: 1, max: 1 << 40 },
+    /// Serving side: an export must be captured and sent within this (DEADLINE_EXCEEDED).
+    /// Default 120000.
+    #[arg(long, env = "KVINDEX_SIBLING_EXPORT_TIMEOUT_MS")]
+    sibling_export_timeout_ms: Option<i64> = IntSpec { default: Some(120_000), min: 1, max: 86_400_000 },
+    /// Serving side: exports running at once, all callers together (one per caller). Default 2.
+    #[arg(long, env = "KVINDEX_SIBLING_EXPORT_MAX_CONCURRENT")]
+    sibling_export_max_concurrent: Option<i64> = IntSpec { default: Some(2), min: 1, max: 64 },
+    /// Every this many ms, compare each pod's digest with every replica `bootstrap_from`
+    /// resolves to (at most 16), into `kvindex_sibling_pods{sibling, verdict}`. 0 = off (the
+    /// default).
+    #[arg(long, env = "KVINDEX_SIBLING_CHECK_INTERVAL_MS")]
+    sibling_check_interval_ms: Option<i64> = IntSpec { default: Some(0), min: 0, max: 86_400_000 },
     // ---- hardening (issue 9 remainder): tier bounds, listeners, TLS, host policy ----
     /// Distinct tiers (`medium`) one source's blocks may be held in; a store naming another is
     /// skipped (`source_tier_limit`). Default 4.

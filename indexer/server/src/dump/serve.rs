@@ -14,6 +14,7 @@ use crate::apply::Queues;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ServerError;
+use crate::grpc::replica::{instance_id, ReplicaService};
 use crate::grpc::{Bounds, Handles};
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::ControlPlane;
@@ -37,9 +38,19 @@ pub async fn serve_index(
     })?;
     on_bound(listener.local_addr().map_err(|source| ServerError::Io { what: "grpc listener", source })?);
     let (queues, _no_workers) = Queues::new(1, 1);
-    let pods = Pods::new(&PodsConfig::of(&config), Arc::new(queues), Arc::new(Readiness::default()));
+    let queues = Arc::new(queues);
+    let pods = Pods::new(&PodsConfig::of(&config), queues.clone(), Arc::new(Readiness::default()));
     let index = IndexHandle::new(index, SpeculativeCredits::new(config.speculative.clone()), Clock::start());
-    let handles = Handles { index, pods, control: ControlPlane::default(), tokenizer: None };
+    // No admin token: a rebuilt index is not exported to anyone.
+    let replica = ReplicaService::new(
+        index.clone(),
+        queues,
+        ControlPlane::default(),
+        config.sibling_export,
+        config.block_size,
+        instance_id(),
+    );
+    let handles = Handles { index, pods, control: ControlPlane::default(), tokenizer: None, replica };
     let (signal, stopped) = ShutdownSignal::new();
     let serve = crate::grpc::serve(handles, Bounds::of(&config), listener, None, stopped);
     tokio::pin!(serve);

@@ -39,7 +39,7 @@ fn authorization<T>(request: &Request<T>) -> Option<&str> {
 
 /// The control plane's gate: PERMISSION_DENIED while registration is disabled,
 /// UNAUTHENTICATED without the right bearer token (`authorization` metadata).
-fn authorize<T>(control: &ControlPlane, request: &Request<T>) -> Result<(), Status> {
+pub(super) fn authorize<T>(control: &ControlPlane, request: &Request<T>) -> Result<(), Status> {
     control.authorize("grpc", authorization(request)).map_err(|denied| match denied {
         Denied::Disabled => Status::permission_denied(denied.to_string()),
         _ => Status::unauthenticated(denied.to_string()),

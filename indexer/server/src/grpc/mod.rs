@@ -11,6 +11,7 @@ pub mod limits;
 pub mod llmd;
 pub mod record_route;
 pub mod release_route;
+pub mod replica;
 pub mod score;
 pub mod tokenizer;
 
@@ -18,6 +19,7 @@ use std::sync::Arc;
 
 use kvindex_proto::indexer::v1::indexer_service_server::IndexerServiceServer;
 use kvindex_proto::kvindex::v1::indexer_server::IndexerServer;
+use kvindex_proto::kvindex::v1::replica_server::ReplicaServer;
 
 use self::admission::Admission;
 use self::in_flight::InFlightLoad;
@@ -40,6 +42,8 @@ pub struct Handles {
     pub pods: Pods,
     pub control: ControlPlane,
     pub tokenizer: Option<PromptTokenizer>,
+    /// `kvindex.v1.Replica`: exports to bootstrapping siblings, digests.
+    pub replica: replica::ReplicaService,
 }
 
 /// The bounds of gRPC requests: their size, their tokens, and the admission of large ones.
@@ -72,7 +76,7 @@ pub async fn serve(
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     shutdown: Shutdown,
 ) -> Result<(), ServerError> {
-    let Handles { index, pods, control, tokenizer } = handles;
+    let Handles { index, pods, control, tokenizer, replica } = handles;
     let (health, health_service) = tonic_health::server::health_reporter();
     let max = bounds.max_message_bytes;
     let scorer = Arc::new(Scorer::new(index.clone(), bounds.max_tokens));
@@ -81,9 +85,11 @@ pub async fn serve(
     let service =
         IndexerService { index, pods, control, scorer: scorer.clone(), admission: admission.clone(), in_flight };
     let indexer = IndexerServer::new(service).max_decoding_message_size(max);
+    let replica = ReplicaServer::new(replica).max_decoding_message_size(max);
     let llmd = LlmdScores::new(scorer, tokenizer, admission).into_server().max_decoding_message_size(max);
     health.set_serving::<IndexerServer<IndexerService>>().await;
     health.set_serving::<IndexerServiceServer<LlmdScores>>().await;
+    health.set_serving::<ReplicaServer<replica::ReplicaService>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kvindex_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -94,6 +100,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(indexer)
+        .add_service(replica)
         .add_service(llmd);
     let served = match tls {
         None => {

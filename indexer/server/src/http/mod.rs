@@ -9,7 +9,6 @@
 //! endpoint reads, a registration's, within size, time and memory bounds ([`body`]).
 
 pub mod body;
-pub mod connection_caps;
 pub mod serve;
 
 use std::sync::Arc;

@@ -6,7 +6,7 @@
 //!   (`http_max_connections_per_address`) and per network (`http_max_connections_per_network`):
 //!   at a full cap the oldest idle connection under it is closed to make room, and a newcomer is
 //!   closed at accept (before any byte is read or a TLS handshake starts, and counted) only when
-//!   every connection under the cap is answering a request ([`super::connection_caps`]);
+//!   every connection under the cap is answering a request ([`kvindex_conn_caps`]);
 //! - a header read timeout (`http_header_timeout_ms`, hyper's own timer), which is also how long
 //!   an idle keep-alive connection may wait for its next request;
 //! - a write timeout (`http_write_timeout_ms`): a write that makes no progress that long (a
@@ -14,12 +14,10 @@
 //! - a bound on a request head ([`MAX_HEAD_BYTES`], 431) and on what hyper buffers per
 //!   connection ([`MAX_BUFFER_BYTES`]).
 //!
-//! Bodies are bounded where they are read ([`super::body`]). The same approach as the router's
-//! `router/src/doors/http/server.rs`; the two crates share no crate where a hyper serving loop would
-//! belong (the pure core has no I/O), so each has its own.
+//! Bodies are bounded where they are read ([`super::body`]). The caps and the app wrapper that
+//! marks connections busy are shared with the router's `router/src/doors/http/server.rs`
+//! (`kvindex-conn-caps`); the serving loops stay each binary's own (TLS here, their metrics).
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -28,20 +26,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, Response};
-use bytes::Bytes;
-use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
+use kvindex_conn_caps::{ConnectionCaps, NotingAnswers, Place};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
-use super::connection_caps::{Answering, ConnectionCaps, Place};
 use crate::config::http_limits::ConnLimits;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;
@@ -159,7 +153,7 @@ impl Connection {
         let mut timed = TimeoutStream::new(io);
         timed.set_write_timeout(Some(self.write_timeout));
         let io = Tracked { inner: Box::pin(timed), activity: activity.clone() };
-        let service = TowerToHyperService::new(NotingAnswers { app: self.app, place: self.place });
+        let service = TowerToHyperService::new(NotingAnswers::new(self.app, self.place));
         let connection = self.watcher.watch(self.builder.serve_connection(TokioIo::new(io), service));
         let Err(e) = connection.await else { return };
         let reason = if e.is_timeout() {
@@ -175,57 +169,6 @@ impl Connection {
         if let Some(reason) = reason {
             metrics::counter!(m::HTTP_REFUSED, "listener" => self.name, "reason" => reason).increment(1);
         }
-    }
-}
-
-/// The app, noting on the connection's place that a request is being answered: from the moment
-/// it reaches the app until its answer's body is written out (or dropped), the connection is
-/// busy, never closed to make room.
-#[derive(Clone)]
-struct NotingAnswers {
-    app: axum::Router,
-    place: Arc<Place>,
-}
-
-impl tower::Service<Request<Incoming>> for NotingAnswers {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        tower::Service::<Request<Incoming>>::poll_ready(&mut self.app, cx)
-    }
-
-    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
-        let answering = self.place.answering();
-        let answer = tower::Service::call(&mut self.app, request);
-        Box::pin(async move {
-            let response = answer.await?;
-            Ok(response.map(|body| Body::new(WhileAnswering { body, _answering: answering })))
-        })
-    }
-}
-
-/// An answer's body, holding its connection busy until it is written out or dropped.
-struct WhileAnswering {
-    body: Body,
-    _answering: Answering,
-}
-
-impl hyper::body::Body for WhileAnswering {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
 

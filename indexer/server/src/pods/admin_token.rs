@@ -35,6 +35,12 @@ impl AdminToken {
         Ok(AdminToken(token.to_string()))
     }
 
+    /// The `authorization` value that presents this token to a sibling replica (which takes
+    /// the same token).
+    pub fn bearer(&self) -> String {
+        format!("Bearer {}", self.0)
+    }
+
     /// Whether `presented` is this token, in time independent of where they differ.
     pub(super) fn matches(&self, presented: &str) -> bool {
         let (a, b) = (self.0.as_bytes(), presented.as_bytes());

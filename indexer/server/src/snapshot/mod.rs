@@ -22,11 +22,14 @@
 //! directory itself is never given up that way: one another process holds, or one that holds
 //! files kvindex did not write, stops the start ([`store::SnapshotDir`]).
 
+pub mod bootstrap;
 pub mod capture;
+pub mod chunks;
 pub mod format;
 pub mod import;
 pub mod pool;
 pub mod restored;
+pub mod sibling_export;
 pub mod store;
 
 use std::collections::HashMap;
@@ -37,7 +40,6 @@ use metrics::{counter, gauge, histogram};
 
 use self::format::{Header, StreamRecord};
 use self::store::{SnapshotBatch, SnapshotDir, Store};
-use crate::apply::Work;
 use crate::shutdown::Shutdown;
 use crate::state::ServiceState;
 use crate::telemetry as m;
@@ -117,18 +119,7 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
     let started = Instant::now();
     let shared = Arc::new(held.clone());
     // Every worker captures its own streams at once: each pauses only for its own exports.
-    let mut replies = Vec::new();
-    for worker in 0..state.queues().workers() {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if !state.queues().send(worker, Work::Snapshot { held: shared.clone(), reply: tx }).await {
-            return Err("an apply worker is gone".into());
-        }
-        replies.push(rx);
-    }
-    let mut captured = Vec::new();
-    for rx in replies {
-        captured.extend(rx.await.map_err(|_| "an apply worker stopped during the snapshot".to_string())?);
-    }
+    let mut captured = state.queues().capture(shared).await?;
     let capture = started.elapsed();
     // Records of pods whose streams have not started: kept in the final snapshot (a quick
     // restart keeps them), dropped from periodic ones (a pod gone for one interval is gone).

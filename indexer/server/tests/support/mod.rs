@@ -444,6 +444,21 @@ impl Drop for ServeProcess {
     }
 }
 
+/// `pod`'s entry in the `/debug/sources` of the server whose HTTP address is `http`.
+pub fn debug_source(http: &str, pod: &str) -> Option<Value> {
+    let (status, body) = http_request(http, "GET", "/debug/sources", None);
+    if status != 200 {
+        return None;
+    }
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["sources"].as_array()?.iter().find(|s| s["pod"] == pod).cloned()
+}
+
+/// Sum of the samples of `name` with all of `labels` in the `/metrics` of the server at `http`.
+pub fn http_metric(http: &str, name: &str, labels: &[&str]) -> f64 {
+    kvindex_testkit::prometheus::sum(&http_request(http, "GET", "/metrics", None).1, name, labels)
+}
+
 /// Distinct token ids for test chain `k` (of `blocks` blocks of 16).
 pub fn chain(k: u32, blocks: usize) -> Vec<u32> {
     (0..blocks as u32 * 16).map(|j| 1 + k * 10_000 + j).collect()

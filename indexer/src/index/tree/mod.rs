@@ -37,7 +37,9 @@ pub use self::runs::{EditStats, Holder};
 
 pub use self::segment::Pos;
 use self::segment::{global, Segment, SegmentDir, Storage};
+use crate::index::digest;
 use crate::index::pods::PodId;
+use crate::index::tiers::MAX_TIERS;
 
 /// The hashes of a query's blocks, computed on demand: a walk stops at the first block no pod
 /// holds, and blocks past it are never hashed.
@@ -493,7 +495,11 @@ impl Tree {
             let cut = if grant < need { runs.cut_after_new(s, e, pod, grant) } else { e };
             if cut > s {
                 let mut stats = EditStats::default();
-                let edited = runs.edit(s, cut, pod, holder_bit, &mut stats);
+                let mut sums = [0u64; MAX_TIERS];
+                let edited = runs.edit_with(s, cut, pod, holder_bit, &mut stats, |a, b, before, after| {
+                    self.fold_digest(seg, guard, &mut sums, a, b, before, after)
+                });
+                add_sums(&mut stats.digest, &sums);
                 seg.set_runs(edited, guard);
                 self.keys.fetch_add(stats.became_held, Ordering::Relaxed);
                 // Reserved `grant` positions; exactly `stats.gained` of them were new.
@@ -564,6 +570,16 @@ impl Tree {
                 self.entries.fetch_sub((grant - held) as u64, Ordering::Relaxed);
             }
             self.keys.fetch_add(held as u64, Ordering::Relaxed);
+            let stored_to = (existing_end + done) as u32;
+            let before_held = match held_start.checked_sub(1) {
+                Some(i) => hashes[i],
+                None => match parent {
+                    ParentKey::Root(r) => r,
+                    ParentKey::Block(p) => self.key_at(Pos::unpack(p), guard).unwrap_or(0),
+                },
+            };
+            let sums = &mut out.stats.digest;
+            digest::fold(sums, held_start as u32, stored_to, 0, tier_bit, before_held, |i| hashes[i as usize]);
             out.stats.gained += held as u64;
             out.stats.became_held += held as u64;
             out.stats.tier_gained[tier_bit.trailing_zeros() as usize] += held as u64;
@@ -764,6 +780,7 @@ impl Tree {
                 p.off + 1,
                 pod,
                 |t| t & !mask,
+                true,
                 &mut stats,
                 guard,
             );
@@ -795,7 +812,16 @@ impl Tree {
             refused += need - grant;
             if grant == need {
                 let mut st = EditStats::default();
-                let edited = runs.edit(s, e, pod, |t| t | tier_bit, &mut st);
+                let mut sums = [0u64; MAX_TIERS];
+                let edited = runs.edit_with(
+                    s,
+                    e,
+                    pod,
+                    |t| t | tier_bit,
+                    &mut st,
+                    |a, b, before, after| self.fold_digest(seg, guard, &mut sums, a, b, before, after),
+                );
+                add_sums(&mut st.digest, &sums);
                 self.keys.fetch_add(st.became_held, Ordering::Relaxed);
                 seg.set_runs(edited, guard);
                 stats.merge(&st);
@@ -830,7 +856,8 @@ impl Tree {
                 let Some(seg) = shard.dir.get(local, guard) else { continue };
                 let runs = seg.runs(guard);
                 if runs.holds_any(pod) {
-                    self.edit_segment(shard_idx, &mut w, local, 0, runs.len(), pod, |_| 0, &mut stats, guard);
+                    // The pod's digest starts over with its clear: no need to fold what it loses.
+                    self.edit_segment(shard_idx, &mut w, local, 0, runs.len(), pod, |_| 0, false, &mut stats, guard);
                 }
             }
         }
@@ -849,6 +876,7 @@ impl Tree {
         e: u32,
         pod: PodId,
         change: impl Fn(u8) -> u8,
+        digest: bool,
         stats: &mut EditStats,
         guard: &Guard,
     ) {
@@ -856,7 +884,13 @@ impl Tree {
         let Some(seg) = shard.dir.get(local, guard) else { return };
         let runs = seg.runs(guard);
         let mut st = EditStats::default();
-        let edited = runs.edit(s, e, pod, change, &mut st);
+        let mut sums = [0u64; MAX_TIERS];
+        let edited = runs.edit_with(s, e, pod, change, &mut st, |a, b, before, after| {
+            if digest {
+                self.fold_digest(seg, guard, &mut sums, a, b, before, after)
+            }
+        });
+        add_sums(&mut st.digest, &sums);
         if edited == *runs {
             return;
         }
@@ -882,6 +916,29 @@ impl Tree {
             self.trim(shard_idx, w, local, guard);
         }
         stats.merge(&st);
+    }
+
+    /// Folds into `sums` what blocks `[a, b)` of `seg` moved the pod's digest by, going from
+    /// tiers `before` to `after` (see `digest`).
+    #[allow(clippy::too_many_arguments)]
+    fn fold_digest(
+        &self,
+        seg: &Segment,
+        guard: &Guard,
+        sums: &mut [u64; MAX_TIERS],
+        a: u32,
+        b: u32,
+        before: u8,
+        after: u8,
+    ) {
+        let st = seg.storage(guard);
+        let b = b.min(st.cap() as u32);
+        let parent = match a.checked_sub(1) {
+            Some(prev) => st.hash(prev as usize),
+            None if seg.from_root => seg.parent,
+            None => self.key_at(Pos::unpack(seg.parent), guard).unwrap_or(0),
+        };
+        digest::fold(sums, a, b, before, after, parent, |i| st.hash(i as usize));
     }
 
     /// Cuts a segment's unheld tail (keeping blocks that branches hang off), and frees the
@@ -992,6 +1049,12 @@ pub struct TreeShape {
     pub positions: u64,
     pub links: u64,
     pub engine_entries: u64,
+}
+
+fn add_sums(into: &mut [u64; MAX_TIERS], sums: &[u64; MAX_TIERS]) {
+    for (sum, d) in into.iter_mut().zip(sums) {
+        *sum = sum.wrapping_add(*d);
+    }
 }
 
 fn write_hashes(st: &Storage, at: usize, hashes: &[u64]) {

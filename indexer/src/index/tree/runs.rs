@@ -101,6 +101,10 @@ pub struct EditStats {
     pub became_held: u64,
     /// Ranges `[start, end)` that had holders and now have none.
     pub became_unheld: SmallVec<[(u32, u32); 2]>,
+    /// Per tier bit, the wrapping sum of the residency hashes (`digest::residency`) of the
+    /// positions that gained it, less those of the positions that lost it: what the pod's
+    /// digest moves by. Filled by the tree, which knows the blocks' keys.
+    pub digest: [u64; MAX_TIERS],
 }
 
 impl EditStats {
@@ -113,6 +117,9 @@ impl EditStats {
         }
         self.became_held += other.became_held;
         self.became_unheld.extend_from_slice(&other.became_unheld);
+        for (sum, d) in self.digest.iter_mut().zip(other.digest) {
+            *sum = sum.wrapping_add(d);
+        }
     }
 }
 
@@ -252,6 +259,20 @@ impl Runs {
 
     /// The list with `pod`'s tiers `t` replaced by `change(t)` on `[start, end)`.
     pub fn edit(&self, start: u32, end: u32, pod: PodId, change: impl Fn(u8) -> u8, stats: &mut EditStats) -> Runs {
+        self.edit_with(start, end, pod, change, stats, |_, _, _, _| {})
+    }
+
+    /// [`edit`](Self::edit), telling `changed` each piece `[a, b)` whose tiers went from
+    /// `before` to `after` (the tree folds them into the pod's digest).
+    pub fn edit_with(
+        &self,
+        start: u32,
+        end: u32,
+        pod: PodId,
+        change: impl Fn(u8) -> u8,
+        stats: &mut EditStats,
+        mut changed: impl FnMut(u32, u32, u8, u8),
+    ) -> Runs {
         let len = self.len();
         let end = end.min(len);
         let mut out = Runs::empty(len);
@@ -272,6 +293,9 @@ impl Runs {
             let after = change(before);
             let mut holders = run.holders.clone();
             set_tiers(&mut holders, pod, after);
+            if before != after {
+                changed(a, b, before, after);
+            }
             if before == 0 && after != 0 {
                 stats.gained += n;
             }

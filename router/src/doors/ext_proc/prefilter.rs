@@ -25,32 +25,22 @@ pub fn hint(ranked: &[PodChoice], band: f64) -> Option<Vec<String>> {
     if best == 0 {
         return None;
     }
-    Some(in_band.iter().filter(|c| c.cached_blocks == best).map(|c| c.pod.clone()).collect())
+    // The picker behind us knows endpoints, not the ranks this router would name there.
+    let mut pods: Vec<String> = Vec::new();
+    for c in in_band.iter().filter(|c| c.cached_blocks == best) {
+        if !pods.iter().any(|p| p == c.endpoint()) {
+            pods.push(c.endpoint().to_string());
+        }
+    }
+    Some(pods)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::fleet::LoadView;
-    use crate::pods::spec::Role;
 
     fn choice(pod: &str, cached: u32, load: f64) -> PodChoice {
-        PodChoice {
-            pod: pod.into(),
-            role: Role::Both,
-            matched_blocks: cached,
-            speculative_blocks: 0,
-            cached_blocks: cached,
-            source_state: None,
-            cost: 0.0,
-            kv_weight: 0.0,
-            kv_cost: 0.0,
-            over_kv_cutoff: false,
-            in_band: false,
-            load: LoadView::unscraped(load),
-            shared: None,
-            handle: None,
-        }
+        PodChoice::example(pod, cached, load)
     }
 
     #[test]

@@ -45,11 +45,12 @@ use crate::config::ext_proc::Mode;
 use crate::doors::budget::{Budget, Reservation};
 use crate::error::{ApiError, RouteError};
 use crate::metrics as m;
-use crate::place::decision::Decision;
+use crate::place::decision::{Decision, PodChoice};
 use crate::place::log::{self, Door};
 use crate::place::request::{self, Endpoint};
 use crate::place::Router;
 use crate::pods::fleet::InFlight;
+use crate::upstream;
 
 /// What every stream shares.
 pub struct Shared {
@@ -451,7 +452,15 @@ impl State {
         if let Some(pod) = ranked.first() {
             self.guards = vec![router.commit_by_load(pod)];
         }
-        let destination: Vec<String> = ranked.iter().take(1 + self.shared.fallbacks).map(|p| p.id.clone()).collect();
+        let mut destination: Vec<String> = Vec::new();
+        for pod in &ranked {
+            if destination.len() > self.shared.fallbacks {
+                break;
+            }
+            if !destination.contains(&pod.spec_id) {
+                destination.push(pod.spec_id.clone());
+            }
+        }
         self.picked();
         let set =
             destination.first().map(|primary| envoy::set_header(envoy::DESTINATION, primary)).into_iter().collect();
@@ -483,12 +492,14 @@ impl State {
         decision: &Decision,
         set: &mut Vec<envoy_types::pb::envoy::config::core::v3::HeaderValueOption>,
     ) -> Vec<String> {
-        let destination: Vec<String> =
-            decision.ranked.iter().take(1 + self.shared.fallbacks).map(|c| c.pod.clone()).collect();
+        let destination = destinations(&decision.ranked, 1 + self.shared.fallbacks);
         self.guards = self.shared.router.commit(decision, 0).unwrap_or_default();
         self.attempt = Some(0);
         if let Some(primary) = destination.first() {
             set.push(envoy::set_header(envoy::DESTINATION, primary));
+        }
+        if let Some(rank) = decision.ranked.first().and_then(PodChoice::dp_rank) {
+            set.push(envoy::set_header(upstream::DP_RANK_HEADER, &rank.to_string()));
         }
         if let Some(prefill) = &decision.prefill {
             set.push(envoy::set_header(envoy::PREFILLER, &prefill.pod));
@@ -505,7 +516,11 @@ impl State {
         served: Option<String>,
     ) -> Vec<envoy_types::pb::envoy::config::core::v3::HeaderValueOption> {
         let Some(decision) = &self.decision else { return Vec::new() };
-        let position = served.as_deref().and_then(|id| decision.ranked.iter().position(|c| c.pod == id));
+        // The endpoint that served, and the rank the request named there (the primary's).
+        let rank = decision.ranked.first().and_then(PodChoice::dp_rank);
+        let position = served
+            .as_deref()
+            .and_then(|id| decision.ranked.iter().position(|c| c.endpoint() == id && c.dp_rank() == rank));
         match (position, self.attempt) {
             (Some(now), Some(before)) if now != before => {
                 if let Some(pod) = decision.ranked[now].handle.as_ref() {
@@ -531,9 +546,49 @@ impl State {
     }
 }
 
+/// The endpoints to name, primary first, at most `count`: each choice's endpoint once, and only
+/// choices that name the primary's data-parallel rank (none, or the same), since one request
+/// carries one rank header whichever endpoint the gateway ends up using.
+fn destinations(ranked: &[PodChoice], count: usize) -> Vec<String> {
+    let rank = ranked.first().and_then(PodChoice::dp_rank);
+    let mut endpoints: Vec<String> = Vec::with_capacity(count);
+    for choice in ranked.iter().filter(|c| c.dp_rank() == rank) {
+        if endpoints.len() >= count {
+            break;
+        }
+        if !endpoints.iter().any(|e| e == choice.endpoint()) {
+            endpoints.push(choice.endpoint().to_string());
+        }
+    }
+    endpoints
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_destination_is_an_endpoint_and_fallbacks_are_those_the_one_rank_header_fits() {
+        use crate::pods::fleet::{Fleet, Source};
+        use crate::pods::spec::{DpRouting, PodSpec, Role};
+        let fleet = Fleet::new(std::time::Duration::from_secs(2));
+        let sglang = |id: &str| PodSpec {
+            dp_size: 2,
+            dp_routing: DpRouting::Router,
+            ..PodSpec::new(id, format!("http://{id}"), Role::Both)
+        };
+        fleet.upsert(&sglang("a:30000"), Source::Static).unwrap();
+        fleet.upsert(&sglang("b:30000"), Source::Static).unwrap();
+        fleet.upsert(&PodSpec::new("v:8000", "http://v:8000", Role::Both), Source::Static).unwrap();
+        let choice = |id: &str| PodChoice { handle: fleet.get(id), ..PodChoice::example(id, 0, 0.0) };
+        let ranked: Vec<PodChoice> =
+            ["a:30001", "a:30000", "v:8000", "b:30000", "b:30001"].into_iter().map(choice).collect();
+        assert_eq!(ranked[0].dp_rank(), Some(1));
+        assert_eq!(destinations(&ranked, 3), ["a:30000", "b:30000"], "rank 1 of each: the header names rank 1");
+        assert_eq!(destinations(&ranked, 1), ["a:30000"]);
+        let unranked: Vec<PodChoice> = ["v:8000", "a:30000", "b:30001"].into_iter().map(choice).collect();
+        assert_eq!(destinations(&unranked, 3), ["v:8000"], "no rank header: no rank the router names");
+    }
 
     #[test]
     fn the_endpoint_comes_from_the_path_or_the_body() {

@@ -46,6 +46,9 @@ async fn register(State(app): State<Arc<App>>, body: Result<Json<PodSpec>, JsonR
         Ok(url) => url,
         Err(e) => return refused(e.to_string()),
     };
+    if let Some(message) = spec.dp_refusal() {
+        return refused(message);
+    }
     match app.router.fleet().upsert(&spec, Source::Registered) {
         Ok(()) => {
             metrics::counter!(m::POD_CHANGES, "source" => "registration", "op" => "add").increment(1);

@@ -27,7 +27,8 @@ pub async fn forward(app: &App, decision: &Decision, outgoing: Outgoing<'_>) -> 
         let choice = &decision.ranked[attempt];
         let Some(pod) = choice.handle.as_ref() else { continue };
         let Some(guards) = app.router.commit(decision, attempt) else { continue };
-        match upstream::send(&app.client, &pod.url, prefill, &outgoing).await {
+        let to = upstream::Destination { base_url: &pod.url, dp_rank: pod.dp.named_rank() };
+        match upstream::send(&app.client, to, prefill, &outgoing).await {
             Ok(response) => return Ok(Forwarded { attempt, response, guards }),
             Err(Failure::Unsendable) => continue,
             Err(failure) => {

@@ -22,6 +22,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 
 use crate::error::ApiError;
+use crate::pods::fleet::PodDp;
 pub use app::App;
 
 /// Routes of `--http-addr` (`/metrics` and `/debug/pods` only `with_metrics`, i.e. without a
@@ -42,6 +43,11 @@ pub fn public(app: Arc<App>, with_metrics: bool) -> AxumRouter {
 /// Routes of `--metrics-addr`: `/metrics`, `/debug/pods`, health and readiness.
 pub fn metrics_only(app: Arc<App>) -> AxumRouter {
     common(true).fallback(|| async { ApiError::not_found() }).with_state(app)
+}
+
+/// Routes of `--probe-addr`: `/healthz` and `/readyz` only, for the kubelet.
+pub fn probes_only(app: Arc<App>) -> AxumRouter {
+    common(false).fallback(|| async { ApiError::not_found() }).with_state(app)
 }
 
 /// `/healthz`, `/readyz` on every address; `/metrics`, `/debug/pods` too `with_metrics`
@@ -76,8 +82,15 @@ async fn debug_pods(State(app): State<Arc<App>>) -> Json<serde_json::Value> {
         .snapshot()
         .iter()
         .map(|pod| {
-            json!({"id": pod.id, "url": pod.url, "role": pod.role, "source": pod.source,
-                   "load": pod.load(now, fleet.stale_after())})
+            let mut entry = json!({"id": pod.id, "url": pod.url, "role": pod.role, "source": pod.source,
+                   "load": pod.load(now, fleet.stale_after())});
+            // A rank the router names, or a pod whose engine picks among the ranks it stands for.
+            match &pod.dp {
+                PodDp::Single => {}
+                PodDp::Rank { rank, .. } => entry["dp_rank"] = json!({"pod": pod.spec_id, "rank": rank}),
+                PodDp::Balanced(ranks) => entry["dp_ranks"] = json!(ranks),
+            }
+            entry
         })
         .collect();
     Json(json!({"pods": pods}))

@@ -2,9 +2,11 @@
 //!
 //! Subcommands: `serve` (the indexer service, `kvindex_server::run`), `record` / `replay` (KV-event
 //! dumps), `decode` (captured frames → normalized events), `vllm-hash` (vLLM's own block hashes, for cross-checking an
-//! engine's configuration) and `sglang-hash` (SGLang's page ids, likewise). Exit status 1 on any error, with one line on stderr; `replay` exits
+//! engine's configuration), `sglang-hash` (SGLang's page ids, likewise) and `compare` (do two
+//! running replicas hold the same for every pod?). Exit status 1 on any error, with one line on stderr; `replay` exits
 //! 2 when its dump ends early (truncated or corrupt), after reporting every whole line before.
 
+mod compare;
 mod decode;
 mod record;
 mod replay;
@@ -45,6 +47,11 @@ enum Command {
     /// skipped. Exit status: 0 when the dump was read to its end, 2 when it ends early (a
     /// truncated or corrupt gzip; the report covers every whole line before), 1 on an error.
     Replay(Box<replay::ReplayArgs>),
+    /// Which pods two running replicas hold differently: per pod, digests at the streams'
+    /// cursors (asked again while one is only behind), blocks and cursors of each side.
+    ///
+    /// Exit status: 0 when every pod agrees, 1 when some differ, 2 when a replica cannot be asked.
+    Compare(compare::CompareArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,8 +86,20 @@ fn main() -> ExitCode {
             Err(e) => fail("kvindex", &e.context("replay")),
         };
     }
+    if let Command::Compare(args) = &cli.command {
+        return match compare::run(args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("kvindex compare: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let result = match cli.command {
-        Command::Serve(_) | Command::Record(_) | Command::Replay(_) => unreachable!("handled above"),
+        Command::Serve(_) | Command::Record(_) | Command::Replay(_) | Command::Compare(_) => {
+            unreachable!("handled above")
+        }
         Command::Decode(args) => {
             decode::run(&args, BufReader::new(io::stdin().lock()), io::BufWriter::new(io::stdout().lock()))
                 .context("decode")

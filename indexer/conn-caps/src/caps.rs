@@ -1,6 +1,7 @@
-//! Which connections an HTTP listener holds, against its caps: in total
-//! (`http_max_connections`), per client address (`http_max_connections_per_address`) and per
-//! network (`http_max_connections_per_network`: an IPv4 /24, an IPv6 /64). At a full cap a
+//! Which connections an HTTP listener holds, against its caps: in total, per client address and
+//! per network (an IPv4 /24, an IPv6 /64, [`network_of`]); the indexer's `http_max_connections`,
+//! `http_max_connections_per_address`, `http_max_connections_per_network`, the router's
+//! `--max-connections`, `--max-connections-per-address`, `--max-connections-per-network`. At a full cap a
 //! newcomer takes the place of an *idle* connection under that cap, which is closed: the
 //! oldest idle one of the address that holds the most connections there. It is refused only
 //! when every connection under the cap is answering a request. Taking from the heaviest address
@@ -19,9 +20,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use kvindex_zmtp::network_of;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+
+use crate::network_of;
 
 /// The caps of one listener and the connections it holds.
 pub struct ConnectionCaps {

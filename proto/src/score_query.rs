@@ -1,0 +1,160 @@
+//! ScoreTokens' request encoded from token ids the caller keeps. A router sends one prompt to an
+//! indexer (or, hedging, to several) and keeps the ids for its decision: with the generated
+//! message, each attempt first copies the ids into a message of its own, and prost then writes
+//! their varints one byte at a time into the transport's buffer (~40 µs for 8.8k ids, a few
+//! percent of a router's turn). A [`ScoreQuery`] shares the ids (`Arc`), writes their varints
+//! a chunk at a time, and carries every other field in the generated message, so a field added
+//! to the contract travels without a change here. The bytes are a valid `ScoreTokensRequest`:
+//! the ids go last, as a packed field of their own, which protobuf concatenates with any ids
+//! in the generated message (none, as the router builds it).
+
+use std::sync::Arc;
+
+use prost::bytes::{Buf, BufMut};
+use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, DecodeContext, WireType};
+use prost::{DecodeError, Message};
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::codegen::GrpcMethod;
+use tonic::transport::Channel;
+
+use crate::kvindex::v1::{ScoreTokensRequest, ScoreTokensResponse};
+
+/// `ScoreTokensRequest.token_ids`.
+const TOKEN_IDS_TAG: u32 = 2;
+
+/// Ids whose varints are written to one stack buffer before it is copied to the transport's.
+const CHUNK_IDS: usize = 256;
+
+/// A `ScoreTokensRequest` whose token ids are shared with the caller, not owned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScoreQuery {
+    /// Every other field (and ids, if any, that come before `tokens`).
+    rest: ScoreTokensRequest,
+    tokens: Arc<Vec<u32>>,
+    /// Bytes of the varints of `tokens`.
+    packed_len: usize,
+}
+
+impl ScoreQuery {
+    /// The request `rest` with `tokens` appended to its token ids.
+    pub fn new(rest: ScoreTokensRequest, tokens: Arc<Vec<u32>>) -> ScoreQuery {
+        // One byte per 7 bits: 1 + how many of 2^7, 2^14, 2^21, 2^28 the id reaches (vectorizes).
+        let widths = |id: u32| 1 + [7, 14, 21, 28].iter().map(|&bits| usize::from(id >= 1 << bits)).sum::<usize>();
+        let packed_len = tokens.iter().map(|&id| widths(id)).sum();
+        ScoreQuery { rest, tokens, packed_len }
+    }
+
+    /// Every field but the shared ids.
+    pub fn rest(&self) -> &ScoreTokensRequest {
+        &self.rest
+    }
+
+    pub fn tokens(&self) -> &Arc<Vec<u32>> {
+        &self.tokens
+    }
+}
+
+/// Writes the varints of `ids` a chunk at a time (prost's `put_u8` per byte costs ~3× more).
+fn put_varints(ids: &[u32], buf: &mut impl BufMut) {
+    let mut chunk = [0u8; 5 * CHUNK_IDS];
+    for part in ids.chunks(CHUNK_IDS) {
+        let mut n = 0;
+        for &id in part {
+            let mut v = id;
+            while v >= 0x80 {
+                chunk[n] = (v as u8) | 0x80;
+                v >>= 7;
+                n += 1;
+            }
+            chunk[n] = v as u8;
+            n += 1;
+        }
+        buf.put_slice(&chunk[..n]);
+    }
+}
+
+impl Message for ScoreQuery {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        self.rest.encode_raw(buf);
+        if self.packed_len > 0 {
+            encode_key(TOKEN_IDS_TAG, WireType::LengthDelimited, buf);
+            encode_varint(self.packed_len as u64, buf);
+            put_varints(&self.tokens, buf);
+        }
+    }
+
+    /// Decoding (never done by a client, but a `Message` must) fills the generated message:
+    /// every id lands in `rest`.
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        self.rest.merge_field(tag, wire_type, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        let ids = if self.packed_len > 0 {
+            key_len(TOKEN_IDS_TAG) + encoded_len_varint(self.packed_len as u64) + self.packed_len
+        } else {
+            0
+        };
+        self.rest.encoded_len() + ids
+    }
+
+    fn clear(&mut self) {
+        *self = ScoreQuery::default();
+    }
+}
+
+/// `kvindex.v1.Indexer/ScoreTokens` with a [`ScoreQuery`], as the generated client calls it.
+pub async fn score_tokens(
+    channel: Channel,
+    request: tonic::Request<ScoreQuery>,
+) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+    let codec = tonic_prost::ProstCodec::<ScoreQuery, ScoreTokensResponse>::default();
+    let path = PathAndQuery::from_static("/kvindex.v1.Indexer/ScoreTokens");
+    let mut request = request;
+    request.extensions_mut().insert(GrpcMethod::new("kvindex.v1.Indexer", "ScoreTokens"));
+    grpc.unary(request, path, codec).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(tokens: Vec<u32>) -> ScoreTokensRequest {
+        let mut request = ScoreTokensRequest { model: "m".into(), token_ids: tokens, ..Default::default() };
+        request.pods = vec!["a:1".into(), "b:2".into()];
+        request.lora_name = "lora".into();
+        request.cache_salt = "salt".into();
+        request
+    }
+
+    #[test]
+    fn decodes_as_the_generated_request_with_the_same_ids() {
+        // Every varint width a u32 has, and chunk boundaries.
+        let widths = [0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 268_435_455, 268_435_456, u32::MAX];
+        for len in [0, 1, 255, 256, 257, 8_860] {
+            let ids: Vec<u32> = (0..len).map(|i| widths[i % widths.len()] ^ (i as u32 & 1)).collect();
+            let query = ScoreQuery::new(request(Vec::new()), Arc::new(ids.clone()));
+            let bytes = query.encode_to_vec();
+            assert_eq!(bytes.len(), query.encoded_len());
+            assert_eq!(ScoreTokensRequest::decode(&bytes[..]).unwrap(), request(ids.clone()), "{len} ids");
+            // The same bytes a ScoreQuery decodes into: all ids in the generated message.
+            let back = ScoreQuery::decode(&bytes[..]).unwrap();
+            assert_eq!((back.rest(), back.tokens().len()), (&request(ids), 0));
+        }
+    }
+
+    #[test]
+    fn ids_in_the_generated_message_come_first() {
+        let query = ScoreQuery::new(request(vec![1, 2]), Arc::new(vec![3, 300_000]));
+        let decoded = ScoreTokensRequest::decode(&query.encode_to_vec()[..]).unwrap();
+        assert_eq!(decoded.token_ids, [1, 2, 3, 300_000]);
+    }
+}
