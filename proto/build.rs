@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("descriptor.bin"))
-        .compile_protos(&protos, &[root])?;
+        .compile_protos(&protos, std::slice::from_ref(&root))?;
     // The directories too: cargo rescans a directory for any change, so a `.proto` added by a
     // merge or a checkout (whose file time can be older than the last build) is compiled.
     for top in ["kvindex", "tokenization", "indexer"] {
