@@ -210,6 +210,11 @@ impl Scorer {
                 })
                 .collect()
         };
-        Ok(pb::ScoreTokensResponse { scores, total_blocks: result.total_blocks, block_size: index.block_size() as u32 })
+        Ok(pb::ScoreTokensResponse {
+            scores,
+            total_blocks: result.total_blocks,
+            block_size: index.block_size() as u32,
+            in_flight: None,
+        })
     }
 }

@@ -377,6 +377,8 @@ class Peer:
         return {
             "total_blocks": r.total_blocks,
             "block_size": r.block_size,
+            # Routers' reserved load per pod (RecordRoute reservations); None while they are off.
+            "in_flight": {p.pod: [p.requests, p.prefill_blocks] for p in r.in_flight.pods} if r.HasField("in_flight") else None,
             "scores": [
                 {
                     "pod": s.pod,
@@ -404,14 +406,26 @@ class Peer:
         replies = list(call(iter([b"\x3a\x00"]), timeout=10))
         return {"raw": b"".join(replies).decode("latin-1")}
 
-    def op_record_route(self, pod, model, tokens, ttl_ms=0, lora_name="", cache_salt="", token=None):
-        """RecordRoute with the test's bearer token unless `token` says otherwise ("" = none)."""
-        req = self.pb.RecordRouteRequest(pod=pod, model=model, token_ids=tokens, ttl_ms=ttl_ms, lora_name=lora_name, cache_salt=cache_salt)
+    def op_record_route(self, pod="", model="", tokens=(), ttl_ms=0, lora_name="", cache_salt="", token=None, reservations=()):
+        """RecordRoute with the test's bearer token unless `token` says otherwise ("" = none);
+        `reservations`: [{"pod", "request_id", "prefill_blocks", "ttl_ms"}]."""
+        req = self.pb.RecordRouteRequest(pod=pod, model=model, token_ids=tokens, ttl_ms=ttl_ms, lora_name=lora_name, cache_salt=cache_salt,
+                                         reservations=[self.pb.Reservation(**r) for r in reservations])
         try:
             r = self.stub.RecordRoute(req, timeout=10, metadata=self.auth(token))
         except grpc.RpcError as e:
             return {"ok": False, "code": e.code().name, "details": e.details()}
-        return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms}
+        return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms, "reserved": r.reserved, "reservation_ttl_ms": r.reservation_ttl_ms}
+
+    def op_release_route(self, releases, token=None):
+        """ReleaseRoute of `releases` ([request_id, "prefill" | "request" | <raw part number>])."""
+        parts = {"prefill": self.pb.RELEASE_PREFILL, "request": self.pb.RELEASE_REQUEST}
+        req = self.pb.ReleaseRouteRequest(releases=[self.pb.Release(request_id=i, part=parts.get(p, p)) for i, p in releases])
+        try:
+            r = self.stub.ReleaseRoute(req, timeout=10, metadata=self.auth(token))
+        except grpc.RpcError as e:
+            return {"ok": False, "code": e.code().name, "details": e.details()}
+        return {"released": r.released}
 
     def op_score_units(self, model, tokens, pods=()):
         """The unit (tokens) each scored pod is credited in (`PodScore.credit_unit_tokens`)."""
