@@ -13,6 +13,7 @@ pub const EVENTS: &str = "kvindex_events_total";
 pub const BLOCKS: &str = "kvindex_blocks_total";
 pub const SKIPPED: &str = "kvindex_skipped_blocks_total";
 pub const UNWEIGHTED_TIER_BLOCKS: &str = "kvindex_unweighted_tier_blocks_total";
+pub const BLOCK_SIZE_CHANGES: &str = "kvindex_block_size_changes_total";
 pub const MESSAGES: &str = "kvindex_messages_received_total";
 pub const DECODE_ERRORS: &str = "kvindex_decode_errors_total";
 pub const GAPS: &str = "kvindex_gaps_total";
@@ -136,6 +137,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: BLOCKS, kind: Counter, labels: &["op"], unit: None, help: "Engine blocks stored / removed by applied events" },
     Metric { name: SKIPPED, kind: Counter, labels: &["reason"], unit: None, help: "Blocks not applied (under-report only), by reason" },
     Metric { name: UNWEIGHTED_TIER_BLOCKS, kind: Counter, labels: &[], unit: None, help: "Engine blocks stored in a tier no weight is known for (held, scored 0)" },
+    Metric { name: BLOCK_SIZE_CHANGES, kind: Counter, labels: &[], unit: None, help: "Stores whose engine block size differs from what the pod stored before in the same KV-cache group and tier since it was last cleared (applied; the pod is credited in the lcm of the sizes)" },
     Metric { name: MESSAGES, kind: Counter, labels: &["socket"], unit: None, help: "ZeroMQ messages received, by socket kind" },
     Metric { name: DECODE_ERRORS, kind: Counter, labels: &["reason"], unit: None, help: "Frames or payloads that could not be decoded, by reason" },
     Metric { name: GAPS, kind: Counter, labels: &["source"], unit: None, help: "Sequence gaps seen, by source pod" },

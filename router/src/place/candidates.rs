@@ -15,7 +15,7 @@ use std::time::Instant;
 use kvindex_proto::kvindex::v1 as pb;
 
 use super::cost::Candidate;
-use super::decision::{combined, PodChoice, SharedLoad};
+use super::decision::{combined, CreditUnit, PodChoice, SharedLoad};
 use super::rendezvous;
 use crate::error::RouteError;
 use crate::pods::fleet::{Fleet, Pod, PodDp};
@@ -51,13 +51,14 @@ pub struct Field {
     pub choices: Vec<PodChoice>,
 }
 
-/// What the indexer said one entry holds: exact matched blocks, speculative credit, and the
-/// state of the stream they came from.
+/// What the indexer said one entry holds: exact matched blocks, speculative credit, the state
+/// of the stream they came from, and the unit its engine reuses.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Held {
     matched: u32,
     speculative: u32,
     state: Option<&'static str>,
+    unit: CreditUnit,
 }
 
 impl Held {
@@ -66,6 +67,7 @@ impl Held {
             matched: p.matched_blocks,
             speculative: p.speculative_blocks,
             state: state_label(p.state),
+            unit: CreditUnit { tokens: p.credit_unit_tokens, eagle: p.eagle },
         })
     }
 }
@@ -90,12 +92,17 @@ pub fn balancer_ranks(pod: &Pod, engines: u32) -> Option<Cow<'_, [String]>> {
 /// rank may serve the request, so the pod is credited what every rank holds, never more: the
 /// least matched, and a speculative credit only where every rank holds or was credited past
 /// that (the least of each rank's larger of the two). A rank the indexer did not name holds
-/// nothing. The state is the state of a rank holding the least.
+/// nothing. The state is the state of a rank holding the least; the unit is one every rank's
+/// engine reuses whole (the least common multiple of theirs, EAGLE if any rank runs it).
 fn balanced(ranks: &[String], by_pod: &HashMap<&str, &pb::PodScore>) -> Held {
     let held: Vec<Held> = ranks.iter().map(|id| Held::of(by_pod.get(id.as_str()))).collect();
     let Some(least) = held.iter().min_by_key(|h| h.matched).copied() else { return Held::default() };
     let credited = held.iter().map(|h| h.matched.max(h.speculative)).min().unwrap_or(0);
-    Held { speculative: if credited > least.matched { credited } else { 0 }, ..least }
+    let unit = held.iter().fold(CreditUnit::default(), |u, h| CreditUnit {
+        tokens: kvindex::index::units::lcm(u.tokens, h.unit.tokens),
+        eagle: u.eagle || h.unit.eagle,
+    });
+    Held { speculative: if credited > least.matched { credited } else { 0 }, unit, ..least }
 }
 
 /// The field of `pods` now, with the indexer's answer (`None`: placed by load, nothing held),
@@ -152,6 +159,7 @@ pub fn gather(
             speculative_blocks: speculative,
             cached_blocks: 0,
             source_state: held.state,
+            credit_unit: held.unit,
             cost: 0.0,
             kv_weight: 0.0,
             kv_cost: 0.0,
@@ -271,6 +279,16 @@ mod tests {
         assert_eq!(held(scores), (3, 5));
         let scores = vec![score("h:30000", 3, 0), score("h:30001", 3, 0), score("h:30002", 3, 9)];
         assert_eq!(held(scores), (3, 0));
+        // Any rank may serve: the prediction is cut in a unit every rank's engine reuses whole.
+        let unit = |pod: &str, tokens: u32, eagle: bool| pb::PodScore {
+            credit_unit_tokens: tokens,
+            eagle,
+            ..score(pod, 12, 0)
+        };
+        let scores = vec![unit("h:30000", 64, false), unit("h:30001", 48, true), unit("h:30002", 16, false)];
+        let answer = pb::ScoreTokensResponse { scores, ..Default::default() };
+        let choice = &gather(&fleet, &pods, Some(&answer), None, 0, 16).choices[0];
+        assert_eq!(choice.credit_unit, CreditUnit { tokens: 192, eagle: true });
     }
 
     #[test]

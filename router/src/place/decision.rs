@@ -44,6 +44,8 @@ pub struct PodChoice {
     pub cached_blocks: u32,
     /// The indexer's view of the pod's event stream (EXACT, STALE, DEGRADED), if scored.
     pub source_state: Option<&'static str>,
+    /// The unit the indexer credits the pod in (its engine's reusable block), if scored.
+    pub credit_unit: CreditUnit,
     pub cost: f64,
     /// What a full KV cache costs on this pod (the KV weight scaled by its capacity).
     pub kv_weight: f64,
@@ -57,6 +59,15 @@ pub struct PodChoice {
     pub shared: Option<SharedLoad>,
     #[serde(skip)]
     pub handle: Option<Arc<Pod>>,
+}
+
+/// How much of a prefix a pod's engine reuses at a time, as the indexer reported it
+/// (`PodScore.credit_unit_tokens`, `PodScore.eagle`): whole engine blocks of `tokens`, one
+/// fewer with EAGLE. `tokens` 0: not reported (the canonical block).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CreditUnit {
+    pub tokens: u32,
+    pub eagle: bool,
 }
 
 /// A pod's load as every router reserved it on the indexer.
@@ -109,6 +120,7 @@ impl PodChoice {
             speculative_blocks: 0,
             cached_blocks: cached,
             source_state: None,
+            credit_unit: CreditUnit::default(),
             cost: 0.0,
             kv_weight: 0.0,
             kv_cost: 0.0,

@@ -158,5 +158,7 @@ fn pod_config(r: pb::RegisterPodRequest) -> Result<PodConfig, String> {
         replay_endpoint: (!r.replay_endpoint.is_empty()).then_some(r.replay_endpoint),
         topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
         dp_size: 1,
+        eagle: r.eagle.unwrap_or(false),
+        context_parallel: r.context_parallel.unwrap_or(1),
     })
 }
