@@ -9,7 +9,7 @@ mod workload;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvindex::keys::{block_hash, PromptKeys};
 use kvindex::wire::decode_batch;
-use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
+use kvindex::{KvIndex, KvIndexConfig, PodRules, ScoreQuery};
 use workload::{apply_payloads, fill, planted, query_tokens, MODEL};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -43,6 +43,15 @@ fn bench_score(c: &mut Criterion) {
     let q = ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: &prompt, pods: None };
     assert_eq!(index.score(&q).matches.iter().map(|m| m.matched_blocks).max(), Some(300));
     g.bench_function("8k tokens (512 blocks), 256 pods, 10M resident", |b| b.iter(|| index.score(&q)));
+    // The same with every pod's match cut in units (EAGLE: the last block held back), the path
+    // a fleet whose engine blocks are larger than the index's takes.
+    for p in 0..256 {
+        index.set_pod_rules(&workload::pod_name(p), PodRules { eagle: true, context_parallel: 1 }).expect("valid");
+    }
+    assert_eq!(index.score(&q).matches.iter().map(|m| m.matched_blocks).max(), Some(299));
+    g.bench_function("8k tokens (512 blocks), 256 pods, 10M resident, every pod cut in units", |b| {
+        b.iter(|| index.score(&q))
+    });
     drop(index);
 
     let index = KvIndex::new(KvIndexConfig { block_size: 64, ..Default::default() });

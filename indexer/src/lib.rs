@@ -25,6 +25,6 @@ pub mod wire;
 
 pub use index::{
     ApplyReport, BlockRef, ChainParent, ColumnError, Columns, EngineBlocks, GroupExport, HashCheck, ImportReport,
-    KvIndex, KvIndexConfig, PodDigest, PodExport, PodStats, ScoreQuery, ScoreResult, SkipReason, TierClass, TierLimits,
-    TierWeights,
+    KvIndex, KvIndexConfig, PodDigest, PodExport, PodRules, PodStats, ScoreQuery, ScoreResult, SkipReason, TierClass,
+    TierLimits, TierWeights, UnitExport, MAX_CONTEXT_PARALLEL,
 };

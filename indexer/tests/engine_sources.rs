@@ -90,8 +90,11 @@ fn stored_tokens(records: &[Value]) -> Vec<u32> {
     out
 }
 
+/// Blocks matched for a prompt of `tokens` and one more token (the engine computes a prompt's
+/// last token, so a prompt of exactly its held blocks is credited one block less).
 fn matched(index: &KvIndex, tokens: &[u32], salt: Option<&str>) -> u32 {
-    let q = ScoreQuery { model: MODEL, lora_name: None, cache_salt: salt, token_ids: tokens, pods: None };
+    let prompt = [tokens, &[0]].concat();
+    let q = ScoreQuery { model: MODEL, lora_name: None, cache_salt: salt, token_ids: &prompt, pods: None };
     index.score(&q).matches.first().map_or(0, |m| m.matched_blocks)
 }
 
@@ -186,8 +189,8 @@ fn trtllm_multimodal_blocks_never_credit_a_plain_prompt() {
     assert_eq!(mm.stored_blocks, 1, "{mm:?}");
     // The multimodal block's token ids are a plain prompt's first block: it must not match.
     assert_eq!(mm_tokens[0][..], tokens[0][..16]);
-    let q =
-        ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: &tokens[0], pods: Some(&["pod-mm"]) };
+    let prompt = [&tokens[0][..], &[0]].concat();
+    let q = ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: &prompt, pods: Some(&["pod-mm"]) };
     assert!(index.score(&q).matches.iter().all(|m| m.matched_blocks == 0), "{:?}", index.score(&q));
 }
 

@@ -34,7 +34,8 @@ fn skipped(report: &ApplyReport, reason: SkipReason) -> u64 {
 
 /// Which tiers (by name) `pod` holds the block of `content` in, from a score.
 fn held_in(index: &KvIndex, pod: &str, content: u32) -> Vec<String> {
-    let tokens = vec![content; BS];
+    // One token past the block: the engine computes a prompt's last token.
+    let tokens = vec![content; BS + 1];
     let r = index.score(&ScoreQuery { model: "m", lora_name: None, cache_salt: None, token_ids: &tokens, pods: None });
     let Some(m) = r.matches.iter().find(|m| index.pods().name(m.pod).as_deref() == Some(pod)) else { return vec![] };
     (0..index.tiers().count())

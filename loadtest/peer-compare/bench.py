@@ -19,7 +19,9 @@ Runs: `direct` (each conversation pinned to a pod, no router: the reference), an
 router 1 and 4 replicas x {keep-alive, fresh connection per request, a pod SIGKILLed after
 40% of the requests}. With 4 replicas each request goes to a replica drawn at random (seeded),
 as behind an L4 balancer; kvindex-router replicas share one `kvindex serve`, the peers'
-replicas are independent, as each product runs active-active. After the 1-replica keep-alive
+replicas are independent, as each product runs active-active. `kvindex-own` is kvindex-router
+with `--reservation-ttl-ms 0`: each replica counts only its own requests (the shared in-flight
+load off), the control for `kvindex` at several replicas. After the 1-replica keep-alive
 workload, a probe measures the router's overhead: the same short chat sent sequentially to a
 pod directly and through the router, keep-alive and fresh, interleaved.
 
@@ -47,6 +49,8 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = "bench/deepseek"
+# The router names that run kvindex-router (with its indexer).
+KVINDEX = ("kvindex", "kvindex-own")
 BLOCK = 16
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -392,7 +396,7 @@ class Bench:
         urls = [f"http://{p['http']}" for p in pods]
         out = []
         for r in range(replicas):
-            if name == "kvindex":
+            if name in KVINDEX:
                 argv = [os.path.join(self.bin, "kvindex-router"), "serve", "--http-addr", "127.0.0.1:0",
                         "--indexer", indexer_grpc, "--tokenizer", f"{MODEL}={self.tokenizer}",
                         # Records each placement in the index before the engine's events arrive
@@ -400,6 +404,8 @@ class Bench:
                         "--indexer-admin-token-file", self.token_file]
                 argv += [a for p in pods for a in ("--pod", f"{p['pod_id']}=http://{p['http']}")]
                 argv += self.args.kvindex_router_args.split()
+                if name == "kvindex-own":
+                    argv += ["--reservation-ttl-ms", "0"]  # own counts only: the shared load's control
                 proc = procs.start(f"router{r}", argv)
                 addr = dict(pair.split("=", 1) for pair in read_line(proc, "KVINDEX_ROUTER_LISTENING ").split()[1:])["http"]
             else:
@@ -416,7 +422,7 @@ class Bench:
                 addr = f"127.0.0.1:{port}"
             out.append((proc, addr))
         for proc, addr in out:
-            if name == "kvindex":
+            if name in KVINDEX:
                 wait_for("the router to scrape every pod", lambda: all(
                     p["load"]["scrape_age_ms"] is not None for p in http_json(f"http://{addr}/debug/pods")[1]["pods"]))
             else:
@@ -588,7 +594,7 @@ def run_one(bench, args, workload, router, replicas, variant, logroot):
     procs = Processes(logdir)
     try:
         indexer = None
-        if router == "kvindex":
+        if router in KVINDEX:
             indexer, addrs, token = bench.start_indexer(procs, logdir)
             pods = bench.start_fleet(procs, zmq_connect=addrs["zmq"])
             bench.register(addrs, token, pods)
@@ -643,7 +649,8 @@ def run_one(bench, args, workload, router, replicas, variant, logroot):
 # Report
 # ---------------------------------------------------------------------------------------------
 
-LABEL = {"direct": "direct (pinned)", "kvindex": "kvindex-router", "vllm": "vllm-router 0.1.17", "sglang": "sglang-router 0.3.2"}
+LABEL = {"direct": "direct (pinned)", "kvindex": "kvindex-router", "kvindex-own": "kvindex-router, own counts only",
+         "vllm": "vllm-router 0.1.17", "sglang": "sglang-router 0.3.2"}
 
 
 def ms(value):
@@ -716,7 +723,8 @@ def table(runs, meta):
     if scored:
         lines.append("")
         lines.append("kvindex-router's scoring outcome per request (`x-kvindex-score`, all repeats): " + "; ".join(
-            f"×{s['replicas']} {s['variant']}: " + ", ".join(f"{k} {v}" for k, v in sorted(s["kvindex_score"].items()))
+            ("" if s["router"] == "kvindex" else "own counts ") + f"×{s['replicas']} {s['variant']}: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(s["kvindex_score"].items()))
             for s in scored))
     kills = [s for s in runs if s["variant"] == "kill"]
     if kills:
@@ -755,7 +763,8 @@ def main():
     p.add_argument("--peer-venvs", default=os.environ.get("PEER_VENVS", "/var/tmp/peer-venvs"))
     p.add_argument("--tokenizer", default=os.path.join(fixtures, "models", "deepseek"))
     p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "peer-compare"))
-    p.add_argument("--routers", default="direct,kvindex,vllm,sglang")
+    p.add_argument("--routers", default="direct,kvindex,vllm,sglang",
+                   help="any of direct, kvindex, kvindex-own (shared in-flight load off), vllm, sglang")
     p.add_argument("--replicas", default="1,4")
     p.add_argument("--variants", default="keepalive,fresh,kill")
     p.add_argument("--kvindex-router-args", default=os.environ.get("KVINDEX_ROUTER_ARGS", ""),

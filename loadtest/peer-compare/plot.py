@@ -16,9 +16,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-LABEL = {"direct": "direct\n(pinned)", "kvindex": "kvindex-\nrouter", "vllm": "vllm-router\n0.1.17",
-         "sglang": "sglang-router\n0.3.2"}
-ORDER = ["direct", "kvindex", "vllm", "sglang"]
+LABEL = {"direct": "direct\n(pinned)", "kvindex": "kvindex-\nrouter", "kvindex-own": "kvindex-\nrouter,\nown counts",
+         "vllm": "vllm-router\n0.1.17", "sglang": "sglang-router\n0.3.2"}
+ORDER = ["direct", "kvindex", "kvindex-own", "vllm", "sglang"]
 
 
 def main():

@@ -33,6 +33,10 @@ pub const POD_LOAD: &str = "kvindex_router_pod_load";
 pub const SCRAPES: &str = "kvindex_router_scrapes_total";
 pub const POD_CHANGES: &str = "kvindex_router_pod_changes_total";
 pub const RECORD_ROUTE: &str = "kvindex_router_record_route_total";
+pub const RESERVATIONS: &str = "kvindex_router_reservations_total";
+pub const RELEASES: &str = "kvindex_router_releases_total";
+pub const RELEASE_CALLS: &str = "kvindex_router_release_calls_total";
+pub const LOAD_VIEW: &str = "kvindex_router_load_view_total";
 pub const TOKENIZER_CACHE_REQUESTS: &str = "kvindex_router_tokenizer_prefix_cache_requests";
 pub const TOKENIZER_CACHE_BYTES: &str = "kvindex_router_tokenizer_prefix_cache_bytes";
 pub const EXTPROC_STREAMS: &str = "kvindex_router_extproc_streams_total";
@@ -98,6 +102,10 @@ pub const METRICS: &[Metric] = &[
     Metric { name: SCRAPES, kind: Counter, labels: &["outcome"], unit: None, help: "Scrapes of pod /metrics by outcome" },
     Metric { name: POD_CHANGES, kind: Counter, labels: &["op", "source"], unit: None, help: "Pod table changes by source and operation" },
     Metric { name: RECORD_ROUTE, kind: Counter, labels: &["outcome"], unit: None, help: "RecordRoute calls to the indexer by outcome" },
+    Metric { name: RESERVATIONS, kind: Counter, labels: &["outcome"], unit: None, help: "Requests reserved on the indexers (shared in-flight load), per indexer: reserved, refused, failed (the call failed) or skipped (indexer out of rotation or overloaded)" },
+    Metric { name: RELEASES, kind: Counter, labels: &["outcome"], unit: None, help: "Reservation releases sent to the indexers (first byte, end of response): released, not_held, failed (the call failed) or dropped (queue full)" },
+    Metric { name: RELEASE_CALLS, kind: Counter, labels: &["outcome"], unit: None, help: "ReleaseRoute calls (batches of releases) by outcome" },
+    Metric { name: LOAD_VIEW, kind: Counter, labels: &["view"], unit: None, help: "Placements by the load they saw: shared (every router's reservations, from the indexer) or own (this router's counts only)" },
     Metric { name: TOKENIZER_CACHE_REQUESTS, kind: Gauge, labels: &["result"], unit: None, help: "In-process tokenizations by prefix-cache result (hit, miss, bypass), since start" },
     Metric { name: TOKENIZER_CACHE_BYTES, kind: Gauge, labels: &["kind"], unit: Some(Unit::Bytes), help: "In-process tokenizer prefix cache: bytes used and capacity" },
     Metric { name: EXTPROC_STREAMS, kind: Counter, labels: &["outcome"], unit: None, help: "ext_proc streams (gateway requests) by how they ended" },

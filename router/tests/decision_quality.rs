@@ -201,3 +201,42 @@ async fn best_overlap_picks_blocks_given_up_and_achieved_against_predicted_reuse
     // Throughout, `over` and `under` stayed 0: the engine reused exactly what was predicted.
     expect(r, want, "a fail-open pick").await;
 }
+
+/// A pod whose engine stores blocks of 64 tokens behind an indexer of blocks of 16: the engine
+/// reuses whole blocks of 64 only, and never the prompt's last token, so the router predicts
+/// exactly that (an indexer that credited the blocks of 16 inside an engine block predicted
+/// 112 where the engine hit 64: `over`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn predictions_on_a_pod_with_larger_engine_blocks_are_whole_engine_blocks() {
+    const ENGINE_BLOCK: usize = 64;
+    let bins = bins();
+    let stack = Stack::start(&bins, 1, &["--model", MODEL, "--block-size", "64"]).await;
+    let router = router(&bins, &stack.router_args());
+    let ids: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
+    wait_scraped(&router.http, &ids).await;
+    let r = router.http.as_str();
+    let mut want = Quality::default();
+    // Two engine blocks and a token.
+    let a: Vec<u32> = (0..2 * ENGINE_BLOCK as u32 + 1).map(|t| 7_000_000 + t).collect();
+    complete(r, &a, None).await;
+    want.no_overlap += 1.0;
+    want.exactly_predicted(0.0, a.len());
+    expect(r, want, "a cold prompt").await;
+    // (shared tokens, prompt length, what the engine reuses)
+    let cases = [(112, 150, 64), (128, 140, 128), (128, 128, 64), (70, 70, 64), (63, 200, 0)];
+    for (i, (shared, len, engine)) in cases.into_iter().enumerate() {
+        stack.settle().await;
+        let mut p = a[..shared].to_vec();
+        p.extend((0..(len - shared) as u32).map(|t| 8_000_000 + 1000 * i as u32 + t));
+        let reply = complete(r, &p, None).await;
+        assert_eq!(reply.cached_tokens(), engine as u64, "{shared} shared of {len}");
+        let blocks = (engine / BLOCK) as f64;
+        if engine > 0 {
+            want.best_pick(blocks);
+        } else {
+            want.no_overlap += 1.0;
+        }
+        want.exactly_predicted(engine as f64, len);
+        expect(r, want, &format!("{shared} tokens shared of {len}: predicted what the engine reused")).await;
+    }
+}

@@ -104,7 +104,8 @@ async fn a_sibling_burst_lands_on_the_pod_of_the_first_pick() {
     let best = &decision["ranked"][0];
     assert_eq!(best["pod"], home.as_str(), "router b follows router a's pick: {decision}");
     assert_eq!(best["matched_blocks"], 0, "nothing announced yet: the credit is speculative: {decision}");
-    assert_eq!(best["speculative_blocks"], 16, "every block of the prompt is credited: {decision}");
+    // The prompt is 16 whole blocks: the engine computes its last token, so it can reuse 15.
+    assert_eq!(best["speculative_blocks"], 15, "every block of the prompt but the last is credited: {decision}");
     for other in decision["ranked"].as_array().unwrap().iter().skip(1) {
         assert_eq!(other["speculative_blocks"], 0, "only the picked pod is credited: {decision}");
     }

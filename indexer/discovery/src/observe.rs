@@ -8,8 +8,8 @@ use std::net::IpAddr;
 use kvindex::wire::Engine;
 
 use crate::settings::{
-    check_name, check_version, Settings, DP_SIZE_ANNOTATION, ENGINE_ANNOTATION, ENGINE_VERSION_ANNOTATION,
-    MAX_PAGE_SIZE, MODEL_ANNOTATION, PAGE_SIZE_ANNOTATION,
+    check_name, check_version, Settings, CONTEXT_PARALLEL_ANNOTATION, DP_SIZE_ANNOTATION, EAGLE_ANNOTATION,
+    ENGINE_ANNOTATION, ENGINE_VERSION_ANNOTATION, MAX_PAGE_SIZE, MODEL_ANNOTATION, PAGE_SIZE_ANNOTATION,
 };
 use crate::target::{Annotated, DiscoveredPod};
 
@@ -36,7 +36,8 @@ pub struct PodObservation {
 pub struct Rejection {
     pub pod: String,
     /// Metric label: `missing_ip`, `bad_ip`, `bad_dp_size`, `bad_model`, `no_model`,
-    /// `bad_engine`, `bad_page_size`, `bad_engine_version`, `duplicate_id`.
+    /// `bad_engine`, `bad_page_size`, `bad_engine_version`, `bad_eagle`, `bad_context_parallel`,
+    /// `duplicate_id`.
     pub reason: &'static str,
     pub detail: String,
 }
@@ -116,6 +117,31 @@ impl PodObservation {
                 Some(v.to_string())
             }
         };
+        let eagle = match self.annotations.get(EAGLE_ANNOTATION).map(|v| v.trim()) {
+            None => false,
+            Some("true") => true,
+            Some("false") => false,
+            Some(v) => {
+                return Err(reject(
+                    "bad_eagle",
+                    format!("annotation {EAGLE_ANNOTATION}={:?} is not true or false", shorten(v)),
+                ))
+            }
+        };
+        let context_parallel = match self.annotations.get(CONTEXT_PARALLEL_ANNOTATION) {
+            None => 1,
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(n) if (1..=kvindex::MAX_CONTEXT_PARALLEL).contains(&n) => n,
+                _ => {
+                    let detail = format!(
+                        "annotation {CONTEXT_PARALLEL_ANNOTATION}={:?} is not a number from 1 to {}",
+                        shorten(v),
+                        kvindex::MAX_CONTEXT_PARALLEL
+                    );
+                    return Err(reject("bad_context_parallel", detail));
+                }
+            },
+        };
         let annotated = Annotated {
             engine: engine.is_some(),
             page_size: page_size.is_some(),
@@ -134,6 +160,7 @@ impl PodObservation {
             page_size,
             engine_version,
             kv_events_format: None,
+            rules: kvindex::PodRules { eagle, context_parallel },
             annotated,
         }))
     }
@@ -247,6 +274,21 @@ mod tests {
         }
         for bad in ["", "0", "-4", "65537", "16k"] {
             assert_eq!(reason(with(serving("10.0.0.7"), PAGE_SIZE_ANNOTATION, bad)), "bad_page_size", "{bad:?}");
+        }
+        let rules = |p: PodObservation| p.classify(&s).unwrap().unwrap().rules;
+        assert_eq!(plain.rules, kvindex::PodRules::default());
+        let eagle = with(with(serving("10.0.0.7"), EAGLE_ANNOTATION, " true"), CONTEXT_PARALLEL_ANNOTATION, "4");
+        assert_eq!(rules(eagle), kvindex::PodRules { eagle: true, context_parallel: 4 });
+        assert!(!rules(with(serving("10.0.0.7"), EAGLE_ANNOTATION, "false")).eagle);
+        for bad in ["", "yes", "1", "TRUE"] {
+            assert_eq!(reason(with(serving("10.0.0.7"), EAGLE_ANNOTATION, bad)), "bad_eagle", "{bad:?}");
+        }
+        for bad in ["", "0", "65", "2x"] {
+            assert_eq!(
+                reason(with(serving("10.0.0.7"), CONTEXT_PARALLEL_ANNOTATION, bad)),
+                "bad_context_parallel",
+                "{bad:?}"
+            );
         }
         for bad in ["", "0.5 19", "v\n1", &"9".repeat(65)] {
             assert_eq!(

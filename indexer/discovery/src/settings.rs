@@ -16,6 +16,13 @@ pub const ENGINE_ANNOTATION: &str = "kvindex.io/engine";
 pub const PAGE_SIZE_ANNOTATION: &str = "kvindex.io/page-size";
 /// Annotation giving the engine's release (`0.5.19`): which of its release rules apply.
 pub const ENGINE_VERSION_ANNOTATION: &str = "kvindex.io/engine-version";
+/// Annotation saying the engine runs EAGLE/MTP speculative decoding (`true`/`false`): it drops
+/// the last block of every cache hit, so the index credits one engine block less.
+pub const EAGLE_ANNOTATION: &str = "kvindex.io/eagle";
+/// Annotation giving the engine's context-parallel world size (decode times prefill context
+/// parallelism, 1–`kvindex::MAX_CONTEXT_PARALLEL`): its cache hits come in blocks that much
+/// larger.
+pub const CONTEXT_PARALLEL_ANNOTATION: &str = "kvindex.io/context-parallel";
 
 /// Default label selector: llm-d's mark on inference-serving pods.
 pub const DEFAULT_LABEL_SELECTOR: &str = "llm-d.ai/inference-serving=true";

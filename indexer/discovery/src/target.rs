@@ -29,6 +29,9 @@ pub struct DiscoveredPod {
     pub engine_version: Option<String>,
     /// SGLang's `kv_events_config.format` (`default` or `dynamo`, 0.5.22+), from a probe.
     pub kv_events_format: Option<String>,
+    /// What the operator's annotations declare of the engine's cache hits (EAGLE, context
+    /// parallelism); the default when none.
+    pub rules: kvindex::PodRules,
     /// What the pod's annotations fixed: a probe of the engine does not override these.
     pub annotated: Annotated,
 }
@@ -99,6 +102,7 @@ impl DiscoveredPod {
             page_size: None,
             engine_version: None,
             kv_events_format: None,
+            rules: kvindex::PodRules::default(),
             annotated: Annotated::default(),
         }
     }

@@ -29,6 +29,8 @@
 //! - The handles the parts share: [`index_handle`] (index, credits, [`status`], [`clock`]),
 //!   [`readiness`], [`shutdown`]; [`source_series`]: the per-source metric series, which live
 //!   as long as their source.
+//! - [`reservations`]: the routers' shared in-flight load (RecordRoute reservations), a pure
+//!   table the gRPC services hold.
 //! - [`grpc`], [`http`]: the servers; [`tls`]: their TLS / mTLS. [`telemetry`]: metric names and the recorder.
 
 pub mod apply;
@@ -45,6 +47,7 @@ pub mod pods;
 pub mod protocols;
 pub mod readiness;
 pub mod replay;
+pub mod reservations;
 pub mod server;
 pub mod shutdown;
 pub mod sibling;

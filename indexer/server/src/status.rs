@@ -59,6 +59,11 @@ pub struct StreamDebug {
     pub staleness_ms: f64,
     /// Past `max_source_staleness_ms`: not credited in scores until it is back under it.
     pub stale: bool,
+    /// The unit the pod is credited in, in tokens (its engine's block, times its
+    /// context-parallel size: what its events' block sizes and its entry's rules say), and
+    /// whether one unit is dropped from every hit (EAGLE).
+    pub credit_unit_tokens: u32,
+    pub eagle: bool,
     /// The digest of what the index holds for the pod at `last_seq` (`kvindex::index::digest`,
     /// hex), comparable with another replica's; none while a snapshot's or a sibling's
     /// record waits to be proven or is being imported.

@@ -13,6 +13,7 @@ pub const EVENTS: &str = "kvindex_events_total";
 pub const BLOCKS: &str = "kvindex_blocks_total";
 pub const SKIPPED: &str = "kvindex_skipped_blocks_total";
 pub const UNWEIGHTED_TIER_BLOCKS: &str = "kvindex_unweighted_tier_blocks_total";
+pub const BLOCK_SIZE_CHANGES: &str = "kvindex_block_size_changes_total";
 pub const MESSAGES: &str = "kvindex_messages_received_total";
 pub const DECODE_ERRORS: &str = "kvindex_decode_errors_total";
 pub const GAPS: &str = "kvindex_gaps_total";
@@ -81,6 +82,11 @@ pub const SPECULATIVE_BLOCKS: &str = "kvindex_speculative_blocks_total";
 pub const SPECULATIVE_ENTRIES: &str = "kvindex_speculative_entries";
 pub const SPECULATIVE_BYTES: &str = "kvindex_speculative_bytes";
 pub const SPECULATIVE_CLEARED: &str = "kvindex_speculative_cleared_total";
+pub const RESERVATIONS: &str = "kvindex_reservations_total";
+pub const RESERVATIONS_HELD: &str = "kvindex_reservations";
+pub const RESERVATIONS_EXPIRED: &str = "kvindex_reservations_expired_total";
+pub const RESERVATION_RELEASES: &str = "kvindex_reservation_releases_total";
+pub const RELEASE_ROUTE_REQUESTS: &str = "kvindex_release_route_requests_total";
 pub const BOOTSTRAPS: &str = "kvindex_bootstrap_total";
 pub const BOOTSTRAP_SECONDS: &str = "kvindex_bootstrap_seconds";
 pub const BOOTSTRAP_BYTES: &str = "kvindex_bootstrap_bytes";
@@ -131,6 +137,7 @@ pub const METRICS: &[Metric] = &[
     Metric { name: BLOCKS, kind: Counter, labels: &["op"], unit: None, help: "Engine blocks stored / removed by applied events" },
     Metric { name: SKIPPED, kind: Counter, labels: &["reason"], unit: None, help: "Blocks not applied (under-report only), by reason" },
     Metric { name: UNWEIGHTED_TIER_BLOCKS, kind: Counter, labels: &[], unit: None, help: "Engine blocks stored in a tier no weight is known for (held, scored 0)" },
+    Metric { name: BLOCK_SIZE_CHANGES, kind: Counter, labels: &[], unit: None, help: "Stores whose engine block size differs from what the pod stored before in the same KV-cache group and tier since it was last cleared (applied; the pod is credited in the lcm of the sizes)" },
     Metric { name: MESSAGES, kind: Counter, labels: &["socket"], unit: None, help: "ZeroMQ messages received, by socket kind" },
     Metric { name: DECODE_ERRORS, kind: Counter, labels: &["reason"], unit: None, help: "Frames or payloads that could not be decoded, by reason" },
     Metric { name: GAPS, kind: Counter, labels: &["source"], unit: None, help: "Sequence gaps seen, by source pod" },
@@ -199,6 +206,11 @@ pub const METRICS: &[Metric] = &[
     Metric { name: SPECULATIVE_ENTRIES, kind: Gauge, labels: &[], unit: None, help: "Speculative credits held (block, pod)" },
     Metric { name: SPECULATIVE_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Approximate memory of the speculative credits" },
     Metric { name: SPECULATIVE_CLEARED, kind: Counter, labels: &["reason"], unit: None, help: "Speculative credits ended early, by reason (pod cleared, degraded, removed)" },
+    Metric { name: RESERVATIONS, kind: Counter, labels: &["bound", "result"], unit: None, help: "RecordRoute reservations (shared in-flight load) taken, renewed, released before they came, or refused (by the bound: table, pod, caller; or unknown_pod, disabled)" },
+    Metric { name: RESERVATIONS_HELD, kind: Gauge, labels: &[], unit: None, help: "RecordRoute reservations held (requests in flight reserved by routers)" },
+    Metric { name: RESERVATIONS_EXPIRED, kind: Counter, labels: &[], unit: None, help: "RecordRoute reservations that reached their TTL unreleased (a router died or lost its indexer)" },
+    Metric { name: RESERVATION_RELEASES, kind: Counter, labels: &["part", "result"], unit: None, help: "ReleaseRoute releases by part (prefill, request) and whether they found their reservation" },
+    Metric { name: RELEASE_ROUTE_REQUESTS, kind: Counter, labels: &["outcome"], unit: None, help: "ReleaseRoute requests, by outcome" },
     Metric { name: BOOTSTRAPS, kind: Counter, labels: &["outcome"], unit: None, help: "Bootstraps from a sibling (--bootstrap-from), by outcome: loaded, or why not (then the replica starts as without it)" },
     Metric { name: BOOTSTRAP_SECONDS, kind: Histogram, labels: &[], unit: Some(Unit::Seconds), help: "Time to stream and verify a sibling's index" },
     Metric { name: BOOTSTRAP_BYTES, kind: Gauge, labels: &[], unit: Some(Unit::Bytes), help: "Bytes the last bootstrap received" },

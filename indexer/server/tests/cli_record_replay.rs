@@ -31,8 +31,11 @@ fn replay(file: &Path, extra: &[&str]) -> Value {
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("replay output {stdout:?}: {e}"))
 }
 
+/// The token ids of a query for `tokens` and one token more, as `Peer::score` asks the live
+/// server: the engine computes a prompt's last token, so only then can every block of `tokens`
+/// be credited.
 fn ids(tokens: &[u32]) -> String {
-    tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    tokens.iter().chain(&[0]).map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// `kvindex record` in central mode; its `KVINDEX_LISTENING` line gives its addresses.

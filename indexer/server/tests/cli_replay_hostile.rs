@@ -21,8 +21,10 @@ fn chain(k: u32, blocks: usize) -> Vec<u32> {
     (0..(blocks * BLOCK) as u32).map(|j| 1 + k * 10_000 + j).collect()
 }
 
+/// The token ids of a query for `tokens` and one token more: the engine computes a prompt's
+/// last token, so only then can every block of `tokens` be credited.
 fn ids(tokens: &[u32]) -> String {
-    tokens.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+    tokens.iter().chain(&[0]).map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// A `KVEventBatch` storing `tokens` as one chain (map-form events, as vLLM 0.33 sends them).

@@ -190,5 +190,8 @@ fn a_flood_of_large_queries_is_shed_while_small_ones_are_answered() {
             && server.metric("kvindex_grpc_queued_tokens", &[]) == 0.0)
             .then_some(())
     });
-    assert_eq!(peer.score_pod(MODEL, &large, A), (16_384, "EXACT".to_string()));
+    // The prompt is as long as max_tokens allows, and exactly the held blocks: all but the
+    // last block (the engine computes the last token).
+    let r = peer.score_exactly(MODEL, &large, &[A]);
+    assert_eq!((&r["scores"][0]["matched_blocks"], &r["scores"][0]["state"]), (&json!(16_383), &json!("EXACT")), "{r}");
 }

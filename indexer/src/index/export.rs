@@ -17,6 +17,13 @@
 //! A hybrid engine's KV-cache groups (sliding-window or Mamba groups holding blocks off paths
 //! they do not hold) are carried too: each group's kind and block size, which scoring needs,
 //! and its engine blocks under the group's own namespace root, with the path they hang off.
+//!
+//! So are the pod's engine units (see `units`): the block sizes its events stored per group
+//! and tier since it was last cleared, which may be larger than its remaining blocks show (a
+//! stream that changed block size). A restored pod is never credited at a smaller unit than
+//! before. An export without units (written before they were recorded) is restored with the
+//! units its engine blocks' spans show, as the live index would have learnt them from their
+//! stores.
 
 use std::collections::hash_map::Entry;
 
@@ -27,6 +34,7 @@ use super::engine_blocks::EngineBlocks;
 use super::ingest::{GroupKind, GroupSpec, MAX_GROUPS};
 use super::tiers::{TierId, MAX_TIERS};
 use super::tree::{HeldBlock, ParentKey, Pos};
+use super::units::lcm;
 use super::KvIndex;
 use crate::keys::BlockKey;
 
@@ -42,6 +50,18 @@ pub struct PodExport {
     /// What the engine said about each KV-cache group, by index (None = never seen). Empty
     /// or one full-attention group: a plain engine.
     pub groups: Vec<Option<GroupExport>>,
+    /// The engine units per KV-cache group and tier (empty: an export made before units were
+    /// recorded; restored from the blocks' spans).
+    pub units: Vec<UnitExport>,
+}
+
+/// The engine unit of one KV-cache group in one tier: the least common multiple of the engine
+/// block sizes (in canonical blocks) the pod stored there since it was last cleared.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitExport {
+    pub group: u32,
+    pub tier: String,
+    pub blocks: u32,
 }
 
 /// One KV-cache group, as the engine described it.
@@ -255,7 +275,13 @@ impl KvIndex {
         }
         let tiers = (0..self.tiers.count() as u8).map(|t| self.tiers.name(TierId(t))).collect();
         let groups = state.groups().iter().map(|g| g.as_ref().map(GroupExport::of)).collect();
-        Some(PodExport { pod: pod.to_string(), model: state.model().to_string(), tiers, blocks, groups })
+        let units = state
+            .units()
+            .slots()
+            .iter()
+            .map(|&(group, tier, blocks)| UnitExport { group, tier: self.tiers.name(TierId(tier)), blocks })
+            .collect();
+        Some(PodExport { pod: pod.to_string(), model: state.model().to_string(), tiers, blocks, groups, units })
     }
 
     /// Every exported pod's residencies (see `export_pod`), by pod name.
@@ -316,6 +342,31 @@ impl KvIndex {
         state.restore_groups(&groups);
         if state.take_groups_changed() {
             self.publish_plan(state.pod(), Some(state.groups()));
+        }
+        // The units before any block, so that no block is scored at a smaller one.
+        if export.units.is_empty() {
+            // Per tier, the spans of the blocks held there (group 0: an export without units
+            // does not say which group a block is in; a hybrid pod aligns to every group's).
+            let mut spans: [u32; MAX_TIERS] = [0; MAX_TIERS];
+            for (block, &(mask, _)) in blocks.iter().zip(&masks) {
+                for (t, unit) in spans.iter_mut().enumerate() {
+                    if mask & (1 << t) != 0 {
+                        *unit = lcm(*unit, block.keys.len().max(1) as u32);
+                    }
+                }
+            }
+            for (t, &unit) in spans.iter().enumerate().filter(|(_, &u)| u > 0) {
+                state.restore_unit(0, TierId(t as u8), unit);
+            }
+        }
+        for unit in &export.units {
+            // A tier that cannot be named here holds nothing here; its unit still counts (a
+            // larger unit only under-reports).
+            let tier = self.tiers.intern(Some(&unit.tier)).unwrap_or(TierId::GPU);
+            state.restore_unit(unit.group.min(MAX_GROUPS as u32 - 1), tier, unit.blocks);
+        }
+        if let Some(cut) = state.take_cut_change() {
+            self.publish_cut(&mut state, cut);
         }
         let tree = &self.tree;
         let id = state.pod();

@@ -10,19 +10,26 @@
 //! - sliding window of `w` tokens (group block `b` tokens): the `cdiv(w - 1, b)` group blocks
 //!   before `L` are held (or every block, when `L` is shorter than that);
 //! - Mamba: the group block ending at `L` is held;
-//! - `L` is a multiple of the group's block.
+//! - `L` is a multiple of the group's block, and of the pod's unit (see `units`: the block
+//!   sizes its events carried in every group and tier, times its context-parallel size).
 //!
 //! The coordinator starts from the longest hit the prompt allows (`num_tokens - 1` tokens) and
 //! lets each group cut it down to the longest length it can serve, until no group cuts it:
 //! the longest length all groups can serve. Groups whose kind the engine does not name (vLLM
 //! before 0.22) are held to the full-attention rule, which every kind vLLM caches accepts, so
 //! it can only under-report; a pod with a group kind kvindex does not model is not scored.
+//!
+//! With EAGLE, vLLM drops the last block of every group's hit, and a sliding-window group
+//! needs one more contiguous block to keep one after the drop: scored here as windows one group
+//! block longer, and the coordinated length less one step. vLLM's releases differ in how they
+//! combine the drop across groups; this rule is never longer than any of them.
 
 use crate::index::ingest::{GroupKind, GroupSpec};
 use crate::index::pods::PodId;
 use crate::index::score::PodMatch;
 use crate::index::tiers::{Tiers, MAX_TIERS};
 use crate::index::tree::Span;
+use crate::index::units::{lcm, Cut};
 
 /// What scoring needs to know about a pod's engine: its KV-cache groups.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,37 +140,32 @@ fn longest(rule: Rule, held: &[(u32, u32)], max: u32, step: u32) -> u32 {
     }
 }
 
-fn gcd(a: u32, b: u32) -> u32 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
 /// A pod's hybrid match: the longest prefix of at most `max_blocks` canonical blocks that
 /// every group of `plan` can serve, given what the pod holds per group (`held[g]`, same
-/// indices as `plan.order()`). `None` when the pod is not scored (a group kind not modelled).
+/// indices as `plan.order()`), a multiple of `cut`'s unit, less a step with EAGLE. `None` when
+/// the pod is not scored (a group kind not modelled).
 pub fn coordinate(
     pod: PodId,
     plan: &GroupPlan,
     held: &[Held],
     max_blocks: u32,
     block_size: u32,
+    cut: Cut,
     weights: &[f64; MAX_TIERS],
 ) -> Option<PodMatch> {
     let order = plan.order();
     let mut rules = Vec::with_capacity(order.len());
-    let mut step = 1u32;
+    let mut step = cut.unit.max(1);
     for &g in &order {
         let spec = plan.groups[g as usize].expect("ordered groups are known");
         let ratio = (spec.block_tokens / block_size.max(1)).max(1);
-        step = step / gcd(step, ratio) * ratio;
+        step = lcm(step, ratio);
         let rule = match spec.kind {
             GroupKind::Full | GroupKind::AsFull => Rule::Full,
             GroupKind::SlidingWindow { tokens } => {
                 let group_block = ratio * block_size;
-                Rule::Window(tokens.saturating_sub(1).div_ceil(group_block) * ratio)
+                let eagle = if cut.eagle { ratio } else { 0 };
+                Rule::Window(tokens.saturating_sub(1).div_ceil(group_block) * ratio + eagle)
             }
             GroupKind::Mamba => Rule::Mamba,
             GroupKind::Unscored => return None,
@@ -180,6 +182,9 @@ pub fn coordinate(
         if len == start || len == 0 {
             break;
         }
+    }
+    if cut.eagle {
+        len = len.saturating_sub(step);
     }
     let mut m = PodMatch::new(pod);
     if len == 0 {
@@ -220,7 +225,8 @@ mod tests {
         let plan = GroupPlan { groups: plan.to_vec() };
         let order = plan.order();
         let h: Vec<Held> = order.iter().map(|&g| held(held_by_group[g as usize])).collect();
-        coordinate(PodId(0), &plan, &h, max, 16, &Tiers::new().weights()).map_or(u32::MAX, |m| m.matched_blocks)
+        coordinate(PodId(0), &plan, &h, max, 16, Cut::default(), &Tiers::new().weights())
+            .map_or(u32::MAX, |m| m.matched_blocks)
     }
 
     const FULL: GroupKind = GroupKind::Full;

@@ -19,6 +19,7 @@ use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, TierRefusal, Tiers, MAX_TIERS};
 use super::tree::{EditStats, HeldBlock, ParentKey, Pos, Stored, Tree};
+use super::units::{lcm, Cut, EngineUnits, PodRules};
 use crate::keys::extra_keys::encode_block_extras;
 use crate::keys::{block_key, block_keys, namespace_of, namespace_root, BlockKey, Extras};
 use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
@@ -151,6 +152,12 @@ pub struct PodIngest {
     hash_check: Verification,
     /// Stamped by the index whenever this pod's residencies may change (see `KvIndex::pod_version`).
     version: u64,
+    /// The engine block sizes stored per group and tier (see `units`).
+    units: EngineUnits,
+    /// The operator's rules for this pod (a copy of the index's, under this pod's lock).
+    rules: PodRules,
+    /// The cut last published for scoring.
+    published_cut: Cut,
     /// Per tier, the wrapping sum of the pod's residency hashes (see `digest`).
     digest: [u64; MAX_TIERS],
 }
@@ -180,8 +187,75 @@ impl PodIngest {
             stores_seen: 0,
             hash_check: Verification::default(),
             version: 0,
+            units: EngineUnits::default(),
+            rules: PodRules::default(),
+            published_cut: Cut::default(),
             digest: [0; MAX_TIERS],
         }
+    }
+
+    /// The pod's engine units (see `units`).
+    pub fn units(&self) -> &EngineUnits {
+        &self.units
+    }
+
+    pub(super) fn rules(&self) -> PodRules {
+        self.rules
+    }
+
+    pub(super) fn set_rules(&mut self, rules: PodRules) {
+        self.rules = rules;
+    }
+
+    /// How this pod's matches are cut now: its unit (group 0's for a plain engine, every
+    /// group's for a hybrid one, which the coordinator aligns to) times its context-parallel
+    /// size, and its EAGLE rule.
+    pub fn cut(&self) -> Cut {
+        self.cut_with(1)
+    }
+
+    /// [`cut`](Self::cut), with the unit also a multiple of `extra`.
+    fn cut_with(&self, extra: u32) -> Cut {
+        let base = if super::hybrid::GroupPlan::is_plain(&self.groups) { self.units.plain() } else { self.units.all() };
+        Cut { unit: lcm(base, extra).saturating_mul(self.rules.context_parallel.max(1)), eagle: self.rules.eagle }
+    }
+
+    /// The cut that covers this pod while `batch` is applied: its stores may bring engine
+    /// blocks of a size not noted yet, and no reader may see one of their blocks under a
+    /// smaller unit. `None` when that is the cut already published.
+    pub(super) fn cut_for_batch(&self, block_size: usize, batch: &EventBatch<'_>) -> Option<Cut> {
+        let plain = super::hybrid::GroupPlan::is_plain(&self.groups);
+        let mut extra = 1;
+        for event in &batch.events {
+            if let Event::BlockStored(s) = event {
+                let bs = s.block_size.and_then(|b| usize::try_from(b).ok()).unwrap_or(0);
+                let full = s.token_ids.as_ref().is_some_and(|t| !t.is_empty());
+                if full && bs > 0 && bs.is_multiple_of(block_size) && (!plain || s.group_idx.unwrap_or(0) == 0) {
+                    extra = lcm(extra, u32::try_from(bs / block_size).unwrap_or(u32::MAX));
+                }
+            }
+        }
+        let cut = self.cut_with(extra);
+        (cut != self.published_cut).then_some(cut)
+    }
+
+    /// The cut to publish now, if it changed since it was last published (noted as published).
+    pub(super) fn take_cut_change(&mut self) -> Option<Cut> {
+        let cut = self.cut();
+        (cut != self.published_cut).then(|| {
+            self.published_cut = cut;
+            cut
+        })
+    }
+
+    /// Notes `cut` as published (one that covers the current one, for a batch being applied).
+    pub(super) fn note_published(&mut self, cut: Cut) {
+        self.published_cut = cut;
+    }
+
+    /// For the export facade's import: the units a snapshot recorded (per group, tier id).
+    pub(super) fn restore_unit(&mut self, group: u32, tier: TierId, blocks: u32) {
+        self.units.note(group, tier.0, blocks);
     }
 
     /// See `KvIndex::pod_version`.
@@ -450,7 +524,12 @@ impl PodIngest {
             _ => return report.skip(SkipReason::BlockSizeMismatch, blocks),
         };
         if engine_bs % ctx.block_size != 0 {
+            report.refused_block_size = Some(engine_bs as u64);
             return report.skip(SkipReason::BlockSizeMismatch, blocks);
+        }
+        let per_block_units = u32::try_from(engine_bs / ctx.block_size).unwrap_or(u32::MAX);
+        if self.units.note(ev.group_idx.unwrap_or(0) as u32, tier.0, per_block_units) {
+            report.block_size_changes += 1;
         }
         // Which blocks of the event's token range it holds: all of them, or for a sparse store
         // (a sliding-window group's, which names only the blocks it kept) the ones its hashes
@@ -831,6 +910,9 @@ impl PodIngest {
                 continue;
             };
             let count = self.spans.get(&scoped).copied().unwrap_or(1);
+            if self.units.note(ev.group_idx.unwrap_or(0) as u32, tier.0, count) {
+                report.block_size_changes += 1;
+            }
             let gains = count > 1 && !self.covers.is_empty() && tree.tiers_at(last, self.pod, guard) & tier.bit() == 0;
             let (stats, refused) = tree.retier(self.pod, last, count, tier.bit(), guard);
             self.note_stats(&stats);
@@ -1046,6 +1128,7 @@ impl PodIngest {
         self.indexed = false;
         self.tier_blocks = [0; MAX_TIERS];
         self.blocks = 0;
+        self.units.clear();
         self.digest = [0; MAX_TIERS];
         stats.lost
     }

@@ -2,19 +2,21 @@
 //! the operations on them (apply, clear, remove, score). Its own file so that the parts it is
 //! built from, and `export`, which adds to it, name it without naming `mod.rs`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crossbeam_epoch::{self as epoch, Atomic, Owned};
+use crossbeam_epoch::{self as epoch, Guard};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use super::hybrid::{coordinate, GroupPlan, Held};
 use super::ingest::{GroupSpec, IngestContext, PodIngest};
 use super::pods::{PodId, Pods};
-use super::score::{score, PodFilter, PodMatch};
+use super::published::Published;
+use super::score::{score, score_in_units, PodFilter, PodMatch};
 use super::tiers::{Tiers, MAX_TIERS};
 use super::tree::{BlockHashes, Tree};
+use super::units::{cap_blocks, Cut, PodRules};
 use crate::keys::{namespace_of, namespace_root, PromptKeys};
 use crate::vllm_hash::Verification;
 use crate::wire::EventBatch;
@@ -37,7 +39,7 @@ pub struct ScoreQuery<'a> {
 pub struct ScoreResult {
     /// Full canonical blocks in the prompt.
     pub total_blocks: u32,
-    /// Pods holding at least block 0 (among the filtered pods), sorted by pod id.
+    /// Pods credited at least one block (among the filtered pods), sorted by pod id.
     pub matches: Vec<PodMatch>,
 }
 
@@ -60,21 +62,21 @@ pub struct KvIndex {
     pub(super) states: RwLock<FxHashMap<PodId, Arc<Mutex<PodIngest>>>>,
     /// KV-cache groups of pods whose engine is not plain full attention in group 0, for
     /// scoring without taking any pod's lock (replaced whole when a pod's groups change).
-    pub(super) plans: Atomic<FxHashMap<PodId, GroupPlan>>,
-    pub(super) plans_writer: Mutex<()>,
-    pub(super) any_plan: AtomicBool,
+    pub(super) plans: Published<GroupPlan>,
+    /// How the matches of pods whose engine reuses more than a canonical block at a time, or
+    /// drops a block for EAGLE, are cut (see `units`); pods with the default cut are absent.
+    pub(super) cuts: Published<Cut>,
+    /// The operator's rules per pod (only pods with rules other than the default), kept
+    /// across clears, forgotten by `remove_pod`.
+    rules: Mutex<FxHashMap<PodId, PodRules>>,
     /// The last version stamped on a pod (see `pod_version`).
     pub(super) versions: AtomicU64,
 }
 
-impl Drop for KvIndex {
-    fn drop(&mut self) {
-        // SAFETY: dropping the index: no reader remains.
-        unsafe {
-            drop(self.plans.load(Ordering::Relaxed, epoch::unprotected()).try_into_owned());
-        }
-    }
-}
+/// How often a score is retried when a pod's cut was published while it walked (rare: a cut
+/// changes on a pod's first store of a new block size), before the pods whose cut moved are
+/// left out of it.
+const SCORE_TRIES: usize = 4;
 
 impl KvIndex {
     pub fn new(config: KvIndexConfig) -> Self {
@@ -84,9 +86,9 @@ impl KvIndex {
             pods: Pods::new(),
             tiers: Tiers::with_weights(config.tier_limits, config.tier_classes),
             states: RwLock::new(FxHashMap::default()),
-            plans: Atomic::new(FxHashMap::default()),
-            plans_writer: Mutex::new(()),
-            any_plan: AtomicBool::new(false),
+            plans: Published::default(),
+            cuts: Published::default(),
+            rules: Mutex::new(FxHashMap::default()),
             versions: AtomicU64::new(0),
             config,
         }
@@ -145,6 +147,9 @@ impl KvIndex {
             self.publish_plan(id, None);
         }
         let mut fresh = PodIngest::new(id, Arc::from(model));
+        fresh.set_rules(self.rules.lock().get(&id).copied().unwrap_or_default());
+        // What is published for the pod stays until the new state publishes its own.
+        fresh.note_published(self.cuts.load(&epoch::pin()).get(&id).copied().unwrap_or_default());
         self.stamp(&mut fresh);
         let state = Arc::new(Mutex::new(fresh));
         states.insert(id, state.clone());
@@ -168,28 +173,81 @@ impl KvIndex {
         if state.take_groups_changed() {
             self.publish_plan(state.pod(), Some(state.groups()));
         }
-        state.apply_batch(ctx, &self.tree, batch)
+        // The batch's engine blocks may be larger than the pod's unit so far: the unit that
+        // covers them is published before any of them can be scored, the exact one after.
+        if let Some(cut) = state.cut_for_batch(self.config.block_size, batch) {
+            self.publish_cut(&mut state, cut);
+        }
+        let report = state.apply_batch(ctx, &self.tree, batch);
+        if let Some(cut) = state.take_cut_change() {
+            self.publish_cut(&mut state, cut);
+        }
+        report
     }
 
     /// Records (or with `None`, forgets) a pod's KV-cache groups for scoring.
     pub(super) fn publish_plan(&self, pod: PodId, groups: Option<&[Option<GroupSpec>]>) {
-        let _writer = self.plans_writer.lock();
-        let guard = epoch::pin();
-        // SAFETY: replaced only below (swap + defer_destroy), never null.
-        let current = unsafe { self.plans.load(Ordering::Acquire, &guard).deref() };
         let plan = groups.filter(|g| !GroupPlan::is_plain(g)).map(|g| GroupPlan { groups: g.to_vec() });
-        if current.get(&pod) == plan.as_ref() {
-            return;
+        self.plans.set(pod, plan);
+    }
+
+    /// Publishes `cut` as `state`'s pod's (under its lock, so a pod's cuts publish in order).
+    pub(super) fn publish_cut(&self, state: &mut PodIngest, cut: Cut) {
+        state.note_published(cut);
+        self.cuts.set(state.pod(), (!cut.is_trivial()).then_some(cut));
+    }
+
+    /// Sets what the operator declares about `pod`'s engine (EAGLE, context parallelism; see
+    /// [`PodRules`]). Kept across clears and restarts of the pod's stream, forgotten by
+    /// [`remove_pod`](Self::remove_pod). Rules that do not validate are refused.
+    pub fn set_pod_rules(&self, pod: &str, rules: PodRules) -> Result<(), String> {
+        rules.validate()?;
+        let Some(id) = self.pods.intern(pod) else { return Err("no room for another pod name".to_string()) };
+        {
+            let mut all = self.rules.lock();
+            if rules == PodRules::default() {
+                all.remove(&id);
+            } else {
+                all.insert(id, rules);
+            }
         }
-        let mut next = current.clone();
-        match plan {
-            Some(plan) => next.insert(pod, plan),
-            None => next.remove(&pod),
-        };
-        self.any_plan.store(!next.is_empty(), Ordering::Release);
-        let old = self.plans.swap(Owned::new(next), Ordering::AcqRel, &guard);
-        // SAFETY: unlinked by the swap; readers that loaded it are pinned.
-        unsafe { guard.defer_destroy(old) };
+        let state = self.states.read().get(&id).cloned();
+        if let Some(state) = state {
+            let mut state = state.lock();
+            if state.rules() != rules {
+                state.set_rules(rules);
+                if let Some(cut) = state.take_cut_change() {
+                    self.publish_cut(&mut state, cut);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The operator's rules for `pod` (the default when none were set).
+    pub fn pod_rules(&self, pod: &str) -> PodRules {
+        self.pods.get(pod).and_then(|id| self.rules.lock().get(&id).copied()).unwrap_or_default()
+    }
+
+    /// The unit `pod` is credited in, in tokens (its engine's reusable block, times its
+    /// context-parallel size), and whether it drops a unit for EAGLE. A pod that never stored a
+    /// block has the canonical block as its unit.
+    pub fn credit_unit(&self, pod: &str) -> (u32, bool) {
+        let cut = self.cut_of(pod);
+        (cut.unit.saturating_mul(self.config.block_size as u32), cut.eagle)
+    }
+
+    fn cut_of(&self, pod: &str) -> Cut {
+        let Some(id) = self.pods.get(pod) else { return Cut::default() };
+        let guard = epoch::pin();
+        self.cuts.load(&guard).get(&id).copied().unwrap_or_default()
+    }
+
+    /// What `pod` can be credited of a run of `blocks` canonical blocks of a prompt of
+    /// `num_tokens` tokens: whole units of its engine, never the last token, less a unit with
+    /// EAGLE. For credit computed outside the index (RecordRoute's speculative runs).
+    pub fn cut_credit(&self, pod: &str, blocks: u32, num_tokens: usize) -> u32 {
+        self.cut_of(pod).credit(blocks, cap_blocks(num_tokens, self.config.block_size))
     }
 
     /// Drops everything `pod` holds; its ingest state starts empty. Returns entries removed.
@@ -225,9 +283,14 @@ impl KvIndex {
             Some(s) => {
                 s.lock().clear(&self.tree);
                 self.publish_plan(id, None);
+                self.cuts.set(id, None);
+                self.rules.lock().remove(&id);
                 true
             }
-            None => false,
+            None => {
+                self.rules.lock().remove(&id);
+                false
+            }
         }
     }
 
@@ -253,12 +316,16 @@ impl KvIndex {
     }
 
     /// Scores a prompt. Hashing, lookups and the walk; no allocation per block beyond the keys.
+    ///
+    /// Every pod is credited at most `⌊(num_tokens - 1) / block_size⌋` blocks (the engine
+    /// computes the prompt's last token), in whole units of its engine (see `units`).
     pub fn score(&self, q: &ScoreQuery<'_>) -> ScoreResult {
         let bs = self.config.block_size;
         let total_blocks = (q.token_ids.len() / bs) as u32;
         let namespace = namespace_of(q.model, q.lora_name, None);
         let root = namespace_root(&namespace, 0);
-        let mut keys = PromptQuery(PromptKeys::new(q.token_ids, bs, q.cache_salt));
+        let cap = cap_blocks(q.token_ids.len(), bs);
+        let mut keys = PromptQuery { keys: PromptKeys::new(q.token_ids, bs, q.cache_salt), cap: cap as usize };
         let weights = self.tiers.weights();
         let filter_ids: Option<Vec<PodId>> = q.pods.map(|names| {
             let mut ids: Vec<PodId> = names.iter().filter_map(|n| self.pods.get(n)).collect();
@@ -270,32 +337,54 @@ impl KvIndex {
             None => PodFilter::All,
             Some(ids) => PodFilter::Only(ids),
         };
-        let mut matches = if matches!(filter, PodFilter::Only(ids) if ids.is_empty()) {
-            Vec::new()
-        } else {
-            score(&self.tree, root, &mut keys, filter, &weights)
-        };
-        if self.any_plan.load(Ordering::Acquire) {
-            self.score_hybrid(&namespace, q.token_ids.len(), &mut keys, filter, &weights, &mut matches);
+        if matches!(filter, PodFilter::Only(ids) if ids.is_empty()) {
+            return ScoreResult { total_blocks, matches: Vec::new() };
         }
-        ScoreResult { total_blocks, matches }
+        let guard = epoch::pin();
+        // The cuts are read before the walk and again after it: a cut is published before any
+        // block it covers is stored, so if none was published meanwhile, every block the walk
+        // saw is covered by the cuts it used. Else the score is taken again.
+        let mut cuts = self.cuts.load(&guard);
+        for attempt in 1..=SCORE_TRIES {
+            let mut matches = if cuts.is_empty() {
+                score(&self.tree, root, &mut keys, filter, &weights)
+            } else {
+                score_in_units(&self.tree, root, &mut keys, filter, &weights, |pod| cuts.get(&pod).copied())
+            };
+            if self.plans.any() {
+                self.score_hybrid(&namespace, cap, &mut keys, filter, &weights, cuts, &guard, &mut matches);
+            }
+            let after = self.cuts.load(&guard);
+            if std::ptr::eq(after, cuts) {
+                return ScoreResult { total_blocks, matches };
+            }
+            if attempt == SCORE_TRIES {
+                // Still moving: the pods whose cut moved are not credited this time.
+                matches.retain(|m| cuts.get(&m.pod) == after.get(&m.pod));
+                return ScoreResult { total_blocks, matches };
+            }
+            cuts = after;
+        }
+        unreachable!("the last attempt returns")
     }
 
     /// Replaces the matches of pods with hybrid engines by what vLLM's coordinator would serve
     /// them: per group, what they hold along the prompt's chain, then the longest prefix every
-    /// group can serve (capped, as vLLM caps it, at the prompt's tokens minus one).
+    /// group can serve (capped, as vLLM caps it, at the prompt's tokens minus one), in whole
+    /// units of the pod's cut.
+    #[allow(clippy::too_many_arguments)]
     fn score_hybrid(
         &self,
         namespace: &str,
-        tokens: usize,
+        cap: u32,
         keys: &mut PromptQuery<'_>,
         filter: PodFilter<'_>,
         weights: &[f64; MAX_TIERS],
+        cuts: &FxHashMap<PodId, Cut>,
+        guard: &Guard,
         matches: &mut Vec<PodMatch>,
     ) {
-        let guard = epoch::pin();
-        // SAFETY: replaced by swap + defer_destroy only, never null.
-        let plans = unsafe { self.plans.load(Ordering::Acquire, &guard).deref() };
+        let plans = self.plans.load(guard);
         let mut pods: Vec<(PodId, &GroupPlan, Vec<u32>)> = plans
             .iter()
             .filter(|(pod, _)| filter.admits(**pod))
@@ -307,7 +396,6 @@ impl KvIndex {
         pods.sort_unstable_by_key(|p| p.0);
         matches.retain(|m| pods.binary_search_by_key(&m.pod, |p| p.0).is_err());
         let bs = self.config.block_size;
-        let cap = (tokens.saturating_sub(1) / bs) as u32;
         let mut groups: Vec<u32> = pods.iter().flat_map(|p| p.2.iter().copied()).collect();
         groups.sort_unstable();
         groups.dedup();
@@ -327,7 +415,8 @@ impl KvIndex {
         for (i, (pod, plan, order)) in pods.iter().enumerate() {
             let mine: Vec<Held> =
                 order.iter().map(|g| held[i][groups.binary_search(g).expect("collected")].clone()).collect();
-            if let Some(m) = coordinate(*pod, plan, &mine, cap, bs as u32, weights) {
+            let cut = cuts.get(pod).copied().unwrap_or_default();
+            if let Some(m) = coordinate(*pod, plan, &mine, cap, bs as u32, cut, weights) {
                 if m.matched_blocks > 0 {
                     matches.push(m);
                 }
@@ -337,16 +426,20 @@ impl KvIndex {
     }
 }
 
-/// A prompt's block keys as the tree walk asks for them.
-struct PromptQuery<'a>(PromptKeys<'a>);
+/// A prompt's block keys as the tree walk asks for them: no further than `cap` blocks, past
+/// which no pod can be credited.
+struct PromptQuery<'a> {
+    keys: PromptKeys<'a>,
+    cap: usize,
+}
 
 impl BlockHashes for PromptQuery<'_> {
     fn len(&self) -> usize {
-        self.0.blocks()
+        self.keys.blocks().min(self.cap)
     }
     #[inline]
     fn get(&mut self, i: usize) -> u64 {
-        self.0.key(i)
+        self.keys.key(i)
     }
 }
 
@@ -354,20 +447,153 @@ impl BlockHashes for PromptQuery<'_> {
 mod tests {
     use super::*;
     use crate::index::report::SkipReason;
+    use crate::index::PodExport;
     use crate::wire::{BlockStored, EngineHash, Event};
 
     fn store(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> EventBatch<'static> {
+        store_sized(hashes, parent, tokens, 2, None)
+    }
+
+    fn store_sized(
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        block_size: i64,
+        medium: Option<&'static str>,
+    ) -> EventBatch<'static> {
         EventBatch {
             ts: 0.0,
             events: vec![Event::BlockStored(BlockStored {
                 block_hashes: hashes.iter().map(|&h| EngineHash::Uint(h)).collect(),
                 parent_block_hash: parent.map(EngineHash::Uint),
                 token_ids: Some(tokens),
-                block_size: Some(2),
+                block_size: Some(block_size),
+                medium,
                 ..Default::default()
             })],
             data_parallel_rank: Some(0),
         }
+    }
+
+    /// Canonical blocks of 2 tokens; each pod's matches for prompts sharing `k` tokens of
+    /// `0..` and then differing, `n` tokens long.
+    fn shared(index: &KvIndex, pod: &str, k: u32, n: u32) -> u32 {
+        let prompt: Vec<u32> = (0..n).map(|t| if t < k { t } else { 1000 + t }).collect();
+        matched(index, pod, "m", &prompt)
+    }
+
+    #[test]
+    fn a_pod_is_credited_whole_engine_blocks_and_never_the_last_token() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        // Engine blocks of 8 tokens (4 canonical blocks), two of them; and a pod of 2.
+        index.apply("big", "m", &store_sized(&[1, 2], None, (0..16).collect(), 8, None));
+        index.apply("small", "m", &store_sized(&[1, 2, 3, 4, 5, 6, 7, 8], None, (0..16).collect(), 2, None));
+        assert_eq!(index.credit_unit("big"), (8, false));
+        assert_eq!(index.credit_unit("small"), (2, false));
+        for k in 0..=16u32 {
+            for n in [k, k + 1, 20] {
+                // What the engine serves: whole engine blocks of the shared prefix, at most n - 1.
+                let engine = |e: u32| k.min(n.saturating_sub(1)) / e * e;
+                assert_eq!(shared(&index, "big", k, n) * 2, engine(8), "big, k {k} n {n}");
+                assert_eq!(shared(&index, "small", k, n) * 2, engine(2), "small, k {k} n {n}");
+            }
+        }
+        // A prompt of exactly the held blocks: the last token is computed, so one block less.
+        assert_eq!(matched(&index, "small", "m", &(0..16).collect::<Vec<_>>()), 7);
+        assert_eq!(matched(&index, "big", "m", &(0..16).collect::<Vec<_>>()), 4);
+        assert_eq!(matched(&index, "big", "m", &(0..17).collect::<Vec<_>>()), 8);
+        let q =
+            ScoreQuery { model: "m", lora_name: None, cache_salt: None, token_ids: &[0, 1, 2, 3, 4, 5, 6], pods: None };
+        let r = index.score(&q);
+        assert_eq!(r.total_blocks, 3);
+        assert_eq!(r.matches.iter().map(|m| m.matched_blocks).collect::<Vec<_>>(), [3], "big is credited nothing");
+    }
+
+    #[test]
+    fn eagle_drops_a_unit_and_context_parallelism_multiplies_it() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        index.apply("a", "m", &store_sized(&[1, 2, 3, 4], None, (0..16).collect(), 4, None));
+        assert_eq!(shared(&index, "a", 16, 20), 8);
+        let eagle = PodRules { eagle: true, context_parallel: 1 };
+        index.set_pod_rules("a", eagle).unwrap();
+        assert_eq!(index.pod_rules("a"), eagle);
+        assert_eq!((shared(&index, "a", 16, 20), shared(&index, "a", 9, 20), shared(&index, "a", 7, 20)), (6, 2, 0));
+        assert_eq!(index.cut_credit("a", 8, 20), 6);
+        index.set_pod_rules("a", PodRules { eagle: false, context_parallel: 2 }).unwrap();
+        assert_eq!(index.credit_unit("a"), (8, false));
+        assert_eq!((shared(&index, "a", 16, 20), shared(&index, "a", 15, 20)), (8, 4));
+        assert!(index.set_pod_rules("a", PodRules { eagle: false, context_parallel: 0 }).is_err());
+        // Rules outlive a clear and a restart of the stream, not the pod's removal.
+        index.clear_pod("a");
+        assert_eq!(index.pod_rules("a").context_parallel, 2);
+        // Rules set before the pod has any state apply to its first store.
+        index.set_pod_rules("b", eagle).unwrap();
+        index.apply("b", "m", &store_sized(&[1, 2], None, (0..4).collect(), 2, None));
+        assert_eq!(shared(&index, "b", 4, 9), 1);
+        assert!(index.remove_pod("a"));
+        assert_eq!(index.pod_rules("a"), PodRules::default());
+        index.apply("a", "m", &store_sized(&[1, 2], None, (0..4).collect(), 2, None));
+        assert_eq!(shared(&index, "a", 4, 9), 2);
+    }
+
+    #[test]
+    fn a_stream_that_changes_block_size_is_cut_to_the_lcm_and_counted() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        let r = index.apply("a", "m", &store_sized(&[1], None, (0..4).collect(), 4, None));
+        assert_eq!(r.block_size_changes, 0);
+        // The same chain continued in blocks of 3 canonical blocks: the unit is now 6.
+        let r = index.apply("a", "m", &store_sized(&[2], Some(1), (4..10).collect(), 6, None));
+        assert_eq!((r.block_size_changes, r.stored_blocks), (1, 1));
+        assert_eq!(index.credit_unit("a"), (12, false));
+        assert_eq!(shared(&index, "a", 10, 20), 0, "5 blocks held, a unit of 6");
+        // Another tier has a unit of its own: not a change.
+        let r = index.apply("a", "m", &store_sized(&[7], None, (0..8).collect(), 8, Some("CPU")));
+        assert_eq!(r.block_size_changes, 0);
+        assert_eq!(index.credit_unit("a"), (24, false), "the lcm over the tiers");
+        // A restart clears the pod: a new block size is its unit.
+        index.clear_pod("a");
+        assert_eq!(index.credit_unit("a"), (24, false), "until a store says otherwise");
+        let r = index.apply("a", "m", &store_sized(&[1, 2], None, (0..8).collect(), 4, None));
+        assert_eq!(r.block_size_changes, 0);
+        assert_eq!(index.credit_unit("a"), (4, false));
+        assert_eq!(shared(&index, "a", 8, 20), 4);
+        // A block size that is not a multiple of the canonical one is refused, unit unchanged.
+        let r = index.apply("a", "m", &store_sized(&[9], None, (0..3).collect(), 3, None));
+        assert_eq!((r.skipped(SkipReason::BlockSizeMismatch), r.block_size_changes), (1, 0));
+        assert_eq!(r.refused_block_size, Some(3));
+        assert_eq!(index.credit_unit("a"), (4, false));
+    }
+
+    #[test]
+    fn units_survive_an_export_and_old_exports_restore_them_from_spans() {
+        let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        index.apply("a", "m", &store_sized(&[1], None, (0..4).collect(), 4, None));
+        index.apply("a", "m", &store_sized(&[2], None, (10..16).collect(), 6, None));
+        index.apply(
+            "a",
+            "m",
+            &EventBatch {
+                ts: 0.0,
+                events: vec![Event::BlockRemoved(crate::wire::BlockRemoved {
+                    block_hashes: vec![EngineHash::Uint(2)],
+                    ..Default::default()
+                })],
+                data_parallel_rank: None,
+            },
+        );
+        assert_eq!(index.credit_unit("a"), (12, false), "the blocks of 3 are gone, the unit stays");
+        let export = index.export_pod("a").unwrap();
+        let restored = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        restored.import_pod(&export);
+        assert_eq!(restored.credit_unit("a"), (12, false));
+        assert_eq!(shared(&restored, "a", 4, 9), 0);
+        // An export without units (an older snapshot) takes its blocks' spans.
+        let old = PodExport { units: Vec::new(), ..export };
+        let restored = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
+        restored.import_pod(&old);
+        assert_eq!(restored.credit_unit("a"), (4, false));
+        assert_eq!(shared(&restored, "a", 4, 9), 2);
+        assert_eq!(shared(&restored, "a", 3, 9), 0);
     }
 
     fn matched(index: &KvIndex, pod: &str, model: &str, tokens: &[u32]) -> u32 {
@@ -393,10 +619,10 @@ mod tests {
     fn a_pod_that_switches_models_starts_empty() {
         let index = KvIndex::new(KvIndexConfig { block_size: 2, ..Default::default() });
         index.apply("a", "m1", &store(&[1], None, vec![1, 2]));
-        assert_eq!(matched(&index, "a", "m1", &[1, 2]), 1);
+        assert_eq!(matched(&index, "a", "m1", &[1, 2, 0]), 1);
         index.apply("a", "m2", &store(&[9], None, vec![5, 6]));
-        assert_eq!(matched(&index, "a", "m1", &[1, 2]), 0);
-        assert_eq!(matched(&index, "a", "m2", &[5, 6]), 1);
+        assert_eq!(matched(&index, "a", "m1", &[1, 2, 0]), 0);
+        assert_eq!(matched(&index, "a", "m2", &[5, 6, 0]), 1);
         assert_eq!(index.table().entries(), 1);
     }
 
@@ -406,8 +632,8 @@ mod tests {
         index.apply("a", "m", &store(&[1, 2], None, vec![1, 2, 3, 4]));
         index.apply("b", "m", &store(&[1, 2], None, vec![1, 2, 3, 4]));
         assert_eq!(index.clear_pod("a"), 2);
-        assert_eq!(matched(&index, "a", "m", &[1, 2, 3, 4]), 0);
-        assert_eq!(matched(&index, "b", "m", &[1, 2, 3, 4]), 2);
+        assert_eq!(matched(&index, "a", "m", &[1, 2, 3, 4, 0]), 0);
+        assert_eq!(matched(&index, "b", "m", &[1, 2, 3, 4, 0]), 2);
         assert!(index.remove_pod("b"));
         assert!(!index.remove_pod("b"));
         assert_eq!((index.table().entries(), index.table().keys()), (0, 0));

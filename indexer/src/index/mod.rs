@@ -1,7 +1,8 @@
 //! The index: [`KvIndex`], the pure core's entry point, over the chain [`tree`] of block
 //! residencies. Events reach the tree through per-pod [`ingest`] and prompts are answered by
-//! [`score`] (and, for engines with several KV-cache groups, by [`hybrid`]); [`pods`] and
-//! [`tiers`] intern the names a residency records.
+//! [`score`] (and, for engines with several KV-cache groups, by [`hybrid`]), credited in the
+//! [`units`] each pod's engine can reuse; [`pods`] and [`tiers`] intern the names a residency
+//! records.
 //!
 //! Writers apply one pod's batches under that pod's lock, so a source's operations apply in its
 //! order while different pods proceed in parallel; readers score without taking any lock.
@@ -16,16 +17,19 @@ pub mod hybrid;
 pub mod ingest;
 mod kv_index;
 pub mod pods;
+mod published;
 pub mod report;
 pub mod score;
 pub mod tiers;
 pub mod tree;
+pub mod units;
 
 pub use self::config::KvIndexConfig;
 pub use self::digest::PodDigest;
 pub use self::engine_blocks::{BlockRef, ChainParent, ColumnError, Columns, EngineBlocks};
-pub use self::export::{GroupExport, ImportReport, PodExport};
+pub use self::export::{GroupExport, ImportReport, PodExport, UnitExport};
 pub use self::ingest::HashCheck;
 pub use self::kv_index::{KvIndex, PodStats, ScoreQuery, ScoreResult};
 pub use self::report::{ApplyReport, SkipReason};
 pub use self::tiers::{TierClass, TierLimits, TierWeights};
+pub use self::units::{Cut, PodRules, MAX_CONTEXT_PARALLEL};

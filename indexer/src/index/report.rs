@@ -81,6 +81,13 @@ pub struct ApplyReport {
     /// Engine blocks stored in a tier no weight is known for (a name outside llm-d's classes
     /// and not configured): held, but scored 0.
     pub unweighted_tier_blocks: u64,
+    /// Stores whose engine block size differs from what the pod stored before in the same
+    /// KV-cache group and tier since it was last cleared: applied, and the pod is credited in
+    /// units of the least common multiple of the sizes (never past either one).
+    pub block_size_changes: u64,
+    /// The last engine block size (tokens) refused as not a multiple of the canonical block
+    /// (`block_size_mismatch`), for the error that names it.
+    pub refused_block_size: Option<u64>,
 }
 
 impl ApplyReport {
@@ -105,5 +112,7 @@ impl ApplyReport {
         }
         self.hash_check.merge(&other.hash_check);
         self.unweighted_tier_blocks += other.unweighted_tier_blocks;
+        self.block_size_changes += other.block_size_changes;
+        self.refused_block_size = other.refused_block_size.or(self.refused_block_size);
     }
 }

@@ -1,7 +1,8 @@
 //! An independent reference of what a vLLM engine holds, built from its events' token
 //! prefixes (no hashing, no code shared with the index): what a query must score, by vLLM's
 //! rules (full attention alone, or the hybrid coordinator's when the engine publishes several
-//! KV-cache groups or a group that is not full attention). Shared by the core's in-process
+//! KV-cache groups or a group that is not full attention), in whole units of the engine's
+//! blocks and never the prompt's last token. Shared by the core's in-process
 //! vectors test and the server's end-to-end tests (included there with `#[path]`), so both hold
 //! the index to the same model.
 #![allow(dead_code)]
@@ -20,6 +21,9 @@ pub struct Reference {
     pub blocks: HashMap<u64, RefBlock>,
     /// KV-cache groups the engine published: kind, sliding window, largest block size stored.
     pub groups: BTreeMap<u32, (Option<String>, Option<i64>, usize)>,
+    /// Per (group, tier): the least common multiple of the engine block sizes (in canonical
+    /// blocks) stored there since the last clear: the engine reuses its blocks whole.
+    pub units: BTreeMap<(u32, String), usize>,
 }
 
 pub struct RefBlock {
@@ -44,15 +48,23 @@ impl Reference {
                 }
                 let tier = s.medium.unwrap_or("GPU").to_ascii_uppercase();
                 let tokens = s.token_ids.clone().unwrap_or_default();
+                let group_idx = s.group_idx.unwrap_or(0) as u32;
                 if tokens.is_empty() {
                     for h in &s.block_hashes {
                         if let Some(b) = self.blocks.get_mut(&h.key()) {
                             b.tiers.insert(tier.clone());
+                            let span = b.prefixes.len();
+                            let unit = self.units.entry((group_idx, tier.clone())).or_insert(1);
+                            *unit = lcm(*unit, span);
                         }
                     }
                     return;
                 }
                 let bs = s.block_size.unwrap_or(0) as usize;
+                if bs > 0 && bs.is_multiple_of(BLOCK) {
+                    let unit = self.units.entry((group_idx, tier.clone())).or_insert(1);
+                    *unit = lcm(*unit, bs / BLOCK);
+                }
                 let (mut prefix, mut special) = match &s.parent_block_hash {
                     None => (Vec::new(), None),
                     Some(p) => match self.blocks.get(&p.key()) {
@@ -96,7 +108,10 @@ impl Reference {
                     }
                 }
             }
-            Event::AllBlocksCleared { .. } => self.blocks.clear(),
+            Event::AllBlocksCleared { .. } => {
+                self.blocks.clear();
+                self.units.clear();
+            }
             Event::Unknown { .. } => {}
         }
     }
@@ -116,23 +131,31 @@ impl Reference {
         self.groups.keys().all(|&g| g == 0) && self.groups.get(&0).is_none_or(|g| full(&g.0))
     }
 
+    /// The unit a plain engine is credited in: the lcm over the tiers of group 0.
+    fn plain_unit(&self) -> usize {
+        self.units.iter().filter(|((g, _), _)| *g == 0).fold(1, |a, (_, &u)| lcm(a, u))
+    }
+
     /// Expected matched blocks for a plain query.
     pub fn expected(&self, query: &[u32]) -> u32 {
+        // vLLM caps a hit at the prompt's tokens minus one.
+        let cap = query.len().saturating_sub(1) / BLOCK;
         if self.plain() {
             let held = self.plain_prefixes(0);
             let mut n = 0;
             while (n + 1) * BLOCK <= query.len() && held.contains(&query[..(n + 1) * BLOCK]) {
                 n += 1;
             }
-            return n as u32;
+            let unit = self.plain_unit();
+            return (n.min(cap) / unit * unit) as u32;
         }
-        // vLLM caps a hit at the prompt's tokens minus one and serves the longest length every
-        // group can serve; lengths are multiples of every group's block.
+        // The longest length every group can serve; lengths are multiples of every group's
+        // block (and of every unit stored).
         let ratio = |g: &(Option<String>, Option<i64>, usize)| (g.2 / BLOCK).max(1);
-        let step = self.groups.values().map(ratio).fold(1, |a, r| a * r / gcd(a, r));
+        let units = self.units.values().fold(1, |a, &u| lcm(a, u));
+        let step = self.groups.values().map(ratio).fold(units, lcm);
         let held: BTreeMap<u32, HashSet<Vec<u32>>> = self.groups.keys().map(|&g| (g, self.plain_prefixes(g))).collect();
         let has = |g: u32, l: usize| l == 0 || held[&g].contains(&query[..l * BLOCK]);
-        let cap = query.len().saturating_sub(1) / BLOCK;
         'lengths: for l in (0..=cap).rev().filter(|l| l % step == 0) {
             for (&g, spec) in &self.groups {
                 let ok = match spec.0.as_deref() {
@@ -157,6 +180,10 @@ impl Reference {
         }
         0
     }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    a / gcd(a, b) * b
 }
 
 fn gcd(a: usize, b: usize) -> usize {

@@ -123,6 +123,7 @@ impl World {
             speculative_ttl: Duration::ZERO,
             record_route_timeout: Duration::from_millis(250),
             indexer_admin_token: None,
+            reservation_ttl: Duration::ZERO,
             models: [MODEL.to_string()].into(),
             loras: Default::default(),
             allow_client_chat_template: false,

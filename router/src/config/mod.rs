@@ -194,9 +194,16 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2000, value_name = "MS")]
     pub speculative_ttl_ms: u64,
     /// A RecordRoute call (sent in the background, never delaying the request) is abandoned
-    /// after this.
+    /// after this; so is a ReleaseRoute call.
     #[arg(long, default_value_t = 250, value_name = "MS")]
     pub record_route_timeout_ms: u64,
+    /// Shared in-flight load: each request is reserved on every indexer (in its RecordRoute)
+    /// for at most this long, and released at its first response byte (its prefill) and its
+    /// end; the cost then counts every router's requests. The TTL ends the reservations of a
+    /// router that dies. 0 = off (this router's own counts only). Needs
+    /// --indexer-admin-token-file.
+    #[arg(long, default_value_t = 30_000, value_name = "MS")]
+    pub reservation_ttl_ms: u64,
     #[command(flatten)]
     pub client_templates: ClientTemplateArgs,
     /// Log format: `text` or `json` (one object per line).
@@ -268,6 +275,8 @@ pub struct Config {
     pub upstream_connect_timeout: Duration,
     pub speculative_ttl: Duration,
     pub record_route_timeout: Duration,
+    /// Each request's reservation on the indexers; zero = off.
+    pub reservation_ttl: Duration,
     pub log_format: LogFormat,
     /// Budgets of client-supplied chat templates (`--allow-client-chat-template`); `None`:
     /// refused.
@@ -623,6 +632,7 @@ impl ServeArgs {
             upstream_connect_timeout: positive_ms("--upstream-connect-timeout-ms", self.upstream_connect_timeout_ms)?,
             speculative_ttl: Duration::from_millis(self.speculative_ttl_ms),
             record_route_timeout: positive_ms("--record-route-timeout-ms", self.record_route_timeout_ms)?,
+            reservation_ttl: Duration::from_millis(self.reservation_ttl_ms),
             log_format: self.log_format,
             client_chat_templates,
             ext_proc: self.ext_proc.into_config(check_host_port, self.max_body_bytes)?,

@@ -1,5 +1,6 @@
 //! The pods a request may go to, and each as the cost model and the decision see it: its load
-//! now (scraped plus this router's own requests), what the indexer said it holds, and its
+//! now (scraped plus this router's own requests, or every router's requests as the indexer
+//! counts their reservations, whichever is more), what the indexer said it holds, and its
 //! rendezvous weight for the prompt. One place for both the scored path and the load-only one
 //! (a request without a body at the endpoint picker), so they cannot drift apart.
 //!
@@ -14,7 +15,7 @@ use std::time::Instant;
 use kvindex_proto::kvindex::v1 as pb;
 
 use super::cost::Candidate;
-use super::decision::PodChoice;
+use super::decision::{combined, CreditUnit, PodChoice, SharedLoad};
 use super::rendezvous;
 use crate::error::RouteError;
 use crate::pods::fleet::{Fleet, Pod, PodDp};
@@ -50,13 +51,14 @@ pub struct Field {
     pub choices: Vec<PodChoice>,
 }
 
-/// What the indexer said one entry holds: exact matched blocks, speculative credit, and the
-/// state of the stream they came from.
+/// What the indexer said one entry holds: exact matched blocks, speculative credit, the state
+/// of the stream they came from, and the unit its engine reuses.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Held {
     matched: u32,
     speculative: u32,
     state: Option<&'static str>,
+    unit: CreditUnit,
 }
 
 impl Held {
@@ -65,6 +67,7 @@ impl Held {
             matched: p.matched_blocks,
             speculative: p.speculative_blocks,
             state: state_label(p.state),
+            unit: CreditUnit { tokens: p.credit_unit_tokens, eagle: p.eagle },
         })
     }
 }
@@ -89,26 +92,35 @@ pub fn balancer_ranks(pod: &Pod, engines: u32) -> Option<Cow<'_, [String]>> {
 /// rank may serve the request, so the pod is credited what every rank holds, never more: the
 /// least matched, and a speculative credit only where every rank holds or was credited past
 /// that (the least of each rank's larger of the two). A rank the indexer did not name holds
-/// nothing. The state is the state of a rank holding the least.
+/// nothing. The state is the state of a rank holding the least; the unit is one every rank's
+/// engine reuses whole (the least common multiple of theirs, EAGLE if any rank runs it).
 fn balanced(ranks: &[String], by_pod: &HashMap<&str, &pb::PodScore>) -> Held {
     let held: Vec<Held> = ranks.iter().map(|id| Held::of(by_pod.get(id.as_str()))).collect();
     let Some(least) = held.iter().min_by_key(|h| h.matched).copied() else { return Held::default() };
     let credited = held.iter().map(|h| h.matched.max(h.speculative)).min().unwrap_or(0);
-    Held { speculative: if credited > least.matched { credited } else { 0 }, ..least }
+    let unit = held.iter().fold(CreditUnit::default(), |u, h| CreditUnit {
+        tokens: kvindex::index::units::lcm(u.tokens, h.unit.tokens),
+        eagle: u.eagle || h.unit.eagle,
+    });
+    Held { speculative: if credited > least.matched { credited } else { 0 }, unit, ..least }
 }
 
 /// The field of `pods` now, with the indexer's answer (`None`: placed by load, nothing held),
-/// the prompt's rendezvous `key`, and the block size of the indexer's answer (the unit a pod's
+/// every router's reserved load (`None`: own counts only), the prompt's rendezvous `key`, and
+/// the block size of the indexer's answer (the unit a pod's
 /// KV capacity, reported in tokens, is counted in against `--kv-reference-blocks`).
 pub fn gather(
     fleet: &Fleet,
     pods: &[Arc<Pod>],
     scores: Option<&pb::ScoreTokensResponse>,
+    shared: Option<&pb::InFlight>,
     key: u64,
     block_size: usize,
 ) -> Field {
     let by_pod: HashMap<&str, &pb::PodScore> =
         scores.iter().flat_map(|r| r.scores.iter()).map(|p| (p.pod.as_str(), p)).collect();
+    let shared_by_pod: HashMap<&str, &pb::PodInFlight> =
+        shared.iter().flat_map(|s| s.pods.iter()).map(|p| (p.pod.as_str(), p)).collect();
     let now = Instant::now();
     let stale = fleet.stale_after();
     let mut candidates: Vec<Candidate> = Vec::with_capacity(pods.len());
@@ -120,11 +132,19 @@ pub fn gather(
             None => Held::of(by_pod.get(pod.id.as_str())),
         };
         let (matched, speculative) = (held.matched, held.speculative);
+        // A pod the indexer lists no reservation for has none (when it answers at all).
+        let shared = shared.map(|_| {
+            shared_by_pod.get(pod.id.as_str()).map_or(SharedLoad::default(), |p| SharedLoad {
+                requests: p.requests,
+                prefill_blocks: p.prefill_blocks,
+            })
+        });
+        let (requests, queued_prefill_blocks) = combined(&load, shared);
         candidates.push(Candidate {
             matched_blocks: matched,
             speculative_blocks: speculative,
-            queued_prefill_blocks: load.queued_prefill_blocks as f64,
-            running: load.load - load.waiting.unwrap_or(0.0),
+            queued_prefill_blocks: queued_prefill_blocks as f64,
+            running: requests - load.waiting.unwrap_or(0.0),
             waiting: load.waiting.unwrap_or(0.0),
             kv_usage: load.kv_usage,
             kv_blocks: load.kv_tokens.map(|tokens| tokens / block_size.max(1) as u64),
@@ -139,12 +159,14 @@ pub fn gather(
             speculative_blocks: speculative,
             cached_blocks: 0,
             source_state: held.state,
+            credit_unit: held.unit,
             cost: 0.0,
             kv_weight: 0.0,
             kv_cost: 0.0,
             over_kv_cutoff: false,
             in_band: false,
             load,
+            shared,
             handle: Some(pod.clone()),
         });
     }
@@ -201,14 +223,38 @@ mod tests {
             }],
             ..Default::default()
         };
-        let field = gather(&two, &pods, Some(&answer), 7, 16);
+        let field = gather(&two, &pods, Some(&answer), None, 7, 16);
         assert_eq!(field.candidates[0].matched_blocks, 0);
         assert_eq!((field.candidates[1].matched_blocks, field.candidates[1].speculative_blocks), (3, 5));
         assert_eq!(field.choices[1].source_state, Some("STALE"));
         assert_eq!(field.candidates[1].rendezvous, rendezvous::weight(7, "b:1"));
-        let by_load = gather(&two, &pods, None, 0, 16);
+        let by_load = gather(&two, &pods, None, None, 0, 16);
         assert!(by_load.candidates.iter().all(|c| c.matched_blocks == 0 && c.speculative_blocks == 0));
         assert!(by_load.choices.iter().all(|c| c.source_state.is_none()));
+    }
+
+    #[test]
+    fn every_routers_reservations_raise_the_load_and_never_lower_it() {
+        let two = fleet(&["a:1", "b:1"]);
+        let pods = eligible(&two, None).unwrap();
+        let a = two.get("a:1").unwrap();
+        // This router: two requests on a, one with 30 blocks still to prefill; no scrape yet.
+        let _first = two.begin(&a, 30);
+        let _second = two.begin(&a, 0);
+        let shared =
+            pb::InFlight { pods: vec![pb::PodInFlight { pod: "b:1".into(), requests: 3, prefill_blocks: 50 }] };
+        let field = gather(&two, &pods, None, Some(&shared), 0, 16);
+        // a: the indexer lists no reservation (its own have not landed): own counts stand.
+        assert_eq!((field.candidates[0].running, field.candidates[0].queued_prefill_blocks), (2.0, 30.0));
+        assert_eq!(field.choices[0].shared, Some(SharedLoad::default()));
+        // b: the other routers' three requests and their prefill.
+        assert_eq!((field.candidates[1].running, field.candidates[1].queued_prefill_blocks), (3.0, 50.0));
+        assert_eq!(field.choices[1].shared, Some(SharedLoad { requests: 3, prefill_blocks: 50 }));
+        assert_eq!(field.choices[1].requests(), 3.0);
+        // Without the shared view: own counts only, and nothing to show.
+        let own = gather(&two, &pods, None, None, 0, 16);
+        assert_eq!((own.candidates[1].running, own.candidates[1].queued_prefill_blocks), (0.0, 0.0));
+        assert!(own.choices.iter().all(|c| c.shared.is_none()));
     }
 
     fn score(pod: &str, matched: u32, speculative: u32) -> pb::PodScore {
@@ -223,7 +269,7 @@ mod tests {
         let pods = eligible(&fleet, None).unwrap();
         let held = |scores: Vec<pb::PodScore>| {
             let answer = pb::ScoreTokensResponse { scores, ..Default::default() };
-            let c = gather(&fleet, &pods, Some(&answer), 0, 16).candidates[0];
+            let c = gather(&fleet, &pods, Some(&answer), None, 0, 16).candidates[0];
             (c.matched_blocks, c.speculative_blocks)
         };
         assert_eq!(held(vec![score("h:30000", 5, 0), score("h:30001", 3, 0), score("h:30002", 4, 0)]), (3, 0));
@@ -233,6 +279,16 @@ mod tests {
         assert_eq!(held(scores), (3, 5));
         let scores = vec![score("h:30000", 3, 0), score("h:30001", 3, 0), score("h:30002", 3, 9)];
         assert_eq!(held(scores), (3, 0));
+        // Any rank may serve: the prediction is cut in a unit every rank's engine reuses whole.
+        let unit = |pod: &str, tokens: u32, eagle: bool| pb::PodScore {
+            credit_unit_tokens: tokens,
+            eagle,
+            ..score(pod, 12, 0)
+        };
+        let scores = vec![unit("h:30000", 64, false), unit("h:30001", 48, true), unit("h:30002", 16, false)];
+        let answer = pb::ScoreTokensResponse { scores, ..Default::default() };
+        let choice = &gather(&fleet, &pods, Some(&answer), None, 0, 16).choices[0];
+        assert_eq!(choice.credit_unit, CreditUnit { tokens: 192, eagle: true });
     }
 
     #[test]
@@ -240,7 +296,7 @@ mod tests {
         let fleet = fleet(&["h:30000"]);
         let pods = eligible(&fleet, None).unwrap();
         let answer = pb::ScoreTokensResponse { scores: vec![score("h:30000", 5, 0)], ..Default::default() };
-        let matched = || gather(&fleet, &pods, Some(&answer), 0, 16).candidates[0].matched_blocks;
+        let matched = || gather(&fleet, &pods, Some(&answer), None, 0, 16).candidates[0].matched_blocks;
         assert_eq!(matched(), 5, "until its /metrics says otherwise, one engine");
         let load = crate::pods::engine_load::EngineLoad { engines: 2, ..Default::default() };
         pods[0].scraped(load, Instant::now());
@@ -254,7 +310,7 @@ mod tests {
         let pods = eligible(&fleet, None).unwrap();
         let load = crate::pods::engine_load::EngineLoad { kv_tokens: Some(20_480), ..Default::default() };
         pods[0].scraped(load, Instant::now());
-        assert_eq!(gather(&fleet, &pods, None, 0, 16).candidates[0].kv_blocks, Some(1280));
-        assert_eq!(gather(&fleet, &pods, None, 0, 64).candidates[0].kv_blocks, Some(320));
+        assert_eq!(gather(&fleet, &pods, None, None, 0, 16).candidates[0].kv_blocks, Some(1280));
+        assert_eq!(gather(&fleet, &pods, None, None, 0, 64).candidates[0].kv_blocks, Some(320));
     }
 }

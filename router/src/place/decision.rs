@@ -44,6 +44,8 @@ pub struct PodChoice {
     pub cached_blocks: u32,
     /// The indexer's view of the pod's event stream (EXACT, STALE, DEGRADED), if scored.
     pub source_state: Option<&'static str>,
+    /// The unit the indexer credits the pod in (its engine's reusable block), if scored.
+    pub credit_unit: CreditUnit,
     pub cost: f64,
     /// What a full KV cache costs on this pod (the KV weight scaled by its capacity).
     pub kv_weight: f64,
@@ -52,11 +54,50 @@ pub struct PodChoice {
     pub over_kv_cutoff: bool,
     pub in_band: bool,
     pub load: LoadView,
+    /// Every router's requests on the pod, as the indexer counts their reservations (`None`:
+    /// not known, own counts only); the cost uses the larger of this and `load`.
+    pub shared: Option<SharedLoad>,
     #[serde(skip)]
     pub handle: Option<Arc<Pod>>,
 }
 
+/// How much of a prefix a pod's engine reuses at a time, as the indexer reported it
+/// (`PodScore.credit_unit_tokens`, `PodScore.eagle`): whole engine blocks of `tokens`, one
+/// fewer with EAGLE. `tokens` 0: not reported (the canonical block).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CreditUnit {
+    pub tokens: u32,
+    pub eagle: bool,
+}
+
+/// A pod's load as every router reserved it on the indexer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SharedLoad {
+    /// Requests whose response has not ended.
+    pub requests: u32,
+    /// Their uncached prompt blocks without a first response byte yet.
+    pub prefill_blocks: u64,
+}
+
+/// The load the cost uses: requests (running + waiting) and queued prefill blocks, each the
+/// larger of this router's view (the scrape plus its requests since, or its own in-flight count;
+/// its own unanswered prefill) and every router's reservations. Both are floors of the truth:
+/// the scrape is up to an interval old and this router's own counts miss its siblings' requests,
+/// while the reservations miss what reached the pod another way (and this router's newest
+/// request until its reservation lands).
+pub fn combined(load: &LoadView, shared: Option<SharedLoad>) -> (f64, u64) {
+    match shared {
+        None => (load.load, load.queued_prefill_blocks),
+        Some(s) => (load.load.max(f64::from(s.requests)), load.queued_prefill_blocks.max(s.prefill_blocks)),
+    }
+}
+
 impl PodChoice {
+    /// Requests on the pod as the cost counts them ([`combined`]).
+    pub fn requests(&self) -> f64 {
+        combined(&self.load, self.shared).0
+    }
+
     /// The endpoint a gateway knows the pod by: its configured id, which for a rank the router
     /// names is not the rank's own id.
     pub fn endpoint(&self) -> &str {
@@ -79,12 +120,14 @@ impl PodChoice {
             speculative_blocks: 0,
             cached_blocks: cached,
             source_state: None,
+            credit_unit: CreditUnit::default(),
             cost: 0.0,
             kv_weight: 0.0,
             kv_cost: 0.0,
             over_kv_cutoff: false,
             in_band: false,
             load: LoadView::unscraped(load),
+            shared: None,
             handle: None,
         }
     }
@@ -209,7 +252,7 @@ impl OverlapOutcome {
     }
 }
 
-/// `pod:cached/total[(spec n)],load=..[,queued_prefill=blocks][,kv=usage[/capacity tok],kv_cost=..],cost=..[,flags]`:
+/// `pod:cached/total[(spec n)],load=..[,queued_prefill=blocks][,shared=requests/blocks][,kv=usage[/capacity tok],kv_cost=..],cost=..[,flags]`:
 /// enough to recompute the cost by hand (the KV term is `kv_cost`, the rest is the
 /// documented weights times the numbers shown).
 fn summarize(out: &mut String, c: &PodChoice, total: u32) {
@@ -217,9 +260,13 @@ fn summarize(out: &mut String, c: &PodChoice, total: u32) {
     if c.speculative_blocks > c.matched_blocks {
         let _ = write!(out, "(spec {})", c.speculative_blocks);
     }
-    let _ = write!(out, ",load={}", c.load.load);
-    if c.load.queued_prefill_blocks > 0 {
-        let _ = write!(out, ",queued_prefill={}", c.load.queued_prefill_blocks);
+    let (requests, queued_prefill) = combined(&c.load, c.shared);
+    let _ = write!(out, ",load={requests}");
+    if queued_prefill > 0 {
+        let _ = write!(out, ",queued_prefill={queued_prefill}");
+    }
+    if let Some(shared) = c.shared {
+        let _ = write!(out, ",shared={}/{}", shared.requests, shared.prefill_blocks);
     }
     if let Some(kv) = c.load.kv_usage {
         let _ = write!(out, ",kv={kv:.2}");

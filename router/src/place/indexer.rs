@@ -154,10 +154,20 @@ impl IndexerPool {
         self.deadline
     }
 
-    /// The endpoint to use for calls that can wait (RecordRoute): the last one that answered.
-    pub fn preferred_client(&self) -> Option<IndexerClient<Channel>> {
-        let n = self.endpoints.len();
-        (n > 0).then(|| self.endpoints[self.preferred.load(Ordering::Relaxed) % n].client.clone())
+    /// Every endpoint's client, in `--indexer` order (the release queues, one per endpoint).
+    pub fn clients(&self) -> Vec<IndexerClient<Channel>> {
+        self.endpoints.iter().map(|e| e.client.clone()).collect()
+    }
+
+    /// The endpoints in rotation (not failed or timing out), by their position in `--indexer`,
+    /// with their clients: where a pick is recorded and reserved.
+    pub fn live_clients(&self) -> Vec<(usize, IndexerClient<Channel>)> {
+        self.endpoints.iter().enumerate().filter(|(_, e)| !e.is_down()).map(|(i, e)| (i, e.client.clone())).collect()
+    }
+
+    /// How many endpoints `--indexer` lists.
+    pub fn len(&self) -> usize {
+        self.endpoints.len()
     }
 
     /// Opens every connection now (in the background), so the first request does not pay a

@@ -2,8 +2,9 @@
 //! file: the request's target (model, LoRA) → [`tokenize`] → score ([`indexer`], within the
 //! deadline, else load only) → [`candidates`] (load now, what each pod holds) → [`cost`] →
 //! [`pick`] → a [`Decision`], and the one decision line ([`log`]). Committing a decision marks
-//! the request in flight on its pod and asks the indexer for speculative credit ([`record`]),
-//! so the next sibling request routed by any replica sees it. The doors call [`Router::route`]
+//! the request in flight on its pod and asks the indexers for speculative credit ([`record`]),
+//! so the next sibling request routed by any replica sees it, and reserves the request there
+//! ([`reserve`]), so every replica's cost counts it until its first byte and its end. The doors call [`Router::route`]
 //! (or [`Router::rank_by_load`] for a request with no prompt) and [`Router::commit`]; nothing
 //! here knows HTTP or ext_proc.
 
@@ -17,6 +18,7 @@ pub mod pick;
 pub mod record;
 pub mod rendezvous;
 pub mod request;
+pub mod reserve;
 pub mod tokenize;
 
 use std::collections::{HashMap, HashSet};
@@ -37,6 +39,7 @@ use indexer::IndexerPool;
 use pd::Pools;
 use record::Recorder;
 use request::{Prompt, RouteRequest};
+use reserve::Reservations;
 use tokenize::{TokenizeError, Tokenizers, Unavailable};
 
 /// What the pipeline needs beyond the pods: the placement rule and the limits.
@@ -54,6 +57,9 @@ pub struct RouterSettings {
     pub record_route_timeout: Duration,
     /// The indexers' admin token, which RecordRoute needs; `None` = RecordRoute off.
     pub indexer_admin_token: Option<IndexerToken>,
+    /// The TTL of each request's reservation on the indexers (shared in-flight load); zero =
+    /// no reservations, own counts only.
+    pub reservation_ttl: Duration,
     /// Served model names; empty = any.
     pub models: HashSet<String>,
     /// adapter → base model.
@@ -74,6 +80,7 @@ impl RouterSettings {
             speculative_ttl: config.speculative_ttl,
             record_route_timeout: config.record_route_timeout,
             indexer_admin_token: config.indexer_admin_token.clone(),
+            reservation_ttl: config.reservation_ttl,
             models: config.served_models().into_iter().collect(),
             loras: config.loras.iter().cloned().collect(),
             allow_client_chat_template: config.client_chat_templates.is_some(),
@@ -87,6 +94,8 @@ pub struct Router {
     indexer: IndexerPool,
     fleet: Arc<Fleet>,
     recorder: Recorder,
+    /// Each request reserved on the indexers; `None`: off (own counts only).
+    reservations: Option<Reservations>,
     next_id: AtomicU64,
     block_size_warned: AtomicBool,
 }
@@ -191,16 +200,24 @@ impl Clock {
 
 impl Router {
     pub fn new(settings: RouterSettings, tokenizers: Tokenizers, indexer: IndexerPool, fleet: Arc<Fleet>) -> Router {
-        if !settings.speculative_ttl.is_zero() && !indexer.is_empty() && settings.indexer_admin_token.is_none() {
+        let wanted = !settings.speculative_ttl.is_zero() || !settings.reservation_ttl.is_zero();
+        if wanted && !indexer.is_empty() && settings.indexer_admin_token.is_none() {
             tracing::info!(
-                "predict on route (RecordRoute) is off: the indexer takes it only with its admin token \
-                 (--indexer-admin-token-file)"
+                "predict on route and the shared in-flight load (RecordRoute) are off: the indexer takes them \
+                 only with its admin token (--indexer-admin-token-file)"
             );
         }
         let recorder = Recorder::new(
             settings.speculative_ttl,
             settings.record_route_timeout,
             settings.indexer_admin_token.clone(),
+            indexer.len(),
+        );
+        let reservations = Reservations::start(
+            &indexer,
+            settings.indexer_admin_token.as_ref(),
+            settings.reservation_ttl,
+            settings.record_route_timeout,
         );
         Router {
             settings,
@@ -208,6 +225,7 @@ impl Router {
             indexer,
             fleet,
             recorder,
+            reservations,
             next_id: AtomicU64::new(0),
             block_size_warned: AtomicBool::new(false),
         }
@@ -271,7 +289,8 @@ impl Router {
             (None, Err(_)) => 0,
         };
         let key = tie_key(&target.namespace, request, &tokens, scores.block_size);
-        let field = candidates::gather(&self.fleet, &pods, scores.response.as_ref(), key, scores.block_size);
+        let shared = self.shared_load(scores.response.as_ref());
+        let field = candidates::gather(&self.fleet, &pods, scores.response.as_ref(), shared, key, scores.block_size);
         let s = &self.settings;
         let pick = pick::pick(&field, pools.as_ref(), total_blocks, &s.weights, s.policy, s.load_band);
         count_kv_cutoff(&pick.ranked);
@@ -299,7 +318,7 @@ impl Router {
     /// any: the same candidates and rule as [`Router::route`] with nothing cached.
     pub fn rank_by_load(&self, subset: Option<&[String]>) -> Result<Vec<Arc<Pod>>, RouteError> {
         let pods = candidates::eligible(&self.fleet, subset)?;
-        let field = candidates::gather(&self.fleet, &pods, None, 0, self.settings.block_size);
+        let field = candidates::gather(&self.fleet, &pods, None, None, 0, self.settings.block_size);
         let ranked = cost::rank(&field.candidates, 0, &self.settings.weights, Policy::LoadOnly);
         Ok(ranked.into_iter().map(|r| pods[r.index].clone()).collect())
     }
@@ -385,6 +404,14 @@ impl Router {
         scores
     }
 
+    /// Every router's reserved load, when this router reserves its own requests and the
+    /// indexer answered with it (`kvindex_router_load_view_total`); else `None`: own counts.
+    fn shared_load<'a>(&self, response: Option<&'a pb::ScoreTokensResponse>) -> Option<&'a pb::InFlight> {
+        let shared = response.and_then(|r| r.in_flight.as_ref()).filter(|_| self.reservations.is_some());
+        metrics::counter!(m::LOAD_VIEW, "view" => if shared.is_some() { "shared" } else { "own" }).increment(1);
+        shared
+    }
+
     /// The indexer's block size wins over `--block-size` (warned once).
     fn block_size_of(&self, response: &pb::ScoreTokensResponse) -> usize {
         let ours = self.settings.block_size;
@@ -409,11 +436,12 @@ impl Router {
         // and where its uncached blocks queue as prefill work.
         let holder = decision.prefill.as_ref().unwrap_or(choice);
         let mut guards = Vec::with_capacity(2);
+        let mut reservations = Vec::new();
         for c in std::iter::once(choice).chain(decision.prefill.as_ref()) {
             let pod = c.handle.as_ref()?;
             let prefill_blocks =
                 if std::ptr::eq(c, holder) { decision.total_blocks.saturating_sub(c.cached_blocks) } else { 0 };
-            guards.push(self.fleet.begin(pod, prefill_blocks));
+            guards.push(self.begin(pod, prefill_blocks, &mut reservations));
             metrics::counter!(m::PICKS, "pod" => c.pod.clone(), "role" => c.role.label()).increment(1);
         }
         if attempt == 0 {
@@ -424,17 +452,33 @@ impl Router {
             record_overlap(decision, holder);
         }
         // A pod whose engine picks the rank: no rank can be credited, and crediting one would
-        // not raise what every rank holds.
-        if holder.handle.as_ref().is_none_or(|p| candidates::balancer_ranks(p, holder.load.engines).is_none()) {
-            self.recorder.record(&self.indexer, decision, &holder.pod);
-        }
+        // not raise what every rank holds; its reservations still count its load.
+        let credit =
+            holder.handle.as_ref().is_none_or(|p| candidates::balancer_ranks(p, holder.load.engines).is_none());
+        self.recorder.record(&self.indexer, credit.then_some(decision), &holder.pod, reservations);
         Some(guards)
     }
 
     /// Counts the request in flight on `pod`, picked by load (no decision to commit: nothing
-    /// scored, nothing to credit).
+    /// scored, nothing to credit), and reserves it on the indexers.
     pub fn commit_by_load(&self, pod: &Arc<Pod>) -> InFlight {
-        self.fleet.begin(pod, 0)
+        let mut reservations = Vec::new();
+        let guard = self.begin(pod, 0, &mut reservations);
+        self.recorder.record(&self.indexer, None, &pod.id, reservations);
+        guard
+    }
+
+    /// Counts a request in flight on `pod` with `prefill_blocks` to compute there, and, when
+    /// reservations are on, reserves it (added to `reservations`, to send) and ties the
+    /// reservation's releases to the count's.
+    fn begin(&self, pod: &Arc<Pod>, prefill_blocks: u32, reservations: &mut Vec<pb::Reservation>) -> InFlight {
+        let mut guard = self.fleet.begin(pod, prefill_blocks);
+        if let Some(shared) = &self.reservations {
+            let (sent, held) = shared.reserve(&pod.id, prefill_blocks);
+            reservations.push(sent);
+            guard.hold(held);
+        }
+        guard
     }
 }
 
@@ -499,6 +543,7 @@ mod tests {
             speculative_ttl: Duration::ZERO,
             record_route_timeout: Duration::from_millis(250),
             indexer_admin_token: None,
+            reservation_ttl: Duration::ZERO,
             models: HashSet::new(),
             loras: HashMap::new(),
             allow_client_chat_template: false,

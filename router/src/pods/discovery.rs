@@ -90,6 +90,7 @@ mod tests {
             page_size: None,
             engine_version: None,
             kv_events_format: None,
+            rules: kvindex::PodRules::default(),
             annotated: kvindex_discovery::Annotated::default(),
         }
     }

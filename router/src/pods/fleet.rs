@@ -32,6 +32,7 @@ use tokio::sync::watch;
 
 use super::spec::{DpRouting, PodSpec, Role};
 use crate::metrics as m;
+use crate::place::reserve::Reservation;
 use crate::pods::engine_load::EngineLoad;
 
 /// Where a pod's entry came from; a source only changes its own entries.
@@ -280,13 +281,16 @@ impl Pod {
 }
 
 /// A request in flight on a pod; dropping it (the response ended, or the client went away)
-/// releases the count, and its queued prefill if the first byte never came.
+/// releases the count, and its queued prefill if the first byte never came, here and in the
+/// indexers' shared view (its reservation, if any).
 #[derive(Debug)]
 pub struct InFlight {
     pod: Arc<Pod>,
     generation: u64,
     /// Blocks still counted in the pod's queued prefill (0 once the first byte came).
     queued_prefill_blocks: u32,
+    /// The request as the indexers count it for every router (released with this count).
+    reservation: Option<Reservation>,
 }
 
 impl InFlight {
@@ -294,9 +298,18 @@ impl InFlight {
         &self.pod
     }
 
+    /// Releases `reservation` with this count: its prefill part at [`prefilled`](Self::prefilled),
+    /// the whole when this is dropped.
+    pub fn hold(&mut self, reservation: Reservation) {
+        self.reservation = Some(reservation);
+    }
+
     /// The pod answered (its first response byte): the prompt is computed, so it no longer
     /// delays what comes after it. Idempotent.
     pub fn prefilled(&mut self) {
+        if let Some(reservation) = &mut self.reservation {
+            reservation.prefilled();
+        }
         if self.queued_prefill_blocks > 0 {
             let mut s = self.pod.load.lock();
             s.queued_prefill_blocks = s.queued_prefill_blocks.saturating_sub(u64::from(self.queued_prefill_blocks));
@@ -307,6 +320,8 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        // Its end releases its prefill too: no separate prefill release is sent.
+        drop(self.reservation.take());
         self.prefilled();
         let mut s = self.pod.load.lock();
         s.inflight = s.inflight.saturating_sub(1);
@@ -472,7 +487,7 @@ impl Fleet {
             s.generation
         };
         metrics::gauge!(m::INFLIGHT, "pod" => pod.id.clone()).increment(1.0);
-        InFlight { pod: pod.clone(), generation, queued_prefill_blocks: prefill_blocks }
+        InFlight { pod: pod.clone(), generation, queued_prefill_blocks: prefill_blocks, reservation: None }
     }
 
     fn changed(&self) {

@@ -144,7 +144,11 @@ pub fn immediate_status(response: &ProcessingResponse) -> Option<i32> {
 /// Sends a whole request phase and reads the answer through the last body chunk; returns the
 /// answers (an ImmediateResponse alone when refused).
 pub async fn pick(client: &mut ExternalProcessorClient<Channel>, path: &str, bytes: &[u8]) -> Vec<ProcessingResponse> {
-    let mut stream = Stream::open(client).await;
+    pick_on(&mut Stream::open(client).await, path, bytes).await
+}
+
+/// [`pick`] on an open stream, which stays open for the response phase.
+pub async fn pick_on(stream: &mut Stream, path: &str, bytes: &[u8]) -> Vec<ProcessingResponse> {
     stream.send(post_headers(path)).await;
     stream.send(body(bytes, true)).await;
     let mut answers = Vec::new();
@@ -170,6 +174,14 @@ pub fn response_headers(status: &str) -> ProcessingRequest {
     let mut message = headers(&[(":status", status)], false);
     if let Some(processing_request::Request::RequestHeaders(h)) = message.request.take() {
         message.request = Some(processing_request::Request::ResponseHeaders(h));
+    }
+    message
+}
+
+pub fn response_body(bytes: &[u8], end_of_stream: bool) -> ProcessingRequest {
+    let mut message = body(bytes, end_of_stream);
+    if let Some(processing_request::Request::RequestBody(b)) = message.request.take() {
+        message.request = Some(processing_request::Request::ResponseBody(b));
     }
     message
 }

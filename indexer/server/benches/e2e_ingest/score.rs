@@ -24,8 +24,9 @@
 
 use kvindex_proto::kvindex::v1::indexer_server::{Indexer, IndexerServer};
 use kvindex_proto::kvindex::v1::{
-    PodScore, RecordRouteRequest, RecordRouteResponse, RegisterPodRequest, RegisterPodResponse, ScoreTokensResponse,
-    SourceState, UnregisterPodRequest, UnregisterPodResponse,
+    InFlight, PodScore, RecordRouteRequest, RecordRouteResponse, RegisterPodRequest, RegisterPodResponse,
+    ReleaseRouteRequest, ReleaseRouteResponse, ScoreTokensResponse, SourceState, UnregisterPodRequest,
+    UnregisterPodResponse,
 };
 use kvindex_proto::score_query::{self, ScoreQuery};
 use std::collections::BTreeMap;
@@ -37,7 +38,8 @@ use super::*;
 /// Set in the environment of the child process that serves the echo.
 pub const ECHO_ENV: &str = "E2E_ECHO_SERVER";
 
-/// The real reply's shape for the bench's prompt: 4 pods, every block matched.
+/// The real reply's shape for the bench's prompt: 4 pods, every block matched, and no request
+/// reserved (reservations are on by default, so the real reply carries an empty `in_flight`).
 fn echo_reply() -> ScoreTokensResponse {
     let scores = (0..4)
         .map(|p| PodScore {
@@ -48,7 +50,7 @@ fn echo_reply() -> ScoreTokensResponse {
             ..Default::default()
         })
         .collect();
-    ScoreTokensResponse { scores, total_blocks: 512, block_size: BLOCK as u32 }
+    ScoreTokensResponse { scores, total_blocks: 512, block_size: BLOCK as u32, in_flight: Some(InFlight::default()) }
 }
 
 struct Echo {
@@ -83,6 +85,13 @@ impl Indexer for Echo {
         &self,
         _: tonic::Request<RecordRouteRequest>,
     ) -> Result<tonic::Response<RecordRouteResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("echo"))
+    }
+
+    async fn release_route(
+        &self,
+        _: tonic::Request<ReleaseRouteRequest>,
+    ) -> Result<tonic::Response<ReleaseRouteResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("echo"))
     }
 }

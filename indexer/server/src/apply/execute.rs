@@ -42,6 +42,7 @@ impl Worker {
             }
             match step {
                 Step::Apply { seq, batch } => {
+                    super::live::sync_rules(&state, &key.base, &st.pod, &mut st.ext);
                     if let Some(record) = st.ext.restore.take() {
                         // The stream continued from the snapshot's cursor: its residencies hold.
                         // They are imported on the import pool (every core), and this batch and
@@ -166,6 +167,19 @@ impl Worker {
         }
         if report.unweighted_tier_blocks > 0 {
             self.unweighted_tier_blocks.increment(report.unweighted_tier_blocks);
+        }
+        if let (Some(engine), false) = (report.refused_block_size, st.ext.logged_block_size.0) {
+            st.ext.logged_block_size.0 = true;
+            tracing::error!(pod = %st.pod, engine_block_size = engine, block_size = self.state.config().block_size,
+                "the engine's block size is not a multiple of block_size: none of its blocks can be indexed (counted in kvindex_skipped_blocks_total, reason block_size_mismatch); start kvindex serve with a --block-size that divides the engine's (vLLM --block-size, SGLang --page-size, TensorRT-LLM tokens_per_block)");
+        }
+        if report.block_size_changes > 0 {
+            self.block_size_changes.increment(report.block_size_changes);
+            if !st.ext.logged_block_size.1 {
+                st.ext.logged_block_size.1 = true;
+                tracing::warn!(pod = %st.pod, stores = report.block_size_changes,
+                    "the engine's block size changed within one KV-cache group and tier without a clear: the pod is credited in the least common multiple of its sizes");
+            }
         }
         if let Some(at) = batch.received {
             histogram!(m::RECEIVE_TO_VISIBLE).record(at.elapsed().as_secs_f64());

@@ -43,6 +43,12 @@ pub struct Live {
     /// Whether a batch of the stream stored blocks in the index (never reclaimed for holding
     /// none now, see `ingest::Reclaim::Empty`).
     pub stored_blocks: bool,
+    /// The operator's rules for the pod's engine (EAGLE, context parallelism) last given to the
+    /// index, with the registry generation they were read at.
+    pub rules: Option<(u64, kvindex::PodRules)>,
+    /// Whether the stream's refused engine block size (not a multiple of `block_size`), and a
+    /// change of its block size, were logged (once per stream each).
+    pub logged_block_size: (bool, bool),
 }
 
 impl Ext for Live {
@@ -90,8 +96,32 @@ pub fn new_stream(
         staleness: Staleness::default(),
         withheld: false,
         stored_blocks: false,
+        rules: None,
+        logged_block_size: (false, false),
     };
     (live, resume_at)
+}
+
+/// Gives the index the operator's rules for `pod` (the stream's DP-resolved pod) from the
+/// registry entry of its base pod, when they may have changed: before anything of the pod is
+/// applied or imported, so none of its blocks is scored under rules it was not declared with.
+/// A pod nobody declared has the default rules.
+pub fn sync_rules(state: &ServiceState, base: &str, pod: &str, live: &mut Live) {
+    let registry = state.registry();
+    let generation = registry.generation();
+    if live.rules.is_some_and(|(g, _)| g == generation) {
+        return;
+    }
+    let rules = registry.get(base).map(|p| p.cfg.rules()).unwrap_or_default();
+    drop(registry);
+    if live.rules.map(|(_, r)| r) != Some(rules) {
+        // Validated when the pod was registered: a refusal cannot happen, and would leave the
+        // rules the index had.
+        if let Err(e) = state.index().set_pod_rules(pod, rules) {
+            tracing::error!(pod, error = %e, "pod rules not applied");
+        }
+    }
+    live.rules = Some((generation, rules));
 }
 
 /// One worker's stream table settings: its share of the caps, the config's naming and

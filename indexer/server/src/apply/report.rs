@@ -26,6 +26,7 @@ impl Worker {
         let mut snapshot = Vec::with_capacity(self.table.len());
         let (instant, lane_oldest) = (Instant::now(), lane.oldest_live());
         let mut worst = lag::source_lag(instant, lane_oldest, None);
+        let index = self.state.index();
         for (key, st) in self.table.iter_mut() {
             let s = st.seq.stats();
             let lag = lag::source_lag(instant, lane_oldest, lag::oldest_held(st.seq.held(), &st.ext.waiting));
@@ -87,6 +88,8 @@ impl Worker {
                     lag_ms: lag.as_secs_f64() * 1e3,
                     staleness_ms: behind.as_secs_f64() * 1e3,
                     stale: withheld,
+                    credit_unit_tokens: index.credit_unit(&st.pod).0,
+                    eagle: index.credit_unit(&st.pod).1,
                     digest: held.map(|d| d.digest),
                     digest_blocks: held.map_or(0, |d| d.blocks),
                 },

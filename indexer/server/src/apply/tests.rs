@@ -47,9 +47,10 @@ fn live(pods: &[String], pod: usize, seq: u64) -> Work {
     }
 }
 
-/// Blocks of pod `pod`'s chain (batches 0 and 1) the index credits it.
+/// Blocks of pod `pod`'s chain (batches 0 and 1, and a token past them: the last token is
+/// never credited) the index credits it.
 fn matched(state: &ServiceState, pods: &[String], pod: usize) -> u32 {
-    let tokens: Vec<u32> = [tokens(pod, 0), tokens(pod, 1)].concat();
+    let tokens: Vec<u32> = [tokens(pod, 0), tokens(pod, 1), vec![0]].concat();
     let query = ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: &tokens, pods: None };
     let score = state.index().score(&query);
     let id = state.index().pods().get(&pods[pod]);

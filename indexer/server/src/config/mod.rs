@@ -77,6 +77,8 @@ pub struct Config {
     pub max_message_bytes: usize,
     /// RecordRoute's table of speculative credits (its block size is `block_size`).
     pub speculative: kvindex::speculative::SpeculativeConfig,
+    /// RecordRoute's reservations: the routers' shared in-flight load.
+    pub reservations: crate::reservations::ReservationConfig,
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
     /// Admission of expensive gRPC calls (ScoreTokens, GetPodScores, RecordRoute).
@@ -367,6 +369,7 @@ impl Config {
 
         let max_tokens = ints.get(&defs::max_tokens, s.max_tokens)?;
         let speculative_max_entries = ints.get(&defs::speculative_max_entries, s.speculative_max_entries)?;
+        let reservation_max_entries = ints.get(&defs::reservation_max_entries, s.reservation_max_entries)?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
         let mut config = Config {
             grpc_admission: crate::grpc::admission::AdmissionConfig {
@@ -426,6 +429,19 @@ impl Config {
                     (speculative_max_entries / 4).max(1),
                 )? as usize,
             },
+            reservations: crate::reservations::ReservationConfig {
+                default_ttl_ms: ints.get(&defs::reservation_ttl_ms, s.reservation_ttl_ms)? as u64,
+                max_ttl_ms: ints.get(&defs::reservation_max_ttl_ms, s.reservation_max_ttl_ms)? as u64,
+                max_entries: reservation_max_entries as usize,
+                max_entries_per_pod: ints
+                    .get(&defs::reservation_max_entries_per_pod, s.reservation_max_entries_per_pod)?
+                    as usize,
+                max_entries_per_caller: ints.or(
+                    &defs::reservation_max_entries_per_caller,
+                    s.reservation_max_entries_per_caller,
+                    (reservation_max_entries / 4).max(1),
+                )? as usize,
+            },
             pods_file: s.pods_file,
             admin_token,
             zmq_allow,
@@ -469,6 +485,9 @@ impl Config {
         config.speculative.block_size = config.block_size;
         if config.speculative.default_ttl_ms > config.speculative.max_ttl_ms {
             return Err(src.error("speculative_ttl_ms", "must not exceed speculative_max_ttl_ms"));
+        }
+        if config.reservations.default_ttl_ms > config.reservations.max_ttl_ms {
+            return Err(src.error("reservation_ttl_ms", "must not exceed reservation_max_ttl_ms"));
         }
         if config.zmq_bind.is_none()
             && config.pods.iter().all(|p| p.endpoint.is_none())

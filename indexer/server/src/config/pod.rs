@@ -47,6 +47,14 @@ pub struct PodConfig {
     /// the server's `sglang_event_format`. SGLang pods only.
     #[serde(default, deserialize_with = "parsed")]
     pub sglang_event_format: Option<EventFormat>,
+    /// The engine runs EAGLE/MTP speculative decoding: it drops the last block of every cache
+    /// hit, so this pod is credited one engine block less.
+    #[serde(default)]
+    pub eagle: bool,
+    /// The engine's context-parallel world size (vLLM's decode times prefill context
+    /// parallelism): its cache hits come in blocks that many times its block size.
+    #[serde(default = "one")]
+    pub context_parallel: u32,
 }
 
 /// Reads a value by its `FromStr` (an SGLang release, an event format).
@@ -67,7 +75,8 @@ fn one() -> u32 {
 
 impl PodConfig {
     /// `--pod <pod-id>,<model>,<pub-endpoint>[,<replay-endpoint>][,<option>=<value>]...`, the
-    /// options being `engine`, `page_size`, `sglang_release` and `sglang_event_format`.
+    /// options being `engine`, `page_size`, `sglang_release`, `sglang_event_format`, `eagle`
+    /// and `context_parallel`.
     pub fn from_flag(v: &str) -> Result<PodConfig, String> {
         let mut parts: Vec<&str> = v.split(',').collect();
         let mut pod = PodConfig {
@@ -81,6 +90,8 @@ impl PodConfig {
             page_size: None,
             sglang_release: None,
             sglang_event_format: None,
+            eagle: false,
+            context_parallel: 1,
         };
         // Options follow the endpoints (which never hold a `=`), in any order.
         while let Some((key, value)) = parts.last().and_then(|p| p.split_once('=')) {
@@ -92,9 +103,11 @@ impl PodConfig {
                     pod.sglang_release = Some(value.parse().map_err(|e: kvindex::sglang::release::BadRelease| bad(&e))?)
                 }
                 "sglang_event_format" => pod.sglang_event_format = Some(value.parse().map_err(|e: String| bad(&e))?),
+                "eagle" => pod.eagle = value.parse().map_err(|e| bad(&e))?,
+                "context_parallel" => pod.context_parallel = value.parse().map_err(|e| bad(&e))?,
                 _ => {
                     return Err(format!(
-                        "unknown option {key:?} (expected engine, page_size, sglang_release or sglang_event_format)"
+                        "unknown option {key:?} (expected engine, page_size, sglang_release, sglang_event_format, eagle or context_parallel)"
                     ))
                 }
             }
@@ -149,6 +162,9 @@ impl PodConfig {
                 }
             }
         }
+        if let Err(e) = self.rules().validate() {
+            return Err(err("context_parallel", e.replace("context_parallel ", "")));
+        }
         if !(1..=MAX_DP_SIZE).contains(&self.dp_size) {
             return Err(err("dp_size", format!("must be between 1 and {MAX_DP_SIZE}, got {}", self.dp_size)));
         }
@@ -164,6 +180,11 @@ impl PodConfig {
             }
         }
         Ok(self)
+    }
+
+    /// What the operator declares about the engine's cache hits, for the index.
+    pub fn rules(&self) -> kvindex::PodRules {
+        kvindex::PodRules { eagle: self.eagle, context_parallel: self.context_parallel }
     }
 
     /// Checks the pod's page size against the index's canonical block (`block_size` tokens):
@@ -384,6 +405,29 @@ mod tests {
         assert_eq!(pods[0].sglang_release, Some(SglangRelease::new(0, 5, 19)));
         let bad = text.replace("0.5.19", "latest");
         assert!(parse_pods_file(Path::new("/p.toml"), &bad).unwrap_err().to_string().contains("not an SGLang version"));
+    }
+
+    #[test]
+    fn eagle_and_context_parallel_from_every_origin_and_checked() {
+        let p = PodConfig::from_flag("a,m,tcp://h:1,eagle=true,context_parallel=4").unwrap();
+        assert_eq!(p.rules(), kvindex::PodRules { eagle: true, context_parallel: 4 });
+        assert_eq!(PodConfig::from_flag("a,m,tcp://h:1").unwrap().rules(), kvindex::PodRules::default());
+        assert!(PodConfig::from_flag("a,m,tcp://h:1,eagle=yes").unwrap_err().starts_with("eagle:"));
+        assert!(PodConfig::from_flag("a,m,tcp://h:1,context_parallel=x").unwrap_err().starts_with("context_parallel:"));
+        for bad in [0, 65] {
+            let p = PodConfig { context_parallel: bad, ..PodConfig::from_flag("a,m,tcp://h:1").unwrap() };
+            let e = p.validate("pods[1]", &Origin::Request("grpc")).unwrap_err();
+            assert_eq!(e.key, "pods[1].context_parallel");
+            assert!(e.to_string().contains("must be between 1 and 64, got"), "{e}");
+        }
+        let text = "[[pods]]\nid = \"a\"\nmodel = \"m\"\neagle = true\ncontext_parallel = 2\n";
+        let pods = parse_pods_file(Path::new("/p.toml"), text).unwrap();
+        assert_eq!(pods[0].rules(), kvindex::PodRules { eagle: true, context_parallel: 2 });
+        let bad = text.replace("context_parallel = 2", "context_parallel = 100");
+        assert!(parse_pods_file(Path::new("/p.toml"), &bad)
+            .unwrap_err()
+            .to_string()
+            .contains("pods[0].context_parallel"));
     }
 
     #[test]

@@ -224,6 +224,24 @@ settings! {
     /// Default: a quarter of `speculative_max_entries`.
     #[arg(long, env = "KVINDEX_SPECULATIVE_MAX_ENTRIES_PER_CALLER")]
     speculative_max_entries_per_caller: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 32 },
+    /// RecordRoute reservations (shared in-flight load): TTL of a reservation whose request
+    /// names none; the backstop for a router that dies before releasing it.
+    #[arg(long, env = "KVINDEX_RESERVATION_TTL_MS")]
+    reservation_ttl_ms: Option<i64> = IntSpec { default: Some(30_000), min: 1, max: 3_600_000 },
+    /// RecordRoute reservations: longest TTL a request may ask for (longer is capped).
+    #[arg(long, env = "KVINDEX_RESERVATION_MAX_TTL_MS")]
+    reservation_max_ttl_ms: Option<i64> = IntSpec { default: Some(300_000), min: 1, max: 3_600_000 },
+    /// RecordRoute reservations held at once, all pods together (0 = reservations off:
+    /// ScoreTokens answers no in-flight load).
+    #[arg(long, env = "KVINDEX_RESERVATION_MAX_ENTRIES")]
+    reservation_max_entries: Option<i64> = IntSpec { default: Some(1 << 18), min: 0, max: 1 << 32 },
+    /// RecordRoute reservations held for one pod.
+    #[arg(long, env = "KVINDEX_RESERVATION_MAX_ENTRIES_PER_POD")]
+    reservation_max_entries_per_pod: Option<i64> = IntSpec { default: Some(1 << 14), min: 1, max: 1 << 32 },
+    /// RecordRoute reservations one caller (peer address) may hold, all pods together.
+    /// Default: a quarter of `reservation_max_entries`.
+    #[arg(long, env = "KVINDEX_RESERVATION_MAX_ENTRIES_PER_CALLER")]
+    reservation_max_entries_per_caller: Option<i64> = IntSpec { default: None, min: 1, max: 1 << 32 },
     /// ScoreTokens, GetPodScores and RecordRoute requests of at most this many tokens are
     /// answered at once, never queued or shed. Default 16384.
     #[arg(long, env = "KVINDEX_GRPC_SMALL_QUERY_TOKENS")]

@@ -1,5 +1,6 @@
-//! `kvindex.v1.Indexer`: ScoreTokens (the read plane), RecordRoute (which steers placement, so
-//! it takes the control plane's token) and pod registration (RegisterPod, UnregisterPod), which
+//! `kvindex.v1.Indexer`: ScoreTokens (the read plane, with the routers' reserved in-flight load),
+//! RecordRoute and ReleaseRoute (which steer placement, so they take the control plane's token)
+//! and pod registration (RegisterPod, UnregisterPod), which
 //! only answers a bearer token ([`crate::pods::auth`]). ScoreTokens and RecordRoute go through the
 //! [`Admission`] of large requests.
 
@@ -12,8 +13,9 @@ use kvindex_proto::kvindex::v1 as pb;
 use pb::indexer_server::Indexer;
 
 use super::admission::Admission;
-use super::record_route;
+use super::in_flight::InFlightLoad;
 use super::score::Scorer;
+use super::{record_route, release_route};
 use crate::config::PodConfig;
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::{ControlPlane, Denied};
@@ -27,6 +29,8 @@ pub struct IndexerService {
     pub control: ControlPlane,
     pub scorer: Arc<Scorer>,
     pub admission: Arc<Admission>,
+    /// RecordRoute's reservations: the routers' shared in-flight load.
+    pub in_flight: Arc<InFlightLoad>,
 }
 
 fn authorization<T>(request: &Request<T>) -> Option<&str> {
@@ -52,8 +56,10 @@ impl Indexer for IndexerService {
         let req = request.into_inner();
         self.scorer.check(&req)?;
         let admitted = self.admission.admit("ScoreTokens", req.token_ids.len()).await?;
+        let in_flight = self.in_flight.answer(&req.pods);
         let scorer = self.scorer.clone();
-        let resp = admitted.run(move || scorer.score(&req)).await??;
+        let mut resp = admitted.run(move || scorer.score(&req)).await??;
+        resp.in_flight = in_flight;
         metrics::histogram!(m::SCORE_LATENCY).record(start.elapsed().as_secs_f64());
         metrics::counter!(m::SCORE_REQUESTS, "outcome" => "ok").increment(1);
         Ok(Response::new(resp))
@@ -67,10 +73,37 @@ impl Indexer for IndexerService {
         record_route::authorize(&self.control, authorization(&request), &caller)?;
         let req = request.into_inner();
         let max_tokens = self.scorer.max_tokens();
-        record_route::check_request(&self.index, max_tokens, &req)?;
-        let admitted = self.admission.admit("RecordRoute", req.token_ids.len()).await?;
-        let index = self.index.clone();
-        admitted.run(move || record_route::record_route(&index, max_tokens, &req, &caller)).await?.map(Response::new)
+        record_route::check_request(&self.index, &self.in_flight, max_tokens, &req)?;
+        // Reservations first: cheap, and before any wait for a slot, so that a release sent
+        // right after this call rarely overtakes them.
+        let (reserved, reservation_ttl_ms) = self.in_flight.reserve(&caller, &req.reservations);
+        if !record_route::wants_credit(&req) {
+            metrics::counter!(m::RECORD_ROUTE_REQUESTS, "outcome" => "ok").increment(1);
+            return Ok(Response::new(pb::RecordRouteResponse { reserved, reservation_ttl_ms, ..Default::default() }));
+        }
+        let with_reservations = !req.reservations.is_empty();
+        let credited = async {
+            let admitted = self.admission.admit("RecordRoute", req.token_ids.len()).await?;
+            let index = self.index.clone();
+            admitted.run(move || record_route::record_route(&index, max_tokens, &req, &caller)).await?
+        };
+        match credited.await {
+            Ok(answer) => Ok(Response::new(pb::RecordRouteResponse { reserved, reservation_ttl_ms, ..answer })),
+            // The reservations were taken: the credit's refusal (counted) does not undo them.
+            Err(_) if with_reservations => {
+                Ok(Response::new(pb::RecordRouteResponse { reserved, reservation_ttl_ms, ..Default::default() }))
+            }
+            Err(status) => Err(status),
+        }
+    }
+
+    async fn release_route(
+        &self,
+        request: Request<pb::ReleaseRouteRequest>,
+    ) -> Result<Response<pb::ReleaseRouteResponse>, Status> {
+        let caller = record_route::caller_of(request.remote_addr());
+        release_route::authorize(&self.control, authorization(&request), &caller)?;
+        release_route::release(&self.in_flight, &caller, &request.into_inner()).map(Response::new)
     }
 
     async fn register_pod(
@@ -125,5 +158,7 @@ fn pod_config(r: pb::RegisterPodRequest) -> Result<PodConfig, String> {
         replay_endpoint: (!r.replay_endpoint.is_empty()).then_some(r.replay_endpoint),
         topic_id: (!r.topic_id.is_empty()).then_some(r.topic_id),
         dp_size: 1,
+        eagle: r.eagle.unwrap_or(false),
+        context_parallel: r.context_parallel.unwrap_or(1),
     })
 }

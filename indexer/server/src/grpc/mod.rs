@@ -1,13 +1,16 @@
 //! gRPC: `kvindex.v1.Indexer` ([`indexer`]), llm-d's `indexer.v1.IndexerService` ([`llmd`]),
 //! `grpc.health.v1` and server reflection (so `grpcurl` works without the proto file). Both
 //! scoring contracts answer through one [`score::Scorer`], behind one [`admission::Admission`]
-//! that bounds the large requests computed and waiting at once.
+//! that bounds the large requests computed and waiting at once. RecordRoute's reservations and
+//! ReleaseRoute share one [`in_flight::InFlightLoad`], which ScoreTokens' answers read.
 
 pub mod admission;
+pub mod in_flight;
 pub mod indexer;
 pub mod limits;
 pub mod llmd;
 pub mod record_route;
+pub mod release_route;
 pub mod replica;
 pub mod score;
 pub mod tokenizer;
@@ -19,6 +22,7 @@ use kvindex_proto::kvindex::v1::indexer_server::IndexerServer;
 use kvindex_proto::kvindex::v1::replica_server::ReplicaServer;
 
 use self::admission::Admission;
+use self::in_flight::InFlightLoad;
 use self::indexer::IndexerService;
 use self::llmd::LlmdScores;
 use self::score::Scorer;
@@ -48,6 +52,8 @@ pub struct Bounds {
     pub max_message_bytes: usize,
     pub max_tokens: usize,
     pub admission: admission::AdmissionConfig,
+    /// RecordRoute's reservations (the routers' shared in-flight load).
+    pub reservations: crate::reservations::ReservationConfig,
 }
 
 impl Bounds {
@@ -56,6 +62,7 @@ impl Bounds {
             max_message_bytes: config.max_message_bytes,
             max_tokens: config.max_tokens,
             admission: config.grpc_admission.clone(),
+            reservations: config.reservations.clone(),
         }
     }
 }
@@ -74,7 +81,9 @@ pub async fn serve(
     let max = bounds.max_message_bytes;
     let scorer = Arc::new(Scorer::new(index.clone(), bounds.max_tokens));
     let admission = Arc::new(Admission::new(bounds.admission));
-    let service = IndexerService { index, pods, control, scorer: scorer.clone(), admission: admission.clone() };
+    let in_flight = Arc::new(InFlightLoad::new(bounds.reservations, index.clone(), pods.clone(), bounds.max_tokens));
+    let service =
+        IndexerService { index, pods, control, scorer: scorer.clone(), admission: admission.clone(), in_flight };
     let indexer = IndexerServer::new(service).max_decoding_message_size(max);
     let replica = ReplicaServer::new(replica).max_decoding_message_size(max);
     let llmd = LlmdScores::new(scorer, tokenizer, admission).into_server().max_decoding_message_size(max);

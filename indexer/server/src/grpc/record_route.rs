@@ -13,6 +13,11 @@
 //! trusted, serving the request's model, within the token and name bounds; a bad request gets
 //! INVALID_ARGUMENT (or NOT_FOUND / FAILED_PRECONDITION) and a counted outcome. A TTL above
 //! the configured maximum is capped to it (the answer says which TTL applied).
+//!
+//! A call may also carry reservations (the routers' shared in-flight load, [`super::in_flight`]):
+//! they are taken before the credit is computed, and then the credit's refusal does not fail
+//! the call (it is counted, and answered as `credited_blocks = 0`); a call with reservations and
+//! no token ids asks for no credit at all.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +27,7 @@ use tonic::Status;
 use kvindex::ScoreQuery;
 use kvindex_proto::kvindex::v1 as pb;
 
+use super::in_flight::InFlightLoad;
 use super::score::{may_speculate, speculative_namespace, wire_state, MAX_NAME};
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::{ControlPlane, Denied};
@@ -32,28 +38,42 @@ fn rejected(outcome: &'static str, status: Status) -> Status {
     status
 }
 
-/// RecordRoute calls refused for want of the token, for logging at powers of two only (a
-/// misconfigured router sends one per request).
+/// RecordRoute and ReleaseRoute calls refused for want of the token, for logging at powers of
+/// two only (a misconfigured router sends one per request).
 static REFUSED: AtomicU64 = AtomicU64::new(0);
 
-/// The gate: the control plane's token in the `authorization` value, or PERMISSION_DENIED
-/// (no token configured: `no_admin_token`) / UNAUTHENTICATED (`missing_token`,
-/// `wrong_token`), counted in `kvindex_record_route_requests_total`.
+/// RecordRoute's gate: the control plane's token in the `authorization` value, or
+/// PERMISSION_DENIED (no token configured: `no_admin_token`) / UNAUTHENTICATED
+/// (`missing_token`, `wrong_token`), counted in `kvindex_record_route_requests_total`.
 pub fn authorize(control: &ControlPlane, authorization: Option<&str>, caller: &str) -> Result<(), Status> {
+    gate(control, authorization, caller, "RecordRoute", m::RECORD_ROUTE_REQUESTS)
+}
+
+/// The gate of the calls that steer placement (`method`), counting refusals in `counter` by
+/// outcome (see [`authorize`]).
+pub fn gate(
+    control: &ControlPlane,
+    authorization: Option<&str>,
+    caller: &str,
+    method: &'static str,
+    counter: &'static str,
+) -> Result<(), Status> {
     let Err(denied) = control.check(authorization) else { return Ok(()) };
     let n = REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
     if n.is_power_of_two() {
-        tracing::warn!(caller, reason = denied.label(), refused = n, "RecordRoute refused: no valid admin token");
+        tracing::warn!(caller, method, reason = denied.label(), refused = n, "call refused: no valid admin token");
     }
+    let outcome = match denied {
+        Denied::Disabled => "no_admin_token",
+        other => other.label(),
+    };
+    metrics::counter!(counter, "outcome" => outcome).increment(1);
     Err(match denied {
-        Denied::Disabled => rejected(
-            "no_admin_token",
-            Status::permission_denied(
-                "RecordRoute is disabled: it needs the control plane's bearer token \
-                 (start kvindex serve with admin_token_file, and kvindex-router with --indexer-admin-token-file)",
-            ),
-        ),
-        other => rejected(other.label(), Status::unauthenticated(other.to_string())),
+        Denied::Disabled => Status::permission_denied(format!(
+            "{method} is disabled: it needs the control plane's bearer token \
+             (start kvindex serve with admin_token_file, and kvindex-router with --indexer-admin-token-file)"
+        )),
+        other => Status::unauthenticated(other.to_string()),
     })
 }
 
@@ -70,10 +90,32 @@ pub fn caller_of(remote: Option<SocketAddr>) -> String {
     }
 }
 
-/// The checks that need no index lookup (RecordRoute on, token and name bounds), made before a
-/// request is admitted to a scoring slot.
-pub fn check_request(index: &IndexHandle, max_tokens: usize, req: &pb::RecordRouteRequest) -> Result<(), Status> {
-    if index.speculative().config().max_entries == 0 {
+/// Whether the request asks for speculative credit: it has token ids, or it carries no
+/// reservations (a plain RecordRoute, checked and answered as before reservations existed).
+pub fn wants_credit(req: &pb::RecordRouteRequest) -> bool {
+    !req.token_ids.is_empty() || req.reservations.is_empty()
+}
+
+/// The checks that need no index lookup (RecordRoute on, token and name bounds, the
+/// reservations' bounds), made before a request is admitted to a scoring slot.
+pub fn check_request(
+    index: &IndexHandle,
+    in_flight: &InFlightLoad,
+    max_tokens: usize,
+    req: &pb::RecordRouteRequest,
+) -> Result<(), Status> {
+    if let Err(message) = in_flight.check(&req.reservations) {
+        return Err(rejected("invalid", Status::invalid_argument(message)));
+    }
+    if !wants_credit(req) {
+        return Ok(());
+    }
+    check_credit(index, max_tokens, req)
+}
+
+/// The credit's own checks (see [`check_request`]).
+fn check_credit(index: &IndexHandle, max_tokens: usize, req: &pb::RecordRouteRequest) -> Result<(), Status> {
+    if index.speculative().config().max_entries == 0 && req.reservations.is_empty() {
         return Err(rejected(
             "disabled",
             Status::failed_precondition("RecordRoute is off (speculative_max_entries = 0)"),
@@ -112,8 +154,14 @@ pub fn record_route(
     req: &pb::RecordRouteRequest,
     caller: &str,
 ) -> Result<pb::RecordRouteResponse, Status> {
-    check_request(handle, max_tokens, req)?;
+    check_credit(handle, max_tokens, req)?;
     let speculative = handle.speculative();
+    let ttl_ms = speculative.ttl(u64::from(req.ttl_ms)) as u32;
+    if speculative.config().max_entries == 0 {
+        // Off, and the call carries reservations (check_credit refused it otherwise).
+        metrics::counter!(m::RECORD_ROUTE_REQUESTS, "outcome" => "ok").increment(1);
+        return Ok(pb::RecordRouteResponse { credited_blocks: 0, ttl_ms, ..Default::default() });
+    }
     let source = handle.status().pod_states().get(&req.pod).map(|p| p.state);
     let Some(source) = source else {
         return Err(rejected(
@@ -165,5 +213,9 @@ pub fn record_route(
         metrics::counter!(m::SPECULATIVE_BLOCKS, "result" => "refused", "bound" => bound.label())
             .increment(u64::from(outcome.refused));
     }
-    Ok(pb::RecordRouteResponse { credited_blocks: outcome.credited, ttl_ms: outcome.ttl_ms as u32 })
+    Ok(pb::RecordRouteResponse {
+        credited_blocks: outcome.credited,
+        ttl_ms: outcome.ttl_ms as u32,
+        ..Default::default()
+    })
 }

@@ -1,6 +1,8 @@
 //! ScoreTokens, shared by both gRPC contracts: checks a request's limits, asks the index, and
-//! answers with each pod's matched blocks, tier counts and source state, plus the speculative
-//! run RecordRoute credited (in its own field, never in `matched_blocks`). A pod whose source
+//! answers with each pod's matched blocks (whole engine blocks, as the index credits them), tier
+//! counts, source state and credit unit, plus the speculative run RecordRoute credited (in its
+//! own field, never in `matched_blocks`, cut to the pod's unit and the prompt's last token as the
+//! exact match is). A pod whose source
 //! is too far behind its engine (`max_source_staleness_ms`, `apply::staleness`) is answered as
 //! holding nothing, STALE, until it catches up: its blocks may have been evicted meanwhile.
 
@@ -131,6 +133,7 @@ impl Scorer {
                 .filter(|(_, n)| **n > 0)
                 .map(|(i, n)| (tiers.name(TierId(i as u8)), *n))
                 .collect();
+            let unit = index.credit_unit(&name);
             by_name.insert(
                 name.to_string(),
                 pb::PodScore {
@@ -140,6 +143,8 @@ impl Scorer {
                     matched_by_tier,
                     state: answered_state(source) as i32,
                     speculative_blocks: 0,
+                    credit_unit_tokens: unit.0,
+                    eagle: unit.1,
                 },
             );
         }
@@ -160,12 +165,22 @@ impl Scorer {
                     .then(|| by_name.get(pod).map_or(0, |s| s.matched_blocks))
             });
             for (pod, run) in runs {
-                let score = by_name.entry(pod.to_string()).or_insert_with(|| pb::PodScore {
-                    pod: pod.to_string(),
-                    state: answered_state(states.get(&*pod).copied()) as i32,
-                    ..Default::default()
+                // What the engine could reuse of the run once it holds it: whole engine blocks,
+                // never this prompt's last token, less a block with EAGLE.
+                let run = index.cut_credit(&pod, run, req.token_ids.len());
+                let score = by_name.entry(pod.to_string()).or_insert_with(|| {
+                    let unit = index.credit_unit(&pod);
+                    pb::PodScore {
+                        pod: pod.to_string(),
+                        state: answered_state(states.get(&*pod).copied()) as i32,
+                        credit_unit_tokens: unit.0,
+                        eagle: unit.1,
+                        ..Default::default()
+                    }
                 });
-                score.speculative_blocks = run;
+                if run > score.matched_blocks {
+                    score.speculative_blocks = run;
+                }
             }
         }
         let scores = if req.pods.is_empty() {
@@ -179,17 +194,27 @@ impl Scorer {
                 .iter()
                 .filter(|p| seen.insert(p.as_str()))
                 .map(|p| {
-                    by_name.remove(p).unwrap_or_else(|| pb::PodScore {
-                        pod: p.clone(),
-                        matched_blocks: 0,
-                        weighted_score: 0.0,
-                        matched_by_tier: HashMap::new(),
-                        state: answered_state(states.get(p.as_str()).copied()) as i32,
-                        speculative_blocks: 0,
+                    by_name.remove(p).unwrap_or_else(|| {
+                        let unit = index.credit_unit(p);
+                        pb::PodScore {
+                            pod: p.clone(),
+                            matched_blocks: 0,
+                            weighted_score: 0.0,
+                            matched_by_tier: HashMap::new(),
+                            state: answered_state(states.get(p.as_str()).copied()) as i32,
+                            speculative_blocks: 0,
+                            credit_unit_tokens: unit.0,
+                            eagle: unit.1,
+                        }
                     })
                 })
                 .collect()
         };
-        Ok(pb::ScoreTokensResponse { scores, total_blocks: result.total_blocks, block_size: index.block_size() as u32 })
+        Ok(pb::ScoreTokensResponse {
+            scores,
+            total_blocks: result.total_blocks,
+            block_size: index.block_size() as u32,
+            in_flight: None,
+        })
     }
 }

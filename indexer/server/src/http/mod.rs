@@ -197,6 +197,10 @@ struct RegisterBody {
     sglang_release: Option<kvindex::sglang::SglangRelease>,
     #[serde(default, deserialize_with = "crate::config::parsed")]
     sglang_event_format: Option<kvindex::sglang::EventFormat>,
+    #[serde(default)]
+    eagle: Option<bool>,
+    #[serde(default)]
+    context_parallel: Option<u32>,
 }
 
 fn bad_request(reason: &'static str, message: String) -> Response {
@@ -245,6 +249,8 @@ async fn register(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
         page_size: b.page_size,
         sglang_release: b.sglang_release,
         sglang_event_format: b.sglang_event_format,
+        eagle: b.eagle.unwrap_or(false),
+        context_parallel: b.context_parallel.unwrap_or(1),
     };
     if let Err(message) = s.handles.pods.may_change("http", &cfg.id) {
         return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();

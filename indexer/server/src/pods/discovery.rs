@@ -100,6 +100,8 @@ fn pod_config(pod: &DiscoveredPod, central: bool) -> PodConfig {
         // page-hash cross-check (anything unreadable: the server's defaults).
         sglang_release: sglang.then(|| pod.engine_version.as_deref()?.parse().ok()).flatten(),
         sglang_event_format: sglang.then(|| pod.kv_events_format.as_deref()?.parse().ok()).flatten(),
+        eagle: pod.rules.eagle,
+        context_parallel: pod.rules.context_parallel,
     }
 }
 
@@ -121,6 +123,7 @@ mod tests {
             page_size: Some(16),
             engine_version: Some("0.5.23".into()),
             kv_events_format: None,
+            rules: kvindex::PodRules { eagle: true, context_parallel: 2 },
             annotated: kvindex_discovery::Annotated::default(),
         };
         let per_pod = pod_config(&pod, false);
@@ -131,6 +134,7 @@ mod tests {
         assert_eq!((per_pod.engine, per_pod.page_size), (Some(kvindex::wire::Engine::Sglang), Some(16)));
         assert_eq!(per_pod.sglang_release, Some(kvindex::sglang::SglangRelease::new(0, 5, 23)), "the check's release");
         assert_eq!(per_pod.sglang_event_format, None, "not probed: the server's");
+        assert_eq!(per_pod.rules(), kvindex::PodRules { eagle: true, context_parallel: 2 }, "the annotations' rules");
         let central = pod_config(&DiscoveredPod { model: None, ..pod }, true);
         assert_eq!((central.endpoint.as_deref(), central.model.as_str()), (None, TOPIC_MODEL));
         assert!(central.validate("pod", &crate::config::Origin::Request(ORIGIN)).is_ok());

@@ -67,8 +67,8 @@ impl Pods {
         Err(format!("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it"))
     }
 
-    /// Adds or replaces a pod. A changed endpoint, model, DP size, engine or page size restarts
-    /// its dialer and clears it.
+    /// Adds or replaces a pod. A changed endpoint, model, DP size, engine, page size, EAGLE or
+    /// context parallelism restarts its dialer and clears it.
     /// `origin` (config, pods_file, discovery, grpc, http) labels metrics and logs.
     pub async fn register(&self, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
         let checked = cfg.validate("pod", &Origin::Request(origin)).and_then(|c| {
@@ -92,11 +92,14 @@ impl Pods {
             if let Some(existing) = reg.get_mut(&cfg.id) {
                 // The engine and its page size decide how the stream is read and keyed: a change
                 // restarts the dialers and clears what was keyed by the old rules.
+                // So do the rules of its cache hits (EAGLE, context parallelism): an engine takes
+                // them at start, so the blocks the index holds were cached under the old ones.
                 let same_source = existing.cfg.endpoint == cfg.endpoint
                     && existing.cfg.model == cfg.model
                     && existing.cfg.dp_size == cfg.dp_size
                     && existing.cfg.engine == cfg.engine
-                    && existing.cfg.page_size == cfg.page_size;
+                    && existing.cfg.page_size == cfg.page_size
+                    && existing.cfg.rules() == cfg.rules();
                 if same_source {
                     existing.cfg = cfg.clone();
                     existing.origin = origin;

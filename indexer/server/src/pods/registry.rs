@@ -59,6 +59,10 @@ pub struct PodView {
     pub sglang_release: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sglang_event_format: Option<&'static str>,
+    /// The engine's cache-hit rules the entry declares: EAGLE drops a block from every hit,
+    /// context parallelism multiplies the unit.
+    pub eagle: bool,
+    pub context_parallel: u32,
 }
 
 /// The pod ids of `cfg`'s ranks: a dialled pod's `dp_size` ranks (DP naming), a central-mode
@@ -177,6 +181,8 @@ impl Registry {
                 origin: p.origin,
                 sglang_release: p.cfg.sglang_release.map(|r| r.to_string()),
                 sglang_event_format: p.cfg.sglang_event_format.map(|f| f.as_str()),
+                eagle: p.cfg.eagle,
+                context_parallel: p.cfg.context_parallel,
             })
             .collect()
     }

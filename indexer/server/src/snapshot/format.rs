@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize, Serializer};
 use xxhash_rust::xxh3::xxh3_64;
 
-use kvindex::{Columns, EngineBlocks, GroupExport, PodExport};
+use kvindex::{Columns, EngineBlocks, GroupExport, PodExport, UnitExport};
 
 /// Bumped on any change to the records below or their framing.
 /// Version 2: engine blocks carry block keys of key recipe 2 and where their chain continues
@@ -24,7 +24,13 @@ use kvindex::{Columns, EngineBlocks, GroupExport, PodExport};
 /// snapshot rewrites only the records of streams that moved, and a header that lists every
 /// record with its checksum. Older versions are refused (a clean start): a snapshot made by a
 /// build of key recipe 2 could not be loaded under recipe 3 anyway.
-pub const FORMAT_VERSION: u8 = 4;
+/// Version 5: stream records end with the pod's engine units (per KV-cache group and tier: the
+/// block sizes its events stored since it was last cleared), so a restored pod is never
+/// credited at a smaller unit. Version 4 is still read: its pods' units come from their engine
+/// blocks' spans (`kvindex::KvIndex::import_pod`).
+pub const FORMAT_VERSION: u8 = 5;
+/// The oldest version this build still reads.
+const OLDEST_READ: u8 = 4;
 const MAGIC: &[u8; 3] = b"KVS";
 const HEADER: usize = 3 + 1 + 8;
 
@@ -98,6 +104,10 @@ struct WireRecord<'a> {
     groups: Vec<Option<(String, u32, u32)>>,
     #[serde(borrow)]
     blocks: WireColumns<'a>,
+    /// The pod's engine units: (group, tier name, unit in canonical blocks). Absent before
+    /// version 5.
+    #[serde(default)]
+    units: Vec<(u32, String, u32)>,
 }
 
 /// `kvindex::Columns`, each column little-endian (u64, u32 or u8 per entry).
@@ -165,7 +175,7 @@ pub enum FormatError {
     Truncated(usize),
     #[error("not a kvindex snapshot value (bad magic)")]
     BadMagic,
-    #[error("snapshot format version {found}, this build reads {FORMAT_VERSION}")]
+    #[error("snapshot format version {found}, this build reads {OLDEST_READ} to {FORMAT_VERSION}")]
     Version { found: u8 },
     #[error("checksum mismatch")]
     Checksum,
@@ -206,7 +216,7 @@ fn unframe(value: &[u8]) -> Result<&[u8], FormatError> {
     if &value[..3] != MAGIC {
         return Err(FormatError::BadMagic);
     }
-    if value[3] != FORMAT_VERSION {
+    if !(OLDEST_READ..=FORMAT_VERSION).contains(&value[3]) {
         return Err(FormatError::Version { found: value[3] });
     }
     let body = &value[HEADER..];
@@ -256,6 +266,7 @@ pub fn encode_record(record: &StreamRecord) -> Vec<u8> {
             path_lens: &path_lens,
             path_keys: &path_keys,
         },
+        units: e.units.iter().map(|u| (u.group, u.tier.clone(), u.blocks)).collect(),
     };
     encode(&wire)
 }
@@ -286,6 +297,7 @@ pub fn decode_record(value: &[u8]) -> Result<StreamRecord, FormatError> {
             .into_iter()
             .map(|g| g.map(|(kind, window, block_tokens)| GroupExport { kind, window, block_tokens }))
             .collect(),
+        units: wire.units.into_iter().map(|(group, tier, blocks)| UnitExport { group, tier, blocks }).collect(),
     };
     Ok(StreamRecord { base: wire.base, rank: wire.rank, cursor: wire.cursor, export })
 }
@@ -305,8 +317,58 @@ mod tests {
             tiers: vec!["GPU".into(), "CPU".into()],
             blocks,
             groups: vec![None, Some(GroupExport { kind: "sliding_window".into(), window: 64, block_tokens: 32 })],
+            units: vec![
+                UnitExport { group: 0, tier: "GPU".into(), blocks: 2 },
+                UnitExport { group: 1, tier: "GPU".into(), blocks: 4 },
+            ],
         };
         StreamRecord::new("p", 0, 7, export)
+    }
+
+    /// A record as version 4 wrote it (no units) still loads: its pod's units come from its
+    /// blocks' spans when it is imported.
+    #[test]
+    fn a_version_4_record_loads_without_units() {
+        #[derive(Serialize)]
+        struct V4<'a> {
+            base: String,
+            rank: u32,
+            pod: String,
+            model: String,
+            cursor: u64,
+            tiers: Vec<String>,
+            groups: Vec<Option<(String, u32, u32)>>,
+            blocks: WireColumns<'a>,
+        }
+        let r = record();
+        let c = r.export.blocks.columns();
+        let (engines, parents, roots, counts) = (le64(&c.engines), le32(&c.parents), le64(&c.roots), le32(&c.counts));
+        let (keys, pb, pl, pk) = (le64(&c.keys), le32(&c.path_blocks), le32(&c.path_lens), le64(&c.path_keys));
+        let v4 = V4 {
+            base: "p".into(),
+            rank: 0,
+            pod: "p".into(),
+            model: "m".into(),
+            cursor: 7,
+            tiers: r.export.tiers.clone(),
+            groups: vec![None, Some(("sliding_window".into(), 64, 32))],
+            blocks: WireColumns {
+                engines: &engines,
+                parents: &parents,
+                roots: &roots,
+                counts: &counts,
+                keys: &keys,
+                tiers: &c.tiers,
+                path_blocks: &pb,
+                path_lens: &pl,
+                path_keys: &pk,
+            },
+        };
+        let mut bytes = frame(&rmp_serde::to_vec(&v4).unwrap());
+        bytes[3] = 4;
+        let decoded = decode_record(&bytes).unwrap();
+        assert!(decoded.export.units.is_empty());
+        assert_eq!(decoded.export, PodExport { units: Vec::new(), ..r.export });
     }
 
     #[test]
@@ -323,6 +385,9 @@ mod tests {
         assert_eq!(decode_record(b"XYZ\x01\0\0\0\0\0\0\0\0"), Err(FormatError::BadMagic));
         let cut = &bytes[..bytes.len() - 3];
         assert_eq!(decode_record(cut), Err(FormatError::Checksum));
+        let mut next = bytes.clone();
+        next[3] = FORMAT_VERSION + 1;
+        assert_eq!(decode_record(&next), Err(FormatError::Version { found: FORMAT_VERSION + 1 }));
         for old in [1, 2, 3] {
             let mut v = bytes.clone();
             v[3] = old;
@@ -348,6 +413,7 @@ mod tests {
                 cursor: 7,
                 tiers: vec![],
                 groups: vec![],
+                units: vec![],
                 blocks: WireColumns {
                     engines,
                     parents: &parents,

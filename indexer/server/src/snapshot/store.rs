@@ -441,8 +441,14 @@ mod tests {
     fn record(pod: &str, cursor: u64) -> StreamRecord {
         let mut blocks = EngineBlocks::default();
         blocks.push(5, ChainParent::Root(7), &[], &[10], &[1]).unwrap();
-        let export =
-            PodExport { pod: pod.into(), model: "m".into(), tiers: vec!["GPU".into()], blocks, groups: vec![] };
+        let export = PodExport {
+            pod: pod.into(),
+            model: "m".into(),
+            tiers: vec!["GPU".into()],
+            blocks,
+            groups: vec![],
+            units: vec![],
+        };
         StreamRecord::new(pod, 0, cursor, export)
     }
 

@@ -377,6 +377,8 @@ class Peer:
         return {
             "total_blocks": r.total_blocks,
             "block_size": r.block_size,
+            # Routers' reserved load per pod (RecordRoute reservations); None while they are off.
+            "in_flight": {p.pod: [p.requests, p.prefill_blocks] for p in r.in_flight.pods} if r.HasField("in_flight") else None,
             "scores": [
                 {
                     "pod": s.pod,
@@ -404,14 +406,32 @@ class Peer:
         replies = list(call(iter([b"\x3a\x00"]), timeout=10))
         return {"raw": b"".join(replies).decode("latin-1")}
 
-    def op_record_route(self, pod, model, tokens, ttl_ms=0, lora_name="", cache_salt="", token=None):
-        """RecordRoute with the test's bearer token unless `token` says otherwise ("" = none)."""
-        req = self.pb.RecordRouteRequest(pod=pod, model=model, token_ids=tokens, ttl_ms=ttl_ms, lora_name=lora_name, cache_salt=cache_salt)
+    def op_record_route(self, pod="", model="", tokens=(), ttl_ms=0, lora_name="", cache_salt="", token=None, reservations=()):
+        """RecordRoute with the test's bearer token unless `token` says otherwise ("" = none);
+        `reservations`: [{"pod", "request_id", "prefill_blocks", "ttl_ms"}]."""
+        req = self.pb.RecordRouteRequest(pod=pod, model=model, token_ids=tokens, ttl_ms=ttl_ms, lora_name=lora_name, cache_salt=cache_salt,
+                                         reservations=[self.pb.Reservation(**r) for r in reservations])
         try:
             r = self.stub.RecordRoute(req, timeout=10, metadata=self.auth(token))
         except grpc.RpcError as e:
             return {"ok": False, "code": e.code().name, "details": e.details()}
-        return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms}
+        return {"credited_blocks": r.credited_blocks, "ttl_ms": r.ttl_ms, "reserved": r.reserved, "reservation_ttl_ms": r.reservation_ttl_ms}
+
+    def op_release_route(self, releases, token=None):
+        """ReleaseRoute of `releases` ([request_id, "prefill" | "request" | <raw part number>])."""
+        parts = {"prefill": self.pb.RELEASE_PREFILL, "request": self.pb.RELEASE_REQUEST}
+        req = self.pb.ReleaseRouteRequest(releases=[self.pb.Release(request_id=i, part=parts.get(p, p)) for i, p in releases])
+        try:
+            r = self.stub.ReleaseRoute(req, timeout=10, metadata=self.auth(token))
+        except grpc.RpcError as e:
+            return {"ok": False, "code": e.code().name, "details": e.details()}
+        return {"released": r.released}
+
+    def op_score_units(self, model, tokens, pods=()):
+        """The unit (tokens) each scored pod is credited in (`PodScore.credit_unit_tokens`)."""
+        req = self.pb.ScoreTokensRequest(model=model, token_ids=tokens, pods=list(pods))
+        r = self.stub.ScoreTokens(req, timeout=10)
+        return {"units": [s.credit_unit_tokens for s in r.scores]}
 
     def op_score_pod_many(self, model, pod, prompts):
         """Matched blocks and state of `pod` for each prompt (one round trip for many queries)."""
@@ -564,8 +584,11 @@ class Peer:
     def op_wait_sub(self, names, timeout=20, fresh=False):
         return {"subscribed": all(self.pubs[n].wait_sub(timeout, fresh) for n in names)}
 
-    def op_store(self, name, chain, tokens, start=0, n=None, drop=False, medium="GPU"):
+    def op_store(self, name, chain, tokens, start=0, n=None, drop=False, medium="GPU", block_size=None):
+        """`block_size`: this store's engine blocks are of that size (the publisher's from now on)."""
         p = self.pubs[name]
+        if block_size is not None:
+            p.block_size = block_size
         n = len(tokens) // p.block_size - start if n is None else n
         return {"seq": p.store(chain, tokens, start, n, drop, medium)}
 
@@ -589,11 +612,13 @@ class Peer:
         topic, seq, payload = (bytes.fromhex(f) for f in frames_hex)
         return {"seq": p.send(payload, drop=drop, seq=int.from_bytes(seq, "big"), topic=topic)}
 
-    def op_restart(self, name, connect_later=False):
+    def op_restart(self, name, connect_later=False, block_size=None):
         """A new process: seq from 0, nothing held, empty replay buffer. With `connect_later`,
         it publishes unconnected (messages lost on the wire) until `connect` (a bound one: until
-        `plug`)."""
+        `plug`). With `block_size`, the new process stores engine blocks of that size."""
         p = self.pubs[name]
+        if block_size is not None:
+            p.block_size = block_size
         p.close()
         p.open(connect=not connect_later)
         return {"endpoint": p.pub_ep, "replay_endpoint": p.replay_ep}
@@ -667,7 +692,9 @@ class Peer:
 
     def op_check(self, names, model):
         """The property: no pod is credited with a block its publisher does not hold; and an
-        EXACT pod is credited with exactly what it holds."""
+        EXACT pod is credited with exactly what its engine would serve of it: the engine blocks
+        it holds, at most the prompt's tokens minus one (vLLM computes the last token), compared
+        in tokens (the engine's blocks may be larger than the index's)."""
         violations, mismatches, states = [], [], {}
         for n in names:
             p = self.pubs[n]
@@ -676,12 +703,13 @@ class Peer:
                 if r.get("ok") is False:
                     return r
                 s = r["scores"][0]
-                held = p.held_prefix(tokens)
+                held = min(p.held_prefix(tokens), (len(tokens) - 1) // p.block_size) * p.block_size
+                matched = s["matched_blocks"] * r["block_size"]
                 states[p.pod] = s["state"]
-                if s["matched_blocks"] > held:
-                    violations.append({"pod": p.pod, "chain": chain, "matched": s["matched_blocks"], "held": held})
-                if s["state"] == "EXACT" and s["matched_blocks"] != held:
-                    mismatches.append({"pod": p.pod, "chain": chain, "matched": s["matched_blocks"], "held": held})
+                if matched > held:
+                    violations.append({"pod": p.pod, "chain": chain, "matched": matched, "held": held})
+                if s["state"] == "EXACT" and matched != held:
+                    mismatches.append({"pod": p.pod, "chain": chain, "matched": matched, "held": held})
         return {"violations": violations, "mismatches": mismatches, "states": states}
 
 

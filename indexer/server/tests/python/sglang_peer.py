@@ -199,10 +199,11 @@ class SglangPub:
         return self.publish([kv.BlockRemoved(block_hashes=[page_id(d) for d in gone], medium="GPU")])
 
     def held_blocks(self, chain, tokens, block_size):
-        """Canonical blocks of `tokens` SGLang would serve: whole held pages, whole blocks."""
+        """Canonical blocks of `tokens` SGLang would serve: whole held pages of at most the
+        prompt's tokens minus one (SGLang computes the last token), whole blocks."""
         held_tokens, digests = self.chains.get(chain, ([], []))
         n = 0
-        while n < len(digests) and n * self.page_size < len(tokens):
+        while n < len(digests) and (n + 1) * self.page_size <= len(tokens) - 1:
             if held_tokens[n * self.page_size : (n + 1) * self.page_size] != tokens[n * self.page_size : (n + 1) * self.page_size]:
                 break
             n += 1
@@ -250,11 +251,14 @@ class Peer(kvpeer.Peer):
         return {"pubs": {n: {"pod": self.sgl[n].pod, "last_seq": self.sgl[n].sent - 1} for n in names}}
 
     def op_sgl_check(self, names, model, block_size):
-        """kvindex's score of every chain against what each SGLang publisher would serve."""
+        """kvindex's score of every chain against what each SGLang publisher would serve of a
+        prompt continuing it by one token (so every page of the chain can be served: SGLang
+        computes a prompt's last token)."""
         violations, mismatches, states, scores = [], [], {}, {}
         for n in names:
             p = self.sgl[n]
             for chain, (tokens, _) in p.chains.items():
+                tokens = tokens + [0]
                 r = self.op_score(model, tokens, pods=[p.pod], cache_salt=p.salts.get(chain) or "")
                 if r.get("ok") is False:
                     return r

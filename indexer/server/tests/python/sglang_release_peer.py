@@ -200,10 +200,11 @@ class Peer(sglang_peer.Peer):
         return self.sgl[name].endpoints()
 
     def op_sgl_check_fleet(self, names, model, block_size):
-        """Every chain any named publisher holds, scored on every named pod: what that pod's
-        publisher serves of it (0 for another rank's chain)."""
+        """Every chain any named publisher holds, continued by one token (SGLang computes a
+        prompt's last token), scored on every named pod: what that pod's publisher serves of it
+        (0 for another rank's chain)."""
         violations, mismatches, scores = [], [], {}
-        chains = {c: tokens for n in names for c, (tokens, _) in self.sgl[n].chains.items()}
+        chains = {c: tokens + [0] for n in names for c, (tokens, _) in self.sgl[n].chains.items()}
         for n in names:
             p = self.sgl[n]
             for chain, tokens in chains.items():

@@ -99,7 +99,15 @@ impl Peer {
         self.0.cmd(cmd)
     }
 
+    /// ScoreTokens for `tokens` and one token more: the engine computes a prompt's last token,
+    /// so only then can every block of `tokens` be credited (what a test of what a pod holds
+    /// asks). [`score_exactly`](Self::score_exactly) asks for `tokens` alone.
     pub fn score(&mut self, model: &str, tokens: &[u32], pods: &[&str]) -> Value {
+        self.score_exactly(model, &[tokens, &[0]].concat(), pods)
+    }
+
+    /// ScoreTokens for the prompt `tokens`.
+    pub fn score_exactly(&mut self, model: &str, tokens: &[u32], pods: &[&str]) -> Value {
         self.cmd(json!({"op": "score", "model": model, "tokens": tokens, "pods": pods}))
     }
 

@@ -19,8 +19,8 @@ pub fn hint(ranked: &[PodChoice], band: f64) -> Option<Vec<String>> {
     } else {
         ranked.iter().collect()
     };
-    let floor = pool.iter().map(|c| c.load.load).fold(f64::INFINITY, f64::min);
-    let in_band: Vec<&PodChoice> = pool.into_iter().filter(|c| c.load.load <= floor + band).collect();
+    let floor = pool.iter().map(|c| c.requests()).fold(f64::INFINITY, f64::min);
+    let in_band: Vec<&PodChoice> = pool.into_iter().filter(|c| c.requests() <= floor + band).collect();
     let best = in_band.iter().map(|c| c.cached_blocks).max()?;
     if best == 0 {
         return None;

@@ -137,6 +137,7 @@ async fn proxy(app: Arc<App>, endpoint: Endpoint, request: Request) -> Result<Re
             body = body.with_usage(UsageTap::new(Prediction {
                 cached_blocks: served.cached_blocks,
                 block_size: decision.block_size,
+                unit: served.credit_unit,
                 prompt_tokens: decision.prompt_tokens,
             }));
         }

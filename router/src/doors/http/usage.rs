@@ -12,6 +12,7 @@
 //! what cannot be a key with `memchr`.
 
 use crate::metrics as m;
+use crate::place::decision::CreditUnit;
 
 /// Longest key the scanner compares; longer strings are skipped without being kept.
 const MAX_KEY: usize = 16;
@@ -200,18 +201,27 @@ pub struct Prediction {
     /// Cached blocks the cost used for that pod (exact match or speculative credit).
     pub cached_blocks: u32,
     pub block_size: u32,
+    /// The unit the indexer credited that pod in (its engine's block; EAGLE).
+    pub unit: CreditUnit,
     /// The router's own count of the prompt, if it tokenized it.
     pub prompt_tokens: Option<usize>,
 }
 
 impl Prediction {
-    /// Predicted cached tokens, capped as vLLM caps a hit: at least the prompt's last token is
-    /// computed, so at most `⌊(prompt − 1) / block⌋` blocks.
+    /// Predicted cached tokens, capped as the engine caps a hit of a prompt of the engine's own
+    /// length: at least its last token is computed, the hit is whole engine blocks, and with
+    /// EAGLE one block fewer, so at most `⌊(prompt − 1) / unit⌋ · unit` (less a unit).
+    /// `cached_blocks` already obeys these for the router's count of the prompt; the cap
+    /// matters when the engine counted fewer tokens.
     pub fn cached_tokens(&self, prompt_tokens: Option<u64>) -> u64 {
         let bs = u64::from(self.block_size.max(1));
+        let unit = u64::from(self.unit.tokens).max(bs);
         let predicted = u64::from(self.cached_blocks) * bs;
         match prompt_tokens.or(self.prompt_tokens.map(|p| p as u64)) {
-            Some(prompt) if prompt > 0 => predicted.min((prompt - 1) / bs * bs),
+            Some(prompt) if prompt > 0 => {
+                let whole = (prompt - 1) / unit * unit;
+                predicted.min(if self.unit.eagle { whole.saturating_sub(unit) } else { whole })
+            }
             _ => predicted,
         }
     }
@@ -337,10 +347,35 @@ mod tests {
 
     #[test]
     fn the_prediction_is_capped_as_the_engine_caps_a_hit() {
-        let p = Prediction { cached_blocks: 4, block_size: 16, prompt_tokens: Some(64) };
+        let p = Prediction { cached_blocks: 4, block_size: 16, unit: CreditUnit::default(), prompt_tokens: Some(64) };
         // 64 tokens: at most 3 blocks can be hit (the last token is always computed).
         assert_eq!(p.cached_tokens(None), 48);
         assert_eq!(p.cached_tokens(Some(65)), 64);
         assert_eq!(Prediction { prompt_tokens: None, ..p }.cached_tokens(None), 64);
+        assert_eq!(Prediction { unit: CreditUnit { tokens: 16, eagle: false }, ..p }.cached_tokens(None), 48);
+    }
+
+    #[test]
+    fn the_prediction_is_cut_to_the_engines_blocks_when_the_engine_counts_fewer_tokens() {
+        // 8 blocks of 16 predicted on a pod of engine blocks of 64 (two whole engine blocks),
+        // for a prompt the router counted at 200 tokens.
+        let p = Prediction {
+            cached_blocks: 8,
+            block_size: 16,
+            unit: CreditUnit { tokens: 64, eagle: false },
+            prompt_tokens: Some(200),
+        };
+        assert_eq!(p.cached_tokens(None), 128);
+        // The engine counted 120 tokens: it reuses one engine block of 64, not 112 tokens.
+        assert_eq!(p.cached_tokens(Some(120)), 64);
+        assert_eq!(p.cached_tokens(Some(129)), 128);
+        assert_eq!(p.cached_tokens(Some(128)), 64);
+        // EAGLE (the prediction has already dropped a block for 200 tokens): a hit capped at
+        // 128 tokens drops one more block, as the engine does.
+        let eagle = Prediction { cached_blocks: 4, unit: CreditUnit { tokens: 64, eagle: true }, ..p };
+        assert_eq!(
+            (eagle.cached_tokens(None), eagle.cached_tokens(Some(129)), eagle.cached_tokens(Some(120))),
+            (64, 64, 0)
+        );
     }
 }
