@@ -1,8 +1,8 @@
 //! [`KvIndexConfig`]: what a [`KvIndex`](super::KvIndex) is built with, a leaf that the index and
 //! the service's configuration both read.
 
-use super::ingest::HashCheck;
 use super::tiers::{TierLimits, TierWeights};
+use crate::vllm_hash::BlockHasher;
 
 #[derive(Debug, Clone)]
 pub struct KvIndexConfig {
@@ -32,4 +32,17 @@ impl Default for KvIndexConfig {
             tier_classes: TierWeights::default(),
         }
     }
+}
+
+/// Sampled cross-check of the engine's block hashes against vLLM's own recipe.
+///
+/// Matching never depends on it (keys come from token ids), but a source whose recomputed
+/// hashes all mismatch is misconfigured: wrong block size, seed or algorithm, the usual cause
+/// of "scores are always 0" in deployments that key on engine hashes, and a sign that the
+/// engine is not the release operators think it is.
+#[derive(Debug, Clone)]
+pub struct HashCheck {
+    pub hasher: BlockHasher,
+    /// Check one in this many stores of a pod (1 = every store, 0 = never).
+    pub every: u32,
 }

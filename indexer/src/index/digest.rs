@@ -17,9 +17,6 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::tiers::TierId;
-use super::KvIndex;
-
 /// The hash of a residency of the block `key` whose chain parent is `parent` (the previous
 /// block's key, or the namespace root for a chain's first block). Keys are uniform 64-bit
 /// hashes already; the mix makes the parent's bits matter as much as the key's.
@@ -67,30 +64,6 @@ pub fn combine<'a>(tiers: impl IntoIterator<Item = (&'a str, u64, u64)>) -> u64 
         digest = digest.wrapping_add(residency(named ^ blocks.rotate_left(17), sum));
     }
     digest
-}
-
-/// What a replica holds for a pod, in one comparable number (see the module doc).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PodDigest {
-    pub digest: u64,
-    /// Blocks held in any tier.
-    pub blocks: u64,
-}
-
-impl KvIndex {
-    /// What this index holds for `pod`, as a digest another replica's can be compared with
-    /// (None: the pod is unknown here). O(tiers): the sums are kept up to date by every edit.
-    pub fn pod_digest(&self, pod: &str) -> Option<PodDigest> {
-        let id = self.pods.get(pod)?;
-        let state = self.states.read().get(&id).cloned()?;
-        let (sums, blocks, tier_blocks) = {
-            let state = state.lock();
-            (state.digest_sums(), state.blocks(), state.tier_blocks())
-        };
-        let names: Vec<String> = (0..sums.len()).map(|t| self.tiers.name(TierId(t as u8))).collect();
-        let tiers = names.iter().zip(tier_blocks).zip(sums).map(|((name, n), sum)| (name.as_str(), n, sum));
-        Some(PodDigest { digest: combine(tiers), blocks })
-    }
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 
 pub use super::engine_blocks::ChainParent;
 use super::engine_blocks::EngineBlocks;
-use super::ingest::{GroupKind, GroupSpec, MAX_GROUPS};
+use super::groups::{GroupKind, GroupSpec, MAX_GROUPS};
 use super::tiers::{TierId, MAX_TIERS};
 use super::tree::{HeldBlock, ParentKey, Pos};
 use super::units::lcm;

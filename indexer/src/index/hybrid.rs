@@ -24,7 +24,7 @@
 //! block longer, and the coordinated length less one step. vLLM's releases differ in how they
 //! combine the drop across groups; this rule is never longer than any of them.
 
-use crate::index::ingest::{GroupKind, GroupSpec};
+use crate::index::groups::{GroupKind, GroupSpec};
 use crate::index::pods::PodId;
 use crate::index::score::PodMatch;
 use crate::index::tiers::{Tiers, MAX_TIERS};
@@ -39,16 +39,6 @@ pub struct GroupPlan {
 }
 
 impl GroupPlan {
-    /// Whether group 0 alone, as full attention, decides this pod's score.
-    pub fn is_plain(groups: &[Option<GroupSpec>]) -> bool {
-        match groups {
-            [] => true,
-            [Some(g)] => matches!(g.kind, GroupKind::Full | GroupKind::AsFull),
-            [None] => true,
-            _ => false,
-        }
-    }
-
     /// Group indices that take part, in the order the coordinator consults them (full
     /// attention first, as vLLM sorts them).
     pub fn order(&self) -> Vec<u32> {
@@ -275,14 +265,5 @@ mod tests {
         let w2: &[(u32, u32)] = &[(0, 3), (6, 9), (10, 12)];
         let w3: &[(u32, u32)] = &[(0, 1), (4, 8), (11, 12)];
         assert_eq!(hit(&plan, &[full, w2, w3], 12), 8);
-    }
-
-    #[test]
-    fn plain_pods_skip_all_of_this() {
-        assert!(GroupPlan::is_plain(&[]));
-        assert!(GroupPlan::is_plain(&[spec(FULL, 16)]));
-        assert!(GroupPlan::is_plain(&[spec(GroupKind::AsFull, 16)]));
-        assert!(!GroupPlan::is_plain(&[spec(GroupKind::SlidingWindow { tokens: 32 }, 16)]));
-        assert!(!GroupPlan::is_plain(&[spec(FULL, 16), spec(FULL, 16)]));
     }
 }

@@ -15,6 +15,8 @@ use smallvec::SmallVec;
 
 use crossbeam_epoch::Guard;
 
+use super::config::HashCheck;
+use super::groups::{is_plain, GroupKind, GroupSpec, MAX_GROUPS};
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, TierRefusal, Tiers, MAX_TIERS};
@@ -25,72 +27,12 @@ use crate::keys::{block_key, block_keys, namespace_of, namespace_root, BlockKey,
 use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
 use crate::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value};
 
-/// KV-cache groups a pod may use (hybrid models have a handful).
-pub const MAX_GROUPS: usize = 64;
-
-/// Sampled cross-check of the engine's block hashes against vLLM's own recipe.
-///
-/// Matching never depends on it (keys come from token ids), but a source whose recomputed
-/// hashes all mismatch is misconfigured: wrong block size, seed or algorithm, the usual cause
-/// of "scores are always 0" in deployments that key on engine hashes, and a sign that the
-/// engine is not the release operators think it is.
-#[derive(Debug, Clone)]
-pub struct HashCheck {
-    pub hasher: BlockHasher,
-    /// Check one in this many stores of a pod (1 = every store, 0 = never).
-    pub every: u32,
-}
-
 /// The shared pieces every pod's ingest needs.
 pub struct IngestContext<'a> {
     pub tiers: &'a Tiers,
     /// Canonical block size of our keys.
     pub block_size: usize,
     pub hash_check: Option<&'a HashCheck>,
-}
-
-/// A KV-cache group's attention kind, as the engine names it (`kv_cache_spec_kind`, vLLM
-/// 0.22+). It decides which blocks of a prefix the group needs for vLLM to serve it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GroupKind {
-    /// Every block of the prefix (`full_attention`, `mla_attention`, `sink_full_attention`).
-    Full,
-    /// The blocks of the window before the cut (`sliding_window`, `sliding_window_mla`).
-    SlidingWindow { tokens: u32 },
-    /// The block just before the cut (`mamba`).
-    Mamba,
-    /// Named kinds vLLM serves no less than a fully held prefix of (`chunked_local_attention`),
-    /// and groups whose kind the engine does not publish (before 0.22): scored as full
-    /// attention, which can only under-report.
-    AsFull,
-    /// Kinds kvindex does not model (`cross_attention`, `encoder_only_attention`, `unknown`,
-    /// anything new): a pod with such a group is not scored at all rather than guessed.
-    Unscored,
-}
-
-impl GroupKind {
-    /// The kind an event's `kv_cache_spec_kind` (and window) names. A group whose events name
-    /// no kind stays [`GroupKind::AsFull`].
-    fn from_event(kind: &str, window: Option<i64>) -> GroupKind {
-        match kind {
-            "full_attention" | "mla_attention" | "sink_full_attention" => GroupKind::Full,
-            "sliding_window" | "sliding_window_mla" => match window.and_then(|w| u32::try_from(w).ok()) {
-                Some(tokens) if tokens > 0 => GroupKind::SlidingWindow { tokens },
-                _ => GroupKind::Unscored,
-            },
-            "mamba" => GroupKind::Mamba,
-            "chunked_local_attention" => GroupKind::AsFull,
-            _ => GroupKind::Unscored,
-        }
-    }
-}
-
-/// What a pod's engine said about one KV-cache group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GroupSpec {
-    pub kind: GroupKind,
-    /// The group's block size in tokens (the largest full block seen; 0 = none stored yet).
-    pub block_tokens: u32,
 }
 
 /// One pod's view of its engine: which segments it holds blocks in, how its engine hashes
@@ -216,7 +158,7 @@ impl PodIngest {
 
     /// [`cut`](Self::cut), with the unit also a multiple of `extra`.
     fn cut_with(&self, extra: u32) -> Cut {
-        let base = if super::hybrid::GroupPlan::is_plain(&self.groups) { self.units.plain() } else { self.units.all() };
+        let base = if is_plain(&self.groups) { self.units.plain() } else { self.units.all() };
         Cut { unit: lcm(base, extra).saturating_mul(self.rules.context_parallel.max(1)), eagle: self.rules.eagle }
     }
 
@@ -224,7 +166,7 @@ impl PodIngest {
     /// blocks of a size not noted yet, and no reader may see one of their blocks under a
     /// smaller unit. `None` when that is the cut already published.
     pub(super) fn cut_for_batch(&self, block_size: usize, batch: &EventBatch<'_>) -> Option<Cut> {
-        let plain = super::hybrid::GroupPlan::is_plain(&self.groups);
+        let plain = is_plain(&self.groups);
         let mut extra = 1;
         for event in &batch.events {
             if let Event::BlockStored(s) = event {

@@ -9,8 +9,9 @@ use crossbeam_epoch::{self as epoch, Guard};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
+use super::groups::{is_plain, GroupSpec};
 use super::hybrid::{coordinate, GroupPlan, Held};
-use super::ingest::{GroupSpec, IngestContext, PodIngest};
+use super::ingest::{IngestContext, PodIngest};
 use super::pods::{PodId, Pods};
 use super::published::Published;
 use super::score::{score, score_in_units, PodFilter, PodMatch};
@@ -187,7 +188,7 @@ impl KvIndex {
 
     /// Records (or with `None`, forgets) a pod's KV-cache groups for scoring.
     pub(super) fn publish_plan(&self, pod: PodId, groups: Option<&[Option<GroupSpec>]>) {
-        let plan = groups.filter(|g| !GroupPlan::is_plain(g)).map(|g| GroupPlan { groups: g.to_vec() });
+        let plan = groups.filter(|g| !is_plain(g)).map(|g| GroupPlan { groups: g.to_vec() });
         self.plans.set(pod, plan);
     }
 

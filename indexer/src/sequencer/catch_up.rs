@@ -32,17 +32,22 @@ impl<P> Sequencer<P> {
     /// process), so the stream is cleared now and caught up from 0 instead of at its next
     /// message. Without a replay socket nothing changes here (the next message resyncs).
     ///
-    /// The same for the first connection after a start-up replay (answered, or still in
-    /// flight): the process that answered it may have restarted before our dialer reached its
-    /// PUB, and the new one's seqs then sit below the cursor (dropped as duplicates) or past
-    /// it (applied onto the old process's blocks). Its history is read again from 0, which
-    /// re-learns everything the start-up replay brought that the engine still holds. A stream
-    /// resumed from a snapshot keeps its cursor: its proof is the resume rules'.
+    /// The same for the first connection after a start-up replay that was answered before it
+    /// (the engine's PUB was out of reach while its replay socket answered): the process that
+    /// answered may have restarted before our dialer reached its PUB, and the new one's seqs
+    /// then sit below the cursor (dropped as duplicates) or past it (applied onto the old
+    /// process's blocks). Its history is read again from 0, which re-learns everything the
+    /// start-up replay brought that the engine still holds. A start-up replay still in flight
+    /// when the connection opens is answered by the process the connection reaches (a restart
+    /// inside that window is not told apart), so the catch-up waits for it and asks from its
+    /// cursor. A stream resumed from a snapshot keeps its cursor: its proof is the resume
+    /// rules'.
     pub fn on_connected(&mut self, now: Millis, out: &mut Vec<Step<P>>) {
         if !self.config.replay {
             return;
         }
-        let first_after_sync = std::mem::take(&mut self.synced_unconnected);
+        let start_up_in_flight = self.replay.as_ref().is_some_and(|r| r.reason == Reason::InitialSync);
+        let first_after_sync = std::mem::take(&mut self.synced_unconnected) && !start_up_in_flight;
         if (self.reconnected || first_after_sync) && self.holds_any() {
             self.restart(Reason::Reconnect, out);
             self.last_live = None;
@@ -208,22 +213,22 @@ mod tests {
     }
 
     #[test]
-    fn a_start_up_replay_in_flight_when_the_connection_opens_gives_way_to_a_catch_up() {
+    fn waits_for_the_start_up_replay_in_flight_then_catches_up_from_its_cursor() {
         let mut s = Seq::new(cfg());
         let mut out = Vec::new();
         s.start_initial_sync(0, &mut out);
-        let (start_up, _) = s.replay_in_flight().unwrap();
         let mut out = Vec::new();
         s.on_connected(1, &mut out);
-        assert!(out
-            .iter()
-            .any(|s| matches!(s, Step::ReplayDone { id, outcome: ReplayOutcome::Abandoned } if *id == start_up)));
-        assert_eq!(asked(&out), Some((0, Reason::CatchUp)), "one replay at a time, from 0");
-        // The start-up replay's late answer is ignored; the catch-up's applies.
-        let mut late = Vec::new();
-        s.on_replay_message(start_up, 0, Item::Batch(0), 2, &mut late);
-        assert!(applied(&late).is_empty());
-        assert_eq!(applied(&answer(&mut s, &[0, 1], 3)), vec![0, 1]);
+        assert_eq!(asked(&out), None, "one replay at a time");
+        assert!(!cleared(&out), "the replay in flight is answered by the process the connection reaches");
+        assert!(s.catch_up_wanted());
+        // The start-up replay was answered before the subscription reached the publisher, which
+        // published seq 1 in between: only the catch-up brings it.
+        answer(&mut s, &[0], 2);
+        let mut out = Vec::new();
+        s.on_tick(3, &mut out);
+        assert_eq!(asked(&out), Some((1, Reason::CatchUp)));
+        assert_eq!(applied(&answer(&mut s, &[0, 1], 4)), vec![1]);
         assert_eq!(s.state(), SourceState::Exact);
     }
 
@@ -260,6 +265,21 @@ mod tests {
         let mut out = Vec::new();
         s.on_tick(2_010, &mut out);
         assert_eq!(asked(&out), None, "seq 0 came live: nothing before it is missing");
+        assert!(!s.catch_up_wanted());
+    }
+
+    #[test]
+    fn a_live_message_held_behind_the_start_up_replay_makes_it_needless() {
+        let mut s = Seq::new(cfg());
+        let mut out = Vec::new();
+        s.start_initial_sync(0, &mut out);
+        s.on_connected(1, &mut out);
+        s.on_live(1, Item::Batch(1), 2, &mut out); // held behind the start-up replay
+        let out = answer(&mut s, &[0], 3);
+        assert_eq!(applied(&out), vec![0, 1]);
+        let mut out = Vec::new();
+        s.on_tick(4, &mut out);
+        assert_eq!(asked(&out), None, "seq 1 came live: nothing before it is missing");
         assert!(!s.catch_up_wanted());
     }
 

@@ -151,8 +151,8 @@ pub struct Sequencer<P> {
     reconnected: bool,
     /// Restored from a snapshot's cursor and no batch applied since (see `resume`).
     resumed: bool,
-    /// The start-up replay was asked before any live connection: what it brought came from
-    /// whichever process answered it, which the first connection may not reach (see
+    /// The start-up replay was asked before any live connection: if it is answered before one
+    /// opens, what it brought came from a process the first connection may not reach (see
     /// `catch_up`).
     synced_unconnected: bool,
     /// The publisher epoch of the last live message that had one (24-byte seq frames).

@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use super::indexer::IndexerPool;
 use crate::config::IndexerToken;
 use crate::metrics as m;
+use crate::pods::reservation::Reservation;
 
 /// Releases waiting for one indexer; past it a release is dropped (its reservation expires).
 const QUEUE: usize = 65_536;
@@ -78,42 +79,8 @@ impl Reservations {
     pub fn reserve(&self, pod: &str, prefill_blocks: u32) -> (pb::Reservation, Reservation) {
         let request_id = self.base.wrapping_add(self.next.fetch_add(1, Ordering::Relaxed));
         let sent = pb::Reservation { pod: pod.to_string(), request_id, prefill_blocks, ttl_ms: self.ttl_ms };
-        let held = Reservation { request_id, prefill: prefill_blocks > 0, queues: self.queues.clone() };
+        let held = Reservation::new(request_id, prefill_blocks > 0, self.queues.clone());
         (sent, held)
-    }
-}
-
-/// A reservation this router holds: [`prefilled`](Self::prefilled) at the first response byte,
-/// dropped at the end of the response (or when the request is abandoned).
-#[derive(Debug)]
-pub struct Reservation {
-    request_id: u64,
-    /// Its prefill part is still to release.
-    prefill: bool,
-    queues: Arc<[mpsc::Sender<pb::Release>]>,
-}
-
-impl Reservation {
-    /// The pod answered: its prefill part ends. Idempotent.
-    pub fn prefilled(&mut self) {
-        if std::mem::take(&mut self.prefill) {
-            self.release(pb::ReleasePart::ReleasePrefill);
-        }
-    }
-
-    fn release(&self, part: pb::ReleasePart) {
-        for queue in self.queues.iter() {
-            if queue.try_send(pb::Release { request_id: self.request_id, part: part as i32 }).is_err() {
-                metrics::counter!(m::RELEASES, "outcome" => "dropped").increment(1);
-            }
-        }
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        // The request's end ends its prefill too.
-        self.release(pb::ReleasePart::ReleaseRequest);
     }
 }
 

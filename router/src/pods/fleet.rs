@@ -32,8 +32,8 @@ use tokio::sync::watch;
 
 use super::spec::{DpRouting, PodSpec, Role};
 use crate::metrics as m;
-use crate::place::reserve::Reservation;
 use crate::pods::engine_load::EngineLoad;
+use crate::pods::reservation::Reservation;
 
 /// Where a pod's entry came from; a source only changes its own entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
