@@ -29,7 +29,12 @@
 //! writer rate, reader p50/p99 under ingest.
 //!
 //! `kvindex-dynamo-compare [--entries N] [--workers P] [--queries Q] [--extra E] [--readers R]
-//! [--read-rate QPS] [--concurrency 1,2,4]` runs every process and prints the ratios.
+//! [--read-rate QPS] [--concurrency 1,2,4] [--reps 5] [--quiet-reps 1] [--baseline BIN]` runs
+//! every process and prints medians over the rounds with their spread, and the ratios. One tail
+//! figure means little on a shared machine, so the concurrent phase runs `--reps` rounds (each
+//! a fresh process per indexer and writer count, the indexers interleaved and their order
+//! alternated between rounds); `--baseline` adds another build's kvindex to every round, so a
+//! change is measured against its base in the same invocation.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -547,6 +552,13 @@ struct Options {
     read_rate: u64,
     writers: usize,
     concurrency: Vec<usize>,
+    /// Rounds of the concurrent phase (each a fresh process per indexer and writer count).
+    reps: usize,
+    /// Rounds of the quiet phase (fill, quiet queries, memory).
+    quiet_reps: usize,
+    /// Another build of this harness whose kvindex runs beside ours in every round
+    /// (`kvindex-baseline`): before and after a change in one invocation, interleaved.
+    baseline: Option<std::path::PathBuf>,
 }
 
 fn options(args: &[String]) -> Result<Options, String> {
@@ -565,6 +577,9 @@ fn options(args: &[String]) -> Result<Options, String> {
         read_rate: number(args, "--read-rate", 20_000)?,
         writers: number(args, "--writers", 0)? as usize,
         concurrency,
+        reps: number(args, "--reps", 5)?.max(1) as usize,
+        quiet_reps: number(args, "--quiet-reps", 1)?.max(1) as usize,
+        baseline: flag(args, "--baseline").map(std::path::PathBuf::from),
     })
 }
 
@@ -597,9 +612,19 @@ fn run_one(name: &str, o: &Options) -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-fn child(me: &std::path::Path, o: &Options, name: &str, writers: usize) -> Result<String, String> {
-    let output = Command::new(me)
-        .args(["--only", name])
+/// One contender of a round: a label, the binary that runs it, and its `--only` name there.
+struct Contender {
+    label: &'static str,
+    bin: std::path::PathBuf,
+    only: &'static str,
+}
+
+/// Runs `c` for one round in its own process; returns its lines, relabelled with `c.label`
+/// and tagged with the round and the process's place in it (`slot`: round and writer count),
+/// by which the ratios pair contenders that ran side by side.
+fn child(c: &Contender, o: &Options, writers: usize, round: usize) -> Result<Vec<String>, String> {
+    let output = Command::new(&c.bin)
+        .args(["--only", c.only])
         .args(["--entries", &o.entries.to_string()])
         .args(["--workers", &o.workers.to_string()])
         .args(["--queries", &o.queries.to_string()])
@@ -608,11 +633,71 @@ fn child(me: &std::path::Path, o: &Options, name: &str, writers: usize) -> Resul
         .args(["--read-rate", &o.read_rate.to_string()])
         .args(["--writers", &writers.to_string()])
         .output()
-        .map_err(|e| format!("cannot run {name}: {e}"))?;
+        .map_err(|e| format!("cannot run {}: {e}", c.label))?;
     if !output.status.success() {
-        return Err(format!("{name} failed: {}", String::from_utf8_lossy(&output.stderr)));
+        return Err(format!("{} failed: {}", c.label, String::from_utf8_lossy(&output.stderr)));
     }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    let from = format!("\"indexer\":\"{}", c.only);
+    let to = format!("\"indexer\":\"{}", c.label);
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| l.ends_with('}'))
+        .map(|l| {
+            let slot = round * 1000 + writers;
+            format!("{},\"round\":{round},\"slot\":{slot}}}", l[..l.len() - 1].replacen(&from, &to, 1))
+        })
+        .collect())
+}
+
+/// Median, minimum and maximum (NaN when empty).
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.retain(|v| !v.is_nan());
+    if values.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 };
+    (median, values[0], values[n - 1])
+}
+
+/// The lines of one contender: the quiet phase's (`writers` None) or one writer count's.
+fn rows<'a>(lines: &'a [String], label: &str, writers: Option<usize>) -> Vec<&'a String> {
+    let tag = format!("\"indexer\":\"{label}\"");
+    lines
+        .iter()
+        .filter(|line| {
+            line.contains(&tag)
+                && match writers {
+                    None => !line.contains("\"writers\""),
+                    Some(w) => line.contains(&format!("\"writers\":{w},")),
+                }
+        })
+        .collect()
+}
+
+/// `key` over the rounds of one contender: median, min, max.
+fn over_rounds(lines: &[String], label: &str, writers: Option<usize>, key: &str) -> (f64, f64, f64) {
+    spread(rows(lines, label, writers).iter().map(|l| field(l, key)).collect())
+}
+
+/// Ratios of `key`, ours / theirs in the same slot (same round and writer count): median,
+/// min, max.
+fn round_ratios(lines: &[String], ours: &str, theirs: &str, writers: Option<usize>, key: &str) -> (f64, f64, f64) {
+    let theirs = rows(lines, theirs, writers);
+    spread(
+        rows(lines, ours, writers)
+            .iter()
+            .filter_map(|o| {
+                let slot = field(o, "slot");
+                theirs.iter().find(|t| field(t, "slot") == slot).map(|t| field(o, key) / field(t, key))
+            })
+            .collect(),
+    )
+}
+
+fn show((median, min, max): (f64, f64, f64), digits: usize) -> String {
+    format!("{median:.digits$} [{min:.digits$}–{max:.digits$}]")
 }
 
 fn main() -> std::process::ExitCode {
@@ -635,17 +720,40 @@ fn main() -> std::process::ExitCode {
         eprintln!("kvindex-dynamo-compare: cannot find its own binary");
         return std::process::ExitCode::FAILURE;
     };
-    let mut lines = Vec::new();
-    let mut runs: Vec<(&str, usize)> = vec![("kvindex", 0), ("dynamo", 0), ("dynamo-crtc", 0)];
-    for &w in &o.concurrency {
-        runs.push(("kvindex", w));
-        runs.push(("dynamo-crtc", w));
+    let mut contenders = vec![Contender { label: "kvindex", bin: me.clone(), only: "kvindex" }];
+    if let Some(bin) = &o.baseline {
+        contenders.push(Contender { label: "kvindex-baseline", bin: bin.clone(), only: "kvindex" });
     }
-    for (name, writers) in runs {
-        match child(&me, &o, name, writers) {
+    let labels: Vec<&str> = contenders.iter().map(|c| c.label).collect();
+    contenders.push(Contender { label: "dynamo", bin: me.clone(), only: "dynamo" });
+    contenders.push(Contender { label: "dynamo-crtc", bin: me.clone(), only: "dynamo-crtc" });
+    // Rounds interleave the contenders, and alternate their order, so that a change in the
+    // machine's load falls on all of them alike.
+    let mut runs: Vec<(&Contender, usize, usize)> = Vec::new();
+    for round in 0..o.quiet_reps {
+        let mut order: Vec<&Contender> = contenders.iter().collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        runs.extend(order.into_iter().map(|c| (c, 0, round)));
+    }
+    for round in 0..o.reps {
+        for &w in &o.concurrency {
+            let mut order: Vec<&Contender> = contenders.iter().filter(|c| c.only != "dynamo").collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            runs.extend(order.into_iter().map(|c| (c, w, round)));
+        }
+    }
+    let mut lines: Vec<String> = Vec::new();
+    for (c, writers, round) in runs {
+        match child(c, &o, writers, round) {
             Ok(text) => {
-                print!("{text}");
-                lines.extend(text.lines().map(str::to_string));
+                for line in text {
+                    println!("{line}");
+                    lines.push(line);
+                }
             }
             Err(error) => {
                 eprintln!("kvindex-dynamo-compare: {error}");
@@ -653,38 +761,67 @@ fn main() -> std::process::ExitCode {
             }
         }
     }
-    let find = |name: &str, writers: Option<usize>| {
-        let tag = format!("\"indexer\":\"{name}\"");
-        lines.iter().find(|line| {
-            line.contains(&tag)
-                && match writers {
-                    None => !line.contains("\"writers\""),
-                    Some(w) => line.contains(&format!("\"writers\":{w},")),
-                }
-        })
-    };
-    for peer in ["dynamo", "dynamo-crtc"] {
-        if let (Some(ours), Some(theirs)) = (find("kvindex", None), find(peer, None)) {
-            println!(
-                "ratios kvindex/{peer}: apply ops/s {:.2}x, query p50 {:.2}x, query p99 {:.2}x, bytes per residency {:.2}x (matched blocks {} vs {})",
-                field(ours, "apply_ops_per_s") / field(theirs, "apply_ops_per_s"),
-                field(ours, "query_p50_us") / field(theirs, "query_p50_us"),
-                field(ours, "query_p99_us") / field(theirs, "query_p99_us"),
-                field(ours, "bytes_per_residency") / field(theirs, "bytes_per_residency"),
-                field(ours, "min_matched_blocks"),
-                field(theirs, "min_matched_blocks"),
-            );
+    // Every process fills and answers quiet queries before its concurrent phase, so the quiet
+    // figures are over all of a contender's processes.
+    println!(
+        "medians [min–max]: quiet figures over every process of a contender ({} quiet round(s), and each concurrent one), concurrent over {} round(s)",
+        o.quiet_reps, o.reps
+    );
+    for label in labels.iter().chain(&["dynamo", "dynamo-crtc"]) {
+        println!(
+            "{label}: apply ops/s {}, query p50 {} us, p99 {} us, bytes per residency {}",
+            show(over_rounds(&lines, label, None, "apply_ops_per_s"), 0),
+            show(over_rounds(&lines, label, None, "query_p50_us"), 2),
+            show(over_rounds(&lines, label, None, "query_p99_us"), 2),
+            show(over_rounds(&lines, label, None, "bytes_per_residency"), 1),
+        );
+    }
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    for &ours in &labels {
+        pairs.push((ours, "dynamo"));
+        pairs.push((ours, "dynamo-crtc"));
+    }
+    if labels.len() > 1 {
+        pairs.push(("kvindex", "kvindex-baseline"));
+    }
+    for &(ours, theirs) in &pairs {
+        if rows(&lines, ours, None).is_empty() || rows(&lines, theirs, None).is_empty() {
+            continue;
         }
+        let ratio = |key: &str| show(round_ratios(&lines, ours, theirs, None, key), 2);
+        println!(
+            "ratios {ours}/{theirs} (per process side by side, median [min–max]): apply ops/s {}x, query p50 {}x, query p99 {}x, bytes per residency {}x (matched blocks {} vs {})",
+            ratio("apply_ops_per_s"),
+            ratio("query_p50_us"),
+            ratio("query_p99_us"),
+            ratio("bytes_per_residency"),
+            over_rounds(&lines, ours, None, "min_matched_blocks").1,
+            over_rounds(&lines, theirs, None, "min_matched_blocks").1,
+        );
     }
     for &w in &o.concurrency {
-        if let (Some(ours), Some(theirs)) = (find("kvindex", Some(w)), find("dynamo-crtc", Some(w))) {
+        for label in labels.iter().chain(&["dynamo-crtc"]) {
             println!(
-                "ratios kvindex/dynamo-crtc, {w} writer(s) + {} reader(s) at {}/s: write ops/s {:.2}x, read p50 {:.2}x, read p99 {:.2}x",
+                "{w} writer(s) + {} reader(s) at {}/s, {label}: write ops/s {}, read p50 {} us, read p99 {} us, reads/s {}",
                 o.readers,
                 o.read_rate,
-                field(ours, "write_ops_per_s") / field(theirs, "write_ops_per_s"),
-                field(ours, "read_p50_us") / field(theirs, "read_p50_us"),
-                field(ours, "read_p99_us") / field(theirs, "read_p99_us"),
+                show(over_rounds(&lines, label, Some(w), "write_ops_per_s"), 0),
+                show(over_rounds(&lines, label, Some(w), "read_p50_us"), 2),
+                show(over_rounds(&lines, label, Some(w), "read_p99_us"), 2),
+                show(over_rounds(&lines, label, Some(w), "reads_per_s"), 0),
+            );
+        }
+        for &(ours, theirs) in pairs.iter().filter(|p| p.1 != "dynamo") {
+            let ratio = |key: &str| show(round_ratios(&lines, ours, theirs, Some(w), key), 2);
+            let of_medians =
+                |key: &str| over_rounds(&lines, ours, Some(w), key).0 / over_rounds(&lines, theirs, Some(w), key).0;
+            println!(
+                "ratios {ours}/{theirs}, {w} writer(s): write ops/s {}x, read p50 {}x, read p99 {}x (per round, median [min–max]); of the medians: read p50 {:.2}x, read p99 {:.2}x",
+                ratio("write_ops_per_s"),
+                ratio("read_p50_us"),
+                ratio("read_p99_us"),
+                of_medians("read_p50_us"),
+                of_medians("read_p99_us"),
             );
         }
     }
