@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use crossbeam_epoch::{Atomic, Guard, Owned};
 use parking_lot::Mutex;
 
+use super::retired::Retired;
+
 /// Bits of the engine hash kept in an entry: they hold the home slot for tables of up to
 /// 2^TAG_BITS slots per shard.
 const TAG_BITS: u32 = 18;
@@ -146,10 +148,12 @@ impl Shard<'_> {
     }
 }
 
-/// Lock-held counters of a shard.
+/// Lock-held counters of a shard, and the slot arrays it outgrew, freed by its writers once no
+/// prefetcher can hold them.
 struct Meta {
     bits: u32,
     len: usize,
+    retired: Retired,
 }
 
 struct EngineShard {
@@ -165,7 +169,7 @@ struct EngineShard {
 impl EngineShard {
     fn new() -> Self {
         let shard = EngineShard {
-            meta: Mutex::new(Meta { bits: MIN_BITS, len: 0 }),
+            meta: Mutex::new(Meta { bits: MIN_BITS, len: 0, retired: Retired::default() }),
             slots: Atomic::new(Slots::new(MIN_BITS)),
             first: AtomicPtr::new(std::ptr::null_mut()),
             bits: AtomicU32::new(MIN_BITS),
@@ -177,7 +181,7 @@ impl EngineShard {
     }
 
     fn slots<'g>(&self, guard: &'g Guard) -> &'g Slots {
-        // SAFETY: replaced only by swap + defer_destroy (under the lock), never null.
+        // SAFETY: replaced only by swap + retire (under the lock), never null.
         unsafe { self.slots.load(Ordering::Acquire, guard).deref() }
     }
 
@@ -209,8 +213,10 @@ impl EngineShard {
         let old = self.slots.swap(Owned::new(new), Ordering::AcqRel, guard);
         self.first.store(first, Ordering::Release);
         self.bits.store(meta.bits, Ordering::Release);
-        // SAFETY: unlinked by the swap; prefetchers that loaded it are pinned.
-        unsafe { guard.defer_destroy(old) };
+        // SAFETY: unlinked by the swap (never null) and retired once; prefetchers that loaded
+        // it are pinned. Its batch is closed at once: a table waits no longer than a grace period.
+        unsafe { meta.retired.retire(old, 8 << (meta.bits - 1), guard) };
+        meta.retired.close(guard);
         true
     }
 }

@@ -12,7 +12,9 @@
 //! branch lives in one shard, so a walk touches one shard and writers of different branches
 //! do not meet. Each shard has one writer lock; readers take no lock at all. They pin an epoch
 //! (`crossbeam-epoch`) and read immutable run lists and write-once hash storage that writers
-//! replace copy-on-write, so a reader never waits for a writer and never sees a torn state.
+//! replace copy-on-write, so a reader never waits for a writer and never sees a torn state;
+//! writers free what they replaced themselves (`retired`), so a reader never does a writer's
+//! freeing either.
 //!
 //! What it keeps for the rest of the index: a packed position per block for the engine-hash
 //! table (`engines`), per-pod residency counts per tier, and a bound on (block, pod)
@@ -20,6 +22,7 @@
 
 mod children;
 mod engines;
+mod retired;
 pub mod runs;
 mod segment;
 
@@ -32,6 +35,7 @@ use smallvec::SmallVec;
 pub use self::children::ParentKey;
 use self::children::{branch_hash, ChildTable};
 use self::engines::{EngineTable, MAX_OFFSET};
+use self::retired::Retired;
 use self::runs::Runs;
 pub use self::runs::{EditStats, Holder};
 
@@ -103,6 +107,8 @@ struct ShardWriter {
     meta: Vec<SegMeta>,
     links: usize,
     tombstones: usize,
+    /// What this shard's writers unlinked, freed by them once no reader can hold it.
+    retired: Retired,
 }
 
 struct Shard {
@@ -208,7 +214,7 @@ impl Tree {
         first: u64,
         guard: &'g Guard,
     ) -> Option<(u32, &'g Segment)> {
-        // SAFETY: the table is replaced by swap + defer_destroy only, never null.
+        // SAFETY: the table is replaced by swap + retire only, never null.
         let table = unsafe { shard.children.load(Ordering::Acquire, guard).deref() };
         let (raw, from_root) = match parent {
             ParentKey::Root(r) => (r, true),
@@ -500,7 +506,7 @@ impl Tree {
                     self.fold_digest(seg, guard, &mut sums, a, b, before, after)
                 });
                 add_sums(&mut stats.digest, &sums);
-                seg.set_runs(edited, guard);
+                seg.set_runs(edited, &mut w.retired, guard);
                 self.keys.fetch_add(stats.became_held, Ordering::Relaxed);
                 // Reserved `grant` positions; exactly `stats.gained` of them were new.
                 self.entries.fetch_sub(grant - stats.gained.min(grant), Ordering::Relaxed);
@@ -540,13 +546,13 @@ impl Tree {
                             let cap = (len + k).max(st.cap() + st.cap() / 2).min(MAX_OFFSET as usize);
                             let grown = st.copied(len, cap);
                             write_hashes(&grown, len, new);
-                            seg.set_storage(grown, guard);
+                            seg.set_storage(grown, &mut w.retired, guard);
                         } else {
                             write_hashes(st, len, new);
                         }
                         let unheld = held_start.saturating_sub(first).min(k) as u32;
                         if unheld > 0 || !runs.grow_in_place(k as u32, holder) {
-                            seg.set_runs(runs.extended(unheld, k as u32 - unheld, holder), guard);
+                            seg.set_runs(runs.extended(unheld, k as u32 - unheld, holder), &mut w.retired, guard);
                         }
                         (pos.local(), len as u32, k)
                     }
@@ -736,7 +742,7 @@ impl Tree {
     }
 
     fn link(&self, shard: &Shard, w: &mut ShardWriter, hash: u64, local: u32, guard: &Guard) {
-        // SAFETY: replaced by swap + defer_destroy only, never null.
+        // SAFETY: replaced by swap + retire only, never null.
         let mut table = unsafe { shard.children.load(Ordering::Acquire, guard).deref() };
         if (w.links + w.tombstones + 1) * 4 > table.capacity() * 3 {
             let rebuilt = ChildTable::with_capacity((w.links + 1) * 2);
@@ -747,8 +753,9 @@ impl Tree {
                 }
             }
             let old = shard.children.swap(Owned::new(rebuilt), Ordering::AcqRel, guard);
-            // SAFETY: unlinked by the swap; readers that loaded it are pinned.
-            unsafe { guard.defer_destroy(old) };
+            // SAFETY: unlinked by the swap (never null) and retired once; readers that loaded
+            // it are pinned.
+            unsafe { w.retired.retire(old, table.bytes() as usize, guard) };
             w.tombstones = 0;
             // SAFETY: just stored, never null.
             table = unsafe { shard.children.load(Ordering::Acquire, guard).deref() };
@@ -797,7 +804,7 @@ impl Tree {
     pub fn retier(&self, pod: PodId, last: Pos, count: u32, tier_bit: u8, guard: &Guard) -> (EditStats, u64) {
         let shard_idx = last.shard();
         let shard = &self.shards[shard_idx];
-        let w = shard.writer.lock();
+        let mut w = shard.writer.lock();
         let mut stats = EditStats::default();
         let mut refused = 0;
         let mut pos = Some(last);
@@ -823,7 +830,7 @@ impl Tree {
                 );
                 add_sums(&mut st.digest, &sums);
                 self.keys.fetch_add(st.became_held, Ordering::Relaxed);
-                seg.set_runs(edited, guard);
+                seg.set_runs(edited, &mut w.retired, guard);
                 stats.merge(&st);
             } else {
                 self.entries.fetch_sub(grant, Ordering::Relaxed);
@@ -894,7 +901,7 @@ impl Tree {
         if edited == *runs {
             return;
         }
-        seg.set_runs(edited, guard);
+        seg.set_runs(edited, &mut w.retired, guard);
         self.entries.fetch_sub(st.lost, Ordering::Relaxed);
         if !st.became_unheld.is_empty() {
             let storage = seg.storage(guard);
@@ -956,23 +963,23 @@ impl Tree {
             }
             meta.sealed = true;
             if keep > 0 {
-                seg.set_runs(runs.truncated(keep), guard);
+                seg.set_runs(runs.truncated(keep), &mut w.retired, guard);
                 let st = seg.storage(guard);
                 if st.cap() > 2 * keep as usize + 16 {
-                    seg.set_storage(st.copied(keep as usize, keep as usize), guard);
+                    seg.set_storage(st.copied(keep as usize, keep as usize), &mut w.retired, guard);
                 }
                 return;
             }
             // Nothing left: unlink the branch, free the number, and trim the parent.
             let key = if seg.from_root { ParentKey::Root(seg.parent) } else { ParentKey::Block(seg.parent) };
-            // SAFETY: replaced by swap + defer_destroy only, never null.
+            // SAFETY: replaced by swap + retire only, never null.
             let table = unsafe { shard.children.load(Ordering::Acquire, guard).deref() };
             if table.remove(branch_hash(key, seg.first), local) {
                 w.links -= 1;
                 w.tombstones += 1;
             }
             let parent = (!seg.from_root).then(|| Pos::unpack(seg.parent));
-            shard.dir.take(local, guard);
+            shard.dir.take(local, &mut w.retired, guard);
             w.meta[local as usize] = SegMeta::default();
             w.free.push(local);
             let Some(p) = parent else { return };

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 
+use super::retired::Retired;
 use super::runs::Runs;
 
 /// Segment numbers within a shard: 22 bits (4M segments per shard).
@@ -46,6 +47,9 @@ impl Pos {
 pub fn global(shard: usize, local: u32) -> u32 {
     ((shard as u32) << LOCAL_BITS) | local
 }
+
+/// What a retired run list is counted as (its usual size; batches are bounded by count too).
+const RUNS_BYTES: usize = 64;
 
 /// Hashes in `[0, cap)`, recorded engine hashes in `[cap, 2·cap)`.
 pub struct Storage {
@@ -104,7 +108,7 @@ pub struct Segment {
 impl Segment {
     #[inline]
     pub fn runs<'g>(&self, guard: &'g Guard) -> &'g Runs {
-        // SAFETY: a run list is replaced only through `swap` followed by `defer_destroy`, so
+        // SAFETY: a run list is replaced only through `swap` followed by `Retired::retire`, so
         // the list loaded under `guard` stays allocated while the guard lives; a segment always
         // has one (set at creation, never null).
         unsafe { self.runs.load(Ordering::Acquire, guard).deref() }
@@ -112,28 +116,32 @@ impl Segment {
 
     #[inline]
     pub fn storage<'g>(&self, guard: &'g Guard) -> &'g Storage {
-        // SAFETY: as for `runs`: replaced only by swap + defer_destroy, never null.
+        // SAFETY: as for `runs`: replaced only by swap + retire, never null.
         unsafe { self.storage.load(Ordering::Acquire, guard).deref() }
     }
 
-    /// Publishes a new run list; the old one is freed once no reader can hold it.
-    pub fn set_runs(&self, runs: Runs, guard: &Guard) {
+    /// Publishes a new run list; the old one is freed once no reader can hold it. The caller
+    /// holds the segment's shard lock, which `retired` belongs to.
+    pub fn set_runs(&self, runs: Runs, retired: &mut Retired, guard: &Guard) {
         let old = self.runs.swap(Owned::new(runs), Ordering::AcqRel, guard);
-        // SAFETY: `old` is unlinked by the swap; readers that loaded it are pinned.
-        unsafe { guard.defer_destroy(old) };
+        // SAFETY: `old` is unlinked by the swap (never null) and retired once; readers that
+        // loaded it are pinned.
+        unsafe { retired.retire(old, RUNS_BYTES, guard) };
     }
 
-    pub fn set_storage(&self, storage: Storage, guard: &Guard) {
+    pub fn set_storage(&self, storage: Storage, retired: &mut Retired, guard: &Guard) {
         let old = self.storage.swap(Owned::new(storage), Ordering::AcqRel, guard);
         // SAFETY: as in `set_runs`.
-        unsafe { guard.defer_destroy(old) };
+        let bytes = unsafe { old.deref() }.bytes();
+        // SAFETY: as in `set_runs`.
+        unsafe { retired.retire(old, bytes, guard) };
     }
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        // SAFETY: a segment is dropped only when unreachable (deferred by the epoch, or with
-        // the whole tree), so no reader holds its parts.
+        // SAFETY: a segment is dropped only when unreachable (retired, or with the whole
+        // tree), so no reader holds its parts.
         unsafe {
             let guard = crossbeam_epoch::unprotected();
             drop(self.runs.load(Ordering::Relaxed, guard).try_into_owned());
@@ -169,7 +177,7 @@ impl SegmentDir {
 
     #[inline]
     pub fn get<'g>(&self, local: u32, guard: &'g Guard) -> Option<&'g Segment> {
-        // SAFETY: segments leave the directory by `take` + `defer_destroy` only.
+        // SAFETY: segments leave the directory by `take` + retire only.
         unsafe { self.load(local, guard).as_ref() }
     }
 
@@ -185,11 +193,14 @@ impl SegmentDir {
     }
 
     /// Unlinks the segment at `local`; it is freed once no reader can hold it.
-    pub fn take(&self, local: u32, guard: &Guard) {
+    pub fn take(&self, local: u32, retired: &mut Retired, guard: &Guard) {
         let old = self.slot(local).swap(Shared::null(), Ordering::AcqRel, guard);
-        if !old.is_null() {
-            // SAFETY: unlinked by the swap; pinned readers keep it alive until they unpin.
-            unsafe { guard.defer_destroy(old) };
+        // SAFETY: checked non-null; the guard keeps it allocated.
+        if let Some(seg) = unsafe { old.as_ref() } {
+            let bytes = std::mem::size_of::<Segment>() + RUNS_BYTES + seg.storage(guard).bytes();
+            // SAFETY: unlinked by the swap and retired once; pinned readers keep it alive until
+            // they unpin.
+            unsafe { retired.retire(old, bytes, guard) };
         }
     }
 
