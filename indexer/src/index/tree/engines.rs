@@ -280,6 +280,8 @@ impl EngineTable {
     ) -> bool {
         let shard = self.shard(engine);
         let mut meta = shard.meta.lock();
+        // A shard that stopped growing still frees the array it outgrew last.
+        meta.retired.free_passed();
         if shard.view(&meta, guard).find(engine, &recorded).is_some() {
             return false;
         }

@@ -441,6 +441,9 @@ impl Tree {
         };
         let shard = &self.shards[shard_idx];
         let mut w = shard.writer.lock();
+        // What earlier stores replaced is freed here once no reader can hold it, even if
+        // this store replaces nothing.
+        w.retired.free_passed();
 
         // 1. Follow what already exists: ranges (segment, start, end, first query index).
         let mut ranges: SmallVec<[(u32, u32, u32, usize); 4]> = SmallVec::new();

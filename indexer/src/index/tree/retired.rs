@@ -21,11 +21,13 @@ use std::sync::Arc;
 
 use crossbeam_epoch::{Guard, Shared};
 
-/// A batch is closed (its marker deferred) once it holds this many objects...
-const BATCH_OBJECTS: usize = 128;
-/// ...or this many bytes, so that large objects (tables, long storage) wait no longer than a
-/// grace period.
-const BATCH_BYTES: usize = 32 << 10;
+/// A batch is closed (its marker deferred) once it holds this many objects, or this many
+/// bytes (so a large object waits no longer than a grace period). The open batch waits for
+/// more, so this bounds what an idle lock keeps: after a 10M-residency fill (64 shards) at
+/// 128 objects 1.7 MB more RSS than freeing at once, at 16 objects 0.6 MB. A collecting
+/// reader runs at most one marker per bag, 8 bags per collect, whatever the batch size.
+const BATCH_OBJECTS: usize = 16;
+const BATCH_BYTES: usize = 8 << 10;
 
 /// One unlinked object, type-erased: its pointer and how to free it.
 struct Garbage {
@@ -64,7 +66,13 @@ pub struct Retired {
 
 impl Default for Retired {
     fn default() -> Self {
-        Retired { pending: VecDeque::new(), open: 1, open_objects: 0, open_bytes: 0, passed: Arc::new(AtomicU64::new(0)) }
+        Retired {
+            pending: VecDeque::new(),
+            open: 1,
+            open_objects: 0,
+            open_bytes: 0,
+            passed: Arc::new(AtomicU64::new(0)),
+        }
     }
 }
 
@@ -104,6 +112,9 @@ impl Retired {
 
     /// Frees the objects of every batch whose marker ran.
     pub fn free_passed(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
         let passed = self.passed.load(Ordering::Acquire);
         while self.pending.front().is_some_and(|(batch, _)| *batch <= passed) {
             self.pending.pop_front();
@@ -146,7 +157,7 @@ mod tests {
         let dropped_on = Arc::new(Mutex::new(Vec::new()));
         let slot: Atomic<Tracked> = Atomic::null();
         let mut retired = Retired::default();
-        let total = 4 * BATCH_OBJECTS + 3;
+        let total = 40 * BATCH_OBJECTS + 3;
         // A reader holds the first object while it is replaced: it must outlive the reader's pin.
         let held = epoch::pin();
         slot.store(Owned::new(Tracked { drops: drops.clone(), dropped_on: dropped_on.clone() }), Ordering::Release);
