@@ -16,7 +16,7 @@
 //! can therefore never take the slot of a predefined or configured tier, and a source that
 //! sprays names is stopped at its own per-source cap (enforced by the pod's ingest state).
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use parking_lot::RwLock;
 
@@ -129,7 +129,9 @@ pub enum TierRefusal {
 #[derive(Debug)]
 pub struct Tiers {
     names: RwLock<Vec<String>>,
-    weights: RwLock<[f64; MAX_TIERS]>,
+    /// Each tier's weight (`f64` bits), read by every score without a lock: a score never
+    /// waits for a writer learning a tier, nor writes a cache line writers use.
+    weights: [AtomicU64; MAX_TIERS],
     /// Bit per tier whose weight no class or configuration gave (scored 0, counted).
     unweighted: AtomicU8,
     classes: TierWeights,
@@ -164,7 +166,7 @@ impl Tiers {
         }
         Tiers {
             names: RwLock::new(PREDEFINED.iter().map(|n| n.to_string()).collect()),
-            weights: RwLock::new(weights),
+            weights: weights.map(|w| AtomicU64::new(w.to_bits())),
             unweighted: AtomicU8::new(0),
             classes,
             len: AtomicU8::new(PREDEFINED.len() as u8),
@@ -228,7 +230,7 @@ impl Tiers {
         names.push(medium.to_ascii_uppercase());
         let id = TierId((names.len() - 1) as u8);
         let class = TierClass::of(medium);
-        self.weights.write()[id.0 as usize] = self.classes.of(class);
+        self.weights[id.0 as usize].store(self.classes.of(class).to_bits(), Ordering::Release);
         if class == TierClass::Unknown {
             self.unweighted.fetch_or(id.bit(), Ordering::AcqRel);
         }
@@ -247,7 +249,7 @@ impl Tiers {
     /// events, so that they get their slots before any publisher can learn names.
     pub fn set_weight(&self, medium: &str, weight: f64) -> Option<TierId> {
         let id = self.configure(medium)?;
-        self.weights.write()[id.0 as usize] = weight;
+        self.weights[id.0 as usize].store(weight.to_bits(), Ordering::Release);
         self.unweighted.fetch_and(!id.bit(), Ordering::AcqRel);
         Some(id)
     }
@@ -259,7 +261,7 @@ impl Tiers {
     }
 
     pub fn weights(&self) -> [f64; MAX_TIERS] {
-        *self.weights.read()
+        std::array::from_fn(|i| f64::from_bits(self.weights[i].load(Ordering::Acquire)))
     }
 
     pub fn name(&self, id: TierId) -> String {
