@@ -445,7 +445,9 @@ fn concurrent(
         let reader_handles: Vec<_> = (0..readers)
             .map(|r| {
                 let (stop, start, prompts) = (&stop, &start, &prompts);
-                scope.spawn(move || {
+                // Named, so that a profile can be filtered to the reader (`perf record -t`).
+                let reader = std::thread::Builder::new().name("reader".into());
+                reader.spawn_scoped(scope, move || {
                     let mut lat = Vec::new();
                     start.wait();
                     let mut q = r;
@@ -469,6 +471,7 @@ fn concurrent(
                     }
                     lat
                 })
+                .expect("spawn the reader")
             })
             .collect();
         let writer_handles: Vec<_> = parts
