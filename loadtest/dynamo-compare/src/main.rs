@@ -447,31 +447,32 @@ fn concurrent(
                 let (stop, start, prompts) = (&stop, &start, &prompts);
                 // Named, so that a profile can be filtered to the reader (`perf record -t`).
                 let reader = std::thread::Builder::new().name("reader".into());
-                reader.spawn_scoped(scope, move || {
-                    let mut lat = Vec::new();
-                    start.wait();
-                    let mut q = r;
-                    let interval = (read_rate > 0).then(|| Duration::from_secs_f64(1.0 / read_rate as f64));
-                    let mut due = Instant::now();
-                    while !stop.load(Ordering::Relaxed) {
-                        let prompt = &prompts[q % prompts.len()];
-                        let t = Instant::now();
-                        std::hint::black_box(indexer.score(prompt));
-                        lat.push(t.elapsed().as_secs_f64());
-                        q += 1;
-                        // Open loop: the next query is due one interval later, whatever this
-                        // one cost (sleep granularity makes the achieved rate approximate).
-                        if let Some(interval) = interval {
-                            due += interval;
-                            let now = Instant::now();
-                            if due > now {
-                                std::thread::sleep(due - now);
+                reader
+                    .spawn_scoped(scope, move || {
+                        let mut lat = Vec::new();
+                        start.wait();
+                        let mut q = r;
+                        let interval = (read_rate > 0).then(|| Duration::from_secs_f64(1.0 / read_rate as f64));
+                        let mut due = Instant::now();
+                        while !stop.load(Ordering::Relaxed) {
+                            let prompt = &prompts[q % prompts.len()];
+                            let t = Instant::now();
+                            std::hint::black_box(indexer.score(prompt));
+                            lat.push(t.elapsed().as_secs_f64());
+                            q += 1;
+                            // Open loop: the next query is due one interval later, whatever this
+                            // one cost (sleep granularity makes the achieved rate approximate).
+                            if let Some(interval) = interval {
+                                due += interval;
+                                let now = Instant::now();
+                                if due > now {
+                                    std::thread::sleep(due - now);
+                                }
                             }
                         }
-                    }
-                    lat
-                })
-                .expect("spawn the reader")
+                        lat
+                    })
+                    .expect("spawn the reader")
             })
             .collect();
         let writer_handles: Vec<_> = parts
