@@ -217,6 +217,7 @@ impl EngineShard {
         // it are pinned. Its batch is closed at once: a table waits no longer than a grace period.
         unsafe { meta.retired.retire(old, 8 << (meta.bits - 1), guard) };
         meta.retired.close(guard);
+        guard.flush();
         true
     }
 }

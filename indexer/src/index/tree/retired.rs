@@ -15,6 +15,7 @@
 //! too (their objects were unlinked before it was deferred), so markers that run out of order
 //! are harmless.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,10 +25,19 @@ use crossbeam_epoch::{Guard, Shared};
 /// A batch is closed (its marker deferred) once it holds this many objects, or this many
 /// bytes (so a large object waits no longer than a grace period). The open batch waits for
 /// more, so this bounds what an idle lock keeps: after a 10M-residency fill (64 shards) at
-/// 128 objects 1.7 MB more RSS than freeing at once, at 16 objects 0.6 MB. A collecting
-/// reader runs at most one marker per bag, 8 bags per collect, whatever the batch size.
+/// 128 objects 1.7 MB more RSS than freeing at once, at 16 objects 0.6 MB.
 const BATCH_OBJECTS: usize = 16;
 const BATCH_BYTES: usize = 8 << 10;
+
+/// A thread hands its deferred functions to the global queue once it has closed this many
+/// batches, so a bag a collecting reader pops holds at most this many markers, while bags are
+/// pushed no more often than crossbeam pushes full ones (64 deferred objects).
+const MARKERS_PER_BAG: u32 = 4;
+
+thread_local! {
+    /// Batches this thread closed since it last flushed its deferred functions.
+    static CLOSED_SINCE_FLUSH: Cell<u32> = const { Cell::new(0) };
+}
 
 /// One unlinked object, type-erased: its pointer and how to free it.
 struct Garbage {
@@ -96,15 +106,23 @@ impl Retired {
     }
 
     /// Closes the open batch: a marker deferred to the epoch records it as passed once every
-    /// reader pinned now has unpinned. The thread's deferred functions are handed to the
-    /// global queue at once, so the marker does not wait for this thread to defer 63 more.
+    /// reader pinned now has unpinned. Every few markers the thread's deferred functions are
+    /// handed to the global queue, so a marker waits for a few more batches of this thread,
+    /// not for 63 more deferred functions.
     pub fn close(&mut self, guard: &Guard) {
         if self.open_objects == 0 {
             return;
         }
         let (passed, batch) = (Arc::clone(&self.passed), self.open);
         guard.defer(move || passed.fetch_max(batch, Ordering::Release));
-        guard.flush();
+        let closed = CLOSED_SINCE_FLUSH.with(|c| {
+            c.set(c.get() + 1);
+            c.get()
+        });
+        if closed >= MARKERS_PER_BAG {
+            CLOSED_SINCE_FLUSH.with(|c| c.set(0));
+            guard.flush();
+        }
         self.open += 1;
         self.open_objects = 0;
         self.open_bytes = 0;
