@@ -10,10 +10,10 @@
 //!
 //! Here the epoch only tells when a grace period has passed: objects are retired in batches,
 //! and each batch closed defers one marker that records the batch as passed (a counter bump,
-//! all a collecting reader ever runs for it). The writer that next retires anything under the
-//! same lock frees every batch whose marker ran. A marker covers every batch closed before it
-//! too (their objects were unlinked before it was deferred), so markers that run out of order
-//! are harmless.
+//! all a collecting reader ever runs for it). The writer that next stores or retires anything
+//! under the same lock frees every batch whose marker ran. A marker covers every batch closed
+//! before it too (their objects were unlinked before it was deferred), so markers that run out
+//! of order are harmless.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
