@@ -4,13 +4,11 @@
 //! (recording) indexer gave; `--explain` is checked on a constructed case; damaged dumps are
 //! reported clearly (hostile ones: `cli_replay_hostile.rs`).
 
-mod support;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "m";
 

@@ -2,12 +2,10 @@
 //! `KVINDEX_LISTENING` line, a graceful exit on SIGTERM), and configuration errors that name
 //! the key and where its value came from (flag, env var, file), with exit status 1.
 
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 
 /// Runs `kvindex serve` with `args` and `env`, which must fail; returns its stderr.
 fn serve_fails(args: &[&str], env: &[(&str, &str)]) -> String {

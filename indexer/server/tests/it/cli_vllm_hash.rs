@@ -1,15 +1,13 @@
 //! The `kvindex vllm-hash` command against vLLM's own hash vectors (`hashes.jsonl`): in
 //! process, through the real binary, and on bad input.
 
-mod support;
-
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use crate::support::{read_jsonl, vectors_dir};
 use serde_json::Value as Json;
-use support::{read_jsonl, vectors_dir};
 
-#[path = "../src/bin/kvindex/vllm_hash.rs"]
+#[path = "../../src/bin/kvindex/vllm_hash.rs"]
 mod vllm_hash_command;
 
 fn label(record: &Json) -> String {

@@ -32,7 +32,7 @@ fn code(cell: &str) -> Option<String> {
 
 /// The cells of each row of the "Keys" table of docs/CONFIG.md (`\|` inside a cell kept).
 fn keys_table() -> Vec<Vec<String>> {
-    let doc = include_str!("../../../docs/CONFIG.md");
+    let doc = include_str!("../../../../docs/CONFIG.md");
     let table = doc.split("\n## Keys").nth(1).expect("a Keys section").split("\n#").next().unwrap();
     table
         .lines()

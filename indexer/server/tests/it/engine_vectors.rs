@@ -3,14 +3,12 @@
 //! real `kvindex decode --engine sglang` and `kvindex sglang-hash` binaries exactly; so does
 //! every TensorRT-LLM batch built from its published format (testdata/trtllm-vectors).
 
-mod support;
-
 use std::process::Command;
 
-use serde_json::Value;
-use support::{
+use crate::support::{
     assert_decoded_as_expected, kvindex_json_lines, read_records, sglang_frame_files, sglang_vectors_dir, without_nulls,
 };
+use serde_json::Value;
 
 #[test]
 fn every_sglang_frame_decodes_to_its_expectation() {

@@ -10,6 +10,6 @@ fn metrics_md_matches_the_metric_tables() {
         kvindex_tokenizer::client_template::METRICS,
     ];
     let mut problems: Vec<String> = tables.iter().flat_map(|t| kvindex_metric_defs::check_table(t)).collect();
-    problems.extend(kvindex_metric_defs::doc::check(&tables, include_str!("../../../docs/METRICS.md")));
+    problems.extend(kvindex_metric_defs::doc::check(&tables, include_str!("../../../../docs/METRICS.md")));
     assert!(problems.is_empty(), "docs/METRICS.md disagrees with the metric tables:\n{}", problems.join("\n"));
 }

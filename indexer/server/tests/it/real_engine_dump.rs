@@ -7,14 +7,12 @@
 //! vLLM's rule that the last prompt token is always computed) must equal `cached_tokens`. The run
 //! covers chats over shared system prompts, token-id prompts and a `/reset_prefix_cache`.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::support::workspace;
 use serde_json::Value;
-use support::workspace;
 
 fn fixture_dir() -> PathBuf {
     workspace().join("testdata/real-vllm")

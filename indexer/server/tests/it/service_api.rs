@@ -2,10 +2,8 @@
 //! HTTP), the watched pods file, topic mapping, readiness after the initial replay, STALE,
 //! health and reflection. The server runs in process; `cli_serve.rs` tests the binary.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "m";
 

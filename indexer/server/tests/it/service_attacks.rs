@@ -4,16 +4,14 @@
 //! refused with a clear error and a counted metric, and that the index still answers
 //! correctly afterwards: no pod is credited with a block its publisher does not hold.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 

@@ -10,10 +10,8 @@
 //!   queries keep being answered. Latency is the benchmarks' business (BENCHMARKS.md); this
 //!   asserts outcomes only.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "m";
 const A: &str = "10.0.0.1:8000";

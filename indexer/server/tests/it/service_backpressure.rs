@@ -9,10 +9,8 @@
 //! with vLLM's frames; the burst is built first and sent back to back, so it reaches the
 //! server much faster than a 4-message queue drains.
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 const PUBLISHERS: usize = 8;

@@ -8,14 +8,12 @@
 //! whose stream was cut on one of them. The broken siblings are a grpcio relay
 //! (`tests/python/sibling_proxy.py`) that breaks the real sibling's stream.
 
-mod support;
-
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "m";
 const NAMES: [&str; 2] = ["a", "b"];

@@ -11,10 +11,8 @@
 //! reaches no one, as a PUB drops what no subscriber has asked for yet) and kept in its replay
 //! buffer. The publisher then stays silent: only a catch-up can bring it.
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 /// Generous: a catch-up waits for the replay cooldown (5 s) after a refused start-up replay.

@@ -7,10 +7,8 @@
 //! alike, so half-open sockets from one address filled the (descriptor-derived) listener cap
 //! and a real publisher was refused until they timed out, and again after they were reopened.
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 

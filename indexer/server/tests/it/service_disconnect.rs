@@ -4,10 +4,8 @@
 //! real-vLLM agreement run, loadtest/real-vllm). Real sockets: the server on loopback,
 //! independent pyzmq/msgspec publishers, a grpcio client; central (bind) and per-pod (dial).
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 

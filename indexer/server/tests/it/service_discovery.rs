@@ -6,11 +6,9 @@
 //! same id is taken over. In central mode (engines dial
 //! us) discovery supplies the replay endpoint a gap is replayed from, and NotReady clears.
 
-mod support;
-
+use crate::support::*;
 use kvindex_discovery::fake_api::{pod, FakeApiServer};
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 

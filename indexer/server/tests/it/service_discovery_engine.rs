@@ -6,14 +6,12 @@
 //! and one whose body never ends do not hold up the others and fall back to the default once
 //! their probe gives up; annotations name the engine without any HTTP server.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
+use crate::support::*;
 use kvindex_discovery::fake_api::{pod, FakeApiServer};
 use serde_json::{json, Value};
-use support::*;
 
 /// One pod's HTTP port, killed when dropped.
 struct HttpPeer(Child);

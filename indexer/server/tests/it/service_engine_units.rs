@@ -7,15 +7,13 @@
 //! cache, and exactly that is credited, through ScoreTokens and through llm-d's GetPodScores;
 //! a pod declared EAGLE is credited one engine block less.
 
-mod support;
-
 use std::path::PathBuf;
 
+use crate::support::*;
 use kvindex_proto::indexer::v1::indexer_service_client::IndexerServiceClient;
 use kvindex_proto::indexer::v1::GetPodScoresRequest;
 use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "m";
 

@@ -3,10 +3,8 @@
 //! property is checked: no pod is credited with a block its publisher does not hold, and an
 //! EXACT pod is credited with exactly what it holds.
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 

@@ -13,11 +13,9 @@
 //! serves only prefixes every group holds. No test drove a lost frame through the service and
 //! held every answer after it to a reference; this one does.
 
-mod support;
-
+use crate::support::reference::Reference;
+use crate::support::*;
 use serde_json::{json, Value};
-use support::reference::Reference;
-use support::*;
 
 const POD: &str = "10.0.0.7:8000";
 const MODEL: &str = "Qwen/Qwen3-0.6B";

@@ -15,13 +15,11 @@
 //! The bounds are set through their env vars, which a server without them ignores: against
 //! such a server every test here fails on the behaviour, not on a flag it does not know.
 
-mod support;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 

@@ -3,15 +3,13 @@
 //! tokenizer-svc fixtures) and scores it against blocks published by independent pyzmq/msgspec
 //! engines.
 
-mod support;
-
 use std::path::PathBuf;
 
+use crate::support::*;
 use kvindex_proto::indexer::v1::indexer_service_client::IndexerServiceClient;
 use kvindex_proto::indexer::v1::GetPodScoresRequest;
 use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 use serde_json::json;
-use support::*;
 
 /// The DeepSeek tokenizer directory laid out by `scripts/setup.sh`.
 fn deepseek_dir() -> Option<PathBuf> {

@@ -10,12 +10,10 @@
 //! (127.0.0.2 the owner, 127.0.0.3 the other: libzmq's `source;destination` connect form), the
 //! server's bound SUB or its dialled sockets, and a grpcio client scoring through ScoreTokens.
 
-mod support;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 /// The owner's pod, as its topic names it.

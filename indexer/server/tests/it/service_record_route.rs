@@ -3,10 +3,8 @@
 //! events replace it (announced blocks end their credit, so an eviction does not bring it
 //! back); AllBlocksCleared and the TTL end it; bad requests get a clear status and a count.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "m";
 const A: &str = "10.0.0.1:8000";

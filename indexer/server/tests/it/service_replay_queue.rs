@@ -4,10 +4,8 @@
 //! turn and every pod ends EXACT with nothing cleared (issue 23: a burst of gaps asked for more
 //! replays than the cap allowed, the waiting ones timed out and their pods were cleared).
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 

@@ -5,10 +5,8 @@
 //! release; the TTL ends what nobody releases; the bounds refuse and count; a call without the
 //! admin token changes nothing; bad batches get a clear status and a count.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "m";
 const A: &str = "10.0.0.1:8000";

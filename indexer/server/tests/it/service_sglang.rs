@@ -5,11 +5,9 @@
 //! compared with what the publisher's radix cache would serve (whole canonical blocks of held
 //! whole pages): never more (no false positive), and exactly that once caught up.
 
-mod support;
-
+use crate::support::sglang::*;
+use crate::support::*;
 use serde_json::json;
-use support::sglang::*;
-use support::*;
 
 const MODEL: &str = SGLANG_MODEL;
 

@@ -9,11 +9,9 @@
 //! chain is scored on every pod of the fleet and compared with what that pod's publisher would
 //! serve (0 for another rank's chain): never more, and exactly that once caught up.
 
-mod support;
-
+use crate::support::sglang::*;
+use crate::support::*;
 use serde_json::{json, Value};
-use support::sglang::*;
-use support::*;
 
 const MODEL: &str = SGLANG_MODEL;
 

@@ -3,12 +3,10 @@
 //! index back exact. The real `kvindex` binary is killed with SIGKILL mid-ingest; the one rule
 //! is checked before, during and after catch-up.
 
-mod support;
-
 use std::path::Path;
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "m";
 const POD: &str = "warm:8000";

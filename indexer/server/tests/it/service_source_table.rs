@@ -4,10 +4,8 @@
 //! reclaimed for the newcomer (issue 23: one publisher filled the 4,096 slots for good, and a
 //! real engine still scored 0 at 35 s).
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 

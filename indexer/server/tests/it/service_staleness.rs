@@ -10,15 +10,13 @@
 //! store every 20 ms, from their own process), the server's SUB (central) or dialled sockets
 //! (per pod), and a grpcio client scoring.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "m";
 /// The bound the tests run under (the default is 10 s; a backlog grows 1 s a second here).

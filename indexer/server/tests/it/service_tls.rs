@@ -4,17 +4,15 @@
 //! is grpcio, the HTTP client a plain rustls connection: a real handshake each time. Under mTLS
 //! a client without a certificate, or with a foreign one, is refused and counted.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::json;
-use support::*;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};

@@ -3,10 +3,8 @@
 //! frame is withheld, so the index must be completed through the replay ROUTER (reply layout
 //! without the topic frame up to 0.25, with it from 0.26). Scores are checked at two points.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const POD: &str = "10.0.0.7:8000";
 const MODEL: &str = "Qwen/Qwen3-0.6B";

@@ -1,12 +1,10 @@
 //! Every message vLLM's own publisher produced (testdata/vllm-vectors) decodes to its `expect`,
 //! through the real `kvindex decode` binary.
 
-mod support;
-
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use support::{assert_decoded_as_expected, frame_files, kvindex_json_lines};
+use crate::support::{assert_decoded_as_expected, frame_files, kvindex_json_lines};
 
 #[test]
 fn every_captured_frame_decodes_to_its_expectation() {
