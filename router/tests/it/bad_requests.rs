@@ -3,14 +3,12 @@
 //! prompts over the limit, wrong methods and paths, and a few hundred mangled bodies. A bad
 //! command line exits with status 2 and names the flag.
 
-mod support;
-
 use std::process::Command;
 
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use bytes::Bytes;
 use serde_json::{json, Value};
-use support::fake_pod::{FakePod, Script};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn assert_openai_error(reply: &Reply, status: u16, code: &str) {

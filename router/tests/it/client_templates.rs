@@ -5,14 +5,14 @@
 //! places the request, and SIGTERM stops the router in the middle of a render. Also: an
 //! unknown model's name is echoed bounded and escaped.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use kvindex_testkit::procfs::{children_of, peak_rss_bytes, started_at};
 use serde_json::{json, Value};
-use support::fake_pod::{FakePod, Script};
-use support::*;
 
 const CHATML: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 

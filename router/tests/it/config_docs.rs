@@ -21,7 +21,7 @@ fn number(cell: &str) -> Option<f64> {
 #[test]
 fn readme_flag_tables_name_declared_flags_with_their_defaults() {
     let command = kvindex_router::config::ServeArgs::augment_args(Command::new("serve"));
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     let mut wrong = Vec::new();
     let mut checked = 0;
     for line in readme.lines().filter(|l| l.starts_with("| `--")) {

@@ -7,10 +7,8 @@
 //! while the public port, every connection answering, refuses each newcomer (counted) until a
 //! request ends.
 
-mod support;
-
-use support::fake_pod::{FakePod, Script};
-use support::*;
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 

@@ -5,10 +5,8 @@
 //! engine's own `cached_tokens` against the router's prediction, read from JSON bodies and SSE
 //! streams as they pass (`kvindex_router_cache_prediction_total`, `kvindex_router_engine_*`).
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "sim/model";
 

@@ -2,15 +2,13 @@
 //! server on loopback routes to a pod once it is Running and Ready, one entry per DP rank,
 //! follows it to a new IP, and drops it when NotReady or deleted (no pods: not ready).
 
-mod support;
-
 use std::path::PathBuf;
 
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use kvindex_discovery::fake_api::{pod, FakeApiServer};
 use kvindex_discovery::settings::DP_SIZE_ANNOTATION;
 use serde_json::json;
-use support::fake_pod::{FakePod, Script};
-use support::*;
 
 async fn ids(router: &str) -> Vec<String> {
     let pods = get(router, "/debug/pods").await.json();

@@ -7,19 +7,17 @@
 //! configs, Envoy's own error replies as the picker's OpenAI JSON, each answered by the picker
 //! (no failed stream, no ignored route-cache clear).
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::envoy::*;
+use crate::support::ext_proc::{picker, tokenized_stack, PickerProcess, PICKER_MODEL};
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use bytes::Bytes;
 use kvindex_loadtest::process::ChildProcess;
 use serde_json::{json, Value};
-use support::envoy::*;
-use support::ext_proc::{picker, tokenized_stack, PickerProcess, PICKER_MODEL};
-use support::fake_pod::{FakePod, Script};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MODEL: &str = PICKER_MODEL;

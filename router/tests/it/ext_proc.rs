@@ -3,18 +3,16 @@
 //! (`tests/python/epp_gateway.py`, PyPI `envoy-data-plane` over grpcio) checks the protocol end
 //! to end, in both modes; Rust streams check that malformed streams fail alone.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::ext_proc::*;
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, processing_response, ProtocolConfiguration};
 use serde_json::json;
-use support::ext_proc::*;
-use support::fake_pod::{FakePod, Script};
-use support::*;
 
 const MODEL: &str = PICKER_MODEL;
 

@@ -3,12 +3,10 @@
 //! answer, placed by load, within the score deadline; a hung indexer costs a few deadlines
 //! (three in a row take it out of rotation), not one per request; it is taken back once it answers; with two indexers the live one answers.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const DEADLINE_MS: u64 = 20;
 

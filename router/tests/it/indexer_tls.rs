@@ -3,15 +3,13 @@
 //! made at test time: with its certificate the router's requests are scored; without one the
 //! indexer refuses the handshake and the router fails open (placed by load, still answered).
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use serde_json::json;
-use support::fake_pod::{FakePod, Script};
-use support::*;
 
 /// `ca.pem`, `server.{pem,key}` (localhost, 127.0.0.1), `client.{pem,key}` in a fresh dir.
 fn pki() -> PathBuf {

@@ -9,16 +9,14 @@
 //! The bound is a behaviour check on the 40 ms stall, not a latency target: the median of
 //! several requests on one connection, against 20 ms.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
-use support::*;
 
 const REQUESTS: usize = 9;
 /// Well below the 40 ms delayed-ACK timer, well above a debug build's time to first token for

@@ -6,15 +6,13 @@
 //! `--max-body-bytes` with 413, bodies over the in-flight budget with 503, a client that trickles
 //! its headers or body is cut off after the timeout while others are served, one that stops
 //! reading its answers after the write timeout, each counted. The connection caps
-//! (`--max-connections` and its per-address and per-network shares) are tests/connection_caps.rs's.
-
-mod support;
+//! (`--max-connections` and its per-address and per-network shares) are tests/it/connection_caps.rs's.
 
 use std::time::{Duration, Instant};
 
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use serde_json::{json, Value};
-use support::fake_pod::{FakePod, Script};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

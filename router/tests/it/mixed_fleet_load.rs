@@ -5,11 +5,9 @@
 //! alone, so nothing but the scraped load decides. Their KV capacity is compared in tokens,
 //! whatever each engine's block or page size.
 
-mod support;
-
+use crate::support::*;
 use kvindex_loadtest::process::SimFleet;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "sim/model";
 /// Each pod's KV capacity; the SGLang pod reports it as `sglang:num_pages`.

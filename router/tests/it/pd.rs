@@ -3,11 +3,9 @@
 //! `x-prefiller-host-port` naming the prefill pod (llm-d's sidecar convention), which the
 //! router sets itself (a client's own value never passes).
 
-mod support;
-
+use crate::support::fake_pod::{vllm_metrics, FakePod, Script};
+use crate::support::*;
 use serde_json::{json, Value};
-use support::fake_pod::{vllm_metrics, FakePod, Script};
-use support::*;
 
 fn prompt(base: u32) -> Vec<u32> {
     (0..96).map(|t| base + t).collect()

@@ -8,14 +8,12 @@
 //! (`indexer/server/tests/python/kvpeer.py`, vLLM's frames), the pods are `kvindex-sim`
 //! processes, the indexer and the router their own binaries.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::support::*;
 use kvindex_testkit::json_peer::JsonPeer;
 use serde_json::json;
-use support::*;
 
 const MODEL: &str = "sim/model";
 

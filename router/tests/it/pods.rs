@@ -2,13 +2,11 @@
 //! current pods), and registration on the admin address only (never the public port); each
 //! source changes only its own pods, and none can touch pods from the command line.
 
-mod support;
-
 use std::path::PathBuf;
 
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use serde_json::json;
-use support::fake_pod::{FakePod, Script};
-use support::*;
 
 fn write(path: &PathBuf, text: &str) {
     let partial = path.with_extension("tmp");

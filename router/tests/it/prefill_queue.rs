@@ -7,10 +7,8 @@
 //! looks. The control run (`--queued-prefill-weight 0`, the rule before) sends the burst to
 //! the holder, so the test can fail.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "sim/model";
 /// The prefix every prompt shares: 8 blocks.

@@ -3,15 +3,13 @@
 //! request upstream; a pod that fails before any response byte is retried on the next pod, and
 //! one that fails after is not.
 
-mod support;
-
 use std::sync::Arc;
 
+use crate::support::fake_pod::{FakePod, Script};
+use crate::support::*;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
-use support::fake_pod::{FakePod, Script};
-use support::*;
 use tokio::sync::Notify;
 
 /// A response recorded from a real `kvindex-sim` pod: the head to replay and the data frames.

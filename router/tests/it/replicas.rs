@@ -2,10 +2,8 @@
 //! so four routers taking turns on the same conversations place them as well as one router
 //! does: the engines' own cached-token counts give the same hit rate within 2%.
 
-mod support;
-
+use crate::support::*;
 use serde_json::json;
-use support::*;
 
 const CONVERSATIONS: u32 = 12;
 const TURNS: usize = 5;

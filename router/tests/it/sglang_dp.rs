@@ -12,14 +12,12 @@
 //! (0.5.23), and the rank a request lands on is decided by SGLang's own DP-controller dispatch
 //! and rank-header code read from that wheel (`tests/python/sglang_dp_engine.py`).
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::support::*;
 use kvindex_testkit::json_peer::JsonPeer;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 const RANKS: u16 = 2;

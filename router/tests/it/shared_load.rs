@@ -11,10 +11,14 @@
 //! reservation too, and with no indexer answering a router places by its own counts. The pods are real `kvindex-sim`
 //! engines prefilling slowly, so nothing is answered while the test looks.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 
+use crate::support::ext_proc::{
+    body, connect, headers, pick_on, post_headers, response_body, response_headers, PickerProcess, Stream,
+};
+use crate::support::*;
 use bytes::Bytes;
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{processing_request, ProcessingRequest, ProtocolConfiguration};
@@ -22,10 +26,6 @@ use http_body_util::{BodyExt, Full};
 use kvindex_loadtest::kvindex_service::http_with;
 use kvindex_proto::kvindex::v1 as pb;
 use serde_json::{json, Value};
-use support::ext_proc::{
-    body, connect, headers, pick_on, post_headers, response_body, response_headers, PickerProcess, Stream,
-};
-use support::*;
 
 const MODEL: &str = "sim/model";
 /// The system prompt every prompt of the burst starts with: 8 blocks.

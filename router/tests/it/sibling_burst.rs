@@ -8,10 +8,8 @@
 //! admin token: routers holding a wrong one are refused (counted on both sides) and predict
 //! nothing.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "sim/model";
 

@@ -6,10 +6,8 @@
 //! pod's capacity, which the router reads from `vllm:cache_config_info`), and leaves a pod
 //! where requests queue.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODEL: &str = "deepseek-sim";
 
