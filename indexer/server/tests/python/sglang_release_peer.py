@@ -26,6 +26,7 @@ another rank holds must score 0 here, so a rank read as another rank fails.
 
 import json
 import os
+import random
 import sys
 import time
 
@@ -162,14 +163,17 @@ class EnginePub(sglang_peer.SglangPub):
 
 
 def consecutive_free_ports(n):
-    """A port p with p..p+n-1 all free on loopback now (SGLang offsets ranks by +1 each)."""
-    for _ in range(200):
-        with sglang_peer.socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n <= 65535 and all(sglang_peer.port_free(f"tcp://127.0.0.1:{base + i}") for i in range(n)):
+    """A port p with p..p+n-1 all free on loopback now (SGLang offsets ranks by +1 each).
+
+    Drawn from 20000..32000, below Linux's ephemeral range (32768..60999), as the Rust tests'
+    `free_port` does: a port the kernel hands out for bind(0) is also what it hands to the next
+    outgoing connection of any test running beside this one, which then holds it before the
+    publisher binds it."""
+    for _ in range(2000):
+        base = random.randrange(20000, 32000 - n)
+        if all(sglang_peer.port_free(f"tcp://127.0.0.1:{base + i}") for i in range(n)):
             return base
-    raise RuntimeError(f"no {n} consecutive free ports")
+    raise RuntimeError(f"no {n} consecutive free ports in 20000..32000")
 
 
 class Peer(sglang_peer.Peer):
