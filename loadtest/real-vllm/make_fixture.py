@@ -7,7 +7,7 @@ with everything the engines published, and each row of requests.jsonl has the wa
 was sent (`sent_at`). The cut for a request (`until_seq`) is the last batch the recorder had
 received by then; it must be at least the seq /debug/sources showed (a lower bound: that view
 is refreshed on a tick). This keeps the dump and, for every request the engine served, that seq,
-the prompt's token ids and the engine's `cached_tokens`; indexer/server/tests/real_engine_dump.rs
+the prompt's token ids and the engine's `cached_tokens`; indexer/server/tests/it/real_engine_dump.rs
 replays it.
 
 The prompts are synthetic (seeded random words and token ids): nothing private is kept.

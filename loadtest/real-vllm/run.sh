@@ -82,7 +82,7 @@ rc=$?
 set -e
 
 # Item 6: agreement.py recorded the per-pod engine with `kvindex record` ($out/big-engine.jsonl.gz).
-# KEEP_FIXTURE=1 turns a passing run into the replay fixture indexer/server/tests/real_engine_dump.rs reads.
+# KEEP_FIXTURE=1 turns a passing run into the replay fixture indexer/server/tests/it/real_engine_dump.rs reads.
 # The fixture's test assumes the default shape (engine block 32).
 if [ "$rc" = 0 ] && [ -n "${KEEP_FIXTURE:-}" ] && [ "${ENGINE_BLOCK_SIZE:-32}" != 32 ]; then
   echo "run.sh: KEEP_FIXTURE is for ENGINE_BLOCK_SIZE=32; no fixture written" >&2

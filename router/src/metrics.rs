@@ -1,5 +1,5 @@
 //! Metric names, the table that declares each one's kind, labels and help (router/README.md
-//! is held to it by tests/metrics_docs.rs), and the Prometheus recorder. One place,
+//! is held to it by tests/it/metrics_docs.rs), and the Prometheus recorder. One place,
 //! so names cannot drift between the code that counts and the page that explains.
 
 use kvindex_metric_defs::Kind::{Counter, Gauge, Histogram};
@@ -72,7 +72,7 @@ pub fn install() -> Option<PrometheusHandle> {
 }
 
 /// Every metric the router exports of its own: what `/metrics` describes (HELP and TYPE) and
-/// what tests/metrics_docs.rs holds router/README.md to. The labels are every label any series
+/// what tests/it/metrics_docs.rs holds router/README.md to. The labels are every label any series
 /// of the metric carries.
 pub const METRICS: &[Metric] = &[
     Metric { name: REQUESTS, kind: Counter, labels: &["endpoint", "status"], unit: None, help: "Proxied requests by endpoint and HTTP status" },

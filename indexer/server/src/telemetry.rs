@@ -130,7 +130,7 @@ fn install() -> Result<PrometheusHandle, String> {
 }
 
 /// Every metric `kvindex serve` exports: what `/metrics` describes (HELP and TYPE) and what
-/// tests/metrics_docs.rs holds docs/METRICS.md to. The labels are every label any series of
+/// tests/it/metrics_docs.rs holds docs/METRICS.md to. The labels are every label any series of
 /// the metric carries.
 pub const METRICS: &[Metric] = &[
     Metric { name: EVENTS, kind: Counter, labels: &["source", "type"], unit: None, help: "KV events applied, by type and source pod" },

@@ -1,6 +1,6 @@
 {{/* Envoy configuration shared by the endpoint-picker and epp-sidecar bootstraps and the Istio
      patch: the same filters and clusters as deploy/kustomize (tested against a real Envoy in
-     router/tests/envoy.rs; why each setting is there: deploy/README.md). */}}
+     router/tests/it/envoy.rs; why each setting is there: deploy/README.md). */}}
 
 {{/* An h2c STRICT_DNS cluster for an ext_proc service. Args: name, host, port, healthCheck
      (kvindex-router's gRPC `readiness`: with no healthy host the filter is skipped at once). */}}

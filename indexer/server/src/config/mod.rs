@@ -2,7 +2,7 @@
 //! flag, an environment variable and a key of the TOML file (`--config`). Layered flag > env >
 //! file > default, then validated into the runtime [`Config`]; every error names the key and
 //! where its value came from ([`ConfigError`]). docs/CONFIG.md lists every key
-//! (tests/config_docs.rs holds it to this file).
+//! (tests/it/config_docs.rs holds it to this file).
 
 pub mod cidr;
 pub mod error;
