@@ -869,7 +869,11 @@ fn main() {
                 let mut v: Vec<f64> = results.iter().filter(|r| r.0 == on).map(|r| f(&r.1)).collect();
                 v.sort_by(f64::total_cmp);
                 let n = v.len();
-                if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+                if n % 2 == 1 {
+                    v[n / 2]
+                } else {
+                    (v[n / 2 - 1] + v[n / 2]) / 2.0
+                }
             };
             let cpu = |r: &SteadyResult| r.cpu_per_mop;
             let ops = |r: &SteadyResult| r.ops_per_s;
@@ -889,7 +893,11 @@ fn main() {
                 median(true, &ops),
                 median(true, &ops) / median(false, &ops)
             );
-            println!("| RSS peak over the window − at its start, MiB | {:.0} | {:.0} | |", median(false, &rss), median(true, &rss));
+            println!(
+                "| RSS peak over the window − at its start, MiB | {:.0} | {:.0} | |",
+                median(false, &rss),
+                median(true, &rss)
+            );
         }
     }
     overload::run(&rt);

@@ -509,7 +509,8 @@ mod tests {
             residencies: u64,
             streams: Vec<(String, u64)>,
         }
-        let v5 = V5 { recipe_version: 2, block_size: 16, created_unix_ms: 1, residencies: 3, streams: h.streams.clone() };
+        let v5 =
+            V5 { recipe_version: 2, block_size: 16, created_unix_ms: 1, residencies: 3, streams: h.streams.clone() };
         let mut bytes = encode(&v5);
         bytes[3] = 5;
         let old: Header = decode(&bytes).unwrap();

@@ -343,7 +343,9 @@ impl Store {
         {
             return Err(LoadError::Format {
                 key: "header".into(),
-                source: FormatError::Decode("a stream listed twice, or generations that do not match the streams".into()),
+                source: FormatError::Decode(
+                    "a stream listed twice, or generations that do not match the streams".into(),
+                ),
             });
         }
         let mut values = Vec::with_capacity(header.streams.len());
