@@ -20,8 +20,10 @@
 //! 5. (`E2E_STEADY_ENTRIES`, default off) Steady churn into an index that full, from 64 dialled
 //!    pods (filled at 500k stores/s, then `E2E_STEADY_RATE` offered block ops/s, stores and
 //!    evictions, default 250k: below what two cores apply, so nothing queues) for `E2E_STEADY_SECS` (default
-//!    150), snapshots every `E2E_STEADY_SNAPSHOTS` seconds or none: applied block ops/s and the
-//!    server's CPU per million ops (the snapshot overhead on ingest). The pods of phases 4 and 5
+//!    150), snapshots every `E2E_STEADY_SNAPSHOTS` seconds or none: applied block ops/s, the
+//!    server's CPU per million ops (the snapshot overhead on ingest) and its RSS at the start
+//!    and peak of the window. `E2E_STEADY_ROUNDS=n` (with `E2E_STEADY_SNAPSHOTS`) runs n rounds
+//!    each of snapshots off and on, interleaved, and prints medians and ratios. The pods of phases 4 and 5
 //!    hash per pod, like engines with different seeds, unless `E2E_ONE_HASH` is set.
 //!
 //! 6. (`E2E_OVERLOAD` = comma list of multiples of the capacity, e.g. `1.5,2,4`; default off)
