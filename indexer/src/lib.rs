@@ -1,10 +1,10 @@
-//! kvindex: an exact prefix-cache index for vLLM fleets, as a pure core.
+//! kvindex: an exact prefix-cache index for vLLM, SGLang and TensorRT-LLM fleets, as a pure core.
 //!
 //! No I/O, no async, no clocks: the service (`kvindex-server`) feeds it bytes and time. The
 //! modules follow the data flow:
 //!
 //! ```text
-//! frames ─▶ wire (decode) ─▶ sequencer (order, gaps, restarts) ─▶ index::ingest ─▶ index::table
+//! frames ─▶ wire (decode) ─▶ sequencer (order, gaps, restarts) ─▶ index::ingest ─▶ index::tree
 //!                                                      keys (prefix keys) ─┘          ▲
 //!                                            prompt ─▶ keys ─▶ index::score ──────────┘
 //! ```

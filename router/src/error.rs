@@ -4,7 +4,8 @@
 //! - [`ApiError`]: what a door answers for it (and for its own refusals: too large, too slow,
 //!   shed, no pod answered), mapped once to an HTTP status and OpenAI's `code`, and rendered
 //!   either as an OpenAI-shaped JSON response (`{"error": {"message", "type", "param",
-//!   "code"}}`, the proxy) or as an ext_proc `ImmediateResponse` (the endpoint picker), each
+//!   "code"}}`, the proxy) or as an ext_proc `ImmediateResponse` (the endpoint picker, in
+//!   `doors/ext_proc/envoy.rs`), each
 //!   counted in `kvindex_router_request_errors_total` by its code. Messages never quote the
 //!   prompt;
 //! - [`StartError`]: why the router cannot start, naming the flag behind it.
@@ -14,10 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use envoy_types::pb::envoy::service::ext_proc::v3::ProcessingResponse;
-
 use crate::config::ConfigError;
-use crate::doors::ext_proc::envoy;
 use crate::metrics as m;
 use crate::place::request::RequestError;
 use crate::pods::fleet::PodRefused;
@@ -183,21 +181,22 @@ impl From<RouteError> for ApiError {
 }
 
 impl ApiError {
-    /// The endpoint picker's answer: the gateway sends this error to the client itself.
-    pub fn into_immediate(self) -> ProcessingResponse {
+    /// Counts this error as answered (`kvindex_router_request_errors_total`), whichever door
+    /// answers it.
+    pub fn counted(self) -> ApiError {
         metrics::counter!(m::REQUEST_ERRORS, "reason" => self.code).increment(1);
-        envoy::immediate(self.status.as_u16(), self.code, &self.message)
+        self
     }
 }
 
 /// The proxy's answer.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        metrics::counter!(m::REQUEST_ERRORS, "reason" => self.code).increment(1);
+        let this = self.counted();
         let body =
-            json!({"error": {"message": self.message, "type": self.kind(), "param": self.param, "code": self.code}});
-        let mut response = (self.status, Json(body)).into_response();
-        if self.code == "overloaded" {
+            json!({"error": {"message": this.message, "type": this.kind(), "param": this.param, "code": this.code}});
+        let mut response = (this.status, Json(body)).into_response();
+        if this.code == "overloaded" {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }
         response
@@ -256,8 +255,6 @@ mod tests {
             let api = ApiError::from(error);
             assert_eq!((api.status.as_u16(), api.code, api.param), (status, code, param), "{message}");
             assert_eq!(api.message, message);
-            let immediate = format!("{:?}", api.into_immediate());
-            assert!(immediate.contains(&format!("kvindex_router_{code}")), "{immediate}");
         }
     }
 }

@@ -211,7 +211,9 @@ async fn predictions_on_a_pod_with_larger_engine_blocks_are_whole_engine_blocks(
     const ENGINE_BLOCK: usize = 64;
     let bins = bins();
     let stack = Stack::start(&bins, 1, &["--model", MODEL, "--block-size", "64"]).await;
-    let router = router(&bins, &stack.router_args());
+    let mut args = stack.router_args();
+    args.extend(["--scrape-interval-ms", "20", "--score-deadline-ms", "500"].map(String::from));
+    let router = router(&bins, &args);
     let ids: Vec<String> = stack.sim.pods.iter().map(|p| p.pod_id.clone()).collect();
     wait_scraped(&router.http, &ids).await;
     let r = router.http.as_str();

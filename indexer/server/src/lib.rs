@@ -6,8 +6,8 @@
 //! [`kvindex::sequencer::Sequencer`].
 //!
 //! ```text
-//! transport (ZeroMQ) ─▶ sources (central SUB, per-pod SUBs, registry) ─try_send─▶ apply::Queues
-//!                                    full → dropped, counted; the seq gap is replayed   │
+//! transport (ZeroMQ) ─▶ sources (central SUB, per-pod SUBs, registry) ──send──▶ apply::Queues
+//!              full → the reader waits (counted), its socket buffers, then ZeroMQ's   │
 //! replay (DEALER) ─────────────────────────────────────────────────send (waits)────────┤
 //!                                                                                      ▼
 //!         grpc (ScoreTokens, GetPodScores) ◀── index ◀── apply worker: stream table → KvIndex

@@ -22,6 +22,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
+use kvindex::speculative::Bound;
 use rustc_hash::FxHashMap;
 
 /// Most distinct callers holding reservations at once; a new caller takes the slot of one that
@@ -57,27 +58,6 @@ impl Default for ReservationConfig {
             max_entries: 1 << 18,
             max_entries_per_pod: 1 << 14,
             max_entries_per_caller: 1 << 16,
-        }
-    }
-}
-
-/// The bound that refused a reservation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Bound {
-    /// `max_entries`.
-    Table,
-    /// `max_entries_per_pod`.
-    Pod,
-    /// `max_entries_per_caller`, or every caller slot taken ([`MAX_CALLERS`]).
-    Caller,
-}
-
-impl Bound {
-    pub fn label(self) -> &'static str {
-        match self {
-            Bound::Table => "table",
-            Bound::Pod => "pod",
-            Bound::Caller => "caller",
         }
     }
 }

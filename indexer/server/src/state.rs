@@ -2,8 +2,8 @@
 //! the service (the index and source states, the pods, the queues, readiness, the central
 //! SUB's connections), plus what only they use (replay permits, restored snapshot records, the
 //! recorder, the runtime). Every other part receives only the handle it uses; this bundle
-//! exists for `apply/`, `snapshot/` and `replay`, which are being reshaped around a stream
-//! table (issue 24 item 1).
+//! exists for `apply/`, `snapshot/` and `replay`, the parts that drive the stream table
+//! (`ingest/`) live.
 
 use std::sync::Arc;
 

@@ -462,7 +462,11 @@ fn metrics_and_debug_on_their_own_listener() {
         .1
         .contains("kvindex_http_invalid_requests_total{reason=\"not_found\"}"));
     assert_eq!(http_request(&server.http, "GET", "/healthz", None).0, 200);
-    assert_eq!(http_request(&metrics, "GET", "/readyz", None).0, 200);
+    // Ready once the start-up work is done (nothing to sync here, but the first tick may come
+    // after a busy box lets it run).
+    wait_until("/readyz on the metrics listener", 30, || {
+        (http_request(&metrics, "GET", "/readyz", None).0 == 200).then_some(())
+    });
     let body = json!({"pod": "p", "model": MODEL}).to_string();
     assert_eq!(http_request(&server.http, "POST", "/pods", Some(&body)).0, 403, "registration stays off");
     assert_eq!(http_request(&metrics, "POST", "/pods", Some(&body)).0, 404, "no control plane on the metrics port");

@@ -133,7 +133,16 @@ fn run(version: &str, mode: Mode, topic_frame: bool, drops: &[usize]) -> Vec<Str
         Mode::PerPod => assert!((gaps + 1..=gaps + 2).contains(&filled), "{what}: {s}"),
     }
     assert_eq!(s["replays_failed"], 0, "{what}: {s}");
-    assert_eq!(s["clears"], 0, "{what}: {s}");
+    // No gap cleared anything. Per-pod, a start-up sync answered before the dialer's
+    // connection opened is read again from 0 on that connection (the engine may have restarted
+    // in between): at most that one clear, a restart of the stream, which no gap makes.
+    match mode {
+        Mode::Central => assert_eq!(s["clears"], 0, "{what}: {s}"),
+        Mode::PerPod => {
+            assert!(s["clears"].as_u64().unwrap() <= 1, "{what}: {s}");
+            assert_eq!(s["clears"], s["restarts"], "{what}: only the reconnect's clear: {s}");
+        }
+    }
     assert!(checked_positive > 0, "{what}: no query had a positive expectation");
     answers
 }

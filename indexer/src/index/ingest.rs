@@ -24,7 +24,7 @@ use super::tree::{EditStats, HeldBlock, ParentKey, Pos, Stored, Tree};
 use super::units::{lcm, Cut, EngineUnits, PodRules};
 use crate::keys::extra_keys::encode_block_extras;
 use crate::keys::{block_key, block_keys, namespace_of, namespace_root, BlockKey, Extras};
-use crate::vllm_hash::{BlockHasher, ParentRef, PublishedHash, Verification};
+use crate::vllm_hash::{ParentRef, PublishedHash, Verification};
 use crate::wire::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, Value};
 
 /// The shared pieces every pod's ingest needs.

@@ -22,7 +22,10 @@ pub fn sum(text: &str, name: &str, labels: &[&str]) -> f64 {
 pub fn scrape(addr: &str) -> String {
     let mut stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr} for /metrics: {e}"));
     stream.set_read_timeout(Some(Duration::from_secs(10))).expect("read timeout");
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("send GET /metrics");
+    // One write: `write!` sends each formatted piece apart, and a server that answers after the
+    // first piece and closes would make the rest a broken pipe.
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send GET /metrics");
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap_or_else(|e| panic!("read /metrics from {addr}: {e}"));
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
@@ -64,8 +67,12 @@ y_total{reason=\"a\"} 50
         let addr = listener.local_addr().unwrap().to_string();
         let server = std::thread::spawn(move || {
             let (mut conn, _) = listener.accept().unwrap();
-            let mut request = [0u8; 1024];
-            let _ = conn.read(&mut request).unwrap();
+            // The whole request head before the answer, as a real server reads it.
+            let mut request = Vec::new();
+            let mut byte = [0u8; 1];
+            while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+                request.push(byte[0]);
+            }
             conn.write_all(
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n7\r\nup 1\nx \r\n3\r\n4\n\n\r\n0\r\n\r\n",
             )

@@ -18,6 +18,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 
+use crate::error::ApiError;
+
 /// The header (and `envoy.lb` metadata key) naming the destination. The header names the
 /// primary pod alone: an `ORIGINAL_DST` cluster (llm-d's chart) reads it as one address, and a
 /// list there is a 503 `no healthy upstream` (seen with Envoy 1.40). The metadata names the
@@ -225,6 +227,13 @@ fn status_code(status: u16) -> StatusCode {
     StatusCode::try_from(i32::from(status)).unwrap_or(StatusCode::InternalServerError)
 }
 
+/// The endpoint picker's answer to a request it refuses: the gateway sends `error` to the
+/// client itself, counted as the proxy counts its errors.
+pub fn refusal(error: ApiError) -> ProcessingResponse {
+    let error = error.counted();
+    immediate(error.status.as_u16(), error.code, &error.message)
+}
+
 /// An answer the gateway sends to the client itself (the request goes nowhere): an
 /// OpenAI-shaped JSON error, as the proxy would answer.
 pub fn immediate(status: u16, code: &str, message: &str) -> ProcessingResponse {
@@ -246,6 +255,13 @@ pub fn immediate(status: u16, code: &str, message: &str) -> ProcessingResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_is_an_openai_error_named_by_its_code() {
+        let error = ApiError::from(crate::error::RouteError::NoPods);
+        let answer = format!("{:?}", refusal(error));
+        assert!(answer.contains("kvindex_router_no_pods"), "{answer}");
+    }
 
     fn hint(value: Value) -> Metadata {
         Metadata {

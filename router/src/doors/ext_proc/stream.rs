@@ -149,7 +149,7 @@ pub async fn run(shared: Arc<Shared>, mut inbound: Streaming<ProcessingRequest>,
                     // Envoy's own request timeouts answer 408; so does the picker for a request
                     // whose body never came (GIE's protocol has no rule of its own for it).
                     let error = ApiError::request_incomplete(state.shared.request_timeout);
-                    let _ = out.send(Ok(error.into_immediate())).await;
+                    let _ = out.send(Ok(envoy::refusal(error))).await;
                     break "timeout";
                 }
             }
@@ -199,7 +199,7 @@ fn shed() -> Stop {
 
 /// Answered by the gateway with `error` (counted).
 fn immediate(error: ApiError) -> Stop {
-    Stop::Immediate(Box::new(error.into_immediate()))
+    Stop::Immediate(Box::new(envoy::refusal(error)))
 }
 
 /// The OpenAI endpoint of a request: by path, else by the body's shape.

@@ -23,7 +23,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use kvindex_server::config::{Config, ConfigError, ServeArgs};
 
 #[derive(Parser)]
-#[command(name = "kvindex", version, about = "Exact prefix-cache index for vLLM fleets")]
+#[command(name = "kvindex", version, about = "Exact prefix-cache index for vLLM, SGLang and TensorRT-LLM fleets")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
