@@ -871,7 +871,7 @@ fn main() {
                 let mut v: Vec<f64> = results.iter().filter(|r| r.0 == on).map(|r| f(&r.1)).collect();
                 v.sort_by(f64::total_cmp);
                 let n = v.len();
-                if n % 2 == 1 {
+                if !n.is_multiple_of(2) {
                     v[n / 2]
                 } else {
                     (v[n / 2 - 1] + v[n / 2]) / 2.0
