@@ -20,8 +20,10 @@
 //! 5. (`E2E_STEADY_ENTRIES`, default off) Steady churn into an index that full, from 64 dialled
 //!    pods (filled at 500k stores/s, then `E2E_STEADY_RATE` offered block ops/s, stores and
 //!    evictions, default 250k: below what two cores apply, so nothing queues) for `E2E_STEADY_SECS` (default
-//!    150), snapshots every `E2E_STEADY_SNAPSHOTS` seconds or none: applied block ops/s and the
-//!    server's CPU per million ops (the snapshot overhead on ingest). The pods of phases 4 and 5
+//!    150), snapshots every `E2E_STEADY_SNAPSHOTS` seconds or none: applied block ops/s, the
+//!    server's CPU per million ops (the snapshot overhead on ingest) and its RSS at the start
+//!    and peak of the window. `E2E_STEADY_ROUNDS=n` (with `E2E_STEADY_SNAPSHOTS`) runs n rounds
+//!    each of snapshots off and on, interleaved, and prints medians and ratios. The pods of phases 4 and 5
 //!    hash per pod, like engines with different seeds, unless `E2E_ONE_HASH` is set.
 //!
 //! 6. (`E2E_OVERLOAD` = comma list of multiples of the capacity, e.g. `1.5,2,4`; default off)
@@ -678,6 +680,9 @@ struct SteadyResult {
     snapshot_s: f64,
     /// Socket receive → applied over the window, ms (bucket upper bounds): p50, p99, p99.9, max.
     visible_ms: [f64; 4],
+    /// Server RSS (MiB) when the window starts, and its peak over the window (sampled every
+    /// 50 ms): with snapshots on, the peak is the one a snapshot adds to churn's own.
+    rss_mib: (f64, f64),
 }
 
 /// Steady ingest into a full index: 64 dialled pods fill it to `entries`, then every new
@@ -706,7 +711,12 @@ async fn steady_phase(entries: u64, secs: f64, rate: f64, serve_extra: &[String]
     let visible0 = server_buckets(&server, VISIBLE);
     let (ops0, cpu0, snaps0, snap_s0, gaps0, clears0) = read(&server);
     let t = Instant::now();
-    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let rss0 = rss_kib(pid);
+    let mut rss_peak = rss0;
+    while t.elapsed().as_secs_f64() < secs {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        rss_peak = rss_peak.max(rss_kib(pid));
+    }
     let (ops1, cpu1, snaps1, snap_s1, gaps1, clears1) = read(&server);
     let visible = bucket_delta(&visible0, &server_buckets(&server, VISIBLE));
     let elapsed = t.elapsed().as_secs_f64();
@@ -721,6 +731,7 @@ async fn steady_phase(entries: u64, secs: f64, rate: f64, serve_extra: &[String]
         snapshots: snaps1 - snaps0,
         snapshot_s: snap_s1 - snap_s0,
         visible_ms: [0.5, 0.99, 0.999, 1.0].map(|q| bucket_quantile(&visible, q)),
+        rss_mib: (rss0 as f64 / 1024.0, rss_peak as f64 / 1024.0),
     }
 }
 
@@ -813,33 +824,83 @@ fn main() {
     if steady_entries > 0 {
         let secs: f64 = std::env::var("E2E_STEADY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(150.0);
         let rate: f64 = std::env::var("E2E_STEADY_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(250_000.0);
-        let dir = tempfile::tempdir().unwrap();
         // E2E_STEADY_SNAPSHOTS: an interval in seconds (snapshots into a fresh directory), or
-        // unset for none.
-        let flags: Vec<String> = match std::env::var("E2E_STEADY_SNAPSHOTS") {
-            Ok(every) => ["--snapshot-interval", &every, "--snapshot-dir", dir.path().to_str().unwrap()]
-                .map(String::from)
-                .to_vec(),
-            Err(_) => Vec::new(),
+        // unset for none. E2E_STEADY_ROUNDS=n with it: n rounds each of snapshots off and on,
+        // interleaved (off, on, off, on, ...), same binary, each on a fresh server, then the
+        // medians and the ratio of CPU per million ops (the fair comparison on a shared box).
+        let every = std::env::var("E2E_STEADY_SNAPSHOTS").ok();
+        let rounds: usize = std::env::var("E2E_STEADY_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let modes: Vec<Option<&str>> = match (&every, rounds) {
+            (Some(every), n) if n > 0 => (0..n).flat_map(|_| [None, Some(every.as_str())]).collect(),
+            (every, _) => vec![every.as_deref()],
         };
-        let r = rt.block_on(steady_phase(steady_entries, secs, rate, &flags));
-        println!();
-        println!(
-            "Steady churn at {} entries ({PUBLISHERS} dialled pods, offered {rate:.0} block ops/s, filled in {:.1} s), snapshots {}: {:.0} applied block ops/s over {secs:.0} s, server {:.2} CPU s per million ops; {} snapshots in the window ({:.2} s in them), {} gaps, {} pod clears; receive→visible p50 ≤ {:.2} ms, p99 ≤ {:.2} ms, p99.9 ≤ {:.2} ms, max ≤ {:.2} ms",
-            r.entries,
-            r.fill_s,
-            flags.get(1).map_or("off".to_string(), |s| format!("every {s} s")),
-            r.ops_per_s,
-            r.cpu_per_mop,
-            r.snapshots,
-            r.snapshot_s,
-            r.gaps,
-            r.clears,
-            r.visible_ms[0],
-            r.visible_ms[1],
-            r.visible_ms[2],
-            r.visible_ms[3]
-        );
+        let mut results: Vec<(bool, SteadyResult)> = Vec::new();
+        for mode in modes {
+            let dir = tempfile::tempdir().unwrap();
+            let flags: Vec<String> = match mode {
+                Some(every) => ["--snapshot-interval", every, "--snapshot-dir", dir.path().to_str().unwrap()]
+                    .map(String::from)
+                    .to_vec(),
+                None => Vec::new(),
+            };
+            let r = rt.block_on(steady_phase(steady_entries, secs, rate, &flags));
+            println!();
+            println!(
+                "Steady churn at {} entries ({PUBLISHERS} dialled pods, offered {rate:.0} block ops/s, filled in {:.1} s), snapshots {}: {:.0} applied block ops/s over {secs:.0} s, server {:.2} CPU s per million ops; {} snapshots in the window ({:.2} s in them), {} gaps, {} pod clears; receive→visible p50 ≤ {:.2} ms, p99 ≤ {:.2} ms, p99.9 ≤ {:.2} ms, max ≤ {:.2} ms; RSS {:.0} MiB at the start, peak {:.0} MiB (+{:.0})",
+                r.entries,
+                r.fill_s,
+                flags.get(1).map_or("off".to_string(), |s| format!("every {s} s")),
+                r.ops_per_s,
+                r.cpu_per_mop,
+                r.snapshots,
+                r.snapshot_s,
+                r.gaps,
+                r.clears,
+                r.visible_ms[0],
+                r.visible_ms[1],
+                r.visible_ms[2],
+                r.visible_ms[3],
+                r.rss_mib.0,
+                r.rss_mib.1,
+                r.rss_mib.1 - r.rss_mib.0
+            );
+            results.push((mode.is_some(), r));
+        }
+        if results.iter().any(|r| r.0) && results.iter().any(|r| !r.0) {
+            let median = |on: bool, f: &dyn Fn(&SteadyResult) -> f64| {
+                let mut v: Vec<f64> = results.iter().filter(|r| r.0 == on).map(|r| f(&r.1)).collect();
+                v.sort_by(f64::total_cmp);
+                let n = v.len();
+                if !n.is_multiple_of(2) {
+                    v[n / 2]
+                } else {
+                    (v[n / 2 - 1] + v[n / 2]) / 2.0
+                }
+            };
+            let cpu = |r: &SteadyResult| r.cpu_per_mop;
+            let ops = |r: &SteadyResult| r.ops_per_s;
+            let rss = |r: &SteadyResult| r.rss_mib.1 - r.rss_mib.0;
+            println!();
+            println!("| steady churn, medians of {} rounds each | snapshots off | on | on / off |", results.len() / 2);
+            println!("|---|---:|---:|---:|");
+            println!(
+                "| server CPU s per million ops | {:.2} | {:.2} | {:.3} |",
+                median(false, &cpu),
+                median(true, &cpu),
+                median(true, &cpu) / median(false, &cpu)
+            );
+            println!(
+                "| applied block ops/s | {:.0} | {:.0} | {:.3} |",
+                median(false, &ops),
+                median(true, &ops),
+                median(true, &ops) / median(false, &ops)
+            );
+            println!(
+                "| RSS peak over the window − at its start, MiB | {:.0} | {:.0} | |",
+                median(false, &rss),
+                median(true, &rss)
+            );
+        }
     }
     overload::run(&rt);
     score::run(&score_rps, score_ingest, secs);

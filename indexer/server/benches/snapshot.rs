@@ -135,6 +135,8 @@ fn main() {
         created_unix_ms: 0,
         residencies,
         streams: puts.iter().map(|(k, v)| (k.clone(), format::checksum_of(v).unwrap())).collect(),
+        generation: 0,
+        generations: Vec::new(),
     };
     db.save(&header, &puts, &[]).unwrap();
     let (save_s, save_cpu) = (t.elapsed().as_secs_f64(), cpu_s() - c);
@@ -148,11 +150,29 @@ fn main() {
     let resaves: u32 = std::env::var("KVINDEX_BENCH_RESAVES").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
     let (t, c) = (Instant::now(), cpu_s());
     let (mut save_wall, mut encode_cpu) = (Vec::new(), 0.0);
-    for _ in 0..resaves {
-        let (t, c) = (Instant::now(), cpu_s());
-        let puts: Vec<(String, Vec<u8>)> = records.iter().map(|r| (r.key(), format::encode_record(r))).collect();
-        encode_cpu += cpu_s() - c;
-        db.save(&header, &puts, &[]).unwrap();
+    // As the server writes them: each record put on its own under the snapshot's generation,
+    // then the header and the deletes of the records it replaces in one commit.
+    let mut previous: Vec<String> = puts.iter().map(|(k, _)| k.clone()).collect();
+    drop(puts);
+    for generation in 1..=resaves as u64 {
+        let t = Instant::now();
+        let mut streams = Vec::with_capacity(records.len());
+        let mut stored = Vec::with_capacity(records.len());
+        for r in &records {
+            let c = cpu_s();
+            let value = format::encode_record(r);
+            encode_cpu += cpu_s() - c;
+            let key = format::record_key(generation, &r.key());
+            db.put(&key, &value).unwrap();
+            streams.push((r.key(), format::checksum_of(&value).unwrap()));
+            stored.push(key);
+        }
+        let header = Header { generation, generations: vec![generation; streams.len()], streams, ..header.clone() };
+        let mut batch = kvindex_server::snapshot::store::SnapshotBatch::default();
+        for key in std::mem::replace(&mut previous, stored) {
+            batch.delete(&key);
+        }
+        db.commit(batch, &header).unwrap();
         save_wall.push(t.elapsed().as_secs_f64());
     }
     let writes_s = t.elapsed().as_secs_f64();
@@ -172,7 +192,7 @@ fn main() {
         );
     }
     drop(db);
-    drop((records, puts));
+    drop(records);
     drop(index);
 
     let (t, c) = (Instant::now(), cpu_s());

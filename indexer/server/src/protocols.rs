@@ -104,6 +104,9 @@ pub enum Work {
     /// (`held`) for a snapshot (`crate::snapshot`).
     Snapshot {
         held: Arc<HeldMap>,
+        /// Where each exported record goes as soon as it is exported (a snapshot store);
+        /// None: every record comes back in the reply (a sibling's export).
+        sink: Option<Arc<crate::snapshot::Sink>>,
         reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
     },
     /// The server is shutting down: the worker returns.
@@ -126,6 +129,9 @@ pub struct Held {
     pub version: Option<u64>,
     pub(crate) checksum: u64,
     pub(crate) residencies: u64,
+    /// The snapshot generation the record is stored under (0: under its stream key, as a
+    /// version-5 store kept it).
+    pub(crate) generation: u64,
 }
 
 /// Every stored stream record, by store key.
@@ -138,4 +144,8 @@ pub enum Captured {
     Kept { key: String },
     /// A new record (`version`: the pod's version it was exported at).
     Fresh { key: String, version: Option<u64>, record: Box<StreamRecord> },
+    /// A new record, already in the snapshot store (`bytes`: its encoding's size).
+    Written { key: String, held: Held, bytes: u64 },
+    /// The new record could not be written: the snapshot fails.
+    Failed { key: String, error: String },
 }

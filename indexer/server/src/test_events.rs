@@ -28,3 +28,28 @@ pub fn one_block_stored(hash: u64, parent: Option<u64>, token_ids: Vec<u32>, dp_
     };
     rmp_serde::to_vec_named(&(1.0f64, vec![event], dp_rank)).expect("a batch encodes")
 }
+
+#[derive(serde::Serialize)]
+struct Removed {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    block_hashes: Vec<u64>,
+    medium: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct Cleared {
+    #[serde(rename = "type")]
+    ty: &'static str,
+}
+
+/// A batch `[ts, [BlockRemoved], dp_rank]` evicting GPU blocks `hashes`.
+pub fn blocks_removed(hashes: Vec<u64>, dp_rank: i64) -> Vec<u8> {
+    let event = Removed { ty: "BlockRemoved", block_hashes: hashes, medium: "GPU" };
+    rmp_serde::to_vec_named(&(1.0f64, vec![event], dp_rank)).expect("a batch encodes")
+}
+
+/// A batch `[ts, [AllBlocksCleared], dp_rank]`.
+pub fn all_blocks_cleared(dp_rank: i64) -> Vec<u8> {
+    rmp_serde::to_vec_named(&(1.0f64, vec![Cleared { ty: "AllBlocksCleared" }], dp_rank)).expect("a batch encodes")
+}

@@ -8,17 +8,19 @@ use std::sync::Arc;
 
 use super::Queues;
 use crate::protocols::{Captured, HeldMap, Work};
+use crate::snapshot::Sink;
 
 impl Queues {
     /// Every worker's part of a capture (`held`: what a snapshot store holds, whose records
-    /// still exact are kept, not exported; empty: every stream is exported), after any
-    /// capture already running.
-    pub async fn capture(&self, held: Arc<HeldMap>) -> Result<Vec<Captured>, String> {
+    /// still exact are kept, not exported; empty: every stream is exported; `sink`: where
+    /// each exported record is written at once, see `snapshot::Sink`), after any capture
+    /// already running.
+    pub async fn capture(&self, held: Arc<HeldMap>, sink: Option<Arc<Sink>>) -> Result<Vec<Captured>, String> {
         let _one_at_a_time = self.captures.lock().await;
         let mut replies = Vec::new();
         for worker in 0..self.workers() {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            if !self.send(worker, Work::Snapshot { held: held.clone(), reply: tx }).await {
+            if !self.send(worker, Work::Snapshot { held: held.clone(), sink: sink.clone(), reply: tx }).await {
                 return Err("an apply worker is gone".into());
             }
             replies.push(rx);

@@ -7,17 +7,24 @@ use std::sync::Arc;
 use super::Worker;
 use crate::protocols::{Captured, HeldMap, StreamKey};
 use crate::snapshot::capture::Capture;
+use crate::snapshot::Sink;
 
 impl Worker {
-    /// Starts capturing a snapshot of this worker's streams (`held`: what the store holds).
+    /// Starts capturing a snapshot of this worker's streams (`held`: what the store holds;
+    /// `sink`: where exported records go at once).
     /// One capture at a time (`snapshot::take` waits for every reply); were another still
     /// running, it is finished first.
-    pub(crate) fn start_capture(&mut self, held: Arc<HeldMap>, reply: tokio::sync::oneshot::Sender<Vec<Captured>>) {
+    pub(crate) fn start_capture(
+        &mut self,
+        held: Arc<HeldMap>,
+        sink: Option<Arc<Sink>>,
+        reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
+    ) {
         while self.capture.is_some() {
             self.wait_export_any();
             self.advance_capture();
         }
-        self.capture = Some(Capture::new(held, reply, self.table.keys()));
+        self.capture = Some(Capture::new(held, sink, reply, self.table.keys()));
         self.advance_capture();
     }
 

@@ -199,7 +199,7 @@ impl Worker {
                 self.state.end_speculation(&pod, "removed");
                 let _ = done.send(any);
             }
-            Work::Snapshot { held, reply } => self.start_capture(held, reply),
+            Work::Snapshot { held, sink, reply } => self.start_capture(held, sink, reply),
             Work::Stop => {}
         }
     }

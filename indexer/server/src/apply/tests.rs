@@ -111,7 +111,7 @@ fn a_snapshot_holds_back_only_the_pods_it_is_exporting() {
     let threads = pool::threads();
     let gates = close_the_pool();
     let (reply, mut answer) = tokio::sync::oneshot::channel();
-    worker.handle(Work::Snapshot { held: Arc::new(HeldMap::new()), reply });
+    worker.handle(Work::Snapshot { held: Arc::new(HeldMap::new()), sink: None, reply });
     let exporting = exporting(&worker, &pods);
     assert_eq!(exporting.len(), threads, "one pod per pool thread is out for export, no more");
 
@@ -164,7 +164,7 @@ fn a_pod_held_back_too_long_makes_the_worker_wait_for_its_export() {
     let _entered = runtime.enter();
     let gates = close_the_pool();
     let (reply, _answer) = tokio::sync::oneshot::channel();
-    worker.handle(Work::Snapshot { held: Arc::new(HeldMap::new()), reply });
+    worker.handle(Work::Snapshot { held: Arc::new(HeldMap::new()), sink: None, reply });
     let held = exporting(&worker, &pods)[0];
     let stream = |w: &Worker| {
         w.table

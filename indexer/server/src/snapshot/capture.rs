@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::format::{self, StreamRecord};
 use super::pool;
-use super::{Captured, HeldMap};
+use super::{Captured, HeldMap, Sink};
 use crate::apply::live::Live;
 use crate::ingest::{Stream, StreamTable};
 use crate::protocols::StreamKey;
@@ -21,6 +21,8 @@ use crate::state::ServiceState;
 pub struct Capture {
     /// What the store holds: a stream whose record is still exact is kept, not exported.
     held: Arc<HeldMap>,
+    /// Where an exported record is written as soon as it is encoded (None: it is answered).
+    sink: Option<Arc<Sink>>,
     /// Streams not taken yet.
     queue: Vec<StreamKey>,
     /// Exports on the pool.
@@ -44,11 +46,12 @@ impl Capture {
     /// A capture of the streams `queue` (`held`: what the store holds), answered on `reply`.
     pub fn new(
         held: Arc<HeldMap>,
+        sink: Option<Arc<Sink>>,
         reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
         queue: Vec<StreamKey>,
     ) -> Capture {
         let (done_tx, done) = std::sync::mpsc::channel();
-        Capture { held, queue, running: 0, out: Vec::new(), reply, done_tx, done }
+        Capture { held, sink, queue, running: 0, out: Vec::new(), reply, done_tx, done }
     }
 
     /// Takes the finished exports in; the streams they held back are pushed to `finished`
@@ -71,7 +74,7 @@ impl Capture {
                 Part::Export(skey, pod, model, cursor, version) => {
                     st.ext.exporting = Some(cursor);
                     self.running += 1;
-                    let (tx, state) = (self.done_tx.clone(), state.clone());
+                    let (tx, state, sink) = (self.done_tx.clone(), state.clone(), self.sink.clone());
                     pool::pool().spawn(move || {
                         let export = || {
                             let export = state.index().export_pod(&pod).unwrap_or_else(|| kvindex::PodExport {
@@ -81,7 +84,12 @@ impl Capture {
                             });
                             (export.model == *model).then(|| {
                                 let record = StreamRecord::new(&key.base, key.rank, cursor, export);
-                                Captured::Fresh { key: skey, version, record: Box::new(record) }
+                                match &sink {
+                                    // Written and let go at once: a snapshot holds at most one
+                                    // record per pool thread, however large the index.
+                                    Some(sink) => sink.write(skey, version, &record),
+                                    None => Captured::Fresh { key: skey, version, record: Box::new(record) },
+                                }
                             })
                         };
                         // Always answered, so the stream's held-back steps always run: an export
@@ -93,7 +101,7 @@ impl Capture {
                             });
                         // The service state goes first, as the snapshot write lets go of the
                         // store: nothing of the service outlives the answer on a pool thread.
-                        drop(state);
+                        drop((state, sink));
                         let _ = tx.send((key, captured));
                     });
                 }

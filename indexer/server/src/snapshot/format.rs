@@ -28,7 +28,11 @@ use kvindex::{Columns, EngineBlocks, GroupExport, PodExport, UnitExport};
 /// block sizes its events stored since it was last cleared), so a restored pod is never
 /// credited at a smaller unit. Version 4 is still read: its pods' units come from their engine
 /// blocks' spans (`kvindex::KvIndex::import_pod`).
-pub const FORMAT_VERSION: u8 = 5;
+/// Version 6: records are unchanged; the store keeps each one under the generation of the
+/// snapshot that wrote it ([`record_key`]), so a snapshot streams its records into the store
+/// as they are exported and only its header commits them, and the header names each record's
+/// generation. Version 5 stores (records under their stream keys) still load.
+pub const FORMAT_VERSION: u8 = 6;
 /// The oldest version this build still reads.
 const OLDEST_READ: u8 = 4;
 const MAGIC: &[u8; 3] = b"KVS";
@@ -44,6 +48,45 @@ pub struct Header {
     /// Every stream record of this snapshot, by key, with its value's checksum: a load that
     /// finds another set (a record lost, damaged, or left from another snapshot) is refused.
     pub streams: Vec<(String, u64)>,
+    /// The snapshot's generation: every record it wrote is stored under it (0: a version-5
+    /// store, or an export for a sibling, which is not stored).
+    #[serde(default)]
+    pub generation: u64,
+    /// Per entry of `streams`: the generation its record is stored under ([`record_key`]).
+    /// Empty: every record is stored under its stream key (version 5).
+    #[serde(default)]
+    pub generations: Vec<u64>,
+}
+
+impl Header {
+    /// The store key of each listed record, with its stream key and checksum.
+    pub fn record_keys(&self) -> impl Iterator<Item = (String, &str, u64)> + '_ {
+        self.streams.iter().enumerate().map(|(i, (key, sum))| {
+            let stored = match self.generations.get(i) {
+                Some(&generation) => record_key(generation, key),
+                None => key.clone(),
+            };
+            (stored, key.as_str(), *sum)
+        })
+    }
+}
+
+/// The store key of a stream's record written by snapshot `generation`: a snapshot never
+/// overwrites a record the stored header lists, so records can go to the store as they are
+/// exported and a crash before the header leaves the previous snapshot whole.
+pub fn record_key(generation: u64, stream_key: &str) -> String {
+    format!("{RECORD_PREFIX}{generation:016x}/{stream_key}")
+}
+
+/// The prefix of every [`record_key`].
+pub const RECORD_PREFIX: &str = "rec/";
+
+/// The generation a [`record_key`] was written under (None: not a record key).
+pub fn record_generation(key: &[u8]) -> Option<u64> {
+    let rest = key.strip_prefix(RECORD_PREFIX.as_bytes())?;
+    let hex = std::str::from_utf8(rest.get(..16)?).ok()?;
+    (rest.get(16) == Some(&b'/')).then_some(())?;
+    u64::from_str_radix(hex, 16).ok()
 }
 
 /// One stream's pod: where its sequence stood, and what the pod held at that seq.
@@ -447,8 +490,31 @@ mod tests {
             created_unix_ms: 1,
             residencies: 3,
             streams: vec![(stream_key("p", 0), 5)],
+            generation: 9,
+            generations: vec![7],
         };
         assert_eq!(decode::<Header>(&encode(&h)).unwrap(), h);
         assert_eq!(stream_key("a/b", 1), "stream/1/a/b");
+        let keys: Vec<_> = h.record_keys().collect();
+        assert_eq!(keys, vec![(record_key(7, "stream/0/p"), "stream/0/p", 5)]);
+        assert_eq!(record_generation(record_key(7, "stream/0/p").as_bytes()), Some(7));
+        assert_eq!(record_generation(b"stream/0/p"), None);
+        assert_eq!(record_generation(b"rec/12/stream/0/p"), None);
+        // A version-5 header (no generations) still decodes: its records under stream keys.
+        #[derive(Serialize)]
+        struct V5 {
+            recipe_version: u32,
+            block_size: u64,
+            created_unix_ms: u64,
+            residencies: u64,
+            streams: Vec<(String, u64)>,
+        }
+        let v5 =
+            V5 { recipe_version: 2, block_size: 16, created_unix_ms: 1, residencies: 3, streams: h.streams.clone() };
+        let mut bytes = encode(&v5);
+        bytes[3] = 5;
+        let old: Header = decode(&bytes).unwrap();
+        assert_eq!((old.generation, old.generations.len()), (0, 0));
+        assert_eq!(old.record_keys().next().unwrap().0, "stream/0/p");
     }
 }

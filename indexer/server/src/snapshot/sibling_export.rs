@@ -31,12 +31,13 @@ pub enum ExportError {
 
 /// Captures every stream's record and encodes it, within `budget` bytes.
 pub async fn export(queues: &Queues, block_size: u64, budget: u64) -> Result<Export, ExportError> {
-    let captured = queues.capture(Arc::new(HeldMap::new())).await.map_err(ExportError::Failed)?;
+    let captured = queues.capture(Arc::new(HeldMap::new()), None).await.map_err(ExportError::Failed)?;
     let records: Vec<StreamRecord> = captured
         .into_iter()
         .filter_map(|c| match c {
             Captured::Fresh { record, .. } => Some(*record),
-            Captured::Kept { .. } => None,
+            // Without a sink, nothing is kept, written or failed.
+            Captured::Kept { .. } | Captured::Written { .. } | Captured::Failed { .. } => None,
         })
         .collect();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -68,6 +69,8 @@ fn encode(records: Vec<StreamRecord>, block_size: u64, budget: u64) -> Result<Ex
         created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
         residencies,
         streams,
+        generation: 0,
+        generations: Vec::new(),
     });
     bytes += header.len() as u64;
     if bytes > budget {

@@ -1,7 +1,10 @@
-//! The snapshot's RocksDB: one header key and one key per stream. A snapshot rewrites the
-//! records of the streams that moved, deletes those of streams that are gone and replaces the
-//! header, in one atomic write batch, so a reader sees one snapshot or the previous one, never
-//! a mix.
+//! The snapshot's RocksDB: one header key and one key per stream record, named by the
+//! generation of the snapshot that wrote it (`format::record_key`). A snapshot puts the
+//! records of the streams that moved under its new generation as they are exported
+//! ([`Store::put`]), then replaces the header and deletes the records it supersedes and those
+//! of streams that are gone, in one atomic write batch ([`Store::commit`]), so a reader sees
+//! one snapshot or the previous one, never a mix: records of a generation no header lists are
+//! left over from a snapshot that never committed, and are not loaded.
 //!
 //! RocksDB checksums its own blocks; our values carry their own (see [`super::format`]), and the
 //! header lists every stream record with its checksum, so a store that lost records, holds one
@@ -25,7 +28,10 @@ use rocksdb::{Env, Options, WriteBatch, WriteOptions, DB};
 use super::format::{self, FormatError, Header, StreamRecord};
 
 const HEADER_KEY: &[u8] = b"header";
+/// Version-5 records, under their stream keys.
 const STREAM_PREFIX: &[u8] = b"stream/";
+/// A memtable's size (see `options`).
+const WRITE_BUFFER_BYTES: usize = 32 << 20;
 
 /// Why a stored snapshot was not loaded. The service then starts clean.
 #[derive(Debug, thiserror::Error)]
@@ -240,6 +246,12 @@ impl SnapshotDir {
 pub struct Loaded {
     pub header: Header,
     pub streams: Vec<StreamRecord>,
+    /// Records of a later snapshot that never committed its header (a crash while it was
+    /// written): not loaded, deleted by the next snapshot.
+    pub leftovers: Vec<String>,
+    /// The highest generation the store holds a record or header of: the next snapshot's is
+    /// above it.
+    pub generation: u64,
 }
 
 pub struct Store {
@@ -248,10 +260,29 @@ pub struct Store {
     dir: Arc<SnapshotDir>,
 }
 
+/// Records at least this large live in blob files, not in the LSM tree's tables.
+const MIN_BLOB_BYTES: u64 = 4096;
+
 fn options() -> Options {
     let mut o = Options::default();
     o.create_if_missing(true);
     o.set_paranoid_checks(true);
+    // A snapshot rewrites most of its large records: kept in blob files, a flush writes each
+    // once, sequentially, and compactions move only keys and blob references instead of
+    // rewriting every record again and again; old blob files go once no key refers to them
+    // (blob garbage collection relocates the few records of the oldest files still live).
+    // Block keys and engine hashes are random 64-bit numbers: compressing them costs CPU and
+    // saves nothing.
+    o.set_enable_blob_files(true);
+    o.set_min_blob_size(MIN_BLOB_BYTES);
+    o.set_enable_blob_gc(true);
+    o.set_blob_compression_type(rocksdb::DBCompressionType::None);
+    o.set_compression_type(rocksdb::DBCompressionType::None);
+    // Records stream in while a snapshot is exported (`Store::put`): at most this many
+    // memtables of this size are held before RocksDB makes the writer wait for a flush, which
+    // bounds the memory a snapshot adds, however large the index.
+    o.set_write_buffer_size(WRITE_BUFFER_BYTES);
+    o.set_max_write_buffer_number(2);
     // RocksDB's flushes and compactions are a snapshot's background work: below ingest in CPU
     // priority, like the snapshot pool (`pool.rs`). Without an env the defaults stand.
     if let Ok(mut env) = Env::new() {
@@ -305,32 +336,56 @@ impl Store {
         if header.block_size != block_size {
             return Err(LoadError::BlockSize { found: header.block_size, expected: block_size });
         }
-        let listed: HashMap<&str, u64> = header.streams.iter().map(|(k, sum)| (k.as_str(), *sum)).collect();
+        let listed: HashMap<String, u64> = header.record_keys().map(|(stored, _, sum)| (stored, sum)).collect();
         let expected = header.streams.len() as u64;
-        if listed.len() as u64 != expected {
+        if listed.len() as u64 != expected
+            || (!header.generations.is_empty() && header.generations.len() != header.streams.len())
+        {
             return Err(LoadError::Format {
                 key: "header".into(),
-                source: FormatError::Decode("a stream listed twice".into()),
+                source: FormatError::Decode(
+                    "a stream listed twice, or generations that do not match the streams".into(),
+                ),
             });
         }
         let mut values = Vec::with_capacity(header.streams.len());
-        for item in self.db.prefix_iterator(STREAM_PREFIX) {
-            let (key, value) = item.map_err(|e| LoadError::Read(e.to_string()))?;
-            if !key.starts_with(STREAM_PREFIX) {
-                break;
+        let (mut leftovers, mut generation) = (Vec::new(), header.generation);
+        for prefix in [STREAM_PREFIX, format::RECORD_PREFIX.as_bytes()] {
+            for item in self.db.prefix_iterator(prefix) {
+                let (key, value) = item.map_err(|e| LoadError::Read(e.to_string()))?;
+                if !key.starts_with(prefix) {
+                    break;
+                }
+                let name = String::from_utf8_lossy(&key);
+                match listed.get(name.as_ref()) {
+                    // Only the records the header lists, each with the checksum it was listed with.
+                    Some(&sum) if format::checksum_of(&value) == Some(sum) => values.push((key, value)),
+                    // A record of a later snapshot whose header never came: not this snapshot's.
+                    None if format::record_generation(&key).is_some_and(|g| g > header.generation) => {
+                        generation = generation.max(format::record_generation(&key).unwrap_or(0));
+                        leftovers.push(name.into_owned());
+                    }
+                    // Listed with another checksum, or unlisted though as old as the header:
+                    // this snapshot should have deleted it.
+                    _ => return Err(LoadError::Stray { key: name.into_owned() }),
+                }
             }
-            // Only the records the header lists, each with the checksum it was listed with.
-            let name = String::from_utf8_lossy(&key);
-            if listed.get(name.as_ref()).is_none_or(|&sum| format::checksum_of(&value) != Some(sum)) {
-                return Err(LoadError::Stray { key: name.into_owned() });
-            }
-            values.push((key, value));
         }
         if values.len() as u64 != expected {
             return Err(LoadError::Truncated { expected, found: values.len() as u64 });
         }
         let streams = decode_all(&values)?;
-        Ok(Some(Loaded { header, streams }))
+        Ok(Some(Loaded { header, streams, leftovers, generation }))
+    }
+
+    /// Writes one record of a snapshot being taken, under a key no committed header lists
+    /// ([`format::record_key`] of the new generation): nothing the stored snapshot holds
+    /// changes until [`commit`](Self::commit) writes the header that lists it. Skips the
+    /// write-ahead log as `save` does; the commit's flush puts it on disk.
+    pub fn put(&self, key: &str, value: &[u8]) -> Result<(), rocksdb::Error> {
+        let mut opts = WriteOptions::default();
+        opts.disable_wal(true);
+        self.db.put_opt(key.as_bytes(), value, &opts)
     }
 
     /// Makes the stored snapshot `header`'s, in one atomic write: `puts` (key, encoded record)
@@ -457,7 +512,15 @@ mod tests {
         let puts: Vec<(String, Vec<u8>)> = records.iter().map(|r| (r.key(), format::encode_record(r))).collect();
         let streams =
             listed.iter().map(|r| (r.key(), format::checksum_of(&format::encode_record(r)).unwrap())).collect();
-        let header = Header { recipe_version: 1, block_size: 16, created_unix_ms: 1, residencies: 1, streams };
+        let header = Header {
+            recipe_version: 1,
+            block_size: 16,
+            created_unix_ms: 1,
+            residencies: 1,
+            streams,
+            generation: 0,
+            generations: Vec::new(),
+        };
         let deletes: Vec<String> = deletes.iter().map(|d| format::stream_key(d, 0)).collect();
         store.save(&header, &puts, &deletes).unwrap();
     }
@@ -500,6 +563,45 @@ mod tests {
         // A record the header does not list at all.
         save(&store, &[&a], &[&b], &[]);
         assert_eq!(store.load(1, 16).map(|_| ()).unwrap_err().label(), "stray");
+    }
+
+    /// Records written by a snapshot whose header never came (a crash mid-snapshot) are not
+    /// loaded and do not refuse the snapshot; a record the committed header should have
+    /// deleted (as old as the header, unlisted) does.
+    #[test]
+    fn records_of_an_uncommitted_generation_are_left_over_not_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let (a, b) = (record("a", 1), record("b", 1));
+        let (va, vb) = (format::encode_record(&a), format::encode_record(&b));
+        store.put(&format::record_key(3, &a.key()), &va).unwrap();
+        store.put(&format::record_key(3, &b.key()), &vb).unwrap();
+        let header = Header {
+            recipe_version: 1,
+            block_size: 16,
+            created_unix_ms: 1,
+            residencies: 2,
+            streams: vec![(a.key(), format::checksum_of(&va).unwrap()), (b.key(), format::checksum_of(&vb).unwrap())],
+            generation: 3,
+            generations: vec![3, 3],
+        };
+        store.commit(SnapshotBatch::default(), &header).unwrap();
+        // Generation 4 rewrites a and is cut off before its header.
+        let a2 = record("a", 2);
+        store.put(&format::record_key(4, &a2.key()), &format::encode_record(&a2)).unwrap();
+        store.db.flush().unwrap();
+        drop(store);
+        let store = open(dir.path());
+        let loaded = store.load(1, 16).unwrap().unwrap();
+        let mut streams = loaded.streams;
+        streams.sort_by(|x, y| x.base.cmp(&y.base));
+        assert_eq!(streams, vec![a.clone(), b.clone()], "generation 3, whole");
+        assert_eq!(loaded.leftovers, vec![format::record_key(4, &a2.key())]);
+        assert_eq!(loaded.generation, 4, "the next snapshot writes above the leftover");
+        // A record of generation 2, which generation 3's commit deleted: its presence means
+        // the store is not the snapshot its header says.
+        store.put(&format::record_key(2, &a.key()), &va).unwrap();
+        assert!(matches!(store.load(1, 16), Err(LoadError::Stray { .. })));
     }
 
     #[test]
