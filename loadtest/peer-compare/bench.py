@@ -21,7 +21,11 @@ router 1 and 4 replicas x {keep-alive, fresh connection per request, a pod SIGKI
 as behind an L4 balancer; kvindex-router replicas share one `kvindex serve`, the peers'
 replicas are independent, as each product runs active-active. `kvindex-own` is kvindex-router
 with `--reservation-ttl-ms 0`: each replica counts only its own requests (the shared in-flight
-load off), the control for `kvindex` at several replicas. After the 1-replica keep-alive
+load off), the control for `kvindex` at several replicas. For kvindex-router only,
+`two-indexers` runs two `kvindex serve` replicas that each dial every pod's PUB (central mode
+cannot feed two), every router given both (`--indexer a --indexer b`), and `kill-indexer` the
+same with one replica SIGKILLed after `--kill-at` of the requests: client errors, and the
+follow-up hit against the undisturbed `two-indexers` run of the same invocation. After the 1-replica keep-alive
 workload, a probe measures the router's overhead: the same short chat sent sequentially to a
 pod directly and through the router, keep-alive and fresh, interleaved.
 
@@ -51,6 +55,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = "bench/deepseek"
 # The router names that run kvindex-router (with its indexer).
 KVINDEX = ("kvindex", "kvindex-own")
+# The variants that give kvindex-router two `kvindex serve` replicas (the undisturbed control
+# and the one where a replica is SIGKILLed mid-run).
+TWO_INDEXERS = ("two-indexers", "kill-indexer")
 BLOCK = 16
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -373,32 +380,46 @@ class Bench:
             pods.append(pod)
         return pods
 
-    def start_indexer(self, procs, workdir):
-        token = secrets.token_urlsafe(24)
-        token_file = os.path.join(workdir, "admin-token")
-        with open(token_file, "w") as f:
-            f.write(token)
-        self.token_file = token_file
-        proc = procs.start("kvindex-serve", [
-            os.path.join(self.bin, "kvindex"), "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-            "--block-size", str(BLOCK), "--zmq-bind", "tcp://127.0.0.1:0", "--admin-token-file", token_file])
+    def start_indexer(self, procs, workdir, name="kvindex-serve", central=True, token=None):
+        """One `kvindex serve`. `central`: it binds the ZeroMQ endpoint every pod dials (one
+        indexer only: an engine dials one endpoint); else it dials each pod's PUB, so several
+        replicas can each hold the whole fleet. Replicas share `token` (the admin token)."""
+        if token is None:
+            token = secrets.token_urlsafe(24)
+            token_file = os.path.join(workdir, "admin-token")
+            with open(token_file, "w") as f:
+                f.write(token)
+            self.token_file = token_file
+        argv = [os.path.join(self.bin, "kvindex"), "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+                "--block-size", str(BLOCK), "--admin-token-file", self.token_file]
+        if central:
+            argv += ["--zmq-bind", "tcp://127.0.0.1:0"]
+        proc = procs.start(name, argv)
         line = read_line(proc, "KVINDEX_LISTENING ")
         addrs = dict(pair.split("=", 1) for pair in line.split()[1:])
         return proc, addrs, token
 
-    def register(self, addrs, token, pods):
+    def register(self, addrs, token, pods, dial=False):
         for pod in pods:
-            http_json(f"http://{addrs['http']}/pods", {"pod": pod["pod_id"], "model": MODEL, "replay_endpoint": pod["replay"]},
-                      token=token)
+            body = {"pod": pod["pod_id"], "model": MODEL, "replay_endpoint": pod["replay"]}
+            if dial:
+                body["endpoint"] = pod["pub"]
+            http_json(f"http://{addrs['http']}/pods", body, token=token)
+        if dial:
+            def ready():
+                with urllib.request.urlopen(f"http://{addrs['http']}/readyz", timeout=5) as resp:
+                    return resp.status == 200
+            wait_for(f"the indexer at {addrs['http']} to be ready", ready)
 
-    def start_routers(self, procs, name, replicas, pods, indexer_grpc=None):
-        """`replicas` router processes; returns [(proc, "host:port")]."""
+    def start_routers(self, procs, name, replicas, pods, indexer_grpc=()):
+        """`replicas` router processes, each given every indexer in `indexer_grpc`; returns
+        [(proc, "host:port")]."""
         urls = [f"http://{p['http']}" for p in pods]
         out = []
         for r in range(replicas):
             if name in KVINDEX:
                 argv = [os.path.join(self.bin, "kvindex-router"), "serve", "--http-addr", "127.0.0.1:0",
-                        "--indexer", indexer_grpc, "--tokenizer", f"{MODEL}={self.tokenizer}",
+                        *(a for grpc in indexer_grpc for a in ("--indexer", grpc)), "--tokenizer", f"{MODEL}={self.tokenizer}",
                         # Records each placement in the index before the engine's events arrive
                         # (docs/RECORD_ROUTE.md), as an operator following the docs runs it.
                         "--indexer-admin-token-file", self.token_file]
@@ -432,6 +453,25 @@ class Bench:
                     return http_json(f"http://{addr}/v1/models")[0] == 200
                 wait_for(f"{name} router at {addr}", ready, timeout=120)
         return out
+
+
+def indexer_counters(indexers):
+    """Per indexer replica (None once killed): ScoreTokens answered and reservations taken,
+    from its /metrics: which replica served the run, before and after a kill."""
+    out = []
+    for proc, addrs in indexers:
+        if proc.poll() is not None:
+            out.append(None)
+            continue
+        scores = reserved = 0.0
+        with urllib.request.urlopen(f"http://{addrs['http']}/metrics", timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith('kvindex_score_requests_total{outcome="ok"}'):
+                    scores += float(line.split()[-1])
+                elif line.startswith("kvindex_reservations_total{") and 'result="reserved"' in line:
+                    reserved += float(line.split()[-1])
+        out.append({"score_requests": scores, "reservations": reserved})
+    return out
 
 
 def pod_counters(pods):
@@ -593,44 +633,66 @@ def run_one(bench, args, workload, router, replicas, variant, logroot):
     os.makedirs(logdir, exist_ok=True)
     procs = Processes(logdir)
     try:
-        indexer = None
-        if router in KVINDEX:
-            indexer, addrs, token = bench.start_indexer(procs, logdir)
+        indexers = []  # (proc, addrs)
+        if router in KVINDEX and variant in TWO_INDEXERS:
+            # Two replicas, each dialling every pod's PUB (an engine dials one central endpoint,
+            # so central mode cannot feed two); every router is given both.
+            pods = bench.start_fleet(procs)
+            token = None
+            for i in range(2):
+                proc, addrs, token = bench.start_indexer(procs, logdir, name=f"kvindex-serve{i}", central=False, token=token)
+                bench.register(addrs, token, pods, dial=True)
+                indexers.append((proc, addrs))
+        elif router in KVINDEX:
+            proc, addrs, token = bench.start_indexer(procs, logdir)
             pods = bench.start_fleet(procs, zmq_connect=addrs["zmq"])
             bench.register(addrs, token, pods)
+            indexers.append((proc, addrs))
         else:
             pods = bench.start_fleet(procs)
         if router == "direct":
             routers = []
             targets = [p["http"] for p in pods]
         else:
-            routers = bench.start_routers(procs, router, replicas, pods, indexer_grpc=addrs["grpc"] if indexer else None)
+            routers = bench.start_routers(procs, router, replicas, pods, indexer_grpc=[a["grpc"] for _, a in indexers])
             targets = [addr for _, addr in routers]
         measured = [tree(p.pid) for p, _ in routers]
         before = [usage_of(pids) for pids in measured]
-        index_before = usage_of([indexer.pid]) if indexer else (0.0, 0.0)
+        index_before = [usage_of([p.pid]) for p, _ in indexers]
+        index_last = list(index_before)  # a killed replica's figures are read just before the kill
         victim = pods[args.kill_pod % len(pods)]
         kill_at = None
         killed_at = []
-        if variant == "kill":
+        if variant in ("kill", "kill-indexer", "two-indexers"):
             kill_at = int(args.conversations * args.turns * args.kill_at)
 
         def kill():
-            killed_at.append(time.monotonic())
-            os.killpg(victim["proc"].pid, signal.SIGKILL)
+            if variant == "kill-indexer":
+                target = indexers[args.kill_indexer % len(indexers)][0]
+                index_last[args.kill_indexer % len(indexers)] = usage_of([target.pid])
+                killed_at.append(time.monotonic())
+                os.killpg(target.pid, signal.SIGKILL)
+            elif variant == "kill":
+                killed_at.append(time.monotonic())
+                os.killpg(victim["proc"].pid, signal.SIGKILL)
+            else:  # two-indexers: the undisturbed control, only the moment is marked
+                killed_at.append(time.monotonic())
 
         started = time.monotonic()
         records = asyncio.run(play(args, workload, targets, fresh=(variant == "fresh"), kill_after=kill_at, on_kill=kill,
                                    pinned=(router == "direct")))
         wall = time.monotonic() - started
         after = [usage_of(pids) for pids in measured]
-        index_after = usage_of([indexer.pid]) if indexer else (0.0, 0.0)
+        index_after = [usage_of([p.pid]) if p.poll() is None else last for (p, _), last in zip(indexers, index_last)]
         summary = summarize(records, args, kill_time=killed_at[0] if killed_at else None)
         summary.update({"router": router, "replicas": replicas, "variant": variant, "wall_s": wall,
+                        "indexers": len(indexers),
                         "router_cpu_s": sum(a[0] - b[0] for a, b in zip(after, before)) if routers else None,
                         "router_rss_mib": sum(a[1] for a in after) if routers else None,
-                        "indexer_cpu_s": (index_after[0] - index_before[0]) if indexer else None,
-                        "indexer_rss_mib": index_after[1] if indexer else None})
+                        "indexer_cpu_s": sum(a[0] - b[0] for a, b in zip(index_after, index_before)) if indexers else None,
+                        "indexer_rss_mib": sum(a[1] for a in index_after) if indexers else None})
+        if indexers:
+            summary["indexer_counters"] = indexer_counters(indexers)
         if variant != "kill":
             queries, hits = pod_counters(pods)
             reported = sum(r["cached_tokens"] or 0 for r in records if r["error"] is None)
@@ -738,6 +800,36 @@ def table(runs, meta):
             hit = "–" if s["follow_up_hit_rate"] is None else f"{s['follow_up_hit_rate']:.3f}"
             after = "–" if s["hit_rate_after_kill"] is None else f"{s['hit_rate_after_kill']:.3f}"
             lines.append(f"| {LABEL[s['router']]} | {s['replicas']} | {s['errors']:.0f} | {s['errors_sent_after_kill']:.0f} | {hit} | {after} | {ms(s['ttft_p99'])} | {kinds} |")
+    ikills = [s for s in runs if s["variant"] == "kill-indexer"]
+    if ikills:
+        calm = {(s["router"], s["replicas"]): s for s in runs if s["variant"] == "two-indexers"}
+        lines.append("")
+        lines.append(f"Two `kvindex serve` replicas, each router given both; in `kill-indexer` replica "
+                     f"{meta['args'].get('kill_indexer', 0)} is SIGKILLed after {meta['kill_after']} of {meta['requests']} "
+                     f"requests, against the undisturbed `two-indexers` run of the same invocation (keep-alive; "
+                     f"\"after\" = the follow-ups sent after that many requests):")
+        lines.append("")
+        lines.append("| router | replicas | errors | of them sent after the kill | follow-up hit, killed / undisturbed | ratio | "
+                     "after the kill / same window undisturbed | ratio | TTFT p99 killed / undisturbed (ms) | scoring outcomes, killed run |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+
+        def ratio(a, b):
+            return "–" if a is None or not b else f"{a / b:.3f}"
+
+        def rate(v):
+            return "–" if v is None else f"{v:.3f}"
+        for s in ikills:
+            c = calm.get((s["router"], s["replicas"]), {})
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted((s.get("kvindex_score") or {}).items())) or "–"
+            survivors = [c for c in s.get("indexer_counters") or [] if c]
+            if survivors:
+                outcomes += f"; the survivor answered {survivors[0]['score_requests']:.0f} ScoreTokens (last repeat)"
+            lines.append(f"| {LABEL[s['router']]} | {s['replicas']} | {s['errors']:.0f} | {s['errors_sent_after_kill']:.0f} | "
+                         f"{rate(s['follow_up_hit_rate'])} / {rate(c.get('follow_up_hit_rate'))} | "
+                         f"**{ratio(s['follow_up_hit_rate'], c.get('follow_up_hit_rate'))}** | "
+                         f"{rate(s['hit_rate_after_kill'])} / {rate(c.get('hit_rate_after_kill'))} | "
+                         f"{ratio(s['hit_rate_after_kill'], c.get('hit_rate_after_kill'))} | "
+                         f"{ms(s['ttft_p99'])} / {ms(c.get('ttft_p99'))} | {outcomes} |")
     probes = [s for s in runs if s.get("probe")]
     if probes:
         lines.append("")
@@ -766,7 +858,10 @@ def main():
     p.add_argument("--routers", default="direct,kvindex,vllm,sglang",
                    help="any of direct, kvindex, kvindex-own (shared in-flight load off), vllm, sglang")
     p.add_argument("--replicas", default="1,4")
-    p.add_argument("--variants", default="keepalive,fresh,kill")
+    p.add_argument("--variants", default="keepalive,fresh,kill",
+                   help="any of keepalive, fresh, kill (a pod SIGKILLed), and for kvindex only two-indexers (two "
+                        "`kvindex serve` replicas dialling every pod, each router given both) and kill-indexer (the "
+                        "same, one replica SIGKILLed at --kill-at)")
     p.add_argument("--kvindex-router-args", default=os.environ.get("KVINDEX_ROUTER_ARGS", ""),
                    help="extra kvindex-router flags (e.g. weights), as one string")
     p.add_argument("--vllm-args", default="")
@@ -787,6 +882,8 @@ def main():
     p.add_argument("--stagger", type=float, default=0.04, help="seconds between conversation starts")
     p.add_argument("--kill-pod", type=int, default=1)
     p.add_argument("--kill-at", type=float, default=0.4, help="kill after this share of the requests")
+    p.add_argument("--kill-indexer", type=int, default=0,
+                   help="kill-indexer: which of the two indexers to SIGKILL (0: the first --indexer, the one routers ask first)")
     p.add_argument("--probes", type=int, default=40)
     p.add_argument("--probe-warmup", type=int, default=5)
     p.add_argument("--no-probe", action="store_true")
@@ -825,6 +922,8 @@ def main():
         for replicas in ([1] if router == "direct" else replica_counts):
             for variant in variants:
                 if router == "direct" and variant == "kill":
+                    continue
+                if router not in KVINDEX and variant in TWO_INDEXERS:
                     continue
                 plan.append((router, replicas, variant))
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -7,6 +7,8 @@
 #   bash loadtest/peer-compare/run.sh --smoke            # seconds: kvindex-router + direct only
 #   KVINDEX_BIN_DIR=/path/to/release bash loadtest/peer-compare/run.sh --out /tmp/after
 #   bash loadtest/peer-compare/run.sh --routers kvindex --kvindex-router-args "--kv-weight 16"
+#   bash loadtest/peer-compare/run.sh --routers kvindex --replicas 4 --variants two-indexers,kill-indexer --no-probe
+#                                                        # an indexer replica SIGKILLed mid-run
 # Any other flag goes to bench.py (`bench.py --help`).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"

@@ -37,6 +37,10 @@
 //!    spawn → `/readyz`, entries, and the hit over the first `E2E_BOOTSTRAP_PROBE_SECS` (default
 //!    60) of traffic against the sibling's (see `e2e_ingest/bootstrap.rs`).
 //!
+//! 8. (`E2E_RESERVE_RATE` picks/s, default off) The shared in-flight load's cost: ScoreTokens
+//!    p50/p99 and the server's CPU with reservations flowing at that rate (RecordRoute + two
+//!    batched releases per pick) and without, alternating (see `e2e_ingest/reserve.rs`).
+//!
 //! `E2E_KVINDEX` = another `kvindex` binary to run instead of this build's (a before/after
 //! comparison with the same bench).
 //!
@@ -66,6 +70,8 @@ mod bootstrap;
 mod hwm_pub;
 #[path = "e2e_ingest/overload.rs"]
 mod overload;
+#[path = "e2e_ingest/reserve.rs"]
+mod reserve;
 #[path = "e2e_ingest/score.rs"]
 mod score;
 
@@ -903,5 +909,11 @@ fn main() {
         }
     }
     overload::run(&rt);
+    let reserve_rate: f64 = std::env::var("E2E_RESERVE_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    if reserve_rate > 0.0 {
+        let score: f64 = std::env::var("E2E_RESERVE_SCORE_RPS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000.0);
+        let secs: f64 = std::env::var("E2E_RESERVE_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(10.0);
+        reserve::run(reserve_rate, score, secs);
+    }
     score::run(&score_rps, score_ingest, secs);
 }

@@ -142,7 +142,7 @@ impl Drop for EchoServer {
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum Client {
+pub(super) enum Client {
     Before,
     Router,
     RouterPool,
@@ -190,7 +190,7 @@ async fn ask(client: Client, channel: Channel, prompt: &Arc<Vec<u32>>) -> Result
 
 /// Latencies (ms, sorted) and errors (by reason) of `secs` of requests at `rps` from `client`
 /// to `addr`.
-fn measure(
+pub(super) fn measure(
     runtime: &tokio::runtime::Runtime,
     client: Client,
     addr: &str,
@@ -362,7 +362,7 @@ pub fn run(rates: &[f64], ingest_rate: f64, secs: f64) {
 }
 
 /// The 4 holder pods' sockets, connected (kept open for the phase).
-async fn connect_holders(server: &Server) -> Vec<PubSocket> {
+pub(super) async fn connect_holders(server: &Server) -> Vec<PubSocket> {
     let mut holders = Vec::new();
     for _ in 0..4 {
         let mut sock = PubSocket::new();
@@ -375,7 +375,7 @@ async fn connect_holders(server: &Server) -> Vec<PubSocket> {
 
 /// Each of the 4 holder pods stores the whole prompt as one 512-block BlockStored (sequence
 /// number `seq`); returns once ScoreTokens sees all of it.
-async fn hold_prompt(server: &Server, holders: &mut [PubSocket], prompt: &[u32], seq: u64) {
+pub(super) async fn hold_prompt(server: &Server, holders: &mut [PubSocket], prompt: &[u32], seq: u64) {
     for (p, sock) in holders.iter_mut().enumerate() {
         let hashes: Vec<u64> = (0..512u64).map(|b| 0xabc0_0000 + ((p as u64) << 32) + b).collect();
         let ev = Stored {
