@@ -57,7 +57,9 @@ async fn flow(grpc: String, rate: f64, stop: Arc<AtomicBool>, made: Arc<AtomicU6
                 let empty = {
                     let mut due = due.lock();
                     let (prefill, request) = &mut *due;
-                    for (queue, part) in [(prefill, ReleasePart::ReleasePrefill), (request, ReleasePart::ReleaseRequest)] {
+                    for (queue, part) in
+                        [(prefill, ReleasePart::ReleasePrefill), (request, ReleasePart::ReleaseRequest)]
+                    {
                         while batch.len() < 1024 && queue.front().is_some_and(|(at, _)| *at <= now) {
                             let (_, id) = queue.pop_front().unwrap();
                             batch.push(Release { request_id: id, part: part as i32 });
