@@ -106,7 +106,7 @@ pub enum Work {
         held: Arc<HeldMap>,
         /// Where each exported record goes as soon as it is exported (a snapshot store);
         /// None: every record comes back in the reply (a sibling's export).
-        sink: Option<Arc<crate::snapshot::Sink>>,
+        sink: Option<Arc<dyn RecordSink>>,
         reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
     },
     /// The server is shutting down: the worker returns.
@@ -148,4 +148,12 @@ pub enum Captured {
     Written { key: String, held: Held, bytes: u64 },
     /// The new record could not be written: the snapshot fails.
     Failed { key: String, error: String },
+}
+
+/// Where a snapshot's capture puts each record as soon as it is exported (the snapshot store
+/// writes it at once), so a capture holds a few records at a time; what it answers goes back in
+/// the capture's reply.
+pub trait RecordSink: Send + Sync {
+    /// Takes stream `key`'s `record` (its pod exported at `version`).
+    fn write(&self, key: String, version: Option<u64>, record: &StreamRecord) -> Captured;
 }

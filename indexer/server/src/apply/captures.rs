@@ -7,15 +7,18 @@
 use std::sync::Arc;
 
 use super::Queues;
-use crate::protocols::{Captured, HeldMap, Work};
-use crate::snapshot::Sink;
+use crate::protocols::{Captured, HeldMap, RecordSink, Work};
 
 impl Queues {
     /// Every worker's part of a capture (`held`: what a snapshot store holds, whose records
     /// still exact are kept, not exported; empty: every stream is exported; `sink`: where
-    /// each exported record is written at once, see `snapshot::Sink`), after any capture
+    /// each exported record is written at once, see `protocols::RecordSink`), after any capture
     /// already running.
-    pub async fn capture(&self, held: Arc<HeldMap>, sink: Option<Arc<Sink>>) -> Result<Vec<Captured>, String> {
+    pub async fn capture(
+        &self,
+        held: Arc<HeldMap>,
+        sink: Option<Arc<dyn RecordSink>>,
+    ) -> Result<Vec<Captured>, String> {
         let _one_at_a_time = self.captures.lock().await;
         let mut replies = Vec::new();
         for worker in 0..self.workers() {

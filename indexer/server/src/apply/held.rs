@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use super::Worker;
-use crate::protocols::{Captured, HeldMap, StreamKey};
+use crate::protocols::{Captured, HeldMap, RecordSink, StreamKey};
 use crate::snapshot::capture::Capture;
-use crate::snapshot::Sink;
 
 impl Worker {
     /// Starts capturing a snapshot of this worker's streams (`held`: what the store holds;
@@ -17,7 +16,7 @@ impl Worker {
     pub(crate) fn start_capture(
         &mut self,
         held: Arc<HeldMap>,
-        sink: Option<Arc<Sink>>,
+        sink: Option<Arc<dyn RecordSink>>,
         reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
     ) {
         while self.capture.is_some() {

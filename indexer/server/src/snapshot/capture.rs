@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use super::format::{self, StreamRecord};
 use super::pool;
-use super::{Captured, HeldMap, Sink};
+use super::{Captured, HeldMap};
 use crate::apply::live::Live;
 use crate::ingest::{Stream, StreamTable};
+use crate::protocols::RecordSink;
 use crate::protocols::StreamKey;
 use crate::state::ServiceState;
 
@@ -22,7 +23,7 @@ pub struct Capture {
     /// What the store holds: a stream whose record is still exact is kept, not exported.
     held: Arc<HeldMap>,
     /// Where an exported record is written as soon as it is encoded (None: it is answered).
-    sink: Option<Arc<Sink>>,
+    sink: Option<Arc<dyn RecordSink>>,
     /// Streams not taken yet.
     queue: Vec<StreamKey>,
     /// Exports on the pool.
@@ -46,7 +47,7 @@ impl Capture {
     /// A capture of the streams `queue` (`held`: what the store holds), answered on `reply`.
     pub fn new(
         held: Arc<HeldMap>,
-        sink: Option<Arc<Sink>>,
+        sink: Option<Arc<dyn RecordSink>>,
         reply: tokio::sync::oneshot::Sender<Vec<Captured>>,
         queue: Vec<StreamKey>,
     ) -> Capture {

@@ -51,6 +51,7 @@ use crate::shutdown::Shutdown;
 use crate::state::ServiceState;
 use crate::telemetry as m;
 
+use crate::protocols::RecordSink;
 pub use crate::protocols::{Captured, Held, HeldMap};
 pub use restored::Restored;
 
@@ -93,9 +94,11 @@ impl Sink {
     fn new(snapshots: Arc<Snapshots>, generation: u64) -> Self {
         Sink { snapshots, generation, written: parking_lot::Mutex::new(Vec::new()) }
     }
+}
 
+impl RecordSink for Sink {
     /// Writes stream `key`'s `record` (the pod exported at `version`).
-    pub fn write(&self, key: String, version: Option<u64>, record: &StreamRecord) -> Captured {
+    fn write(&self, key: String, version: Option<u64>, record: &StreamRecord) -> Captured {
         let value = format::encode_record(record);
         let stored = format::record_key(self.generation, &key);
         match self.snapshots.store.put(&stored, &value) {
@@ -188,7 +191,7 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
     let sink = Arc::new(Sink::new(snapshots.clone(), generation));
     let shared = Arc::new(stored.held.clone());
     // Every worker captures its own streams at once: each pauses only for its own exports.
-    let captured = state.queues().capture(shared, Some(sink.clone())).await;
+    let captured = state.queues().capture(shared, Some(sink.clone() as Arc<dyn RecordSink>)).await;
     let capture = started.elapsed();
     let outcome = match captured {
         Ok(mut captured) => {
