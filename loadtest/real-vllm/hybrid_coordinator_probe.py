@@ -1,7 +1,7 @@
 """Drives vLLM's own v1 KV-cache manager and hybrid coordinator from Python, with no engine.
 
 Why: on a hybrid model (full attention plus sliding-window layers) vLLM serves a prefix only
-where every KV-cache group can serve it. kvindex must score the same way (issue 13), and the
+where every KV-cache group can serve it. kvindex must score the same way, and the
 oracle for that is vLLM's own `HybridKVCacheCoordinator.find_longest_cache_hit`, not a
 re-implementation. This shows the oracle can be run directly: build a two-group config
 (FullAttentionSpec + SlidingWindowSpec), run requests through `KVCacheManager` as the scheduler

@@ -1,7 +1,7 @@
 """Runs the real CPU engine on the tiny hybrid model (sliding window + full attention) and shows
 what its KV events and cached_tokens look like.
 
-Why: issue 13 wants hybrid models scored as vLLM's coordinator would, checked on real events
+Why: hybrid models must be scored as vLLM's coordinator would, checked on real events
 from a tiny hybrid config if the CPU engine runs one. This answers whether it does, which
 groups the events carry (`group_idx`, `kv_cache_spec_kind`, `kv_cache_spec_sliding_window`),
 and whether the engine's hits follow the coordinator's rule after sliding-window blocks are

@@ -1,6 +1,6 @@
 """Turns one agreement run into the real-engine replay fixture under testdata/real-vllm/.
 
-Why: issue 15 item 6. `kvindex replay` of a dump recorded from a real vLLM engine must answer,
+Why: `kvindex replay` of a dump recorded from a real vLLM engine must answer,
 request by request, what the engine itself reported as cached. run.sh records the per-pod
 engine's stream with `kvindex record`; requests are sent one at a time once the index is level
 with everything the engines published, and each row of requests.jsonl has the wall-clock time it

@@ -3,7 +3,7 @@
 Why: a second oracle for what an engine holds, independent of its event stream. Driving vLLM's
 `KVCacheManager` (and, for hybrid models, its `HybridKVCacheCoordinator`) from Python with the
 same block count, groups and requests in the same order, one at a time, should give the same
-`cached_tokens` as the real engine; when it does, generated cases (issue 13's hybrid scoring)
+`cached_tokens` as the real engine; when it does, generated cases (hybrid scoring)
 can be checked against the replica with no engine at all.
 
 Only for sequential traffic (one request in flight) that finishes after one prefill step

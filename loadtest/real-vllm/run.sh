@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: kvindex against real vLLM engines, in one command. Installs vLLM (setup.sh, reused
+# kvindex against real vLLM engines, in one command. Installs vLLM (setup.sh, reused
 # when present), builds kvindex, kvindex-router and kvindex-tokenizer (debug; PROFILE=release
 # for a release build), then agreement.py starts two real vLLM CPU engines (one with a 40-block
 # KV cache, so it evicts), `kvindex serve`, `kvindex-tokenizer` and `kvindex-router`, runs a

@@ -1,11 +1,11 @@
 """Smoke test of a real vLLM engine's prefix cache and KV events, and a capture of real frames.
 
-Why: before kvindex is checked against real engines (issue 15), every behaviour it relies on
+Why: before kvindex is checked against real engines, every behaviour it relies on
 must be seen on a real engine, not assumed: what the events carry and when, replay from the
 ROUTER, `cached_tokens` on repeated prompts, evictions, `/reset_prefix_cache`, and
 `kv_cache_report_mode: full`. A small Python index fed only by the captured events predicts
 every request's cached tokens, and the prediction is compared with the engine's answer: the
-same check issue 15 asks of kvindex, done here with the simplest possible index.
+same check asked of kvindex, done here with the simplest possible index.
 
 Two engines, one after the other: A (dev mode, roomy cache) and B (20 KV blocks: evictions).
 Writes captures/frames-0.32.0-real.jsonl (schema of testdata/vllm-vectors/frames-*.jsonl) and

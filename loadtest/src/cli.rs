@@ -1,4 +1,4 @@
-//! The `kvindex-sim` command line. The flags of the fixed contract (issue 5) are `--pods`,
+//! The `kvindex-sim` command line. The flags of the fixed contract are `--pods`,
 //! `--model`, `--block-size`, `--kv-blocks`, `--http-base-port`, `--zmq-connect` |
 //! `--zmq-bind-base-port`, `--replay-base-port`, `--wire`, `--hash-seed`, `--tokenizer`;
 //! scripts rely on them. The others tune the timing model and are free to change. `--engine

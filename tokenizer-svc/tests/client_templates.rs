@@ -1,4 +1,4 @@
-//! Chat templates sent with requests (issue 23: a 50-byte `{{ 'x'*100000000 }}` took 9 GB, a
+//! Chat templates sent with requests (a 50-byte `{{ 'x'*100000000 }}` took 9 GB, a
 //! quadratic loop 200 CPU s, and SIGTERM did not stop the server). Refused by default, in the
 //! library and over gRPC (`INVALID_ARGUMENT`, counted); when allowed, rendered in a bounded
 //! child process: every bomb ends within its budget with a clear error while the server's own
@@ -23,12 +23,12 @@ use serde_json::json;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_kvindex-tokenizer");
 
-/// Issue 23's bomb: one `*` instruction allocates 100 MB (minijinja's own cap), more than the
+/// The reported bomb: one `*` instruction allocates 100 MB (minijinja's own cap), more than the
 /// tests' 64 MiB memory budget.
 const REPEAT_BOMB: &str = "{{ 'x'*100000000 }}";
 /// 10 MB in one `*`: within the memory budget, past the 1 MiB output budget.
 const OUTPUT_BOMB: &str = "{{ 'x'*10000000 }}";
-/// 10^10 loop iterations (issue 23's quadratic loop).
+/// 10^10 loop iterations (the reported quadratic loop).
 const QUADRATIC_BOMB: &str = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
 /// A range far past minijinja's 100,000-item limit.
 const RANGE_BOMB: &str = "{% for i in range(100000000000) %}x{% endfor %}";

@@ -304,7 +304,7 @@ async fn a_token_limit_in_the_metadata_stops_tokenizing_past_it() {
 }
 
 /// A client's model or tool name comes back in `error_message` cut to 256 bytes with its
-/// length, and escaped (issue 23: a 1 MB name was echoed whole), by every method.
+/// length, and escaped (a 1 MB name was echoed whole), by every method.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_names_in_errors_are_cut_and_escaped() {
     let server = start("grpc-echo").await;

@@ -64,7 +64,7 @@ fn every_panel_charts_only_exported_metrics() {
         "kvindex_index_entries",
         "kvindex_router_picks_total",
         "kvindex_router_fail_open_total",
-        // Decision quality (issue 26): best-overlap picks, reuse on offer vs delivered.
+        // Decision quality: best-overlap picks, reuse on offer vs delivered.
         "kvindex_router_overlap_picks_total",
         "kvindex_router_best_cached_blocks_total",
         "kvindex_router_overlap_given_up_blocks_bucket",

@@ -1,4 +1,4 @@
-//! The router's rooms (issue 24 item 3) read only what they may: `upstream.rs` is HTTP and
+//! The router's rooms read only what they may: `upstream.rs` is HTTP and
 //! knows nothing of the router (the caller commits and retries), the pipeline (`place/`) knows
 //! no door and no upstream, the pods know no pipeline and no door, and the configuration is a
 //! leaf the runtime reads. The circle check cannot see these: a one-way edge in the wrong

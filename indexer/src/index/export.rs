@@ -792,7 +792,7 @@ mod tests {
         }
     }
 
-    /// The property's shrunk case of issue 23 (`proptest-regressions/index/export.txt` re-runs
+    /// The property's shrunk case (`proptest-regressions/index/export.txt` re-runs
     /// the case proptest first drew, which shrank to this one; this pins the small one). The
     /// restored index lacked one block of p3 (engine blocks of 4 tokens) that the live index
     /// credited: the live index was wrong. p3 held the prompt's first block [2000, 2001] only

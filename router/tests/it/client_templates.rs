@@ -1,4 +1,4 @@
-//! Chat templates sent with requests (issue 23) through the router's OpenAI front: refused by
+//! Chat templates sent with requests through the router's OpenAI front: refused by
 //! default (400, counted, nothing forwarded) whoever would tokenize them; with
 //! `--allow-client-chat-template`, rendered in a bounded child process of the router, so each
 //! bomb is a 400 within its budget while the router's memory stays flat, a real template still

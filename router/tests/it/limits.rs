@@ -1,4 +1,4 @@
-//! The router's HTTP front holds its bounds against a hostile client (issue 23, item 8), on
+//! The router's HTTP front holds its bounds against a hostile client, on
 //! the real binary over loopback TCP: a prompt far over `--max-prompt-tokens` is refused after
 //! tokenizing little more than the limit (read from `kvindex_router_tokens_tokenized_total`),
 //! in process and through a `kvindex-tokenizer` that is sent the limit,
@@ -85,7 +85,7 @@ async fn a_prompt_far_over_the_token_limit_is_refused_after_tokenizing_little_mo
 
 /// The same through a `kvindex-tokenizer` over gRPC (served here in process, real gRPC on
 /// loopback): the router sends its limit with the request, and the service stops tokenizing
-/// soon past it instead of tokenizing the whole chat (issue 23: the remote path had no bound).
+/// soon past it instead of tokenizing the whole chat (the remote path had no bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_far_over_the_token_limit_is_refused_by_the_remote_tokenizer_after_little_more_than_the_limit() {
     let bins = bins();

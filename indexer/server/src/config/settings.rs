@@ -326,7 +326,7 @@ settings! {
     /// default).
     #[arg(long, env = "KVINDEX_SIBLING_CHECK_INTERVAL_MS")]
     sibling_check_interval_ms: Option<i64> = IntSpec { default: Some(0), min: 0, max: 86_400_000 },
-    // ---- hardening (issue 9 remainder): tier bounds, listeners, TLS, host policy ----
+    // ---- hardening: tier bounds, listeners, TLS, host policy ----
     /// Distinct tiers (`medium`) one source's blocks may be held in; a store naming another is
     /// skipped (`source_tier_limit`). Default 4.
     #[arg(long, env = "KVINDEX_MAX_TIERS_PER_SOURCE")]

@@ -2,7 +2,7 @@
 //! RecordRoute), so that a flood of large prompts cannot hold up every other query.
 //!
 //! Scoring is synchronous CPU work. Run on the I/O threads, 200 concurrent 262k-token queries
-//! kept every thread busy and a normal query waited behind them (issue 23: p50 1.4 ms → 504 ms).
+//! kept every thread busy and a normal query waited behind them (p50 1.4 ms → 504 ms).
 //! So requests are split by size:
 //!
 //! - **small** (at most `grpc_small_query_tokens` tokens): answered at once on the I/O thread,

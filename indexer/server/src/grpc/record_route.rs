@@ -3,8 +3,8 @@
 //! `PodScore.speculative_blocks` until the engine's own events replace it or its TTL ends.
 //!
 //! It never changes what the index holds, but it does change where routers send new prompts:
-//! whoever may call it can steer traffic to a pod of its choosing and fill the credit table
-//! (issue 23). So it takes the control plane's bearer token ([`authorize`]): without
+//! whoever may call it can steer traffic to a pod of its choosing and fill the credit table.
+//! So it takes the control plane's bearer token ([`authorize`]): without
 //! `admin_token_file` it is off (PERMISSION_DENIED, as RegisterPod), with it a call without the
 //! token is UNAUTHENTICATED; both are counted and change nothing. Each caller (peer address,
 //! [`caller_of`]) holds at most `speculative_max_entries_per_caller` credits.

@@ -2,8 +2,8 @@
 //! `http_max_body_bytes` per body (413, on the declared length before anything is read, or as
 //! soon as the streamed bytes pass it), within `http_body_timeout_ms` (408), and only while
 //! every body held at once fits `http_max_inflight_body_bytes` (503 with `Retry-After`).
-//! Without these a client could trickle a body forever or make us buffer one per connection
-//! (issue 23). Bodies are read only after the bearer token was checked, so nobody without it
+//! Without these a client could trickle a body forever or make us buffer one per connection.
+//! Bodies are read only after the bearer token was checked, so nobody without it
 //! can make the server hold a byte of one.
 
 use axum::body::Body;

@@ -1,5 +1,5 @@
 //! Serves the HTTP admin routes on a listener with the bounds an open port needs and
-//! `axum::serve` cannot set (issue 23: its connections had no header timeout and no cap, so
+//! `axum::serve` cannot set (its connections had no header timeout and no cap, so
 //! slowloris clients could hold every descriptor and stall every request):
 //!
 //! - a connection cap per listener (`http_max_connections`), per client address

@@ -18,7 +18,7 @@ use kvindex::{Columns, EngineBlocks, GroupExport, PodExport, UnitExport};
 
 /// Bumped on any change to the records below or their framing.
 /// Version 2: engine blocks carry block keys of key recipe 2 and where their chain continues
-/// (the chain tree of issue 13), instead of version 1's chained prefix keys.
+/// (the chain tree), instead of version 1's chained prefix keys.
 /// Version 3: stream records end with the pod's KV-cache groups (hybrid engines).
 /// Version 4: engine blocks as columns; one key per stream (`stream/<rank>/<pod>`), so a
 /// snapshot rewrites only the records of streams that moved, and a header that lists every

@@ -43,7 +43,7 @@ fn start_record(out: &Path) -> (std::process::Child, String, String, String) {
 
 /// [`start_record`] with more `serve` flags.
 fn start_record_with(out: &Path, extra: &[&str]) -> (std::process::Child, String, String, String) {
-    // Registration (the peer's `register`) needs the admin token (issue 9).
+    // Registration (the peer's `register`) needs the admin token.
     let token = admin_token_file();
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvindex"))
         .args(["record", "--out", out.to_str().unwrap(), "--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"])

@@ -1,4 +1,4 @@
-//! `kvindex replay` on hostile or damaged dumps, as the binary (issue 23): a gzip bomb of short
+//! `kvindex replay` on hostile or damaged dumps, as the binary: a gzip bomb of short
 //! lines and one huge line replays in bounded memory (peak RSS of the replay process, from
 //! `wait4`), recorded replay replies are held within `--max-reply-bytes`, a dump whose seq
 //! keeps going back replays in linear time, an invalid UTF-8 line is counted and the lines

@@ -1,4 +1,4 @@
-//! Attacks on `kvindex serve` (issue 9), each against the real binary on loopback with an
+//! Attacks on `kvindex serve`, each against the real binary on loopback with an
 //! independent peer (raw TCP sockets speaking ZMTP by hand, pyzmq publishers, grpcio, plain
 //! HTTP). Each asserts that the process survives with bounded memory, that the attack is
 //! refused with a clear error and a counted metric, and that the index still answers
@@ -117,7 +117,7 @@ fn assert_alive(server: &mut ServeProcess) {
     assert_eq!(server.get("/healthz").0, 200);
 }
 
-/// Issue 9, item 1: a replay ROUTER answering with a frame header that declares 2^36 bytes
+/// A replay ROUTER answering with a frame header that declares 2^36 bytes
 /// aborted the process (the `zeromq` crate allocated what the header declared). Now the
 /// header is refused, the replay fails with a counted reason, the pod is degraded (its
 /// pre-gap blocks dropped, not guessed) and everything else goes on.
@@ -207,7 +207,7 @@ fn assert_unchanged(server: &mut ServeProcess, peer: &mut Peer) {
     assert_eq!(pods, ["pod-a"]);
 }
 
-/// Issue 9, item 2, in the default configuration: registration and unregistration are
+/// In the default configuration: registration and unregistration are
 /// refused to every client (loopback included) over HTTP and gRPC, and counted.
 #[test]
 fn attack_registration_is_off_by_default() {
@@ -274,7 +274,7 @@ fn attack_registration_with_a_wrong_token_or_on_an_operator_pod() {
     assert_alive(&mut server);
 }
 
-/// Issue 9, item 2, central mode: a PUB on another address publishing an existing pod's
+/// Central mode: a PUB on another address publishing an existing pod's
 /// topic used to be taken for the pod reconnecting (clearing it) and its invented blocks were
 /// served as EXACT. Now the topic stays bound to the address it arrived from.
 #[test]
@@ -316,7 +316,7 @@ fn attack_publisher_outside_the_allowlist() {
     assert_unchanged(&mut server, &mut peer);
 }
 
-/// Issue 9, items 3 and 4: handshaken connections from one address are capped (the rest are
+/// Handshaken connections from one address are capped (the rest are
 /// refused at accept), so a flood can neither lock other publishers out nor starve gRPC and
 /// HTTP; topics too long or with control characters never become sources.
 #[test]
@@ -368,7 +368,7 @@ fn attack_connection_flood_and_junk_topics() {
     assert_alive(&mut server);
 }
 
-/// Issue 9, item 4: junk `medium` names. The tier table has eight slots; a publisher spraying
+/// Junk `medium` names. The tier table has eight slots; a publisher spraying
 /// names is stopped at its own allowance (`max_tiers_per_source`), publishers together at the
 /// learned share, names that are no tier name are refused, all counted, and the real engine's
 /// predefined (STORAGE) and configured (DISK) tiers keep their slots.
@@ -440,7 +440,7 @@ fn assert_unchanged_but_for(server: &mut ServeProcess, peer: &mut Peer, pods: &[
     assert_eq!(seen, pods);
 }
 
-/// Separate planes (issue 9): with `--metrics-addr`, `/metrics` and `/debug/*` answer only on
+/// Separate planes: with `--metrics-addr`, `/metrics` and `/debug/*` answer only on
 /// the metrics listener; the main HTTP port keeps health, readiness and (token-gated)
 /// registration, and answers 404 for the observability routes.
 #[test]
@@ -471,7 +471,7 @@ fn metrics_and_debug_on_their_own_listener() {
     assert_eq!(server.metric("kvindex_control_denied_total", &["reason=\"disabled\""]), 1.0);
 }
 
-/// Issue 9, item 5: a gRPC request over `max_message_bytes` is refused before it is read with
+/// A gRPC request over `max_message_bytes` is refused before it is read with
 /// `RESOURCE_EXHAUSTED` (what gRPC specifies; tonic's own answer is `OUT_OF_RANGE`), counted,
 /// and the server goes on answering. The client is grpcio.
 #[test]
@@ -490,7 +490,7 @@ fn attack_oversized_grpc_request() {
     assert_unchanged(&mut server, &mut peer);
 }
 
-/// Issue 9, item 4: registration's host policy (`--register-allow`). Endpoints outside the
+/// Registration's host policy (`--register-allow`). Endpoints outside the
 /// allowed ranges, names resolving outside them, and `ipc://` paths are refused (403 /
 /// PERMISSION_DENIED, counted) before anything is dialled; an allowed name is pinned to the
 /// address that was checked.

@@ -1,4 +1,4 @@
-//! Attacks on the gRPC read plane (issue 23), each against the real `kvindex serve` binary on
+//! Attacks on the gRPC read plane, each against the real `kvindex serve` binary on
 //! loopback with grpcio clients and pyzmq publishers (`tests/python/kvpeer.py`):
 //!
 //! - RecordRoute moves new prompts to the pod it names, so it takes the control plane's token:
@@ -66,7 +66,7 @@ fn outcomes(server: &ServeProcess, outcome: &str) -> f64 {
     server.metric("kvindex_record_route_requests_total", &[&format!("outcome=\"{outcome}\"")])
 }
 
-/// Issue 23, item 1, in the default configuration (no `admin_token_file`): RecordRoute is off
+/// In the default configuration (no `admin_token_file`): RecordRoute is off
 /// for everyone, as RegisterPod is, whatever the call presents.
 #[test]
 fn attack_record_route_is_off_without_an_admin_token() {
@@ -84,7 +84,7 @@ fn attack_record_route_is_off_without_an_admin_token() {
     assert_eq!(server.metric("kvindex_speculative_entries", &[]), 0.0);
 }
 
-/// Issue 23, item 1: with a token configured, RecordRoute without it (or with a wrong one) is
+/// With a token configured, RecordRoute without it (or with a wrong one) is
 /// UNAUTHENTICATED, counted, and moves no score; with it, it credits as before.
 #[test]
 fn attack_record_route_without_the_token_changes_no_score() {
@@ -108,7 +108,7 @@ fn attack_record_route_without_the_token_changes_no_score() {
     assert_eq!(outcomes(&server, "ok"), 1.0);
 }
 
-/// Issue 23, item 1: one caller holds at most `speculative_max_entries_per_caller` credits, all
+/// One caller holds at most `speculative_max_entries_per_caller` credits, all
 /// pods together, so it cannot fill the table; a caller at another address has its own share.
 #[test]
 fn attack_one_caller_cannot_exceed_its_share_of_the_credit_table() {
@@ -153,7 +153,7 @@ fn attack_one_caller_cannot_exceed_its_share_of_the_credit_table() {
     assert_eq!(refused(&server), 12.0, "nothing of the second caller's was refused");
 }
 
-/// Issue 23, item 2: 32 concurrent 262,144-token queries over 8 connections, round after
+/// 32 concurrent 262,144-token queries over 8 connections, round after
 /// round, against one slot for large queries and room for one more to wait: the excess is
 /// refused at once with RESOURCE_EXHAUSTED and counted, some large queries are answered, and
 /// every small query sent meanwhile is answered.

@@ -1,4 +1,4 @@
-//! Overload costs lag, not state (issue 23): a burst larger than the apply queue waits for
+//! Overload costs lag, not state: a burst larger than the apply queue waits for
 //! room instead of being dropped, in central mode (one reading task for every publisher) and
 //! per-pod mode (a dialled socket each), so it leaves no seq gap, clears nothing and every pod
 //! ends EXACT, with no replay to fall back on. And the lag is visible: while a replay holds a

@@ -3,7 +3,7 @@
 //! of them from one address (reopened as fast as the server closes them) must not keep an
 //! engine at another address from subscribing and being indexed, nor stop gRPC and HTTP.
 //!
-//! Why: issue 23's `idle connections` attack. The listener's caps counted every connection
+//! Why: the `idle connections` attack. The listener's caps counted every connection
 //! alike, so half-open sockets from one address filled the (descriptor-derived) listener cap
 //! and a real publisher was refused until they timed out, and again after they were reopened.
 
@@ -73,7 +73,7 @@ fn half_open_sockets_from_one_address_do_not_lock_out_an_engine_at_another() {
     assert_eq!(server.metric("kvindex_zmq_rejected_total", &["reason=\"listener_full\""]), 0.0);
 }
 
-/// Issue 33: at `nofile` 1024 (384 connections, 96 of them handshaking), 24 addresses holding
+/// At `nofile` 1024 (384 connections, 96 of them handshaking), 24 addresses holding
 /// 4 half-open sockets each kept a legitimate engine from subscribing for 25 s: the per-address
 /// caps held, the total did not. At the total, the newcomer now takes the place of the oldest
 /// half-open socket.
@@ -99,7 +99,7 @@ fn half_open_sockets_from_many_addresses_do_not_lock_out_an_engine() {
     assert_eq!(server.metric("kvindex_zmq_rejected_total", &["reason=\"handshaking_full\""]), 0.0);
 }
 
-/// Issue 33: the per-address caps bounded one address, not several of one owner. Under a
+/// The per-address caps bounded one address, not several of one owner. Under a
 /// 256-descriptor limit (16 connections, 4 per address), four addresses of one /24 with four
 /// publishers each filled the listener for good. A network now holds half of it.
 #[test]

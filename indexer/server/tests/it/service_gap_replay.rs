@@ -7,7 +7,7 @@
 //! central mode (engines dial our SUB) and per-pod mode (we dial each engine), with replay
 //! replies with and without the topic frame.
 //!
-//! Why: issue 23 reported that a filled replay left the pod scoring 0 for every prefix. It
+//! Why: a report said a filled replay left the pod scoring 0 for every prefix. It
 //! did not (see `hybrid_streams_score_the_same_with_and_without_a_lost_frame`): the 0.23 and
 //! 0.33 vectors store in a sliding-window group, which makes the pod hybrid, and vLLM then
 //! serves only prefixes every group holds. No test drove a lost frame through the service and
@@ -197,7 +197,7 @@ fn per_pod_replies_without_the_topic_frame() {
     lose_frames("0.9.0", Mode::PerPod, true);
 }
 
-/// The scenario of issue 23 (0.33.0, the frame of seq 6 lost): the pod scores exactly what it
+/// The reported scenario (0.33.0, the frame of seq 6 lost): the pod scores exactly what it
 /// scores when nothing is lost, after every frame. That frame stores in a sliding-window
 /// group, so from there on vLLM serves only prefixes both groups hold (none of the others).
 #[test]

@@ -1,5 +1,5 @@
-//! The HTTP admin listener holds its bounds against a hostile client (issue 23, item 8, and
-//! issue 33), on the real `kvindex serve` binary over loopback TCP: a client that trickles its
+//! The HTTP admin listener holds its bounds against a hostile client,
+//! on the real `kvindex serve` binary over loopback TCP: a client that trickles its
 //! request head is cut off after `http_header_timeout_ms`, a silent one too, and an idle
 //! keep-alive connection is closed after as long (not counted as a refusal); a registration
 //! body that stalls gets 408 after `http_body_timeout_ms`; at `http_max_connections` (and per
@@ -321,7 +321,7 @@ impl Drop for SilentClients {
     }
 }
 
-/// Issue 33: four addresses holding 16 silent connections each (re-opened as the header timeout
+/// Four addresses holding 16 silent connections each (re-opened as the header timeout
 /// closes them) kept `/healthz` from answering 42 of 42 times over 25 s on the default config:
 /// a kubelet liveness probe would have restarted the indexer. Silent connections are idle:
 /// the probe's connection takes the place of the oldest.

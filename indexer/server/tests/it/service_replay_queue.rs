@@ -1,7 +1,7 @@
 //! Replays queue for their slots instead of failing: with `max_concurrent_replays` 1 and five
 //! pods whose gaps all want a replay at once, each from an engine that takes 300 ms to answer,
 //! the last one waits longer than the replay timeout (1 s) for its slot. Each is served in
-//! turn and every pod ends EXACT with nothing cleared (issue 23: a burst of gaps asked for more
+//! turn and every pod ends EXACT with nothing cleared (a burst of gaps asked for more
 //! replays than the cap allowed, the waiting ones timed out and their pods were cleared).
 
 use crate::support::*;

@@ -425,7 +425,7 @@ fn a_corrupt_store(dir: &Path) {
     corrupt_store(dir);
 }
 
-/// Issue 23: a refused snapshot removed the whole directory, the operator's files in it too,
+/// A refused snapshot removed the whole directory, the operator's files in it too,
 /// and through a symlink replaced the link with a directory of its own. A directory holding a
 /// file kvindex did not write is refused at start, naming the file, with nothing touched,
 /// whether named directly or through a link; a store of RocksDB's files alone still starts
@@ -464,7 +464,7 @@ fn service_a_snapshot_dir_with_an_operator_file_refuses_to_start_and_nothing_is_
     assert!(dir.join("CURRENT").is_file(), "the new store is in the link's target");
 }
 
-/// Issue 23: a second server on the same snapshot directory (a rolling update on a shared
+/// A second server on the same snapshot directory (a rolling update on a shared
 /// volume) deleted the first one's live store, and the first went on writing snapshots into
 /// deleted files. It must fail at start, naming the directory and the holder, and leave the
 /// first one's store whole: that store, not an empty one, is what the next server loads. A

@@ -1,7 +1,7 @@
 //! The source table is a door too: a publisher that makes up topics cannot fill it and keep a
 //! real engine out. Its streams are capped per address (`max_sources_per_address`), and when
 //! the table is full a stream nobody configured that never became EXACT and went silent is
-//! reclaimed for the newcomer (issue 23: one publisher filled the 4,096 slots for good, and a
+//! reclaimed for the newcomer (one publisher filled the 4,096 slots for good, and a
 //! real engine still scored 0 at 35 s).
 
 use crate::support::*;
@@ -94,7 +94,7 @@ fn quiet_for_a_second(server: &Server, prefix: &str) -> bool {
         .all(|s| s["last_event_age_ms"].as_u64().is_some_and(|age| age >= 1_100))
 }
 
-/// Issue 33: streams that stay EXACT and keep talking were never reclaimed, so 64 addresses
+/// Streams that stay EXACT and keep talking were never reclaimed, so 64 addresses
 /// could hold the default table for good. A stream whose pod holds no block in the index now
 /// makes room however much it talks; one that holds blocks never does while it talks, so a
 /// peer churning made-up topics cannot evict a real engine.
@@ -163,7 +163,7 @@ fn series_of(server: &Server, prefix: &str) -> Vec<String> {
     text.lines().filter(|l| !l.starts_with('#') && labels.iter().any(|p| l.contains(p))).map(str::to_string).collect()
 }
 
-/// Issue 33: per-source series were never removed: with `max_sources 64`, two addresses
+/// Per-source series were never removed: with `max_sources 64`, two addresses
 /// churning never-confirmed topics left 6,400 `source="…"` series for 64 live sources, and
 /// normal pod churn grows them too. A reclaimed stream, and an unregistered pod's, take their
 /// series with them.

@@ -1,4 +1,4 @@
-//! TLS and mTLS on `kvindex serve`'s gRPC and HTTP listeners (issue 9), against the real
+//! TLS and mTLS on `kvindex serve`'s gRPC and HTTP listeners, against the real
 //! binary with certificates made at test time (a CA, a server certificate for `localhost` /
 //! 127.0.0.1, a client certificate that CA signed, and one from a foreign CA). The gRPC client
 //! is grpcio, the HTTP client a plain rustls connection: a real handshake each time. Under mTLS

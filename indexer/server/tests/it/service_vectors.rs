@@ -53,7 +53,7 @@ fn run(version: &str) {
     });
     // Streams that also store in a sliding-window group (group 1 of the newer vectors) make the
     // pod hybrid: vLLM serves a prefix only where every group can, and that group holds none of
-    // these chains, so the exact answer is 0 (issue 13). The chain is still held: the source
+    // these chains, so the exact answer is 0. The chain is still held: the source
     // counts its blocks.
     let hybrid = |records: &[Value]| {
         records.iter().any(|r| {
