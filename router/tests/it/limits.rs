@@ -189,11 +189,13 @@ async fn a_client_trickling_its_headers_is_cut_off_while_others_are_served() {
     let router = fake_router(&bins, &pod, &["--http-header-timeout-ms", "1000", "--http-body-timeout-ms", "1000"]);
     let (addr, metrics) = (router.http.clone(), router.metrics.clone().unwrap());
 
-    // One byte of the request head every 50 ms, never finishing in time.
+    // One byte of the request head every 50 ms, never finishing in time. Timed from before the
+    // connection: the router's header timer starts when it accepts, before the client's next
+    // step.
+    let started = Instant::now();
     let mut slow = TcpStream::connect(&addr).await.unwrap();
     let trickle = tokio::spawn(async move {
         let head = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-        let started = Instant::now();
         for byte in head.iter().cycle() {
             if slow.write_all(&[*byte]).await.is_err() {
                 return started.elapsed();
