@@ -32,7 +32,7 @@ fn router_processes_place_as_well_as_the_oracle_with_one_or_four_replicas() {
     let round_robin = run(&mut RoundRobin::default(), &engine, PODS, &conversations).unwrap();
     let oracle = run(&mut Oracle::default(), &engine, PODS, &conversations).unwrap();
     // Prompts are 16 times shorter than the defaults assume (a typical uncached prompt of 1k
-    // tokens): the queue weight scales with them, as router/README.md says. The KV weight needs
+    // tokens): the queue weight scales with them, as docs/ROUTER-CONFIG.md says. The KV weight needs
     // no flag: the router scales it with the pods' reported capacity (626 blocks: 256 × 626 /
     // 10,000 = 16, what this test used to set by hand).
     let weights: Vec<String> = ["--queue-weight", "4"].map(String::from).into();

@@ -1,4 +1,4 @@
-//! Metric names, the table that declares each one's kind, labels and help (router/README.md
+//! Metric names, the table that declares each one's kind, labels and help (docs/ROUTER-CONFIG.md
 //! is held to it by tests/it/metrics_docs.rs), and the Prometheus recorder. One place,
 //! so names cannot drift between the code that counts and the page that explains.
 
@@ -72,8 +72,8 @@ pub fn install() -> Option<PrometheusHandle> {
 }
 
 /// Every metric the router exports of its own: what `/metrics` describes (HELP and TYPE) and
-/// what tests/it/metrics_docs.rs holds router/README.md to. The labels are every label any series
-/// of the metric carries.
+/// what tests/it/metrics_docs.rs holds docs/ROUTER-CONFIG.md to. The labels are every label any
+/// series of the metric carries.
 pub const METRICS: &[Metric] = &[
     Metric { name: REQUESTS, kind: Counter, labels: &["endpoint", "status"], unit: None, help: "Proxied requests by endpoint and HTTP status" },
     Metric { name: REQUEST_ERRORS, kind: Counter, labels: &["reason"], unit: None, help: "Requests answered with an error by the router itself, by reason" },

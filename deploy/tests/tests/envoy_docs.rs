@@ -7,7 +7,7 @@ use std::process::Command;
 use kvindex_deploy_tests::tools::{envoy, python, repo_root};
 use serde_json::json;
 
-const DOCS: [&str; 3] = ["router/README.md", "deploy/README.md", "README.md"];
+const DOCS: [&str; 3] = ["docs/ROUTER-CONFIG.md", "deploy/README.md", "README.md"];
 
 /// `(line, text)` of every fenced ```yaml block of `markdown` that is Envoy configuration (names
 /// an Envoy filter or holds a bootstrap).
@@ -46,7 +46,7 @@ fn the_readme_envoy_snippets_are_valid_to_envoy() {
     }
     let wheres: Vec<&str> = snippets.iter().map(|s| s["where"].as_str().unwrap()).collect();
     assert!(
-        wheres.iter().any(|w| w.starts_with("router/README.md")),
+        wheres.iter().any(|w| w.starts_with("docs/ROUTER-CONFIG.md")),
         "the pre-filter chain snippet is gone: {wheres:?}"
     );
     kvindex_testkit::run::output_ok_with_stdin(

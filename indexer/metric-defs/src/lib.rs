@@ -2,7 +2,7 @@
 //! template sandbox) keeps one table of [`Metric`]s: name, kind, labels, unit and help.
 //! [`describe`] registers the table with the `metrics` facade (the HELP and TYPE lines of
 //! `/metrics`), and [`doc::check`] holds a Markdown page of metric tables (docs/METRICS.md,
-//! router/README.md) to the tables, so the page cannot name a metric that does not exist, miss
+//! docs/ROUTER-CONFIG.md) to the tables, so the page cannot name a metric that does not exist, miss
 //! one that does, or state another kind or other labels.
 //!
 //! The name constants stay where the services count (`telemetry::EVENTS`); a table entry names

@@ -2,7 +2,7 @@
 //! mistake is reported at start with the flag's name instead of surfacing as a routing error.
 //!
 //! The fixed contract is `--http-addr`, `--indexer`, `--pod` and `--tokenizer`; every other
-//! flag has a default that works for a small fleet (see README.md's router section).
+//! flag has a default that works for a small fleet (docs/ROUTER-CONFIG.md lists each).
 
 use std::path::PathBuf;
 use std::time::Duration;

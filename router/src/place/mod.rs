@@ -103,7 +103,7 @@ pub struct Router {
 /// A prompt whose text has more than `--max-prompt-tokens` × this many bytes is refused before
 /// tokenizing (400 `context_length_exceeded`): it cannot fit unless its tokens average more than
 /// 16 bytes, which only long runs of one character come near (the byte cap derived from the
-/// token limit, documented in router/README.md). Chats count the bytes of every string in their
+/// token limit, documented in docs/ROUTER-CONFIG.md). Chats count the bytes of every string in their
 /// messages, tools and documents.
 pub const MAX_PROMPT_BYTES_PER_TOKEN: usize = 16;
 

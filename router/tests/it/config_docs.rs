@@ -1,4 +1,4 @@
-//! The flag tables of router/README.md name only flags `kvindex-router serve` declares, and
+//! The flag tables of docs/ROUTER-CONFIG.md name only flags `kvindex-router serve` declares, and
 //! each default they state as a number is clap's default for that flag (the declaration in
 //! `config::ServeArgs`), so the page cannot drift from the command line.
 
@@ -21,7 +21,7 @@ fn number(cell: &str) -> Option<f64> {
 #[test]
 fn readme_flag_tables_name_declared_flags_with_their_defaults() {
     let command = kvindex_router::config::ServeArgs::augment_args(Command::new("serve"));
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../../docs/ROUTER-CONFIG.md");
     let mut wrong = Vec::new();
     let mut checked = 0;
     for line in readme.lines().filter(|l| l.starts_with("| `--")) {
@@ -39,6 +39,6 @@ fn readme_flag_tables_name_declared_flags_with_their_defaults() {
             wrong.push(format!("--{flag}: documented default {documented}, declared {declared:?}"));
         }
     }
-    assert!(checked >= 10, "only {checked} numeric defaults found in router/README.md");
-    assert!(wrong.is_empty(), "router/README.md disagrees with config::ServeArgs:\n{}", wrong.join("\n"));
+    assert!(checked >= 10, "only {checked} numeric defaults found in docs/ROUTER-CONFIG.md");
+    assert!(wrong.is_empty(), "docs/ROUTER-CONFIG.md disagrees with config::ServeArgs:\n{}", wrong.join("\n"));
 }

@@ -1,4 +1,4 @@
-//! router/README.md's metrics table documents exactly the metrics the router declares
+//! docs/ROUTER-CONFIG.md's metrics table documents exactly the metrics the router declares
 //! (`metrics::METRICS`, and the chat-template sandbox's it runs): every metric once, nothing
 //! that does not exist, and each with its kind and labels.
 
@@ -6,6 +6,6 @@
 fn readme_metrics_match_the_metric_tables() {
     let tables = [kvindex_router::metrics::METRICS, kvindex_tokenizer::client_template::METRICS];
     let mut problems: Vec<String> = tables.iter().flat_map(|t| kvindex_metric_defs::check_table(t)).collect();
-    problems.extend(kvindex_metric_defs::doc::check(&tables, include_str!("../../README.md")));
-    assert!(problems.is_empty(), "router/README.md disagrees with the metric tables:\n{}", problems.join("\n"));
+    problems.extend(kvindex_metric_defs::doc::check(&tables, include_str!("../../../docs/ROUTER-CONFIG.md")));
+    assert!(problems.is_empty(), "docs/ROUTER-CONFIG.md disagrees with the metric tables:\n{}", problems.join("\n"));
 }
