@@ -28,7 +28,7 @@ pub fn python() -> Option<PathBuf> {
     if python.is_file() {
         Some(python)
     } else {
-        missing("Python oracle venv", "see tokenizer-svc/CI.md and set KVINDEX_PYTHON")
+        missing("Python oracle venv", "run scripts/setup.sh (tokenizer-svc/README.md, Tests) and set KVINDEX_PYTHON")
     }
 }
 
