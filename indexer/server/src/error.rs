@@ -3,7 +3,7 @@
 //! or HTTP 4xx answers where they happen.
 
 use crate::config::ConfigError;
-use crate::transport::ZmtpError;
+use crate::write::transport::ZmtpError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -32,7 +32,7 @@ pub enum ServerError {
     #[error("snapshot_dir: {0}")]
     Snapshot(String),
     #[error("snapshot_dir: {0}")]
-    SnapshotDir(crate::snapshot::store::DirError),
+    SnapshotDir(crate::persist::snapshot::store::DirError),
     #[error("discovery: {0}")]
     Discovery(String),
     #[error("{what}: {source}")]

@@ -33,35 +33,24 @@
 //!   table the gRPC services hold.
 //! - [`grpc`], [`http`]: the servers; [`tls`]: their TLS / mTLS. [`telemetry`]: metric names and the recorder.
 
-pub mod apply;
 pub mod clock;
 pub mod config;
-pub mod dump;
 pub mod error;
-pub mod grpc;
-pub mod housekeeping;
-pub mod http;
 pub mod index_handle;
-pub mod ingest;
+pub mod persist;
 pub mod pods;
 pub mod protocols;
+pub mod queue;
+pub mod read;
 pub mod readiness;
-pub mod replay;
-pub mod reservations;
 pub mod server;
 pub mod shutdown;
-pub mod sibling;
-pub mod sibling_check;
-pub mod snapshot;
 pub mod source_series;
-pub mod sources;
-pub mod state;
 pub mod status;
 pub mod telemetry;
 #[cfg(test)]
 mod test_events;
-pub mod tls;
-pub mod transport;
+pub mod write;
 
 pub use config::{Config, ConfigError};
 pub use error::ServerError;

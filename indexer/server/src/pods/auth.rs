@@ -13,7 +13,7 @@
 
 use crate::config::{Cidr, PodConfig};
 use crate::telemetry as m;
-use crate::transport::escape;
+use crate::write::transport::escape;
 
 use super::admin_token::AdminToken;
 

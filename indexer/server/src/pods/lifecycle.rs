@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-use crate::apply::{Queues, StreamKey, Work};
 use crate::config::{offset_endpoint, ConfigError, Origin, PodConfig};
 use crate::readiness::Readiness;
 use crate::shutdown::{Shutdown, ShutdownSignal};
-use crate::sources::Dialer;
 use crate::telemetry as m;
+use crate::write::sources::Dialer;
+use crate::write::worker::{Queues, StreamKey, Work};
 
 use super::precedence;
 use super::registry::{RegisteredPod, Registry};
@@ -63,7 +63,7 @@ impl Pods {
         }
         let origin = origin.unwrap_or_default();
         metrics::counter!(m::CONTROL_DENIED, "api" => api, "reason" => "operator_pod").increment(1);
-        tracing::warn!(api, pod = %crate::transport::escape(pod), origin, "API change to an operator-configured pod refused");
+        tracing::warn!(api, pod = %crate::write::transport::escape(pod), origin, "API change to an operator-configured pod refused");
         Err(format!("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it"))
     }
 

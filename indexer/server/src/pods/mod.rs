@@ -25,11 +25,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::apply::Queues;
 use crate::config::{Config, PodConfig, ReplayEntry, TopicMapEntry};
 use crate::readiness::Readiness;
 use crate::shutdown::ShutdownSignal;
-use crate::sources::Dialer;
+use crate::write::sources::Dialer;
+use crate::write::worker::Queues;
 
 pub use self::lifecycle::Pods;
 use self::registry::Registry;

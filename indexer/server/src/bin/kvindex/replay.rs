@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 use kvindex::wire::Engine;
 use kvindex::KvIndexConfig;
 use kvindex_server::config::pod::TopicMapEntry;
-use kvindex_server::dump::offline::{Limits, Naming, Offline, Until};
-use kvindex_server::dump::{self, parse_line, BadLine, BadLines, Line, Lines, ReadError};
+use kvindex_server::persist::dump::offline::{Limits, Naming, Offline, Until};
+use kvindex_server::persist::dump::{self, parse_line, BadLine, BadLines, Line, Lines, ReadError};
 
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
