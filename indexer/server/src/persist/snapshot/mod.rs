@@ -28,10 +28,8 @@
 //! files kvindex did not write, stops the start ([`store::SnapshotDir`]).
 
 pub mod bootstrap;
-pub mod capture;
 pub mod chunks;
 pub mod format;
-pub mod import;
 pub mod pool;
 pub mod restored;
 pub mod sibling_export;

@@ -7,7 +7,7 @@
 //! time per caller (peer address) and `sibling_export_max_concurrent` in all
 //! (RESOURCE_EXHAUSTED past them), the encoded export within `sibling_export_max_bytes` (and
 //! the caller's own bound), the whole call within `sibling_export_timeout_ms`
-//! (DEADLINE_EXCEEDED). The capture does not stall ingest (`snapshot::capture`), and waits for
+//! (DEADLINE_EXCEEDED). The capture does not stall ingest (`write::worker::capture`), and waits for
 //! a snapshot being taken rather than running beside it.
 //!
 //! `PodDigests` answers, per pod, the digest of what this replica holds, at its stream's

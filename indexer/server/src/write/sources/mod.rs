@@ -4,7 +4,7 @@
 //! apply worker. A full queue is waited on, not dropped from: the socket is not read
 //! meanwhile, so TCP pushes back on the publisher, which queues up to its high-water mark and
 //! drops past it (a seq gap here, replayed from its buffer). A dialled pod waits on its own;
-//! the central SUB's one reading task hands messages through a door per worker ([`doors`]),
+//! the central SUB's one reading task hands messages through a door per worker ([`relay`]),
 //! so one full worker does not stop the others' sources. A queued message keeps its lease on
 //! its socket's byte budget, so the apply queue is bounded in bytes as well as in messages.
 //!
@@ -16,7 +16,7 @@
 //! filtering is done by the publisher from our subscription; the worker re-checks the prefix.
 
 pub mod connections;
-mod doors;
+mod relay;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,7 +43,7 @@ pub async fn serve_central(
     let gauge = metrics::gauge!(m::ZMQ_BYTES_IN_FLIGHT, "socket" => SocketKind::Central.label());
     let mut refresh = tokio::time::interval(GAUGE_PERIOD);
     let forward_to = queues.clone();
-    let doors = doors::Doors::open(queues.workers(), queues.capacity_per_worker(), move |worker, work| {
+    let doors = relay::Doors::open(queues.workers(), queues.capacity_per_worker(), move |worker, work| {
         let queues = forward_to.clone();
         async move { queues.send(worker, work).await }
     });

@@ -12,12 +12,12 @@ use kvindex::wire::EventBatch;
 
 use super::staleness::Arrival;
 use super::{Steps, Worker};
-use crate::persist::snapshot::import::start_import;
 use crate::protocols::{ReplayItem, StreamKey, Work};
 use crate::source_series::add;
 use crate::telemetry as m;
 use crate::write::context::ServiceState;
 use crate::write::table::{Batch, RulesReport};
+use crate::write::worker::import::start_import;
 
 /// Steps a stream may hold back behind its pod's snapshot export before the worker waits for
 /// that export: what a publisher can make us keep while a starved export runs is bounded (the

@@ -1,12 +1,12 @@
-//! The worker's side of a snapshot capture (`snapshot::capture`): it starts and advances the
+//! The worker's side of a snapshot capture (`write::worker::capture`): it starts and advances the
 //! capture, waits for exports where it must, and runs a stream's held-back steps once its
 //! pod's export is in.
 
 use std::sync::Arc;
 
 use super::Worker;
-use crate::persist::snapshot::capture::Capture;
 use crate::protocols::{Captured, HeldMap, RecordSink, StreamKey};
+use crate::write::worker::capture::Capture;
 
 impl Worker {
     /// Starts capturing a snapshot of this worker's streams (`held`: what the store holds;

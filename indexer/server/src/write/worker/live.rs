@@ -8,12 +8,12 @@ use kvindex::sequencer::{SequencerConfig, Step};
 
 use super::staleness::Staleness;
 use crate::persist::snapshot::format::StreamRecord;
-use crate::persist::snapshot::import::Importing;
 use crate::protocols::StreamKey;
 use crate::readiness::HoldPart;
 use crate::source_series::{SourceSeries, StreamCounters};
 use crate::write::context::ServiceState;
 use crate::write::table::{Batch, Ext, Fleet, Mode, Stream, TableConfig};
+use crate::write::worker::import::Importing;
 
 /// What the live worker keeps per stream.
 pub struct Live {
@@ -30,7 +30,7 @@ pub struct Live {
     /// The record, being imported on the import pool: until it is done, this stream's steps
     /// wait in `waiting`, in order, so nothing touches the pod before its record is in.
     pub importing: Option<Importing>,
-    /// The pod is being exported for a snapshot at this cursor (see `snapshot::capture`):
+    /// The pod is being exported for a snapshot at this cursor (see `write::worker::capture`):
     /// like an import, its steps wait in `waiting` until the export is done.
     pub exporting: Option<u64>,
     /// Steps held back by an import or an export, in order (a live batch's carries its

@@ -2,14 +2,16 @@
 //! [`StreamTable`], which admits, names and sequences their messages; the worker carries out
 //! the table's effects on the index, the metrics and the logs (`execute`), and holds a
 //! stream's steps back while its pod is imported or exported for a snapshot
-//! (`crate::persist::snapshot::{import, capture}`). One stream is only ever touched by its worker, so a
+//! (`crate::write::worker::{import, capture}`). One stream is only ever touched by its worker, so a
 //! pod's batches apply in seq order. Workers are threads; they take [`Work`] from their
 //! [`Queues`]. `kvindex replay` drives the same table offline (`crate::persist::dump::offline`).
 
+pub mod capture;
 mod execute;
 mod foreign;
 mod held;
 pub mod housekeeping;
+pub mod import;
 mod lag;
 pub(crate) mod live;
 mod report;
@@ -32,11 +34,11 @@ use metrics::{counter, Counter};
 use kvindex::sequencer::Step;
 use kvindex::SkipReason;
 
-use crate::persist::snapshot::capture::Capture;
 use crate::telemetry as m;
 use crate::write::context::ServiceState;
 use crate::write::table::{Batch, Effect, ReplayEvent, Stream, StreamTable};
 use crate::write::transport::{escape, escape_bytes, ConnId, Peer};
+use crate::write::worker::capture::Capture;
 use crate::write::worker::housekeeping::Housekeeping;
 use live::{Live, ServiceFleet};
 

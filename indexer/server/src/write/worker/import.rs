@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use metrics::counter;
 
-use super::format::StreamRecord;
+use crate::persist::snapshot::format::StreamRecord;
 use crate::telemetry as m;
 use crate::write::context::ServiceState;
 

@@ -1,6 +1,6 @@
 //! Captures of every worker's streams at once, for a snapshot or for a sibling's export
 //! (`crate::persist::snapshot`): each worker answers with each of its streams' records, exact at the
-//! stream's cursor, without stopping its other streams (`snapshot::capture`). One capture at a
+//! stream's cursor, without stopping its other streams (`write::worker::capture`). One capture at a
 //! time: a worker asked for a second while the first runs would wait for the first's exports,
 //! which is the pause captures exist to avoid.
 

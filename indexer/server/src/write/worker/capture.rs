@@ -9,9 +9,9 @@
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
-use super::format::{self, StreamRecord};
-use super::pool;
-use super::{Captured, HeldMap};
+use crate::persist::snapshot::format::{self, StreamRecord};
+use crate::persist::snapshot::pool;
+use crate::persist::snapshot::{Captured, HeldMap};
 use crate::protocols::RecordSink;
 use crate::protocols::StreamKey;
 use crate::write::context::ServiceState;
