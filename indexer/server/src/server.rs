@@ -24,6 +24,8 @@ use crate::persist::dump::recorder::Recorder;
 use crate::persist::snapshot;
 use crate::pods::auth::ControlPlane;
 use crate::pods::{Pods, PodsConfig};
+use crate::protocols::Work;
+use crate::queue::Queues;
 use crate::read::grpc::tokenizer::PromptTokenizer;
 use crate::read::{grpc, http};
 use crate::readiness::{Readiness, SharedHold};
@@ -33,7 +35,7 @@ use crate::write::context::{ServiceState, Shared};
 use crate::write::sources;
 use crate::write::sources::connections::CentralConnections;
 use crate::write::transport::{Admission, Peer, SubListener};
-use crate::write::worker::{Queues, Work, Worker};
+use crate::write::worker::Worker;
 
 /// How long requests in flight may take to finish once shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use kvindex::sequencer::SourceState;
 
+use crate::protocols::StreamKey;
 use crate::telemetry as m;
-use crate::write::worker::StreamKey;
 
 /// What `/debug/sources` shows per stream (refreshed by its worker on every tick).
 #[derive(Debug, Clone, Serialize)]

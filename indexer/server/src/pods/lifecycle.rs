@@ -8,11 +8,12 @@ use std::sync::Arc;
 use parking_lot::{RwLock, RwLockReadGuard};
 
 use crate::config::{offset_endpoint, ConfigError, Origin, PodConfig};
+use crate::protocols::{StreamKey, Work};
+use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::shutdown::{Shutdown, ShutdownSignal};
 use crate::telemetry as m;
 use crate::write::sources::Dialer;
-use crate::write::worker::{Queues, StreamKey, Work};
 
 use super::precedence;
 use super::registry::{RegisteredPod, Registry};

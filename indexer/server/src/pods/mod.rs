@@ -26,10 +26,10 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use crate::config::{Config, PodConfig, ReplayEntry, TopicMapEntry};
+use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::shutdown::ShutdownSignal;
 use crate::write::sources::Dialer;
-use crate::write::worker::Queues;
 
 pub use self::lifecycle::Pods;
 use self::registry::Registry;

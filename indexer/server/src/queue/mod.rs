@@ -255,8 +255,8 @@ mod tests {
     use kvindex_zmtp::Budget;
 
     use super::*;
+    use crate::protocols::{Origin, ReplayItem, StreamKey};
     use crate::write::transport::{ConnId, Peer};
-    use crate::write::worker::{Origin, ReplayItem, StreamKey};
 
     fn live(n: u64) -> Work {
         Work::Live {

@@ -17,15 +17,15 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::index_handle::IndexHandle;
 use crate::persist::dump::recorder::Recorder;
-use crate::persist::snapshot::Restored;
+use crate::persist::snapshot::restored::Restored;
 use crate::pods::registry::Registry;
 use crate::pods::{Pods, PodsConfig};
+use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::status::SourceStatus;
 use crate::write::sources::connections::CentralConnections;
 use crate::write::table::PodOwners;
 use crate::write::transport::Source;
-use crate::write::worker::Queues;
 
 /// The handles the apply workers share with the rest of the service.
 pub struct Shared {

@@ -15,10 +15,10 @@ use tokio::time::{timeout_at, Instant};
 
 use kvindex::wire::{self, ReplayReply};
 
+use crate::protocols::{ReplayItem, StreamKey, Work};
 use crate::telemetry as m;
 use crate::write::context::ServiceState;
 use crate::write::transport::{Dealer, TransportError, ZmtpError};
-use crate::write::worker::{ReplayItem, StreamKey, Work};
 
 /// Runs replay `id` of `stream` from `from` against `endpoint`; always ends with an `End` or
 /// a `Failed` item for the worker.

@@ -16,11 +16,11 @@ use crate::error::ServerError;
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::ControlPlane;
 use crate::pods::{Pods, PodsConfig};
+use crate::queue::Queues;
 use crate::read::grpc::replica::{instance_id, ReplicaService};
 use crate::read::grpc::{Bounds, Handles};
 use crate::readiness::Readiness;
 use crate::shutdown::ShutdownSignal;
-use crate::write::worker::Queues;
 
 /// Serves `index` at `addr` until `shutdown`; `on_bound` gets the bound address.
 pub async fn serve_index(

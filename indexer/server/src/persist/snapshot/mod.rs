@@ -49,9 +49,7 @@ use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 use crate::write::context::ServiceState;
 
-use crate::protocols::RecordSink;
-pub use crate::protocols::{Captured, Held, HeldMap};
-pub use restored::Restored;
+use crate::protocols::{Captured, Held, HeldMap, RecordSink};
 
 /// The snapshot store, and what it holds now.
 pub struct Snapshots {

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::format::{self, Header, StreamRecord};
 use super::pool;
 use crate::protocols::{Captured, HeldMap};
-use crate::write::worker::Queues;
+use crate::queue::Queues;
 
 /// An encoded export: the header, then one value per stream record.
 pub struct Export {

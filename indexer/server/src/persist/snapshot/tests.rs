@@ -16,8 +16,10 @@ use super::store::SnapshotDir;
 use super::*;
 use crate::config::Config;
 use crate::protocols::{ConnId, Peer};
+use crate::protocols::{Origin, Work};
+use crate::queue::Queues;
 use crate::test_events::{all_blocks_cleared, blocks_removed, one_block_stored};
-use crate::write::worker::{Origin, Queues, Work, Worker};
+use crate::write::worker::Worker;
 
 const MODEL: &str = "m";
 const PODS: usize = 4;

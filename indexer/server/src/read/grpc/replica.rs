@@ -32,8 +32,8 @@ use crate::index_handle::IndexHandle;
 use crate::persist::snapshot::chunks::chunks;
 use crate::persist::snapshot::sibling_export::{self, ExportError};
 use crate::pods::auth::ControlPlane;
+use crate::queue::Queues;
 use crate::telemetry as m;
-use crate::write::worker::Queues;
 
 /// The bounds of `ExportIndex`.
 #[derive(Debug, Clone, Copy)]

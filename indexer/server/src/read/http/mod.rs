@@ -30,9 +30,9 @@ use crate::config::PodConfig;
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::{ControlPlane, Denied};
 use crate::pods::Pods;
+use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::telemetry as m;
-use crate::write::worker::Queues;
 
 /// What the HTTP admin uses of the rest of the service: readiness for the probes, the pods and
 /// the control plane's gate for registration, and for `/debug/sources` the index, the queues

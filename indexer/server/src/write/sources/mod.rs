@@ -21,11 +21,12 @@ mod relay;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::protocols::{Origin, Work};
+use crate::queue::Queues;
 use crate::shutdown::Shutdown;
 use crate::source_series::{self, SourceSeries};
 use crate::telemetry as m;
 use crate::write::transport::{self, Backoff, Event, SocketKind, SubDialer, SubListener, TransportError};
-use crate::write::worker::{Origin, Queues, Work};
 
 /// How often the bytes-in-flight gauge of a socket is refreshed.
 const GAUGE_PERIOD: Duration = Duration::from_secs(1);

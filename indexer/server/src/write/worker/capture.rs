@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use crate::persist::snapshot::format::{self, StreamRecord};
 use crate::persist::snapshot::pool;
-use crate::persist::snapshot::{Captured, HeldMap};
 use crate::protocols::RecordSink;
 use crate::protocols::StreamKey;
+use crate::protocols::{Captured, HeldMap};
 use crate::write::context::ServiceState;
 use crate::write::table::{Stream, StreamTable};
 use crate::write::worker::live::Live;

@@ -2,7 +2,7 @@
 //! [`StreamTable`], which admits, names and sequences their messages; the worker carries out
 //! the table's effects on the index, the metrics and the logs (`execute`), and holds a
 //! stream's steps back while its pod is imported or exported for a snapshot
-//! (`crate::write::worker::{import, capture}`). One stream is only ever touched by its worker, so a
+//! (`capture`, `import`). One stream is only ever touched by its worker, so a
 //! pod's batches apply in seq order. Workers are threads; they take [`Work`] from their
 //! [`Queues`]. `kvindex replay` drives the same table offline (`crate::persist::dump::offline`).
 
@@ -19,9 +19,6 @@ mod staleness;
 #[cfg(test)]
 mod tests;
 
-pub use crate::protocols::{Origin, ReplayItem, StreamKey, Work};
-pub use crate::queue::{Queues, Receiver};
-
 use std::collections::VecDeque;
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::Arc;
@@ -34,6 +31,8 @@ use metrics::{counter, Counter};
 use kvindex::sequencer::Step;
 use kvindex::SkipReason;
 
+use crate::protocols::{Origin, ReplayItem, StreamKey, Work};
+use crate::queue::Receiver;
 use crate::telemetry as m;
 use crate::write::context::ServiceState;
 use crate::write::table::{Batch, Effect, ReplayEvent, Stream, StreamTable};

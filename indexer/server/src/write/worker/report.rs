@@ -9,8 +9,9 @@ use metrics::gauge;
 use kvindex::wire::parse_topic;
 
 use super::live::applied_seq;
+use super::Worker;
 use super::{lag, staleness};
-use super::{Receiver, Worker};
+use crate::queue::Receiver;
 use crate::status::{PageHashCheckDebug, StreamDebug};
 use crate::telemetry as m;
 

@@ -16,7 +16,8 @@ use super::live::applied_seq;
 use super::*;
 use crate::config::Config;
 use crate::persist::snapshot::pool;
-use crate::persist::snapshot::{Captured, HeldMap};
+use crate::protocols::{Captured, HeldMap};
+use crate::queue::Queues;
 use crate::test_events::one_block_stored;
 use crate::write::transport::Peer;
 
