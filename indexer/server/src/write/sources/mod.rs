@@ -4,7 +4,7 @@
 //! apply worker. A full queue is waited on, not dropped from: the socket is not read
 //! meanwhile, so TCP pushes back on the publisher, which queues up to its high-water mark and
 //! drops past it (a seq gap here, replayed from its buffer). A dialled pod waits on its own;
-//! the central SUB's one reading task hands messages through a door per worker ([`relay`]),
+//! the central SUB's one reading task hands messages through a relay per worker ([`relay`]),
 //! so one full worker does not stop the others' sources. A queued message keeps its lease on
 //! its socket's byte budget, so the apply queue is bounded in bytes as well as in messages.
 //!
@@ -44,7 +44,7 @@ pub async fn serve_central(
     let gauge = metrics::gauge!(m::ZMQ_BYTES_IN_FLIGHT, "socket" => SocketKind::Central.label());
     let mut refresh = tokio::time::interval(GAUGE_PERIOD);
     let forward_to = queues.clone();
-    let doors = relay::Doors::open(queues.workers(), queues.capacity_per_worker(), move |worker, work| {
+    let relays = relay::Relays::open(queues.workers(), queues.capacity_per_worker(), move |worker, work| {
         let queues = forward_to.clone();
         async move { queues.send(worker, work).await }
     });
@@ -65,7 +65,7 @@ pub async fn serve_central(
                 let worker = queues.worker_for(msg.frames.first().map_or(&[][..], |f| f.as_ref()));
                 let work = Work::live(Origin::Central, msg);
                 tokio::select! {
-                    sent = doors.send(worker, work) => if !sent { return },
+                    sent = relays.send(worker, work) => if !sent { return },
                     _ = shutdown.recv() => return,
                 }
             }
@@ -74,18 +74,18 @@ pub async fn serve_central(
                     Event::Connected { conn, peer, .. } => {
                         connections.note(peer.source(), true);
                         // A stream this address published before may catch up on it (any worker
-                        // may hold one); the doors keep this before the connection's messages.
+                        // may hold one); the relays keep this before the connection's messages.
                         for worker in 0..queues.workers() {
                             let work = Work::Connected { origin: Origin::Central, conn: *conn, peer: peer.clone() };
-                            doors.send(worker, work).await;
+                            relays.send(worker, work).await;
                         }
                     }
                     Event::Disconnected { conn, peer, .. } => {
                         connections.note(peer.source(), false);
                         // Any worker may hold a stream of this connection (one per topic); the
-                        // doors keep it behind the connection's messages.
+                        // relays keep it behind the connection's messages.
                         for worker in 0..queues.workers() {
-                            doors.send(worker, Work::Disconnected { origin: Origin::Central, conn: *conn }).await;
+                            relays.send(worker, Work::Disconnected { origin: Origin::Central, conn: *conn }).await;
                         }
                     }
                     _ => {}
