@@ -35,6 +35,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod dump_server;
 pub mod error;
 pub mod index_handle;
 pub mod persist;

@@ -168,7 +168,7 @@ fn serve_read_only(offline: kvindex_server::persist::dump::offline::Offline, add
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let stop = shutdown_signal();
-        kvindex_server::persist::dump::serve::serve_index(
+        kvindex_server::dump_server::serve_index(
             offline.into_index(),
             addr,
             |bound| {

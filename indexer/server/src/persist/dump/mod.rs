@@ -15,7 +15,6 @@
 
 pub mod offline;
 pub mod recorder;
-pub mod serve;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
