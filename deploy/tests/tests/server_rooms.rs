@@ -71,9 +71,6 @@ const UPWARD: &[(&str, &str)] = &[
     ("config/mod.rs", "persist/dump/recorder.rs"),
     ("config/mod.rs", "persist/sibling.rs"),
     ("config/mod.rs", "pods/admin_token.rs"),
-    // The workers' context holds the pods' handle, to read the registry.
-    ("write/context.rs", "pods/mod.rs"),
-    ("write/context.rs", "pods/lifecycle.rs"),
 ];
 
 /// (room of the importing file, rooms it must not name), by path prefix: what the flow order

@@ -186,7 +186,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let index_for_check = index.clone();
     let shared = Shared {
         index,
-        pods: pods.clone(),
+        registry: pods.shared_registry(),
         queues: queues.clone(),
         readiness: readiness.clone(),
         central: central.clone(),

@@ -25,7 +25,8 @@ pub struct Pods {
 }
 
 struct Inner {
-    registry: RwLock<Registry>,
+    /// Shared with the apply workers, which only read it (`Pods::shared_registry`).
+    registry: Arc<RwLock<Registry>>,
     queues: Arc<Queues>,
     readiness: Arc<Readiness>,
     dialer: Dialer,
@@ -43,12 +44,20 @@ impl Pods {
         readiness: Arc<Readiness>,
         block_size: usize,
     ) -> Pods {
-        Pods { inner: Arc::new(Inner { registry: RwLock::new(registry), queues, readiness, dialer, block_size }) }
+        Pods {
+            inner: Arc::new(Inner { registry: Arc::new(RwLock::new(registry)), queues, readiness, dialer, block_size }),
+        }
     }
 
     /// The registry, read.
     pub fn registry(&self) -> RwLockReadGuard<'_, Registry> {
         self.inner.registry.read()
+    }
+
+    /// The registry itself, for the apply workers: they read it, and need nothing else of
+    /// the pods.
+    pub fn shared_registry(&self) -> Arc<RwLock<Registry>> {
+        self.inner.registry.clone()
     }
 
     pub(crate) fn readiness(&self) -> &Readiness {

@@ -1,5 +1,5 @@
 //! The apply workers' context: the configuration, and the handles they share with the rest of
-//! the service (the index and source states, the pods, the queues, readiness, the central
+//! the service (the index and source states, the pods' registry, the queues, readiness, the central
 //! SUB's connections), plus what only they use (replay permits, restored snapshot records, the
 //! recorder, the runtime). Every other part receives only the handle it uses; this bundle
 //! exists for `apply/`, `snapshot/` and `replay`, the parts that drive the stream table
@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::RwLockReadGuard;
+use parking_lot::{RwLock, RwLockReadGuard};
 use tokio::sync::Semaphore;
 
 use kvindex::speculative::SpeculativeCredits;
@@ -19,7 +19,6 @@ use crate::index_handle::IndexHandle;
 use crate::persist::dump::recorder::Recorder;
 use crate::persist::snapshot::restored::Restored;
 use crate::pods::registry::Registry;
-use crate::pods::{Pods, PodsConfig};
 use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::status::SourceStatus;
@@ -30,7 +29,8 @@ use crate::write::transport::Source;
 /// The handles the apply workers share with the rest of the service.
 pub struct Shared {
     pub index: IndexHandle,
-    pub pods: Pods,
+    /// The pods' registry (written by the pods' lifecycle, read here).
+    pub registry: Arc<RwLock<Registry>>,
     pub queues: Arc<Queues>,
     pub readiness: Arc<Readiness>,
     pub central: Arc<CentralConnections>,
@@ -55,7 +55,7 @@ impl ServiceState {
         let readiness = Arc::new(Readiness::default());
         let shared = Shared {
             index: IndexHandle::new(index, SpeculativeCredits::new(config.speculative.clone()), Clock::start()),
-            pods: Pods::new(&PodsConfig::of(&config), queues.clone(), readiness.clone()),
+            registry: Arc::new(RwLock::new(Registry::new(&config.topic_map, &config.replay))),
             queues,
             readiness,
             central: Arc::default(),
@@ -99,7 +99,7 @@ impl ServiceState {
     }
 
     pub fn registry(&self) -> RwLockReadGuard<'_, Registry> {
-        self.shared.pods.registry()
+        self.shared.registry.read()
     }
 
     pub fn queues(&self) -> &Queues {
