@@ -1,7 +1,7 @@
 //! Talking to a sibling replica (another `kvindex serve` of the same fleet) over its gRPC
 //! `kvindex.v1.Replica` service, as the other clients talk to an indexer: plain or TLS (a CA
 //! to trust, a client identity for mTLS, the name its certificate carries), with the admin
-//! token the replicas share for what needs it. Used by the bootstrap (`snapshot::bootstrap`),
+//! token the replicas share for what needs it. Used by the bootstrap (`persist::snapshot::bootstrap`),
 //! the periodic digest check (`sibling_check`) and `kvindex compare`.
 
 use std::time::Duration;

@@ -35,7 +35,7 @@ pub struct Queues {
     lanes: Vec<Arc<Lane>>,
     capacity: usize,
     depth: Arc<AtomicI64>,
-    /// Held for a whole capture of the workers' streams (`apply::captures`): one at a time.
+    /// Held for a whole capture of the workers' streams (`queue::captures`): one at a time.
     pub(super) captures: tokio::sync::Mutex<()>,
 }
 
@@ -47,7 +47,7 @@ struct Lane {
     live_room: Semaphore,
     /// Room for replay output (`queue_capacity` too, apart).
     replay_room: Semaphore,
-    /// The largest lag of the worker's sources at its last tick, µs (see `apply::lag`).
+    /// The largest lag of the worker's sources at its last tick, µs (see `write::worker::lag`).
     lag_us: AtomicU64,
 }
 

@@ -2,8 +2,8 @@
 //! the service (the index and source states, the pods' registry, the queues, readiness, the central
 //! SUB's connections), plus what only they use (replay permits, restored snapshot records, the
 //! recorder, the runtime). Every other part receives only the handle it uses; this bundle
-//! exists for `apply/`, `snapshot/` and `replay`, the parts that drive the stream table
-//! (`ingest/`) live.
+//! exists for the workers (`write/worker/`), snapshots (`persist/snapshot/`) and replays
+//! (`write::replay`), the parts that drive the stream table (`write::table`) live.
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! The snapshot records loaded at start (or streamed from a sibling, `bootstrap`) that no
-//! stream has picked up yet: a stream takes its pod's record when it starts (`apply::live`),
-//! and proves it before it is imported. Apart from the loading and writing in `snapshot/`, so
+//! stream has picked up yet: a stream takes its pod's record when it starts (`write::worker::live`),
+//! and proves it before it is imported. Apart from the loading and writing in `persist/snapshot/`, so
 //! the service state that holds it is not tied to them.
 
 use std::collections::HashMap;

@@ -1,7 +1,7 @@
 //! `kvindex.v1.Replica`: what sibling replicas ask each other.
 //!
 //! `ExportIndex` streams the whole index to a replica that bootstraps from this one
-//! (`snapshot::bootstrap`). It hands out what the index believes about every pod, so it takes
+//! (`persist::snapshot::bootstrap`). It hands out what the index believes about every pod, so it takes
 //! the control plane's token (as RegisterPod and RecordRoute: PERMISSION_DENIED without
 //! `admin_token_file`, UNAUTHENTICATED without the token), and it is bounded: one export at a
 //! time per caller (peer address) and `sibling_export_max_concurrent` in all

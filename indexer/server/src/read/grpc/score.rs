@@ -3,7 +3,7 @@
 //! counts, source state and credit unit, plus the speculative run RecordRoute credited (in its
 //! own field, never in `matched_blocks`, cut to the pod's unit and the prompt's last token as the
 //! exact match is). A pod whose source
-//! is too far behind its engine (`max_source_staleness_ms`, `apply::staleness`) is answered as
+//! is too far behind its engine (`max_source_staleness_ms`, `write::worker::staleness`) is answered as
 //! holding nothing, STALE, until it catches up: its blocks may have been evicted meanwhile.
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! The payload a stream's sequencer holds: the batch's bytes and, for a live one, when its
 //! message was received at the socket (how the live driver dates what a stream holds back; see
-//! `apply::lag`). The offline driver has no socket clock and leaves it empty. A batch carries
+//! `write::worker::lag`). The offline driver has no socket clock and leaves it empty. A batch carries
 //! its stream's engine, so whoever applies it later decodes it by the same rules
 //! ([`Batch::decode`], the one place a stream's payload is decoded).
 

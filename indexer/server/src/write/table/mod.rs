@@ -3,8 +3,8 @@
 //! bounds, the table's caps and reclaiming, central-mode source binding, one owner per pod id:
 //! [`PodOwners`]), naming (topic → pod, DP rank → pod id), connection tracking (`connections`:
 //! a new connection catches up or resyncs, a closed one clears) and sequencing happen here,
-//! once, and come out as typed [`Effect`]s in order. The live worker (`apply`) and the offline
-//! replay (`dump::offline`) are two drivers of this table: they carry the effects out on their
+//! once, and come out as typed [`Effect`]s in order. The live worker (`write::worker`) and the offline
+//! replay (`persist::dump::offline`) are two drivers of this table: they carry the effects out on their
 //! index (and metrics, logs, snapshots), and cannot drift apart.
 //!
 //! A live payload is decoded once, here: [`StreamTable::admit`] returns the decoded batch, and

@@ -1,10 +1,11 @@
 //! Capturing a snapshot on an apply worker: its streams are taken one at a time, each at a
 //! point between two of its own batches, so each record is exact at its cursor. A stream that
 //! needs an export is handed to the snapshot pool, at most one per pool thread at once, and
-//! only that stream's steps wait meanwhile (in its `waiting`, see `apply::live`); the worker
+//! only that stream's steps wait meanwhile (in its `waiting`, see `write::worker::live`); the worker
 //! goes on applying every other stream's, and runs a stream's held-back steps when its export
-//! is in (`apply::held`). Lives beside the store it feeds; it sees the worker's streams only
-//! through the table it is handed.
+//! is in (`write::worker::held`). Lives with the worker that runs it and feeds the snapshot store
+//! (`persist::snapshot`) through the pool; it sees the worker's streams only through the table
+//! it is handed.
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;

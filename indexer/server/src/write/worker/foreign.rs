@@ -1,5 +1,5 @@
 //! A message refused because its stream may not feed the pod it names (one pod, one owner:
-//! `ingest::PodOwners`): counted under its reason, and logged now and then with both streams,
+//! `write::table::PodOwners`): counted under its reason, and logged now and then with both streams,
 //! so an operator sees which engine (or which foreign publisher) names whose pod.
 
 use metrics::counter;

@@ -11,7 +11,7 @@ use crate::write::worker::capture::Capture;
 impl Worker {
     /// Starts capturing a snapshot of this worker's streams (`held`: what the store holds;
     /// `sink`: where exported records go at once).
-    /// One capture at a time (`snapshot::take` waits for every reply); were another still
+    /// One capture at a time (`persist::snapshot::take` waits for every reply); were another still
     /// running, it is finished first.
     pub(crate) fn start_capture(
         &mut self,

@@ -1,6 +1,6 @@
 //! Housekeeping of the shared data: the index-wide gauges (entries, keys, bytes), the queue,
 //! readiness and pod gauges, and the sweep of expired speculative credits. One apply worker
-//! (worker 0) runs it on its tick; it touches no stream, so it lives apart from ingest.
+//! (worker 0) runs it on its tick; it touches no stream, so it lives apart from the stream table.
 
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,7 @@
 //! any of them sends now waits at least that long. 0 when nothing waits.
 //!
 //! To date what a stream holds back, every live batch carries its receive time through the
-//! sequencer (`ingest::Batch`); the same time gives `kvindex_receive_to_visible_seconds` for a batch
+//! sequencer (`write::table::Batch`); the same time gives `kvindex_receive_to_visible_seconds` for a batch
 //! that became visible only after a replay, which used to go unmeasured.
 
 use std::time::{Duration, Instant};

@@ -36,12 +36,12 @@ pub struct Live {
     /// Steps held back by an import or an export, in order (a live batch's carries its
     /// receive time: the wait counts in its lag).
     pub waiting: Vec<Step<Batch>>,
-    /// How far behind its engine the publisher is (its batches' `ts`, see `apply::staleness`).
+    /// How far behind its engine the publisher is (its batches' `ts`, see `write::worker::staleness`).
     pub staleness: Staleness,
     /// Whether the stream is withheld from scores now (past `max_source_staleness_ms`).
     pub withheld: bool,
     /// Whether a batch of the stream stored blocks in the index (never reclaimed for holding
-    /// none now, see `ingest::Reclaim::Empty`).
+    /// none now, see `write::table::Reclaim::Empty`).
     pub stored_blocks: bool,
     /// The operator's rules for the pod's engine (EAGLE, context parallelism) last given to the
     /// index, with the registry generation they were read at.

@@ -1,6 +1,6 @@
 //! What a worker reports of its streams every tick: their rows of `/debug/sources`, its
-//! share of the source lag (`apply::lag`), and which of its sources are too far behind their
-//! engine to be credited (`apply::staleness`, `max_source_staleness_ms`).
+//! share of the source lag (`write::worker::lag`), and which of its sources are too far behind their
+//! engine to be credited (`write::worker::staleness`, `max_source_staleness_ms`).
 
 use std::time::Instant;
 

@@ -1,7 +1,7 @@
 //! How far behind its engine a source is, publisher's backlog included: the one rule under
 //! lag is that a source too far behind is not credited (`max_source_staleness_ms`).
 //!
-//! `apply::lag` dates only what the server has read and not applied. Under read-side
+//! `write::worker::lag` dates only what the server has read and not applied. Under read-side
 //! backpressure most of the backlog waits on the publisher's side (its send queue, the TCP
 //! buffers), where no receive time dates it; the engine evicts blocks meanwhile, so an EXACT
 //! source far behind would be credited with blocks the pod may no longer hold. Every batch
@@ -125,7 +125,7 @@ impl Staleness {
 }
 
 /// A source's staleness: its publisher-side backlog plus what was read and not applied
-/// (`apply::lag`).
+/// (`write::worker::lag`).
 pub fn source_staleness(behind: Duration, receive_lag: Duration) -> Duration {
     behind + receive_lag
 }
