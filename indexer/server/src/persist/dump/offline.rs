@@ -39,7 +39,7 @@ use crate::write::table::{Batch, Effect, Ext, Fleet, Mode, ReplayEvent, StreamTa
 /// How the live service named its streams (its `topic_filter`, `dp_naming` and `topic_map`
 /// settings): a replay names them the same way.
 #[derive(Debug, Clone)]
-pub struct Naming {
+pub struct NamingSettings {
     pub topic_filter: String,
     /// `dp_naming = "topic"`.
     pub dp_naming_topic: bool,
@@ -52,9 +52,9 @@ pub struct Naming {
     pub default_engine: Engine,
 }
 
-impl Default for Naming {
+impl Default for NamingSettings {
     fn default() -> Self {
-        Naming {
+        NamingSettings {
             topic_filter: "kv@".into(),
             dp_naming_topic: false,
             topic_map: HashMap::new(),
@@ -275,10 +275,10 @@ impl Offline {
     }
 
     pub fn with_limits(config: KvIndexConfig, limits: Limits) -> Offline {
-        Offline::with_naming(config, limits, Naming::default())
+        Offline::with_naming(config, limits, NamingSettings::default())
     }
 
-    pub fn with_naming(config: KvIndexConfig, limits: Limits, naming: Naming) -> Offline {
+    pub fn with_naming(config: KvIndexConfig, limits: Limits, naming: NamingSettings) -> Offline {
         let table = StreamTable::new(TableConfig {
             topic_filter: naming.topic_filter,
             dp_naming_topic: naming.dp_naming_topic,
