@@ -2,7 +2,7 @@
 //! Configuration errors are [`ConfigError`]s; errors of single requests become gRPC statuses
 //! or HTTP 4xx answers where they happen.
 
-use crate::config::ConfigError;
+use crate::config::error::ConfigError;
 use crate::write::transport::ZmtpError;
 
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,8 @@
 //! Registered endpoints obey a host policy (`register_allow`): resolved once, checked, and
 //! pinned to the checked address, so registration cannot make the server dial just any host.
 
-use crate::config::{Cidr, PodConfig};
+use crate::config::cidr::Cidr;
+use crate::config::pod::PodConfig;
 use crate::telemetry as m;
 use crate::write::transport::escape;
 

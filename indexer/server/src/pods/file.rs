@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use crate::config::pod::parse_pods_file;
-use crate::config::PodConfig;
+use crate::config::pod::PodConfig;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 
-use super::{precedence, Pods};
+use super::lifecycle::Pods;
+use super::precedence;
 
 /// The registry origin of the pods file's pods.
 const ORIGIN: &str = "pods_file";

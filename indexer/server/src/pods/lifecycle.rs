@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-use crate::config::{offset_endpoint, ConfigError, Origin, PodConfig};
+use crate::config::error::{ConfigError, Origin};
+use crate::config::pod::{offset_endpoint, PodConfig};
 use crate::protocols::{StreamKey, Work};
 use crate::queue::Queues;
 use crate::readiness::Readiness;

@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, PodConfig, ReplayEntry, TopicMapEntry};
+use crate::config::pod::{PodConfig, ReplayEntry, TopicMapEntry};
+use crate::config::Config;
 use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::shutdown::ShutdownSignal;

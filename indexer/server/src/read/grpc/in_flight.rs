@@ -14,7 +14,7 @@ use kvindex_proto::kvindex::v1 as pb;
 
 use super::score::MAX_NAME;
 use crate::index_handle::IndexHandle;
-use crate::pods::Pods;
+use crate::pods::lifecycle::Pods;
 use crate::read::reservations::{Part, Released, ReservationConfig, Reservations, Reserve, Reserved, ENTRY_BYTES};
 use crate::telemetry as m;
 

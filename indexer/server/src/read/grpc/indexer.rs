@@ -16,10 +16,10 @@ use super::admission::Admission;
 use super::in_flight::InFlightLoad;
 use super::score::Scorer;
 use super::{record_route, release_route};
-use crate::config::PodConfig;
+use crate::config::pod::PodConfig;
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::{ControlPlane, Denied};
-use crate::pods::Pods;
+use crate::pods::lifecycle::Pods;
 use crate::telemetry as m;
 
 /// The handler of `kvindex.v1.Indexer`: the handles it uses, no more.

@@ -31,7 +31,7 @@ use crate::config::Config;
 use crate::error::ServerError;
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::ControlPlane;
-use crate::pods::Pods;
+use crate::pods::lifecycle::Pods;
 use crate::shutdown::Shutdown;
 
 /// What the gRPC services use of the rest of the service: the index they score from, the pods

@@ -26,10 +26,10 @@ use serde_json::json;
 
 use kvindex::index::tiers::TierId;
 
-use crate::config::PodConfig;
+use crate::config::pod::PodConfig;
 use crate::index_handle::IndexHandle;
 use crate::pods::auth::{ControlPlane, Denied};
-use crate::pods::Pods;
+use crate::pods::lifecycle::Pods;
 use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::telemetry as m;
@@ -189,13 +189,13 @@ struct RegisterBody {
     topic_id: Option<String>,
     #[serde(default)]
     dp_size: Option<u32>,
-    #[serde(default, deserialize_with = "crate::config::engine_name")]
+    #[serde(default, deserialize_with = "crate::config::pod::engine_name")]
     engine: Option<kvindex::wire::Engine>,
     #[serde(default)]
     page_size: Option<u32>,
-    #[serde(default, deserialize_with = "crate::config::parsed")]
+    #[serde(default, deserialize_with = "crate::config::pod::parsed")]
     sglang_release: Option<kvindex::sglang::SglangRelease>,
-    #[serde(default, deserialize_with = "crate::config::parsed")]
+    #[serde(default, deserialize_with = "crate::config::pod::parsed")]
     sglang_event_format: Option<kvindex::sglang::EventFormat>,
     #[serde(default)]
     eagle: Option<bool>,
