@@ -25,8 +25,19 @@ pub struct ImportGraph {
 }
 
 impl ImportGraph {
-    /// Reads the crate whose sources are under `src`.
+    /// Reads the crate whose sources are under `src`, following re-exports to the file that
+    /// defines what they name.
     pub fn of_crate(src: &Path) -> ImportGraph {
+        ImportGraph::read(src, true)
+    }
+
+    /// Reads the crate as its text reads: a path through a re-export (`pub use`) is an edge
+    /// to the file that re-exports, as a reader following the path would open it.
+    pub fn of_crate_as_written(src: &Path) -> ImportGraph {
+        ImportGraph::read(src, false)
+    }
+
+    fn read(src: &Path, follow_reexports: bool) -> ImportGraph {
         let mut files = Vec::new();
         collect(src, src, &mut files);
         files.sort();
@@ -67,7 +78,7 @@ impl ImportGraph {
         for u in &uses {
             let Some(mut absolute) = resolve(&modules, &u.module, &u.path) else { continue };
             // Follow re-exports: the longest prefix that is an alias is replaced by its target.
-            for _ in 0..16 {
+            for _ in 0..if follow_reexports { 16 } else { 0 } {
                 let Some(n) = (1..=absolute.len()).rev().find(|n| aliases.contains_key(&absolute[..*n])) else { break };
                 let mut target = aliases[&absolute[..n]].clone();
                 target.extend_from_slice(&absolute[n..]);

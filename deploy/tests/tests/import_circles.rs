@@ -1,6 +1,8 @@
 //! No crate ties its files into an import circle that is larger than it was: each circle found
 //! is printed, and the number of files inside circles per crate may only go down (the
-//! baseline below is lowered as circles are broken; a crate at 0 must stay at 0).
+//! baseline below is lowered as circles are broken; a crate at 0 must stay at 0). Counted
+//! twice: through re-exports to the defining files, and as the text reads (a path through a
+//! `pub use` is an edge to the file that re-exports, the file a reader opens).
 
 use std::path::Path;
 
@@ -19,15 +21,37 @@ const BASELINE: &[(&str, usize)] = &[
     ("loadtest/src", 0),
 ];
 
+/// Files inside import circles as the text reads, per crate (2026-12-06). The core's, the
+/// discovery crate's and the load generator's circles run through their `mod.rs` re-exports.
+const BASELINE_AS_WRITTEN: &[(&str, usize)] = &[
+    ("proto/src", 0),
+    ("indexer/src", 12),
+    ("indexer/zmtp/src", 0),
+    ("indexer/discovery/src", 2),
+    ("indexer/server/src", 0),
+    ("router/src", 0),
+    ("tokenizer-svc/src", 0),
+    ("loadtest/src", 7),
+];
+
 #[test]
 fn import_circles_do_not_grow() {
+    check(BASELINE, ImportGraph::of_crate);
+}
+
+#[test]
+fn import_circles_as_written_do_not_grow() {
+    check(BASELINE_AS_WRITTEN, ImportGraph::of_crate_as_written);
+}
+
+fn check(baseline: &[(&str, usize)], read: fn(&Path) -> ImportGraph) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut report = Vec::new();
     let mut grew = Vec::new();
-    for &(dir, baseline) in BASELINE {
+    for &(dir, baseline) in baseline {
         let src = root.join(dir);
         assert!(src.is_dir(), "{} is not a directory", src.display());
-        let graph = ImportGraph::of_crate(&src);
+        let graph = read(&src);
         let circles = graph.circles();
         let files: usize = circles.iter().map(Vec::len).sum();
         report.push(format!("{dir}: {files} files in {} circles (baseline {baseline})", circles.len()));
@@ -50,5 +74,5 @@ fn the_graph_sees_a_real_edge() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../indexer/server/src");
     let graph = ImportGraph::of_crate(&src);
     let index = |name: &str| graph.files.iter().position(|f| f.ends_with(name)).unwrap_or_else(|| panic!("{name}"));
-    assert!(graph.edges.contains(&(index("apply/mod.rs"), index("telemetry.rs"))));
+    assert!(graph.edges.contains(&(index("write/worker/mod.rs"), index("telemetry.rs"))));
 }

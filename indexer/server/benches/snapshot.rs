@@ -18,8 +18,8 @@ use std::time::Instant;
 
 use kvindex::wire::{BlockStored, EngineHash, Event, EventBatch};
 use kvindex::{KvIndex, KvIndexConfig};
-use kvindex_server::snapshot::format::{self, Header, StreamRecord};
-use kvindex_server::snapshot::store::{SnapshotDir, Store};
+use kvindex_server::persist::snapshot::format::{self, Header, StreamRecord};
+use kvindex_server::persist::snapshot::store::{SnapshotDir, Store};
 
 const PODS: u64 = 256;
 const BLOCKS_PER_STORE: u64 = 32;
@@ -168,7 +168,7 @@ fn main() {
             stored.push(key);
         }
         let header = Header { generation, generations: vec![generation; streams.len()], streams, ..header.clone() };
-        let mut batch = kvindex_server::snapshot::store::SnapshotBatch::default();
+        let mut batch = kvindex_server::persist::snapshot::store::SnapshotBatch::default();
         for key in std::mem::replace(&mut previous, stored) {
             batch.delete(&key);
         }

@@ -2,8 +2,8 @@
 //! Configuration errors are [`ConfigError`]s; errors of single requests become gRPC statuses
 //! or HTTP 4xx answers where they happen.
 
-use crate::config::ConfigError;
-use crate::transport::ZmtpError;
+use crate::config::error::ConfigError;
+use crate::write::transport::ZmtpError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -32,7 +32,7 @@ pub enum ServerError {
     #[error("snapshot_dir: {0}")]
     Snapshot(String),
     #[error("snapshot_dir: {0}")]
-    SnapshotDir(crate::snapshot::store::DirError),
+    SnapshotDir(crate::persist::snapshot::store::DirError),
     #[error("discovery: {0}")]
     Discovery(String),
     #[error("{what}: {source}")]

@@ -5,63 +5,78 @@
 //! same way. All I/O and clocks live here; every decision about sequencing is made by
 //! [`kvindex::sequencer::Sequencer`].
 //!
+//! One KV event, from an engine's socket to a score:
+//!
 //! ```text
-//! transport (ZeroMQ) ─▶ sources (central SUB, per-pod SUBs, registry) ──send──▶ apply::Queues
-//!              full → the reader waits (counted), its socket buffers, then ZeroMQ's   │
-//! replay (DEALER) ─────────────────────────────────────────────────send (waits)────────┤
-//!                                                                                      ▼
-//!         grpc (ScoreTokens, GetPodScores) ◀── index ◀── apply worker: stream table → KvIndex
-//!         http (admin, /metrics)
+//! engine PUB ─ZeroMQ─▶ write::transport ─▶ write::sources ─Work::Live─▶ queue::Queues
+//!   SubListener (engines dial in) or         the central SUB hands     one lane per worker;
+//!   SubDialer (we dial each pod that         through a relay per       full: the reader
+//!   pods/ registered)                        worker                    waits, nothing drops
+//!                                                                             │
+//!                                                                             ▼
+//! write::worker::Worker ─frames─▶ write::table::StreamTable ─Effect::Steps─▶ write::worker
+//!   a thread per lane              admit, name, track connections,        (execute): Step::Apply
+//!                                  decode once, sequence                  puts the batch into
+//!                                                                         the index
+//!                                                                             │
+//!                                                                             ▼
+//! read::grpc (ScoreTokens, GetPodScores) ─reads─▶ index_handle::IndexHandle (KvIndex, credits,
+//! read::http (/debug/sources, /metrics)  ─reads─▶   status, clock)
+//!
+//! a gap: Step::RequestReplay ─▶ write::replay ─Dealer─▶ engine ROUTER ─Work::Replay─▶ queue::Queues
 //! ```
 //!
-//! - [`config`]: the settings, declared once (flags, env vars, TOML file), validated into [`Config`].
-//! - [`transport`]: the ZeroMQ boundary (`kvindex-zmtp`: SUB streams, replay requests, limits).
-//! - [`sources`]: live streams (the central SUB, dialled pods).
+//! The wings, in the order the data flows (`deploy/tests/tests/server_rooms.rs` holds each file
+//! to its floor and below):
+//!
+//! - [`server`] ([`bind`], [`run`]) puts the service together; [`dump_server`] serves a
+//!   rebuilt index read-only (`kvindex replay --grpc-addr`).
+//! - [`read`]: the servers that answer from the index: [`read::grpc`] (ScoreTokens,
+//!   GetPodScores, RecordRoute, the Replica service), [`read::http`] (admin, probes,
+//!   `/metrics`), [`read::tls`], and [`read::reservations`], the routers' shared in-flight
+//!   load. It never names `write/`.
+//! - [`error`]: why the service could not start or stopped.
+//! - [`persist`]: [`persist::snapshot`] (warm restarts from an embedded RocksDB, a sibling's
+//!   bootstrap), [`persist::dump`] (record and replay: `kvindex record`, `kvindex replay`
+//!   drives the stream table offline in [`persist::dump::offline`]), [`persist::sibling`] and
+//!   [`persist::sibling_check`] (replicas of one fleet).
 //! - [`pods`]: which pods exist and who declared them (config, pods file, discovery, the
-//!   registration API and its auth), their lifecycle, and the precedence between declarations.
-//! - [`replay`]: replay requests for the sequencers' gaps and start-up syncs.
-//! - [`ingest`]: the stream table (admission, naming, connections, decode once, sequencing),
-//!   driven by the live [`apply`] workers and offline by `kvindex replay` ([`dump::offline`]).
-//! - [`apply`]: the apply workers and their bounded queues; [`state`]: their context.
-//!   [`protocols`]: the messages between components. [`housekeeping`]: the index-wide gauges
-//!   and the speculative sweep.
-//! - [`snapshot`]: warm restarts from an embedded RocksDB. [`dump`]: record and replay.
-//! - The handles the parts share: [`index_handle`] (index, credits, [`status`], [`clock`]),
-//!   [`readiness`], [`shutdown`]; [`source_series`]: the per-source metric series, which live
-//!   as long as their source.
-//! - [`reservations`]: the routers' shared in-flight load (RecordRoute reservations), a pure
-//!   table the gRPC services hold.
-//! - [`grpc`], [`http`]: the servers; [`tls`]: their TLS / mTLS. [`telemetry`]: metric names and the recorder.
+//!   registration API and its auth) and their lifecycle, which dials their sources; below
+//!   `write/`, the registry the workers read ([`pods::registry`]) and the precedence rule.
+//! - [`write`]: the KV-event path, top to bottom: [`write::worker`] (the apply workers: take
+//!   [`protocols::Work`] from their lane, carry out the table's effects on the index, run
+//!   their part of snapshot captures and imports, worker 0 the housekeeping), [`write::replay`]
+//!   (replay requests for the sequencers' gaps), [`write::context`] (what the workers share),
+//!   [`write::sources`] (the central SUB and the dialled pods' SUBs), [`write::table`] (the
+//!   stream table: every stream of a worker, from frames to sequencer steps; pure, also driven
+//!   offline), [`write::transport`] (the ZeroMQ boundary, `kvindex-zmtp`).
+//! - The leaves every wing shares: [`queue`] (the bounded lanes to the workers; waits, never
+//!   drops), [`protocols`] (the messages: `Work`, `StreamKey`, `Origin`), [`index_handle`]
+//!   (index, credits, [`status`], [`clock`]), [`source_series`] (per-source metric series that
+//!   live as long as their source), [`readiness`], [`shutdown`], [`telemetry`] (metric names and
+//!   the recorder).
+//! - [`config`]: the settings, declared once (flags, env vars, TOML file), validated into
+//!   [`Config`].
 
-pub mod apply;
 pub mod clock;
 pub mod config;
-pub mod dump;
+pub mod dump_server;
 pub mod error;
-pub mod grpc;
-pub mod housekeeping;
-pub mod http;
 pub mod index_handle;
-pub mod ingest;
+pub mod persist;
 pub mod pods;
 pub mod protocols;
+pub mod queue;
+pub mod read;
 pub mod readiness;
-pub mod replay;
-pub mod reservations;
 pub mod server;
 pub mod shutdown;
-pub mod sibling;
-pub mod sibling_check;
-pub mod snapshot;
 pub mod source_series;
-pub mod sources;
-pub mod state;
 pub mod status;
 pub mod telemetry;
 #[cfg(test)]
 mod test_events;
-pub mod tls;
-pub mod transport;
+pub mod write;
 
 pub use config::{Config, ConfigError};
 pub use error::ServerError;

@@ -12,7 +12,7 @@ use bytes::Bytes;
 
 pub use kvindex_zmtp::{ConnId, Lease, Peer};
 
-use crate::snapshot::format::StreamRecord;
+use crate::persist::snapshot::format::StreamRecord;
 
 /// One multipart message.
 pub type Frames = Vec<Bytes>;
@@ -101,7 +101,7 @@ pub enum Work {
         done: tokio::sync::oneshot::Sender<bool>,
     },
     /// Export the pod and cursor of every stream that moved since the stored snapshot
-    /// (`held`) for a snapshot (`crate::snapshot`).
+    /// (`held`) for a snapshot (`crate::persist::snapshot`).
     Snapshot {
         held: Arc<HeldMap>,
         /// Where each exported record goes as soon as it is exported (a snapshot store);

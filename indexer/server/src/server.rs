@@ -15,22 +15,28 @@ use tokio::task::JoinHandle;
 use kvindex::speculative::SpeculativeCredits;
 use kvindex::{HashCheck, KvIndex, KvIndexConfig};
 
-use crate::apply::{Queues, Work, Worker};
 use crate::clock::Clock;
 use crate::config::pod::offset_endpoint;
 use crate::config::Config;
-use crate::dump::recorder::Recorder;
 use crate::error::ServerError;
-use crate::grpc::tokenizer::PromptTokenizer;
 use crate::index_handle::IndexHandle;
+use crate::persist::dump::recorder::Recorder;
+use crate::persist::snapshot;
 use crate::pods::auth::ControlPlane;
-use crate::pods::{Pods, PodsConfig};
+use crate::pods::lifecycle::Pods;
+use crate::pods::PodsConfig;
+use crate::protocols::Work;
+use crate::queue::Queues;
+use crate::read::grpc::tokenizer::PromptTokenizer;
+use crate::read::{grpc, http};
 use crate::readiness::{Readiness, SharedHold};
 use crate::shutdown::ShutdownSignal;
-use crate::sources::connections::CentralConnections;
-use crate::state::{ServiceState, Shared};
-use crate::transport::{Admission, Peer, SubListener};
-use crate::{grpc, http, snapshot, sources, telemetry};
+use crate::telemetry;
+use crate::write::context::{ServiceState, Shared};
+use crate::write::sources;
+use crate::write::sources::connections::CentralConnections;
+use crate::write::transport::{Admission, Peer, SubListener};
+use crate::write::worker::Worker;
 
 /// How long requests in flight may take to finish once shutdown starts.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -181,7 +187,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let index_for_check = index.clone();
     let shared = Shared {
         index,
-        pods: pods.clone(),
+        registry: pods.shared_registry(),
         queues: queues.clone(),
         readiness: readiness.clone(),
         central: central.clone(),
@@ -272,8 +278,14 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         if let (Some(sibling), true) = (&state.config().bootstrap_from, state.config().sibling_check_interval_ms > 0) {
             let every = Duration::from_millis(state.config().sibling_check_interval_ms);
             let bearer = state.config().admin_token.as_ref().map(|t| t.bearer());
-            let check =
-                crate::sibling_check::run(index_for_check, sibling.clone(), every, instance, bearer, stop.subscribe());
+            let check = crate::persist::sibling_check::run(
+                index_for_check,
+                sibling.clone(),
+                every,
+                instance,
+                bearer,
+                stop.subscribe(),
+            );
             tasks.push(tokio::spawn(check));
         }
     }

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use kvindex::sequencer::SourceState;
 
-use crate::apply::StreamKey;
+use crate::protocols::StreamKey;
 use crate::telemetry as m;
 
 /// What `/debug/sources` shows per stream (refreshed by its worker on every tick).
@@ -52,10 +52,10 @@ pub struct StreamDebug {
     pub pending: usize,
     /// The age of the oldest live batch received for this stream and not yet visible: held
     /// behind a replay, an export or an import, or waiting in its worker's queue (shared by
-    /// that worker's sources). 0 when nothing waits (see `apply::lag`).
+    /// that worker's sources). 0 when nothing waits (see `write::worker::lag`).
     pub lag_ms: f64,
     /// How far behind its engine the stream is: `lag_ms` plus the backlog its batches' `ts`
-    /// show on the publisher's side (see `apply::staleness`).
+    /// show on the publisher's side (see `write::worker::staleness`).
     pub staleness_ms: f64,
     /// Past `max_source_staleness_ms`: not credited in scores until it is back under it.
     pub stale: bool,

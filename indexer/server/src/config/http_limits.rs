@@ -1,5 +1,5 @@
 //! The bounds of the HTTP listeners (`http_*` settings), as plain values: what
-//! `crate::http::serve` holds each connection to and `crate::http::body` each request body to.
+//! `crate::read::http::serve` holds each connection to and `crate::read::http::body` each request body to.
 //! Kept apart from the code that applies them so that the configuration names no server code.
 
 use std::time::Duration;

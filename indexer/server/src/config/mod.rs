@@ -36,7 +36,7 @@ pub struct Config {
     /// The probes' own listener (`/healthz`, `/readyz`); `None`: none.
     pub probe_addr: Option<SocketAddr>,
     /// TLS (and with a client CA, mTLS) on every API listener; `None`: plain TCP.
-    pub tls: Option<crate::tls::TlsFiles>,
+    pub tls: Option<crate::read::tls::TlsFiles>,
     /// Connection bounds of each HTTP listener (`http_addr`, `metrics_addr`; `probe_addr` holds
     /// fewer connections, [`http_limits::ConnLimits::for_probes`]).
     pub http_conn_limits: http_limits::ConnLimits,
@@ -78,11 +78,11 @@ pub struct Config {
     /// RecordRoute's table of speculative credits (its block size is `block_size`).
     pub speculative: kvindex::speculative::SpeculativeConfig,
     /// RecordRoute's reservations: the routers' shared in-flight load.
-    pub reservations: crate::reservations::ReservationConfig,
+    pub reservations: crate::read::reservations::ReservationConfig,
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
     /// Admission of expensive gRPC calls (ScoreTokens, GetPodScores, RecordRoute).
-    pub grpc_admission: crate::grpc::admission::AdmissionConfig,
+    pub grpc_admission: crate::read::grpc::admission::AdmissionConfig,
     /// The control plane's bearer token (registration and RecordRoute); `None`: both are
     /// disabled.
     pub admin_token: Option<crate::pods::admin_token::AdminToken>,
@@ -99,11 +99,11 @@ pub struct Config {
     pub snapshot_dir: Option<PathBuf>,
     pub snapshot_interval_ms: u64,
     /// The sibling to bootstrap from (`bootstrap_from`), and to compare digests with.
-    pub bootstrap_from: Option<crate::sibling::Sibling>,
+    pub bootstrap_from: Option<crate::persist::sibling::Sibling>,
     pub bootstrap_timeout_ms: u64,
     pub bootstrap_max_bytes: u64,
     /// Serving side of `ExportIndex`.
-    pub sibling_export: crate::grpc::replica::ExportLimits,
+    pub sibling_export: crate::read::grpc::replica::ExportLimits,
     /// The periodic digest check (0 = off).
     pub sibling_check_interval_ms: u64,
     /// `kvindex record`: every message the sources deliver is appended to this dump. Not a
@@ -120,7 +120,7 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct RecordConfig {
     pub path: PathBuf,
-    pub retention: crate::dump::recorder::Retention,
+    pub retention: crate::persist::dump::recorder::Retention,
 }
 
 #[derive(Debug, Clone)]
@@ -372,7 +372,7 @@ impl Config {
         let reservation_max_entries = ints.get(&defs::reservation_max_entries, s.reservation_max_entries)?;
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
         let mut config = Config {
-            grpc_admission: crate::grpc::admission::AdmissionConfig {
+            grpc_admission: crate::read::grpc::admission::AdmissionConfig {
                 small_query_tokens: ints.get(&defs::grpc_small_query_tokens, s.grpc_small_query_tokens)? as usize,
                 max_concurrent_large: ints.or(
                     &defs::grpc_max_concurrent_large,
@@ -429,7 +429,7 @@ impl Config {
                     (speculative_max_entries / 4).max(1),
                 )? as usize,
             },
-            reservations: crate::reservations::ReservationConfig {
+            reservations: crate::read::reservations::ReservationConfig {
                 default_ttl_ms: ints.get(&defs::reservation_ttl_ms, s.reservation_ttl_ms)? as u64,
                 max_ttl_ms: ints.get(&defs::reservation_max_ttl_ms, s.reservation_max_ttl_ms)? as u64,
                 max_entries: reservation_max_entries as usize,
@@ -459,7 +459,7 @@ impl Config {
             bootstrap_from,
             bootstrap_timeout_ms: ints.get(&defs::bootstrap_timeout_ms, s.bootstrap_timeout_ms)? as u64,
             bootstrap_max_bytes: ints.get(&defs::bootstrap_max_bytes, s.bootstrap_max_bytes)? as u64,
-            sibling_export: crate::grpc::replica::ExportLimits {
+            sibling_export: crate::read::grpc::replica::ExportLimits {
                 max_bytes: ints.get(&defs::sibling_export_max_bytes, s.sibling_export_max_bytes)? as u64,
                 timeout: std::time::Duration::from_millis(
                     ints.get(&defs::sibling_export_timeout_ms, s.sibling_export_timeout_ms)? as u64,
@@ -503,7 +503,7 @@ impl Config {
 }
 
 /// The sibling of `bootstrap_from` and the `bootstrap_tls_*` settings, read and checked now.
-fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::sibling::Sibling>, ConfigError> {
+fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::persist::sibling::Sibling>, ConfigError> {
     let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
     let (ca, cert, key) = (path(&s.bootstrap_tls_ca), path(&s.bootstrap_tls_cert), path(&s.bootstrap_tls_key));
     let domain = s.bootstrap_tls_domain.clone().filter(|d| !d.is_empty());
@@ -526,20 +526,21 @@ fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::sibling::Sib
         (None, Some(_)) => return Err(src.error("bootstrap_tls_cert", "bootstrap_tls_key needs bootstrap_tls_cert")),
     };
     let tls = match &ca {
-        Some(ca) => {
-            Some(crate::sibling::SiblingTls::read(ca, identity, domain).map_err(|m| src.error("bootstrap_tls_ca", m))?)
-        }
+        Some(ca) => Some(
+            crate::persist::sibling::SiblingTls::read(ca, identity, domain)
+                .map_err(|m| src.error("bootstrap_tls_ca", m))?,
+        ),
         None if identity.is_some() || domain.is_some() => {
             return Err(src.error("bootstrap_tls_ca", "the other bootstrap_tls_* settings need bootstrap_tls_ca"))
         }
         None => None,
     };
-    Ok(Some(crate::sibling::Sibling { addr, tls }))
+    Ok(Some(crate::persist::sibling::Sibling { addr, tls }))
 }
 
 /// The listeners' TLS files (`tls_cert` and `tls_key` together; `tls_client_ca` only with them),
 /// read and parsed now so that a bad file is a config error naming its key.
-fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
+fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::read::tls::TlsFiles>, ConfigError> {
     let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
     let (cert, key, ca) = (path(&s.tls_cert), path(&s.tls_key), path(&s.tls_client_ca));
     let (cert, key) = match (cert, key) {
@@ -556,7 +557,7 @@ fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::tls::TlsFi
         Some(path) => Some(read("tls_client_ca", path)?),
         None => None,
     };
-    crate::tls::TlsFiles::parse(&read("tls_cert", &cert)?, &read("tls_key", &key)?, ca.as_deref())
+    crate::read::tls::TlsFiles::parse(&read("tls_cert", &cert)?, &read("tls_key", &key)?, ca.as_deref())
         .map(Some)
         .map_err(|e| src.error(e.key, e.message))
 }

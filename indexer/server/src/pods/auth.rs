@@ -6,14 +6,15 @@
 //! through the API at all: that is the precedence rule ([`super::precedence`]), checked by
 //! [`super::Pods::may_change`].
 //! RecordRoute steers traffic (its credit moves new prompts to the pod it names), so it takes
-//! the same token ([`ControlPlane::check`]), counted with its own outcomes (`grpc/record_route.rs`).
+//! the same token ([`ControlPlane::check`]), counted with its own outcomes (`read/grpc/record_route.rs`).
 //! Reads (ScoreTokens, GetPodScores, health, `/metrics`, `/debug`) are not gated here.
 //! Registered endpoints obey a host policy (`register_allow`): resolved once, checked, and
 //! pinned to the checked address, so registration cannot make the server dial just any host.
 
-use crate::config::{Cidr, PodConfig};
+use crate::config::cidr::Cidr;
+use crate::config::pod::PodConfig;
 use crate::telemetry as m;
-use crate::transport::escape;
+use crate::write::transport::escape;
 
 use super::admin_token::AdminToken;
 

@@ -14,11 +14,12 @@ use std::sync::Arc;
 
 use kvindex_discovery::{Change, DiscoveredPod, Outcome, WatchConfig};
 
-use crate::config::PodConfig;
+use crate::config::pod::PodConfig;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 
-use super::{precedence, Pods};
+use super::lifecycle::Pods;
+use super::precedence;
 
 /// The registry origin of discovered pods.
 pub const ORIGIN: &str = "discovery";
@@ -137,6 +138,6 @@ mod tests {
         assert_eq!(per_pod.rules(), kvindex::PodRules { eagle: true, context_parallel: 2 }, "the annotations' rules");
         let central = pod_config(&DiscoveredPod { model: None, ..pod }, true);
         assert_eq!((central.endpoint.as_deref(), central.model.as_str()), (None, TOPIC_MODEL));
-        assert!(central.validate("pod", &crate::config::Origin::Request(ORIGIN)).is_ok());
+        assert!(central.validate("pod", &crate::config::error::Origin::Request(ORIGIN)).is_ok());
     }
 }

@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use crate::config::pod::parse_pods_file;
-use crate::config::PodConfig;
+use crate::config::pod::PodConfig;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 
-use super::{precedence, Pods};
+use super::lifecycle::Pods;
+use super::precedence;
 
 /// The registry origin of the pods file's pods.
 const ORIGIN: &str = "pods_file";
@@ -69,7 +70,7 @@ async fn apply(pods: &Pods, wanted: Vec<PodConfig>, startup: bool) {
         if let Some(origin) = existing.filter(|_| !precedence::may_replace(ORIGIN, existing)) {
             // The shared precedence rule: the command line and config file outrank the file.
             metrics::counter!(m::CONTROL_DENIED, "api" => ORIGIN, "reason" => "operator_pod").increment(1);
-            tracing::warn!(pod = %crate::transport::escape(&p.id), origin, "pods file entry names a pod configured on the command line or in the config file; left as configured");
+            tracing::warn!(pod = %crate::write::transport::escape(&p.id), origin, "pods file entry names a pod configured on the command line or in the config file; left as configured");
             continue;
         }
         let unchanged = pods.registry().get(&p.id).is_some_and(|r| r.cfg == p && r.origin == ORIGIN);

@@ -7,12 +7,14 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-use crate::apply::{Queues, StreamKey, Work};
-use crate::config::{offset_endpoint, ConfigError, Origin, PodConfig};
+use crate::config::error::{ConfigError, Origin};
+use crate::config::pod::{offset_endpoint, PodConfig};
+use crate::protocols::{StreamKey, Work};
+use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::shutdown::{Shutdown, ShutdownSignal};
-use crate::sources::Dialer;
 use crate::telemetry as m;
+use crate::write::sources::Dialer;
 
 use super::precedence;
 use super::registry::{RegisteredPod, Registry};
@@ -24,7 +26,8 @@ pub struct Pods {
 }
 
 struct Inner {
-    registry: RwLock<Registry>,
+    /// Shared with the apply workers, which only read it (`Pods::shared_registry`).
+    registry: Arc<RwLock<Registry>>,
     queues: Arc<Queues>,
     readiness: Arc<Readiness>,
     dialer: Dialer,
@@ -42,12 +45,20 @@ impl Pods {
         readiness: Arc<Readiness>,
         block_size: usize,
     ) -> Pods {
-        Pods { inner: Arc::new(Inner { registry: RwLock::new(registry), queues, readiness, dialer, block_size }) }
+        Pods {
+            inner: Arc::new(Inner { registry: Arc::new(RwLock::new(registry)), queues, readiness, dialer, block_size }),
+        }
     }
 
     /// The registry, read.
     pub fn registry(&self) -> RwLockReadGuard<'_, Registry> {
         self.inner.registry.read()
+    }
+
+    /// The registry itself, for the apply workers: they read it, and need nothing else of
+    /// the pods.
+    pub fn shared_registry(&self) -> Arc<RwLock<Registry>> {
+        self.inner.registry.clone()
     }
 
     pub(crate) fn readiness(&self) -> &Readiness {
@@ -63,7 +74,7 @@ impl Pods {
         }
         let origin = origin.unwrap_or_default();
         metrics::counter!(m::CONTROL_DENIED, "api" => api, "reason" => "operator_pod").increment(1);
-        tracing::warn!(api, pod = %crate::transport::escape(pod), origin, "API change to an operator-configured pod refused");
+        tracing::warn!(api, pod = %crate::write::transport::escape(pod), origin, "API change to an operator-configured pod refused");
         Err(format!("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it"))
     }
 

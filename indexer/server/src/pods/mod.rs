@@ -25,11 +25,12 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::apply::Queues;
-use crate::config::{Config, PodConfig, ReplayEntry, TopicMapEntry};
+use crate::config::pod::{PodConfig, ReplayEntry, TopicMapEntry};
+use crate::config::Config;
+use crate::queue::Queues;
 use crate::readiness::Readiness;
 use crate::shutdown::ShutdownSignal;
-use crate::sources::Dialer;
+use crate::write::sources::Dialer;
 
 pub use self::lifecycle::Pods;
 use self::registry::Registry;

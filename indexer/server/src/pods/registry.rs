@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
-use crate::config::{offset_endpoint, PodConfig, ReplayEntry, TopicMapEntry};
+use crate::config::pod::{offset_endpoint, PodConfig, ReplayEntry, TopicMapEntry};
 use crate::shutdown::ShutdownSignal;
 
 pub struct RegisteredPod {

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use kvindex_server::sibling::SiblingTls;
-use kvindex_server::sibling_check::{ask, compare, PodComparison, Verdict};
+use kvindex_server::persist::sibling::SiblingTls;
+use kvindex_server::persist::sibling_check::{ask, compare, PodComparison, Verdict};
 
 #[derive(Args)]
 pub struct CompareArgs {

@@ -163,12 +163,12 @@ fn run_service(config: Config) -> anyhow::Result<()> {
 }
 
 /// `kvindex replay --grpc-addr`: the rebuilt index behind the gRPC API until SIGINT/SIGTERM.
-fn serve_read_only(offline: kvindex_server::dump::offline::Offline, addr: &str) -> anyhow::Result<()> {
+fn serve_read_only(offline: kvindex_server::persist::dump::offline::Offline, addr: &str) -> anyhow::Result<()> {
     init_logs();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let stop = shutdown_signal();
-        kvindex_server::dump::serve::serve_index(
+        kvindex_server::dump_server::serve_index(
             offline.into_index(),
             addr,
             |bound| {

@@ -1,5 +1,5 @@
 //! `kvindex record`: the service's sources, with every message they deliver appended to a
-//! dump (`kvindex_server::dump`). Recording holds token ids, so it exists only as this explicit
+//! dump (`kvindex_server::persist::dump`). Recording holds token ids, so it exists only as this explicit
 //! command, with a size and age bound on what it keeps.
 
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{ArgMatches, Args};
 
 use kvindex_server::config::{Config, RecordConfig, ServeArgs};
-use kvindex_server::dump::recorder::Retention;
+use kvindex_server::persist::dump::recorder::Retention;
 
 /// `kvindex record --out <file> (--zmq-bind <endpoint> | --pod ...)...`, plus any `serve` flag.
 #[derive(Debug, Clone, Args)]

@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 use kvindex::wire::Engine;
 use kvindex::KvIndexConfig;
 use kvindex_server::config::pod::TopicMapEntry;
-use kvindex_server::dump::offline::{Limits, Naming, Offline, Until};
-use kvindex_server::dump::{self, parse_line, BadLine, BadLines, Line, Lines, ReadError};
+use kvindex_server::persist::dump::offline::{Limits, NamingSettings, Offline, Until};
+use kvindex_server::persist::dump::{self, parse_line, BadLine, BadLines, Line, Lines, ReadError};
 
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
@@ -153,7 +153,7 @@ pub fn rebuild(args: &ReplayArgs) -> anyhow::Result<(Offline, Reading)> {
     anyhow::ensure!(args.block_size > 0, "--block-size must be positive");
     anyhow::ensure!(args.max_line_bytes > 0, "--max-line-bytes must be positive");
     let limits = Limits { max_reply_bytes: args.max_reply_bytes, ..Default::default() };
-    let naming = Naming {
+    let naming = NamingSettings {
         topic_filter: args.topic_filter.clone(),
         dp_naming_topic: args.dp_naming == "topic",
         topic_map: args.topic_map.iter().map(|t| (t.topic_id.clone(), t.pod.clone())).collect(),
