@@ -11,11 +11,10 @@
 //! Registered endpoints obey a host policy (`register_allow`): resolved once, checked, and
 //! pinned to the checked address, so registration cannot make the server dial just any host.
 
+use crate::config::admin_token::AdminToken;
 use crate::config::{Cidr, PodConfig};
 use crate::telemetry as m;
 use crate::transport::escape;
-
-use super::admin_token::AdminToken;
 
 /// Why a control-plane call was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -28,8 +28,9 @@ use kvindex_proto::kvindex::v1::ExportIndexRequest;
 
 use super::chunks::Reassembly;
 use super::format::{self, Header, StreamRecord};
+use crate::config::sibling::Sibling;
 use crate::readiness::{Readiness, SharedHold};
-use crate::sibling::{self, Sibling};
+use crate::sibling;
 use crate::state::ServiceState;
 use crate::telemetry as m;
 
