@@ -528,8 +528,7 @@ impl Offline {
                         },
                     };
                     // The stream's engine rules, as the live worker applies them.
-                    let (prepared, _) = stream.rules.prepare(b);
-                    let r = self.index.apply(&pod, &stream.model, prepared.as_ref().unwrap_or(b));
+                    let (r, _) = stream.rules.apply(&self.index, &pod, &stream.model, b);
                     let stats = &mut stream.ext.stats;
                     stats.applied += 1;
                     stats.stored_blocks += r.stored_blocks;
