@@ -20,7 +20,7 @@ use super::groups::{is_plain, GroupKind, GroupSpec, MAX_GROUPS};
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, TierRefusal, Tiers, MAX_TIERS};
-use super::tree::{EditStats, HeldBlock, ParentKey, Pos, Stored, Tree};
+use super::tree::{EditStats, HeldBlock, HeldChain, ParentKey, Pos, Stored, Tree};
 use super::units::{lcm, Cut, EngineUnits, PodRules};
 use crate::keys::extra_keys::encode_block_extras;
 use crate::keys::{block_key, block_keys, namespace_of, namespace_root, BlockKey, Extras};
@@ -607,7 +607,16 @@ impl PodIngest {
         per_block: usize,
         placed: Option<&mut Vec<Pos>>,
     ) -> usize {
-        let stored = tree.store(self.pod, tier.bit(), parent, keys, hold_from, ends, self.indexed, guard);
+        let chain = HeldChain {
+            pod: self.pod,
+            tier_bit: tier.bit(),
+            parent,
+            hashes: keys,
+            hold_from,
+            ends,
+            index: self.indexed,
+        };
+        let stored = tree.store(chain, guard);
         self.note_stats(&stored.stats);
         for &seg in &stored.segments {
             self.segments.insert(seg);
