@@ -33,7 +33,7 @@ use serde::Serialize;
 
 use super::DumpRecord;
 use crate::config::pod as names;
-use crate::ingest::{Batch, Effect, Ext, Fleet, Mode, ReplayEvent, StreamTable, TableConfig};
+use crate::ingest::{Batch, Effect, Ext, Fleet, LiveMessage, Mode, ReplayEvent, StreamTable, TableConfig};
 use crate::protocols::{ConnId, Origin, StreamKey};
 
 /// How the live service named its streams (its `topic_filter`, `dp_naming` and `topic_map`
@@ -444,7 +444,8 @@ impl Offline {
             (Counts { stats }, None)
         };
         let conn = record.conn.map(ConnId);
-        let decoded = self.table.admit(&fleet, &origin, conn, None, &frames, None, now, &mut new, &mut effects);
+        let msg = LiveMessage { origin: &origin, conn, peer: None, frames: &frames, received: None };
+        let decoded = self.table.admit(&fleet, msg, now, &mut new, &mut effects);
         let mut traced = None;
         for effect in &effects {
             match effect {
