@@ -6,7 +6,7 @@
 //! pod's batches apply in seq order. Workers are threads; they take [`Work`] from their
 //! [`Queues`]. `kvindex replay` drives the same table offline (`crate::dump::offline`).
 
-mod captures;
+pub mod captures;
 mod execute;
 mod foreign;
 mod held;
