@@ -563,7 +563,8 @@ impl PodIngest {
             }
             let hold_from = prefix + held[run_start] * per_block;
             let upto = prefix + (held[run_end - 1] + 1) * per_block;
-            let whole = self.store_run(tree, guard, tier, parent, &keys[..upto], hold_from, &ends, per_block, None);
+            let run = Run { tier, parent, keys: &keys[..upto], hold_from, ends: &ends };
+            let whole = self.store_run(tree, guard, run, per_block, None);
             stored_blocks += whole as u64;
             if whole < run_end - run_start {
                 break;
@@ -580,19 +581,15 @@ impl PodIngest {
     /// hold), engine blocks of `per_block` canonical blocks ending at `ends`; settles what
     /// their engine hashes name. Returns the engine blocks applied, and with `placed`, appends
     /// the position of each one's last block there.
-    #[allow(clippy::too_many_arguments)]
     fn store_run(
         &mut self,
         tree: &Tree,
         guard: &Guard,
-        tier: TierId,
-        parent: ParentKey,
-        keys: &[u64],
-        hold_from: usize,
-        ends: &[(usize, u64)],
+        run: Run<'_>,
         per_block: usize,
         placed: Option<&mut Vec<Pos>>,
     ) -> usize {
+        let Run { tier, parent, keys, hold_from, ends } = run;
         let chain = HeldChain {
             pod: self.pod,
             tier_bit: tier.bit(),
@@ -1061,7 +1058,8 @@ impl PodIngest {
         let Some(first) = tiers.next().filter(|_| valid) else { return false };
         let from = placed.len();
         self.restoring = true;
-        let whole = self.store_run(tree, &guard, first, parent, keys, hold_from, ends, per_block, Some(placed));
+        let run = Run { tier: first, parent, keys, hold_from, ends };
+        let whole = self.store_run(tree, &guard, run, per_block, Some(placed));
         self.restoring = false;
         let Some(&last) = placed[from..].last() else { return false };
         let mut all = whole == ends.len();
@@ -1102,6 +1100,18 @@ impl PodIngest {
     pub(super) fn forget_end(&mut self, scoped: u64) {
         self.ends.remove(&scoped);
     }
+}
+
+/// One run of a pod's engine blocks to store ([`PodIngest::store_run`]): in `tier`, the chain of
+/// `keys` continuing `parent`, held from `hold_from` on, its engine blocks ending at `ends`
+/// (as [`HeldChain`] has them).
+#[derive(Debug, Clone, Copy)]
+struct Run<'a> {
+    tier: TierId,
+    parent: ParentKey,
+    keys: &'a [u64],
+    hold_from: usize,
+    ends: &'a [(usize, u64)],
 }
 
 /// How a canonical block that several of a pod's engine blocks cover is held: by how many of
