@@ -30,7 +30,7 @@ pub enum ServerError {
     #[error("tls: {0}")]
     Tls(String),
     #[error("snapshot_dir: {0}")]
-    Snapshot(String),
+    Snapshot(crate::persist::snapshot::store::RecreateError),
     #[error("snapshot_dir: {0}")]
     SnapshotDir(crate::persist::snapshot::store::DirError),
     #[error("discovery: {0}")]

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use parking_lot::{RwLock, RwLockReadGuard};
 use serde::Serialize;
 
-use kvindex::sequencer::SourceState;
+use kvindex::sequencer::{SequencerStats, SourceState};
 
 use crate::protocols::StreamKey;
 use crate::telemetry as m;
@@ -38,16 +38,10 @@ pub struct StreamDebug {
     pub last_seq: Option<u64>,
     pub last_live_seq: Option<u64>,
     pub last_event_age_ms: Option<u64>,
-    pub gaps: u64,
-    pub duplicates: u64,
-    pub restarts: u64,
-    /// Live connections that closed and cleared this stream.
-    pub disconnects: u64,
-    pub malformed: u64,
-    pub clears: u64,
-    pub replays_started: u64,
-    pub replays_filled: u64,
-    pub replays_failed: u64,
+    /// The sequencer's counters (gaps, duplicates, restarts, disconnects, replays, ...), as
+    /// fields of the stream's object.
+    #[serde(flatten)]
+    pub counters: SequencerStats,
     pub replay_in_flight: Option<u64>,
     pub pending: usize,
     /// The age of the oldest live batch received for this stream and not yet visible: held

@@ -20,7 +20,7 @@ use super::groups::{is_plain, GroupKind, GroupSpec, MAX_GROUPS};
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, TierRefusal, Tiers, MAX_TIERS};
-use super::tree::{EditStats, HeldBlock, ParentKey, Pos, Stored, Tree};
+use super::tree::{EditStats, HeldBlock, HeldChain, ParentKey, Pos, Stored, Tree};
 use super::units::{lcm, Cut, EngineUnits, PodRules};
 use crate::keys::extra_keys::encode_block_extras;
 use crate::keys::{block_key, block_keys, namespace_of, namespace_root, BlockKey, Extras};
@@ -104,6 +104,7 @@ pub struct PodIngest {
     digest: [u64; MAX_TIERS],
 }
 
+/// The pod: its identity, version and figures.
 impl PodIngest {
     pub fn new(pod: PodId, model: Arc<str>) -> Self {
         PodIngest {
@@ -136,6 +137,75 @@ impl PodIngest {
         }
     }
 
+    /// See `KvIndex::pod_version`.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub(super) fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+
+    pub fn pod(&self) -> PodId {
+        self.pod
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Canonical blocks this pod holds, per tier id.
+    pub fn tier_blocks(&self) -> [u64; MAX_TIERS] {
+        self.tier_blocks
+    }
+
+    /// Totals of the sampled hash cross-check for this pod.
+    pub fn hash_check(&self) -> Verification {
+        self.hash_check
+    }
+
+    /// Per tier id, the sum of this pod's residency hashes (see `digest`).
+    pub fn digest_sums(&self) -> [u64; MAX_TIERS] {
+        self.digest
+    }
+
+    /// Canonical blocks this pod holds in any tier.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    fn note_stats(&mut self, stats: &EditStats) {
+        self.blocks = (self.blocks + stats.gained).saturating_sub(stats.lost);
+        for (i, count) in self.tier_blocks.iter_mut().enumerate() {
+            *count = (*count + stats.tier_gained[i]).saturating_sub(stats.tier_lost[i]);
+        }
+        for (sum, d) in self.digest.iter_mut().zip(stats.digest) {
+            *sum = sum.wrapping_add(d);
+        }
+    }
+
+    /// Drops everything this pod holds: `AllBlocksCleared`, a restart, an unrecoverable gap,
+    /// or unregistration. Costs O(this pod's segments). Returns the entries removed.
+    pub fn clear(&mut self, tree: &Tree) -> u64 {
+        let guard = tree.pin();
+        let stats = tree.clear_pod(self.pod, self.segments.iter(), &guard);
+        self.segments.clear();
+        self.exceptions = FxHashMap::default();
+        self.exception_at = FxHashMap::default();
+        self.spans = FxHashMap::default();
+        self.covers = FxHashMap::default();
+        self.ends = FxHashMap::default();
+        self.indexed = false;
+        self.tier_blocks = [0; MAX_TIERS];
+        self.blocks = 0;
+        self.units.clear();
+        self.digest = [0; MAX_TIERS];
+        stats.lost
+    }
+}
+
+/// Engine units and the cut scores use (see `units`).
+impl PodIngest {
     /// The pod's engine units (see `units`).
     pub fn units(&self) -> &EngineUnits {
         &self.units
@@ -194,49 +264,10 @@ impl PodIngest {
     pub(super) fn note_published(&mut self, cut: Cut) {
         self.published_cut = cut;
     }
+}
 
-    /// For the export facade's import: the units a snapshot recorded (per group, tier id).
-    pub(super) fn restore_unit(&mut self, group: u32, tier: TierId, blocks: u32) {
-        self.units.note(group, tier.0, blocks);
-    }
-
-    /// See `KvIndex::pod_version`.
-    pub fn version(&self) -> u64 {
-        self.version
-    }
-
-    pub(super) fn set_version(&mut self, version: u64) {
-        self.version = version;
-    }
-
-    pub fn pod(&self) -> PodId {
-        self.pod
-    }
-
-    pub fn model(&self) -> &str {
-        &self.model
-    }
-
-    /// Canonical blocks this pod holds, per tier id.
-    pub fn tier_blocks(&self) -> [u64; MAX_TIERS] {
-        self.tier_blocks
-    }
-
-    /// Totals of the sampled hash cross-check for this pod.
-    pub fn hash_check(&self) -> Verification {
-        self.hash_check
-    }
-
-    /// Per tier id, the sum of this pod's residency hashes (see `digest`).
-    pub fn digest_sums(&self) -> [u64; MAX_TIERS] {
-        self.digest
-    }
-
-    /// Canonical blocks this pod holds in any tier.
-    pub fn blocks(&self) -> u64 {
-        self.blocks
-    }
-
+/// KV-cache groups, and the scope each group gives its engine hashes.
+impl PodIngest {
     /// The KV-cache groups the engine has published, by index.
     pub fn groups(&self) -> &[Option<GroupSpec>] {
         &self.groups
@@ -269,6 +300,44 @@ impl PodIngest {
         }
     }
 
+    /// Notes what an event says about its group: that it exists, its kind, its block size.
+    fn note_group(&mut self, group_idx: Option<i64>, kind: Option<GroupKind>, block_tokens: u32) {
+        let g = group_idx.unwrap_or(0) as usize;
+        if self.groups.len() <= g {
+            self.groups.resize(g + 1, None);
+            self.groups_changed = true;
+        }
+        let old = self.groups[g];
+        let mut spec = old.unwrap_or(GroupSpec { kind: GroupKind::AsFull, block_tokens: 0 });
+        if let Some(kind) = kind {
+            spec.kind = kind;
+        }
+        spec.block_tokens = spec.block_tokens.max(block_tokens);
+        if old != Some(spec) {
+            self.groups[g] = Some(spec);
+            self.groups_changed = true;
+        }
+    }
+
+    /// The scoped engine hash of `engine` in KV-cache group `group_idx`; `None` when the group
+    /// is out of range.
+    fn scoped(&mut self, group_idx: Option<i64>, engine: u64) -> Option<u64> {
+        let g = usize::try_from(group_idx.unwrap_or(0)).ok().filter(|g| *g < MAX_GROUPS)?;
+        while self.scopes.len() <= g {
+            let group = self.scopes.len() as u32;
+            self.scopes.push(namespace_root(&self.model, group) ^ SCOPE_SALT);
+        }
+        // A bijective mix of the hash and the scope: uniform bits for the engine table. Never
+        // 0: the index reserves it for "no engine hash".
+        let mut x = engine ^ self.scopes[g];
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Some((x ^ (x >> 31)).max(1))
+    }
+}
+
+/// Applying a batch: each event stored, re-announced or removed.
+impl PodIngest {
     /// Applies a batch's events in order.
     pub fn apply_batch(&mut self, ctx: &IngestContext<'_>, tree: &Tree, batch: &EventBatch<'_>) -> ApplyReport {
         let mut report = ApplyReport::default();
@@ -313,41 +382,6 @@ impl PodIngest {
         }
     }
 
-    /// The scoped engine hash of `engine` in KV-cache group `group_idx`; `None` when the group
-    /// is out of range.
-    fn scoped(&mut self, group_idx: Option<i64>, engine: u64) -> Option<u64> {
-        let g = usize::try_from(group_idx.unwrap_or(0)).ok().filter(|g| *g < MAX_GROUPS)?;
-        while self.scopes.len() <= g {
-            let group = self.scopes.len() as u32;
-            self.scopes.push(namespace_root(&self.model, group) ^ SCOPE_SALT);
-        }
-        // A bijective mix of the hash and the scope: uniform bits for the engine table. Never
-        // 0: the index reserves it for "no engine hash".
-        let mut x = engine ^ self.scopes[g];
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Some((x ^ (x >> 31)).max(1))
-    }
-
-    /// Notes what an event says about its group: that it exists, its kind, its block size.
-    fn note_group(&mut self, group_idx: Option<i64>, kind: Option<GroupKind>, block_tokens: u32) {
-        let g = group_idx.unwrap_or(0) as usize;
-        if self.groups.len() <= g {
-            self.groups.resize(g + 1, None);
-            self.groups_changed = true;
-        }
-        let old = self.groups[g];
-        let mut spec = old.unwrap_or(GroupSpec { kind: GroupKind::AsFull, block_tokens: 0 });
-        if let Some(kind) = kind {
-            spec.kind = kind;
-        }
-        spec.block_tokens = spec.block_tokens.max(block_tokens);
-        if old != Some(spec) {
-            self.groups[g] = Some(spec);
-            self.groups_changed = true;
-        }
-    }
-
     /// The tier of a store's `medium`, after checking its tier and group can be recorded;
     /// `None` (with the event's blocks counted as skipped) when they cannot. A tier new to this
     /// pod must fit its per-source allowance before its name may be learned by the table.
@@ -386,54 +420,6 @@ impl PodIngest {
         };
         self.tiers_used |= tier.bit();
         Some(tier)
-    }
-
-    /// The block this pod holds for engine hash `engine` in any of its groups but `group`.
-    fn resolve_in_other_group(&mut self, tree: &Tree, guard: &Guard, group: i64, engine: u64) -> Option<Pos> {
-        for other in 0..self.groups.len() as i64 {
-            if other != group && self.groups[other as usize].is_some() {
-                let scoped = self.scoped(Some(other), engine)?;
-                if let Some(pos) = self.resolve(tree, guard, scoped) {
-                    return Some(pos);
-                }
-            }
-        }
-        None
-    }
-
-    /// Remembers that `scoped` names the chain end `pos` for this pod.
-    fn note_end(&mut self, tree: &Tree, guard: &Guard, scoped: u64, pos: Pos) {
-        let first = tree.first_key(pos, guard).unwrap_or(0);
-        self.ends.insert(scoped, (pos.pack(), first));
-    }
-
-    /// The block this pod holds for a scoped engine hash; when nothing but the engine table
-    /// could know it and this pod's blocks are not in it yet, indexes them first.
-    fn resolve_or_index(&mut self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
-        if let Some(pos) = self.resolve(tree, guard, scoped) {
-            return Some(pos);
-        }
-        if self.indexed {
-            return None;
-        }
-        tree.index_pod(self.pod, self.segments.iter(), guard);
-        self.indexed = true;
-        self.resolve(tree, guard, scoped)
-    }
-
-    /// The block this pod holds for a scoped engine hash.
-    fn resolve(&self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
-        if let Some(&(pos, first)) = self.ends.get(&scoped) {
-            let pos = Pos::unpack(pos);
-            if tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0 {
-                return Some(pos);
-            }
-        }
-        if let Some(&(pos, first)) = self.exceptions.get(&scoped) {
-            let live = tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0;
-            return live.then_some(pos);
-        }
-        tree.engine_block(scoped, guard).filter(|&p| tree.tiers_at(p, self.pod, guard) != 0)
     }
 
     fn apply_stored(
@@ -577,7 +563,8 @@ impl PodIngest {
             }
             let hold_from = prefix + held[run_start] * per_block;
             let upto = prefix + (held[run_end - 1] + 1) * per_block;
-            let whole = self.store_run(tree, guard, tier, parent, &keys[..upto], hold_from, &ends, per_block, None);
+            let run = Run { tier, parent, keys: &keys[..upto], hold_from, ends: &ends };
+            let whole = self.store_run(tree, guard, run, per_block, None);
             stored_blocks += whole as u64;
             if whole < run_end - run_start {
                 break;
@@ -594,20 +581,25 @@ impl PodIngest {
     /// hold), engine blocks of `per_block` canonical blocks ending at `ends`; settles what
     /// their engine hashes name. Returns the engine blocks applied, and with `placed`, appends
     /// the position of each one's last block there.
-    #[allow(clippy::too_many_arguments)]
     fn store_run(
         &mut self,
         tree: &Tree,
         guard: &Guard,
-        tier: TierId,
-        parent: ParentKey,
-        keys: &[u64],
-        hold_from: usize,
-        ends: &[(usize, u64)],
+        run: Run<'_>,
         per_block: usize,
         placed: Option<&mut Vec<Pos>>,
     ) -> usize {
-        let stored = tree.store(self.pod, tier.bit(), parent, keys, hold_from, ends, self.indexed, guard);
+        let Run { tier, parent, keys, hold_from, ends } = run;
+        let chain = HeldChain {
+            pod: self.pod,
+            tier_bit: tier.bit(),
+            parent,
+            hashes: keys,
+            hold_from,
+            ends,
+            index: self.indexed,
+        };
+        let stored = tree.store(chain, guard);
         self.note_stats(&stored.stats);
         for &seg in &stored.segments {
             self.segments.insert(seg);
@@ -652,160 +644,6 @@ impl PodIngest {
             placed.extend(stored.ends.iter().take(whole).map(|&(pos, _)| pos));
         }
         whole
-    }
-
-    /// Counts the canonical blocks of newly stored engine blocks (stored in `tier_bit`) that
-    /// the pod already held through another engine block, and the tier a block stored again
-    /// adds to the blocks it shares.
-    #[allow(clippy::too_many_arguments)]
-    fn note_covers(
-        &mut self,
-        tree: &Tree,
-        guard: &Guard,
-        stored: &Stored,
-        hold_from: usize,
-        per_block: usize,
-        whole: usize,
-        tier_bit: u8,
-    ) {
-        for (j, &(last, _)) in stored.ends.iter().enumerate().take(whole) {
-            let end = hold_from + (j + 1) * per_block - 1;
-            // Its last block held already: the same engine block stored again.
-            let again = held_before(stored, end);
-            if again.is_some_and(|tiers| tiers & tier_bit != 0) || (again.is_some() && self.covers.is_empty()) {
-                continue;
-            }
-            let mut pos = Some(last);
-            for idx in (end + 1 - per_block..end).rev() {
-                pos = pos.and_then(|p| tree.previous(p, guard));
-                let Some(p) = pos else { break };
-                match (again, held_before(stored, idx)) {
-                    // Stored again in a tier it lacked: one more holder in that tier.
-                    (Some(_), _) => {
-                        if let Some(c) = self.covers.get_mut(&p.pack()) {
-                            c.gain(tier_bit);
-                        }
-                    }
-                    // Held before through one engine block (in its tiers), or several.
-                    (None, Some(tiers)) => {
-                        self.covers.entry(p.pack()).or_insert_with(|| Cover::one(tiers)).add(tier_bit)
-                    }
-                    // Not held before: nothing may be remembered of it.
-                    (None, None) => {
-                        self.covers.remove(&p.pack());
-                    }
-                }
-            }
-        }
-    }
-
-    /// Removes `mask` from the `count` canonical blocks of an engine block ending at `last`,
-    /// keeping the ones another of this pod's engine blocks still covers, in the tiers it
-    /// covers them in. Returns the tiers of `last` before and after.
-    fn release_block(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, mask: u8) -> (u8, u8) {
-        if count <= 1 || self.covers.is_empty() {
-            let (before, after, stats) = tree.release(self.pod, last, count, mask, guard);
-            self.note_stats(&stats);
-            return (before, after);
-        }
-        let earlier = blocks_before(tree, guard, last, count - 1);
-        let (before, after, stats) = tree.release(self.pod, last, 1, mask, guard);
-        self.note_stats(&stats);
-        self.release_inner(tree, guard, &earlier, before & !after, after == 0, mask);
-        (before, after)
-    }
-
-    /// One engine block lost the tiers `lost` (and left entirely if `leaving`): its inner
-    /// blocks `inner` lose them too, or all of the pod's tiers if it left, except where
-    /// another engine block of the pod still covers a block in a tier.
-    fn release_inner(&mut self, tree: &Tree, guard: &Guard, inner: &[Pos], lost: u8, leaving: bool, mask: u8) {
-        for &p in inner {
-            let strip = match self.covers.get_mut(&p.pack()) {
-                Some(c) => {
-                    c.lose(lost);
-                    if leaving {
-                        c.blocks = c.blocks.saturating_sub(1);
-                    }
-                    let keep = c.tiers();
-                    if c.blocks <= 1 {
-                        // One engine block left (holding it in `keep`), or none.
-                        self.covers.remove(&p.pack());
-                    }
-                    !keep
-                }
-                None if leaving => 0xff,
-                None => mask,
-            };
-            if tree.tiers_at(p, self.pod, guard) & strip != 0 {
-                let (_, _, stats) = tree.release(self.pod, p, 1, strip, guard);
-                self.note_stats(&stats);
-            }
-        }
-    }
-
-    /// An engine block of `count` canonical blocks ending at `last` now holds `tier_bit` too,
-    /// which it did not: one more holder in that tier of each inner block another covers.
-    fn cover_gain(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, tier_bit: u8) {
-        for p in blocks_before(tree, guard, last, count - 1) {
-            if let Some(c) = self.covers.get_mut(&p.pack()) {
-                c.gain(tier_bit);
-            }
-        }
-    }
-
-    /// Settles what `scoped` names for this pod after a store put its engine block at `last`
-    /// (`count` canonical blocks ending there). If the engine reused the hash for another
-    /// block this pod held, that claim is dropped first.
-    fn claim(&mut self, tree: &Tree, guard: &Guard, scoped: u64, last: Pos, count: u32, recorded: bool) {
-        // The common case (a new block, or one the fleet already knows under this engine hash)
-        // needs no more lookups.
-        let known = |m: &FxHashMap<u64, _>| !m.is_empty() && m.contains_key(&scoped);
-        if !recorded || known(&self.exceptions) || (!self.spans.is_empty() && self.spans.contains_key(&scoped)) {
-            let prior = match (self.exceptions.get(&scoped), self.ends.get(&scoped)) {
-                (Some(&(pos, first)), _) => (tree.first_key(pos, guard) == Some(first)).then_some(pos),
-                (None, Some(&(pos, first))) => {
-                    let pos = Pos::unpack(pos);
-                    (tree.first_key(pos, guard) == Some(first)).then_some(pos)
-                }
-                (None, None) if self.restoring => None,
-                (None, None) => tree.engine_block(scoped, guard),
-            }
-            .filter(|&p| p != last && tree.tiers_at(p, self.pod, guard) != 0);
-            let prior_count = self.spans.get(&scoped).copied().unwrap_or(1);
-            if let Some(old) = prior {
-                self.release_block(tree, guard, old, prior_count, 0xff);
-            } else if prior_count > count {
-                // Same last block, fewer canonical blocks now: the old engine block's first ones
-                // leave it.
-                let old = blocks_before(tree, guard, last, prior_count - 1);
-                let dropped = old.get(count as usize - 1..).unwrap_or_default();
-                let tiers = tree.tiers_at(last, self.pod, guard);
-                self.release_inner(tree, guard, dropped, tiers, true, 0xff);
-            }
-            if recorded {
-                self.forget_exception(scoped);
-            } else if let Some(first) = tree.first_key(last, guard) {
-                self.forget_exception(scoped);
-                self.exceptions.insert(scoped, (last, first));
-                self.exception_at.insert(last.pack(), scoped);
-            }
-            self.ends.remove(&scoped);
-        }
-        if count > 1 {
-            self.spans.insert(scoped, count);
-        } else if !self.spans.is_empty() {
-            self.spans.remove(&scoped);
-        }
-    }
-
-    fn note_stats(&mut self, stats: &EditStats) {
-        self.blocks = (self.blocks + stats.gained).saturating_sub(stats.lost);
-        for (i, count) in self.tier_blocks.iter_mut().enumerate() {
-            *count = (*count + stats.tier_gained[i]).saturating_sub(stats.tier_lost[i]);
-        }
-        for (sum, d) in self.digest.iter_mut().zip(stats.digest) {
-            *sum = sum.wrapping_add(d);
-        }
     }
 
     fn maybe_check_hashes(
@@ -930,15 +768,228 @@ impl PodIngest {
         }
         true
     }
+}
 
-    /// For the export facade's import: the KV-cache groups a snapshot recorded.
-    pub(super) fn restore_groups(&mut self, groups: &[Option<GroupSpec>]) {
-        if self.groups != groups {
-            self.groups = groups.to_vec();
-            self.groups_changed = true;
+/// What an engine hash names: the pod's chain ends and exceptions, resolved to positions.
+impl PodIngest {
+    /// The block this pod holds for a scoped engine hash.
+    fn resolve(&self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
+        if let Some(&(pos, first)) = self.ends.get(&scoped) {
+            let pos = Pos::unpack(pos);
+            if tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0 {
+                return Some(pos);
+            }
+        }
+        if let Some(&(pos, first)) = self.exceptions.get(&scoped) {
+            let live = tree.first_key(pos, guard) == Some(first) && tree.tiers_at(pos, self.pod, guard) != 0;
+            return live.then_some(pos);
+        }
+        tree.engine_block(scoped, guard).filter(|&p| tree.tiers_at(p, self.pod, guard) != 0)
+    }
+
+    /// The block this pod holds for a scoped engine hash; when nothing but the engine table
+    /// could know it and this pod's blocks are not in it yet, indexes them first.
+    fn resolve_or_index(&mut self, tree: &Tree, guard: &Guard, scoped: u64) -> Option<Pos> {
+        if let Some(pos) = self.resolve(tree, guard, scoped) {
+            return Some(pos);
+        }
+        if self.indexed {
+            return None;
+        }
+        tree.index_pod(self.pod, self.segments.iter(), guard);
+        self.indexed = true;
+        self.resolve(tree, guard, scoped)
+    }
+
+    /// The block this pod holds for engine hash `engine` in any of its groups but `group`.
+    fn resolve_in_other_group(&mut self, tree: &Tree, guard: &Guard, group: i64, engine: u64) -> Option<Pos> {
+        for other in 0..self.groups.len() as i64 {
+            if other != group && self.groups[other as usize].is_some() {
+                let scoped = self.scoped(Some(other), engine)?;
+                if let Some(pos) = self.resolve(tree, guard, scoped) {
+                    return Some(pos);
+                }
+            }
+        }
+        None
+    }
+
+    /// Remembers that `scoped` names the chain end `pos` for this pod.
+    fn note_end(&mut self, tree: &Tree, guard: &Guard, scoped: u64, pos: Pos) {
+        let first = tree.first_key(pos, guard).unwrap_or(0);
+        self.ends.insert(scoped, (pos.pack(), first));
+    }
+
+    /// Settles what `scoped` names for this pod after a store put its engine block at `last`
+    /// (`count` canonical blocks ending there). If the engine reused the hash for another
+    /// block this pod held, that claim is dropped first.
+    fn claim(&mut self, tree: &Tree, guard: &Guard, scoped: u64, last: Pos, count: u32, recorded: bool) {
+        // The common case (a new block, or one the fleet already knows under this engine hash)
+        // needs no more lookups.
+        let known = |m: &FxHashMap<u64, _>| !m.is_empty() && m.contains_key(&scoped);
+        if !recorded || known(&self.exceptions) || (!self.spans.is_empty() && self.spans.contains_key(&scoped)) {
+            let prior = match (self.exceptions.get(&scoped), self.ends.get(&scoped)) {
+                (Some(&(pos, first)), _) => (tree.first_key(pos, guard) == Some(first)).then_some(pos),
+                (None, Some(&(pos, first))) => {
+                    let pos = Pos::unpack(pos);
+                    (tree.first_key(pos, guard) == Some(first)).then_some(pos)
+                }
+                (None, None) if self.restoring => None,
+                (None, None) => tree.engine_block(scoped, guard),
+            }
+            .filter(|&p| p != last && tree.tiers_at(p, self.pod, guard) != 0);
+            let prior_count = self.spans.get(&scoped).copied().unwrap_or(1);
+            if let Some(old) = prior {
+                self.release_block(tree, guard, old, prior_count, 0xff);
+            } else if prior_count > count {
+                // Same last block, fewer canonical blocks now: the old engine block's first ones
+                // leave it.
+                let old = blocks_before(tree, guard, last, prior_count - 1);
+                let dropped = old.get(count as usize - 1..).unwrap_or_default();
+                let tiers = tree.tiers_at(last, self.pod, guard);
+                self.release_inner(tree, guard, dropped, tiers, true, 0xff);
+            }
+            if recorded {
+                self.forget_exception(scoped);
+            } else if let Some(first) = tree.first_key(last, guard) {
+                self.forget_exception(scoped);
+                self.exceptions.insert(scoped, (last, first));
+                self.exception_at.insert(last.pack(), scoped);
+            }
+            self.ends.remove(&scoped);
+        }
+        if count > 1 {
+            self.spans.insert(scoped, count);
+        } else if !self.spans.is_empty() {
+            self.spans.remove(&scoped);
         }
     }
 
+    /// The scoped engine hash this pod knows the block at `pos` by: its exception's, else the
+    /// block's recorded one.
+    fn engine_hash_of(&self, tree: &Tree, guard: &Guard, pos: Pos) -> Option<u64> {
+        if !self.exception_at.is_empty() {
+            if let Some(&scoped) = self.exception_at.get(&pos.pack()) {
+                return Some(scoped);
+            }
+        }
+        Some(tree.engine_at(pos, guard)).filter(|&e| e != 0)
+    }
+
+    /// Drops `scoped`'s exception, and its entry by block if that still names it.
+    fn forget_exception(&mut self, scoped: u64) {
+        if let Some((pos, _)) = self.exceptions.remove(&scoped) {
+            if self.exception_at.get(&pos.pack()) == Some(&scoped) {
+                self.exception_at.remove(&pos.pack());
+            }
+        }
+    }
+}
+
+/// Holding and releasing canonical blocks that several engine blocks cover.
+impl PodIngest {
+    /// Counts the canonical blocks of newly stored engine blocks (stored in `tier_bit`) that
+    /// the pod already held through another engine block, and the tier a block stored again
+    /// adds to the blocks it shares.
+    #[allow(clippy::too_many_arguments)]
+    fn note_covers(
+        &mut self,
+        tree: &Tree,
+        guard: &Guard,
+        stored: &Stored,
+        hold_from: usize,
+        per_block: usize,
+        whole: usize,
+        tier_bit: u8,
+    ) {
+        for (j, &(last, _)) in stored.ends.iter().enumerate().take(whole) {
+            let end = hold_from + (j + 1) * per_block - 1;
+            // Its last block held already: the same engine block stored again.
+            let again = held_before(stored, end);
+            if again.is_some_and(|tiers| tiers & tier_bit != 0) || (again.is_some() && self.covers.is_empty()) {
+                continue;
+            }
+            let mut pos = Some(last);
+            for idx in (end + 1 - per_block..end).rev() {
+                pos = pos.and_then(|p| tree.previous(p, guard));
+                let Some(p) = pos else { break };
+                match (again, held_before(stored, idx)) {
+                    // Stored again in a tier it lacked: one more holder in that tier.
+                    (Some(_), _) => {
+                        if let Some(c) = self.covers.get_mut(&p.pack()) {
+                            c.gain(tier_bit);
+                        }
+                    }
+                    // Held before through one engine block (in its tiers), or several.
+                    (None, Some(tiers)) => {
+                        self.covers.entry(p.pack()).or_insert_with(|| Cover::one(tiers)).add(tier_bit)
+                    }
+                    // Not held before: nothing may be remembered of it.
+                    (None, None) => {
+                        self.covers.remove(&p.pack());
+                    }
+                }
+            }
+        }
+    }
+
+    /// An engine block of `count` canonical blocks ending at `last` now holds `tier_bit` too,
+    /// which it did not: one more holder in that tier of each inner block another covers.
+    fn cover_gain(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, tier_bit: u8) {
+        for p in blocks_before(tree, guard, last, count - 1) {
+            if let Some(c) = self.covers.get_mut(&p.pack()) {
+                c.gain(tier_bit);
+            }
+        }
+    }
+
+    /// Removes `mask` from the `count` canonical blocks of an engine block ending at `last`,
+    /// keeping the ones another of this pod's engine blocks still covers, in the tiers it
+    /// covers them in. Returns the tiers of `last` before and after.
+    fn release_block(&mut self, tree: &Tree, guard: &Guard, last: Pos, count: u32, mask: u8) -> (u8, u8) {
+        if count <= 1 || self.covers.is_empty() {
+            let (before, after, stats) = tree.release(self.pod, last, count, mask, guard);
+            self.note_stats(&stats);
+            return (before, after);
+        }
+        let earlier = blocks_before(tree, guard, last, count - 1);
+        let (before, after, stats) = tree.release(self.pod, last, 1, mask, guard);
+        self.note_stats(&stats);
+        self.release_inner(tree, guard, &earlier, before & !after, after == 0, mask);
+        (before, after)
+    }
+
+    /// One engine block lost the tiers `lost` (and left entirely if `leaving`): its inner
+    /// blocks `inner` lose them too, or all of the pod's tiers if it left, except where
+    /// another engine block of the pod still covers a block in a tier.
+    fn release_inner(&mut self, tree: &Tree, guard: &Guard, inner: &[Pos], lost: u8, leaving: bool, mask: u8) {
+        for &p in inner {
+            let strip = match self.covers.get_mut(&p.pack()) {
+                Some(c) => {
+                    c.lose(lost);
+                    if leaving {
+                        c.blocks = c.blocks.saturating_sub(1);
+                    }
+                    let keep = c.tiers();
+                    if c.blocks <= 1 {
+                        // One engine block left (holding it in `keep`), or none.
+                        self.covers.remove(&p.pack());
+                    }
+                    !keep
+                }
+                None if leaving => 0xff,
+                None => mask,
+            };
+            if tree.tiers_at(p, self.pod, guard) & strip != 0 {
+                let (_, _, stats) = tree.release(self.pod, p, 1, strip, guard);
+                self.note_stats(&stats);
+            }
+        }
+    }
+}
+
+/// Snapshots and imports: what the pod holds by engine hash, and restoring it.
+impl PodIngest {
     /// For the export facade: this pod's engine blocks, each held by the pod, as its scoped
     /// engine hash, the canonical blocks it spans, and its last block.
     pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, u32, HeldBlock)> {
@@ -1007,7 +1058,8 @@ impl PodIngest {
         let Some(first) = tiers.next().filter(|_| valid) else { return false };
         let from = placed.len();
         self.restoring = true;
-        let whole = self.store_run(tree, &guard, first, parent, keys, hold_from, ends, per_block, Some(placed));
+        let run = Run { tier: first, parent, keys, hold_from, ends };
+        let whole = self.store_run(tree, &guard, run, per_block, Some(placed));
         self.restoring = false;
         let Some(&last) = placed[from..].last() else { return false };
         let mut all = whole == ends.len();
@@ -1029,51 +1081,37 @@ impl PodIngest {
         all
     }
 
+    /// For the export facade's import: the KV-cache groups a snapshot recorded.
+    pub(super) fn restore_groups(&mut self, groups: &[Option<GroupSpec>]) {
+        if self.groups != groups {
+            self.groups = groups.to_vec();
+            self.groups_changed = true;
+        }
+    }
+
+    /// For the export facade's import: the units a snapshot recorded (per group, tier id).
+    pub(super) fn restore_unit(&mut self, group: u32, tier: TierId, blocks: u32) {
+        self.units.note(group, tier.0, blocks);
+    }
+
     /// For the export facade's import: `scoped` is no longer one of this pod's chain ends (a
     /// block another imported block continues), so `ends` stays as small as live ingest keeps
     /// it; a lookup that needs it falls back to indexing the pod, as it would live.
     pub(super) fn forget_end(&mut self, scoped: u64) {
         self.ends.remove(&scoped);
     }
+}
 
-    /// The scoped engine hash this pod knows the block at `pos` by: its exception's, else the
-    /// block's recorded one.
-    fn engine_hash_of(&self, tree: &Tree, guard: &Guard, pos: Pos) -> Option<u64> {
-        if !self.exception_at.is_empty() {
-            if let Some(&scoped) = self.exception_at.get(&pos.pack()) {
-                return Some(scoped);
-            }
-        }
-        Some(tree.engine_at(pos, guard)).filter(|&e| e != 0)
-    }
-
-    /// Drops `scoped`'s exception, and its entry by block if that still names it.
-    fn forget_exception(&mut self, scoped: u64) {
-        if let Some((pos, _)) = self.exceptions.remove(&scoped) {
-            if self.exception_at.get(&pos.pack()) == Some(&scoped) {
-                self.exception_at.remove(&pos.pack());
-            }
-        }
-    }
-
-    /// Drops everything this pod holds: `AllBlocksCleared`, a restart, an unrecoverable gap,
-    /// or unregistration. Costs O(this pod's segments). Returns the entries removed.
-    pub fn clear(&mut self, tree: &Tree) -> u64 {
-        let guard = tree.pin();
-        let stats = tree.clear_pod(self.pod, self.segments.iter(), &guard);
-        self.segments.clear();
-        self.exceptions = FxHashMap::default();
-        self.exception_at = FxHashMap::default();
-        self.spans = FxHashMap::default();
-        self.covers = FxHashMap::default();
-        self.ends = FxHashMap::default();
-        self.indexed = false;
-        self.tier_blocks = [0; MAX_TIERS];
-        self.blocks = 0;
-        self.units.clear();
-        self.digest = [0; MAX_TIERS];
-        stats.lost
-    }
+/// One run of a pod's engine blocks to store ([`PodIngest::store_run`]): in `tier`, the chain of
+/// `keys` continuing `parent`, held from `hold_from` on, its engine blocks ending at `ends`
+/// (as [`HeldChain`] has them).
+#[derive(Debug, Clone, Copy)]
+struct Run<'a> {
+    tier: TierId,
+    parent: ParentKey,
+    keys: &'a [u64],
+    hold_from: usize,
+    ends: &'a [(usize, u64)],
 }
 
 /// How a canonical block that several of a pod's engine blocks cover is held: by how many of

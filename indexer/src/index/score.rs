@@ -253,7 +253,7 @@ fn intersect<A: Accrual>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::tree::ParentKey;
+    use crate::index::tree::{HeldChain, ParentKey};
 
     const GPU: u8 = 1;
     const CPU: u8 = 2;
@@ -263,9 +263,22 @@ mod tests {
         Tiers::new().weights()
     }
 
+    /// `pod` holds `keys` from the root, all of them, in `tier`.
+    fn chain(pod: u32, tier: u8, keys: &[u64]) -> HeldChain<'_> {
+        HeldChain {
+            pod: PodId(pod),
+            tier_bit: tier,
+            parent: ParentKey::Root(ROOT),
+            hashes: keys,
+            hold_from: 0,
+            ends: &[],
+            index: true,
+        }
+    }
+
     fn store(tree: &Tree, pod: u32, tier: u8, keys: &[u64]) {
         let guard = tree.pin();
-        tree.store(PodId(pod), tier, ParentKey::Root(ROOT), keys, 0, &[], true, &guard);
+        tree.store(chain(pod, tier, keys), &guard);
     }
 
     fn run(tree: &Tree, query: &[u64], filter: PodFilter<'_>) -> Vec<PodMatch> {
@@ -280,7 +293,7 @@ mod tests {
         store(&tree, 0, GPU, &[10, 11, 12]);
         store(&tree, 1, GPU, &[10, 11, 12]);
         let guard = tree.pin();
-        let eleven = tree.store(PodId(2), GPU, ParentKey::Root(ROOT), &[10, 11], 0, &[], true, &guard).last.unwrap();
+        let eleven = tree.store(chain(2, GPU, &[10, 11]), &guard).last.unwrap();
         tree.release(PodId(1), eleven, 1, GPU, &guard);
         let got = run(&tree, &[10, 11, 12, 13], PodFilter::All);
         let summary: Vec<(u32, u32)> = got.iter().map(|m| (m.pod.0, m.matched_blocks)).collect();
@@ -334,7 +347,7 @@ mod tests {
         store(&tree, 0, GPU, &[1, 2, 3, 4, 5, 6, 7]);
         store(&tree, 0, CPU, &[1, 2, 3, 4, 5, 6, 7]);
         let guard = tree.pin();
-        let four = tree.store(PodId(0), CPU, ParentKey::Root(ROOT), &[1, 2, 3, 4], 0, &[], true, &guard).last.unwrap();
+        let four = tree.store(chain(0, CPU, &[1, 2, 3, 4]), &guard).last.unwrap();
         tree.release(PodId(0), four, 4, CPU, &guard);
         store(&tree, 1, GPU, &[1, 2, 3, 4, 5, 6, 7]);
         let query = [1, 2, 3, 4, 5, 6, 7, 8];

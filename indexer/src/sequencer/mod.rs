@@ -99,7 +99,7 @@ impl Default for SequencerConfig {
 }
 
 /// Counters of one stream, for the debug endpoint.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SequencerStats {
     pub applied: u64,
     pub gaps: u64,

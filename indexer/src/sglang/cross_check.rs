@@ -32,21 +32,6 @@ pub struct PageChainCheck {
     limit: usize,
 }
 
-fn record(v: &mut Verification, index: usize, outcome: Option<bool>) {
-    match outcome {
-        None => v.unverifiable = v.unverifiable.saturating_add(1),
-        Some(matched) => {
-            v.checked = v.checked.saturating_add(1);
-            if matched {
-                v.matched = v.matched.saturating_add(1);
-            } else {
-                v.mismatched = v.mismatched.saturating_add(1);
-                v.first_mismatch.get_or_insert(u32::try_from(index).unwrap_or(u32::MAX));
-            }
-        }
-    }
-}
-
 impl PageChainCheck {
     pub fn new(release: SglangRelease, format: EventFormat) -> Self {
         Self::with_limit(release, format, MAX_REMEMBERED)
@@ -72,7 +57,7 @@ impl PageChainCheck {
     pub fn check(&mut self, store: &BlockStored<'_>) -> Verification {
         let mut v = Verification::default();
         let pages = store.block_hashes.len();
-        let unverifiable = |v: &mut Verification| (0..pages).for_each(|i| record(v, i, None));
+        let unverifiable = |v: &mut Verification| (0..pages).for_each(|i| v.record(i, None));
         let Some(tokens) = store.token_ids.as_deref() else {
             unverifiable(&mut v);
             return v;
@@ -114,7 +99,7 @@ impl PageChainCheck {
         for (i, (digest, published)) in digests.iter().zip(&store.block_hashes).enumerate() {
             let id = namespaced_id(event_id(digest), seed.as_ref());
             let matched = id as u64 == published.key();
-            record(&mut v, i, Some(matched));
+            v.record(i, Some(matched));
             if matched && i >= remember_from {
                 self.digests.insert(id, *digest);
             }

@@ -45,7 +45,9 @@ impl Verification {
         self.first_mismatch = self.first_mismatch.or(other.first_mismatch);
     }
 
-    pub(super) fn record(&mut self, block_index: usize, outcome: Option<bool>) {
+    /// Counts one block's outcome: `Some(matched)` when it was recomputed, `None` when it
+    /// cannot be without guessing. Shared by vLLM's and SGLang's cross-checks.
+    pub(crate) fn record(&mut self, block_index: usize, outcome: Option<bool>) {
         match outcome {
             Some(matched) => {
                 self.checked = self.checked.saturating_add(1);

@@ -4,12 +4,18 @@
 //! where its value came from ([`ConfigError`]). docs/CONFIG.md lists every key
 //! (tests/it/config_docs.rs holds it to this file).
 
+pub mod admin_token;
+pub mod admission;
 pub mod cidr;
 pub mod error;
 pub mod http_limits;
 pub mod pod;
+pub mod reservations;
+pub mod retention;
 pub mod settings;
+pub mod sibling;
 pub mod spec;
+pub mod tls_files;
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
@@ -36,7 +42,7 @@ pub struct Config {
     /// The probes' own listener (`/healthz`, `/readyz`); `None`: none.
     pub probe_addr: Option<SocketAddr>,
     /// TLS (and with a client CA, mTLS) on every API listener; `None`: plain TCP.
-    pub tls: Option<crate::read::tls::TlsFiles>,
+    pub tls: Option<tls_files::TlsFiles>,
     /// Connection bounds of each HTTP listener (`http_addr`, `metrics_addr`; `probe_addr` holds
     /// fewer connections, [`http_limits::ConnLimits::for_probes`]).
     pub http_conn_limits: http_limits::ConnLimits,
@@ -78,14 +84,14 @@ pub struct Config {
     /// RecordRoute's table of speculative credits (its block size is `block_size`).
     pub speculative: kvindex::speculative::SpeculativeConfig,
     /// RecordRoute's reservations: the routers' shared in-flight load.
-    pub reservations: crate::read::reservations::ReservationConfig,
+    pub reservations: reservations::ReservationConfig,
     pub pods_file: Option<PathBuf>,
     pub pods_file_poll_ms: u64,
     /// Admission of expensive gRPC calls (ScoreTokens, GetPodScores, RecordRoute).
-    pub grpc_admission: crate::read::grpc::admission::AdmissionConfig,
+    pub grpc_admission: admission::AdmissionConfig,
     /// The control plane's bearer token (registration and RecordRoute); `None`: both are
     /// disabled.
-    pub admin_token: Option<crate::pods::admin_token::AdminToken>,
+    pub admin_token: Option<admin_token::AdminToken>,
     /// Central mode: the address ranges allowed to connect (empty: any).
     pub zmq_allow: Vec<Cidr>,
     /// Where registered endpoints may point (empty: anywhere).
@@ -99,11 +105,11 @@ pub struct Config {
     pub snapshot_dir: Option<PathBuf>,
     pub snapshot_interval_ms: u64,
     /// The sibling to bootstrap from (`bootstrap_from`), and to compare digests with.
-    pub bootstrap_from: Option<crate::persist::sibling::Sibling>,
+    pub bootstrap_from: Option<sibling::Sibling>,
     pub bootstrap_timeout_ms: u64,
     pub bootstrap_max_bytes: u64,
     /// Serving side of `ExportIndex`.
-    pub sibling_export: crate::read::grpc::replica::ExportLimits,
+    pub sibling_export: sibling::ExportLimits,
     /// The periodic digest check (0 = off).
     pub sibling_check_interval_ms: u64,
     /// `kvindex record`: every message the sources deliver is appended to this dump. Not a
@@ -120,7 +126,7 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct RecordConfig {
     pub path: PathBuf,
-    pub retention: crate::persist::dump::recorder::Retention,
+    pub retention: retention::Retention,
 }
 
 #[derive(Debug, Clone)]
@@ -177,211 +183,35 @@ impl Config {
         Config::validate(settings, from_file, from_flags, &sources)
     }
 
-    /// Checks every setting and applies the defaults. `from_file` and `from_flags` are the
-    /// list entries of each layer (flags add to the file's lists).
+    /// Checks every setting and applies the defaults, one section of the settings at a time
+    /// (the functions below, each named after its section), then the rules that join sections
+    /// ([`check_combinations`]). `from_file` and `from_flags` are the list entries of each
+    /// layer (flags add to the file's lists).
     fn validate(s: Settings, from_file: Lists, from_flags: Lists, src: &Sources<'_>) -> Result<Config, ConfigError> {
         let ints = Ints { src };
-        let addr = |spec: &TextSpec, v: Option<String>| -> Result<SocketAddr, ConfigError> {
-            let v = spec.or_default(v.as_deref());
-            v.parse().map_err(|e| src.error(spec.key, format!("not a host:port socket address ({v:?}): {e}")))
-        };
         let zmq_limits = zmq_limits(&s, src, &ints)?;
         let (http_conn_limits, http_body_limits) = http_limits(&s, src, &ints)?;
-        let central = s.zmq_bind.as_deref().is_some_and(|e| !e.is_empty());
-        // Kubernetes discovery: the flags, defaults, ranges and checks are kvindex-discovery's
-        // (shared with the router). Per-pod mode needs each pod's model; in central mode the
-        // topics carry it.
-        let discovery = s.discovery.watch_config(!central).map_err(|e| src.error(e.key, e.message))?;
+        let discovery = discovery(&s, src)?;
         let tls = tls_files(&s, src)?;
         let bootstrap_from = sibling(&s, src)?;
-        let admin_token = match &s.admin_token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| src.error("admin_token_file", format!("cannot read {}: {e}", path.display())))?;
-                Some(crate::pods::admin_token::AdminToken::parse(&text).map_err(|m| src.error("admin_token_file", m))?)
-            }
-            None => None,
-        };
-        let mut zmq_allow = Vec::new();
-        for (entries, origin) in
-            [(&from_file.zmq_allow, src.file_origin()), (&from_flags.zmq_allow, src.flag_origin("zmq_allow"))]
-        {
-            for cidr in entries {
-                zmq_allow.push(Cidr::parse(cidr).map_err(|m| ConfigError::new("zmq_allow", origin.clone(), m))?);
-            }
-        }
-        let mut register_allow = Vec::new();
-        for (entries, origin) in [
-            (&from_file.register_allow, src.file_origin()),
-            (&from_flags.register_allow, src.flag_origin("register_allow")),
-        ] {
-            for cidr in entries {
-                let cidr = Cidr::parse(cidr).map_err(|m| ConfigError::new("register_allow", origin.clone(), m))?;
-                register_allow.push(cidr);
-            }
-        }
-        let grpc_addr = addr(&defs::grpc_addr, s.grpc_addr)?;
-        let http_addr = addr(&defs::http_addr, s.http_addr)?;
-        let metrics_addr = match s.metrics_addr.filter(|a| !a.is_empty()) {
-            Some(a) => Some(addr(&defs::metrics_addr, Some(a))?),
-            None => None,
-        };
-        let probe_addr = match s.probe_addr.filter(|a| !a.is_empty()) {
-            Some(a) => Some(addr(&defs::probe_addr, Some(a))?),
-            None => None,
-        };
-        let zmq_bind = match s.zmq_bind {
-            Some(e) if !e.is_empty() => Some(pod::endpoint(&e).map_err(|m| src.error("zmq_bind", m))?),
-            _ => None,
-        };
-        let zmq_bind_dp_size = ints.get(&defs::zmq_bind_dp_size, s.zmq_bind_dp_size)? as u32;
-        if zmq_bind_dp_size > 1 {
-            let port =
-                zmq_bind.as_deref().and_then(|e| e.strip_prefix("tcp://")?.rsplit_once(':')?.1.parse::<u32>().ok());
-            match port {
-                Some(p) if p != 0 && p + zmq_bind_dp_size - 1 <= 65535 => {}
-                _ => {
-                    let why = format!(
-                        "{zmq_bind_dp_size} ranks need zmq_bind to be a tcp:// endpoint with a port (not 0) that leaves room for port + {} (got {zmq_bind:?})",
-                        zmq_bind_dp_size - 1
-                    );
-                    return Err(src.error("zmq_bind_dp_size", why));
-                }
-            }
-        }
-
+        let admin_token = admin_token(&s, src)?;
+        let zmq_allow = allowed_ranges("zmq_allow", &from_file.zmq_allow, &from_flags.zmq_allow, src)?;
+        let register_allow =
+            allowed_ranges("register_allow", &from_file.register_allow, &from_flags.register_allow, src)?;
+        let Listeners { grpc_addr, http_addr, metrics_addr, probe_addr } = listeners(&s, src)?;
+        let CentralBind { zmq_bind, zmq_bind_dp_size } = central_bind(&s, src, &ints)?;
         let block_size = ints.get(&defs::block_size, s.block_size)? as usize;
-        let mut pods = Vec::new();
-        for (n, p) in from_file.pods.into_iter().enumerate() {
-            let (key, origin) = (format!("pods[{n}]"), src.file_origin());
-            let p = p.validate(&key, &origin)?;
-            p.check_page_size(block_size).map_err(|m| ConfigError::new(format!("{key}.page_size"), origin, m))?;
-            pods.push(p);
-        }
-        for p in from_flags.pods {
-            let origin = src.flag_origin("pods");
-            let p = p.validate("pods", &origin)?;
-            p.check_page_size(block_size).map_err(|m| ConfigError::new("pods.page_size", origin, m))?;
-            pods.push(p);
-        }
-        let mut seen = HashSet::new();
-        for p in &pods {
-            if !seen.insert(p.id.clone()) {
-                return Err(src.error("pods", format!("pod {:?} is configured twice", p.id)));
-            }
-        }
-        let topic_map: Vec<TopicMapEntry> = from_file.topic_map.into_iter().chain(from_flags.topic_map).collect();
-        for (n, t) in topic_map.iter().enumerate() {
-            if t.topic_id.is_empty() || t.pod.is_empty() {
-                return Err(src.error(&format!("topic_map[{n}]"), "topic_id and pod must not be empty"));
-            }
-        }
-        let mut replay = Vec::new();
-        let replay_layers =
-            [(from_file.replay, src.file_origin(), true), (from_flags.replay, src.flag_origin("replay"), false)];
-        for (entries, origin, indexed) in replay_layers {
-            for (n, mut r) in entries.into_iter().enumerate() {
-                let key = if indexed { format!("replay[{n}]") } else { "replay".to_string() };
-                if r.pod.is_empty() {
-                    return Err(ConfigError::new(format!("{key}.pod"), origin, "must not be empty"));
-                }
-                r.endpoint = pod::endpoint(&r.endpoint)
-                    .map_err(|m| ConfigError::new(format!("{key}.endpoint"), origin.clone(), m))?;
-                replay.push(r);
-            }
-        }
-        let mut tier_weights = BTreeMap::new();
-        let weight_layers =
-            [(from_file.tier_weights, src.file_origin()), (from_flags.tier_weights, src.flag_origin("tier_weights"))];
-        for (entries, origin) in weight_layers {
-            for TierWeight { medium, weight } in entries {
-                if !weight.is_finite() || weight < 0.0 {
-                    return Err(ConfigError::new(
-                        format!("tier_weights.{medium}"),
-                        origin,
-                        "must be a finite number >= 0",
-                    ));
-                }
-                tier_weights.insert(medium, weight);
-            }
-        }
-
-        let hash_seed = s.hash_seed.unwrap_or_default();
-        let every = ints.get(&defs::hash_check_every, s.hash_check_every)? as u32;
-        let sglang_check = SglangCheckConfig {
-            release: defs::sglang_release
-                .or_default(s.sglang_release.as_deref())
-                .parse()
-                .map_err(|e| src.error("sglang_release", format!("{e}")))?,
-            format: defs::sglang_event_format
-                .pick(s.sglang_event_format.as_deref())
-                .map_err(|m| src.error("sglang_event_format", m))?
-                .parse()
-                .map_err(|m: String| src.error("sglang_event_format", m))?,
-            every,
-        };
-        let hash_check = if hash_seed.is_empty() || every == 0 {
-            None
-        } else {
-            let hasher = kvindex::vllm_hash::VllmHashConfig {
-                version: defs::vllm_version
-                    .or_default(s.vllm_version.as_deref())
-                    .parse()
-                    .map_err(|e| src.error("vllm_version", format!("{e}")))?,
-                algo: defs::hash_algo
-                    .or_default(s.hash_algo.as_deref())
-                    .parse()
-                    .map_err(|e| src.error("hash_algo", format!("{e}")))?,
-                pythonhashseed: (hash_seed != "unset").then(|| hash_seed.clone()),
-            };
-            kvindex::vllm_hash::BlockHasher::new(&hasher).map_err(|e| src.error("hash_seed", format!("{e}")))?;
-            Some(HashCheckConfig { hasher, every })
-        };
-
-        let mut tokenizer_models = Vec::new();
-        for (entries, origin) in [
-            (from_file.tokenizer_models, src.file_origin()),
-            (from_flags.tokenizer_models, src.flag_origin("tokenizer_models")),
-        ] {
-            for spec in entries {
-                pod::pair(&spec)
-                    .map_err(|m| ConfigError::new("tokenizer_models", origin.clone(), format!("{m}, got {spec:?}")))?;
-                tokenizer_models.push(spec);
-            }
-        }
-        let tokenizer_endpoint = s.tokenizer_endpoint.filter(|e| !e.is_empty());
-        if let Some(e) = &tokenizer_endpoint {
-            if !(e.starts_with("http://") || e.starts_with("https://")) {
-                return Err(src.error("tokenizer_endpoint", format!("must be http://host:port, got {e:?}")));
-            }
-        }
-        let dp_naming = defs::dp_naming.pick(s.dp_naming.as_deref()).map_err(|m| src.error("dp_naming", m))?;
-        let dp_naming_topic = dp_naming == "topic";
-        let default_engine = defs::default_engine
-            .pick(s.default_engine.as_deref())
-            .map_err(|m| src.error("default_engine", m))?
-            .parse()
-            .map_err(|e: kvindex::wire::UnknownEngine| src.error("default_engine", e.to_string()))?;
-        let topic_filter = defs::topic_filter.or_default(s.topic_filter.as_deref());
-        if topic_filter.len() > 254 {
-            return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
-        }
-
+        let pods = pods(from_file.pods, from_flags.pods, block_size, src)?;
+        let topic_map = topic_map(from_file.topic_map, from_flags.topic_map, src)?;
+        let replay = replay(from_file.replay, from_flags.replay, src)?;
+        let tier_weights = tier_weights(from_file.tier_weights, from_flags.tier_weights, src)?;
+        let HashChecks { hash_check, sglang_check } = hash_checks(&s, src, &ints)?;
+        let Tokenizers { tokenizer_models, tokenizer_models_dir, tokenizer_endpoint } =
+            tokenizers(&s, from_file.tokenizer_models, from_flags.tokenizer_models, src)?;
+        let Topics { dp_naming_topic, default_engine, topic_filter } = topics(&s, src)?;
         let max_tokens = ints.get(&defs::max_tokens, s.max_tokens)?;
-        let speculative_max_entries = ints.get(&defs::speculative_max_entries, s.speculative_max_entries)?;
-        let reservation_max_entries = ints.get(&defs::reservation_max_entries, s.reservation_max_entries)?;
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
-        let mut config = Config {
-            grpc_admission: crate::read::grpc::admission::AdmissionConfig {
-                small_query_tokens: ints.get(&defs::grpc_small_query_tokens, s.grpc_small_query_tokens)? as usize,
-                max_concurrent_large: ints.or(
-                    &defs::grpc_max_concurrent_large,
-                    s.grpc_max_concurrent_large,
-                    (cores / 2).max(1),
-                )? as usize,
-                max_queued_tokens: ints.or(&defs::grpc_max_queued_tokens, s.grpc_max_queued_tokens, 4 * max_tokens)?
-                    as usize,
-            },
+        let config = Config {
+            grpc_admission: grpc_admission(&s, &ints, max_tokens)?,
             discovery,
             zmq_limits,
             grpc_addr,
@@ -395,7 +225,7 @@ impl Config {
             hash_check,
             sglang_check,
             tokenizer_models,
-            tokenizer_models_dir: s.tokenizer_models_dir.filter(|d| !d.is_empty()),
+            tokenizer_models_dir,
             tokenizer_endpoint,
             dp_naming_topic,
             zmq_bind,
@@ -415,34 +245,9 @@ impl Config {
             max_pending: ints.get(&defs::max_pending, s.max_pending)? as usize,
             max_tokens: max_tokens as usize,
             max_message_bytes: ints.get(&defs::max_message_bytes, s.max_message_bytes)? as usize,
-            speculative: kvindex::speculative::SpeculativeConfig {
-                block_size: 0, // set below from block_size
-                default_ttl_ms: ints.get(&defs::speculative_ttl_ms, s.speculative_ttl_ms)? as u64,
-                max_ttl_ms: ints.get(&defs::speculative_max_ttl_ms, s.speculative_max_ttl_ms)? as u64,
-                max_entries: speculative_max_entries as usize,
-                max_entries_per_pod: ints
-                    .get(&defs::speculative_max_entries_per_pod, s.speculative_max_entries_per_pod)?
-                    as usize,
-                max_entries_per_caller: ints.or(
-                    &defs::speculative_max_entries_per_caller,
-                    s.speculative_max_entries_per_caller,
-                    (speculative_max_entries / 4).max(1),
-                )? as usize,
-            },
-            reservations: crate::read::reservations::ReservationConfig {
-                default_ttl_ms: ints.get(&defs::reservation_ttl_ms, s.reservation_ttl_ms)? as u64,
-                max_ttl_ms: ints.get(&defs::reservation_max_ttl_ms, s.reservation_max_ttl_ms)? as u64,
-                max_entries: reservation_max_entries as usize,
-                max_entries_per_pod: ints
-                    .get(&defs::reservation_max_entries_per_pod, s.reservation_max_entries_per_pod)?
-                    as usize,
-                max_entries_per_caller: ints.or(
-                    &defs::reservation_max_entries_per_caller,
-                    s.reservation_max_entries_per_caller,
-                    (reservation_max_entries / 4).max(1),
-                )? as usize,
-            },
-            pods_file: s.pods_file,
+            speculative: speculative(&s, &ints, block_size)?,
+            reservations: reservations(&s, &ints)?,
+            pods_file: s.pods_file.clone(),
             admin_token,
             zmq_allow,
             register_allow,
@@ -454,56 +259,372 @@ impl Config {
                 max_per_source: ints.get(&defs::max_tiers_per_source, s.max_tiers_per_source)? as usize,
                 max_learned: ints.get(&defs::max_learned_tiers, s.max_learned_tiers)? as usize,
             },
-            snapshot_dir: s.snapshot_dir.filter(|d| !d.as_os_str().is_empty()),
+            snapshot_dir: s.snapshot_dir.clone().filter(|d| !d.as_os_str().is_empty()),
             snapshot_interval_ms: ints.get(&defs::snapshot_interval, s.snapshot_interval)? as u64 * 1000,
             bootstrap_from,
             bootstrap_timeout_ms: ints.get(&defs::bootstrap_timeout_ms, s.bootstrap_timeout_ms)? as u64,
             bootstrap_max_bytes: ints.get(&defs::bootstrap_max_bytes, s.bootstrap_max_bytes)? as u64,
-            sibling_export: crate::read::grpc::replica::ExportLimits {
-                max_bytes: ints.get(&defs::sibling_export_max_bytes, s.sibling_export_max_bytes)? as u64,
-                timeout: std::time::Duration::from_millis(
-                    ints.get(&defs::sibling_export_timeout_ms, s.sibling_export_timeout_ms)? as u64,
-                ),
-                max_concurrent: ints.get(&defs::sibling_export_max_concurrent, s.sibling_export_max_concurrent)?
-                    as usize,
-            },
+            sibling_export: sibling_export(&s, &ints)?,
             sibling_check_interval_ms: ints.get(&defs::sibling_check_interval_ms, s.sibling_check_interval_ms)? as u64,
             record: None,
             pods,
             topic_map,
             replay,
         };
-        if config.bootstrap_from.is_some() && config.admin_token.is_none() {
-            return Err(src.error(
-                "bootstrap_from",
-                "needs admin_token_file: a sibling exports its index only to a caller holding the replicas' admin token",
-            ));
-        }
-        if config.bootstrap_from.is_none() && config.sibling_check_interval_ms > 0 {
-            return Err(src.error("sibling_check_interval_ms", "needs bootstrap_from (the siblings' address)"));
-        }
-        config.speculative.block_size = config.block_size;
-        if config.speculative.default_ttl_ms > config.speculative.max_ttl_ms {
-            return Err(src.error("speculative_ttl_ms", "must not exceed speculative_max_ttl_ms"));
-        }
-        if config.reservations.default_ttl_ms > config.reservations.max_ttl_ms {
-            return Err(src.error("reservation_ttl_ms", "must not exceed reservation_max_ttl_ms"));
-        }
-        if config.zmq_bind.is_none()
-            && config.pods.iter().all(|p| p.endpoint.is_none())
-            && config.pods_file.is_none()
-            && config.discovery.is_none()
-        {
-            tracing::warn!(
-                "no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API"
-            );
-        }
+        check_combinations(&config, src)?;
         Ok(config)
     }
 }
 
+/// The listen addresses of the APIs (`grpc_addr`, `http_addr`) and of the optional metrics and
+/// probe listeners (empty: none).
+struct Listeners {
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    probe_addr: Option<SocketAddr>,
+}
+
+fn listeners(s: &Settings, src: &Sources<'_>) -> Result<Listeners, ConfigError> {
+    let addr = |spec: &TextSpec, v: Option<&str>| -> Result<SocketAddr, ConfigError> {
+        let v = spec.or_default(v);
+        v.parse().map_err(|e| src.error(spec.key, format!("not a host:port socket address ({v:?}): {e}")))
+    };
+    let optional = |spec: &TextSpec, v: &Option<String>| match v.as_deref().filter(|a| !a.is_empty()) {
+        Some(a) => addr(spec, Some(a)).map(Some),
+        None => Ok(None),
+    };
+    Ok(Listeners {
+        grpc_addr: addr(&defs::grpc_addr, s.grpc_addr.as_deref())?,
+        http_addr: addr(&defs::http_addr, s.http_addr.as_deref())?,
+        metrics_addr: optional(&defs::metrics_addr, &s.metrics_addr)?,
+        probe_addr: optional(&defs::probe_addr, &s.probe_addr)?,
+    })
+}
+
+/// Kubernetes discovery: the flags, defaults, ranges and checks are kvindex-discovery's (shared
+/// with the router). Per-pod mode needs each pod's model; in central mode the topics carry it.
+fn discovery(s: &Settings, src: &Sources<'_>) -> Result<Option<kvindex_discovery::WatchConfig>, ConfigError> {
+    let central = s.zmq_bind.as_deref().is_some_and(|e| !e.is_empty());
+    s.discovery.watch_config(!central).map_err(|e| src.error(e.key, e.message))
+}
+
+/// The control plane's bearer token, read from `admin_token_file` now.
+fn admin_token(s: &Settings, src: &Sources<'_>) -> Result<Option<admin_token::AdminToken>, ConfigError> {
+    let Some(path) = &s.admin_token_file else { return Ok(None) };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| src.error("admin_token_file", format!("cannot read {}: {e}", path.display())))?;
+    admin_token::AdminToken::parse(&text).map(Some).map_err(|m| src.error("admin_token_file", m))
+}
+
+/// A host policy (`zmq_allow`, `register_allow`): the address ranges of both layers.
+fn allowed_ranges(key: &str, file: &[String], flags: &[String], src: &Sources<'_>) -> Result<Vec<Cidr>, ConfigError> {
+    let mut ranges = Vec::new();
+    for (entries, origin) in [(file, src.file_origin()), (flags, src.flag_origin(key))] {
+        for cidr in entries {
+            ranges.push(Cidr::parse(cidr).map_err(|m| ConfigError::new(key, origin.clone(), m))?);
+        }
+    }
+    Ok(ranges)
+}
+
+/// Central mode's SUB: where it binds, and how many DP ranks' ports above it.
+struct CentralBind {
+    zmq_bind: Option<String>,
+    zmq_bind_dp_size: u32,
+}
+
+fn central_bind(s: &Settings, src: &Sources<'_>, ints: &Ints<'_>) -> Result<CentralBind, ConfigError> {
+    let zmq_bind = match s.zmq_bind.as_deref() {
+        Some(e) if !e.is_empty() => Some(pod::endpoint(e).map_err(|m| src.error("zmq_bind", m))?),
+        _ => None,
+    };
+    let zmq_bind_dp_size = ints.get(&defs::zmq_bind_dp_size, s.zmq_bind_dp_size)? as u32;
+    if zmq_bind_dp_size > 1 {
+        let port = zmq_bind.as_deref().and_then(|e| e.strip_prefix("tcp://")?.rsplit_once(':')?.1.parse::<u32>().ok());
+        match port {
+            Some(p) if p != 0 && p + zmq_bind_dp_size - 1 <= 65535 => {}
+            _ => {
+                let why = format!(
+                    "{zmq_bind_dp_size} ranks need zmq_bind to be a tcp:// endpoint with a port (not 0) that leaves room for port + {} (got {zmq_bind:?})",
+                    zmq_bind_dp_size - 1
+                );
+                return Err(src.error("zmq_bind_dp_size", why));
+            }
+        }
+    }
+    Ok(CentralBind { zmq_bind, zmq_bind_dp_size })
+}
+
+/// The `[[pods]]` entries of both layers, each checked against the index's block size, and no
+/// pod configured twice.
+fn pods(
+    file: Vec<PodConfig>,
+    flags: Vec<PodConfig>,
+    block_size: usize,
+    src: &Sources<'_>,
+) -> Result<Vec<PodConfig>, ConfigError> {
+    let mut pods = Vec::new();
+    for (n, p) in file.into_iter().enumerate() {
+        let (key, origin) = (format!("pods[{n}]"), src.file_origin());
+        let p = p.validate(&key, &origin)?;
+        p.check_page_size(block_size).map_err(|m| ConfigError::new(format!("{key}.page_size"), origin, m))?;
+        pods.push(p);
+    }
+    for p in flags {
+        let origin = src.flag_origin("pods");
+        let p = p.validate("pods", &origin)?;
+        p.check_page_size(block_size).map_err(|m| ConfigError::new("pods.page_size", origin, m))?;
+        pods.push(p);
+    }
+    let mut seen = HashSet::new();
+    for p in &pods {
+        if !seen.insert(p.id.clone()) {
+            return Err(src.error("pods", format!("pod {:?} is configured twice", p.id)));
+        }
+    }
+    Ok(pods)
+}
+
+fn topic_map(
+    file: Vec<TopicMapEntry>,
+    flags: Vec<TopicMapEntry>,
+    src: &Sources<'_>,
+) -> Result<Vec<TopicMapEntry>, ConfigError> {
+    let topic_map: Vec<TopicMapEntry> = file.into_iter().chain(flags).collect();
+    for (n, t) in topic_map.iter().enumerate() {
+        if t.topic_id.is_empty() || t.pod.is_empty() {
+            return Err(src.error(&format!("topic_map[{n}]"), "topic_id and pod must not be empty"));
+        }
+    }
+    Ok(topic_map)
+}
+
+/// Central-mode pods' replay endpoints.
+fn replay(file: Vec<ReplayEntry>, flags: Vec<ReplayEntry>, src: &Sources<'_>) -> Result<Vec<ReplayEntry>, ConfigError> {
+    let mut replay = Vec::new();
+    for (entries, origin, indexed) in [(file, src.file_origin(), true), (flags, src.flag_origin("replay"), false)] {
+        for (n, mut r) in entries.into_iter().enumerate() {
+            let key = if indexed { format!("replay[{n}]") } else { "replay".to_string() };
+            if r.pod.is_empty() {
+                return Err(ConfigError::new(format!("{key}.pod"), origin, "must not be empty"));
+            }
+            r.endpoint = pod::endpoint(&r.endpoint)
+                .map_err(|m| ConfigError::new(format!("{key}.endpoint"), origin.clone(), m))?;
+            replay.push(r);
+        }
+    }
+    Ok(replay)
+}
+
+fn tier_weights(
+    file: Vec<TierWeight>,
+    flags: Vec<TierWeight>,
+    src: &Sources<'_>,
+) -> Result<BTreeMap<String, f64>, ConfigError> {
+    let mut tier_weights = BTreeMap::new();
+    for (entries, origin) in [(file, src.file_origin()), (flags, src.flag_origin("tier_weights"))] {
+        for TierWeight { medium, weight } in entries {
+            if !weight.is_finite() || weight < 0.0 {
+                return Err(ConfigError::new(format!("tier_weights.{medium}"), origin, "must be a finite number >= 0"));
+            }
+            tier_weights.insert(medium, weight);
+        }
+    }
+    Ok(tier_weights)
+}
+
+/// The sampled cross-checks of the engines' own hashes: vLLM's block hashes (on when
+/// `hash_seed` is set) and SGLang's page hashes.
+struct HashChecks {
+    hash_check: Option<HashCheckConfig>,
+    sglang_check: SglangCheckConfig,
+}
+
+fn hash_checks(s: &Settings, src: &Sources<'_>, ints: &Ints<'_>) -> Result<HashChecks, ConfigError> {
+    let hash_seed = s.hash_seed.clone().unwrap_or_default();
+    let every = ints.get(&defs::hash_check_every, s.hash_check_every)? as u32;
+    let sglang_check = SglangCheckConfig {
+        release: defs::sglang_release
+            .or_default(s.sglang_release.as_deref())
+            .parse()
+            .map_err(|e| src.error("sglang_release", format!("{e}")))?,
+        format: defs::sglang_event_format
+            .pick(s.sglang_event_format.as_deref())
+            .map_err(|m| src.error("sglang_event_format", m))?
+            .parse()
+            .map_err(|m: String| src.error("sglang_event_format", m))?,
+        every,
+    };
+    let hash_check = if hash_seed.is_empty() || every == 0 {
+        None
+    } else {
+        let hasher = kvindex::vllm_hash::VllmHashConfig {
+            version: defs::vllm_version
+                .or_default(s.vllm_version.as_deref())
+                .parse()
+                .map_err(|e| src.error("vllm_version", format!("{e}")))?,
+            algo: defs::hash_algo
+                .or_default(s.hash_algo.as_deref())
+                .parse()
+                .map_err(|e| src.error("hash_algo", format!("{e}")))?,
+            pythonhashseed: (hash_seed != "unset").then(|| hash_seed.clone()),
+        };
+        kvindex::vllm_hash::BlockHasher::new(&hasher).map_err(|e| src.error("hash_seed", format!("{e}")))?;
+        Some(HashCheckConfig { hasher, every })
+    };
+    Ok(HashChecks { hash_check, sglang_check })
+}
+
+/// GetPodScores' tokenizers: in-process models (listed, or found in a directory) and the
+/// remote one.
+struct Tokenizers {
+    tokenizer_models: Vec<String>,
+    tokenizer_models_dir: Option<String>,
+    tokenizer_endpoint: Option<String>,
+}
+
+fn tokenizers(
+    s: &Settings,
+    file: Vec<String>,
+    flags: Vec<String>,
+    src: &Sources<'_>,
+) -> Result<Tokenizers, ConfigError> {
+    let mut tokenizer_models = Vec::new();
+    for (entries, origin) in [(file, src.file_origin()), (flags, src.flag_origin("tokenizer_models"))] {
+        for spec in entries {
+            pod::pair(&spec)
+                .map_err(|m| ConfigError::new("tokenizer_models", origin.clone(), format!("{m}, got {spec:?}")))?;
+            tokenizer_models.push(spec);
+        }
+    }
+    let tokenizer_endpoint = s.tokenizer_endpoint.clone().filter(|e| !e.is_empty());
+    if let Some(e) = &tokenizer_endpoint {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            return Err(src.error("tokenizer_endpoint", format!("must be http://host:port, got {e:?}")));
+        }
+    }
+    let tokenizer_models_dir = s.tokenizer_models_dir.clone().filter(|d| !d.is_empty());
+    Ok(Tokenizers { tokenizer_models, tokenizer_models_dir, tokenizer_endpoint })
+}
+
+/// What the sources' topics say: how a DP rank's pod is named, the engine of a source no pod
+/// entry names one for, and the subscription prefix.
+struct Topics {
+    dp_naming_topic: bool,
+    default_engine: kvindex::wire::Engine,
+    topic_filter: String,
+}
+
+fn topics(s: &Settings, src: &Sources<'_>) -> Result<Topics, ConfigError> {
+    let dp_naming = defs::dp_naming.pick(s.dp_naming.as_deref()).map_err(|m| src.error("dp_naming", m))?;
+    let default_engine = defs::default_engine
+        .pick(s.default_engine.as_deref())
+        .map_err(|m| src.error("default_engine", m))?
+        .parse()
+        .map_err(|e: kvindex::wire::UnknownEngine| src.error("default_engine", e.to_string()))?;
+    let topic_filter = defs::topic_filter.or_default(s.topic_filter.as_deref());
+    if topic_filter.len() > 254 {
+        return Err(src.error("topic_filter", "must be at most 254 bytes (one ZMTP short frame)"));
+    }
+    Ok(Topics { dp_naming_topic: dp_naming == "topic", default_engine, topic_filter })
+}
+
+/// The `grpc_*` admission of large queries; the defaults follow the cores and `max_tokens`.
+fn grpc_admission(s: &Settings, ints: &Ints<'_>, max_tokens: i64) -> Result<admission::AdmissionConfig, ConfigError> {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as i64;
+    Ok(admission::AdmissionConfig {
+        small_query_tokens: ints.get(&defs::grpc_small_query_tokens, s.grpc_small_query_tokens)? as usize,
+        max_concurrent_large: ints.or(
+            &defs::grpc_max_concurrent_large,
+            s.grpc_max_concurrent_large,
+            (cores / 2).max(1),
+        )? as usize,
+        max_queued_tokens: ints.or(&defs::grpc_max_queued_tokens, s.grpc_max_queued_tokens, 4 * max_tokens)? as usize,
+    })
+}
+
+/// RecordRoute's speculative credits (`speculative_*`), in blocks of the index's size.
+fn speculative(
+    s: &Settings,
+    ints: &Ints<'_>,
+    block_size: usize,
+) -> Result<kvindex::speculative::SpeculativeConfig, ConfigError> {
+    let max_entries = ints.get(&defs::speculative_max_entries, s.speculative_max_entries)?;
+    Ok(kvindex::speculative::SpeculativeConfig {
+        block_size,
+        default_ttl_ms: ints.get(&defs::speculative_ttl_ms, s.speculative_ttl_ms)? as u64,
+        max_ttl_ms: ints.get(&defs::speculative_max_ttl_ms, s.speculative_max_ttl_ms)? as u64,
+        max_entries: max_entries as usize,
+        max_entries_per_pod: ints.get(&defs::speculative_max_entries_per_pod, s.speculative_max_entries_per_pod)?
+            as usize,
+        max_entries_per_caller: ints.or(
+            &defs::speculative_max_entries_per_caller,
+            s.speculative_max_entries_per_caller,
+            (max_entries / 4).max(1),
+        )? as usize,
+    })
+}
+
+/// RecordRoute's reservations (`reservation_*`).
+fn reservations(s: &Settings, ints: &Ints<'_>) -> Result<reservations::ReservationConfig, ConfigError> {
+    let max_entries = ints.get(&defs::reservation_max_entries, s.reservation_max_entries)?;
+    Ok(reservations::ReservationConfig {
+        default_ttl_ms: ints.get(&defs::reservation_ttl_ms, s.reservation_ttl_ms)? as u64,
+        max_ttl_ms: ints.get(&defs::reservation_max_ttl_ms, s.reservation_max_ttl_ms)? as u64,
+        max_entries: max_entries as usize,
+        max_entries_per_pod: ints.get(&defs::reservation_max_entries_per_pod, s.reservation_max_entries_per_pod)?
+            as usize,
+        max_entries_per_caller: ints.or(
+            &defs::reservation_max_entries_per_caller,
+            s.reservation_max_entries_per_caller,
+            (max_entries / 4).max(1),
+        )? as usize,
+    })
+}
+
+/// The bounds of serving `ExportIndex` to bootstrapping siblings (`sibling_export_*`).
+fn sibling_export(s: &Settings, ints: &Ints<'_>) -> Result<sibling::ExportLimits, ConfigError> {
+    Ok(sibling::ExportLimits {
+        max_bytes: ints.get(&defs::sibling_export_max_bytes, s.sibling_export_max_bytes)? as u64,
+        timeout: std::time::Duration::from_millis(
+            ints.get(&defs::sibling_export_timeout_ms, s.sibling_export_timeout_ms)? as u64,
+        ),
+        max_concurrent: ints.get(&defs::sibling_export_max_concurrent, s.sibling_export_max_concurrent)? as usize,
+    })
+}
+
+/// The rules that join settings of different sections, checked once each section is; and the
+/// warning for a server nothing can declare a pod to but the registration API.
+fn check_combinations(config: &Config, src: &Sources<'_>) -> Result<(), ConfigError> {
+    if config.bootstrap_from.is_some() && config.admin_token.is_none() {
+        return Err(src.error(
+            "bootstrap_from",
+            "needs admin_token_file: a sibling exports its index only to a caller holding the replicas' admin token",
+        ));
+    }
+    if config.bootstrap_from.is_none() && config.sibling_check_interval_ms > 0 {
+        return Err(src.error("sibling_check_interval_ms", "needs bootstrap_from (the siblings' address)"));
+    }
+    if config.speculative.default_ttl_ms > config.speculative.max_ttl_ms {
+        return Err(src.error("speculative_ttl_ms", "must not exceed speculative_max_ttl_ms"));
+    }
+    if config.reservations.default_ttl_ms > config.reservations.max_ttl_ms {
+        return Err(src.error("reservation_ttl_ms", "must not exceed reservation_max_ttl_ms"));
+    }
+    if config.zmq_bind.is_none()
+        && config.pods.iter().all(|p| p.endpoint.is_none())
+        && config.pods_file.is_none()
+        && config.discovery.is_none()
+    {
+        tracing::warn!(
+            "no zmq_bind, no per-pod endpoints and no pods_file: pods can only come from the registration API"
+        );
+    }
+    Ok(())
+}
 /// The sibling of `bootstrap_from` and the `bootstrap_tls_*` settings, read and checked now.
-fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::persist::sibling::Sibling>, ConfigError> {
+fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<sibling::Sibling>, ConfigError> {
     let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
     let (ca, cert, key) = (path(&s.bootstrap_tls_ca), path(&s.bootstrap_tls_cert), path(&s.bootstrap_tls_key));
     let domain = s.bootstrap_tls_domain.clone().filter(|d| !d.is_empty());
@@ -526,21 +647,20 @@ fn sibling(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::persist::sib
         (None, Some(_)) => return Err(src.error("bootstrap_tls_cert", "bootstrap_tls_key needs bootstrap_tls_cert")),
     };
     let tls = match &ca {
-        Some(ca) => Some(
-            crate::persist::sibling::SiblingTls::read(ca, identity, domain)
-                .map_err(|m| src.error("bootstrap_tls_ca", m))?,
-        ),
+        Some(ca) => {
+            Some(sibling::SiblingTls::read(ca, identity, domain).map_err(|m| src.error("bootstrap_tls_ca", m))?)
+        }
         None if identity.is_some() || domain.is_some() => {
             return Err(src.error("bootstrap_tls_ca", "the other bootstrap_tls_* settings need bootstrap_tls_ca"))
         }
         None => None,
     };
-    Ok(Some(crate::persist::sibling::Sibling { addr, tls }))
+    Ok(Some(sibling::Sibling { addr, tls }))
 }
 
 /// The listeners' TLS files (`tls_cert` and `tls_key` together; `tls_client_ca` only with them),
 /// read and parsed now so that a bad file is a config error naming its key.
-fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::read::tls::TlsFiles>, ConfigError> {
+fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<tls_files::TlsFiles>, ConfigError> {
     let path = |p: &Option<PathBuf>| p.clone().filter(|p| !p.as_os_str().is_empty());
     let (cert, key, ca) = (path(&s.tls_cert), path(&s.tls_key), path(&s.tls_client_ca));
     let (cert, key) = match (cert, key) {
@@ -557,7 +677,7 @@ fn tls_files(s: &Settings, src: &Sources<'_>) -> Result<Option<crate::read::tls:
         Some(path) => Some(read("tls_client_ca", path)?),
         None => None,
     };
-    crate::read::tls::TlsFiles::parse(&read("tls_cert", &cert)?, &read("tls_key", &key)?, ca.as_deref())
+    tls_files::TlsFiles::parse(&read("tls_cert", &cert)?, &read("tls_key", &key)?, ca.as_deref())
         .map(Some)
         .map_err(|e| src.error(e.key, e.message))
 }

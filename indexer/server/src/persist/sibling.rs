@@ -9,66 +9,11 @@ use std::time::Duration;
 use kvindex_proto::kvindex::v1::replica_client::ReplicaClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::config::sibling::SiblingTls;
+
 /// The largest message a sibling may send us: one export chunk with room to spare, or the
 /// digests of many pods.
 pub const MAX_REPLY_BYTES: usize = 16 << 20;
-
-/// A sibling replica: its gRPC address (`host:port`, a Service's name in Kubernetes) and how
-/// to talk TLS to it.
-#[derive(Debug, Clone)]
-pub struct Sibling {
-    pub addr: String,
-    pub tls: Option<SiblingTls>,
-}
-
-/// TLS to a sibling: the CA that signed its certificate, our identity if it asks for one,
-/// and the name its certificate carries (default: the address's host).
-#[derive(Clone, Default)]
-pub struct SiblingTls {
-    pub ca_pem: Vec<u8>,
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
-    pub domain: Option<String>,
-}
-
-impl std::fmt::Debug for SiblingTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the key.
-        f.debug_struct("SiblingTls").field("mutual", &self.identity.is_some()).field("domain", &self.domain).finish()
-    }
-}
-
-impl SiblingTls {
-    /// Reads the PEM files: `ca` to trust, and `cert` with `key` as our identity.
-    pub fn read(
-        ca: &std::path::Path,
-        identity: Option<(&std::path::Path, &std::path::Path)>,
-        domain: Option<String>,
-    ) -> Result<SiblingTls, String> {
-        let read = |p: &std::path::Path| {
-            let pem = std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-            if !String::from_utf8_lossy(&pem).contains("-----BEGIN ") {
-                return Err(format!("{} is not PEM", p.display()));
-            }
-            Ok(pem)
-        };
-        let identity = match identity {
-            Some((cert, key)) => Some((read(cert)?, read(key)?)),
-            None => None,
-        };
-        Ok(SiblingTls { ca_pem: read(ca)?, identity, domain })
-    }
-
-    fn client_config(&self) -> ClientTlsConfig {
-        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
-        if let Some((cert, key)) = &self.identity {
-            config = config.identity(Identity::from_pem(cert, key));
-        }
-        if let Some(domain) = &self.domain {
-            config = config.domain_name(domain.clone());
-        }
-        config
-    }
-}
 
 /// A client of the sibling at `addr` (`host:port`), connected within `connect_timeout`.
 pub async fn connect(
@@ -79,7 +24,7 @@ pub async fn connect(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}")).map_err(|e| format!("{addr}: {e}"))?;
     if let Some(tls) = tls {
-        endpoint = endpoint.tls_config(tls.client_config()).map_err(|e| format!("{addr}: {e}"))?;
+        endpoint = endpoint.tls_config(client_config(tls)).map_err(|e| format!("{addr}: {e}"))?;
     }
     let channel = endpoint
         .connect_timeout(connect_timeout)
@@ -88,6 +33,18 @@ pub async fn connect(
         .await
         .map_err(|e| format!("{addr}: {}", error_chain(&e)))?;
     Ok(ReplicaClient::new(channel).max_decoding_message_size(MAX_REPLY_BYTES))
+}
+
+/// The TLS of a connection to a sibling.
+fn client_config(tls: &SiblingTls) -> ClientTlsConfig {
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+    if let Some((cert, key)) = &tls.identity {
+        config = config.identity(Identity::from_pem(cert, key));
+    }
+    if let Some(domain) = &tls.domain {
+        config = config.domain_name(domain.clone());
+    }
+    config
 }
 
 /// A request presenting `bearer` (`Bearer <token>`), if any.

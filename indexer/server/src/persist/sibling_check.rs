@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use kvindex_proto::kvindex::v1 as pb;
 
+use crate::config::sibling::{Sibling, SiblingTls};
 use crate::index_handle::IndexHandle;
-use crate::persist::sibling::{self, Sibling};
+use crate::persist::sibling;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 
@@ -177,11 +178,7 @@ pub async fn run(
 }
 
 /// One sibling's digests.
-pub async fn ask(
-    addr: &str,
-    tls: Option<&sibling::SiblingTls>,
-    bearer: Option<&str>,
-) -> Result<pb::PodDigestsResponse, String> {
+pub async fn ask(addr: &str, tls: Option<&SiblingTls>, bearer: Option<&str>) -> Result<pb::PodDigestsResponse, String> {
     let call = async {
         let mut client = sibling::connect(addr, tls, ASK_TIMEOUT).await?;
         client

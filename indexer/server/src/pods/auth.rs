@@ -11,12 +11,11 @@
 //! Registered endpoints obey a host policy (`register_allow`): resolved once, checked, and
 //! pinned to the checked address, so registration cannot make the server dial just any host.
 
+use crate::config::admin_token::AdminToken;
 use crate::config::cidr::Cidr;
 use crate::config::pod::PodConfig;
 use crate::telemetry as m;
 use crate::write::transport::escape;
-
-use super::admin_token::AdminToken;
 
 /// Why a control-plane call was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -82,7 +81,7 @@ impl ControlPlane {
     /// host is resolved, every address it resolves to must lie in an allowed range, and the
     /// endpoint is rewritten to the first of them (a later DNS answer cannot move the dial).
     /// With a policy, `ipc://` endpoints are refused. Counts and logs a refusal.
-    pub async fn pin_endpoints(&self, api: &'static str, pod: &mut PodConfig) -> Result<(), String> {
+    pub async fn pin_endpoints(&self, api: &'static str, pod: &mut PodConfig) -> Result<(), HostRefused> {
         let allow = &self.register_allow;
         if allow.is_empty() {
             return Ok(());
@@ -104,19 +103,40 @@ impl ControlPlane {
 /// How long resolving a registered endpoint's host may take.
 const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-async fn pin(allow: &[Cidr], endpoint: &str) -> Result<String, String> {
-    let refuse = |why: String| format!("endpoint {endpoint:?} refused by register_allow: {why}");
-    let Some(host_port) = endpoint.strip_prefix("tcp://") else {
-        return Err(refuse("only tcp://host:port endpoints may be registered".into()));
-    };
+/// A registered endpoint the host policy (`register_allow`) refused, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("endpoint {endpoint:?} refused by register_allow: {why}")]
+pub struct HostRefused {
+    pub endpoint: String,
+    pub why: HostRefusal,
+}
+
+/// Why the host policy refused an endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum HostRefusal {
+    #[error("only tcp://host:port endpoints may be registered")]
+    NotTcp,
+    #[error("the host did not resolve in time")]
+    ResolveTimeout,
+    #[error("cannot resolve: {0}")]
+    Resolve(std::io::Error),
+    #[error("the host resolves to no address")]
+    NoAddress,
+    #[error("{0} is outside the allowed ranges")]
+    Outside(std::net::IpAddr),
+}
+
+async fn pin(allow: &[Cidr], endpoint: &str) -> Result<String, HostRefused> {
+    let refuse = |why| HostRefused { endpoint: endpoint.to_string(), why };
+    let Some(host_port) = endpoint.strip_prefix("tcp://") else { return Err(refuse(HostRefusal::NotTcp)) };
     let resolved = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(host_port.to_string()))
         .await
-        .map_err(|_| refuse("the host did not resolve in time".into()))?
-        .map_err(|e| refuse(format!("cannot resolve: {e}")))?
+        .map_err(|_| refuse(HostRefusal::ResolveTimeout))?
+        .map_err(|e| refuse(HostRefusal::Resolve(e)))?
         .collect::<Vec<_>>();
-    let Some(first) = resolved.first() else { return Err(refuse("the host resolves to no address".into())) };
+    let Some(first) = resolved.first() else { return Err(refuse(HostRefusal::NoAddress)) };
     if let Some(outside) = resolved.iter().find(|a| !allow.iter().any(|c| c.contains(a.ip()))) {
-        return Err(refuse(format!("{} is outside the allowed ranges", outside.ip())));
+        return Err(refuse(HostRefusal::Outside(outside.ip())));
     }
     Ok(format!("tcp://{first}"))
 }

@@ -19,6 +19,15 @@ use crate::write::sources::Dialer;
 use super::precedence;
 use super::registry::{RegisteredPod, Registry};
 
+/// An API change refused by the precedence rule: the pod is the operator's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it")]
+pub struct OperatorPod {
+    pub pod: String,
+    /// Who configured it (config, pods_file, discovery).
+    pub origin: &'static str,
+}
+
 /// The handle on the pods: cheap to clone, shared by every part that registers or reads them.
 #[derive(Clone)]
 pub struct Pods {
@@ -67,7 +76,7 @@ impl Pods {
 
     /// Refuses an API change to a pod the operator configured (config file, `--pod`, pods
     /// file, Kubernetes discovery): the precedence rule, for `api` (`http`, `grpc`).
-    pub fn may_change(&self, api: &'static str, pod: &str) -> Result<(), String> {
+    pub fn may_change(&self, api: &'static str, pod: &str) -> Result<(), OperatorPod> {
         let origin = self.registry().origin_of(pod);
         if precedence::may_replace(api, origin) {
             return Ok(());
@@ -75,7 +84,7 @@ impl Pods {
         let origin = origin.unwrap_or_default();
         metrics::counter!(m::CONTROL_DENIED, "api" => api, "reason" => "operator_pod").increment(1);
         tracing::warn!(api, pod = %crate::write::transport::escape(pod), origin, "API change to an operator-configured pod refused");
-        Err(format!("pod {pod:?} is configured by the operator ({origin}); the API cannot replace or remove it"))
+        Err(OperatorPod { pod: pod.to_string(), origin })
     }
 
     /// Adds or replaces a pod. A changed endpoint, model, DP size, engine, page size, EAGLE or

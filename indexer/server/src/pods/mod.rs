@@ -1,7 +1,7 @@
 //! The pods' home: which pods exist, who declared each, and their lifecycle. A pod is declared
 //! by the operator (config file and `--pod` at start, the watched [`file`]), by Kubernetes
 //! [`discovery`], or through the registration API, whose calls pass the control plane's gate
-//! ([`auth`], with the operator's [`admin_token`]); when two declare the same pod id, the
+//! ([`auth`], with the operator's admin token); when two declare the same pod id, the
 //! [`precedence`] rule decides. The data is the [`registry`]; the [`Pods`] handle
 //! ([`lifecycle`]) is what changes it.
 //!
@@ -11,7 +11,6 @@
 //! `lifecycle.rs`, because they name the declaring parts (file, discovery), which name the
 //! handle: written there, the parts and the handle would import each other.
 
-pub mod admin_token;
 pub mod auth;
 pub mod discovery;
 pub mod file;

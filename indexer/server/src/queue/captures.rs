@@ -9,6 +9,15 @@ use std::sync::Arc;
 use super::Queues;
 use crate::protocols::{Captured, HeldMap, RecordSink, Work};
 
+/// Why a capture did not complete: a worker is gone or stopped (the service is stopping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureError {
+    #[error("an apply worker is gone")]
+    WorkerGone,
+    #[error("an apply worker stopped during the capture")]
+    WorkerStopped,
+}
+
 impl Queues {
     /// Every worker's part of a capture (`held`: what a snapshot store holds, whose records
     /// still exact are kept, not exported; empty: every stream is exported; `sink`: where
@@ -18,19 +27,19 @@ impl Queues {
         &self,
         held: Arc<HeldMap>,
         sink: Option<Arc<dyn RecordSink>>,
-    ) -> Result<Vec<Captured>, String> {
+    ) -> Result<Vec<Captured>, CaptureError> {
         let _one_at_a_time = self.captures.lock().await;
         let mut replies = Vec::new();
         for worker in 0..self.workers() {
             let (tx, rx) = tokio::sync::oneshot::channel();
             if !self.send(worker, Work::Snapshot { held: held.clone(), sink: sink.clone(), reply: tx }).await {
-                return Err("an apply worker is gone".into());
+                return Err(CaptureError::WorkerGone);
             }
             replies.push(rx);
         }
         let mut captured = Vec::new();
         for rx in replies {
-            captured.extend(rx.await.map_err(|_| "an apply worker stopped during the capture".to_string())?);
+            captured.extend(rx.await.map_err(|_| CaptureError::WorkerStopped)?);
         }
         Ok(captured)
     }

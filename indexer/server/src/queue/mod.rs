@@ -16,7 +16,7 @@
 //! is bounded by what caused it (a connection, a registration, a snapshot). A lane whose worker
 //! is gone refuses everything, so no sender waits for ever.
 
-mod captures;
+pub mod captures;
 
 use std::collections::VecDeque;
 use std::hash::Hasher;

@@ -25,6 +25,8 @@ use std::sync::Arc;
 use kvindex::speculative::Bound;
 use rustc_hash::FxHashMap;
 
+use crate::config::reservations::ReservationConfig;
+
 /// Most distinct callers holding reservations at once; a new caller takes the slot of one that
 /// holds none, and is refused while all of them hold some.
 pub const MAX_CALLERS: usize = 4096;
@@ -35,32 +37,6 @@ pub const EARLY_RELEASE_MS: u64 = 10_000;
 
 /// Approximate bytes per reservation (map slot, expiry entry, slack), for the memory gauge.
 pub const ENTRY_BYTES: usize = 96;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReservationConfig {
-    /// TTL of a reservation whose request names none.
-    pub default_ttl_ms: u64,
-    /// Longest TTL a request may ask for (longer is capped).
-    pub max_ttl_ms: u64,
-    /// Reservations held at once, all pods together (0 = off).
-    pub max_entries: usize,
-    /// Reservations held for one pod.
-    pub max_entries_per_pod: usize,
-    /// Reservations one caller may hold, all pods together.
-    pub max_entries_per_caller: usize,
-}
-
-impl Default for ReservationConfig {
-    fn default() -> Self {
-        ReservationConfig {
-            default_ttl_ms: 30_000,
-            max_ttl_ms: 300_000,
-            max_entries: 1 << 18,
-            max_entries_per_pod: 1 << 14,
-            max_entries_per_caller: 1 << 16,
-        }
-    }
-}
 
 /// What a release ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -72,6 +72,25 @@ pub struct Span<'a> {
     pub holders: &'a [Holder],
 }
 
+/// What one store records ([`Tree::store`]): `pod` holds, in tier `tier_bit`, the chain of
+/// `hashes` continuing `parent` (a namespace root, or a block the caller checked the pod
+/// holds). The first `hold_from` blocks are only followed (or created, unheld): a path the
+/// pod's block hangs off without the pod holding it in this tree (a sliding-window or Mamba
+/// group keeps later blocks without earlier ones). `ends` lists, in order, the index of each
+/// engine block's last canonical block and its scoped engine hash: each block records the
+/// first engine hash it is stored under, and with `index` also enters the engine table (a pod
+/// whose lookups the engine table serves; see `index_pod`).
+#[derive(Debug, Clone, Copy)]
+pub struct HeldChain<'a> {
+    pub pod: PodId,
+    pub tier_bit: u8,
+    pub parent: ParentKey,
+    pub hashes: &'a [u64],
+    pub hold_from: usize,
+    pub ends: &'a [(usize, u64)],
+    pub index: bool,
+}
+
 /// What a store did.
 #[derive(Debug, Default)]
 pub struct Stored {
@@ -410,26 +429,9 @@ impl Tree {
         }
     }
 
-    /// Records that `pod` holds, in tier `tier_bit`, the chain of `hashes` continuing `parent`
-    /// (a namespace root, or a block the caller checked the pod holds). The first `hold_from`
-    /// blocks are only followed (or created, unheld): a path the pod's block hangs off without
-    /// the pod holding it in this tree (a sliding-window or Mamba group keeps later blocks
-    /// without earlier ones). `ends` lists, in order, the index of each engine block's last
-    /// canonical block and its scoped engine hash: each block records the first engine hash it
-    /// is stored under, and with `index` also enters the engine table (a pod whose lookups the
-    /// engine table serves; see `index_pod`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn store(
-        &self,
-        pod: PodId,
-        tier_bit: u8,
-        parent: ParentKey,
-        hashes: &[u64],
-        hold_from: usize,
-        ends: &[(usize, u64)],
-        index: bool,
-        guard: &Guard,
-    ) -> Stored {
+    /// Records that a pod holds a chain ([`HeldChain`] says which, from where, and what of it).
+    pub fn store(&self, chain: HeldChain<'_>, guard: &Guard) -> Stored {
+        let HeldChain { pod, tier_bit, parent, hashes, hold_from, .. } = chain;
         let mut out = Stored::default();
         let n = hashes.len();
         if n == 0 {
@@ -594,21 +596,20 @@ impl Tree {
             out.stats.tier_gained[tier_bit.trailing_zeros() as usize] += held as u64;
             out.applied = existing_end + done;
         }
-        self.finish_store(shard_idx, &mut w, out, &ranges, ends, index, guard)
+        self.finish_store(shard_idx, &mut w, out, &ranges, &chain, guard)
     }
 
     /// Resolves the engine block ends of a store to positions and records their engine hashes.
-    #[allow(clippy::too_many_arguments)]
     fn finish_store(
         &self,
         shard_idx: usize,
         w: &mut ShardWriter,
         mut out: Stored,
         ranges: &[(u32, u32, u32, usize)],
-        ends: &[(usize, u64)],
-        index: bool,
+        chain: &HeldChain<'_>,
         guard: &Guard,
     ) -> Stored {
+        let HeldChain { ends, index, .. } = *chain;
         let position = |idx: usize| {
             let &(local, s, _, first) =
                 ranges.iter().rev().find(|r| r.3 <= idx).expect("applied blocks lie in a range");

@@ -9,7 +9,8 @@ const ROOT: u64 = 0xabc;
 
 fn store(tree: &Tree, pod: u32, parent: ParentKey, keys: &[u64], ends: &[(usize, u64)]) -> Stored {
     let guard = tree.pin();
-    tree.store(PodId(pod), GPU, parent, keys, 0, ends, true, &guard)
+    let chain = HeldChain { pod: PodId(pod), tier_bit: GPU, parent, hashes: keys, hold_from: 0, ends, index: true };
+    tree.store(chain, &guard)
 }
 
 /// Every block of the whole chain as (pod, matched) pairs, walking from the root.

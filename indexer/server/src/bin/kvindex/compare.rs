@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use kvindex_server::persist::sibling::SiblingTls;
+use kvindex_server::config::sibling::SiblingTls;
 use kvindex_server::persist::sibling_check::{ask, compare, PodComparison, Verdict};
 
 #[derive(Args)]

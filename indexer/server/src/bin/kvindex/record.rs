@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use clap::{ArgMatches, Args};
 
+use kvindex_server::config::retention::Retention;
 use kvindex_server::config::{Config, RecordConfig, ServeArgs};
-use kvindex_server::persist::dump::recorder::Retention;
 
 /// `kvindex record --out <file> (--zmq-bind <endpoint> | --pod ...)...`, plus any `serve` flag.
 #[derive(Debug, Clone, Args)]

@@ -6,7 +6,7 @@
 //! Lines are read too, so a captured vector file or a hand-made case replays as well.
 //!
 //! Dumps contain token ids: they are only written when an operator runs `kvindex record`,
-//! within the size and age bounds of [`recorder::Retention`].
+//! within the size and age bounds of [`crate::config::retention::Retention`].
 //!
 //! A dump is also untrusted input (an operator replays what someone hands them): [`Lines`]
 //! streams it a bounded line at a time whatever the gzip expands to, a bad line is a

@@ -34,7 +34,7 @@ use serde::Serialize;
 use super::DumpRecord;
 use crate::config::pod as names;
 use crate::protocols::{ConnId, Origin, StreamKey};
-use crate::write::table::{Batch, Effect, Ext, Fleet, Mode, ReplayEvent, StreamTable, TableConfig};
+use crate::write::table::{Batch, Effect, Ext, Fleet, LiveMessage, Mode, ReplayEvent, StreamTable, TableConfig};
 
 /// How the live service named its streams (its `topic_filter`, `dp_naming` and `topic_map`
 /// settings): a replay names them the same way.
@@ -444,7 +444,8 @@ impl Offline {
             (Counts { stats }, None)
         };
         let conn = record.conn.map(ConnId);
-        let decoded = self.table.admit(&fleet, &origin, conn, None, &frames, None, now, &mut new, &mut effects);
+        let msg = LiveMessage { origin: &origin, conn, peer: None, frames: &frames, received: None };
+        let decoded = self.table.admit(&fleet, msg, now, &mut new, &mut effects);
         let mut traced = None;
         for effect in &effects {
             match effect {
@@ -528,8 +529,7 @@ impl Offline {
                         },
                     };
                     // The stream's engine rules, as the live worker applies them.
-                    let (prepared, _) = stream.rules.prepare(b);
-                    let r = self.index.apply(&pod, &stream.model, prepared.as_ref().unwrap_or(b));
+                    let (r, _) = stream.rules.apply(&self.index, &pod, &stream.model, b);
                     let stats = &mut stream.ext.stats;
                     stats.applied += 1;
                     stats.stored_blocks += r.stored_blocks;

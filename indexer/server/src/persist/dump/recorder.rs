@@ -10,7 +10,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use flate2::write::GzEncoder;
 use flate2::Compression;
@@ -18,16 +18,8 @@ use metrics::counter;
 use parking_lot::Mutex;
 
 use super::DumpRecord;
+use crate::config::retention::Retention;
 use crate::telemetry as m;
-
-/// How much of a dump is kept.
-#[derive(Debug, Clone, Copy)]
-pub struct Retention {
-    /// Compressed bytes of the current file before it rotates.
-    pub max_bytes: u64,
-    /// Age of the current file before it rotates.
-    pub max_age: Duration,
-}
 
 pub struct Recorder {
     path: PathBuf,

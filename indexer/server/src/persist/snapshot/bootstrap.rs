@@ -28,7 +28,8 @@ use kvindex_proto::kvindex::v1::ExportIndexRequest;
 
 use super::chunks::Reassembly;
 use super::format::{self, Header, StreamRecord};
-use crate::persist::sibling::{self, Sibling};
+use crate::config::sibling::Sibling;
+use crate::persist::sibling;
 use crate::readiness::{Readiness, SharedHold};
 use crate::telemetry as m;
 use crate::write::context::ServiceState;

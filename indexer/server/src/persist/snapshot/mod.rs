@@ -44,7 +44,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use metrics::{counter, gauge, histogram};
 
 use self::format::{Header, StreamRecord};
-use self::store::{SnapshotBatch, SnapshotDir, Store};
+use self::store::{RecreateError, SnapshotBatch, SnapshotDir, Store};
+use crate::queue::captures::CaptureError;
 use crate::shutdown::Shutdown;
 use crate::telemetry as m;
 use crate::write::context::ServiceState;
@@ -118,7 +119,7 @@ impl RecordSink for Sink {
 /// [`SnapshotDir::claim`]) and loads its snapshot into `state`'s [`Restored`]. Any refusal of
 /// the snapshot starts clean (and recreates the store from RocksDB's files only); only an
 /// unusable directory is an error.
-pub fn open(state: &ServiceState, dir: Option<SnapshotDir>) -> Result<Option<Arc<Snapshots>>, String> {
+pub fn open(state: &ServiceState, dir: Option<SnapshotDir>) -> Result<Option<Arc<Snapshots>>, RecreateError> {
     let Some(dir) = dir else { return Ok(None) };
     let dir = Arc::new(dir);
     let started = Instant::now();
@@ -173,13 +174,32 @@ pub fn open(state: &ServiceState, dir: Option<SnapshotDir>) -> Result<Option<Arc
     Ok(Some(Arc::new(Snapshots { store, held: tokio::sync::Mutex::new(stored) })))
 }
 
+/// Why a snapshot was not taken: the stored one stays, and the next snapshot tries again.
+#[derive(Debug, thiserror::Error)]
+pub enum TakeError {
+    /// The workers' capture failed (a worker is gone or stopped: the service is stopping).
+    #[error("{0}")]
+    Capture(#[from] CaptureError),
+    #[error("the snapshot write stopped (a panic, see the log)")]
+    WriteStopped,
+    /// A stream's record could not be encoded or written.
+    #[error("{key}: {error}")]
+    Record { key: String, error: String },
+    #[error("{0}")]
+    Commit(#[from] rocksdb::Error),
+}
+
 /// Takes a snapshot now: every worker exports the streams that moved since the stored
 /// snapshot and writes their records into the store as they come ([`Sink`]), under a new
 /// generation; then one atomic write, on disk when this returns ([`Store::commit`]), adds the
 /// header that lists them, deletes the records they replace and those of streams that are
 /// gone, and keeps the rest. The `final_snapshot` of a graceful shutdown also keeps the
 /// records no stream has claimed yet.
-pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_snapshot: bool) -> Result<(), String> {
+pub async fn take(
+    state: &Arc<ServiceState>,
+    snapshots: &Arc<Snapshots>,
+    final_snapshot: bool,
+) -> Result<(), TakeError> {
     let mut stored = snapshots.held.lock().await;
     let started = Instant::now();
     stored.generation += 1;
@@ -213,12 +233,9 @@ pub async fn take(state: &Arc<ServiceState>, snapshots: &Arc<Snapshots>, final_s
                 drop(sink);
                 let _ = done.send(outcome);
             });
-            written_rx
-                .await
-                .unwrap_or_else(|_| Err("the snapshot write stopped (a panic, see the log)".into()))
-                .map(|w| (w, unclaimed))
+            written_rx.await.unwrap_or(Err(TakeError::WriteStopped)).map(|w| (w, unclaimed))
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     };
     let (w, unclaimed) = match outcome {
         Ok(done) => done,
@@ -273,7 +290,7 @@ fn write_snapshot(
     held: HeldMap,
     leftovers: Vec<String>,
     block_size: u64,
-) -> Result<Written, String> {
+) -> Result<Written, TakeError> {
     let mut next = HeldMap::with_capacity(captured.len());
     let (mut kept, mut written, mut bytes) = (0, 0, 0u64);
     for c in captured {
@@ -292,7 +309,7 @@ fn write_snapshot(
                 next.insert(key, held);
                 (written, bytes) = (written + 1, bytes + b);
             }
-            Captured::Failed { key, error } => return Err(format!("{key}: {error}")),
+            Captured::Failed { key, error } => return Err(TakeError::Record { key, error }),
             Captured::Fresh { .. } => unreachable!("written above"),
         }
     }
@@ -320,7 +337,7 @@ fn write_snapshot(
         generations: listed.iter().map(|(_, h)| h.generation).collect(),
     };
     drop(listed);
-    bytes += sink.snapshots.store.commit(batch, &header).map_err(|e| e.to_string())?;
+    bytes += sink.snapshots.store.commit(batch, &header)?;
     Ok(Written { residencies: header.residencies, next, written, kept, deleted, bytes })
 }
 

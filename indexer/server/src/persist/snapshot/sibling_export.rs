@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::format::{self, Header, StreamRecord};
 use super::pool;
 use crate::protocols::{Captured, HeldMap};
+use crate::queue::captures::CaptureError;
 use crate::queue::Queues;
 
 /// An encoded export: the header, then one value per stream record.
@@ -26,12 +27,14 @@ pub enum ExportError {
     #[error("the export is larger than the byte budget ({limit} bytes)")]
     TooLarge { limit: u64 },
     #[error("{0}")]
-    Failed(String),
+    Capture(#[from] CaptureError),
+    #[error("the export's encoding stopped (a panic, see the log)")]
+    EncodingStopped,
 }
 
 /// Captures every stream's record and encodes it, within `budget` bytes.
 pub async fn export(queues: &Queues, block_size: u64, budget: u64) -> Result<Export, ExportError> {
-    let captured = queues.capture(Arc::new(HeldMap::new()), None).await.map_err(ExportError::Failed)?;
+    let captured = queues.capture(Arc::new(HeldMap::new()), None).await?;
     let records: Vec<StreamRecord> = captured
         .into_iter()
         .filter_map(|c| match c {
@@ -44,7 +47,7 @@ pub async fn export(queues: &Queues, block_size: u64, budget: u64) -> Result<Exp
     pool::pool().spawn(move || {
         let _ = tx.send(encode(records, block_size, budget));
     });
-    rx.await.unwrap_or_else(|_| Err(ExportError::Failed("the export's encoding stopped (a panic, see the log)".into())))
+    rx.await.unwrap_or(Err(ExportError::EncodingStopped))
 }
 
 /// Encodes the records (each dropped as soon as it is encoded) and the header that lists them.

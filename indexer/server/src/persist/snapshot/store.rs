@@ -85,6 +85,21 @@ pub enum DirError {
     Io { path: String, source: std::io::Error },
 }
 
+/// Why a refused store could not be replaced by an empty one. The server does not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RecreateError {
+    #[error(transparent)]
+    Lock(#[from] DirError),
+    #[error("{path}: another process opened the store since start; not removing it")]
+    Reopened { path: String },
+    #[error("{path}: {source}")]
+    List { path: String, source: std::io::Error },
+    #[error("cannot remove {path}: {source}")]
+    Remove { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Open(#[from] LoadError),
+}
+
 /// The lock file kvindex holds in the snapshot directory while its store is open.
 pub const LOCK_FILE: &str = "kvindex.lock";
 
@@ -302,21 +317,21 @@ impl Store {
 
     /// Deletes the files of a refused store in `dir` (those RocksDB writes; nothing else, and
     /// never the directory, which may be a mount point or a symlink) and opens an empty store.
-    pub fn recreate(dir: Arc<SnapshotDir>) -> Result<Store, String> {
+    pub fn recreate(dir: Arc<SnapshotDir>) -> Result<Store, RecreateError> {
         let path = dir.path();
-        if rocksdb_lock_held(&path.join("LOCK")).map_err(|e| e.to_string())? {
-            return Err(format!("{}: another process opened the store since start; not removing it", path.display()));
+        if rocksdb_lock_held(&path.join("LOCK"))? {
+            return Err(RecreateError::Reopened { path: path.display().to_string() });
         }
-        let entries = std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| format!("{}: {e}", path.display()))?;
+        let list = |source| RecreateError::List { path: path.display().to_string(), source };
+        for entry in std::fs::read_dir(path).map_err(list)? {
+            let entry = entry.map_err(list)?;
             let is_file = entry.file_type().is_ok_and(|t| t.is_file());
             if is_file && entry.file_name().to_str().is_some_and(written_by_rocksdb) {
                 std::fs::remove_file(entry.path())
-                    .map_err(|e| format!("cannot remove {}: {e}", entry.path().display()))?;
+                    .map_err(|source| RecreateError::Remove { path: entry.path().display().to_string(), source })?;
             }
         }
-        Store::open(dir).map_err(|e| e.to_string())
+        Ok(Store::open(dir)?)
     }
 
     pub fn path(&self) -> &Path {

@@ -13,9 +13,10 @@ use parking_lot::Mutex;
 use kvindex_proto::kvindex::v1 as pb;
 
 use super::score::MAX_NAME;
+use crate::config::reservations::ReservationConfig;
 use crate::index_handle::IndexHandle;
 use crate::pods::lifecycle::Pods;
-use crate::read::reservations::{Part, Released, ReservationConfig, Reservations, Reserve, Reserved, ENTRY_BYTES};
+use crate::read::reservations::{Part, Released, Reservations, Reserve, Reserved, ENTRY_BYTES};
 use crate::telemetry as m;
 
 /// Most reservations in one RecordRoute (a pick reserves one pod, two in P/D).

@@ -112,7 +112,7 @@ impl Indexer for IndexerService {
     ) -> Result<Response<pb::RegisterPodResponse>, Status> {
         authorize(&self.control, &request)?;
         let r = request.into_inner();
-        self.pods.may_change("grpc", &r.pod).map_err(Status::failed_precondition)?;
+        self.pods.may_change("grpc", &r.pod).map_err(|e| Status::failed_precondition(e.to_string()))?;
         let mut cfg = match pod_config(r) {
             Ok(cfg) => cfg,
             Err(message) => {
@@ -120,7 +120,7 @@ impl Indexer for IndexerService {
                 return Err(Status::invalid_argument(message));
             }
         };
-        self.control.pin_endpoints("grpc", &mut cfg).await.map_err(Status::permission_denied)?;
+        self.control.pin_endpoints("grpc", &mut cfg).await.map_err(|e| Status::permission_denied(e.to_string()))?;
         self.pods.register(cfg, "grpc", false).await.map_err(|e| Status::invalid_argument(e.to_string()))?;
         Ok(Response::new(pb::RegisterPodResponse {}))
     }
@@ -131,7 +131,7 @@ impl Indexer for IndexerService {
     ) -> Result<Response<pb::UnregisterPodResponse>, Status> {
         authorize(&self.control, &request)?;
         let pod = request.into_inner().pod;
-        self.pods.may_change("grpc", &pod).map_err(Status::failed_precondition)?;
+        self.pods.may_change("grpc", &pod).map_err(|e| Status::failed_precondition(e.to_string()))?;
         if pod.is_empty() {
             metrics::counter!(m::CONFIG_ERRORS, "source" => "grpc").increment(1);
             return Err(Status::invalid_argument("pod must not be empty"));

@@ -51,9 +51,9 @@ pub struct Handles {
 pub struct Bounds {
     pub max_message_bytes: usize,
     pub max_tokens: usize,
-    pub admission: admission::AdmissionConfig,
+    pub admission: crate::config::admission::AdmissionConfig,
     /// RecordRoute's reservations (the routers' shared in-flight load).
-    pub reservations: crate::read::reservations::ReservationConfig,
+    pub reservations: crate::config::reservations::ReservationConfig,
 }
 
 impl Bounds {

@@ -16,7 +16,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use metrics::{counter, gauge, histogram};
 use parking_lot::Mutex;
@@ -28,20 +28,13 @@ use kvindex_proto::kvindex::v1::replica_server::Replica;
 
 use super::indexer::authorize;
 use super::record_route::caller_of;
+use crate::config::sibling::ExportLimits;
 use crate::index_handle::IndexHandle;
 use crate::persist::snapshot::chunks::chunks;
 use crate::persist::snapshot::sibling_export::{self, ExportError};
 use crate::pods::auth::ControlPlane;
 use crate::queue::Queues;
 use crate::telemetry as m;
-
-/// The bounds of `ExportIndex`.
-#[derive(Debug, Clone, Copy)]
-pub struct ExportLimits {
-    pub max_bytes: u64,
-    pub timeout: Duration,
-    pub max_concurrent: usize,
-}
 
 pub struct ReplicaService {
     pub index: IndexHandle,

@@ -252,11 +252,11 @@ async fn register(State(s): State<AppState>, headers: HeaderMap, body: Body) -> 
         eagle: b.eagle.unwrap_or(false),
         context_parallel: b.context_parallel.unwrap_or(1),
     };
-    if let Err(message) = s.handles.pods.may_change("http", &cfg.id) {
-        return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();
+    if let Err(refused) = s.handles.pods.may_change("http", &cfg.id) {
+        return (StatusCode::CONFLICT, Json(json!({"error": refused.to_string()}))).into_response();
     }
-    if let Err(message) = s.handles.control.pin_endpoints("http", &mut cfg).await {
-        return (StatusCode::FORBIDDEN, Json(json!({"error": message}))).into_response();
+    if let Err(refused) = s.handles.control.pin_endpoints("http", &mut cfg).await {
+        return (StatusCode::FORBIDDEN, Json(json!({"error": refused.to_string()}))).into_response();
     }
     match s.handles.pods.register(cfg, "http", false).await {
         Ok(()) => (StatusCode::OK, Json(json!({"registered": true}))).into_response(),
@@ -275,8 +275,8 @@ async fn unregister(State(s): State<AppState>, headers: HeaderMap, Path(pod): Pa
     if let Some(refusal) = refused(&s, &headers) {
         return refusal;
     }
-    if let Err(message) = s.handles.pods.may_change("http", &pod) {
-        return (StatusCode::CONFLICT, Json(json!({"error": message}))).into_response();
+    if let Err(refused) = s.handles.pods.may_change("http", &pod) {
+        return (StatusCode::CONFLICT, Json(json!({"error": refused.to_string()}))).into_response();
     }
     let existed = s.handles.pods.unregister(&pod, "http").await;
     (StatusCode::OK, Json(json!({"existed": existed}))).into_response()

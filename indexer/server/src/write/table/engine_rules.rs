@@ -12,6 +12,7 @@ use kvindex::index::SkipReason;
 use kvindex::sglang::{PageRules, SmallPages};
 use kvindex::vllm_hash::Verification;
 use kvindex::wire::{Engine, EventBatch};
+use kvindex::{ApplyReport, KvIndex};
 
 use super::sglang_check::SampledPageCheck;
 use crate::config::SglangCheckConfig;
@@ -113,6 +114,26 @@ impl EngineRules {
         report.parent_unknown = small.parent_unknown + unplaceable;
         report.block_size_mismatch = small.block_size_mismatch;
         (Some(rewritten), report)
+    }
+
+    /// Applies `batch` to `pod`'s entries in `index` through these rules: prepared first
+    /// ([`prepare`](Self::prepare)), then keyed as its engine's family is: vLLM's ids with the
+    /// index's sampled hash check, the others' (not vLLM's recipe) without it. What the index
+    /// did, and what the rules kept out.
+    pub fn apply(
+        &mut self,
+        index: &KvIndex,
+        pod: &str,
+        model: &str,
+        batch: &EventBatch<'_>,
+    ) -> (ApplyReport, RulesReport) {
+        let (prepared, kept_out) = self.prepare(batch);
+        let batch = prepared.as_ref().unwrap_or(batch);
+        let applied = match self.engine {
+            Engine::Vllm => index.apply(pod, model, batch),
+            Engine::Sglang | Engine::Trtllm => index.apply_not_vllm(pod, model, batch),
+        };
+        (applied, kept_out)
     }
 
     /// The stream's pod was cleared: no chain it remembers is held any more.

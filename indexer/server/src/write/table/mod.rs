@@ -142,6 +142,17 @@ pub enum ReplayEvent {
 /// Makes the driver's part of a new stream: (`ext`, a snapshot record's cursor to resume from).
 pub type NewExt<'a, X> = dyn FnMut(&StreamKey, &Arc<str>, &Arc<str>, Mode) -> (X, Option<u64>) + 'a;
 
+/// A live message as it arrived: its frames, the listener that read them (`origin`), the
+/// connection it came on (none in a dump that did not record it: reconnects are then not seen),
+/// its publisher's address (none: no binding) and when it was read (none: not timed).
+pub struct LiveMessage<'m> {
+    pub origin: &'m Origin,
+    pub conn: Option<ConnId>,
+    pub peer: Option<&'m Peer>,
+    pub frames: &'m [Bytes],
+    pub received: Option<Instant>,
+}
+
 pub struct StreamTable<X> {
     streams: std::collections::HashMap<StreamKey, Stream<X>>,
     naming: Naming,
@@ -213,26 +224,70 @@ impl<X: Ext> StreamTable<X> {
         Some(st)
     }
 
-    /// A live message: `conn` is the connection it came on (none in a dump that did not record
-    /// it: reconnects are then not seen), `peer` its publisher's address (none: no binding).
-    /// Returns the payload decoded, which every `Apply` of the emitted steps is.
-    #[allow(clippy::too_many_arguments)]
+    /// A live message ([`LiveMessage`]): named, decoded and sequenced into each of its streams'
+    /// steps. Returns the payload decoded, which every `Apply` of the emitted steps is.
     pub fn admit<'f>(
         &mut self,
         fleet: &dyn Fleet,
-        origin: &Origin,
-        conn: Option<ConnId>,
-        peer: Option<&Peer>,
-        frames: &'f [Bytes],
-        received: Option<Instant>,
+        msg: LiveMessage<'f>,
         now: u64,
         new_ext: &mut NewExt<'_, X>,
         out: &mut Vec<Effect<X>>,
     ) -> Option<EventBatch<'f>> {
-        if let Some(conn) = conn {
+        if let Some(conn) = msg.conn {
             self.carried(conn);
         }
-        let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+        let (raw, name) = self.read_live(fleet, &msg, out)?;
+        // `parse_live` took three frames: the payload is the last.
+        let payload = &msg.frames[2];
+        let engine = fleet.engine(&name.base);
+        let rules: SourceRules = (engine, fleet.page_size(&name.base), fleet.sglang_check(&name.base));
+        let decoded = decode(engine, payload);
+        let generation = fleet.generation();
+        for rank in self.ranks_of(&decoded, &name.base, out) {
+            let key = StreamKey { base: name.base.clone(), rank };
+            if !self.may_feed_stream(fleet, &key, &name, msg.peer, now, out) {
+                continue;
+            }
+            let source = msg.peer.filter(|_| name.mode == Mode::Central).map(Peer::source);
+            let owners = self.owners.clone();
+            let Some(st) = self.entry(fleet, &key, &name, source, rules, now, new_ext, out) else { continue };
+            if name.mode == Mode::Central && !bind_publisher(st, fleet, &owners, &key, msg.peer, out) {
+                continue;
+            }
+            follow_source(st, fleet, &key, msg.conn, generation, out);
+            let mut steps = Vec::new();
+            if let Some(cursor) = st.resume_at.take() {
+                st.seq.resume(cursor, now, &mut steps);
+            }
+            if st.topic.is_none() && name.mode == Mode::Central {
+                st.topic = Some(String::from_utf8_lossy(raw.topic.unwrap_or_default()).into_owned());
+            }
+            if st.endpoint.is_none() {
+                st.endpoint = name.endpoint.clone();
+            }
+            let item = match decoded {
+                Ok(_) => Item::Batch(Batch { bytes: payload.clone(), received: msg.received, engine }),
+                Err(_) => Item::Malformed,
+            };
+            // A 24-byte seq frame's epoch: a new one is a new publisher process, a clear.
+            st.seq.on_epoch(raw.epoch, &mut steps);
+            st.seq.on_live(raw.seq, item, now, &mut steps);
+            st.saw(&steps);
+            out.push(Effect::Steps { key, steps });
+        }
+        decoded.ok()
+    }
+
+    /// A live message's frames, read, and the source they name; or the effect that says why
+    /// the message goes no further.
+    fn read_live<'f>(
+        &mut self,
+        fleet: &dyn Fleet,
+        msg: &LiveMessage<'f>,
+        out: &mut Vec<Effect<X>>,
+    ) -> Option<(wire::RawMessage<'f>, Name)> {
+        let refs: Vec<&'f [u8]> = msg.frames.iter().map(|f| f.as_ref()).collect();
         let raw = match wire::parse_live(&refs) {
             Ok(raw) => raw,
             Err(e) => {
@@ -246,126 +301,84 @@ impl<X: Ext> StreamTable<X> {
             return None;
         }
         let topic = raw.topic.unwrap_or_default();
-        let name = match self.naming.name(fleet, origin, topic) {
-            Ok(name) => name,
+        match self.naming.name(fleet, msg.origin, topic) {
+            Ok(name) => Some((raw, name)),
             Err(Unnamed::Undecodable { reason, what }) => {
                 out.push(Effect::Undecodable { reason, what });
-                return None;
+                None
             }
             Err(Unnamed::Refused { reason, why }) => {
                 out.push(Effect::Refused { reason, why });
-                return None;
+                None
             }
-        };
-        // `parse_live` took three frames: the payload is the last.
-        let payload = &frames[2];
-        let engine = fleet.engine(&name.base);
-        let page_size = fleet.page_size(&name.base);
-        let check = fleet.sglang_check(&name.base);
-        let decoded = decode(engine, payload);
-        let ranks: Vec<u32> = match &decoded {
+        }
+    }
+
+    /// The DP ranks a payload is for: the one it names, or, when it cannot be decoded (its
+    /// rank unknown), every stream of the source, which all take the loss.
+    fn ranks_of(
+        &self,
+        decoded: &Result<EventBatch<'_>, wire::WireError>,
+        base: &Arc<str>,
+        out: &mut Vec<Effect<X>>,
+    ) -> Vec<u32> {
+        match decoded {
             Ok(batch) => vec![batch.data_parallel_rank.unwrap_or(0).clamp(0, i64::from(u16::MAX)) as u32],
             Err(e) => {
                 out.push(Effect::Undecodable { reason: e.reason(), what: "live payload" });
-                // The rank is unknown: every stream of this source takes the loss.
-                let mut ranks: Vec<u32> = self.streams.keys().filter(|k| k.base == name.base).map(|k| k.rank).collect();
+                let mut ranks: Vec<u32> = self.streams.keys().filter(|k| k.base == *base).map(|k| k.rank).collect();
                 if ranks.is_empty() {
                     ranks.push(0);
                 }
                 ranks
             }
-        };
-        let generation = fleet.generation();
-        for rank in ranks {
-            let key = StreamKey { base: name.base.clone(), rank };
-            if let Some(st) = self.streams.get(&key).filter(|st| st.mode != name.mode) {
-                // A dialled pod's stream is fed by its dialer only, a topic's by the SUB only.
-                self.refuse_other_mode(&key, st, out);
-                continue;
-            }
-            if !self.streams.contains_key(&key) {
-                if let (Mode::Central, Some(source)) = (name.mode, peer.map(Peer::source)) {
-                    // A bound topic binds all its ranks: another address cannot start one.
-                    let connected = |s: &kvindex_zmtp::Source| fleet.source_connected(s);
-                    if let Some(owner) = self.owners.bound_elsewhere(&key.base, source, connected) {
-                        let pod = self.naming.pod_id(name.mode, &key);
-                        out.push(Effect::Foreign { key, pod, why: Foreign::BoundTopic(owner) });
-                        continue;
-                    }
-                }
-                if name.mode == Mode::Central {
-                    // One address cannot take the table: its streams are capped.
-                    let source = peer.map(Peer::source);
-                    if source.is_some()
-                        && self.streams.values().filter(|st| st.bound == source).count()
-                            >= self.config.max_streams_per_address
-                    {
-                        out.push(Effect::Refused {
-                            reason: "max_sources_per_address",
-                            why: "max_sources_per_address reached",
-                        });
-                        continue;
-                    }
-                }
-                if self.streams.len() >= self.config.max_streams && !self.reclaim_one(fleet, now, out) {
-                    out.push(Effect::Refused { reason: "max_sources", why: "max_sources reached" });
-                    continue;
-                }
-            }
-            let source = peer.filter(|_| name.mode == Mode::Central).map(Peer::source);
-            let rules = (engine, page_size, check);
-            let owners = self.owners.clone();
-            let Some(st) = self.entry(fleet, &key, &name, source, rules, now, new_ext, out) else { continue };
-            if name.mode == Mode::Central {
-                if let Some(peer) = peer {
-                    match st.bind_source(fleet, peer) {
-                        Binding::Kept => {}
-                        Binding::Moved { from, to } => {
-                            owners.rebind(&st.pod, st.claim, to);
-                            out.push(Effect::Moved { key: key.clone(), from, to })
-                        }
-                        Binding::Conflict { bound, total } => {
-                            out.push(Effect::Conflict { key, bound, total });
-                            continue;
-                        }
-                    }
-                }
-            }
-            if let Some(conn) = conn {
-                if st.conn != Some(conn) {
-                    if st.conn.is_some() {
-                        out.push(Effect::Reconnected { key: key.clone() });
-                        st.seq.on_reconnect();
-                    }
-                    st.conn = Some(conn);
-                }
-            }
-            if st.registry_generation != generation {
-                // A registration changed: is there a replay endpoint for this stream now?
-                st.seq.set_replay(fleet.has_replay(&key.base, rank));
-                st.registry_generation = generation;
-            }
-            let mut steps = Vec::new();
-            if let Some(cursor) = st.resume_at.take() {
-                st.seq.resume(cursor, now, &mut steps);
-            }
-            if st.topic.is_none() && name.mode == Mode::Central {
-                st.topic = Some(String::from_utf8_lossy(topic).into_owned());
-            }
-            if st.endpoint.is_none() {
-                st.endpoint = name.endpoint.clone();
-            }
-            let item = match decoded {
-                Ok(_) => Item::Batch(Batch { bytes: payload.clone(), received, engine }),
-                Err(_) => Item::Malformed,
-            };
-            // A 24-byte seq frame's epoch: a new one is a new publisher process, a clear.
-            st.seq.on_epoch(raw.epoch, &mut steps);
-            st.seq.on_live(raw.seq, item, now, &mut steps);
-            st.saw(&steps);
-            out.push(Effect::Steps { key, steps });
         }
-        decoded.ok()
+    }
+
+    /// Whether `name`'s message may feed `key`'s stream: one of the other mode may not, and a
+    /// new one must find its topic unbound elsewhere and room in the table (per address, then
+    /// in all, reclaiming a stream if one may go). A refusal is pushed to `out`.
+    fn may_feed_stream(
+        &mut self,
+        fleet: &dyn Fleet,
+        key: &StreamKey,
+        name: &Name,
+        peer: Option<&Peer>,
+        now: u64,
+        out: &mut Vec<Effect<X>>,
+    ) -> bool {
+        if let Some(st) = self.streams.get(key).filter(|st| st.mode != name.mode) {
+            // A dialled pod's stream is fed by its dialer only, a topic's by the SUB only.
+            self.refuse_other_mode(key, st, out);
+            return false;
+        }
+        if self.streams.contains_key(key) {
+            return true;
+        }
+        if let (Mode::Central, Some(source)) = (name.mode, peer.map(Peer::source)) {
+            // A bound topic binds all its ranks: another address cannot start one.
+            let connected = |s: &kvindex_zmtp::Source| fleet.source_connected(s);
+            if let Some(owner) = self.owners.bound_elsewhere(&key.base, source, connected) {
+                let pod = self.naming.pod_id(name.mode, key);
+                out.push(Effect::Foreign { key: key.clone(), pod, why: Foreign::BoundTopic(owner) });
+                return false;
+            }
+        }
+        if name.mode == Mode::Central {
+            // One address cannot take the table: its streams are capped.
+            let source = peer.map(Peer::source);
+            if source.is_some()
+                && self.streams.values().filter(|st| st.bound == source).count() >= self.config.max_streams_per_address
+            {
+                out.push(Effect::Refused { reason: "max_sources_per_address", why: "max_sources_per_address reached" });
+                return false;
+            }
+        }
+        if self.streams.len() >= self.config.max_streams && !self.reclaim_one(fleet, now, out) {
+            out.push(Effect::Refused { reason: "max_sources", why: "max_sources reached" });
+            return false;
+        }
+        true
     }
 
     /// `key`'s stream, made if new and its pod id is free for it (the driver makes its part),
@@ -565,5 +578,56 @@ impl<X: Ext> StreamTable<X> {
                 out.push(Effect::Steps { key: key.clone(), steps });
             }
         }
+    }
+}
+
+/// A central-mode stream's publisher address, bound to `peer` (or moved to it, or refused as a
+/// conflict). False: the message goes no further.
+fn bind_publisher<X: Ext>(
+    st: &mut Stream<X>,
+    fleet: &dyn Fleet,
+    owners: &PodOwners,
+    key: &StreamKey,
+    peer: Option<&Peer>,
+    out: &mut Vec<Effect<X>>,
+) -> bool {
+    let Some(peer) = peer else { return true };
+    match st.bind_source(fleet, peer) {
+        Binding::Kept => {}
+        Binding::Moved { from, to } => {
+            owners.rebind(&st.pod, st.claim, to);
+            out.push(Effect::Moved { key: key.clone(), from, to })
+        }
+        Binding::Conflict { bound, total } => {
+            out.push(Effect::Conflict { key: key.clone(), bound, total });
+            return false;
+        }
+    }
+    true
+}
+
+/// What the stream follows of its source before a message is sequenced: the connection it came
+/// on (another one is a reconnect) and, after a registration changed, its replay endpoint.
+fn follow_source<X: Ext>(
+    st: &mut Stream<X>,
+    fleet: &dyn Fleet,
+    key: &StreamKey,
+    conn: Option<ConnId>,
+    generation: u64,
+    out: &mut Vec<Effect<X>>,
+) {
+    if let Some(conn) = conn {
+        if st.conn != Some(conn) {
+            if st.conn.is_some() {
+                out.push(Effect::Reconnected { key: key.clone() });
+                st.seq.on_reconnect();
+            }
+            st.conn = Some(conn);
+        }
+    }
+    if st.registry_generation != generation {
+        // A registration changed: is there a replay endpoint for this stream now?
+        st.seq.set_replay(fleet.has_replay(&key.base, key.rank));
+        st.registry_generation = generation;
     }
 }

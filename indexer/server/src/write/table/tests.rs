@@ -90,8 +90,8 @@ fn frames(topic: &str, seq: u64, rank: i64) -> Vec<Bytes> {
 fn admit(t: &mut StreamTable<()>, frames: &[Bytes], conn: u64, now: u64) -> (bool, Vec<Effect<()>>) {
     let mut out = Vec::new();
     let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
-    let decoded =
-        t.admit(&registry(), &Origin::Central, Some(ConnId(conn)), None, frames, None, now, &mut new, &mut out);
+    let msg = LiveMessage { origin: &Origin::Central, conn: Some(ConnId(conn)), peer: None, frames, received: None };
+    let decoded = t.admit(&registry(), msg, now, &mut new, &mut out);
     (decoded.is_some(), out)
 }
 
@@ -180,7 +180,14 @@ fn a_full_table_reclaims_a_talking_stream_whose_pod_holds_nothing_never_one_that
         let mut out = Vec::new();
         let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
         let frames = frames(topic, seq, 0);
-        t.admit(&fleet, &Origin::Central, Some(ConnId(1)), None, &frames, None, now, &mut new, &mut out);
+        let msg = LiveMessage {
+            origin: &Origin::Central,
+            conn: Some(ConnId(1)),
+            peer: None,
+            frames: &frames,
+            received: None,
+        };
+        t.admit(&fleet, msg, now, &mut new, &mut out);
         out
     };
     // Both EXACT and talking every 100 ms; "engine" holds blocks, "talker" none.
@@ -283,7 +290,8 @@ fn admit_from(
 ) -> Vec<Effect<()>> {
     let mut out = Vec::new();
     let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
-    t.admit(fleet, origin, Some(ConnId(conn)), peer, frames, None, now, &mut new, &mut out);
+    let msg = LiveMessage { origin, conn: Some(ConnId(conn)), peer, frames, received: None };
+    t.admit(fleet, msg, now, &mut new, &mut out);
     out
 }
 

@@ -125,14 +125,9 @@ impl Worker {
         // The stream's engine rules first (SGLang: servable pages, small pages rewritten).
         let mut kept_out = RulesReport::default();
         let mut apply = |decoded: &EventBatch<'_>| {
-            let (prepared, report) = st.rules.prepare(decoded);
+            let (applied, report) = st.rules.apply(index, &st.pod, &st.model, decoded);
             kept_out = report;
-            let batch = prepared.as_ref().unwrap_or(decoded);
-            if st.rules.engine() == kvindex::wire::Engine::Vllm {
-                index.apply(&st.pod, &st.model, batch)
-            } else {
-                index.apply_not_vllm(&st.pod, &st.model, batch)
-            }
+            applied
         };
         let (mut report, ts) = match decoded {
             Some(decoded) => {

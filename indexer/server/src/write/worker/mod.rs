@@ -35,7 +35,7 @@ use crate::protocols::{Origin, ReplayItem, StreamKey, Work};
 use crate::queue::Receiver;
 use crate::telemetry as m;
 use crate::write::context::ServiceState;
-use crate::write::table::{Batch, Effect, ReplayEvent, Stream, StreamTable};
+use crate::write::table::{Batch, Effect, LiveMessage, ReplayEvent, Stream, StreamTable};
 use crate::write::transport::{escape, escape_bytes, ConnId, Peer};
 use crate::write::worker::capture::Capture;
 use crate::write::worker::housekeeping::Housekeeping;
@@ -242,8 +242,9 @@ impl Worker {
         let mut new = |k: &StreamKey, p: &Arc<str>, m: &Arc<str>, mode| live::new_stream(&state, k, p, m, mode);
         let now = state.now_ms();
         let fleet = ServiceFleet(&state);
-        let decoded =
-            self.table.admit(&fleet, &origin, Some(conn), Some(peer), &frames, Some(at), now, &mut new, &mut effects);
+        let msg =
+            LiveMessage { origin: &origin, conn: Some(conn), peer: Some(peer), frames: &frames, received: Some(at) };
+        let decoded = self.table.admit(&fleet, msg, now, &mut new, &mut effects);
         let topic = frames.first().map_or(&[][..], |f| f.as_ref());
         self.carry_out(&mut effects, Context { topic, peer: Some(peer), decoded: decoded.as_ref() });
         self.effects = effects;

@@ -1,6 +1,6 @@
 //! The operator's bearer token for the control plane (`admin_token_file`), checked whole and
-//! never printed. A leaf, so the configuration that reads the file and the gate that checks a
-//! call ([`super::auth`]) share the type and nothing else.
+//! never printed. Part of the configuration, which reads the file; the control plane's gate
+//! that checks a call shares the type and nothing else.
 
 use std::fmt;
 
@@ -42,7 +42,7 @@ impl AdminToken {
     }
 
     /// Whether `presented` is this token, in time independent of where they differ.
-    pub(super) fn matches(&self, presented: &str) -> bool {
+    pub(crate) fn matches(&self, presented: &str) -> bool {
         let (a, b) = (self.0.as_bytes(), presented.as_bytes());
         a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     }
