@@ -219,7 +219,7 @@ fn corrupt_store(dir: &Path) {
 }
 
 /// The real vLLM hybrid capture (Gemma 3: a sliding-window group and a full-attention group;
-/// see `indexer/tests/real_hybrid_engine.rs`): its payloads, and the requests' prompts.
+/// see `indexer/tests/it/real_hybrid_engine.rs`): its payloads, and the requests' prompts.
 fn hybrid_capture() -> (Vec<Vec<u8>>, Vec<Vec<u32>>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../loadtest/real-vllm/captures");
     let lines = |name: &str| -> Vec<Value> {

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use kvindex_testkit::json_peer::line_reader;
 use serde_json::{json, Value};
 
-#[path = "../../../../tests/support/reference.rs"]
+#[path = "../../../../tests/it/support/reference.rs"]
 pub mod reference;
 pub mod sglang;
-#[path = "../../../../tests/support/vectors.rs"]
+#[path = "../../../../tests/it/support/vectors.rs"]
 pub mod vectors;
 #[allow(unused_imports)] // not every test uses the vectors
 pub use vectors::*;
