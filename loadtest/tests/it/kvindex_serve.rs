@@ -7,16 +7,14 @@
 //! `cargo build -p kvindex-server --bin kvindex`), or `$KVINDEX_BIN`. Without it the test is skipped
 //! with a message, except under `CI`, where it fails.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::support::{http, kvindex_binary, post_json, post_json_as, wait_for, Process};
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
 use serde_json::{json, Value};
-use support::{http, kvindex_binary, post_json, post_json_as, wait_for, Process};
 
 const MODEL: &str = "sim/model";
 const BLOCK: usize = 16;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-#[path = "../../../indexer/tests/it/support/vectors.rs"]
+#[path = "../../../../indexer/tests/it/support/vectors.rs"]
 pub mod vectors;
 #[allow(unused_imports)] // not every test uses the vectors
 pub use vectors::*;
