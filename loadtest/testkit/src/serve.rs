@@ -210,7 +210,15 @@ impl Serve {
 
 /// Why the start failed: what was missing, and the exit status if the process has stopped.
 fn not_started(process: &mut ChildProcess, binary: &Path, missing: &str, deadline: Duration) -> String {
-    let exit = process.try_wait().map_or_else(|| "still running".to_string(), |status| format!("exited with {status}"));
+    // Its stdout closes a moment before its exit status is there to read.
+    let until = Instant::now() + Duration::from_secs(5);
+    let exited = loop {
+        match process.try_wait() {
+            None if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            status => break status,
+        }
+    };
+    let exit = exited.map_or_else(|| "still running".to_string(), |status| format!("exited with {status}"));
     format!("{} serve: {missing} within {deadline:?} ({exit})", binary.display())
 }
 
@@ -228,5 +236,49 @@ impl Serving {
     /// The central SUB endpoint; panics without `--zmq-bind`.
     pub fn zmq(&self) -> String {
         self.zmq.clone().expect("kvindex serve without --zmq-bind has no SUB endpoint")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for `kvindex` (a shell script given `serve` and the flags), in a scratch file.
+    fn script(name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("kvindex-testkit-serve-{name}-{}", std::process::id()));
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
+        path
+    }
+
+    #[test]
+    fn reads_the_announced_addresses_and_kills_the_service_on_drop() {
+        let binary = script(
+            "announces",
+            r#"[ "$1" = serve ] && [ "$2" = --grpc-addr ] && [ "$KVINDEX_TEST_ENV" = yes ] || exit 3
+echo "starting"
+echo "KVINDEX_LISTENING grpc=127.0.0.1:1 http=127.0.0.1:2 zmq=- metrics=127.0.0.1:3"
+exec sleep 300"#,
+        );
+        let serving = Serve::new(&binary).loopback().env("KVINDEX_TEST_ENV", "yes").start().unwrap();
+        assert_eq!((serving.grpc.as_str(), serving.http.as_str()), ("127.0.0.1:1", "127.0.0.1:2"));
+        assert_eq!(
+            (serving.zmq.as_deref(), serving.metrics.as_deref(), serving.probe.as_deref()),
+            (None, Some("127.0.0.1:3"), None)
+        );
+        let proc_dir = PathBuf::from(format!("/proc/{}", serving.process.pid()));
+        assert!(proc_dir.exists());
+        drop(serving);
+        assert!(!proc_dir.exists(), "killed and reaped on drop");
+        let _ = std::fs::remove_file(binary);
+    }
+
+    #[test]
+    fn a_service_that_stops_before_announcing_is_an_error_naming_its_exit() {
+        let binary = script("exits", "echo 'config error: nope' >&2; exit 1");
+        let err = Serve::new(&binary).loopback().start().err().expect("no KVINDEX_LISTENING line");
+        assert!(err.contains("no KVINDEX_LISTENING line") && err.contains("exit status: 1"), "{err}");
+        let _ = std::fs::remove_file(binary);
     }
 }
