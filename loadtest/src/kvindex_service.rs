@@ -9,7 +9,6 @@
 //! not a general HTTP stack.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -17,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::process::ChildProcess;
+use kvindex_testkit::serve::{Serve, Serving};
 
 /// A running `kvindex serve`; the process is killed and reaped on drop.
 pub struct KvindexService {
@@ -50,21 +50,16 @@ impl KvindexService {
         let admin_token = format!("kvindex-loadtest-{}-{n}-{nanos:x}", std::process::id());
         let admin_token_file = std::env::temp_dir().join(format!("kvindex-loadtest-token-{}-{n}", std::process::id()));
         write_private(&admin_token_file, &admin_token)?;
-        let process = ChildProcess::spawn(
-            Command::new(binary)
-                .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-                .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size"])
-                .arg(block_size.to_string())
-                .arg("--admin-token-file")
-                .arg(&admin_token_file),
-        )?;
-        let addrs = process.listening("KVINDEX_LISTENING ")?;
-        let field =
-            |key: &str| addrs.get(key).cloned().ok_or_else(|| format!("KVINDEX_LISTENING without {key}=: {addrs:?}"));
+        let Serving { process, grpc, http, zmq, .. } = Serve::new(binary)
+            .loopback()
+            .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", &block_size.to_string()])
+            .arg("--admin-token-file")
+            .arg(&admin_token_file)
+            .start()?;
         Ok(KvindexService {
-            grpc_addr: field("grpc")?,
-            http_addr: field("http")?,
-            zmq_endpoint: field("zmq")?,
+            grpc_addr: grpc,
+            http_addr: http,
+            zmq_endpoint: zmq.ok_or("KVINDEX_LISTENING without zmq=")?,
             process,
             admin_token,
             admin_token_file,

@@ -1,5 +1,5 @@
 //! The tokenizer's metrics, declared once: the name constants the code counts with and the
-//! table (kind, labels, help) that `kvindex-tokenizer` describes and tests/metrics_docs.rs holds
+//! table (kind, labels, help) that `kvindex-tokenizer` describes and tests/it/metrics_docs.rs holds
 //! README.md to. The same metrics count inside the router and the indexer when they tokenize in
 //! process. Named so that it does not shadow the `metrics` crate.
 

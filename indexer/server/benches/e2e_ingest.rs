@@ -50,9 +50,9 @@
 //! `E2E_SERVE_ARGS` = extra `serve` flags, e.g. `--snapshot-dir /tmp/s --snapshot-interval 1`,
 //! `E2E_LOG` = the server's `RUST_LOG`, default `warn`).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -63,6 +63,8 @@ use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage
 
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
+use kvindex_testkit::process::ChildProcess;
+use kvindex_testkit::serve::Serve;
 
 #[path = "e2e_ingest/bootstrap.rs"]
 mod bootstrap;
@@ -108,27 +110,18 @@ fn now_ts() -> f64 {
 }
 
 struct Server {
-    child: Child,
+    process: ChildProcess,
     grpc: String,
     http: String,
     zmq: String,
 }
 
 impl Server {
-    #[allow(clippy::zombie_processes)] // a bench that fails to start its server just exits
     fn start(extra: &[&str]) -> Server {
         let binary = std::env::var("E2E_KVINDEX").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kvindex").to_string());
-        let mut child = Command::new(binary)
-            .args([
-                "serve",
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--http-addr",
-                "127.0.0.1:0",
-                "--zmq-bind",
-                "tcp://127.0.0.1:0",
-            ])
-            .args(["--block-size", "16"])
+        let serving = Serve::new(binary)
+            .loopback()
+            .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16"])
             // All publishers dial from 127.0.0.1: one source, past the default cap of 32
             // connections per source (refused before the greeting: the `zeromq` crate then says
             // `connect: Other("Failed Greeting exchange")`).
@@ -140,21 +133,11 @@ impl Server {
             // Extra `serve` flags for a comparison run, e.g. E2E_SERVE_ARGS="--snapshot-dir /tmp/s".
             .args(std::env::var("E2E_SERVE_ARGS").unwrap_or_default().split_whitespace())
             .env("RUST_LOG", std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn kvindex serve");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(out.read_line(&mut line).unwrap() > 0, "kvindex serve exited");
-            if let Some(rest) = line.trim().strip_prefix("KVINDEX_LISTENING ") {
-                let kv: std::collections::HashMap<&str, &str> =
-                    rest.split_whitespace().filter_map(|x| x.split_once('=')).collect();
-                return Server { grpc: kv["grpc"].into(), http: kv["http"].into(), zmq: kv["zmq"].into(), child };
-            }
-        }
+            .logging()
+            .start()
+            .expect("kvindex serve");
+        let zmq = serving.zmq();
+        Server { grpc: serving.grpc, http: serving.http, zmq, process: serving.process }
     }
 
     fn get(&self, path: &str) -> String {
@@ -172,13 +155,6 @@ impl Server {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>()
             + 0.0 // an empty f64 sum is -0.0
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -350,7 +326,7 @@ fn rss_kib(pid: u32) -> u64 {
 /// (entries, RSS before, RSS after, the core's approx_bytes, seconds).
 async fn rss_phase(entries: u64) -> (u64, u64, u64, f64, f64) {
     let server = Server::start(&["--max-entries", "100000000"]);
-    let pid = server.child.id();
+    let pid = server.process.pid();
     let before = rss_kib(pid);
     let sent = Arc::new(AtomicU64::new(0));
     let seqs = Arc::new(AtomicU64::new(0));
@@ -636,8 +612,8 @@ async fn restart_phase(entries: u64, extra: u64, rate: f64) -> RestartResult {
     let filled = server.metric("kvindex_index_entries", "") as u64;
     let stopping = Instant::now();
     let mut server = server;
-    assert!(Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap().success());
-    assert!(server.child.wait().unwrap().success(), "kvindex serve failed its graceful stop");
+    assert!(Command::new("kill").args(["-TERM", &server.process.pid().to_string()]).status().unwrap().success());
+    assert!(server.process.wait().unwrap().success(), "kvindex serve failed its graceful stop");
     let stop_s = stopping.elapsed().as_secs_f64();
     let before = ctl.published.load(Ordering::Relaxed);
     ctl.extra.store(extra, Ordering::Relaxed);
@@ -702,7 +678,7 @@ async fn steady_phase(entries: u64, secs: f64, rate: f64, serve_extra: &[String]
     ctl.churn.store(true, Ordering::Relaxed);
     // A conversation's worth of stores, so that evictions are flowing.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let pid = server.child.id();
+    let pid = server.process.pid();
     let read = |s: &Server| {
         (
             s.metric("kvindex_blocks_total", ""),

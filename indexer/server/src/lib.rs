@@ -26,7 +26,7 @@
 //! a gap: Step::RequestReplay ─▶ write::replay ─Dealer─▶ engine ROUTER ─Work::Replay─▶ queue::Queues
 //! ```
 //!
-//! The wings, in the order the data flows (`deploy/tests/tests/server_rooms.rs` holds each file
+//! The wings, in the order the data flows (`deploy/tests/tests/it/server_rooms.rs` holds each file
 //! to its floor and below):
 //!
 //! - [`server`] ([`bind`], [`run`]) puts the service together; [`dump_server`] serves a

@@ -8,7 +8,7 @@ scheduler does (prefill in chunks, requests finish, blocks are evicted by the po
 hand), records the events it publishes (BlockStored/BlockRemoved with group_idx,
 kv_cache_spec_kind, kv_cache_spec_sliding_window), and asks the coordinator for the longest hit
 of a set of prompts after every step (a query is the first `len` tokens of a prompt, padded
-with token 7). The Rust test (tests/hybrid_coordinator.rs) replays the
+with token 7). The Rust test (tests/it/hybrid_coordinator.rs) replays the
 events into KvIndex and checks every answer. CI cannot install vLLM, so the output is committed.
 
 vLLM does not deduplicate cached blocks: two physical blocks can hold one hash, each with its own

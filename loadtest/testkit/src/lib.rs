@@ -10,6 +10,10 @@
 //! - [`json_peer`]: an independent peer process (the Python peers) driven one JSON line a
 //!   command;
 //! - [`prometheus`]: a `/metrics` scrape and the sum of a metric's samples by label;
+//! - [`process::ChildProcess`]: a child of a workspace binary, its stdout lines and announced
+//!   addresses, killed on drop;
+//! - [`serve::Serve`]: the one `kvindex serve` launcher (flags, environment, its announced
+//!   addresses, an optional wait for `/readyz`, killed on drop);
 //! - [`procfs`]: another process's peak memory, children and start time;
 //! - [`run`]: a helper program run to the end, failing with what it printed;
 //! - [`callgrind`]: valgrind's client requests, for benches that count instructions per stage.
@@ -20,7 +24,9 @@ pub mod env;
 pub mod http;
 pub mod json_peer;
 pub mod ports;
+pub mod process;
 pub mod procfs;
 pub mod prometheus;
 pub mod run;
+pub mod serve;
 pub mod wait;

@@ -4,7 +4,6 @@
 //! indexer refuses the handshake and the router fails open (placed by load, still answered).
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use crate::support::fake_pod::{FakePod, Script};
 use crate::support::*;
@@ -49,14 +48,14 @@ async fn the_router_scores_over_mtls_and_fails_open_without_a_certificate() {
     let bins = bins();
     let dir = pki();
     let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
-    let mut kv = ChildProcess::spawn(
-        Command::new(&bins.kvindex)
-            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--block-size", "16"])
-            .args(["--tls-cert", &path("server.pem"), "--tls-key", &path("server.key")])
-            .args(["--tls-client-ca", &path("ca.pem")]),
-    )
-    .unwrap();
-    let grpc = kv.listening("KVINDEX_LISTENING ").unwrap()["grpc"].clone();
+    let mut kv = Serve::new(&bins.kvindex)
+        .loopback()
+        .args(["--block-size", "16"])
+        .args(["--tls-cert", &path("server.pem"), "--tls-key", &path("server.key")])
+        .args(["--tls-client-ca", &path("ca.pem")])
+        .start()
+        .unwrap();
+    let grpc = kv.grpc.clone();
     let pod = FakePod::start(Script::Echo("p".into())).await;
     let base =
         ["--indexer", &grpc, "--pod", &pod.spec(), "--model", "m", "--score-deadline-ms", "2000"].map(String::from);
@@ -78,6 +77,6 @@ async fn the_router_scores_over_mtls_and_fails_open_without_a_certificate() {
     let reply = post(&without_cert.http, "/v1/completions", &json!({"model": "m", "prompt": [1, 2, 3]})).await;
     assert_eq!(reply.status, 200, "fails open: {:?}", reply.body);
     assert_eq!(score_outcome(&with_cert.http).await, "scored");
-    kv.kill();
+    kv.process.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -35,7 +35,7 @@ fn engine_peer() -> Option<JsonPeer> {
 struct DpStack {
     peer: JsonPeer,
     /// `kvindex serve`, killed on drop.
-    _kv: ChildProcess,
+    _kv: Serving,
     kv_http: String,
     kv_grpc: String,
     /// Holds the indexer's config and admin token; removed on drop.
@@ -75,14 +75,8 @@ impl DpStack {
             ),
         )
         .unwrap();
-        let kv = ChildProcess::spawn(
-            Command::new(&bins().kvindex)
-                .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--config"])
-                .arg(&config),
-        )
-        .expect("kvindex serve");
-        let addrs = kv.listening("KVINDEX_LISTENING ").expect("listening line");
-        Some(DpStack { peer, kv_http: addrs["http"].clone(), kv_grpc: addrs["grpc"].clone(), _kv: kv, dir, pod })
+        let kv = Serve::new(&bins().kvindex).loopback().arg("--config").arg(&config).start().expect("kvindex serve");
+        Some(DpStack { peer, kv_http: kv.http.clone(), kv_grpc: kv.grpc.clone(), _kv: kv, dir, pod })
     }
 
     /// The indexer's id of rank `r`.

@@ -293,26 +293,25 @@ async fn the_endpoint_picker_releases_on_the_response_envoy_shows_it() {
 /// A second `kvindex serve` beside `stack`'s, taking the same admin token (a router sends one
 /// token to every indexer) and with the stack's pods registered: it has no source of theirs, but
 /// knows them, so it keeps their reservations. Returns the process and its gRPC address.
-async fn sibling_indexer(bins: &Bins, stack: &Stack) -> (ChildProcess, String) {
+async fn sibling_indexer(bins: &Bins, stack: &Stack) -> (Serving, String) {
     let token_file = stack.kv.admin_token_file();
-    let process = ChildProcess::spawn(
-        std::process::Command::new(&bins.kvindex)
-            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", &BLOCK.to_string()])
-            .arg("--admin-token-file")
-            .arg(token_file),
-    )
-    .expect("a second kvindex serve");
-    let addrs = process.listening("KVINDEX_LISTENING ").expect("its addresses");
+    let sibling = Serve::new(&bins.kvindex)
+        .loopback()
+        .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", &BLOCK.to_string()])
+        .arg("--admin-token-file")
+        .arg(token_file)
+        .start()
+        .expect("a second kvindex serve");
     let bearer = format!("Bearer {}", std::fs::read_to_string(token_file).expect("the token").trim());
     for pod in &stack.sim.pods {
         let body = json!({"pod": pod.pod_id, "model": MODEL}).to_string();
-        let (status, text) = http_with(&addrs["http"], "POST", "/pods", Some(&body), &[("Authorization", &bearer)])
+        let (status, text) = http_with(&sibling.http, "POST", "/pods", Some(&body), &[("Authorization", &bearer)])
             .await
             .expect("POST /pods");
         assert_eq!(status, 200, "{text}");
     }
-    (process, addrs["grpc"].clone())
+    let grpc = sibling.grpc.clone();
+    (sibling, grpc)
 }
 
 /// Each pod's `shared` load in `router`'s explanation of a placement of `body` (nothing is sent).
@@ -352,7 +351,7 @@ async fn every_indexer_holds_the_reservations_and_without_any_the_routers_keep_t
     .await;
 
     // No indexer answers: b places by its own counts (and the scrapes), and still places.
-    second.kill();
+    second.process.kill();
     let own = metric(&b.http, "kvindex_router_load_view_total", &["view=\"own\""]).await;
     wait_for("router b to place without any indexer's view", DEADLINE, || async {
         let shared = explained_shared(&b.http, &body(1)).await;

@@ -123,11 +123,11 @@ pub async fn bootstrap_phase(entries: u64, probe_secs: f64) -> BootstrapResult {
     // The sibling itself, restarted from its own snapshot (graceful stop: the final snapshot).
     let mut sibling = sibling;
     assert!(std::process::Command::new("kill")
-        .args(["-TERM", &sibling.child.id().to_string()])
+        .args(["-TERM", &sibling.process.pid().to_string()])
         .status()
         .unwrap()
         .success());
-    assert!(sibling.child.wait().unwrap().success());
+    assert!(sibling.process.wait().unwrap().success());
     let (_restarted, local_ready, local_entries) = start(&args).await;
     ctl.live.store(false, Ordering::Relaxed);
     BootstrapResult {

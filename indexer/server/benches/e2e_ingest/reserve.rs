@@ -126,7 +126,7 @@ pub fn run(rate: f64, score_rps: f64, secs: f64) {
         "--admin-token-file",
         token.path().to_str().unwrap(),
     ]);
-    let pid = server.child.id();
+    let pid = server.process.pid();
     let prompt: Arc<Vec<u32>> = Arc::new((0..8192u32).map(|i| (i * 31 + 7) % 151_000).collect());
     let mut holders = flow_rt.block_on(connect_holders(&server));
     flow_rt.block_on(hold_prompt(&server, &mut holders, &prompt, 0));

@@ -30,6 +30,8 @@ use kvindex_proto::kvindex::v1::{
 };
 use kvindex_proto::score_query::{self, ScoreQuery};
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
 
 use tonic::transport::Channel;
 
@@ -296,7 +298,7 @@ pub fn run(rates: &[f64], ingest_rate: f64, secs: f64) {
             for target in ["kvindex", "echo"] {
                 for client in Client::ALL {
                     let (addr, pid) = if target == "kvindex" {
-                        (&server.grpc, server.child.id())
+                        (&server.grpc, server.process.pid())
                     } else {
                         (&echo.addr, echo.child.id())
                     };

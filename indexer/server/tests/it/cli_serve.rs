@@ -24,11 +24,11 @@ fn serve_fails(args: &[&str], env: &[(&str, &str)]) -> String {
 
 /// Sends `server` SIGTERM and waits (at most 20 s) for it to exit.
 fn stop_with_sigterm(server: &mut ServeProcess) -> std::process::ExitStatus {
-    let status = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    let status = Command::new("kill").args(["-TERM", &server.process.pid().to_string()]).status().unwrap();
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Some(exit) = server.child.try_wait().unwrap() {
+        if let Some(exit) = server.process.try_wait() {
             return exit;
         }
         assert!(Instant::now() < deadline, "kvindex serve did not exit within 20s of SIGTERM");
@@ -38,8 +38,8 @@ fn stop_with_sigterm(server: &mut ServeProcess) -> std::process::ExitStatus {
 
 #[test]
 fn serve_contract_listening_line_and_graceful_sigterm() {
-    let mut server = ServeProcess::start(
-        &[
+    let mut server = kvindex_serve()
+        .args([
             "--grpc-addr",
             "127.0.0.1:0",
             "--http-addr",
@@ -48,9 +48,9 @@ fn serve_contract_listening_line_and_graceful_sigterm() {
             "16",
             "--zmq-bind",
             "tcp://127.0.0.1:0",
-        ],
-        &[],
-    );
+        ])
+        .start()
+        .expect("kvindex serve");
     assert!(server.zmq.as_deref().is_some_and(|z| z.starts_with("tcp://127.0.0.1:")), "{:?}", server.zmq);
     assert_eq!(http_request(&server.http, "GET", "/healthz", None), (200, "ok\n".to_string()));
     let exit = stop_with_sigterm(&mut server);
@@ -63,8 +63,8 @@ fn serve_contract_listening_line_and_graceful_sigterm() {
 #[test]
 fn a_sigterm_right_after_the_listening_line_is_a_graceful_stop() {
     for _ in 0..3 {
-        let mut server = ServeProcess::start(
-            &[
+        let mut server = kvindex_serve()
+            .args([
                 "--grpc-addr",
                 "127.0.0.1:0",
                 "--http-addr",
@@ -73,9 +73,9 @@ fn a_sigterm_right_after_the_listening_line_is_a_graceful_stop() {
                 "16",
                 "--zmq-bind",
                 "tcp://127.0.0.1:0",
-            ],
-            &[],
-        );
+            ])
+            .start()
+            .expect("kvindex serve");
         let exit = stop_with_sigterm(&mut server);
         assert!(exit.success(), "a SIGTERM at once is a graceful stop too, got {exit}");
     }

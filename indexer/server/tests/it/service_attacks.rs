@@ -113,7 +113,7 @@ fn peak_rss_mib(pid: u32) -> u64 {
 }
 
 fn assert_alive(server: &mut ServeProcess) {
-    assert!(server.child.try_wait().unwrap().is_none(), "kvindex serve died");
+    assert!(server.process.try_wait().is_none(), "kvindex serve died");
     assert_eq!(server.get("/healthz").0, 200);
 }
 
@@ -128,8 +128,8 @@ fn attack_replay_router_declaring_a_huge_frame() {
     reply.extend(huge_frame_header(1 << 36));
     let router = HostileRouter::start(reply);
     let replay = format!("pod-a={}", router.endpoint);
-    let mut server = ServeProcess::start(
-        &[
+    let mut server = kvindex_serve()
+        .args([
             "--grpc-addr",
             "127.0.0.1:0",
             "--http-addr",
@@ -138,9 +138,9 @@ fn attack_replay_router_declaring_a_huge_frame() {
             "tcp://127.0.0.1:0",
             "--replay",
             &replay,
-        ],
-        &[],
-    );
+        ])
+        .start()
+        .expect("kvindex serve");
     let mut peer = Peer::start(&py);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
     let zmq = server.zmq.clone().unwrap();
@@ -164,7 +164,7 @@ fn attack_replay_router_declaring_a_huge_frame() {
         (router.closed_by_peer.load(Ordering::Relaxed) >= 1).then_some(())
     });
     assert_alive(&mut server);
-    let peak = peak_rss_mib(server.child.id());
+    let peak = peak_rss_mib(server.process.pid());
     assert!(peak < 256, "peak RSS {peak} MiB after a frame that declared 64 GiB");
 
     assert_eq!(server.source("pod-a").unwrap()["state"], "DEGRADED");
@@ -180,7 +180,7 @@ fn attack_replay_router_declaring_a_huge_frame() {
 fn central_with_pod(py: &std::path::PathBuf, extra: &[&str]) -> (ServeProcess, Peer) {
     let mut args = vec!["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0"];
     args.extend_from_slice(extra);
-    let server = ServeProcess::start(&args, &[]);
+    let server = kvindex_serve().args(&args).start().expect("kvindex serve");
     let mut peer = Peer::start(py);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
     let zmq = server.zmq.clone().unwrap();
@@ -445,10 +445,10 @@ fn assert_unchanged_but_for(server: &mut ServeProcess, peer: &mut Peer, pods: &[
 /// registration, and answers 404 for the observability routes.
 #[test]
 fn metrics_and_debug_on_their_own_listener() {
-    let server = ServeProcess::start(
-        &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"],
-        &[],
-    );
+    let server = kvindex_serve()
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+        .start()
+        .expect("kvindex serve");
     let metrics = server.metrics.clone().expect("KVINDEX_LISTENING names the metrics listener");
     assert_ne!(metrics, server.http);
     for path in ["/metrics", "/debug/sources"] {

@@ -23,7 +23,7 @@ fn central(py: &std::path::PathBuf, extra: &[&str], held: &[u32]) -> (ServeProce
     let mut args = vec!["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0"];
     args.extend_from_slice(&["--block-size", "16"]);
     args.extend_from_slice(extra);
-    let server = ServeProcess::start(&args, &[]);
+    let server = kvindex_serve().args(&args).start().expect("kvindex serve");
     let mut peer = Peer::start(py);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
     let zmq = server.zmq.clone().unwrap();

@@ -84,7 +84,7 @@ impl Fleet {
         args.extend(self.pod_flags(relay_a));
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        ServeProcess::start(&args, &[])
+        kvindex_serve().args(&args).start().expect("kvindex serve")
     }
 
     /// Waits for a new subscription on every publisher (a server that just started).
@@ -340,15 +340,14 @@ fn a_sibling_that_dies_lies_stalls_or_oversends_mid_bootstrap_means_a_cold_start
     drop(replica);
 
     // The sibling itself dies (SIGKILL) while a replica waits for its export.
-    let pid = sibling.child.id().to_string();
+    let pid = sibling.process.pid().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
     let replica = fleet.serve(None, &["--bootstrap-from", &sibling.grpc]);
     wait_until("the replica asking", 30, || {
         (http_request(&replica.http, "GET", "/readyz", None).0 == 503).then_some(())
     });
     std::thread::sleep(std::time::Duration::from_millis(500));
-    sibling.child.kill().unwrap();
-    sibling.child.wait().unwrap();
+    sibling.process.kill();
     fleet.subscribed();
     fleet.publish(1);
     ready(&replica, 60);

@@ -13,9 +13,9 @@ use serde_json::json;
 const MODEL: &str = "m";
 
 fn central_under(max_open_files: u32, token: &std::path::Path) -> ServeProcess {
-    ServeProcess::start_with_open_files(
-        max_open_files,
-        &[
+    kvindex_serve()
+        .max_open_files(max_open_files)
+        .args([
             "--zmq-bind",
             "tcp://127.0.0.1:0",
             "--grpc-addr",
@@ -26,9 +26,9 @@ fn central_under(max_open_files: u32, token: &std::path::Path) -> ServeProcess {
             "16",
             "--admin-token-file",
             token.to_str().unwrap(),
-        ],
-        &[],
-    )
+        ])
+        .start()
+        .expect("kvindex serve")
 }
 
 /// An engine at 127.0.0.1 subscribes within 5 s (well within the 10 s handshake timeout) and

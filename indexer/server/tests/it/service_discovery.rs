@@ -21,7 +21,7 @@ fn start(api: &FakeApiServer, extra: &[&str]) -> ServeProcess {
     args.extend(["--admin-token-file", token.to_str().unwrap(), "--discovery", "kubernetes"]);
     args.extend(["--discovery-api-server", &url, "--discovery-namespace", "llm"]);
     args.extend_from_slice(extra);
-    ServeProcess::start(&args, &[("KVINDEX_DISCOVERY_MODEL", MODEL)])
+    kvindex_serve().args(&args).env("KVINDEX_DISCOVERY_MODEL", MODEL).start().expect("kvindex serve")
 }
 
 #[test]

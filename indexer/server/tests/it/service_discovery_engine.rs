@@ -70,8 +70,8 @@ fn service_discovery_learns_each_pods_engine_from_server_info_or_annotations_and
 
     let token = admin_token_file();
     let (url, http_port_s, flag_pub_s) = (api.url(), http_port.to_string(), flag_pub.to_string());
-    let server = ServeProcess::start(
-        &[
+    let server = kvindex_serve()
+        .args([
             "--grpc-addr",
             "127.0.0.1:0",
             "--http-addr",
@@ -95,9 +95,10 @@ fn service_discovery_learns_each_pods_engine_from_server_info_or_annotations_and
             // Long enough that the stalled pod is still held while every other pod is registered.
             "--discovery-engine-probe-timeout-ms",
             "15000",
-        ],
-        &[("KVINDEX_DISCOVERY_MODEL", "m")],
-    );
+        ])
+        .env("KVINDEX_DISCOVERY_MODEL", "m")
+        .start()
+        .expect("kvindex serve");
     wait_until("ready after the first (empty) list", 30, || (server.get("/readyz").0 == 200).then_some(()));
 
     // The stalled pod first: the pods after it are not held up behind it.

@@ -3,7 +3,7 @@
 //! PUB whose ROUTER answers replays as vLLM's does, with one frame and then two non-adjacent
 //! frames never sent. After every frame the server has applied, every prompt is scored over
 //! gRPC and compared with the reference model of what the engine holds
-//! (`indexer/tests/support/reference.rs`, the same model the core's vectors test uses), in
+//! (`indexer/tests/it/support/reference.rs`, the same model the core's vectors test uses), in
 //! central mode (engines dial our SUB) and per-pod mode (we dial each engine), with replay
 //! replies with and without the topic frame.
 //!

@@ -27,8 +27,8 @@ const DEADLINE: Duration = Duration::from_secs(20);
 /// main listener's caps) and the test's admin token, with `env` on top.
 fn serve(env: &[(&str, &str)]) -> ServeProcess {
     let token = admin_token_file();
-    let server = ServeProcess::start(
-        &[
+    let server = kvindex_serve()
+        .args([
             "--grpc-addr",
             "127.0.0.1:0",
             "--http-addr",
@@ -37,9 +37,10 @@ fn serve(env: &[(&str, &str)]) -> ServeProcess {
             "127.0.0.1:0",
             "--admin-token-file",
             token.to_str().unwrap(),
-        ],
-        env,
-    );
+        ])
+        .envs(env.iter().copied())
+        .start()
+        .expect("kvindex serve");
     assert!(server.metrics.is_some(), "the metrics listener is announced");
     server
 }

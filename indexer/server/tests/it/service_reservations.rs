@@ -175,7 +175,10 @@ fn without_the_admin_token_nothing_is_reserved_or_released() {
     assert_eq!(server.metric("kvindex_record_route_requests_total", &["outcome=\"missing_token\""]), 1.0);
 
     // A server without an admin token refuses both.
-    let open = ServeProcess::start(&["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"], &[]);
+    let open = kvindex_serve()
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .start()
+        .expect("kvindex serve");
     let mut peer = Peer::start(&python().unwrap());
     peer.cmd(json!({"op": "grpc", "addr": open.grpc}));
     let r = peer.try_cmd(json!({"op": "release_route", "releases": [[1, "request"]]}));

@@ -40,7 +40,7 @@ fn serve_args(pub_port: u16, replay_port: u16, dir: &Path) -> Vec<String> {
 
 fn start(args: &[String]) -> ServeProcess {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    ServeProcess::start(&args, &[])
+    kvindex_serve().args(&args).start().expect("kvindex serve")
 }
 
 fn source(http: &str) -> Option<Value> {
@@ -118,8 +118,7 @@ fn service_warm_restart_after_sigkill_catches_up_exactly_from_the_snapshot() {
     wait_snapshot(&server.http);
     // Heavy ingest, then SIGKILL with messages in flight; more are published while it is down.
     ingest(&mut peer, 30, 36);
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.process.kill();
     ingest(&mut peer, 36, 40);
 
     let server = start(&args);
@@ -144,8 +143,7 @@ fn service_warm_restart_with_a_too_short_replay_buffer_degrades_without_false_po
     let dir = tempfile::tempdir().unwrap();
     let (args, mut server, mut peer) = serving_an_ingested_publisher(&py, dir.path(), 10);
     wait_snapshot(&server.http);
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.process.kill();
     // 30 messages while it is down: the 20-message buffer no longer reaches the cursor.
     for k in 0..10 {
         peer.cmd(json!({"op": "remove", "name": "a", "tokens": chain(k, 4), "blocks": [0, 1, 2, 3]}));
@@ -170,9 +168,9 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     let (args, mut server, mut peer) = serving_an_ingested_publisher(&py, dir.path(), 30);
     let before: Vec<Value> = (0..30).map(|k| peer.score(MODEL, &chain(k, 4), &[])["scores"].clone()).collect();
     // SIGTERM: graceful, with a final snapshot.
-    let pid = server.child.id().to_string();
+    let pid = server.process.pid().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    assert!(server.child.wait().unwrap().success());
+    assert!(server.process.wait().unwrap().success());
 
     server = start(&args);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
@@ -184,8 +182,7 @@ fn service_graceful_restart_restores_scores_and_a_corrupt_snapshot_starts_clean(
     assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
     let after: Vec<Value> = (0..30).map(|k| peer.score(MODEL, &chain(k, 4), &[])["scores"].clone()).collect();
     assert_eq!(after, before, "scores after a warm restart equal those before it");
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.process.kill();
 
     // Damage every file of the store: the next start refuses it, starts clean and says why.
     corrupt_store(dir.path());
@@ -219,7 +216,7 @@ fn corrupt_store(dir: &Path) {
 }
 
 /// The real vLLM hybrid capture (Gemma 3: a sliding-window group and a full-attention group;
-/// see `indexer/tests/real_hybrid_engine.rs`): its payloads, and the requests' prompts.
+/// see `indexer/tests/it/real_hybrid_engine.rs`): its payloads, and the requests' prompts.
 fn hybrid_capture() -> (Vec<Vec<u8>>, Vec<Vec<u32>>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../loadtest/real-vllm/captures");
     let lines = |name: &str| -> Vec<Value> {
@@ -283,9 +280,9 @@ fn service_graceful_restart_restores_a_hybrid_pod_with_its_groups() {
         publish(&mut peer, seq, p);
     }
     assert_eq!(settle(&mut peer, &server.http, 30), "EXACT");
-    let pid = server.child.id().to_string();
+    let pid = server.process.pid().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    assert!(server.child.wait().unwrap().success());
+    assert!(server.process.wait().unwrap().success());
 
     let server = start(&args);
     peer.cmd(json!({"op": "grpc", "addr": server.grpc}));
@@ -367,8 +364,7 @@ fn service_snapshots_rewrite_only_the_streams_that_moved() {
     assert!(kept3 > kept2);
 
     // SIGKILL; both publishers go on while it is down (b by one batch only).
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.process.kill();
     store(&mut peer, "a", 30);
     store(&mut peer, "b", 25);
     let server = start(&args);
@@ -420,8 +416,7 @@ fn listing(dir: &Path) -> Vec<(String, Vec<u8>)> {
 fn a_corrupt_store(dir: &Path) {
     let mut server = start(&bare_args(dir));
     wait_until("a snapshot", 20, || (snapshots_written(&server.http) >= 1.0).then_some(()));
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.process.kill();
     corrupt_store(dir);
 }
 
@@ -491,9 +486,9 @@ fn service_a_second_server_on_a_held_snapshot_dir_fails_and_the_first_ones_store
     // The first goes on snapshotting into its own store; SIGTERM writes the final one.
     let written = snapshots_written(&first.http);
     wait_until("two more snapshots", 20, || (snapshots_written(&first.http) >= written + 2.0).then_some(()));
-    let pid = first.child.id().to_string();
+    let pid = first.process.pid().to_string();
     assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    assert!(first.child.wait().unwrap().success());
+    assert!(first.process.wait().unwrap().success());
     let next = start(&args);
     assert_eq!(
         http_metric(&next.http, "kvindex_snapshot_loads_total", &["outcome=\"loaded\""]),

@@ -126,7 +126,7 @@ fn mtls_server(pki: &Pki, extra: &[&str]) -> ServeProcess {
     let mut args = vec!["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--zmq-bind", "tcp://127.0.0.1:0"];
     args.extend(["--tls-cert", &cert, "--tls-key", &key, "--tls-client-ca", &ca]);
     args.extend(extra);
-    ServeProcess::start(&args, &[])
+    kvindex_serve().args(&args).start().expect("kvindex serve")
 }
 
 #[test]
@@ -201,7 +201,7 @@ fn tls_without_client_certificates() {
         "--tls-key",
         &key,
     ];
-    let server = ServeProcess::start(&args, &[]);
+    let server = kvindex_serve().args(args).start().expect("kvindex serve");
     let ca_path = pki.dir.join("ca.pem");
     assert_eq!(https_get(&server.http, "/healthz", &ca_path, None), Ok((200, "ok\n".to_string())));
     let metrics = server.metrics.clone().unwrap();
@@ -285,9 +285,7 @@ fn bootstrap_and_compare_over_mtls() {
         if identity {
             args.extend(["--bootstrap-tls-cert", &client_cert, "--bootstrap-tls-key", &client_key]);
         }
-        let server = ServeProcess::start(&args, &[]);
-        wait_until("ready", 60, || (http_request(&server.http, "GET", "/readyz", None).0 == 200).then_some(()));
-        server
+        kvindex_serve().args(&args).until_ready().start().expect("kvindex serve ready")
     };
     let bootstraps = |server: &ServeProcess, outcome: &str| {
         http_metric(&server.http, "kvindex_bootstrap_total", &[&format!("outcome=\"{outcome}\"")])

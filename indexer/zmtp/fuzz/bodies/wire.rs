@@ -1,5 +1,5 @@
 //! The body of the `wire` fuzz target, shared by cargo-fuzz (nightly, `fuzz_targets/wire.rs`)
-//! and the stable, bounded run in the test suite (`indexer/tests/fuzz_corpus.rs`): what the
+//! and the stable, bounded run in the test suite (`indexer/tests/it/fuzz_corpus.rs`): what the
 //! server does with a message's frames once ZMTP has delivered them: vLLM's live and replay
 //! frame layouts (`parse_live`, `parse_replay`), the msgpack event batch (`decode_batch`), the
 //! topic (`parse_topic`) and applying whatever decodes to an index. The input's first byte

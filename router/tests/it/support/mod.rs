@@ -1,5 +1,5 @@
-//! What the router's integration tests share: the real binaries (`kvindex serve`,
-//! `kvindex-sim`, `kvindex-router`, started through the loadtest crate's launchers), an HTTP
+//! What the router's integration tests share: the real binaries (`kvindex serve` through the
+//! testkit's launcher, `kvindex-sim` and `kvindex-router` through the loadtest crate's), an HTTP
 //! client that keeps headers and streamed chunks, and scripted fake pods for the behaviours a
 //! simulator cannot be asked for (a recorded stream replayed byte for byte, a pod that hangs,
 //! dies before answering, or dies mid-stream), and a real Envoy running the configs `deploy/`
@@ -21,6 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 pub use kvindex_loadtest::kvindex_service::{sim_next_seq, KvindexService};
 pub use kvindex_loadtest::process::{required_binary, ChildProcess, RouterProcess, SimFleet, SimPod};
+pub use kvindex_testkit::serve::{Serve, Serving};
 use serde_json::Value;
 
 pub const DEADLINE: Duration = Duration::from_secs(30);

@@ -1,6 +1,6 @@
 //! The server crate's test support: the service started in process on loopback ports 0
-//! ([`Server`], through `kvindex_server::run`) or as the `kvindex` binary ([`ServeProcess`],
-//! for the tests of the binary itself), the independent Python peers
+//! ([`Server`], through `kvindex_server::run`) or as the `kvindex` binary ([`kvindex_serve`], the
+//! testkit's launcher, for the tests of the binary itself), the independent Python peers
 //! (`tests/python/kvpeer.py`: pyzmq publishers, msgspec encoder, grpcio client), a small HTTP
 //! client, the vLLM vectors and the reference model of what an engine holds.
 //!
@@ -11,16 +11,16 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvindex_testkit::json_peer::line_reader;
 use serde_json::{json, Value};
 
-#[path = "../../../../tests/support/reference.rs"]
+#[path = "../../../../tests/it/support/reference.rs"]
 pub mod reference;
 pub mod sglang;
-#[path = "../../../../tests/support/vectors.rs"]
+#[path = "../../../../tests/it/support/vectors.rs"]
 pub mod vectors;
 #[allow(unused_imports)] // not every test uses the vectors
 pub use vectors::*;
@@ -335,64 +335,16 @@ fn init_logs() {
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().with_ansi(false).try_init();
 }
 
-/// A `kvindex serve` child process, for the tests of the binary itself: started with `args`
-/// (its addresses read back from its `KVINDEX_LISTENING` line), killed when dropped.
-pub struct ServeProcess {
-    pub child: Child,
-    pub grpc: String,
-    pub http: String,
-    pub zmq: Option<String>,
-    /// The metrics-only listener (`--metrics-addr`), when the server has one.
-    pub metrics: Option<String>,
-    /// The probe listener (`--probe-addr`), when the server has one.
-    pub probe: Option<String>,
-}
+/// A `kvindex serve` child process, for the tests of the binary itself: the testkit's launcher
+/// (its addresses read back from its `KVINDEX_LISTENING` line, killed when dropped).
+pub use kvindex_testkit::serve::Serving as ServeProcess;
 
-impl ServeProcess {
-    pub fn start(args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kvindex"));
-        command.arg("serve").args(args);
-        Self::spawn(command, env)
-    }
-
-    /// [`ServeProcess::start`] under a descriptor limit (`ulimit -n`, soft and hard), as a
-    /// container's RLIMIT_NOFILE would set it.
-    pub fn start_with_open_files(max_open_files: u32, args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
-        let mut command = Command::new("bash");
-        command
-            .arg("-c")
-            .arg(format!("ulimit -n {max_open_files} && exec \"$0\" serve \"$@\""))
-            .arg(env!("CARGO_BIN_EXE_kvindex"))
-            .args(args);
-        Self::spawn(command, env)
-    }
-
-    fn spawn(mut command: Command, env: &[(&str, &str)]) -> ServeProcess {
-        let mut child = command
-            .envs(env.iter().copied())
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn kvindex");
-        let lines = line_reader(child.stdout.take().unwrap());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("kvindex serve exited with {status}");
-            }
-            assert!(Instant::now() < deadline, "no KVINDEX_LISTENING line within 30s");
-            let Ok(line) = lines.recv_timeout(Duration::from_millis(50)) else { continue };
-            if let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") {
-                let field = |name: &str| {
-                    rest.split_whitespace().find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')).map(str::to_string)
-                };
-                let zmq = field("zmq").filter(|z| z != "-");
-                let (grpc, http, metrics) = (field("grpc").unwrap(), field("http").unwrap(), field("metrics"));
-                return ServeProcess { grpc, http, zmq, metrics, probe: field("probe"), child };
-            }
-        }
-    }
+/// This crate's `kvindex serve`, logging at `$RUST_LOG` (default info) to the test's output;
+/// the caller adds the flags and starts it.
+pub fn kvindex_serve() -> kvindex_testkit::serve::Serve {
+    kvindex_testkit::serve::Serve::new(env!("CARGO_BIN_EXE_kvindex"))
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .logging()
 }
 
 /// Runs `kvindex serve` with `args`, expecting it to refuse to start: waits at most `secs`
@@ -443,13 +395,6 @@ pub fn serve_refused(args: &[&str], secs: u64) -> (std::process::ExitStatus, Str
         err.push('\n');
     }
     (status, err)
-}
-
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// `pod`'s entry in the `/debug/sources` of the server whose HTTP address is `http`.

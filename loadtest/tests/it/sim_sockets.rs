@@ -1,17 +1,15 @@
 //! The `kvindex-sim` binary on real 127.0.0.1 sockets: its PUB stream (SUB), its replay ROUTER
 //! (DEALER), its OpenAI API and metrics, and the fault knobs. Every wait has a deadline.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::support::{http, post_json};
 use bytes::Bytes;
 use kvindex::wire::{decode_batch, parse_live, parse_replay, Event, ReplayReply};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
 use serde_json::{json, Value};
-use support::{http, post_json};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 const MODEL: &str = "sim/model";

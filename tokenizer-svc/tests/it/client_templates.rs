@@ -4,7 +4,7 @@
 //! child process: every bomb ends within its budget with a clear error while the server's own
 //! memory stays flat, real templates render exactly as in process, and SIGTERM stops a server
 //! in the middle of a render.
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use common::trained;
+use crate::common::trained;
 use kvindex_proto::tokenization as pb;
 use kvindex_proto::tokenization::tokenization_service_client::TokenizationServiceClient;
 use kvindex_tokenizer::client_template::Rejection;

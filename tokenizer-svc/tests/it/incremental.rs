@@ -4,14 +4,14 @@
 //! (special-token strings in user content, edited histories, eviction under pressure, two models
 //! on the same text, concurrent threads) and random conversations (proptest). Reuse statistics
 //! are asserted too, so that a silently disabled cache fails these tests.
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use common::trained;
+use crate::common::trained;
 use kvindex_tokenizer::{ChatRequest, LoadedModel, RegistryConfig, TokenizerRegistry};
 use proptest::prelude::*;
 use serde_json::{json, Value as Json};

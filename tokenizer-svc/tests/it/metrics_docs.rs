@@ -6,6 +6,6 @@
 fn readme_metrics_match_the_metric_tables() {
     let tables = [kvindex_tokenizer::telemetry::METRICS, kvindex_tokenizer::client_template::METRICS];
     let mut problems: Vec<String> = tables.iter().flat_map(|t| kvindex_metric_defs::check_table(t)).collect();
-    problems.extend(kvindex_metric_defs::doc::check(&tables, include_str!("../README.md")));
+    problems.extend(kvindex_metric_defs::doc::check(&tables, include_str!("../../README.md")));
     assert!(problems.is_empty(), "tokenizer-svc/README.md disagrees with the metric tables:\n{}", problems.join("\n"));
 }

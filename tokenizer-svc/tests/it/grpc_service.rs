@@ -1,11 +1,11 @@
 //! llm-d's TokenizationService end to end over real gRPC on loopback TCP and a Unix socket,
 //! with a tonic client: every method, the `success=false` error contract (and `INVALID_ARGUMENT`
 //! for a client chat template while they are off), health and reflection.
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
-use common::trained;
+use crate::common::trained;
 use kvindex_proto::tokenization as pb;
 use kvindex_proto::tokenization::tokenization_service_client::TokenizationServiceClient;
 use kvindex_tokenizer::server::{serve, BoundListeners};

@@ -5,7 +5,7 @@
 //! vLLM's coordinator serves it: the reference tries every length from the longest down and
 //! takes the first every group can serve.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 
@@ -13,8 +13,8 @@ use kvindex::wire::{self, Event};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
 use serde_json::Value;
 
-use support::reference::{Reference, BLOCK};
-use support::{frame_files, frames_of, read_records};
+use crate::support::reference::{Reference, BLOCK};
+use crate::support::{frame_files, frames_of, read_records};
 
 /// Blocks `pod` is credited for the plain prompt `tokens`.
 fn score_exactly(index: &KvIndex, pod: &str, tokens: &[u32]) -> u32 {

@@ -2,9 +2,9 @@
 //! frames) plus fixed-seed mutations of it (see `zmtp/fuzz/bodies/corpus.rs`). cargo-fuzz runs
 //! the same body coverage-guided on nightly (`cd indexer/zmtp/fuzz && cargo +nightly fuzz run wire seeds/wire`).
 
-#[path = "../zmtp/fuzz/bodies/corpus.rs"]
+#[path = "../../zmtp/fuzz/bodies/corpus.rs"]
 mod corpus;
-#[path = "../zmtp/fuzz/bodies/wire.rs"]
+#[path = "../../zmtp/fuzz/bodies/wire.rs"]
 mod wire;
 
 #[test]

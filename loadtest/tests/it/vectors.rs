@@ -2,14 +2,12 @@
 //! its encoder reproduces vLLM's captured payloads byte for byte, and kvindex's decoder reads
 //! what it publishes.
 
-mod support;
-
+use crate::support::{hash_u64, hex, read_jsonl};
 use kvindex::wire::{decode_batch, Event};
 use kvindex_loadtest::engine::{Engine, EngineConfig, KvEvent, NewRequest};
 use kvindex_loadtest::fleet::offset_endpoint_port;
 use kvindex_loadtest::wire::{encode_batch, WireVersion};
 use serde_json::Value;
-use support::{hash_u64, hex, read_jsonl};
 
 /// All events of running one request to completion.
 fn events_of(engine: &mut Engine, prompt: Vec<u32>, max_tokens: usize) -> Vec<KvEvent> {

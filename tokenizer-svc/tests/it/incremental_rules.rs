@@ -4,12 +4,12 @@
 //! non-identity normalizer keeps normalized tokens out, and truncation, `trim_offsets` or a
 //! vocabulary without a usable token fall back to full tokenization. Every case compares the
 //! registry (prefix cache on) with the model's full tokenization, after caching prefixes.
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use common::trained;
+use crate::common::trained;
 use kvindex_tokenizer::{RegistryConfig, TokenizerRegistry};
 use proptest::prelude::*;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};

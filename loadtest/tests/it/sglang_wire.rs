@@ -3,13 +3,11 @@
 //! (GPU pages of plain token ids, no salt, adapter or session) is re-encoded from its decoded
 //! form and must equal the captured payload; and kvindex decodes what the simulator sends.
 
-mod support;
-
+use crate::support::{read_records, sglang_frame_files};
 use kvindex::wire::{decode_batch_as, Engine, Event};
 use kvindex_loadtest::engine::KvEvent;
 use kvindex_loadtest::wire::{encode_batch, WireVersion};
 use serde_json::Value;
-use support::{read_records, sglang_frame_files};
 
 /// `"0x…"` or a signed decimal → the id's u64 bits.
 fn id_bits(text: &str) -> u64 {

@@ -1,10 +1,10 @@
 //! Bad input never panics: arbitrary templates, messages, kwargs and text give `Ok` or a typed
 //! error, on a tokenizer trained in the test.
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 
-use common::trained;
+use crate::common::trained;
 use kvindex_tokenizer::{ChatRequest, ClientTemplates, RegistryConfig, TokenizerRegistry};
 use proptest::prelude::*;
 use serde_json::{json, Value as Json};

@@ -1,8 +1,8 @@
 //! Library behaviour on tokenizers trained in the test: tokenization with offsets, BOS rules,
 //! chat rendering paths, template selection, clear errors and the bounded model cache.
-mod common;
+use crate::common;
 
-use common::trained;
+use crate::common::trained;
 use kvindex_tokenizer::{ChatRequest, ClientTemplates, RegistryConfig, TokenizerError, TokenizerRegistry};
 use serde_json::json;
 

@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests: the vLLM vectors in the repository (the core's
-//! `tests/support/vectors.rs`), a minimal HTTP/1.1 client over a real 127.0.0.1 socket, and
+//! `tests/it/support/vectors.rs`), a minimal HTTP/1.1 client over a real 127.0.0.1 socket, and
 //! waiting on conditions with deadlines.
 #![allow(dead_code)]
 
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-#[path = "../../../indexer/tests/support/vectors.rs"]
+#[path = "../../../../indexer/tests/it/support/vectors.rs"]
 pub mod vectors;
 #[allow(unused_imports)] // not every test uses the vectors
 pub use vectors::*;

@@ -2,13 +2,13 @@
 //! types, huge declared lengths, unknown tags, empty batches, deep nesting and random damage to
 //! real vLLM payloads give an error (nothing applied) or a skip (only the valid events apply).
 
-mod support;
+use crate::support;
 
 use kvindex::wire::{self, Event, WireError};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery};
 use proptest::prelude::*;
 
-use support::{frame_files, frames_of, read_records};
+use crate::support::{frame_files, frames_of, read_records};
 
 /// Every live payload of the public vectors.
 fn real_payloads() -> Vec<Vec<u8>> {

@@ -1,7 +1,7 @@
 //! The `kvindex-tokenizer` binary, started with the fixed CLI contract, driven by a Python
 //! `grpcio` client (tests/python/grpc_client.py) over TCP and a Unix socket, with every answer
 //! checked against transformers, plus the Prometheus endpoint.
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

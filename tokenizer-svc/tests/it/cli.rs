@@ -1,13 +1,13 @@
 //! The binary's fixed command-line contract: `serve --grpc-addr <host:port> [--uds <path>]
 //! [--model <name>=<dir>]... [--models-dir <dir>]`, its start-up errors and graceful shutdown.
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::trained;
+use crate::common::trained;
 
 /// Kills the server if the test fails before it exits on its own.
 struct Running(std::process::Child);

@@ -3,7 +3,7 @@
 
 #[test]
 fn the_core_depends_on_no_service_crate() {
-    let manifest: toml::Table = include_str!("../Cargo.toml").parse().expect("indexer/Cargo.toml parses");
+    let manifest: toml::Table = include_str!("../../Cargo.toml").parse().expect("indexer/Cargo.toml parses");
     let deps = manifest["dependencies"].as_table().expect("[dependencies]");
     let service_only = [
         "tokio",

@@ -7,16 +7,15 @@
 //! `cargo build -p kvindex-server --bin kvindex`), or `$KVINDEX_BIN`. Without it the test is skipped
 //! with a message, except under `CI`, where it fails.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::support::{http, kvindex_binary, post_json, post_json_as, wait_for, Process};
 use kvindex_proto::kvindex::v1::indexer_client::IndexerClient;
 use kvindex_proto::kvindex::v1::ScoreTokensRequest;
+use kvindex_testkit::serve::Serve;
 use serde_json::{json, Value};
-use support::{http, kvindex_binary, post_json, post_json_as, wait_for, Process};
 
 const MODEL: &str = "sim/model";
 const BLOCK: usize = 16;
@@ -68,31 +67,17 @@ async fn kvindex_serve_scores_predict_the_simulators_cached_tokens() {
     let Some(binary) = kvindex_binary() else {
         return;
     };
-    let (mut grpc, mut kv_http, mut zmq) = (String::new(), String::new(), String::new());
     // Pod registration is off unless kvindex serve is given a bearer token.
     let token = format!("kvindex-loadtest-test-token-{}", std::process::id());
     let token_file = std::env::temp_dir().join(format!("kvindex-loadtest-test-token-{}", std::process::id()));
     std::fs::write(&token_file, &token).expect("token file");
-    let _server = spawn_reading(
-        Command::new(binary)
-            .args(["serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--admin-token-file"])
-            .arg(&token_file),
-        |line| {
-            let Some(rest) = line.strip_prefix("KVINDEX_LISTENING ") else {
-                return false;
-            };
-            for pair in rest.split_whitespace() {
-                match pair.split_once('=') {
-                    Some(("grpc", v)) => grpc = v.to_string(),
-                    Some(("http", v)) => kv_http = v.to_string(),
-                    Some(("zmq", v)) => zmq = v.to_string(),
-                    _ => {}
-                }
-            }
-            true
-        },
-    );
+    let server = Serve::new(binary)
+        .loopback()
+        .args(["--zmq-bind", "tcp://127.0.0.1:0", "--block-size", "16", "--admin-token-file"])
+        .arg(&token_file)
+        .start()
+        .expect("kvindex serve");
+    let (grpc, kv_http, zmq) = (server.grpc.clone(), server.http.clone(), server.zmq());
     let mut pods: Vec<Value> = Vec::new();
     let _sim = spawn_reading(
         Command::new(env!("CARGO_BIN_EXE_kvindex-sim"))

@@ -18,7 +18,7 @@ use kvindex::wire::{self, Event};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery, SkipReason};
 use serde_json::Value;
 
-mod support;
+use crate::support;
 
 const POD: &str = "127.0.0.1:18300";
 const MODEL: &str = "tiny";

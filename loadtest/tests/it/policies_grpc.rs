@@ -7,15 +7,13 @@
 //! one beside this test's target directory (`cargo build -p kvindex-server --bin kvindex`). Without
 //! it the test is skipped with a message, except under `CI`, where it fails.
 
-mod support;
-
+use crate::support::kvindex_binary;
 use kvindex_loadtest::driver::run;
 use kvindex_loadtest::engine::EngineConfig;
 use kvindex_loadtest::policy::precise::Precise;
 use kvindex_loadtest::policy::precise_grpc::PreciseGrpc;
 use kvindex_loadtest::policy::round_robin::RoundRobin;
 use kvindex_loadtest::workload::MultiTurnConfig;
-use support::kvindex_binary;
 
 const SCALE: usize = 16;
 const PODS: usize = 4;

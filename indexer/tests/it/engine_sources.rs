@@ -4,14 +4,12 @@
 //! (EAGLE) pages, partial last pages and multimodal blocks credit no plain prompt, whole pages
 //! credit exactly their prefix.
 
-mod support;
-
+use crate::support::{frames_of, read_records, sglang_frame_files, sglang_vectors_dir};
 use kvindex::sglang::ports::{publisher_rank, rank_endpoint};
 use kvindex::sglang::PageRules;
 use kvindex::wire::{self, Engine, Event, EventBatch};
 use kvindex::{KvIndex, KvIndexConfig, ScoreQuery, SkipReason};
 use serde_json::Value;
-use support::{frames_of, read_records, sglang_frame_files, sglang_vectors_dir};
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 

@@ -3,16 +3,14 @@
 //! `hash_provenance`. `KVINDEX_VECTORS=<dir>` points the tests at another corpus with the same
 //! layout (e.g. the held-out one).
 
-mod support;
-
 use std::collections::BTreeMap;
 
 use serde_json::Value as Json;
 
+use crate::support::{frame_files, read_jsonl, read_records};
 use kvindex::vllm_hash::{
     BlockHasher, DigestBytes, HashAlgo, InternalHash, ParentRef, PublishedHash, PyValue, VllmHashConfig, VllmVersion,
 };
-use support::{frame_files, read_jsonl, read_records};
 
 fn config_of(record: &Json) -> VllmHashConfig {
     VllmHashConfig {

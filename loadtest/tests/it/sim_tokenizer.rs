@@ -8,16 +8,14 @@
 //! model, 129k vocabulary). Without them the test is skipped with a message, except under `CI`,
 //! where it fails.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use crate::support::{post_json, Process};
 use kvindex_tokenizer::{ChatRequest, RegistryConfig, TokenizerRegistry};
 use serde_json::{json, Value};
-use support::{post_json, Process};
 
 const MODEL: &str = "deepseek-sim";
 const DEADLINE: Duration = Duration::from_secs(60);
