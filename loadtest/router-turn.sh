@@ -78,7 +78,12 @@ log, dirs = sys.argv[1], sys.argv[2:]
 rows = {}
 for line in open(log):
     d, rep, case, rest = line.split(" ", 3)
-    figures = dict((f"{stage} {q}", float(v)) for stage, q, v in re.findall(r"(total|tokenize|render|encode|score|pick) (p50|p99) ([0-9.]+)", rest))
+    figures, stage = {}, None
+    for word, value in re.findall(r"([a-z0-9]+)\W+([0-9.]+)?", rest):
+        if word in ("total", "tokenize", "render", "encode", "score", "pick"):
+            stage = word
+        elif word in ("p50", "p99") and stage and value:
+            figures[f"{stage} {word}"] = float(value)
     rows.setdefault((case, d), []).append(figures)
 names = lambda d: d.rstrip("/").split("/")[-1]
 for case in ("next-turn", "first-seen"):
