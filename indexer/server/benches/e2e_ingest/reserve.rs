@@ -10,10 +10,6 @@
 //! server, same prompt: the difference between the cells is the reservations. Reports the
 //! ScoreTokens latency (client and server histogram), the server's cores, and its CPU per
 //! reservation ((cores with − cores without) / reservations taken per second).
-//!
-//! Not yet run to the end: its first run (2026-12-06) printed nothing within a minute after
-//! the server listened (the holders' sources were EXACT), so it waits somewhere before its first
-//! cell, likely in `hold_prompt` (this phase's server has an admin token, phase 2's has none).
 
 use std::collections::VecDeque;
 

@@ -389,7 +389,8 @@ pub(super) async fn connect_holders(server: &Server) -> Vec<PubSocket> {
 }
 
 /// Each of the 4 holder pods stores the whole prompt as one 512-block BlockStored (sequence
-/// number `seq`); returns once ScoreTokens sees all of it.
+/// number `seq`); returns once ScoreTokens credits each all it may (every block but the one
+/// holding the prompt's last token).
 pub(super) async fn hold_prompt(server: &Server, holders: &mut [PubSocket], prompt: &[u32], seq: u64) {
     for (p, sock) in holders.iter_mut().enumerate() {
         let hashes: Vec<u64> = (0..512u64).map(|b| 0xabc0_0000 + ((p as u64) << 32) + b).collect();
@@ -413,7 +414,10 @@ pub(super) async fn hold_prompt(server: &Server, holders: &mut [PubSocket], prom
     let req = ScoreTokensRequest { model: MODEL.into(), token_ids: prompt.to_vec(), ..Default::default() };
     loop {
         let r = client.score_tokens(req.clone()).await.unwrap().into_inner();
-        if r.scores.len() == 4 && r.scores.iter().all(|s| s.matched_blocks == 512) {
+        // The engine computes at least the prompt's last token, so a pod holding all of it is
+        // credited `(len - 1) / block` blocks (511 of 512 here), not every block.
+        let servable = ((prompt.len() - 1) / BLOCK) as u32;
+        if r.scores.len() == 4 && r.scores.iter().all(|s| s.matched_blocks == servable) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
