@@ -4,7 +4,10 @@
 //! conversations (published by `kvindex-sim` pods that served them).
 //!
 //! Two cases: the first time a chat is seen (everything tokenized), and its next turn (the
-//! whole history again plus one question, as OpenAI clients send it).
+//! whole history again plus one question, as OpenAI clients send it). The tokenize stage is
+//! split in two: `render` (the chat template alone, timed again right after the route on the
+//! same messages) and `encode` (tokenize − render: the incremental tokenization and the hop off
+//! the async workers).
 //!
 //! ```sh
 //! source scripts/env.sh
@@ -21,7 +24,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvindex_router::{Decision, Prompt, RouteRequest, Router};
 use kvindex_testkit::callgrind;
@@ -39,6 +42,8 @@ fn request(messages: &[Value]) -> RouteRequest {
 struct Samples {
     total: Vec<u64>,
     tokenize: Vec<u64>,
+    render: Vec<u64>,
+    encode: Vec<u64>,
     score: Vec<u64>,
     pick: Vec<u64>,
     tokens: Vec<usize>,
@@ -46,9 +51,11 @@ struct Samples {
 }
 
 impl Samples {
-    fn add(&mut self, d: &Decision) {
+    fn add(&mut self, (d, render_us): &(Decision, u64)) {
         self.total.push(d.timings.total_us);
         self.tokenize.push(d.timings.tokenize_us);
+        self.render.push(*render_us);
+        self.encode.push(d.timings.tokenize_us.saturating_sub(*render_us));
         self.score.push(d.timings.score_us);
         self.pick.push(d.timings.pick_us);
         self.tokens.push(d.prompt_tokens.unwrap_or(0));
@@ -63,12 +70,16 @@ impl Samples {
         let tokens = self.tokens.iter().sum::<usize>() / self.tokens.len().max(1);
         let matched = self.matched.iter().map(|&m| m as usize).sum::<usize>() / self.matched.len().max(1);
         println!(
-            "{name:<10} n={:<4} tokens≈{tokens:<5} matched≈{matched:<4} total p50 {:.3} ms p99 {:.3} ms | tokenize p50 {:.3} p99 {:.3} | score p50 {:.3} p99 {:.3} | pick p50 {:.3} p99 {:.3}",
+            "{name:<10} n={:<4} tokens≈{tokens:<5} matched≈{matched:<4} total p50 {:.3} ms p99 {:.3} ms | tokenize p50 {:.3} p99 {:.3} (render p50 {:.3} p99 {:.3}, encode p50 {:.3} p99 {:.3}) | score p50 {:.3} p99 {:.3} | pick p50 {:.3} p99 {:.3}",
             self.total.len(),
             pct(&mut self.total, 0.5),
             pct(&mut self.total, 0.99),
             pct(&mut self.tokenize, 0.5),
             pct(&mut self.tokenize, 0.99),
+            pct(&mut self.render, 0.5),
+            pct(&mut self.render, 0.99),
+            pct(&mut self.encode, 0.5),
+            pct(&mut self.encode, 0.99),
             pct(&mut self.score, 0.5),
             pct(&mut self.score, 0.99),
             pct(&mut self.pick, 0.5),
@@ -82,8 +93,9 @@ fn counted_case() -> String {
     std::env::var("COUNT").unwrap_or_else(|_| "next-turn".into())
 }
 
-/// One route, counted by callgrind when `counted` (and the bench runs under it).
-async fn route(router: &Router, messages: &[Value], counted: bool) -> Decision {
+/// One route, counted by callgrind when `counted` (and the bench runs under it), and the
+/// microseconds its chat template takes to render alone (timed right after, uncounted).
+async fn route(router: &Router, messages: &[Value], counted: bool) -> (Decision, u64) {
     let request = request(messages);
     if counted {
         callgrind::start();
@@ -92,7 +104,11 @@ async fn route(router: &Router, messages: &[Value], counted: bool) -> Decision {
     if counted {
         callgrind::stop();
     }
-    decision
+    let Prompt::Chat(chat) = &request.prompt else { unreachable!("the bench sends chats") };
+    let registry = router.tokenizers().registry().expect("the in-process tokenizer");
+    let started = Instant::now();
+    registry.render_chat_text(MODEL, chat).expect("render");
+    (decision, started.elapsed().as_micros() as u64)
 }
 
 fn main() {
