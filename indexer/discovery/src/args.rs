@@ -5,11 +5,12 @@
 
 use std::time::Duration;
 
+use crate::settings::Settings;
 use crate::settings::{
     DEFAULT_HTTP_PORT, DEFAULT_LABEL_SELECTOR, DEFAULT_PROBE_TIMEOUT, DEFAULT_PUB_PORT, DEFAULT_REPLAY_PORT,
     MAX_DP_SIZE,
 };
-use crate::{watcher, ApiServer, Settings, WatchConfig};
+use crate::watcher::{self, ApiServer, WatchConfig};
 
 /// Kubernetes pod discovery (`--discovery kubernetes`). Unset values take the defaults below
 /// when checked; a service layers its other sources (a config file) under the flags first.

@@ -32,10 +32,10 @@ use rustc_hash::FxHashMap;
 pub use super::engine_blocks::ChainParent;
 use super::engine_blocks::EngineBlocks;
 use super::groups::{GroupKind, GroupSpec, MAX_GROUPS};
+use super::kv_index::KvIndex;
 use super::tiers::{TierId, MAX_TIERS};
 use super::tree::{HeldBlock, ParentKey, Pos};
 use super::units::lcm;
-use super::KvIndex;
 use crate::keys::BlockKey;
 
 /// One pod's residencies, as events established them.

@@ -3,8 +3,8 @@
 //! arithmetic is in [`digest`](super::digest); this file reads it off a live index).
 
 use super::digest::combine;
+use super::kv_index::KvIndex;
 use super::tiers::TierId;
-use super::KvIndex;
 
 /// What a replica holds for a pod, in one comparable number (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,8 @@
 //! §4.2.1, while a general crate would add serde plumbing and its own choices (e.g. for big ints)
 //! to audit. It also writes straight into a caller-owned buffer, so hashing a block allocates nothing.
 
-use super::{InternalHash, PyValue};
+use super::internal::InternalHash;
+use super::py_value::PyValue;
 
 const MAJOR_UNSIGNED: u8 = 0;
 const MAJOR_NEGATIVE: u8 = 1;

@@ -3,14 +3,17 @@
 
 use sha2::{Digest as _, Sha256};
 
+use super::algo::HashAlgo;
 use super::algo::{DigestFn, Serialization};
+use super::config::VllmHashConfig;
+use super::error::VllmHashError;
 use super::internal::{low_u64_be, InternalForm};
+use super::internal::{DigestBytes, InternalHash};
+use super::none_hash::NoneHashRule;
+use super::py_value::PyValue;
+use super::verify::{ParentRef, PublishedHash, Verification};
 use super::version::boundary;
 use super::{cbor, pickle};
-use super::{
-    DigestBytes, HashAlgo, InternalHash, NoneHashRule, ParentRef, PublishedHash, PyValue, Verification, VllmHashConfig,
-    VllmHashError,
-};
 
 /// Reproduces one engine's block hashes. Built once per (version, algo, seed); NONE_HASH is
 /// precomputed. Cheap to share (`&self` everywhere, no interior mutability).

@@ -1,8 +1,10 @@
 //! NONE_HASH, the parent of every chain's first block: which seed and recipe a (version, algo,
 //! `PYTHONHASHSEED`) uses, including the releases where an unset seed makes it random.
 
+use super::algo::HashAlgo;
+use super::error::VllmHashError;
 use super::version::boundary;
-use super::{HashAlgo, VllmHashError, VllmVersion};
+use super::version::VllmVersion;
 
 /// Seed vLLM >= 0.29 uses for the crypto algos when `PYTHONHASHSEED` is unset (`DEFAULT_NONE_HASH_SEED`).
 pub const DEFAULT_NONE_HASH_SEED: &str = "vllm-none-hash";

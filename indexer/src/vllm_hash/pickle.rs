@@ -21,7 +21,8 @@
 
 use smallvec::SmallVec;
 
-use super::{InternalHash, PyValue};
+use super::internal::InternalHash;
+use super::py_value::PyValue;
 
 const PROTO: u8 = 0x80;
 const PROTOCOL_VERSION: u8 = 5;

@@ -1,6 +1,6 @@
 //! The Python values vLLM folds into a block hash as `extra_keys`, as the serializers see them.
 
-use super::VllmHashError;
+use super::error::VllmHashError;
 
 /// A Python value that can appear in `extra_keys` (LoRA ids/names, multimodal identifiers and
 /// offsets, cache salts, prompt-embeds digests, and tuples of those).

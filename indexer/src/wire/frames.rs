@@ -7,7 +7,7 @@
 //! (vllm#57789): the same 8-byte seq followed by a 16-byte publisher epoch, which changes when
 //! the publisher restarts (see `Sequencer::on_epoch`).
 
-use super::WireError;
+use super::error::WireError;
 
 /// Sequence number vLLM sends (as 8 bytes `ff…ff`) to mark the end of a replay.
 pub const END_OF_REPLAY_SEQ: u64 = u64::MAX;

@@ -15,8 +15,10 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use super::engine::Engine;
+use super::error::WireError;
+use super::event::{BlockRemoved, BlockStored, EngineHash, Event, EventBatch, OddTokens, Value};
 use super::limits::{MAX_DEPTH, MAX_PREALLOC};
-use super::{BlockRemoved, BlockStored, Engine, EngineHash, Event, EventBatch, OddTokens, Value, WireError};
 
 /// Decodes a vLLM `KVEventBatch` payload.
 pub fn decode_batch(payload: &[u8]) -> Result<EventBatch<'_>, WireError> {

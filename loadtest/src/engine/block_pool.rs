@@ -15,9 +15,9 @@ use std::collections::HashMap;
 
 use kvindex::vllm_hash::InternalHash;
 
+use super::block_id::BlockId;
 use super::event::KvEvent;
 use super::free_queue::FreeQueue;
-use super::BlockId;
 
 const NULL_BLOCK: BlockId = 0;
 

@@ -4,7 +4,7 @@
 //! an evictable block can take it out of the middle in O(1) and allocation pops the oldest
 //! block from the front in O(1).
 
-use super::BlockId;
+use super::block_id::BlockId;
 
 const NIL: u32 = u32::MAX;
 

@@ -3,8 +3,8 @@
 
 use kvindex::vllm_hash::BlockHasher;
 
+use super::block_id::BlockId;
 use super::block_pool::BlockHash;
-use super::BlockId;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RequestId(pub u64);

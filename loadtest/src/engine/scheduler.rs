@@ -7,11 +7,11 @@ use std::collections::VecDeque;
 
 use kvindex::vllm_hash::{BlockHasher, VllmHashError};
 
+use super::block_id::BlockId;
 use super::block_pool::BlockPool;
 use super::config::EngineConfig;
 use super::event::KvEvent;
 use super::request::{splitmix64, NewRequest, Request, RequestId};
-use super::BlockId;
 
 /// Why a request cannot be accepted at all (it would wait forever).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

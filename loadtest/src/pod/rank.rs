@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{RequestEvent, SubmitError};
+use super::submission::{RequestEvent, SubmitError};
 use crate::engine::{Engine, EngineStats, NewRequest, RejectReason, RequestId, RequestUpdate};
 use crate::wire::Publisher;
 

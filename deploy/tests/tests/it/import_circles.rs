@@ -21,17 +21,17 @@ const BASELINE: &[(&str, usize)] = &[
     ("loadtest/src", 0),
 ];
 
-/// Files inside import circles as the text reads, per crate (2026-12-06). The core's, the
-/// discovery crate's and the load generator's circles run through their `mod.rs` re-exports.
+/// Files inside import circles as the text reads, per crate (a path through a `pub use` is an
+/// edge to the re-exporting file). Every crate is at 0 since 2026-12-06.
 const BASELINE_AS_WRITTEN: &[(&str, usize)] = &[
     ("proto/src", 0),
-    ("indexer/src", 12),
+    ("indexer/src", 0),
     ("indexer/zmtp/src", 0),
-    ("indexer/discovery/src", 2),
+    ("indexer/discovery/src", 0),
     ("indexer/server/src", 0),
     ("router/src", 0),
     ("tokenizer-svc/src", 0),
-    ("loadtest/src", 7),
+    ("loadtest/src", 0),
 ];
 
 #[test]
