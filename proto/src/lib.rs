@@ -1,7 +1,6 @@
 //! Generated gRPC types for kvindex's own API and the llm-d compatible services.
 //! Each module mirrors one protobuf package; the `.proto` files are the contract.
 
-pub mod direct_channel;
 pub mod score_query;
 
 /// Encoded `FileDescriptorSet` of every service here, for gRPC server reflection.

@@ -13,12 +13,9 @@ use std::sync::Arc;
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, DecodeContext, WireType};
 use prost::{DecodeError, Message};
-use tonic::client::GrpcService;
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::codegen::{Body, Bytes, GrpcMethod, StdError};
+use tonic::codegen::GrpcMethod;
 use tonic::transport::Channel;
-
-use crate::direct_channel::DirectChannel;
 
 use crate::kvindex::v1::{ScoreTokensRequest, ScoreTokensResponse};
 
@@ -117,30 +114,8 @@ pub async fn score_tokens(
     channel: Channel,
     request: tonic::Request<ScoreQuery>,
 ) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status> {
-    unary(tonic::client::Grpc::new(channel), request).await
-}
-
-/// [`score_tokens`] on a [`DirectChannel`]: the request goes from the caller's task straight to
-/// the connection's (see `direct_channel`).
-pub async fn score_tokens_direct(
-    channel: &DirectChannel,
-    request: tonic::Request<ScoreQuery>,
-) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status> {
-    let sender = channel.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    unary(tonic::client::Grpc::with_origin(sender, channel.origin().clone()), request).await
-}
-
-async fn unary<T>(
-    mut grpc: tonic::client::Grpc<T>,
-    request: tonic::Request<ScoreQuery>,
-) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status>
-where
-    T: GrpcService<tonic::body::Body>,
-    T::Error: Into<StdError>,
-    T::ResponseBody: Body<Data = Bytes> + Send + 'static,
-    <T::ResponseBody as Body>::Error: Into<StdError> + Send,
-{
-    grpc.ready().await.map_err(|e| tonic::Status::unknown(format!("Service was not ready: {}", e.into())))?;
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
     let codec = tonic_prost::ProstCodec::<ScoreQuery, ScoreTokensResponse>::default();
     let path = PathAndQuery::from_static("/kvindex.v1.Indexer/ScoreTokens");
     let mut request = request;

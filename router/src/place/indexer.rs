@@ -8,17 +8,13 @@
 //! rotation and probed in the background until it answers again, so a hung indexer (stopped,
 //! not dead) costs a few deadlines, not one per request, while one slow answer under a burst
 //! does not cost the index for a whole probe interval. Connections are opened at start for the same reason: a cold
-//! HTTP/2 handshake does not fit in a few milliseconds. Without TLS, ScoreTokens goes over a
-//! connection of its own driven directly (`kvindex_proto::direct_channel`: no buffer task between
-//! the request and the connection, keep-alive pings while idle); the other calls, and every call
-//! over TLS, use tonic's channel.
+//! HTTP/2 handshake does not fit in a few milliseconds.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use kvindex_proto::direct_channel::DirectChannel;
 use kvindex_proto::kvindex::v1 as pb;
 use kvindex_proto::score_query::{self, ScoreQuery};
 use parking_lot::Mutex;
@@ -56,18 +52,13 @@ impl ScoreFailure {
 
 /// How long a background probe may take (it holds up no request).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long opening a connection to an indexer may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Missed deadlines in a row that take an endpoint out of rotation.
 const TIMEOUTS_BEFORE_DOWN: u32 = 3;
 
 struct IndexerEndpoint {
     addr: String,
-    /// The HTTP/2 connection to it (reconnected by tonic when it breaks), every call's but
-    /// ScoreTokens' when `direct` is set.
+    /// The one HTTP/2 connection to it (reconnected by tonic when it breaks), every call's.
     channel: Channel,
-    /// ScoreTokens' own connection (plain TCP only; over TLS ScoreTokens uses `channel`).
-    direct: Option<DirectChannel>,
     client: IndexerClient<Channel>,
     /// Out of rotation until a probe succeeds.
     down: AtomicBool,
@@ -81,21 +72,11 @@ impl IndexerEndpoint {
         self.down.load(Ordering::Relaxed)
     }
 
-    /// One ScoreTokens call, on the connection scores take.
-    async fn score(&self, call: tonic::Request<ScoreQuery>) -> Result<pb::ScoreTokensResponse, tonic::Status> {
-        let answer = match &self.direct {
-            Some(direct) => score_query::score_tokens_direct(direct, call).await,
-            None => score_query::score_tokens(self.channel.clone(), call).await,
-        };
-        answer.map(tonic::Response::into_inner)
-    }
-
-    /// One cheap call (an empty prompt) that succeeds only if the indexer serves, on the
-    /// connection scores take (opening it at start).
+    /// One cheap call (an empty prompt) that succeeds only if the indexer serves.
     async fn probe(&self) -> bool {
-        let mut call = tonic::Request::new(ScoreQuery::default());
+        let mut call = tonic::Request::new(pb::ScoreTokensRequest::default());
         call.set_timeout(PROBE_TIMEOUT);
-        matches!(tokio::time::timeout(PROBE_TIMEOUT, self.score(call)).await, Ok(Ok(_)))
+        matches!(tokio::time::timeout(PROBE_TIMEOUT, self.client.clone().score_tokens(call)).await, Ok(Ok(_)))
     }
 }
 
@@ -151,19 +132,11 @@ impl IndexerPool {
                         .tls_config(tls.client_config())
                         .map_err(|e| StartError::setting(format!("--indexer {addr}"), e))?;
                 }
-                let channel = endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true).connect_lazy();
-                let direct = match tls {
-                    Some(_) => None,
-                    None => Some(
-                        DirectChannel::new(addr, CONNECT_TIMEOUT)
-                            .map_err(|e| StartError::setting(format!("--indexer {addr}"), e))?,
-                    ),
-                };
+                let channel = endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect_lazy();
                 Ok(Arc::new(IndexerEndpoint {
                     addr: addr.clone(),
                     client: IndexerClient::new(channel.clone()),
                     channel,
-                    direct,
                     down: AtomicBool::new(false),
                     timeouts: AtomicU32::new(0),
                     probing: Mutex::new(false),
@@ -266,10 +239,11 @@ impl IndexerPool {
         }
         let mut attempts = FuturesUnordered::new();
         let launch = |attempts: &mut FuturesUnordered<_>, index: usize| {
-            let endpoint = &self.endpoints[index];
+            let channel = self.endpoints[index].channel.clone();
             let mut call = tonic::Request::new(query.clone());
             call.set_timeout(self.deadline);
-            attempts.push(async move { (index, endpoint.score(call).await) });
+            attempts
+                .push(async move { (index, score_query::score_tokens(channel, call).await.map(|r| r.into_inner())) });
         };
         launch(&mut attempts, order[0]);
         let mut next = 1;

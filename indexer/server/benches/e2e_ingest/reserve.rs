@@ -125,6 +125,11 @@ pub fn run(rate: f64, score_rps: f64, secs: f64) {
         "86400000",
         "--admin-token-file",
         token.path().to_str().unwrap(),
+        // The holders publish once and stay silent, and the `zeromq` crate's PUB answers no ZMTP
+        // PING: at the default idle timeout (60 s) their connections would close mid-phase and
+        // clear the pods, leaving the later cells to score an empty index.
+        "--zmq-idle-timeout-ms",
+        "86400000",
     ]);
     let pid = server.process.pid();
     let prompt: Arc<Vec<u32>> = Arc::new((0..8192u32).map(|i| (i * 31 + 7) % 151_000).collect());

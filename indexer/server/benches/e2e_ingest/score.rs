@@ -10,11 +10,9 @@
 //! the rounds:
 //! - `before`: the generated client on 8 HTTP/2 connections in turn, each call a copy of the
 //!   request (this bench's client until 2026-12);
-//! - `tonic 1 conn`: as `kvindex-router` called until 2026-12-06: one tonic channel (default
-//!   settings, TCP_NODELAY), a [`ScoreQuery`] sharing the token ids;
-//! - `tonic 4 conns`: the same over 4 channels in turn (whether a pool of connections helps);
-//! - `router (direct)`: as `kvindex-router` calls now: one HTTP/2 connection driven directly
-//!   ([`DirectChannel`]: no buffer task between the request and the connection).
+//! - `router`: as `kvindex-router` calls: one connection (tonic's default settings, TCP_NODELAY),
+//!   a [`ScoreQuery`] sharing the token ids;
+//! - `router×4`: the same over 4 connections in turn (whether a pool of connections helps).
 //!
 //! The last column is the CPU the serving process used during the cell (the kvindex server's
 //! includes applying the ingest), in cores: beside the machine's 2, it says whether the offered
@@ -24,7 +22,6 @@
 //! bursts each millisecond), each as a task of its own, as a router's requests are; latency runs
 //! from the spawn to the answer. The publishers run on a runtime of their own.
 
-use kvindex_proto::direct_channel::DirectChannel;
 use kvindex_proto::kvindex::v1::indexer_server::{Indexer, IndexerServer};
 use kvindex_proto::kvindex::v1::{
     InFlight, PodScore, RecordRouteRequest, RecordRouteResponse, RegisterPodRequest, RegisterPodResponse,
@@ -151,49 +148,40 @@ pub(super) enum Client {
     Before,
     Router,
     RouterPool,
-    Direct,
 }
 
 impl Client {
-    const ALL: [Client; 4] = [Client::Before, Client::Router, Client::RouterPool, Client::Direct];
+    const ALL: [Client; 3] = [Client::Before, Client::Router, Client::RouterPool];
 
     fn label(self) -> &'static str {
         match self {
             Client::Before => "before (8 conns, generated)",
-            Client::Router => "tonic 1 conn (ScoreQuery)",
-            Client::RouterPool => "tonic 4 conns",
-            Client::Direct => "router (direct 1 conn)",
+            Client::Router => "router (1 conn, ScoreQuery)",
+            Client::RouterPool => "router×4 (4 conns)",
         }
     }
 
     fn connections(self) -> usize {
         match self {
             Client::Before => 8,
-            Client::Router | Client::Direct => 1,
+            Client::Router => 1,
             Client::RouterPool => 4,
         }
     }
 }
 
-/// A connection as `client` holds it.
-#[derive(Clone)]
-enum Conn {
-    Tonic(Channel),
-    Direct(DirectChannel),
-}
-
 /// One request as `client` sends it; `Ok` if the answer names the 4 holders, else why not.
-async fn ask(client: Client, conn: Conn, prompt: &Arc<Vec<u32>>) -> Result<(), String> {
-    let rest = ScoreTokensRequest { model: MODEL.into(), ..Default::default() };
-    let query = || tonic::Request::new(ScoreQuery::new(rest.clone(), prompt.clone()));
-    let answer = match (client, conn) {
-        (Client::Before, Conn::Tonic(channel)) => {
+async fn ask(client: Client, channel: Channel, prompt: &Arc<Vec<u32>>) -> Result<(), String> {
+    let answer = match client {
+        Client::Before => {
             let request =
                 ScoreTokensRequest { model: MODEL.into(), token_ids: (**prompt).clone(), ..Default::default() };
             IndexerClient::new(channel).score_tokens(request).await
         }
-        (_, Conn::Tonic(channel)) => score_query::score_tokens(channel, query()).await,
-        (_, Conn::Direct(direct)) => score_query::score_tokens_direct(&direct, query()).await,
+        Client::Router | Client::RouterPool => {
+            let rest = ScoreTokensRequest { model: MODEL.into(), ..Default::default() };
+            score_query::score_tokens(channel, tonic::Request::new(ScoreQuery::new(rest, prompt.clone()))).await
+        }
     };
     match answer {
         Ok(r) if r.get_ref().scores.len() >= 4 => Ok(()),
@@ -212,17 +200,14 @@ pub(super) fn measure(
     rps: f64,
     secs: f64,
 ) -> (Vec<f64>, BTreeMap<String, u64>) {
-    let channels: Vec<Conn> = runtime.block_on(async {
+    let channels: Vec<Channel> = runtime.block_on(async {
         let mut channels = Vec::new();
         for _ in 0..client.connections() {
             let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
             let channel = match client {
-                Client::Before => Conn::Tonic(endpoint.connect().await.unwrap()),
+                Client::Before => endpoint.connect().await.unwrap(),
                 // The router's settings (router/src/place/indexer.rs).
-                Client::Direct => Conn::Direct(DirectChannel::new(addr, Duration::from_millis(500)).unwrap()),
-                _ => Conn::Tonic(
-                    endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect().await.unwrap(),
-                ),
+                _ => endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect().await.unwrap(),
             };
             // Warm-up (connection, allocator), not measured.
             for _ in 0..20 {
