@@ -136,6 +136,12 @@ impl Queues {
         self.depth.load(Ordering::Relaxed)
     }
 
+    /// Sets `kvindex_queue_depth` to the messages waiting now (called periodically: apply
+    /// worker 0's tick).
+    pub fn publish_depth(&self) {
+        metrics::gauge!(m::QUEUE_DEPTH).set(self.depth().max(0) as f64);
+    }
+
     /// The largest source lag any worker reported at its last tick.
     pub fn max_lag(&self) -> Duration {
         let us = self.lanes.iter().map(|l| l.lag_us.load(Ordering::Relaxed)).max().unwrap_or(0);
