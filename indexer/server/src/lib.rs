@@ -51,7 +51,7 @@
 //!   stream table: every stream of a worker, from frames to sequencer steps; pure, also driven
 //!   offline), [`write::transport`] (the ZeroMQ boundary, `kvindex-zmtp`).
 //! - The leaves every wing shares: [`queue`] (the bounded lanes to the workers; waits, never
-//!   drops), [`protocols`] (the messages: `Work`, `StreamKey`, `Origin`), [`index_handle`]
+//!   drops), [`protocols`] (the messages: `Work`, `StreamKey`, `LiveSocket`), [`index_handle`]
 //!   (index, credits, [`status`], [`clock`]), [`source_series`] (per-source metric series that
 //!   live as long as their source), [`readiness`], [`shutdown`], [`telemetry`] (metric names and
 //!   the recorder).

@@ -261,12 +261,12 @@ mod tests {
     use kvindex_zmtp::Budget;
 
     use super::*;
-    use crate::protocols::{Origin, ReplayItem, StreamKey};
+    use crate::protocols::{LiveSocket, ReplayItem, StreamKey};
     use crate::write::transport::{ConnId, Peer};
 
     fn live(n: u64) -> Work {
         Work::Live {
-            origin: Origin::Central,
+            origin: LiveSocket::Central,
             conn: ConnId(n),
             peer: Arc::new(Peer::Tcp("127.0.0.1:1".parse().unwrap())),
             frames: vec![Bytes::from_static(b"kv@p@m")],

@@ -16,7 +16,7 @@ use super::store::SnapshotDir;
 use super::*;
 use crate::config::Config;
 use crate::protocols::{ConnId, Peer};
-use crate::protocols::{Origin, Work};
+use crate::protocols::{LiveSocket, Work};
 use crate::queue::Queues;
 use crate::test_events::{all_blocks_cleared, blocks_removed, one_block_stored};
 use crate::write::worker::context::WorkerContext;
@@ -67,7 +67,7 @@ impl Service {
     fn publish(&mut self, p: usize, payload: Vec<u8>) {
         let seq = self.seqs.entry(p).or_insert(0);
         let work = Work::Live {
-            origin: Origin::Central,
+            origin: LiveSocket::Central,
             conn: ConnId(p as u64 + 1),
             peer: Arc::new(Peer::Tcp(format!("127.0.1.{}:5557", p + 1).parse().unwrap())),
             frames: vec![

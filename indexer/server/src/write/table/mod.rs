@@ -43,7 +43,7 @@ pub use owners::{Owner, PodOwners};
 pub use sglang_check::{SampledPageCheck, MISCONFIGURED_AFTER_PAGES};
 pub use stream::{Binding, Ext, Reclaim, Stream, UNCONFIRMED_RECLAIM_MS};
 
-use crate::protocols::{ConnId, Origin, Peer, StreamKey};
+use crate::protocols::{ConnId, LiveSocket, Peer, StreamKey};
 
 /// The table's settings (from the service's config; `kvindex replay` uses the defaults).
 #[derive(Debug, Clone)]
@@ -146,7 +146,7 @@ pub type NewExt<'a, X> = dyn FnMut(&StreamKey, &Arc<str>, &Arc<str>, Mode) -> (X
 /// connection it came on (none in a dump that did not record it: reconnects are then not seen),
 /// its publisher's address (none: no binding) and when it was read (none: not timed).
 pub struct LiveMessage<'m> {
-    pub origin: &'m Origin,
+    pub origin: &'m LiveSocket,
     pub conn: Option<ConnId>,
     pub peer: Option<&'m Peer>,
     pub frames: &'m [Bytes],

@@ -32,7 +32,7 @@ use kvindex::sequencer::Step;
 use kvindex::SkipReason;
 
 use crate::index_handle::Upkeep;
-use crate::protocols::{Origin, ReplayItem, StreamKey, Work};
+use crate::protocols::{LiveSocket, ReplayItem, StreamKey, Work};
 use crate::queue::Receiver;
 use crate::telemetry as m;
 use crate::write::table::{Batch, Effect, LiveMessage, ReplayEvent, Stream, StreamTable};
@@ -231,7 +231,7 @@ impl Worker {
         held
     }
 
-    fn live(&mut self, origin: Origin, conn: ConnId, peer: &Peer, frames: Vec<Bytes>, at: Instant) {
+    fn live(&mut self, origin: LiveSocket, conn: ConnId, peer: &Peer, frames: Vec<Bytes>, at: Instant) {
         self.live_msgs.increment(1);
         if let Some(recorder) = self.context.recorder() {
             let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
@@ -347,10 +347,10 @@ pub(crate) fn decode_error(reason: &'static str, what: &'static str) {
 }
 
 /// What a dump records of a message's origin: (pod, model, source).
-fn recorded_origin(origin: &Origin) -> (Option<&str>, Option<&str>, Option<&str>) {
+fn recorded_origin(origin: &LiveSocket) -> (Option<&str>, Option<&str>, Option<&str>) {
     match origin {
-        Origin::Central => (None, None, Some("central")),
-        Origin::Pod { id, model, endpoint } => (Some(id), Some(model), Some(endpoint)),
+        LiveSocket::Central => (None, None, Some("central")),
+        LiveSocket::Pod { id, model, endpoint } => (Some(id), Some(model), Some(endpoint)),
     }
 }
 

@@ -36,7 +36,7 @@ fn hash(pod: usize, seq: u64) -> u64 {
 fn live(pods: &[String], pod: usize, seq: u64) -> Work {
     let payload = one_block_stored(hash(pod, seq), seq.checked_sub(1).map(|s| hash(pod, s)), tokens(pod, seq), 0);
     Work::Live {
-        origin: Origin::Central,
+        origin: LiveSocket::Central,
         conn: ConnId(pod as u64 + 1),
         peer: Arc::new(Peer::Tcp(format!("127.0.0.{}:5557", pod + 1).parse().unwrap())),
         frames: vec![
