@@ -471,7 +471,9 @@ fn a_dialled_pods_connection_catches_up_the_streams_of_its_endpoint() {
     let mut out = Vec::new();
     for (pod, endpoint) in [("dialled", "tcp://e:1"), ("dialled", "tcp://e:2"), ("other", "tcp://o:1")] {
         let key = StreamKey { base: Arc::from(pod), rank: u32::from(endpoint.ends_with('2')) };
-        t.initial_sync(&registry(), &key, &model, &Arc::from(endpoint), 0, &mut new, &mut out);
+        let endpoint: Arc<str> = Arc::from(endpoint);
+        let sync = PerPodSync { key: &key, model: &model, endpoint: &endpoint };
+        t.initial_sync(&registry(), sync, 0, &mut new, &mut out);
     }
     // The start-up replay of rank 0 was refused (the engine was not up); the cooldown passes.
     let key = StreamKey { base: Arc::from("dialled"), rank: 0 };

@@ -35,7 +35,7 @@ use crate::index_handle::Upkeep;
 use crate::protocols::{LiveSocket, ReplayItem, StreamKey, Work};
 use crate::queue::Receiver;
 use crate::telemetry as m;
-use crate::write::table::{Batch, Effect, LiveMessage, ReplayEvent, Stream, StreamTable};
+use crate::write::table::{Batch, Effect, LiveMessage, PerPodSync, ReplayEvent, Stream, StreamTable};
 use crate::write::transport::{escape, escape_bytes, ConnId, Peer};
 use crate::write::worker::capture::Capture;
 use crate::write::worker::context::WorkerContext;
@@ -152,7 +152,8 @@ impl Worker {
                 let mut new =
                     |k: &StreamKey, p: &Arc<str>, m: &Arc<str>, mode| live::new_stream(&context, k, p, m, mode);
                 let now = context.now_ms();
-                self.table.initial_sync(&ServiceFleet(&context), &stream, &model, &endpoint, now, &mut new, &mut effects);
+                let pod = PerPodSync { key: &stream, model: &model, endpoint: &endpoint };
+                self.table.initial_sync(&ServiceFleet(&context), pod, now, &mut new, &mut effects);
                 if startup {
                     let sync = effects.iter().find_map(|e| match e {
                         Effect::Steps { steps, .. } => steps.iter().find_map(|s| match s {
