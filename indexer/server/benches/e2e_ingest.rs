@@ -161,21 +161,22 @@ impl Server {
 /// One publisher: conversations of CHUNKS chained stores, then their removal; paced so that
 /// all publishers together aim at `rate` block ops/s. Returns block ops sent.
 async fn publish(id: usize, endpoint: String, rate: f64, until: Instant, sent: Arc<AtomicU64>, seqs: Arc<AtomicU64>) {
-    publish_with(id, endpoint, rate, until, sent, seqs, true, Arc::new(AtomicBool::new(false))).await
+    let pace = Pace { rate, until, remove: true, stop: Arc::new(AtomicBool::new(false)) };
+    publish_with(id, endpoint, pace, sent, seqs).await
 }
 
-/// `remove = false`: conversations are never evicted (fills the index); `stop` ends early.
-#[allow(clippy::too_many_arguments)]
-async fn publish_with(
-    id: usize,
-    endpoint: String,
+/// How the publishers run: together at `rate` block ops/s until `until`, or until `stop`;
+/// `remove = false`: conversations are never evicted (fills the index).
+struct Pace {
     rate: f64,
     until: Instant,
-    sent: Arc<AtomicU64>,
-    seqs: Arc<AtomicU64>,
     remove: bool,
     stop: Arc<AtomicBool>,
-) {
+}
+
+/// One publisher as [`publish`]'s, at `pace`.
+async fn publish_with(id: usize, endpoint: String, pace: Pace, sent: Arc<AtomicU64>, seqs: Arc<AtomicU64>) {
+    let Pace { rate, until, remove, stop } = pace;
     let mut sock = PubSocket::new();
     sock.connect(&endpoint).await.expect("connect");
     tokio::time::sleep(Duration::from_millis(1000)).await; // subscription handshake
@@ -335,16 +336,8 @@ async fn rss_phase(entries: u64) -> (u64, u64, u64, f64, f64) {
     let start = Instant::now();
     let mut tasks = Vec::new();
     for id in 0..PUBLISHERS {
-        tasks.push(tokio::spawn(publish_with(
-            id,
-            server.zmq.clone(),
-            1_000_000.0,
-            until,
-            sent.clone(),
-            seqs.clone(),
-            false,
-            stop.clone(),
-        )));
+        let pace = Pace { rate: 1_000_000.0, until, remove: false, stop: stop.clone() };
+        tasks.push(tokio::spawn(publish_with(id, server.zmq.clone(), pace, sent.clone(), seqs.clone())));
     }
     let mut n = 0.0;
     // Bounded: on a starved box gaps clear pods (no replay here) and the fill may never get there.

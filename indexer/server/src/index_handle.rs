@@ -1,9 +1,13 @@
 //! What the read plane shares with the apply workers (mini-redis's `Db` handle): the index,
 //! RecordRoute's speculative credits, each pod's source state and the service's clock. The
 //! apply workers write them; ScoreTokens, GetPodScores, RecordRoute and `/debug/sources` read
-//! them through a clone of this handle, and see nothing else of the service.
+//! them through a clone of this handle, and see nothing else of the service. Its upkeep is
+//! here too ([`IndexHandle::upkeep`]): the index-wide gauges and the sweep of expired credits.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metrics::gauge;
 
 use kvindex::speculative::SpeculativeCredits;
 use kvindex::KvIndex;
@@ -11,6 +15,9 @@ use kvindex::KvIndex;
 use crate::clock::Clock;
 use crate::status::SourceStatus;
 use crate::telemetry as m;
+
+/// How often `kvindex_index_bytes` is measured (the other gauges follow every upkeep).
+const BYTES_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 pub struct IndexHandle {
@@ -56,5 +63,38 @@ impl IndexHandle {
         if dropped > 0 {
             metrics::counter!(m::SPECULATIVE_CLEARED, "reason" => reason).increment(dropped as u64);
         }
+    }
+}
+
+/// What the handle's upkeep remembers between two runs.
+pub struct Upkeep {
+    /// When the index's bytes are next measured: a walk of every segment under each shard's
+    /// writer lock, too dear for every tick of a large index.
+    bytes_due: Instant,
+}
+
+impl Default for Upkeep {
+    fn default() -> Self {
+        Upkeep { bytes_due: Instant::now() }
+    }
+}
+
+impl IndexHandle {
+    /// The upkeep of what the handle holds, run periodically by one caller (apply worker 0's
+    /// tick): the index-wide gauges (entries, keys, bytes), the pods with a source, and the
+    /// sweep of expired speculative credits with their gauges.
+    pub fn upkeep(&self, upkeep: &mut Upkeep) {
+        let table = self.index.table();
+        gauge!(m::INDEX_ENTRIES).set(table.entries() as f64);
+        gauge!(m::INDEX_KEYS).set(table.keys() as f64);
+        if Instant::now() >= upkeep.bytes_due {
+            gauge!(m::INDEX_BYTES).set(table.approx_bytes() as f64);
+            upkeep.bytes_due = Instant::now() + BYTES_EVERY;
+        }
+        self.status.publish_pods();
+        // Expired credits are already ignored by scoring; sweeping reclaims their memory.
+        self.speculative.sweep_every(1_000, self.now_ms());
+        gauge!(m::SPECULATIVE_ENTRIES).set(self.speculative.entries() as f64);
+        gauge!(m::SPECULATIVE_BYTES).set(self.speculative.approx_bytes() as f64);
     }
 }

@@ -45,16 +45,18 @@
 //!   `write/`, the registry the workers read ([`pods::registry`]) and the precedence rule.
 //! - [`write`]: the KV-event path, top to bottom: [`write::worker`] (the apply workers: take
 //!   [`protocols::Work`] from their lane, carry out the table's effects on the index, run
-//!   their part of snapshot captures and imports, worker 0 the housekeeping), [`write::replay`]
-//!   (replay requests for the sequencers' gaps), [`write::context`] (what the workers share),
-//!   [`write::sources`] (the central SUB and the dialled pods' SUBs), [`write::table`] (the
-//!   stream table: every stream of a worker, from frames to sequencer steps; pure, also driven
-//!   offline), [`write::transport`] (the ZeroMQ boundary, `kvindex-zmtp`).
+//!   their part of snapshot captures and imports, worker 0's tick the shared data's upkeep;
+//!   [`write::worker::context`], all a worker sees of the service), [`write::replay`]
+//!   (replay requests for the sequencers' gaps), [`write::context`] (the service's state:
+//!   snapshots use it, the workers' context is built from it), [`write::sources`] (the
+//!   central SUB and the dialled pods' SUBs), [`write::table`] (the stream table: every stream
+//!   of a worker, from frames to sequencer steps; pure, also driven offline),
+//!   [`write::transport`] (the ZeroMQ boundary, `kvindex-zmtp`).
 //! - The leaves every wing shares: [`queue`] (the bounded lanes to the workers; waits, never
-//!   drops), [`protocols`] (the messages: `Work`, `StreamKey`, `Origin`), [`index_handle`]
-//!   (index, credits, [`status`], [`clock`]), [`source_series`] (per-source metric series that
-//!   live as long as their source), [`readiness`], [`shutdown`], [`telemetry`] (metric names and
-//!   the recorder).
+//!   drops), [`protocols`] (the messages: `Work`, `StreamKey`, `LiveSocket`), [`index_handle`]
+//!   (index, credits, [`status`], [`clock`]; its upkeep: index gauges, the credit sweep),
+//!   [`source_series`] (per-source metric series that live as long as their source),
+//!   [`readiness`], [`shutdown`], [`telemetry`] (metric names and the recorder).
 //! - [`config`]: the settings, declared once (flags, env vars, TOML file), validated into
 //!   [`Config`].
 

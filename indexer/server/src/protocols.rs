@@ -1,5 +1,6 @@
 //! The messages that cross the service's components: what the sockets, the replay client and
-//! the control plane hand to an apply worker, and the names they address streams by. A leaf
+//! the control plane hand to an apply worker, and the names they address streams by
+//! ([`StreamKey`], and [`LiveSocket`], the socket a live message came in on). A leaf
 //! (Dynamo's `kv_router/protocols.rs` is the model): it holds data, no behaviour, and imports
 //! no other part of the service but the snapshot record's format (a leaf itself), so that the
 //! components that talk through it are not tied to each other by it.
@@ -25,9 +26,11 @@ pub struct StreamKey {
     pub rank: u32,
 }
 
-/// Where a live message came from.
+/// The SUB socket a live message came in on (where it came from): the central one, or a
+/// dialled pod's. Named apart from a configuration value's origin (`config::error::ValueOrigin`)
+/// and a pod declaration's (`kvindex_discovery::PodOrigin`).
 #[derive(Debug, Clone)]
-pub enum Origin {
+pub enum LiveSocket {
     /// The central SUB socket: the topic names the pod.
     Central,
     /// A dialled pod's SUB socket.
@@ -58,7 +61,7 @@ pub enum Work {
     /// A live message; `conn` identifies the connection it came on (a new one for the same
     /// stream means the publisher reconnected, possibly as a new process).
     Live {
-        origin: Origin,
+        origin: LiveSocket,
         conn: ConnId,
         /// The publisher's address (central mode binds a topic to its source).
         peer: Arc<Peer>,
@@ -84,7 +87,7 @@ pub enum Work {
     /// subscription reached the publisher (a dialled pod's streams; in central mode, the
     /// streams bound to the connection's source address that hold no live connection).
     Connected {
-        origin: Origin,
+        origin: LiveSocket,
         conn: ConnId,
         peer: Arc<Peer>,
     },
@@ -92,7 +95,7 @@ pub enum Work {
     /// cleared and back to CONNECTING (its next connection resyncs). Only the connection that
     /// carried a stream clears it; a foreign one (central mode) never did, so it cannot.
     Disconnected {
-        origin: Origin,
+        origin: LiveSocket,
         conn: ConnId,
     },
     /// Drop every stream of this pod and everything it holds; answer when done.
@@ -115,7 +118,7 @@ pub enum Work {
 
 impl Work {
     /// A message read off a live socket of `origin`, with its lease and receive time.
-    pub fn live(origin: Origin, msg: kvindex_zmtp::Message) -> Work {
+    pub fn live(origin: LiveSocket, msg: kvindex_zmtp::Message) -> Work {
         Work::Live { origin, conn: msg.conn, peer: msg.peer, frames: msg.frames, lease: msg.lease, at: msg.received_at }
     }
 }

@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::telemetry as m;
+
 #[derive(Default)]
 pub struct Readiness {
     listening: AtomicBool,
@@ -14,6 +16,12 @@ pub struct Readiness {
 impl Readiness {
     pub fn is_ready(&self) -> bool {
         self.listening.load(Ordering::Acquire) && self.initial_syncs.load(Ordering::Acquire) == 0
+    }
+
+    /// Sets `kvindex_ready` to what `/readyz` says now (called periodically: apply worker 0's
+    /// tick).
+    pub fn publish(&self) {
+        metrics::gauge!(m::READY).set(if self.is_ready() { 1.0 } else { 0.0 });
     }
 
     /// Start-up replays not finished yet.

@@ -36,6 +36,7 @@ use crate::write::context::{ServiceState, Shared};
 use crate::write::sources;
 use crate::write::sources::connections::CentralConnections;
 use crate::write::transport::{Admission, Peer, SubListener};
+use crate::write::worker::context::WorkerContext;
 use crate::write::worker::Worker;
 
 /// How long requests in flight may take to finish once shutdown starts.
@@ -194,9 +195,11 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     };
     let state = Arc::new(ServiceState::with(config, shared, recorder.clone()));
     let snapshots = snapshot::open(&state, listeners.snapshot_dir.take()).map_err(ServerError::Snapshot)?;
+    // The workers' narrow part of the state, once for all of them.
+    let worker_context = Arc::new(WorkerContext::of(&state));
     let mut workers = Vec::new();
     for (i, rx) in receivers.into_iter().enumerate() {
-        let worker = Worker::new(state.clone(), i);
+        let worker = Worker::new(worker_context.clone(), i);
         let thread = std::thread::Builder::new().name(format!("kvindex-apply-{i}")).spawn(move || worker.run(rx));
         workers.push(thread.map_err(|source| ServerError::Io { what: "apply worker", source })?);
     }

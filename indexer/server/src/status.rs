@@ -118,6 +118,11 @@ impl SourceStatus {
         self.pods.read().len()
     }
 
+    /// Sets `kvindex_pods` to the pods with a source (the index handle's upkeep calls it).
+    pub fn publish_pods(&self) {
+        metrics::gauge!(m::PODS).set(self.pods() as f64);
+    }
+
     /// A new stream of `pod` starts CONNECTING.
     pub fn add(&self, pod: &str) {
         self.count(SourceState::Connecting, 1);

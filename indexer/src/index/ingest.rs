@@ -632,7 +632,8 @@ impl PodIngest {
             }
         }
         if per_block > 1 && !stored.held_before.is_empty() {
-            self.note_covers(tree, guard, &stored, hold_from, per_block, whole, tier.bit());
+            let engine_blocks = EngineBlocks { hold_from, per_block, whole, tier_bit: tier.bit() };
+            self.note_covers(tree, guard, &stored, engine_blocks);
         }
         for (j, &(pos, recorded)) in stored.ends.iter().enumerate().take(whole) {
             self.claim(tree, guard, ends[j].1, pos, per_block as u32, recorded);
@@ -886,22 +887,23 @@ impl PodIngest {
     }
 }
 
+/// The engine blocks of one store, as its chain holds them: from the chain's `hold_from`-th
+/// block on, each covering `per_block` canonical blocks, the first `whole` applied in full, in
+/// the tier `tier_bit`.
+struct EngineBlocks {
+    hold_from: usize,
+    per_block: usize,
+    whole: usize,
+    tier_bit: u8,
+}
+
 /// Holding and releasing canonical blocks that several engine blocks cover.
 impl PodIngest {
-    /// Counts the canonical blocks of newly stored engine blocks (stored in `tier_bit`) that
-    /// the pod already held through another engine block, and the tier a block stored again
-    /// adds to the blocks it shares.
-    #[allow(clippy::too_many_arguments)]
-    fn note_covers(
-        &mut self,
-        tree: &Tree,
-        guard: &Guard,
-        stored: &Stored,
-        hold_from: usize,
-        per_block: usize,
-        whole: usize,
-        tier_bit: u8,
-    ) {
+    /// Counts the canonical blocks of newly stored engine blocks (`engine_blocks`) that the
+    /// pod already held through another engine block, and the tier a block stored again adds
+    /// to the blocks it shares.
+    fn note_covers(&mut self, tree: &Tree, guard: &Guard, stored: &Stored, engine_blocks: EngineBlocks) {
+        let EngineBlocks { hold_from, per_block, whole, tier_bit } = engine_blocks;
         for (j, &(last, _)) in stored.ends.iter().enumerate().take(whole) {
             let end = hold_from + (j + 1) * per_block - 1;
             // Its last block held already: the same engine block stored again.

@@ -353,7 +353,8 @@ impl KvIndex {
                 score_in_units(&self.tree, root, &mut keys, filter, &weights, |pod| cuts.get(&pod).copied())
             };
             if self.plans.any() {
-                self.score_hybrid(&namespace, cap, &mut keys, filter, &weights, cuts, &guard, &mut matches);
+                let query = HybridQuery { namespace: &namespace, keys: &mut keys, filter, weights: &weights };
+                self.score_hybrid(query, cuts, &guard, &mut matches);
             }
             let after = self.cuts.load(&guard);
             if std::ptr::eq(after, cuts) {
@@ -373,18 +374,16 @@ impl KvIndex {
     /// them: per group, what they hold along the prompt's chain, then the longest prefix every
     /// group can serve (capped, as vLLM caps it, at the prompt's tokens minus one), in whole
     /// units of the pod's cut.
-    #[allow(clippy::too_many_arguments)]
     fn score_hybrid(
         &self,
-        namespace: &str,
-        cap: u32,
-        keys: &mut PromptQuery<'_>,
-        filter: PodFilter<'_>,
-        weights: &[f64; MAX_TIERS],
+        query: HybridQuery<'_, '_>,
         cuts: &FxHashMap<PodId, Cut>,
         guard: &Guard,
         matches: &mut Vec<PodMatch>,
     ) {
+        let HybridQuery { namespace, keys, filter, weights } = query;
+        // The prompt's keys stop at the cap (a u32 of blocks, see `score`).
+        let cap = keys.cap as u32;
         let plans = self.plans.load(guard);
         let mut pods: Vec<(PodId, &GroupPlan, Vec<u32>)> = plans
             .iter()
@@ -425,6 +424,15 @@ impl KvIndex {
         }
         matches.sort_unstable_by_key(|m| m.pod);
     }
+}
+
+/// What the hybrid engines' score walks with: the prompt's namespace and keys (up to its cap),
+/// the pods it may credit and the tiers' weights.
+struct HybridQuery<'a, 'k> {
+    namespace: &'a str,
+    keys: &'a mut PromptQuery<'k>,
+    filter: PodFilter<'a>,
+    weights: &'a [f64; MAX_TIERS],
 }
 
 /// A prompt's block keys as the tree walk asks for them: no further than `cap` blocks, past

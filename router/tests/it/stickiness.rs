@@ -165,21 +165,27 @@ async fn a_conversation_leaves_a_pod_whose_kv_cache_is_nearly_full() {
     }
 }
 
-/// Adds `add` long requests of 80 blocks each on the home pod and waits until the router sees
-/// `running` and `waiting` there, then returns the router's explanation for the next turn and
-/// the home pod's entry in it. (The busy pod publishes a block every few steps, so the index
-/// cannot be waited on here: settle before.)
-#[allow(clippy::too_many_arguments)]
+/// Load put on the home pod: `add` long requests more, and what the router must see there
+/// before it is asked (`running`, `waiting`).
+struct Load {
+    add: usize,
+    running: usize,
+    waiting: usize,
+}
+
+/// Adds `load.add` long requests of 80 blocks each on the home pod and waits until the router
+/// sees `load.running` and `load.waiting` there, then returns the router's explanation for the
+/// next turn and the home pod's entry in it. (The busy pod publishes a block every few steps,
+/// so the index cannot be waited on here: settle before.)
 async fn explain_with_load(
     stack: &Stack,
     router: &str,
     chat: &mut Chat,
     home: &str,
     turn: usize,
-    add: usize,
-    running: usize,
-    waiting: usize,
+    load: Load,
 ) -> (Vec<tokio::task::JoinHandle<()>>, Value, Value) {
+    let Load { add, running, waiting } = load;
     let background = occupy(stack.pod(home), add, 1280, 3000);
     wait_for("the router to see the load", DEADLINE, || async {
         let load = router_pod(router, home).await["load"].clone();
@@ -207,7 +213,8 @@ async fn a_conversation_stays_on_a_small_pod_running_a_few_requests_and_leaves_i
     stack.settle().await;
 
     // Four ordinary requests running there: a quarter of this small cache.
-    let (background, explained, entry) = explain_with_load(&stack, &router.http, &mut chat, &home, 3, 4, 4, 0).await;
+    let (background, explained, entry) =
+        explain_with_load(&stack, &router.http, &mut chat, &home, 3, Load { add: 4, running: 4, waiting: 0 }).await;
     let (kv_usage, cached) = (entry["load"]["kv_usage"].as_f64().unwrap(), entry["cached_blocks"].as_f64().unwrap());
     assert!(kv_usage >= 0.25, "{entry}");
     // The point of the scaling: unscaled, the KV term alone would outweigh the cached prefix.
@@ -224,7 +231,8 @@ async fn a_conversation_stays_on_a_small_pod_running_a_few_requests_and_leaves_i
     assert!((entry["kv_cost"].as_f64().unwrap() - kv_weight * kv_usage).abs() < 1e-6, "{entry}");
 
     // Three more: five running (the pod's limit) and two waiting. That is overload.
-    let (more, explained, entry) = explain_with_load(&stack, &router.http, &mut chat, &home, 4, 3, 5, 2).await;
+    let (more, explained, entry) =
+        explain_with_load(&stack, &router.http, &mut chat, &home, 4, Load { add: 3, running: 5, waiting: 2 }).await;
     assert!(entry["load"]["waiting"].as_f64() >= Some(2.0), "{entry}");
     let reply = post(&router.http, "/v1/chat/completions", &chat.ask(4)).await;
     assert_eq!(reply.status, 200);
@@ -241,7 +249,8 @@ async fn a_conversation_stays_on_a_big_pod_running_a_few_requests() {
     let mut chat = Chat::with_system(4, 30);
     let home = sticky_turns(&stack, &router.http, &mut chat, 0..3).await;
     stack.settle().await;
-    let (background, explained, entry) = explain_with_load(&stack, &router.http, &mut chat, &home, 3, 4, 4, 0).await;
+    let (background, explained, entry) =
+        explain_with_load(&stack, &router.http, &mut chat, &home, 3, Load { add: 4, running: 4, waiting: 0 }).await;
     assert_eq!(entry["load"]["kv_tokens"], 20000 * 16, "{entry}");
     assert_eq!(entry["kv_weight"], 256.0, "a pod above the reference size pays the full weight: {entry}");
     let reply = post(&router.http, "/v1/chat/completions", &chat.ask(3)).await;

@@ -288,7 +288,8 @@ pub fn run(rates: &[f64], ingest_rate: f64, secs: f64) {
         let publishers: Vec<_> = (0..if ingest_rate > 0.0 { PUBLISHERS } else { 0 })
             .map(|id| {
                 let (zmq, sent, seqs, stop) = (server.zmq.clone(), sent.clone(), seqs.clone(), stop.clone());
-                ingest_rt.spawn(publish_with(id, zmq, ingest_rate, until, sent, seqs, true, stop))
+                let pace = Pace { rate: ingest_rate, until, remove: true, stop };
+                ingest_rt.spawn(publish_with(id, zmq, pace, sent, seqs))
             })
             .collect();
         std::thread::sleep(Duration::from_millis(1300));

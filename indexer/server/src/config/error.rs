@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
-/// Where a value came from.
+/// Where a configuration value came from (what a [`ConfigError`] names beside its key).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
+pub enum ValueOrigin {
     /// A command-line flag, e.g. `--block-size`.
     Flag(String),
     /// An environment variable, e.g. `KVINDEX_BLOCK_SIZE`.
@@ -22,14 +22,14 @@ pub enum Origin {
     Default,
 }
 
-impl fmt::Display for Origin {
+impl fmt::Display for ValueOrigin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Origin::Flag(flag) => write!(f, "flag {flag}"),
-            Origin::Env(var) => write!(f, "env {var}"),
-            Origin::File(path) => write!(f, "file {}", path.display()),
-            Origin::Request(api) => write!(f, "{api} request"),
-            Origin::Default => f.write_str("default"),
+            ValueOrigin::Flag(flag) => write!(f, "flag {flag}"),
+            ValueOrigin::Env(var) => write!(f, "env {var}"),
+            ValueOrigin::File(path) => write!(f, "file {}", path.display()),
+            ValueOrigin::Request(api) => write!(f, "{api} request"),
+            ValueOrigin::Default => f.write_str("default"),
         }
     }
 }
@@ -39,12 +39,12 @@ impl fmt::Display for Origin {
 pub struct ConfigError {
     /// The key as the config file spells it (`block_size`, `pods[0].endpoint`).
     pub key: String,
-    pub origin: Origin,
+    pub origin: ValueOrigin,
     pub message: String,
 }
 
 impl ConfigError {
-    pub fn new(key: impl Into<String>, origin: Origin, message: impl Into<String>) -> Self {
+    pub fn new(key: impl Into<String>, origin: ValueOrigin, message: impl Into<String>) -> Self {
         ConfigError { key: key.into(), origin, message: message.into() }
     }
 
@@ -69,8 +69,8 @@ impl ConfigError {
                 .is_some_and(|a| a == long || a.strip_prefix(long.as_str()).is_some_and(|rest| rest.starts_with('=')))
         });
         let origin = match spec.get_env() {
-            Some(var) if !on_command_line => Origin::Env(var.to_string_lossy().into_owned()),
-            _ => Origin::Flag(long),
+            Some(var) if !on_command_line => ValueOrigin::Env(var.to_string_lossy().into_owned()),
+            _ => ValueOrigin::Flag(long),
         };
         let value = match error.get(ContextKind::InvalidValue) {
             Some(ContextValue::String(v)) => v.clone(),

@@ -26,7 +26,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches};
 
 pub use self::cidr::Cidr;
-pub use self::error::{ConfigError, Origin};
+pub use self::error::{ConfigError, ValueOrigin};
 pub use self::pod::{engine_name, offset_endpoint, parsed, PodConfig, ReplayEntry, TierWeight, TopicMapEntry};
 use self::settings::defs;
 pub use self::settings::{serve_command, ServeArgs, Settings};
@@ -156,7 +156,7 @@ impl Config {
             std::iter::once(OsString::from("serve")).chain(args.into_iter().map(Into::into)).collect();
         let matches = serve_command().try_get_matches_from(&argv).map_err(|e| {
             ConfigError::from_clap(&e, &argv, &serve_command())
-                .unwrap_or_else(|| ConfigError::new("arguments", Origin::Default, e.render().to_string()))
+                .unwrap_or_else(|| ConfigError::new("arguments", ValueOrigin::Default, e.render().to_string()))
         })?;
         Config::from_matches(&matches)
     }
@@ -165,7 +165,7 @@ impl Config {
     /// with the flags and env vars in `matches` on top.
     pub fn from_matches(matches: &ArgMatches) -> Result<Config, ConfigError> {
         let args = ServeArgs::from_arg_matches(matches)
-            .map_err(|e| ConfigError::new("arguments", Origin::Default, e.to_string()))?;
+            .map_err(|e| ConfigError::new("arguments", ValueOrigin::Default, e.to_string()))?;
         let (file, keys) = match &args.config {
             Some(path) => {
                 let named_by = Sources { matches, file: None, file_keys: HashSet::new() }.origin("config");
@@ -178,7 +178,7 @@ impl Config {
         let from_file = settings.take_lists();
         settings
             .update_from_arg_matches(matches)
-            .map_err(|e| ConfigError::new("arguments", Origin::Default, e.to_string()))?;
+            .map_err(|e| ConfigError::new("arguments", ValueOrigin::Default, e.to_string()))?;
         let from_flags = settings.take_lists();
         Config::validate(settings, from_file, from_flags, &sources)
     }
@@ -859,8 +859,8 @@ impl Settings {
 }
 
 /// Reads the config file (named by `named_by`): its settings, and which keys it sets.
-fn read_file(path: &Path, named_by: Origin) -> Result<(Settings, HashSet<String>), ConfigError> {
-    let origin = Origin::File(path.to_path_buf());
+fn read_file(path: &Path, named_by: ValueOrigin) -> Result<(Settings, HashSet<String>), ConfigError> {
+    let origin = ValueOrigin::File(path.to_path_buf());
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::new("config", named_by, format!("cannot read {}: {e}", path.display())))?;
     let settings: Settings =
@@ -879,7 +879,7 @@ fn read_file(path: &Path, named_by: Origin) -> Result<(Settings, HashSet<String>
     if let Some(key) = unknown.first() {
         let expected: Vec<String> = known.iter().map(|k| format!("`{k}`")).collect();
         let message = format!("unknown field `{key}`, expected one of {}", expected.join(", "));
-        return Err(ConfigError::new("config", Origin::File(path.to_path_buf()), message));
+        return Err(ConfigError::new("config", ValueOrigin::File(path.to_path_buf()), message));
     }
     Ok((settings, keys))
 }
@@ -892,27 +892,27 @@ struct Sources<'a> {
 }
 
 impl Sources<'_> {
-    fn origin(&self, key: &str) -> Origin {
+    fn origin(&self, key: &str) -> ValueOrigin {
         match self.matches.value_source(key) {
             Some(ValueSource::CommandLine) => self.flag_origin(key),
             Some(ValueSource::EnvVariable) => {
                 let command = serve_command();
                 let env = command.get_arguments().find(|a| a.get_id() == key).and_then(|a| a.get_env());
-                Origin::Env(env.map_or_else(String::new, |e| e.to_string_lossy().into_owned()))
+                ValueOrigin::Env(env.map_or_else(String::new, |e| e.to_string_lossy().into_owned()))
             }
             _ if self.file_keys.contains(key) => self.file_origin(),
-            _ => Origin::Default,
+            _ => ValueOrigin::Default,
         }
     }
 
-    fn flag_origin(&self, key: &str) -> Origin {
+    fn flag_origin(&self, key: &str) -> ValueOrigin {
         let command = serve_command();
         let long = command.get_arguments().find(|a| a.get_id() == key).and_then(|a| a.get_long()).unwrap_or(key);
-        Origin::Flag(format!("--{long}"))
+        ValueOrigin::Flag(format!("--{long}"))
     }
 
-    fn file_origin(&self) -> Origin {
-        self.file.map_or(Origin::Default, |p| Origin::File(p.to_path_buf()))
+    fn file_origin(&self) -> ValueOrigin {
+        self.file.map_or(ValueOrigin::Default, |p| ValueOrigin::File(p.to_path_buf()))
     }
 
     fn error(&self, key: &str, message: impl Into<String>) -> ConfigError {
@@ -997,23 +997,23 @@ mod tests {
     #[test]
     fn errors_name_the_key_and_where_it_came_from() {
         let e = config(&["--block-size", "0"]).unwrap_err();
-        assert_eq!((e.key.as_str(), &e.origin), ("block_size", &Origin::Flag("--block-size".into())));
+        assert_eq!((e.key.as_str(), &e.origin), ("block_size", &ValueOrigin::Flag("--block-size".into())));
         assert_eq!(e.to_string(), "config error: block_size (flag --block-size): must be between 1 and 65536, got 0");
         let e = config(&["--block-size", "many"]).unwrap_err();
-        assert_eq!((e.key.as_str(), &e.origin), ("block_size", &Origin::Flag("--block-size".into())));
+        assert_eq!((e.key.as_str(), &e.origin), ("block_size", &ValueOrigin::Flag("--block-size".into())));
         let e = config(&["--pod", "p,m"]).unwrap_err();
-        assert_eq!((e.key.as_str(), &e.origin), ("pods", &Origin::Flag("--pod".into())));
+        assert_eq!((e.key.as_str(), &e.origin), ("pods", &ValueOrigin::Flag("--pod".into())));
         let e = config(&["--pod", "p,m,udp://x"]).unwrap_err();
-        assert_eq!((e.key.as_str(), &e.origin), ("pods.endpoint", &Origin::Flag("--pod".into())));
+        assert_eq!((e.key.as_str(), &e.origin), ("pods.endpoint", &ValueOrigin::Flag("--pod".into())));
         let e = with_file("grpc_addr = \"nope\"", &[]).unwrap_err();
         assert_eq!(e.key, "grpc_addr");
-        assert!(matches!(e.origin, Origin::File(_)), "{e}");
+        assert!(matches!(e.origin, ValueOrigin::File(_)), "{e}");
         let e = with_file("[[pods]]\nid = \"a\"\nmodel = \"m\"\nendpoint = \"udp://x\"", &[]).unwrap_err();
         assert_eq!(e.key, "pods[0].endpoint");
         let e = with_file("bogus_key = 1", &[]).unwrap_err();
         assert!(e.to_string().contains("bogus_key"), "{e}");
         let e = with_file("block_size = 0", &["--block-size", "8", "--shards", "0"]).unwrap_err();
-        assert_eq!((e.key.as_str(), &e.origin), ("shards", &Origin::Flag("--shards".into())));
+        assert_eq!((e.key.as_str(), &e.origin), ("shards", &ValueOrigin::Flag("--shards".into())));
         let e = config(&["--dp-naming", "sideways"]).unwrap_err();
         assert_eq!(e.key, "dp_naming");
     }
@@ -1062,7 +1062,7 @@ mod tests {
         let e = config(&["--zmq-max-frame-bytes", "33554432"]).unwrap_err();
         assert_eq!(e.key, "zmq_max_message_bytes", "{e}");
         let e = config(&["--zmq-idle-timeout-ms", "5000"]).unwrap_err();
-        assert_eq!((e.key.as_str(), &e.origin), ("zmq_heartbeat_interval_ms", &Origin::Default), "{e}");
+        assert_eq!((e.key.as_str(), &e.origin), ("zmq_heartbeat_interval_ms", &ValueOrigin::Default), "{e}");
         assert_eq!(
             config(&["--pod", "p,m,ipc:///run/engine.sock"]).unwrap().pods[0].endpoint.as_deref(),
             Some("ipc:///run/engine.sock")

@@ -10,7 +10,7 @@ use kvindex::sglang::{EventFormat, SglangRelease};
 use kvindex::wire::Engine;
 use serde::{Deserialize, Deserializer};
 
-use super::error::{ConfigError, Origin};
+use super::error::{ConfigError, ValueOrigin};
 
 /// A pod the indexer knows by configuration, the pods file or the registration API.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -125,7 +125,7 @@ impl PodConfig {
 
     /// Checks one pod (from any origin; `key` is where it sits, e.g. `pods[0]`) and normalizes
     /// its endpoints.
-    pub fn validate(mut self, key: &str, origin: &Origin) -> Result<PodConfig, ConfigError> {
+    pub fn validate(mut self, key: &str, origin: &ValueOrigin) -> Result<PodConfig, ConfigError> {
         let err = |field: &str, message: String| ConfigError::new(format!("{key}.{field}"), origin.clone(), message);
         if self.id.is_empty() {
             return Err(err("id", "must not be empty".into()));
@@ -333,7 +333,7 @@ struct PodsFile {
 
 /// Parses and checks the watched pods file at `path`.
 pub fn parse_pods_file(path: &Path, text: &str) -> Result<Vec<PodConfig>, ConfigError> {
-    let origin = Origin::File(path.to_path_buf());
+    let origin = ValueOrigin::File(path.to_path_buf());
     let file: PodsFile = toml::from_str(text).map_err(|e| ConfigError::new("pods", origin.clone(), e.to_string()))?;
     file.pods.into_iter().enumerate().map(|(n, p)| p.validate(&format!("pods[{n}]"), &origin)).collect()
 }
@@ -361,7 +361,8 @@ mod tests {
     fn dp_ranks_ports_must_not_collide() {
         let pod = |pub_port: u32, replay_port: u32, dp_size: u32| {
             let flag = format!("a,m,tcp://10.0.0.7:{pub_port},tcp://10.0.0.7:{replay_port}");
-            PodConfig { dp_size, ..PodConfig::from_flag(&flag).unwrap() }.validate("pods[0]", &Origin::Request("http"))
+            PodConfig { dp_size, ..PodConfig::from_flag(&flag).unwrap() }
+                .validate("pods[0]", &ValueOrigin::Request("http"))
         };
         assert!(pod(5557, 5558, 1).is_ok(), "one rank: replay = pub + 1 is SGLang's and vLLM's usual pair");
         let e = pod(5557, 5558, 2).unwrap_err();
@@ -373,7 +374,7 @@ mod tests {
         assert!(pod(5557, 6557, 128).is_ok());
         let other_host =
             PodConfig { dp_size: 2, ..PodConfig::from_flag("a,m,tcp://10.0.0.7:5557,tcp://10.0.0.8:5558").unwrap() };
-        assert!(other_host.validate("pods[0]", &Origin::Request("http")).is_ok());
+        assert!(other_host.validate("pods[0]", &ValueOrigin::Request("http")).is_ok());
     }
 
     #[test]
@@ -393,12 +394,12 @@ mod tests {
         assert!(PodConfig::from_flag("a,m,tcp://h:1,colour=red").unwrap_err().contains("unknown option \"colour\""));
         // The release is SGLang's: refused on a pod that names another engine.
         let vllm = PodConfig::from_flag("a,m,tcp://h:1,engine=vllm,sglang_release=0.5.22").unwrap();
-        let e = vllm.validate("pods[0]", &Origin::Request("grpc")).unwrap_err();
+        let e = vllm.validate("pods[0]", &ValueOrigin::Request("grpc")).unwrap_err();
         assert_eq!(e.key, "pods[0].sglang_release");
         // Without an engine it may be the default engine's: accepted.
         assert!(PodConfig::from_flag("a,m,tcp://h:1,sglang_release=0.5.22")
             .unwrap()
-            .validate("p", &Origin::Default)
+            .validate("p", &ValueOrigin::Default)
             .is_ok());
         let text = "[[pods]]\nid = \"a\"\nmodel = \"m\"\nengine = \"sglang\"\nsglang_release = \"0.5.19\"\nsglang_event_format = \"default\"\n";
         let pods = parse_pods_file(Path::new("/p.toml"), text).unwrap();
@@ -416,7 +417,7 @@ mod tests {
         assert!(PodConfig::from_flag("a,m,tcp://h:1,context_parallel=x").unwrap_err().starts_with("context_parallel:"));
         for bad in [0, 65] {
             let p = PodConfig { context_parallel: bad, ..PodConfig::from_flag("a,m,tcp://h:1").unwrap() };
-            let e = p.validate("pods[1]", &Origin::Request("grpc")).unwrap_err();
+            let e = p.validate("pods[1]", &ValueOrigin::Request("grpc")).unwrap_err();
             assert_eq!(e.key, "pods[1].context_parallel");
             assert!(e.to_string().contains("must be between 1 and 64, got"), "{e}");
         }
@@ -444,8 +445,8 @@ mod tests {
     #[test]
     fn pod_errors_name_the_field_and_origin() {
         let p = PodConfig { dp_size: 0, ..PodConfig::from_flag("a,m,tcp://h:1").unwrap() };
-        let e = p.validate("pods[2]", &Origin::Request("http")).unwrap_err();
-        assert_eq!((e.key.as_str(), e.origin), ("pods[2].dp_size", Origin::Request("http")));
+        let e = p.validate("pods[2]", &ValueOrigin::Request("http")).unwrap_err();
+        assert_eq!((e.key.as_str(), e.origin), ("pods[2].dp_size", ValueOrigin::Request("http")));
         let e = parse_pods_file(Path::new("/p.toml"), "[[pods]]\nid = \"a\"\nmodel = \"\"\n").unwrap_err();
         assert_eq!(e.to_string(), "config error: pods[0].model (file /p.toml): must not be empty");
     }

@@ -177,17 +177,36 @@ pub async fn run(
     }
 }
 
+/// Why a sibling's digests were not had (counted `unreachable` by the check).
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// No connection (the address, TLS, or the connect itself).
+    #[error("{0}")]
+    Connect(String),
+    /// The sibling answered with an error status.
+    #[error("{addr}: {code:?}: {message}")]
+    Refused { addr: String, code: tonic::Code, message: String },
+    #[error("{addr}: no answer within {after:?}")]
+    Timeout { addr: String, after: Duration },
+}
+
 /// One sibling's digests.
-pub async fn ask(addr: &str, tls: Option<&SiblingTls>, bearer: Option<&str>) -> Result<pb::PodDigestsResponse, String> {
+pub async fn ask(
+    addr: &str,
+    tls: Option<&SiblingTls>,
+    bearer: Option<&str>,
+) -> Result<pb::PodDigestsResponse, AskError> {
     let call = async {
-        let mut client = sibling::connect(addr, tls, ASK_TIMEOUT).await?;
+        let mut client = sibling::connect(addr, tls, ASK_TIMEOUT).await.map_err(AskError::Connect)?;
         client
             .pod_digests(sibling::request(pb::PodDigestsRequest {}, bearer))
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|s| format!("{addr}: {:?}: {}", s.code(), s.message()))
+            .map_err(|s| AskError::Refused { addr: addr.to_string(), code: s.code(), message: s.message().to_string() })
     };
-    tokio::time::timeout(ASK_TIMEOUT, call).await.map_err(|_| format!("{addr}: no answer within {ASK_TIMEOUT:?}"))?
+    tokio::time::timeout(ASK_TIMEOUT, call)
+        .await
+        .map_err(|_| AskError::Timeout { addr: addr.to_string(), after: ASK_TIMEOUT })?
 }
 
 #[cfg(test)]

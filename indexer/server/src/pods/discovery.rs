@@ -138,6 +138,6 @@ mod tests {
         assert_eq!(per_pod.rules(), kvindex::PodRules { eagle: true, context_parallel: 2 }, "the annotations' rules");
         let central = pod_config(&DiscoveredPod { model: None, ..pod }, true);
         assert_eq!((central.endpoint.as_deref(), central.model.as_str()), (None, TOPIC_MODEL));
-        assert!(central.validate("pod", &crate::config::error::Origin::Request(ORIGIN)).is_ok());
+        assert!(central.validate("pod", &crate::config::error::ValueOrigin::Request(ORIGIN)).is_ok());
     }
 }

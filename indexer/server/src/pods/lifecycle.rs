@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-use crate::config::error::{ConfigError, Origin};
+use crate::config::error::{ConfigError, ValueOrigin};
 use crate::config::pod::{offset_endpoint, PodConfig};
 use crate::protocols::{StreamKey, Work};
 use crate::queue::Queues;
@@ -91,9 +91,9 @@ impl Pods {
     /// context parallelism restarts its dialer and clears it.
     /// `origin` (config, pods_file, discovery, grpc, http) labels metrics and logs.
     pub async fn register(&self, cfg: PodConfig, origin: &'static str, startup: bool) -> Result<(), ConfigError> {
-        let checked = cfg.validate("pod", &Origin::Request(origin)).and_then(|c| {
+        let checked = cfg.validate("pod", &ValueOrigin::Request(origin)).and_then(|c| {
             c.check_page_size(self.inner.block_size)
-                .map_err(|m| ConfigError::new("pod.page_size", Origin::Request(origin), m))?;
+                .map_err(|m| ConfigError::new("pod.page_size", ValueOrigin::Request(origin), m))?;
             Ok(c)
         });
         let cfg = match checked {
@@ -107,7 +107,7 @@ impl Pods {
             let mut reg = self.inner.registry.write();
             if let Some(message) = reg.rank_id_collision(&cfg) {
                 metrics::counter!(m::CONFIG_ERRORS, "source" => origin).increment(1);
-                return Err(ConfigError::new("pod.id", Origin::Request(origin), message));
+                return Err(ConfigError::new("pod.id", ValueOrigin::Request(origin), message));
             }
             if let Some(existing) = reg.get_mut(&cfg.id) {
                 // The engine and its page size decide how the stream is read and keyed: a change

@@ -136,6 +136,12 @@ impl Queues {
         self.depth.load(Ordering::Relaxed)
     }
 
+    /// Sets `kvindex_queue_depth` to the messages waiting now (called periodically: apply
+    /// worker 0's tick).
+    pub fn publish_depth(&self) {
+        metrics::gauge!(m::QUEUE_DEPTH).set(self.depth().max(0) as f64);
+    }
+
     /// The largest source lag any worker reported at its last tick.
     pub fn max_lag(&self) -> Duration {
         let us = self.lanes.iter().map(|l| l.lag_us.load(Ordering::Relaxed)).max().unwrap_or(0);
@@ -255,12 +261,12 @@ mod tests {
     use kvindex_zmtp::Budget;
 
     use super::*;
-    use crate::protocols::{Origin, ReplayItem, StreamKey};
+    use crate::protocols::{LiveSocket, ReplayItem, StreamKey};
     use crate::write::transport::{ConnId, Peer};
 
     fn live(n: u64) -> Work {
         Work::Live {
-            origin: Origin::Central,
+            origin: LiveSocket::Central,
             conn: ConnId(n),
             peer: Arc::new(Peer::Tcp("127.0.0.1:1".parse().unwrap())),
             frames: vec![Bytes::from_static(b"kv@p@m")],

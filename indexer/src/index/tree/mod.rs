@@ -130,6 +130,38 @@ struct ShardWriter {
     retired: Retired,
 }
 
+/// A segment to make: the chain it continues (`parent`), its blocks' hashes, and its one
+/// holder, who holds all but the first `unheld` of them.
+struct NewSegment<'h> {
+    parent: ParentKey,
+    hashes: &'h [u64],
+    unheld: u32,
+    holder: Holder,
+}
+
+/// Offsets `[s, e)` of the shard's segment `local`.
+struct SegSpan {
+    local: u32,
+    s: u32,
+    e: u32,
+}
+
+/// A change of one pod's tiers (`change` maps its tiers of a block to their new value), and
+/// whether the pod's digest follows it.
+struct PodEdit<F> {
+    pod: PodId,
+    change: F,
+    digest: bool,
+}
+
+/// Blocks `[a, b)` of a segment went from tiers `before` to `after` (a pod's).
+struct TierChange {
+    a: u32,
+    b: u32,
+    before: u8,
+    after: u8,
+}
+
 struct Shard {
     dir: SegmentDir,
     children: Atomic<ChildTable>,
@@ -508,7 +540,7 @@ impl Tree {
                 let mut stats = EditStats::default();
                 let mut sums = [0u64; MAX_TIERS];
                 let edited = runs.edit_with(s, cut, pod, holder_bit, &mut stats, |a, b, before, after| {
-                    self.fold_digest(seg, guard, &mut sums, a, b, before, after)
+                    self.fold_digest(seg, guard, &mut sums, TierChange { a, b, before, after })
                 });
                 add_sums(&mut stats.digest, &sums);
                 seg.set_runs(edited, &mut w.retired, guard);
@@ -565,7 +597,8 @@ impl Tree {
                         let k = (add - done).min(MAX_OFFSET as usize);
                         let unheld = held_start.saturating_sub(first).min(k) as u32;
                         let new = &hashes[first..first + k];
-                        match self.new_segment(shard_idx, &mut w, cur, new, unheld, holder, guard) {
+                        let segment = NewSegment { parent: cur, hashes: new, unheld, holder };
+                        match self.new_segment(shard_idx, &mut w, segment, guard) {
                             Some(local) => (local, 0, k),
                             None => break,
                         }
@@ -698,17 +731,16 @@ impl Tree {
         !meta_sealed && pos.off + 1 == seg.runs(guard).len() && pos.off + 1 < MAX_OFFSET
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Puts `segment` in a free slot of the shard and links it under its parent; `None` when
+    /// the shard's directory is full.
     fn new_segment(
         &self,
         shard_idx: usize,
         w: &mut ShardWriter,
-        parent: ParentKey,
-        hashes: &[u64],
-        unheld: u32,
-        holder: Holder,
+        segment: NewSegment<'_>,
         guard: &Guard,
     ) -> Option<u32> {
+        let NewSegment { parent, hashes, unheld, holder } = segment;
         let shard = &self.shards[shard_idx];
         let local = match w.free.pop() {
             Some(l) => l,
@@ -783,18 +815,9 @@ impl Tree {
         while let (Some(p), true) = (pos, left > 0) {
             let Some(seg) = shard.dir.get(p.local(), guard) else { break };
             let take = left.min(p.off + 1);
-            self.edit_segment(
-                shard_idx,
-                &mut w,
-                p.local(),
-                p.off + 1 - take,
-                p.off + 1,
-                pod,
-                |t| t & !mask,
-                true,
-                &mut stats,
-                guard,
-            );
+            let span = SegSpan { local: p.local(), s: p.off + 1 - take, e: p.off + 1 };
+            let edit = PodEdit { pod, change: |t| t & !mask, digest: true };
+            self.edit_segment(shard_idx, &mut w, span, edit, &mut stats, guard);
             left -= take;
             pos = if left > 0 && !seg.from_root { Some(Pos::unpack(seg.parent)) } else { None };
         }
@@ -830,7 +853,7 @@ impl Tree {
                     pod,
                     |t| t | tier_bit,
                     &mut st,
-                    |a, b, before, after| self.fold_digest(seg, guard, &mut sums, a, b, before, after),
+                    |a, b, before, after| self.fold_digest(seg, guard, &mut sums, TierChange { a, b, before, after }),
                 );
                 add_sums(&mut st.digest, &sums);
                 self.keys.fetch_add(st.became_held, Ordering::Relaxed);
@@ -868,29 +891,27 @@ impl Tree {
                 let runs = seg.runs(guard);
                 if runs.holds_any(pod) {
                     // The pod's digest starts over with its clear: no need to fold what it loses.
-                    self.edit_segment(shard_idx, &mut w, local, 0, runs.len(), pod, |_| 0, false, &mut stats, guard);
+                    let span = SegSpan { local, s: 0, e: runs.len() };
+                    let edit = PodEdit { pod, change: |_| 0, digest: false };
+                    self.edit_segment(shard_idx, &mut w, span, edit, &mut stats, guard);
                 }
             }
         }
         stats
     }
 
-    /// Applies `change` to `pod`'s tiers on `[s, e)` of a segment (never adding residencies),
+    /// Applies `edit` to its pod's tiers on `span` of a segment (never adding residencies),
     /// then cleans up what lost its last holder.
-    #[allow(clippy::too_many_arguments)]
     fn edit_segment(
         &self,
         shard_idx: usize,
         w: &mut ShardWriter,
-        local: u32,
-        s: u32,
-        e: u32,
-        pod: PodId,
-        change: impl Fn(u8) -> u8,
-        digest: bool,
+        span: SegSpan,
+        edit: PodEdit<impl Fn(u8) -> u8>,
         stats: &mut EditStats,
         guard: &Guard,
     ) {
+        let (SegSpan { local, s, e }, PodEdit { pod, change, digest }) = (span, edit);
         let shard = &self.shards[shard_idx];
         let Some(seg) = shard.dir.get(local, guard) else { return };
         let runs = seg.runs(guard);
@@ -898,7 +919,7 @@ impl Tree {
         let mut sums = [0u64; MAX_TIERS];
         let edited = runs.edit_with(s, e, pod, change, &mut st, |a, b, before, after| {
             if digest {
-                self.fold_digest(seg, guard, &mut sums, a, b, before, after)
+                self.fold_digest(seg, guard, &mut sums, TierChange { a, b, before, after })
             }
         });
         add_sums(&mut st.digest, &sums);
@@ -929,19 +950,10 @@ impl Tree {
         stats.merge(&st);
     }
 
-    /// Folds into `sums` what blocks `[a, b)` of `seg` moved the pod's digest by, going from
-    /// tiers `before` to `after` (see `digest`).
-    #[allow(clippy::too_many_arguments)]
-    fn fold_digest(
-        &self,
-        seg: &Segment,
-        guard: &Guard,
-        sums: &mut [u64; MAX_TIERS],
-        a: u32,
-        b: u32,
-        before: u8,
-        after: u8,
-    ) {
+    /// Folds into `sums` what `change` (blocks `[a, b)` of `seg`, from tiers `before` to
+    /// `after`) moved the pod's digest by (see `digest`).
+    fn fold_digest(&self, seg: &Segment, guard: &Guard, sums: &mut [u64; MAX_TIERS], change: TierChange) {
+        let TierChange { a, b, before, after } = change;
         let st = seg.storage(guard);
         let b = b.min(st.cap() as u32);
         let parent = match a.checked_sub(1) {

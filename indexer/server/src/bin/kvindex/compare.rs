@@ -51,7 +51,7 @@ pub fn run(args: &CompareArgs) -> anyhow::Result<bool> {
         let mut attempt = 0;
         loop {
             let (a, b) = tokio::join!(ask(&args.a, tls.as_ref(), None), ask(&args.b, tls.as_ref(), None));
-            let (a, b) = (a.map_err(anyhow::Error::msg)?, b.map_err(anyhow::Error::msg)?);
+            let (a, b) = (a?, b?);
             let compared = compare(&a.pods, &b.pods);
             let moving = compared.iter().any(|c| matches!(c.verdict, Verdict::Behind | Verdict::Unsettled));
             attempt += 1;

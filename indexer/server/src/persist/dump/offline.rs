@@ -33,7 +33,7 @@ use serde::Serialize;
 
 use super::DumpRecord;
 use crate::config::pod as names;
-use crate::protocols::{ConnId, Origin, StreamKey};
+use crate::protocols::{ConnId, LiveSocket, StreamKey};
 use crate::write::table::{Batch, Effect, Ext, Fleet, LiveMessage, Mode, ReplayEvent, StreamTable, TableConfig};
 
 /// How the live service named its streams (its `topic_filter`, `dp_naming` and `topic_map`
@@ -413,13 +413,13 @@ impl Offline {
                     return;
                 }
                 let endpoint = record.source.as_deref().unwrap_or_default();
-                Origin::Pod {
+                LiveSocket::Pod {
                     id: Arc::from(pod.as_str()),
                     model: Arc::from(model.as_str()),
                     endpoint: Arc::from(endpoint),
                 }
             }
-            _ => Origin::Central,
+            _ => LiveSocket::Central,
         };
         let now = self.clock(record.t);
         let mut effects = Vec::new();

@@ -16,9 +16,10 @@ use super::store::SnapshotDir;
 use super::*;
 use crate::config::Config;
 use crate::protocols::{ConnId, Peer};
-use crate::protocols::{Origin, Work};
+use crate::protocols::{LiveSocket, Work};
 use crate::queue::Queues;
 use crate::test_events::{all_blocks_cleared, blocks_removed, one_block_stored};
+use crate::write::worker::context::WorkerContext;
 use crate::write::worker::Worker;
 
 const MODEL: &str = "m";
@@ -56,8 +57,8 @@ impl Service {
         let state = Arc::new(ServiceState::new(config, index, queues));
         let snapshots = open(&state, Some(SnapshotDir::claim(dir).unwrap())).unwrap().expect("a snapshot dir");
         let rx = receivers.remove(0);
-        let worker_state = state.clone();
-        let worker = std::thread::spawn(move || Worker::new(worker_state, 0).run(rx));
+        let worker_context = Arc::new(WorkerContext::of(&state));
+        let worker = std::thread::spawn(move || Worker::new(worker_context, 0).run(rx));
         drop(entered);
         Service { runtime, state, snapshots, seqs: HashMap::new(), worker: Some(worker) }
     }
@@ -66,7 +67,7 @@ impl Service {
     fn publish(&mut self, p: usize, payload: Vec<u8>) {
         let seq = self.seqs.entry(p).or_insert(0);
         let work = Work::Live {
-            origin: Origin::Central,
+            origin: LiveSocket::Central,
             conn: ConnId(p as u64 + 1),
             peer: Arc::new(Peer::Tcp(format!("127.0.1.{}:5557", p + 1).parse().unwrap())),
             frames: vec![

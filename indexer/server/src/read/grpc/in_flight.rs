@@ -24,6 +24,22 @@ pub const MAX_RESERVATIONS_PER_CALL: usize = 16;
 /// Most releases in one ReleaseRoute.
 pub const MAX_RELEASES_PER_CALL: usize = 8192;
 
+/// Why a RecordRoute's reservations or a ReleaseRoute's releases were refused as a whole
+/// (INVALID_ARGUMENT, counted `invalid`; nothing is reserved or released).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidBatch {
+    #[error("reservations has {0} entries, more than {MAX_RESERVATIONS_PER_CALL}")]
+    TooManyReservations(usize),
+    #[error("a reservation's pod must be a non-empty id of at most {MAX_NAME} bytes")]
+    PodName,
+    #[error("a reservation's prefill_blocks is {got}, more than a prompt of max_tokens has ({max})")]
+    PrefillBlocks { got: u32, max: u32 },
+    #[error("releases has {0} entries, more than {MAX_RELEASES_PER_CALL}")]
+    TooManyReleases(usize),
+    #[error("a release's part must be RELEASE_PREFILL or RELEASE_REQUEST, got {0}")]
+    ReleasePart(i32),
+}
+
 /// The table and what it needs of the service.
 pub struct InFlightLoad {
     table: Mutex<Reservations>,
@@ -51,23 +67,17 @@ impl InFlightLoad {
     }
 
     /// The checks of a RecordRoute's reservations that need no lock: their number, pod names
-    /// and prefill sizes (`Err`: the message of an INVALID_ARGUMENT).
-    pub fn check(&self, reservations: &[pb::Reservation]) -> Result<(), String> {
+    /// and prefill sizes.
+    pub fn check(&self, reservations: &[pb::Reservation]) -> Result<(), InvalidBatch> {
         if reservations.len() > MAX_RESERVATIONS_PER_CALL {
-            return Err(format!(
-                "reservations has {} entries, more than {MAX_RESERVATIONS_PER_CALL}",
-                reservations.len()
-            ));
+            return Err(InvalidBatch::TooManyReservations(reservations.len()));
         }
         for r in reservations {
             if r.pod.is_empty() || r.pod.len() > MAX_NAME {
-                return Err(format!("a reservation's pod must be a non-empty id of at most {MAX_NAME} bytes"));
+                return Err(InvalidBatch::PodName);
             }
             if r.prefill_blocks > self.max_prefill_blocks {
-                return Err(format!(
-                    "a reservation's prefill_blocks is {}, more than a prompt of max_tokens has ({})",
-                    r.prefill_blocks, self.max_prefill_blocks
-                ));
+                return Err(InvalidBatch::PrefillBlocks { got: r.prefill_blocks, max: self.max_prefill_blocks });
             }
         }
         Ok(())
@@ -150,16 +160,16 @@ impl InFlightLoad {
     /// Ends `caller`'s `releases` (a caller releases only its own); returns how many found
     /// their reservation. INVALID_ARGUMENT (nothing released) for a batch over
     /// [`MAX_RELEASES_PER_CALL`] or a release naming no part.
-    pub fn release(&self, caller: &str, releases: &[pb::Release]) -> Result<u32, String> {
+    pub fn release(&self, caller: &str, releases: &[pb::Release]) -> Result<u32, InvalidBatch> {
         if releases.len() > MAX_RELEASES_PER_CALL {
-            return Err(format!("releases has {} entries, more than {MAX_RELEASES_PER_CALL}", releases.len()));
+            return Err(InvalidBatch::TooManyReleases(releases.len()));
         }
         let parts: Vec<Part> = releases
             .iter()
             .map(|r| match pb::ReleasePart::try_from(r.part) {
                 Ok(pb::ReleasePart::ReleasePrefill) => Ok(Part::Prefill),
                 Ok(pb::ReleasePart::ReleaseRequest) => Ok(Part::Request),
-                _ => Err(format!("a release's part must be RELEASE_PREFILL or RELEASE_REQUEST, got {}", r.part)),
+                _ => Err(InvalidBatch::ReleasePart(r.part)),
             })
             .collect::<Result<_, _>>()?;
         let now = self.index.now_ms();

@@ -115,9 +115,9 @@ impl Indexer for IndexerService {
         self.pods.may_change("grpc", &r.pod).map_err(|e| Status::failed_precondition(e.to_string()))?;
         let mut cfg = match pod_config(r) {
             Ok(cfg) => cfg,
-            Err(message) => {
+            Err(invalid) => {
                 metrics::counter!(m::CONFIG_ERRORS, "source" => "grpc").increment(1);
-                return Err(Status::invalid_argument(message));
+                return Err(Status::invalid_argument(invalid.to_string()));
             }
         };
         self.control.pin_endpoints("grpc", &mut cfg).await.map_err(|e| Status::permission_denied(e.to_string()))?;
@@ -141,11 +141,22 @@ impl Indexer for IndexerService {
     }
 }
 
+/// A `RegisterPod` field that does not parse (INVALID_ARGUMENT, counted as a config error).
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidField {
+    pub field: &'static str,
+    pub message: String,
+}
+
 /// A `RegisterPod` request as a pod entry; a field that does not parse is named in the error
 /// (the ranges are checked with every other origin's, by the registration).
-fn pod_config(r: pb::RegisterPodRequest) -> Result<PodConfig, String> {
-    fn field<T: std::str::FromStr<Err: std::fmt::Display>>(name: &str, v: &str) -> Result<Option<T>, String> {
-        (!v.is_empty()).then(|| v.parse().map_err(|e| format!("{name}: {e}"))).transpose()
+fn pod_config(r: pb::RegisterPodRequest) -> Result<PodConfig, InvalidField> {
+    fn field<T: std::str::FromStr<Err: std::fmt::Display>>(
+        field: &'static str,
+        v: &str,
+    ) -> Result<Option<T>, InvalidField> {
+        (!v.is_empty()).then(|| v.parse().map_err(|e| InvalidField { field, message: format!("{e}") })).transpose()
     }
     Ok(PodConfig {
         engine: field::<kvindex::wire::Engine>("engine", &r.engine)?,

@@ -104,8 +104,8 @@ pub fn check_request(
     max_tokens: usize,
     req: &pb::RecordRouteRequest,
 ) -> Result<(), Status> {
-    if let Err(message) = in_flight.check(&req.reservations) {
-        return Err(rejected("invalid", Status::invalid_argument(message)));
+    if let Err(invalid) = in_flight.check(&req.reservations) {
+        return Err(rejected("invalid", Status::invalid_argument(invalid.to_string())));
     }
     if !wants_credit(req) {
         return Ok(());

@@ -31,9 +31,9 @@ pub fn release(
             metrics::counter!(m::RELEASE_ROUTE_REQUESTS, "outcome" => "ok").increment(1);
             Ok(pb::ReleaseRouteResponse { released })
         }
-        Err(message) => {
+        Err(invalid) => {
             metrics::counter!(m::RELEASE_ROUTE_REQUESTS, "outcome" => "invalid").increment(1);
-            Err(Status::invalid_argument(message))
+            Err(Status::invalid_argument(invalid.to_string()))
         }
     }
 }

@@ -21,7 +21,7 @@ mod relay;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::protocols::{Origin, Work};
+use crate::protocols::{LiveSocket, Work};
 use crate::queue::Queues;
 use crate::shutdown::Shutdown;
 use crate::source_series::{self, SourceSeries};
@@ -63,7 +63,7 @@ pub async fn serve_central(
         match event {
             Event::Message(msg) => {
                 let worker = queues.worker_for(msg.frames.first().map_or(&[][..], |f| f.as_ref()));
-                let work = Work::live(Origin::Central, msg);
+                let work = Work::live(LiveSocket::Central, msg);
                 tokio::select! {
                     sent = relays.send(worker, work) => if !sent { return },
                     _ = shutdown.recv() => return,
@@ -76,7 +76,7 @@ pub async fn serve_central(
                         // A stream this address published before may catch up on it (any worker
                         // may hold one); the relays keep this before the connection's messages.
                         for worker in 0..queues.workers() {
-                            let work = Work::Connected { origin: Origin::Central, conn: *conn, peer: peer.clone() };
+                            let work = Work::Connected { origin: LiveSocket::Central, conn: *conn, peer: peer.clone() };
                             relays.send(worker, work).await;
                         }
                     }
@@ -85,7 +85,7 @@ pub async fn serve_central(
                         // Any worker may hold a stream of this connection (one per topic); the
                         // relays keep it behind the connection's messages.
                         for worker in 0..queues.workers() {
-                            relays.send(worker, Work::Disconnected { origin: Origin::Central, conn: *conn }).await;
+                            relays.send(worker, Work::Disconnected { origin: LiveSocket::Central, conn: *conn }).await;
                         }
                     }
                     _ => {}
@@ -138,7 +138,7 @@ impl Dialer {
     ) {
         let queues = &self.queues;
         let worker = queues.worker_for(id.as_bytes());
-        let origin = Origin::Pod { id: id.clone(), model, endpoint: endpoint.clone() };
+        let origin = LiveSocket::Pod { id: id.clone(), model, endpoint: endpoint.clone() };
         let any_topic = engine.unwrap_or(self.default_engine) == kvindex::wire::Engine::Sglang;
         let filters = [if any_topic { &b""[..] } else { self.topic_filter.as_bytes() }];
         let limits = self.limits.clone();

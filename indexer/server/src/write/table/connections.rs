@@ -19,7 +19,7 @@ use kvindex::sequencer::SourceState;
 use kvindex_zmtp::Source;
 
 use super::{Effect, Ext, Fleet, Mode, StreamTable};
-use crate::protocols::{ConnId, Origin, Peer, StreamKey};
+use crate::protocols::{ConnId, LiveSocket, Peer, StreamKey};
 
 impl<X: Ext> StreamTable<X> {
     /// A publisher's live connection opened, before any message on it: the streams it may
@@ -28,24 +28,24 @@ impl<X: Ext> StreamTable<X> {
     pub fn connected(
         &mut self,
         fleet: &dyn Fleet,
-        origin: &Origin,
+        origin: &LiveSocket,
         conn: ConnId,
         peer: Option<&Peer>,
         now: u64,
         out: &mut Vec<Effect<X>>,
     ) {
         let source = peer.map(Peer::source);
-        if let (Origin::Central, Some(source)) = (origin, source) {
+        if let (LiveSocket::Central, Some(source)) = (origin, source) {
             self.fresh.insert(conn, source);
         }
         let mut keys: Vec<StreamKey> = self
             .streams
             .iter()
             .filter(|(key, st)| match origin {
-                Origin::Pod { id, endpoint, .. } => {
+                LiveSocket::Pod { id, endpoint, .. } => {
                     st.mode == Mode::PerPod && key.base == *id && st.endpoint.as_ref() == Some(endpoint)
                 }
-                Origin::Central => {
+                LiveSocket::Central => {
                     st.mode == Mode::Central && st.conn.is_none() && source.is_some() && st.bound == source
                 }
             })
@@ -62,7 +62,14 @@ impl<X: Ext> StreamTable<X> {
     /// cleared and back to CONNECTING. Only the connection that carried a stream clears it; a
     /// foreign one (central mode) never did, so it cannot. A central stream cleared here
     /// catches up on a fresh connection from its address, if one opened before this close.
-    pub fn disconnect(&mut self, fleet: &dyn Fleet, origin: &Origin, conn: ConnId, now: u64, out: &mut Vec<Effect<X>>) {
+    pub fn disconnect(
+        &mut self,
+        fleet: &dyn Fleet,
+        origin: &LiveSocket,
+        conn: ConnId,
+        now: u64,
+        out: &mut Vec<Effect<X>>,
+    ) {
         self.fresh.remove(&conn);
         let mut keys: Vec<StreamKey> = self
             .streams
@@ -72,12 +79,12 @@ impl<X: Ext> StreamTable<X> {
                 // A dialled pod's stream filled by its start-up replay before any live message
                 // came: the dialer's connection is the only one that pod has.
                 None => match origin {
-                    Origin::Pod { id, endpoint, .. } => {
+                    LiveSocket::Pod { id, endpoint, .. } => {
                         key.base == *id
                             && st.endpoint.as_ref() == Some(endpoint)
                             && st.seq.state() != SourceState::Connecting
                     }
-                    Origin::Central => false,
+                    LiveSocket::Central => false,
                 },
             })
             .map(|(key, _)| key.clone())

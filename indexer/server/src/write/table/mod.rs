@@ -43,7 +43,7 @@ pub use owners::{Owner, PodOwners};
 pub use sglang_check::{SampledPageCheck, MISCONFIGURED_AFTER_PAGES};
 pub use stream::{Binding, Ext, Reclaim, Stream, UNCONFIRMED_RECLAIM_MS};
 
-use crate::protocols::{ConnId, Origin, Peer, StreamKey};
+use crate::protocols::{ConnId, LiveSocket, Peer, StreamKey};
 
 /// The table's settings (from the service's config; `kvindex replay` uses the defaults).
 #[derive(Debug, Clone)]
@@ -146,11 +146,27 @@ pub type NewExt<'a, X> = dyn FnMut(&StreamKey, &Arc<str>, &Arc<str>, Mode) -> (X
 /// connection it came on (none in a dump that did not record it: reconnects are then not seen),
 /// its publisher's address (none: no binding) and when it was read (none: not timed).
 pub struct LiveMessage<'m> {
-    pub origin: &'m Origin,
+    pub origin: &'m LiveSocket,
     pub conn: Option<ConnId>,
     pub peer: Option<&'m Peer>,
     pub frames: &'m [Bytes],
     pub received: Option<Instant>,
+}
+
+/// A dialled pod's stream to sync before any live message: its key, model and SUB endpoint.
+pub struct PerPodSync<'a> {
+    pub key: &'a StreamKey,
+    pub model: &'a Arc<str>,
+    pub endpoint: &'a Arc<str>,
+}
+
+/// A stream as a message or a sync names it, for [`StreamTable::entry`]: its key and name, a
+/// central-mode stream's publisher address, and the rules its source is keyed and checked by.
+struct Wanted<'a> {
+    key: &'a StreamKey,
+    name: &'a Name,
+    source: Option<kvindex_zmtp::Source>,
+    rules: SourceRules,
 }
 
 pub struct StreamTable<X> {
@@ -251,7 +267,8 @@ impl<X: Ext> StreamTable<X> {
             }
             let source = msg.peer.filter(|_| name.mode == Mode::Central).map(Peer::source);
             let owners = self.owners.clone();
-            let Some(st) = self.entry(fleet, &key, &name, source, rules, now, new_ext, out) else { continue };
+            let wanted = Wanted { key: &key, name: &name, source, rules };
+            let Some(st) = self.entry(fleet, wanted, now, new_ext, out) else { continue };
             if name.mode == Mode::Central && !bind_publisher(st, fleet, &owners, &key, msg.peer, out) {
                 continue;
             }
@@ -381,21 +398,17 @@ impl<X: Ext> StreamTable<X> {
         true
     }
 
-    /// `key`'s stream, made if new and its pod id is free for it (the driver makes its part),
-    /// its model switched if the source now names another. `source`: a central-mode stream's
-    /// publisher address.
-    #[allow(clippy::too_many_arguments)]
+    /// The `wanted` stream, made if new and its pod id is free for it (the driver makes its
+    /// part), its model switched if the source now names another.
     fn entry(
         &mut self,
         fleet: &dyn Fleet,
-        key: &StreamKey,
-        name: &Name,
-        source: Option<kvindex_zmtp::Source>,
-        (engine, page_size, check): SourceRules,
+        wanted: Wanted<'_>,
         now: u64,
         new_ext: &mut NewExt<'_, X>,
         out: &mut Vec<Effect<X>>,
     ) -> Option<&mut Stream<X>> {
+        let Wanted { key, name, source, rules: (engine, page_size, check) } = wanted;
         if !self.streams.contains_key(key) {
             let pod = self.naming.pod_id(name.mode, key);
             let claim = match self.claim(fleet, key, &pod, name.mode, source) {
@@ -505,17 +518,15 @@ impl<X: Ext> StreamTable<X> {
 
     /// A per-pod source with a replay socket, before any live message: a replay from 0 (or
     /// from a snapshot record's cursor), so the index is complete before the service is ready.
-    #[allow(clippy::too_many_arguments)]
     pub fn initial_sync(
         &mut self,
         fleet: &dyn Fleet,
-        key: &StreamKey,
-        model: &Arc<str>,
-        endpoint: &Arc<str>,
+        pod: PerPodSync<'_>,
         now: u64,
         new_ext: &mut NewExt<'_, X>,
         out: &mut Vec<Effect<X>>,
     ) {
+        let PerPodSync { key, model, endpoint } = pod;
         let name = Name { base: key.base.clone(), model: model.clone(), mode: Mode::PerPod, endpoint: None };
         if let Some(st) = self.streams.get(key).filter(|st| st.mode != Mode::PerPod) {
             self.refuse_other_mode(key, st, out);
@@ -523,7 +534,9 @@ impl<X: Ext> StreamTable<X> {
         }
         let replay = fleet.has_replay(&key.base, key.rank);
         let rules = (fleet.engine(&key.base), fleet.page_size(&key.base), fleet.sglang_check(&key.base));
-        let Some(st) = self.entry(fleet, key, &name, None, rules, now, new_ext, out) else { return };
+        let Some(st) = self.entry(fleet, Wanted { key, name: &name, source: None, rules }, now, new_ext, out) else {
+            return;
+        };
         st.endpoint = Some(endpoint.clone());
         st.seq.set_replay(replay);
         let mut steps = Vec::new();

@@ -12,7 +12,7 @@ use kvindex::wire::{dp_pod_id, parse_topic, topic_id_refusal};
 
 use super::fleet::Fleet;
 use crate::config::pod;
-use crate::protocols::{Origin, StreamKey};
+use crate::protocols::{LiveSocket, StreamKey};
 
 /// Longest topic accepted: `kv@` + an id and a model of [`pod::MAX_NAME_LEN`] each.
 pub const MAX_TOPIC_LEN: usize = 2 * pod::MAX_NAME_LEN + 8;
@@ -75,9 +75,10 @@ impl Naming {
     }
 
     /// The stream `topic` names for a message from `origin`.
-    pub fn name(&mut self, fleet: &dyn Fleet, origin: &Origin, topic: &[u8]) -> Result<Name, Unnamed> {
+    pub fn name(&mut self, fleet: &dyn Fleet, origin: &LiveSocket, topic: &[u8]) -> Result<Name, Unnamed> {
         // A dialled SGLang pod is named by its entry, and SGLang's topic is `""` by default.
-        let any_topic = matches!(origin, Origin::Pod { id, .. } if fleet.engine(id) == kvindex::wire::Engine::Sglang);
+        let any_topic =
+            matches!(origin, LiveSocket::Pod { id, .. } if fleet.engine(id) == kvindex::wire::Engine::Sglang);
         if !any_topic && !topic.starts_with(self.filter.as_bytes()) {
             return Err(Unnamed::Undecodable { reason: "topic_filtered", what: "topic does not match the filter" });
         }
@@ -85,13 +86,13 @@ impl Naming {
             return Err(Unnamed::Refused { reason: "name", why: "topic too long" });
         }
         match origin {
-            Origin::Pod { id, model, endpoint } => Ok(Name {
+            LiveSocket::Pod { id, model, endpoint } => Ok(Name {
                 base: id.clone(),
                 model: model.clone(),
                 mode: Mode::PerPod,
                 endpoint: Some(endpoint.clone()),
             }),
-            Origin::Central => {
+            LiveSocket::Central => {
                 let (base, model) = self.central(fleet, topic)?;
                 Ok(Name { base, model, mode: Mode::Central, endpoint: None })
             }

@@ -90,7 +90,8 @@ fn frames(topic: &str, seq: u64, rank: i64) -> Vec<Bytes> {
 fn admit(t: &mut StreamTable<()>, frames: &[Bytes], conn: u64, now: u64) -> (bool, Vec<Effect<()>>) {
     let mut out = Vec::new();
     let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
-    let msg = LiveMessage { origin: &Origin::Central, conn: Some(ConnId(conn)), peer: None, frames, received: None };
+    let msg =
+        LiveMessage { origin: &LiveSocket::Central, conn: Some(ConnId(conn)), peer: None, frames, received: None };
     let decoded = t.admit(&registry(), msg, now, &mut new, &mut out);
     (decoded.is_some(), out)
 }
@@ -140,9 +141,9 @@ fn a_new_connection_resyncs_its_stream_and_only_the_carrying_connection_clears_i
     let steps = steps(&t, &effects);
     assert!(steps.iter().any(|(_, s)| matches!(s, Step::Clear { reason: Reason::Reconnect })), "{steps:?}");
     let mut out = Vec::new();
-    t.disconnect(&registry(), &Origin::Central, ConnId(1), 3, &mut out);
+    t.disconnect(&registry(), &LiveSocket::Central, ConnId(1), 3, &mut out);
     assert!(out.is_empty(), "the old connection no longer carries the stream");
-    t.disconnect(&registry(), &Origin::Central, ConnId(2), 3, &mut out);
+    t.disconnect(&registry(), &LiveSocket::Central, ConnId(2), 3, &mut out);
     assert!(matches!(&out[0], Effect::Disconnected { conn: ConnId(2), .. }));
     let steps = steps_of(&out);
     assert!(steps.iter().any(|s| matches!(s, Step::Clear { .. })), "{steps:?}");
@@ -181,7 +182,7 @@ fn a_full_table_reclaims_a_talking_stream_whose_pod_holds_nothing_never_one_that
         let mut new = |_: &StreamKey, _: &Arc<str>, _: &Arc<str>, _: Mode| ((), None);
         let frames = frames(topic, seq, 0);
         let msg = LiveMessage {
-            origin: &Origin::Central,
+            origin: &LiveSocket::Central,
             conn: Some(ConnId(1)),
             peer: None,
             frames: &frames,
@@ -282,7 +283,7 @@ fn peer(last: u8) -> Peer {
 fn admit_from(
     t: &mut StreamTable<()>,
     fleet: &Registry,
-    origin: &Origin,
+    origin: &LiveSocket,
     peer: Option<&Peer>,
     frames: &[Bytes],
     conn: u64,
@@ -315,18 +316,18 @@ fn a_second_stream_naming_an_owned_pod_is_refused_in_either_dp_naming() {
     let fleet = registry();
     // Port offset: rank 1 of `h:7999` is `h:8000`, which topic `h:8000` owns.
     let mut t = table(16);
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
     for from in [3, 2] {
         let effects =
-            admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(from)), &frames("kv@h:7999@m", 0, 1), 2, 1);
+            admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(from)), &frames("kv@h:7999@m", 0, 1), 2, 1);
         assert_eq!(foreign(&effects), Some(("h:8000".to_string(), "pod_owned")), "from 127.0.0.{from}");
         assert!(!effects.iter().any(|e| matches!(e, Effect::Steps { .. } | Effect::Created { .. })));
     }
     assert_eq!(pods(&t), ["h:8000"]);
     // Topic naming: every rank of a topic names the topic's pod.
     let mut t = table_naming(16, true);
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 1, 1);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 1, 1);
     assert_eq!(foreign(&effects), Some(("h:8000".to_string(), "pod_owned")));
     assert_eq!(pods(&t), ["h:8000"]);
 }
@@ -335,17 +336,17 @@ fn a_second_stream_naming_an_owned_pod_is_refused_in_either_dp_naming() {
 fn a_bound_topic_binds_every_rank_to_its_address_until_that_address_is_gone() {
     let mut fleet = registry();
     let mut t = table(16);
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@h:8000@m", 0, 1), 2, 1);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 0), 1, 0);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(3)), &frames("kv@h:8000@m", 0, 1), 2, 1);
     assert_eq!(foreign(&effects), Some(("h:8001".to_string(), "topic_bound")));
     assert_eq!(pods(&t), ["h:8000"], "another address does not take rank 1");
     // The owner's own rank 1 is served.
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 3, 2);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 3, 2);
     assert_eq!(foreign(&effects), None);
     assert_eq!(pods(&t), ["h:8000", "h:8001"]);
     // Rank 2 from another address, once the bound one holds no connection: a moved engine.
     fleet.connected = false;
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@h:8000@m", 0, 2), 4, 3);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(3)), &frames("kv@h:8000@m", 0, 2), 4, 3);
     assert_eq!(foreign(&effects), None);
     assert_eq!(pods(&t), ["h:8000", "h:8001", "h:8002"]);
 }
@@ -356,13 +357,13 @@ fn tables_that_share_owners_refuse_a_second_stream_of_one_pod_and_free_it_when_t
     let config = table(16).config().clone();
     let (mut a, mut b) = (StreamTable::sharing(config.clone(), owners.clone()), StreamTable::sharing(config, owners));
     let fleet = registry();
-    admit_from(&mut a, &fleet, &Origin::Central, None, &frames("kv@h:8000@m", 0, 1), 1, 0);
+    admit_from(&mut a, &fleet, &LiveSocket::Central, None, &frames("kv@h:8000@m", 0, 1), 1, 0);
     // The same pod from another topic, on another worker (another table).
-    let effects = admit_from(&mut b, &fleet, &Origin::Central, None, &frames("kv@h:8001@m", 0, 0), 2, 1);
+    let effects = admit_from(&mut b, &fleet, &LiveSocket::Central, None, &frames("kv@h:8001@m", 0, 0), 2, 1);
     assert_eq!(foreign(&effects), Some(("h:8001".to_string(), "pod_owned")));
     assert!(b.is_empty());
     a.remove(&StreamKey { base: Arc::from("h:8000"), rank: 1 });
-    let effects = admit_from(&mut b, &fleet, &Origin::Central, None, &frames("kv@h:8001@m", 1, 0), 2, 2);
+    let effects = admit_from(&mut b, &fleet, &LiveSocket::Central, None, &frames("kv@h:8001@m", 1, 0), 2, 2);
     assert_eq!(foreign(&effects), None, "the owner is gone: the pod is free");
     assert_eq!(pods(&b), ["h:8001"]);
 }
@@ -372,9 +373,9 @@ fn a_contested_pod_is_given_up_once_its_owner_is_disconnected_and_may_be_reclaim
     let fleet = registry();
     let mut t = table(16);
     let owner = StreamKey { base: Arc::from("h:8000"), rank: 1 };
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 1, 0);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(2)), &frames("kv@h:8000@m", 0, 1), 1, 0);
     let claim = || frames("kv@h:8001@m", 0, 0);
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &claim(), 2, 10);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(3)), &claim(), 2, 10);
     assert_eq!(foreign(&effects), Some(("h:8001".to_string(), "pod_owned")));
     let stale = SequencerConfig::default().stale_after_ms;
     // Silent long enough, but still connected: it keeps the pod.
@@ -382,11 +383,11 @@ fn a_contested_pod_is_given_up_once_its_owner_is_disconnected_and_may_be_reclaim
     t.tick(&fleet, stale + 100, &mut out);
     assert!(t.get(&owner).is_some(), "a connected owner keeps its pod");
     // Its connection closed: the next tick gives the pod up.
-    t.disconnect(&fleet, &Origin::Central, ConnId(1), stale + 150, &mut out);
+    t.disconnect(&fleet, &LiveSocket::Central, ConnId(1), stale + 150, &mut out);
     out.clear();
     t.tick(&fleet, stale + 200, &mut out);
     assert!(matches!(&out[0], Effect::Reclaimed { why: Reclaim::Contested, key, .. } if *key == owner));
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &claim(), 2, stale + 300);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(3)), &claim(), 2, stale + 300);
     assert_eq!(foreign(&effects), None);
     assert_eq!(pods(&t), ["h:8001"]);
 }
@@ -399,19 +400,20 @@ fn a_dialled_pods_streams_and_rank_ids_are_its_dialers_alone() {
         .map(|(id, (pod, dialled))| (id.to_string(), (pod.to_string(), dialled)))
         .collect();
     let mut t = table(16);
-    let dialled = Origin::Pod { id: Arc::from("d:8000"), model: Arc::from("m"), endpoint: Arc::from("tcp://d:5557") };
+    let dialled =
+        LiveSocket::Pod { id: Arc::from("d:8000"), model: Arc::from("m"), endpoint: Arc::from("tcp://d:5557") };
     admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 0, 0), 1, 0);
     // A topic naming the dialled pod itself, or its rank 1 (not yet heard from), or rank 1 of
     // another base landing on it.
     for (topic, rank, pod) in [("kv@d:8000@m", 0, "d:8000"), ("kv@d:8000@m", 1, "d:8001"), ("kv@d:7999@m", 2, "d:8001")]
     {
-        let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames(topic, 0, rank), 2, 1);
+        let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(3)), &frames(topic, 0, rank), 2, 1);
         assert_eq!(foreign(&effects), Some((pod.to_string(), "pod_owned")), "{topic} rank {rank}");
     }
     // A configured central-mode pod is fed by configured streams only.
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@c:8999@m", 0, 1), 2, 1);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(3)), &frames("kv@c:8999@m", 0, 1), 2, 1);
     assert_eq!(foreign(&effects), Some(("c:9000".to_string(), "pod_owned")));
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(2)), &frames("kv@c:9000@m", 0, 0), 3, 1);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(2)), &frames("kv@c:9000@m", 0, 0), 3, 1);
     assert_eq!(foreign(&effects), None);
     // The dialled pod's rank 1 is its own.
     admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 0, 1), 4, 2);
@@ -433,9 +435,10 @@ fn a_registration_made_after_another_stream_took_its_pod_takes_it_back() {
     let mut fleet = registry();
     let mut t = table(16);
     // A central topic names `d:8000` before anyone registers it.
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@d:8000@m", 0, 0), 1, 0);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(3)), &frames("kv@d:8000@m", 0, 0), 1, 0);
     fleet.ranks = [("d:8000".to_string(), ("d:8000".to_string(), true))].into();
-    let dialled = Origin::Pod { id: Arc::from("d:8000"), model: Arc::from("m"), endpoint: Arc::from("tcp://d:5557") };
+    let dialled =
+        LiveSocket::Pod { id: Arc::from("d:8000"), model: Arc::from("m"), endpoint: Arc::from("tcp://d:5557") };
     let effects = admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 0, 0), 2, 1);
     assert_eq!(foreign(&effects), Some(("d:8000".to_string(), "pod_owned")), "the other mode's stream owns it");
     // Connected and talking, the central stream still goes: the registration keeps the pod.
@@ -445,7 +448,7 @@ fn a_registration_made_after_another_stream_took_its_pod_takes_it_back() {
     let effects = admit_from(&mut t, &fleet, &dialled, None, &frames("kv@x@m", 1, 0), 2, 3);
     assert_eq!(foreign(&effects), None);
     assert_eq!(t.get(&StreamKey { base: Arc::from("d:8000"), rank: 0 }).map(|st| st.mode), Some(Mode::PerPod));
-    let effects = admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(3)), &frames("kv@d:8000@m", 1, 0), 1, 4);
+    let effects = admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(3)), &frames("kv@d:8000@m", 1, 0), 1, 4);
     assert_eq!(foreign(&effects), Some(("d:8000".to_string(), "pod_owned")));
 }
 
@@ -468,13 +471,15 @@ fn a_dialled_pods_connection_catches_up_the_streams_of_its_endpoint() {
     let mut out = Vec::new();
     for (pod, endpoint) in [("dialled", "tcp://e:1"), ("dialled", "tcp://e:2"), ("other", "tcp://o:1")] {
         let key = StreamKey { base: Arc::from(pod), rank: u32::from(endpoint.ends_with('2')) };
-        t.initial_sync(&registry(), &key, &model, &Arc::from(endpoint), 0, &mut new, &mut out);
+        let endpoint: Arc<str> = Arc::from(endpoint);
+        let sync = PerPodSync { key: &key, model: &model, endpoint: &endpoint };
+        t.initial_sync(&registry(), sync, 0, &mut new, &mut out);
     }
     // The start-up replay of rank 0 was refused (the engine was not up); the cooldown passes.
     let key = StreamKey { base: Arc::from("dialled"), rank: 0 };
     let (id, _) = t.get(&key).unwrap().seq.replay_in_flight().unwrap();
     t.replay(&key, id, ReplayEvent::Failed { timeout: false }, 1, &mut out);
-    let origin = Origin::Pod { id: Arc::from("dialled"), model, endpoint: Arc::from("tcp://e:1") };
+    let origin = LiveSocket::Pod { id: Arc::from("dialled"), model, endpoint: Arc::from("tcp://e:1") };
     let later = SequencerConfig::default().replay_cooldown_ms + 10;
     let mut out = Vec::new();
     t.connected(&registry(), &origin, ConnId(7), Some(&peer(1)), later, &mut out);
@@ -489,48 +494,48 @@ fn a_dialled_pods_connection_catches_up_the_streams_of_its_endpoint() {
 #[test]
 fn a_central_connection_catches_up_the_silent_streams_its_address_published() {
     let (mut t, fleet) = (table(16), registry());
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@heard@m", 0, 0), 1, 0);
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@busy@m", 0, 0), 2, 0);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(1)), &frames("kv@heard@m", 0, 0), 1, 0);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(1)), &frames("kv@busy@m", 0, 0), 2, 0);
     // No replay endpoint:
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@p@m", 0, 0), 3, 0);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(1)), &frames("kv@p@m", 0, 0), 3, 0);
     let mut out = Vec::new();
-    t.disconnect(&fleet, &Origin::Central, ConnId(1), 0, &mut out);
-    t.disconnect(&fleet, &Origin::Central, ConnId(3), 0, &mut out);
+    t.disconnect(&fleet, &LiveSocket::Central, ConnId(1), 0, &mut out);
+    t.disconnect(&fleet, &LiveSocket::Central, ConnId(3), 0, &mut out);
     // Another address: none of its streams.
     let mut out = Vec::new();
-    t.connected(&fleet, &Origin::Central, ConnId(8), Some(&peer(2)), 10, &mut out);
+    t.connected(&fleet, &LiveSocket::Central, ConnId(8), Some(&peer(2)), 10, &mut out);
     assert!(out.is_empty());
     // The address again: only the stream whose connection closed and that can replay (the busy
     // one still holds its own connection).
-    t.connected(&fleet, &Origin::Central, ConnId(9), Some(&peer(1)), 10, &mut out);
+    t.connected(&fleet, &LiveSocket::Central, ConnId(9), Some(&peer(1)), 10, &mut out);
     assert_eq!(catch_ups(&t, &out), [("heard".to_string(), 0)]);
     let conn = |t: &StreamTable<()>, pod: &str| t.get(&StreamKey { base: Arc::from(pod), rank: 0 }).unwrap().conn;
     assert_eq!((conn(&t, "heard"), conn(&t, "busy"), conn(&t, "p")), (Some(ConnId(9)), Some(ConnId(2)), None));
     // It now carries the stream: a second connection from the address leaves it alone.
     let mut out = Vec::new();
-    t.connected(&fleet, &Origin::Central, ConnId(10), Some(&peer(1)), 10, &mut out);
+    t.connected(&fleet, &LiveSocket::Central, ConnId(10), Some(&peer(1)), 10, &mut out);
     assert!(out.is_empty());
 }
 
 #[test]
 fn a_new_central_connection_seen_before_the_old_ones_close_still_catches_up() {
     let (mut t, fleet) = (table(16), registry());
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@heard@m", 0, 0), 1, 0);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(1)), &frames("kv@heard@m", 0, 0), 1, 0);
     // The restarted engine's connection (2) and another engine's on the same host (3, which
     // then speaks) are reported before the old connection's close.
     let mut out = Vec::new();
-    t.connected(&fleet, &Origin::Central, ConnId(3), Some(&peer(1)), 1, &mut out);
-    t.connected(&fleet, &Origin::Central, ConnId(2), Some(&peer(1)), 1, &mut out);
+    t.connected(&fleet, &LiveSocket::Central, ConnId(3), Some(&peer(1)), 1, &mut out);
+    t.connected(&fleet, &LiveSocket::Central, ConnId(2), Some(&peer(1)), 1, &mut out);
     assert!(out.is_empty(), "the stream is still on its old connection");
-    admit_from(&mut t, &fleet, &Origin::Central, Some(&peer(1)), &frames("kv@p@m", 0, 0), 3, 1);
+    admit_from(&mut t, &fleet, &LiveSocket::Central, Some(&peer(1)), &frames("kv@p@m", 0, 0), 3, 1);
     let mut out = Vec::new();
-    t.disconnect(&fleet, &Origin::Central, ConnId(1), 2, &mut out);
+    t.disconnect(&fleet, &LiveSocket::Central, ConnId(1), 2, &mut out);
     assert!(steps_of(&out).iter().any(|s| matches!(s, Step::Clear { reason: Reason::Disconnect })));
     assert_eq!(catch_ups(&t, &out), [("heard".to_string(), 0)], "caught up on the fresh connection");
     assert_eq!(t.get(&StreamKey { base: Arc::from("heard"), rank: 0 }).unwrap().conn, Some(ConnId(2)));
     // The fresh connection's close clears it again; nothing fresh is left to catch up on.
     let mut out = Vec::new();
-    t.disconnect(&fleet, &Origin::Central, ConnId(2), 3, &mut out);
+    t.disconnect(&fleet, &LiveSocket::Central, ConnId(2), 3, &mut out);
     assert!(matches!(&out[0], Effect::Disconnected { conn: ConnId(2), .. }));
     assert!(catch_ups(&t, &out).is_empty());
 }

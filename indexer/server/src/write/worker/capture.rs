@@ -10,12 +10,12 @@
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
+use crate::index_handle::IndexHandle;
 use crate::persist::snapshot::format::{self, StreamRecord};
 use crate::persist::snapshot::pool;
 use crate::protocols::RecordSink;
 use crate::protocols::StreamKey;
 use crate::protocols::{Captured, HeldMap};
-use crate::write::context::ServiceState;
 use crate::write::table::{Stream, StreamTable};
 use crate::write::worker::live::Live;
 
@@ -66,20 +66,20 @@ impl Capture {
 
     /// Hands streams out to the pool while it has threads free, or takes them at once where no
     /// export is needed. True when every stream is in: [`Capture::answer`].
-    pub fn hand_out(&mut self, table: &mut StreamTable<Live>, state: &Arc<ServiceState>) -> bool {
+    pub fn hand_out(&mut self, table: &mut StreamTable<Live>, index: &IndexHandle) -> bool {
         while self.running < pool::threads() {
             let Some(key) = self.queue.pop() else { break };
             let Some(st) = table.get_mut(&key) else { continue };
-            match stream_part(&key, st, &self.held, state.index()) {
+            match stream_part(&key, st, &self.held, index.index()) {
                 Part::Nothing => {}
                 Part::Now(captured) => self.out.push(captured),
                 Part::Export(skey, pod, model, cursor, version) => {
                     st.ext.exporting = Some(cursor);
                     self.running += 1;
-                    let (tx, state, sink) = (self.done_tx.clone(), state.clone(), self.sink.clone());
+                    let (tx, index, sink) = (self.done_tx.clone(), index.clone(), self.sink.clone());
                     pool::pool().spawn(move || {
                         let export = || {
-                            let export = state.index().export_pod(&pod).unwrap_or_else(|| kvindex::PodExport {
+                            let export = index.index().export_pod(&pod).unwrap_or_else(|| kvindex::PodExport {
                                 pod: pod.to_string(),
                                 model: model.to_string(),
                                 ..Default::default()
@@ -101,9 +101,9 @@ impl Capture {
                                 tracing::error!(pod = %pod, "snapshot export failed: the pod is left out of this snapshot");
                                 None
                             });
-                        // The service state goes first, as the snapshot write lets go of the
+                        // The index handle goes first, as the snapshot write lets go of the
                         // store: nothing of the service outlives the answer on a pool thread.
-                        drop((state, sink));
+                        drop((index, sink));
                         let _ = tx.send((key, captured));
                     });
                 }

@@ -12,10 +12,10 @@ use kvindex::wire::EventBatch;
 
 use super::staleness::Arrival;
 use super::{Steps, Worker};
+use crate::index_handle::IndexHandle;
 use crate::protocols::{ReplayItem, StreamKey, Work};
 use crate::source_series::add;
 use crate::telemetry as m;
-use crate::write::context::ServiceState;
 use crate::write::table::{Batch, RulesReport};
 use crate::write::worker::import::start_import;
 
@@ -29,7 +29,7 @@ impl Worker {
     /// Carries out the sequencer's steps for one stream, in order. `decoded` is the batch the
     /// table decoded for these steps (from `admit`): their `Apply`, if any, is it.
     pub(super) fn execute(&mut self, key: &StreamKey, steps: &mut Steps, decoded: Option<&EventBatch<'_>>) {
-        let state = self.state.clone();
+        let context = self.context.clone();
         for step in steps.drain(..) {
             let Some(st) = self.table.get_mut(key) else { return };
             if st.ext.importing.is_some() || st.ext.exporting.is_some() {
@@ -42,12 +42,12 @@ impl Worker {
             }
             match step {
                 Step::Apply { seq, batch } => {
-                    super::live::sync_rules(&state, &key.base, &st.pod, &mut st.ext);
+                    super::live::sync_rules(&context, &key.base, &st.pod, &mut st.ext);
                     if let Some(record) = st.ext.restore.take() {
                         // The stream continued from the snapshot's cursor: its residencies hold.
                         // They are imported on the import pool (every core), and this batch and
                         // the stream's next steps wait for them.
-                        st.ext.importing = Some(start_import(&state, record));
+                        st.ext.importing = Some(start_import(context.index_handle(), record));
                         st.ext.waiting.push(Step::Apply { seq, batch });
                         self.imports += 1;
                         continue;
@@ -61,25 +61,18 @@ impl Worker {
                         tracing::warn!(pod = %st.pod, reason = reason.label(), "snapshot record dropped: the stream did not continue from its cursor");
                     }
                     st.rules.clear();
-                    let removed = state.index().clear_pod(&st.pod);
-                    state.end_speculation(&st.pod, reason.label());
+                    let removed = context.index().clear_pod(&st.pod);
+                    context.end_speculation(&st.pod, reason.label());
                     counter!(m::CLEARS, "reason" => reason.label()).increment(1);
                     tracing::warn!(pod = %st.pod, reason = reason.label(), entries_removed = removed, "pod cleared");
                 }
                 Step::RequestReplay { id, from, reason } => {
                     counter!(m::REPLAY_REQUESTS, "reason" => reason.label()).increment(1);
-                    let endpoint = state.registry().replay_endpoint(&key.base, key.rank);
+                    let endpoint = context.registry().replay_endpoint(&key.base, key.rank);
                     match endpoint {
                         Some(ep) => {
                             tracing::info!(pod = %st.pod, from, reason = reason.label(), endpoint = %ep, "replay requested");
-                            state.spawn(crate::write::replay::run(
-                                state.clone(),
-                                self.index,
-                                key.clone(),
-                                id,
-                                from,
-                                ep,
-                            ));
+                            context.start_replay(self.index, key.clone(), id, from, ep);
                         }
                         None => self.deferred.push_back(Work::Replay {
                             stream: key.clone(),
@@ -97,7 +90,7 @@ impl Worker {
                     }
                     if st.ext.startup_sync == Some(id) {
                         st.ext.startup_sync = None;
-                        state.readiness().sync_finished();
+                        context.readiness().sync_finished();
                     }
                 }
                 Step::Gap { expected, got } => {
@@ -111,7 +104,7 @@ impl Worker {
                         // clock is learnt again.
                         st.ext.staleness.reset();
                     }
-                    transition(&state, &st.pod, from, to, reason)
+                    transition(context.index_handle(), &st.pod, from, to, reason)
                 }
             }
         }
@@ -121,7 +114,7 @@ impl Worker {
     /// (a batch held back behind a replay, an export or an import).
     fn apply(&mut self, key: &StreamKey, batch: &Batch, decoded: Option<&EventBatch<'_>>) {
         let Some(st) = self.table.get_mut(key) else { return };
-        let index = self.state.index();
+        let index = self.context.index();
         // The stream's engine rules first (SGLang: servable pages, small pages rewritten).
         let mut kept_out = RulesReport::default();
         let mut apply = |decoded: &EventBatch<'_>| {
@@ -152,7 +145,7 @@ impl Worker {
         // old as its gap), dated by when they were read.
         let arrival = batch.received.map(|at| {
             let waited = at.elapsed().as_millis() as u64;
-            Arrival { received_ms: self.state.now_ms().saturating_sub(waited), waited_ms: waited }
+            Arrival { received_ms: self.context.now_ms().saturating_sub(waited), waited_ms: waited }
         });
         st.ext.staleness.observe(arrival, ts);
         for (reason, blocks) in kept_out.skipped() {
@@ -172,7 +165,7 @@ impl Worker {
         }
         if let (Some(engine), false) = (report.refused_block_size, st.ext.logged_block_size.0) {
             st.ext.logged_block_size.0 = true;
-            tracing::error!(pod = %st.pod, engine_block_size = engine, block_size = self.state.config().block_size,
+            tracing::error!(pod = %st.pod, engine_block_size = engine, block_size = self.context.settings().block_size,
                 "the engine's block size is not a multiple of block_size: none of its blocks can be indexed (counted in kvindex_skipped_blocks_total, reason block_size_mismatch); start kvindex serve with a --block-size that divides the engine's (vLLM --block-size, SGLang --page-size, TensorRT-LLM tokens_per_block)");
         }
         if report.block_size_changes > 0 {
@@ -191,7 +184,7 @@ impl Worker {
         add(&counters.events[1], report.removed_events);
         add(&counters.events[2], report.cleared_events);
         if report.cleared_events > 0 {
-            self.state.end_speculation(&st.pod, "all_blocks_cleared");
+            self.context.end_speculation(&st.pod, "all_blocks_cleared");
         }
         add(&counters.events[3], report.unknown_events);
         self.blocks_stored.increment(report.stored_blocks);
@@ -245,12 +238,12 @@ impl Worker {
     }
 }
 
-fn transition(state: &ServiceState, pod: &str, from: SourceState, to: SourceState, reason: Reason) {
-    state.status().transition(pod, from, to);
+fn transition(index: &IndexHandle, pod: &str, from: SourceState, to: SourceState, reason: Reason) {
+    index.status().transition(pod, from, to);
     if matches!(to, SourceState::Degraded | SourceState::Stale) {
         // A prediction about a pod whose events cannot be trusted would outlive what the index
         // knows of it.
-        state.end_speculation(pod, "source_not_exact");
+        index.end_speculation(pod, "source_not_exact");
     }
     counter!(m::TRANSITIONS, "from" => from.label(), "to" => to.label(), "reason" => reason.label()).increment(1);
     match to {

@@ -35,7 +35,7 @@ impl Worker {
         capture.collect(&mut self.table, &mut finished);
         self.exports_done(finished);
         let Some(capture) = self.capture.as_mut() else { return };
-        if capture.hand_out(&mut self.table, &self.state) {
+        if capture.hand_out(&mut self.table, self.context.index_handle()) {
             if let Some(capture) = self.capture.take() {
                 capture.answer();
             }

@@ -2,13 +2,11 @@
 //! batch after the record's cursor applies): off the apply worker, on the import pool, so the
 //! pods of one worker's streams come back on every core and the worker goes on meanwhile.
 
-use std::sync::Arc;
-
 use metrics::counter;
 
+use crate::index_handle::IndexHandle;
 use crate::persist::snapshot::format::StreamRecord;
 use crate::telemetry as m;
-use crate::write::context::ServiceState;
 
 /// A pod's snapshot record being imported off the worker (see [`start_import`]).
 pub struct Importing {
@@ -20,16 +18,16 @@ pub struct Importing {
 /// Imports a pod's snapshot record on the import pool (rayon's: one thread per core), so that
 /// the pods of one worker's streams come back on every core, and the worker goes on with its
 /// other streams meanwhile. The receiver hears when it is done.
-pub fn start_import(state: &Arc<ServiceState>, record: StreamRecord) -> Importing {
+pub fn start_import(index: &IndexHandle, record: StreamRecord) -> Importing {
     let (tx, done) = std::sync::mpsc::channel();
     let cursor = record.cursor;
-    let state = state.clone();
+    let index = index.clone();
     rayon::spawn(move || {
         let pod = record.pod().to_string();
         // An import never panics; if it did, the pool must not take the process down: the pod
         // is cleared instead (it under-reports until its blocks come again).
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| restore_pod(&state, record))).is_err() {
-            state.index().clear_pod(&pod);
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| restore_pod(&index, record))).is_err() {
+            index.index().clear_pod(&pod);
             tracing::error!(pod = %pod, "snapshot record import failed: pod cleared");
         }
         let _ = tx.send(());
@@ -38,9 +36,9 @@ pub fn start_import(state: &Arc<ServiceState>, record: StreamRecord) -> Importin
 }
 
 /// Imports a pod's snapshot record into the index (its stream has just proven continuity).
-fn restore_pod(state: &ServiceState, record: StreamRecord) {
+fn restore_pod(index: &IndexHandle, record: StreamRecord) {
     let (pod, cursor) = (record.pod().to_string(), record.cursor);
-    let report = state.index().import_pod(&record.into_export());
+    let report = index.index().import_pod(&record.into_export());
     counter!(m::SNAPSHOT_RESTORES, "outcome" => "imported").increment(1);
     tracing::info!(
         pod = %pod,

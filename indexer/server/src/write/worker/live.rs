@@ -4,15 +4,15 @@
 
 use std::sync::Arc;
 
-use kvindex::sequencer::{SequencerConfig, Step};
+use kvindex::sequencer::Step;
 
 use super::staleness::Staleness;
 use crate::persist::snapshot::format::StreamRecord;
 use crate::protocols::StreamKey;
 use crate::readiness::HoldPart;
 use crate::source_series::{SourceSeries, StreamCounters};
-use crate::write::context::ServiceState;
-use crate::write::table::{Batch, Ext, Fleet, Mode, Stream, TableConfig};
+use crate::write::table::{Batch, Ext, Fleet, Mode, Stream};
+use crate::write::worker::context::WorkerContext;
 use crate::write::worker::import::Importing;
 
 /// What the live worker keeps per stream.
@@ -70,17 +70,17 @@ pub fn applied_seq(st: &Stream<Live>) -> Option<u64> {
 /// A new stream's live part: its status row, its metric handles, and its pod's snapshot record
 /// if one was restored for this model and rank (with its cursor, to resume from).
 pub fn new_stream(
-    state: &ServiceState,
+    context: &WorkerContext,
     key: &StreamKey,
     pod: &Arc<str>,
     model: &Arc<str>,
     mode: Mode,
 ) -> (Live, Option<u64>) {
-    state.status().add(pod);
+    context.status().add(pod);
     tracing::info!(pod = %pod, model = %model, mode = mode.label(), "new source");
     // A record for another model is of no use: the pod's blocks are in another namespace; one
     // of another stream is another engine's.
-    let (restore, restore_hold) = match state.restored().take(pod) {
+    let (restore, restore_hold) = match context.restored().take(pod) {
         Some((r, hold)) if r.model() == &**model && r.rank == key.rank && r.base == *key.base => (Some(r), hold),
         _ => (None, None),
     };
@@ -106,8 +106,8 @@ pub fn new_stream(
 /// registry entry of its base pod, when they may have changed: before anything of the pod is
 /// applied or imported, so none of its blocks is scored under rules it was not declared with.
 /// A pod nobody declared has the default rules.
-pub fn sync_rules(state: &ServiceState, base: &str, pod: &str, live: &mut Live) {
-    let registry = state.registry();
+pub fn sync_rules(context: &WorkerContext, base: &str, pod: &str, live: &mut Live) {
+    let registry = context.registry();
     let generation = registry.generation();
     if live.rules.is_some_and(|(g, _)| g == generation) {
         return;
@@ -117,36 +117,15 @@ pub fn sync_rules(state: &ServiceState, base: &str, pod: &str, live: &mut Live) 
     if live.rules.map(|(_, r)| r) != Some(rules) {
         // Validated when the pod was registered: a refusal cannot happen, and would leave the
         // rules the index had.
-        if let Err(e) = state.index().set_pod_rules(pod, rules) {
+        if let Err(e) = context.index().set_pod_rules(pod, rules) {
             tracing::error!(pod, error = %e, "pod rules not applied");
         }
     }
     live.rules = Some((generation, rules));
 }
 
-/// One worker's stream table settings: its share of the caps, the config's naming and
-/// sequencer knobs.
-pub fn table_config(state: &ServiceState) -> TableConfig {
-    let c = state.config();
-    TableConfig {
-        topic_filter: c.topic_filter.clone(),
-        dp_naming_topic: c.dp_naming_topic,
-        max_streams: c.max_sources.div_ceil(c.apply_workers),
-        block_size: c.block_size,
-        max_streams_per_address: c.max_sources_per_address.div_ceil(c.apply_workers),
-        sequencer: SequencerConfig {
-            replay: false,
-            stale_after_ms: c.stale_after_ms,
-            replay_timeout_ms: c.replay_timeout_ms,
-            replay_queue_timeout_ms: c.replay_queue_timeout_ms,
-            replay_cooldown_ms: c.replay_cooldown_ms,
-            max_pending: c.max_pending,
-        },
-    }
-}
-
 /// The registry and the central SUB, as the stream table asks them.
-pub struct ServiceFleet<'a>(pub &'a ServiceState);
+pub struct ServiceFleet<'a>(pub &'a WorkerContext);
 
 impl Fleet for ServiceFleet<'_> {
     fn generation(&self) -> u64 {
@@ -178,7 +157,7 @@ impl Fleet for ServiceFleet<'_> {
     }
 
     fn engine(&self, base: &str) -> kvindex::wire::Engine {
-        self.0.registry().engine_of(base).unwrap_or(self.0.config().default_engine)
+        self.0.registry().engine_of(base).unwrap_or(self.0.settings().default_engine)
     }
 
     fn page_size(&self, base: &str) -> Option<usize> {
@@ -186,7 +165,7 @@ impl Fleet for ServiceFleet<'_> {
     }
 
     fn sglang_check(&self, base: &str) -> Option<crate::config::SglangCheckConfig> {
-        let defaults = self.0.config().sglang_check;
+        let defaults = self.0.settings().sglang_check;
         let reg = self.0.registry();
         let pod = reg.get(base).map(|p| &p.cfg);
         Some(crate::config::SglangCheckConfig {

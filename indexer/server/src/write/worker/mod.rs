@@ -7,10 +7,10 @@
 //! [`Queues`]. `kvindex replay` drives the same table offline (`crate::persist::dump::offline`).
 
 pub mod capture;
+pub mod context;
 mod execute;
 mod foreign;
 mod held;
-pub mod housekeeping;
 pub mod import;
 mod lag;
 pub(crate) mod live;
@@ -31,14 +31,14 @@ use metrics::{counter, Counter};
 use kvindex::sequencer::Step;
 use kvindex::SkipReason;
 
-use crate::protocols::{Origin, ReplayItem, StreamKey, Work};
+use crate::index_handle::Upkeep;
+use crate::protocols::{LiveSocket, ReplayItem, StreamKey, Work};
 use crate::queue::Receiver;
 use crate::telemetry as m;
-use crate::write::context::ServiceState;
-use crate::write::table::{Batch, Effect, LiveMessage, ReplayEvent, Stream, StreamTable};
+use crate::write::table::{Batch, Effect, LiveMessage, PerPodSync, ReplayEvent, Stream, StreamTable};
 use crate::write::transport::{escape, escape_bytes, ConnId, Peer};
 use crate::write::worker::capture::Capture;
-use crate::write::worker::housekeeping::Housekeeping;
+use crate::write::worker::context::WorkerContext;
 use live::{Live, ServiceFleet};
 
 const TICK: Duration = Duration::from_millis(100);
@@ -46,7 +46,7 @@ const TICK: Duration = Duration::from_millis(100);
 const IMPORT_POLL: Duration = Duration::from_millis(2);
 
 pub struct Worker {
-    pub(crate) state: Arc<ServiceState>,
+    pub(crate) context: Arc<WorkerContext>,
     index: usize,
     pub(crate) table: StreamTable<Live>,
     deferred: VecDeque<Work>,
@@ -65,8 +65,8 @@ pub struct Worker {
     pub(crate) imports: usize,
     /// The snapshot this worker is capturing, if one is.
     pub(crate) capture: Option<Capture>,
-    /// Worker 0 keeps the index-wide gauges and sweeps the speculative credits.
-    housekeeping: Option<Housekeeping>,
+    /// Worker 0 runs the shared data's upkeep on its tick.
+    upkeep: Option<Upkeep>,
 }
 
 /// What a live message's effects may name besides the table's own data.
@@ -79,10 +79,10 @@ struct Context<'a> {
 }
 
 impl Worker {
-    pub fn new(state: Arc<ServiceState>, index: usize) -> Self {
+    pub fn new(context: Arc<WorkerContext>, index: usize) -> Self {
         Worker {
             index,
-            table: StreamTable::sharing(live::table_config(&state), state.pod_owners()),
+            table: StreamTable::sharing(context.settings().table.clone(), context.pod_owners()),
             deferred: VecDeque::new(),
             effects: Vec::new(),
             blocks_stored: counter!(m::BLOCKS, "op" => "stored"),
@@ -96,8 +96,8 @@ impl Worker {
             refused: 0,
             imports: 0,
             capture: None,
-            housekeeping: (index == 0).then(Housekeeping::new),
-            state,
+            upkeep: (index == 0).then(Upkeep::default),
+            context,
         }
     }
 
@@ -147,11 +147,13 @@ impl Worker {
             }
             Work::Replay { stream, id, item } => self.replay(stream, id, item),
             Work::InitialSync { stream, model, endpoint, startup } => {
-                let state = self.state.clone();
+                let context = self.context.clone();
                 let mut effects = std::mem::take(&mut self.effects);
-                let mut new = |k: &StreamKey, p: &Arc<str>, m: &Arc<str>, mode| live::new_stream(&state, k, p, m, mode);
-                let now = state.now_ms();
-                self.table.initial_sync(&ServiceFleet(&state), &stream, &model, &endpoint, now, &mut new, &mut effects);
+                let mut new =
+                    |k: &StreamKey, p: &Arc<str>, m: &Arc<str>, mode| live::new_stream(&context, k, p, m, mode);
+                let now = context.now_ms();
+                let pod = PerPodSync { key: &stream, model: &model, endpoint: &endpoint };
+                self.table.initial_sync(&ServiceFleet(&context), pod, now, &mut new, &mut effects);
                 if startup {
                     let sync = effects.iter().find_map(|e| match e {
                         Effect::Steps { steps, .. } => steps.iter().find_map(|s| match s {
@@ -164,27 +166,27 @@ impl Worker {
                         st.ext.startup_sync = sync;
                     }
                     if sync.is_none() {
-                        state.readiness().sync_finished();
+                        context.readiness().sync_finished();
                     }
                 }
                 self.carry_out(&mut effects, Context::default());
                 self.effects = effects;
             }
             Work::Connected { origin, conn, peer } => {
-                let state = self.state.clone();
+                let context = self.context.clone();
                 let mut effects = std::mem::take(&mut self.effects);
-                let fleet = ServiceFleet(&state);
-                self.table.connected(&fleet, &origin, conn, Some(&peer), state.now_ms(), &mut effects);
+                let fleet = ServiceFleet(&context);
+                self.table.connected(&fleet, &origin, conn, Some(&peer), context.now_ms(), &mut effects);
                 self.carry_out(&mut effects, Context::default());
                 self.effects = effects;
             }
             Work::Disconnected { origin, conn } => {
-                let state = self.state.clone();
+                let context = self.context.clone();
                 let mut effects = std::mem::take(&mut self.effects);
-                self.table.disconnect(&ServiceFleet(&state), &origin, conn, state.now_ms(), &mut effects);
+                self.table.disconnect(&ServiceFleet(&context), &origin, conn, context.now_ms(), &mut effects);
                 self.carry_out(&mut effects, Context::default());
                 self.effects = effects;
-                if let Some(recorder) = self.state.recorder() {
+                if let Some(recorder) = self.context.recorder() {
                     let (pod, model, source) = recorded_origin(&origin);
                     recorder.record("disconnect", pod, model, source, Some(conn.0), &[]);
                 }
@@ -195,8 +197,8 @@ impl Worker {
                 for k in keys {
                     any |= self.drop_stream(&k, "removed");
                 }
-                any |= self.state.index().remove_pod(&pod);
-                self.state.end_speculation(&pod, "removed");
+                any |= self.context.index().remove_pod(&pod);
+                self.context.end_speculation(&pod, "removed");
                 let _ = done.send(any);
             }
             Work::Snapshot { held, sink, reply } => self.start_capture(held, sink, reply),
@@ -222,26 +224,26 @@ impl Worker {
             self.imports -= 1;
         }
         if st.ext.startup_sync.is_some() {
-            self.state.readiness().sync_finished();
+            self.context.readiness().sync_finished();
         }
-        self.state.status().remove(key, &st.pod, st.seq.state());
-        let held = self.state.index().remove_pod(&st.pod);
-        self.state.end_speculation(&st.pod, why);
+        self.context.status().remove(key, &st.pod, st.seq.state());
+        let held = self.context.index().remove_pod(&st.pod);
+        self.context.end_speculation(&st.pod, why);
         held
     }
 
-    fn live(&mut self, origin: Origin, conn: ConnId, peer: &Peer, frames: Vec<Bytes>, at: Instant) {
+    fn live(&mut self, origin: LiveSocket, conn: ConnId, peer: &Peer, frames: Vec<Bytes>, at: Instant) {
         self.live_msgs.increment(1);
-        if let Some(recorder) = self.state.recorder() {
+        if let Some(recorder) = self.context.recorder() {
             let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
             let (pod, model, source) = recorded_origin(&origin);
             recorder.record("live", pod, model, source, Some(conn.0), &refs);
         }
-        let state = self.state.clone();
+        let context = self.context.clone();
         let mut effects = std::mem::take(&mut self.effects);
-        let mut new = |k: &StreamKey, p: &Arc<str>, m: &Arc<str>, mode| live::new_stream(&state, k, p, m, mode);
-        let now = state.now_ms();
-        let fleet = ServiceFleet(&state);
+        let mut new = |k: &StreamKey, p: &Arc<str>, m: &Arc<str>, mode| live::new_stream(&context, k, p, m, mode);
+        let now = context.now_ms();
+        let fleet = ServiceFleet(&context);
         let msg =
             LiveMessage { origin: &origin, conn: Some(conn), peer: Some(peer), frames: &frames, received: Some(at) };
         let decoded = self.table.admit(&fleet, msg, now, &mut new, &mut effects);
@@ -252,7 +254,7 @@ impl Worker {
 
     fn replay(&mut self, key: StreamKey, id: u64, item: ReplayItem) {
         let Some(st) = self.table.get(&key) else { return };
-        if let (Some(recorder), ReplayItem::Message { seq, payload, .. }) = (self.state.recorder(), &item) {
+        if let (Some(recorder), ReplayItem::Message { seq, payload, .. }) = (self.context.recorder(), &item) {
             // The replay reply as a DEALER sees it (vLLM 0.26+ layout, topic left empty).
             let seq = seq.to_be_bytes();
             recorder.record("replay", Some(&key.base), Some(&st.model), None, None, &[b"", b"", &seq, payload]);
@@ -267,7 +269,7 @@ impl Worker {
             ReplayItem::Failed { timeout } => ReplayEvent::Failed { timeout },
         };
         let mut effects = std::mem::take(&mut self.effects);
-        self.table.replay(&key, id, event, self.state.now_ms(), &mut effects);
+        self.table.replay(&key, id, event, self.context.now_ms(), &mut effects);
         self.carry_out(&mut effects, Context::default());
         self.effects = effects;
     }
@@ -324,14 +326,18 @@ impl Worker {
     }
 
     fn tick(&mut self, lane: &Receiver) {
-        let now = self.state.now_ms();
+        let now = self.context.now_ms();
         let mut effects = std::mem::take(&mut self.effects);
-        self.table.tick(&ServiceFleet(&self.state), now, &mut effects);
+        self.table.tick(&ServiceFleet(&self.context), now, &mut effects);
         self.carry_out(&mut effects, Context::default());
         self.effects = effects;
         self.publish_status(lane, now);
-        if let Some(housekeeping) = self.housekeeping.as_mut() {
-            housekeeping.tick(&self.state);
+        // The data every worker shares keeps itself; worker 0's tick is when: the index's
+        // gauges and credit sweep, the queue's depth, readiness.
+        if let Some(upkeep) = self.upkeep.as_mut() {
+            self.context.index_handle().upkeep(upkeep);
+            self.context.queues().publish_depth();
+            self.context.readiness().publish();
         }
     }
 }
@@ -342,10 +348,10 @@ pub(crate) fn decode_error(reason: &'static str, what: &'static str) {
 }
 
 /// What a dump records of a message's origin: (pod, model, source).
-fn recorded_origin(origin: &Origin) -> (Option<&str>, Option<&str>, Option<&str>) {
+fn recorded_origin(origin: &LiveSocket) -> (Option<&str>, Option<&str>, Option<&str>) {
     match origin {
-        Origin::Central => (None, None, Some("central")),
-        Origin::Pod { id, model, endpoint } => (Some(id), Some(model), Some(endpoint)),
+        LiveSocket::Central => (None, None, Some("central")),
+        LiveSocket::Pod { id, model, endpoint } => (Some(id), Some(model), Some(endpoint)),
     }
 }
 

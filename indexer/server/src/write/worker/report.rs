@@ -21,13 +21,13 @@ const EMPTY_POD: kvindex::PodDigest = kvindex::PodDigest { digest: 0, blocks: 0 
 impl Worker {
     /// Refreshes what `/debug/sources` shows of this worker's streams, and its lag.
     pub(super) fn publish_status(&mut self, lane: &Receiver, now: u64) {
-        let bound = self.state.config().max_source_staleness_ms;
-        let status = self.state.status();
-        let reg = self.state.registry();
+        let bound = self.context.settings().max_source_staleness_ms;
+        let status = self.context.status();
+        let reg = self.context.registry();
         let mut snapshot = Vec::with_capacity(self.table.len());
         let (instant, lane_oldest) = (Instant::now(), lane.oldest_live());
         let mut worst = lag::source_lag(instant, lane_oldest, None);
-        let index = self.state.index();
+        let index = self.context.index();
         for (key, st) in self.table.iter_mut() {
             let s = st.seq.stats();
             let lag = lag::source_lag(instant, lane_oldest, lag::oldest_held(st.seq.held(), &st.ext.waiting));
@@ -45,7 +45,7 @@ impl Worker {
             }
             // Read here, between two batches, so it is the digest at `applied_seq`.
             let settled = st.ext.restore.is_none() && st.ext.importing.is_none();
-            let held = settled.then(|| self.state.index().pod_digest(&st.pod)).map(|d| d.unwrap_or(EMPTY_POD));
+            let held = settled.then(|| self.context.index().pod_digest(&st.pod)).map(|d| d.unwrap_or(EMPTY_POD));
             snapshot.push((
                 key.clone(),
                 StreamDebug {
@@ -91,6 +91,6 @@ impl Worker {
         drop(reg);
         status.publish(snapshot);
         lane.set_lag(worst);
-        gauge!(m::SOURCE_LAG).set(self.state.queues().max_lag().as_secs_f64());
+        gauge!(m::SOURCE_LAG).set(self.context.queues().max_lag().as_secs_f64());
     }
 }

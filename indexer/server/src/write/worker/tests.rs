@@ -19,6 +19,7 @@ use crate::persist::snapshot::pool;
 use crate::protocols::{Captured, HeldMap};
 use crate::queue::Queues;
 use crate::test_events::one_block_stored;
+use crate::write::context::ServiceState;
 use crate::write::transport::Peer;
 
 const MODEL: &str = "m";
@@ -35,7 +36,7 @@ fn hash(pod: usize, seq: u64) -> u64 {
 fn live(pods: &[String], pod: usize, seq: u64) -> Work {
     let payload = one_block_stored(hash(pod, seq), seq.checked_sub(1).map(|s| hash(pod, s)), tokens(pod, seq), 0);
     Work::Live {
-        origin: Origin::Central,
+        origin: LiveSocket::Central,
         conn: ConnId(pod as u64 + 1),
         peer: Arc::new(Peer::Tcp(format!("127.0.0.{}:5557", pod + 1).parse().unwrap())),
         frames: vec![
@@ -50,31 +51,31 @@ fn live(pods: &[String], pod: usize, seq: u64) -> Work {
 
 /// Blocks of pod `pod`'s chain (batches 0 and 1, and a token past them: the last token is
 /// never credited) the index credits it.
-fn matched(state: &ServiceState, pods: &[String], pod: usize) -> u32 {
+fn matched(context: &WorkerContext, pods: &[String], pod: usize) -> u32 {
     let tokens: Vec<u32> = [tokens(pod, 0), tokens(pod, 1), vec![0]].concat();
     let query = ScoreQuery { model: MODEL, lora_name: None, cache_salt: None, token_ids: &tokens, pods: None };
-    let score = state.index().score(&query);
-    let id = state.index().pods().get(&pods[pod]);
+    let score = context.index().score(&query);
+    let id = context.index().pods().get(&pods[pod]);
     score.matches.iter().find(|m| Some(m.pod) == id).map_or(0, |m| m.matched_blocks)
 }
 
 /// A worker on a service state of its own, and one pod more than the snapshot pool has
 /// threads (that one is not exported while they are busy), each with batch 0 applied.
-fn worker_with_pods() -> (tokio::runtime::Runtime, Arc<ServiceState>, Worker, Vec<String>) {
+fn worker_with_pods() -> (tokio::runtime::Runtime, Arc<WorkerContext>, Worker, Vec<String>) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let entered = runtime.enter();
     let config = Config::from_args(["--block-size", "16"]).unwrap();
     let (queues, _receivers) = Queues::new(1, 64);
     let index = KvIndex::new(KvIndexConfig { block_size: 16, ..Default::default() });
-    let state = Arc::new(ServiceState::new(config, index, queues));
-    let mut worker = Worker::new(state.clone(), 0);
+    let context = Arc::new(WorkerContext::of(&ServiceState::new(config, index, queues)));
+    let mut worker = Worker::new(context.clone(), 0);
     let pods: Vec<String> = (0..=pool::threads()).map(|i| format!("10.0.0.{}:8000", i + 1)).collect();
     for pod in 0..pods.len() {
         worker.handle(live(&pods, pod, 0));
-        assert_eq!(matched(&state, &pods, pod), 1);
+        assert_eq!(matched(&context, &pods, pod), 1);
     }
     drop(entered);
-    (runtime, state, worker, pods)
+    (runtime, context, worker, pods)
 }
 
 /// Holds every snapshot pool thread at a gate until the returned senders are dropped: the
@@ -107,7 +108,7 @@ fn exporting(worker: &Worker, pods: &[String]) -> Vec<usize> {
 
 #[test]
 fn a_snapshot_holds_back_only_the_pods_it_is_exporting() {
-    let (runtime, state, mut worker, pods) = worker_with_pods();
+    let (runtime, context, mut worker, pods) = worker_with_pods();
     let _entered = runtime.enter();
     let threads = pool::threads();
     let gates = close_the_pool();
@@ -123,10 +124,10 @@ fn a_snapshot_holds_back_only_the_pods_it_is_exporting() {
     for pod in 0..pods.len() {
         let st = worker.table.iter().map(|(_, st)| st).find(|st| *st.pod == *pods[pod]).unwrap();
         if exporting.contains(&pod) {
-            assert_eq!(matched(&state, &pods, pod), 1, "a pod being exported waits for its export");
+            assert_eq!(matched(&context, &pods, pod), 1, "a pod being exported waits for its export");
             assert_eq!(applied_seq(st), Some(0), "its status says what is applied");
         } else {
-            assert_eq!(matched(&state, &pods, pod), 2, "the worker goes on with the other pods");
+            assert_eq!(matched(&context, &pods, pod), 2, "the worker goes on with the other pods");
             assert_eq!(applied_seq(st), Some(1));
         }
     }
@@ -146,7 +147,7 @@ fn a_snapshot_holds_back_only_the_pods_it_is_exporting() {
         }
     };
     for pod in 0..pods.len() {
-        assert_eq!(matched(&state, &pods, pod), 2, "held-back batches apply once the export is done");
+        assert_eq!(matched(&context, &pods, pod), 2, "held-back batches apply once the export is done");
     }
     // Each record is its pod at its cursor: the exported ones before batch 1, the other after.
     assert_eq!(captured.len(), pods.len());
@@ -161,7 +162,7 @@ fn a_snapshot_holds_back_only_the_pods_it_is_exporting() {
 
 #[test]
 fn a_pod_held_back_too_long_makes_the_worker_wait_for_its_export() {
-    let (runtime, state, mut worker, pods) = worker_with_pods();
+    let (runtime, context, mut worker, pods) = worker_with_pods();
     let _entered = runtime.enter();
     let gates = close_the_pool();
     let (reply, _answer) = tokio::sync::oneshot::channel();
@@ -183,5 +184,5 @@ fn a_pod_held_back_too_long_makes_the_worker_wait_for_its_export() {
     drop(gates);
     worker.handle(live(&pods, held, MAX_HELD_BACK as u64));
     assert_eq!(stream(&worker), (None, 0, Some(MAX_HELD_BACK as u64)), "the export is done and every batch applied");
-    assert_eq!(matched(&state, &pods, held), 2);
+    assert_eq!(matched(&context, &pods, held), 2);
 }
