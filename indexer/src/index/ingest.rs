@@ -1005,7 +1005,7 @@ impl PodIngest {
         // (position, scoped engine hash, the segment's first key when it was recorded).
         let mut exceptions: Vec<(Pos, u64, u64)> =
             self.exceptions.iter().map(|(&scoped, &(pos, first))| (pos, scoped, first)).collect();
-        exceptions.sort_unstable();
+        exceptions.sort_unstable_by_key(|x| x.0.pack());
         let mut e = 0;
         let mut held = Vec::new();
         for seg in &self.segments {
