@@ -993,9 +993,63 @@ impl PodIngest {
 /// Snapshots and imports: what the pod holds by engine hash, and restoring it.
 impl PodIngest {
     /// For the export facade: this pod's engine blocks, each held by the pod, as its scoped
-    /// engine hash, the canonical blocks it spans, and its last block.
+    /// engine hash, the canonical blocks it spans, and its last block, in the order of their
+    /// last blocks' positions (segment, then offset), so a chain's blocks come one after
+    /// another and an engine block's end can be found by position with a binary search.
+    ///
+    /// One pass over the pod's segments: an exception (a block the pod names by another hash
+    /// than the one it records) is taken where the pass meets its block, from the block the
+    /// pass read anyway, instead of a lookup of its segment per exception and a set of the
+    /// blocks they name.
     pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, u32, HeldBlock)> {
         // At most one per canonical block held: sized once, not grown by copying.
+        let mut out = Vec::with_capacity(self.blocks as usize);
+        // (position, scoped engine hash, the segment's first key when it was recorded).
+        let mut exceptions: Vec<(Pos, u64, u64)> =
+            self.exceptions.iter().map(|(&scoped, &(pos, first))| (pos, scoped, first)).collect();
+        exceptions.sort_unstable_by_key(|x| x.0.pack());
+        let mut e = 0;
+        let mut held = Vec::new();
+        for seg in &self.segments {
+            held.clear();
+            let Some(first_key) = tree.held_in(seg, self.pod, guard, &mut held) else { continue };
+            for &block in &held {
+                // Exceptions at positions the pod does not hold name nothing it holds.
+                while exceptions.get(e).is_some_and(|x| x.0 < block.pos) {
+                    e += 1;
+                }
+                let mut named = false;
+                while let Some(&(pos, scoped, first)) = exceptions.get(e).filter(|x| x.0 == block.pos) {
+                    // A segment number reused since the exception was recorded: not this block.
+                    if first == first_key {
+                        named = true;
+                        let named_block = HeldBlock { engine: scoped, ..block };
+                        debug_assert_eq!(named_block.pos, pos);
+                        out.push((scoped, self.spans.get(&scoped).copied().unwrap_or(1), named_block));
+                    }
+                    e += 1;
+                }
+                let engine = block.engine;
+                // Another pod's hash recorded on a block this pod holds inside one of its own
+                // engine blocks (one block size per plain engine: its multi-block engine
+                // blocks are all in `spans`) is not a name this pod uses.
+                let ours = self.spans.is_empty() || self.spans.contains_key(&engine);
+                if engine != 0
+                    && ours
+                    && !named
+                    && (self.exceptions.is_empty() || !self.exceptions.contains_key(&engine))
+                {
+                    out.push((engine, self.spans.get(&engine).copied().unwrap_or(1), block));
+                }
+            }
+        }
+        out
+    }
+
+    /// The engine blocks as `engine_blocks` listed them before it took exceptions in order:
+    /// the reference its tests compare it with.
+    #[cfg(test)]
+    pub(super) fn engine_blocks_by_lookup(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, u32, HeldBlock)> {
         let mut out = Vec::with_capacity(self.blocks as usize);
         let mut named = rustc_hash::FxHashSet::default();
         for (&scoped, &(pos, first)) in &self.exceptions {
@@ -1014,9 +1068,6 @@ impl PodIngest {
             tree.held_in(seg, self.pod, guard, &mut held);
             for &block in &held {
                 let engine = block.engine;
-                // Another pod's hash recorded on a block this pod holds inside one of its own
-                // engine blocks (one block size per plain engine: its multi-block engine
-                // blocks are all in `spans`) is not a name this pod uses.
                 let ours = self.spans.is_empty() || self.spans.contains_key(&engine);
                 if engine != 0
                     && ours

@@ -420,9 +420,10 @@ impl Tree {
 
     /// The blocks of segment `seg` that `pod` holds, in offset order, each with its key, its
     /// recorded engine hash (0 = none) and the pod's tiers of it (for exports: one segment
-    /// lookup for all of them).
-    pub fn held_in(&self, seg: u32, pod: PodId, guard: &Guard, out: &mut Vec<HeldBlock>) {
-        let Some(segment) = self.segment(seg, guard) else { return };
+    /// lookup for all of them). Returns the segment's first key (see [`Tree::first_key`]; None:
+    /// the segment is gone).
+    pub fn held_in(&self, seg: u32, pod: PodId, guard: &Guard, out: &mut Vec<HeldBlock>) -> Option<u64> {
+        let segment = self.segment(seg, guard)?;
         let runs = segment.runs(guard);
         let st = segment.storage(guard);
         let cap = st.cap() as u32;
@@ -440,6 +441,7 @@ impl Tree {
             }
             start = end;
         }
+        Some(segment.first)
     }
 
     // ---- writers ------------------------------------------------------------------------
