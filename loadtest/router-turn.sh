@@ -113,7 +113,7 @@ if [ -n "${QUIET_RPS-200}" ]; then
         echo "== 2. ScoreTokens' floor, no ingest, ${QUIET_RPS-200} req/s one at a time: $(label "$dir")'s kvindex beside the echo (client and echo: $(basename "$new"))"
         E2E_KVINDEX="$dir/kvindex" E2E_RATES= E2E_RSS_ENTRIES=0 E2E_SCORE_INGEST=0 E2E_SCORE_RPS="${QUIET_RPS-200}" \
             E2E_SCORE_TOKENS="${QUIET_TOKENS:-8800}" E2E_SECS="${E2E_SECS:-4}" E2E_LOG="${E2E_LOG:-error}" \
-            "$new/e2e_ingest" --bench | grep -E '^(ScoreTokens|\||errors)'
+            "$new/e2e_ingest" --bench | sed -n '/^ScoreTokens/,$p' | grep -E '^(ScoreTokens|\||errors)'
     done
     echo "load after part 2: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi
