@@ -13,11 +13,18 @@
 # 1. `router/benches/overhead` (tokenize + ScoreTokens + pick of ~8.8k-token chats through the
 #    library router, real DeepSeek tokenizer, real `kvindex serve`), REPS runs per build,
 #    alternating base / new: each figure's median over the runs, and new / base.
-# 2. `e2e_ingest`'s ScoreTokens phase of the newest build (every client, kvindex and the echo,
+# 2. ScoreTokens' floor with nothing else running: `e2e_ingest`'s ScoreTokens phase of the newest
+#    build, no ingest, at QUIET_RPS (default 200/s: one request at a time, as the overhead bench
+#    sends them), a prompt of QUIET_TOKENS ids (default 8800, the bench's next turn), against
+#    each build's `kvindex serve` in turn and beside the trivial tonic echo (the same request,
+#    decoded, a reply of the real one's shape): how much of the turn's ScoreTokens is the gRPC
+#    round trip on this machine. The echo and the client are the newest build's in every row.
+# 3. `e2e_ingest`'s ScoreTokens phase of the newest build (every client, kvindex and the echo,
 #    ingesting 500k block ops/s throughout), which holds its own before/after (the clients).
 #
-# Env: REPS (default 5), CHATS / TURNS (overhead sample, default 24 / 4), E2E_SCORE_RPS
-# (default 1000,5000; empty skips part 2), E2E_SECS (default 4), E2E_SCORE_ROUNDS (default 3).
+# Env: REPS (default 5), CHATS / TURNS (overhead sample, default 24 / 4), QUIET_RPS (default
+# 200; empty skips part 2), QUIET_TOKENS (default 8800), E2E_SCORE_RPS (default 1000,5000;
+# empty skips part 3), E2E_SECS (default 4), E2E_SCORE_ROUNDS (default 3).
 # Needs scripts/setup.sh's fixtures (the DeepSeek tokenizer) and `source scripts/env.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,11 +107,21 @@ echo "load after part 1: $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -f "$log"
 
 new=${dirs[-1]}
+if [ -n "${QUIET_RPS-200}" ]; then
+    for dir in "${dirs[@]}"; do
+        echo
+        echo "== 2. ScoreTokens' floor, no ingest, ${QUIET_RPS-200} req/s one at a time: $(label "$dir")'s kvindex beside the echo (client and echo: $(basename "$new"))"
+        E2E_KVINDEX="$dir/kvindex" E2E_RATES= E2E_RSS_ENTRIES=0 E2E_SCORE_INGEST=0 E2E_SCORE_RPS="${QUIET_RPS-200}" \
+            E2E_SCORE_TOKENS="${QUIET_TOKENS:-8800}" E2E_SECS="${E2E_SECS:-4}" E2E_LOG="${E2E_LOG:-error}" \
+            "$new/e2e_ingest" --bench | sed -n '/^ScoreTokens/,$p' | grep -E '^(ScoreTokens|\||errors)'
+    done
+    echo "load after part 2: $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
 if [ -n "${E2E_SCORE_RPS-1000,5000}" ]; then
     echo
-    echo "== 2. ScoreTokens over gRPC beside a trivial tonic echo, $(label "$new"), ingesting"
+    echo "== 3. ScoreTokens over gRPC beside a trivial tonic echo, $(label "$new"), ingesting"
     E2E_KVINDEX="$new/kvindex" E2E_RATES= E2E_RSS_ENTRIES=0 E2E_SCORE_RPS="${E2E_SCORE_RPS-1000,5000}" \
         E2E_SECS="${E2E_SECS:-4}" E2E_LOG="${E2E_LOG:-error}" "$new/e2e_ingest" --bench
-    echo "load after part 2: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "load after part 3: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi
 for dir in "${dirs[@]}"; do echo "build $(label "$dir")"; done

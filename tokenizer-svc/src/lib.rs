@@ -26,6 +26,7 @@ pub mod rejection;
 pub mod server;
 pub mod telemetry;
 pub mod template_env;
+pub mod template_value;
 pub mod tokenized;
 
 pub use chat_request::ChatRequest;

@@ -46,7 +46,7 @@
 //!
 //! Run: `cargo bench -p kvindex-server --bench e2e_ingest` (optional env: `E2E_RATES` = comma list of
 //! ingest targets in block ops/s, `E2E_SECS`, `E2E_SCORE_RPS` = comma list, `E2E_SCORE_INGEST`,
-//! `E2E_SCORE_ROUNDS` (default 3),
+//! `E2E_SCORE_ROUNDS` (default 3), `E2E_SCORE_TOKENS` (the prompt's length, default 8192),
 //! `E2E_SERVE_ARGS` = extra `serve` flags, e.g. `--snapshot-dir /tmp/s --snapshot-interval 1`,
 //! `E2E_LOG` = the server's `RUST_LOG`, default `warn`).
 

@@ -12,4 +12,5 @@ mod incremental_rules;
 mod library;
 mod metrics_docs;
 mod oracle;
+mod render_paths;
 mod robustness;

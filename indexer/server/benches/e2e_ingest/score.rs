@@ -1,5 +1,6 @@
-//! Phase 2: ScoreTokens over gRPC for an 8k-token prompt (512 blocks, held by 4 pods) at a target
-//! request rate, open loop, while 64 publishers ingest, and the floor beside it in the same
+//! Phase 2: ScoreTokens over gRPC for an 8k-token prompt (512 blocks, held by 4 pods; another
+//! length with `E2E_SCORE_TOKENS`) at a target request rate, open loop, while 64 publishers
+//! ingest (none with `E2E_SCORE_INGEST=0`), and the floor beside it in the same
 //! invocation: a trivial gRPC echo (tonic, served as `kvindex serve` serves, in a process of its
 //! own) that decodes the same request and answers a fixed reply of the real one's shape, looking
 //! nothing up. What the echo costs is the transport and the scheduling on this machine, which no
@@ -40,19 +41,20 @@ use super::*;
 /// Set in the environment of the child process that serves the echo.
 pub const ECHO_ENV: &str = "E2E_ECHO_SERVER";
 
-/// The real reply's shape for the bench's prompt: 4 pods, every block matched, and no request
-/// reserved (reservations are on by default, so the real reply carries an empty `in_flight`).
-fn echo_reply() -> ScoreTokensResponse {
+/// The real reply's shape for a prompt of `blocks` blocks: 4 pods, every block matched, and no
+/// request reserved (reservations are on by default, so the real reply carries an empty
+/// `in_flight`).
+fn echo_reply(blocks: u32) -> ScoreTokensResponse {
     let scores = (0..4)
         .map(|p| PodScore {
             pod: format!("holder-{p}:8000"),
-            matched_blocks: 512,
-            weighted_score: 512.0,
+            matched_blocks: blocks,
+            weighted_score: blocks as f64,
             state: SourceState::Exact as i32,
             ..Default::default()
         })
         .collect();
-    ScoreTokensResponse { scores, total_blocks: 512, block_size: BLOCK as u32, in_flight: Some(InFlight::default()) }
+    ScoreTokensResponse { scores, total_blocks: blocks, block_size: BLOCK as u32, in_flight: Some(InFlight::default()) }
 }
 
 struct Echo {
@@ -98,6 +100,13 @@ impl Indexer for Echo {
     }
 }
 
+/// How many token ids the prompt has: `E2E_SCORE_TOKENS`, default 8192 (512 blocks); a multiple
+/// of the block size (rounded down).
+fn prompt_tokens() -> usize {
+    let tokens = std::env::var("E2E_SCORE_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(8192usize);
+    (tokens / BLOCK).max(1) * BLOCK
+}
+
 /// The child process's whole life: serves the echo on a loopback port, printed as
 /// `ECHO_LISTENING <addr>`, until killed.
 pub fn serve_echo() {
@@ -107,7 +116,7 @@ pub fn serve_echo() {
         println!("ECHO_LISTENING {}", listener.local_addr().unwrap());
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         tonic::transport::Server::builder()
-            .add_service(IndexerServer::new(Echo { reply: echo_reply() }))
+            .add_service(IndexerServer::new(Echo { reply: echo_reply((prompt_tokens() / BLOCK) as u32) }))
             .serve_with_incoming(incoming)
             .await
             .unwrap();
@@ -270,13 +279,15 @@ pub fn run(rates: &[f64], ingest_rate: f64, secs: f64) {
     // either would have the bench measure empty answers.
     let server = Server::start(&["--max-source-staleness-ms", "0", "--stale-after-ms", "86400000"]);
     let echo = EchoServer::start();
-    // 4 pods hold the 8k-token prompt (512 blocks).
-    let prompt: Arc<Vec<u32>> = Arc::new((0..8192u32).map(|i| (i * 31 + 7) % 151_000).collect());
+    // 4 pods hold the prompt (8k tokens, 512 blocks, unless E2E_SCORE_TOKENS says otherwise).
+    let prompt: Arc<Vec<u32>> = Arc::new((0..prompt_tokens() as u32).map(|i| (i * 31 + 7) % 151_000).collect());
     let mut holders = ingest_rt.block_on(connect_holders(&server));
     let mut seq = 0u64;
     println!();
     println!(
-        "ScoreTokens, 8k-token prompt (512 blocks, 4 holder pods), open loop, {rounds} rounds of {secs} s per cell, ingesting {ingest_rate:.0} block ops/s; medians over the rounds (ms):"
+        "ScoreTokens, {}-token prompt ({} blocks, 4 holder pods), open loop, {rounds} rounds of {secs} s per cell, ingesting {ingest_rate:.0} block ops/s; medians over the rounds (ms):",
+        prompt.len(),
+        prompt.len() / BLOCK
     );
     println!("| req/s | target | client | ok | errors | client p50 | client p99 | server p50 ≤ | server p99 ≤ | server CPU (cores) |");
     println!("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|");
@@ -376,12 +387,13 @@ pub(super) async fn connect_holders(server: &Server) -> Vec<PubSocket> {
     holders
 }
 
-/// Each of the 4 holder pods stores the whole prompt as one 512-block BlockStored (sequence
+/// Each of the 4 holder pods stores the whole prompt as one BlockStored (sequence
 /// number `seq`); returns once ScoreTokens credits each all it may (every block but the one
 /// holding the prompt's last token).
 pub(super) async fn hold_prompt(server: &Server, holders: &mut [PubSocket], prompt: &[u32], seq: u64) {
     for (p, sock) in holders.iter_mut().enumerate() {
-        let hashes: Vec<u64> = (0..512u64).map(|b| 0xabc0_0000 + ((p as u64) << 32) + b).collect();
+        let hashes: Vec<u64> =
+            (0..(prompt.len() / BLOCK) as u64).map(|b| 0xabc0_0000 + ((p as u64) << 32) + b).collect();
         let ev = Stored {
             ty: "BlockStored",
             block_hashes: hashes,
