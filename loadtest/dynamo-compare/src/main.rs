@@ -26,7 +26,8 @@
 //! only the index calls (store rate); quiet queries (p50/p99) and memory (RSS delta); then,
 //! with `--writers W`, a further `--extra` residencies applied by W writer threads while
 //! `--readers R` threads query at `--read-rate` queries/s each (open loop; 0 = without pause):
-//! writer rate, reader p50/p99 under ingest.
+//! writer rate, reader p50/p99 under ingest. `--only NAME --writers 1 --idle-writers MS` runs
+//! that phase with writers that sleep MS instead of writing: the paced reader alone.
 //!
 //! `kvindex-dynamo-compare [--entries N] [--workers P] [--queries Q] [--extra E] [--readers R]
 //! [--read-rate QPS] [--concurrency 1,2,4] [--reps 5] [--quiet-reps 1] [--baseline BIN]` runs
@@ -455,6 +456,7 @@ fn concurrent(
     writers: usize,
     readers: usize,
     read_rate: u64,
+    idle_writers: Option<Duration>,
 ) -> (f64, f64, f64, f64) {
     // Kvindex writers are the caller's threads; Dynamo's are its own event threads, fed here
     // by the same number of producer threads.
@@ -463,7 +465,7 @@ fn concurrent(
     for store in &trace.extra {
         parts[store.worker as usize % writers].push(StoreInput::build(trace, store));
     }
-    let ops: u64 = parts.iter().flatten().map(|i| i.hashes.len() as u64).sum();
+    let ops: u64 = if idle_writers.is_some() { 0 } else { parts.iter().flatten().map(|i| i.hashes.len() as u64).sum() };
     let planted = trace.conversations.last().cloned().unwrap_or_default();
     let prompts: Vec<Vec<u32>> = (0..64).map(|q| query_tokens(&planted, q)).collect();
     let stop = AtomicBool::new(false);
@@ -510,6 +512,12 @@ fn concurrent(
                 let start = &start;
                 scope.spawn(move || {
                     start.wait();
+                    // Idle writers: the reader paced as in the concurrent phase, nothing
+                    // written, which separates the pacing's own cost from the writers'.
+                    if let Some(idle) = idle_writers {
+                        std::thread::sleep(idle);
+                        return;
+                    }
                     for input in part {
                         indexer.store(input);
                     }
@@ -589,6 +597,8 @@ struct Options {
     reps: usize,
     /// Rounds of the quiet phase (fill, quiet queries, memory).
     quiet_reps: usize,
+    /// `--idle-writers MS`: the writer threads sleep this long instead of writing (0 = write).
+    idle_writers: Option<Duration>,
     /// Another build of this harness whose kvindex runs beside ours in every round
     /// (`kvindex-baseline`): before and after a change in one invocation, interleaved.
     baseline: Option<std::path::PathBuf>,
@@ -612,6 +622,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         concurrency,
         reps: number(args, "--reps", 5)?.max(1) as usize,
         quiet_reps: number(args, "--quiet-reps", 1)?.max(1) as usize,
+        idle_writers: Some(number(args, "--idle-writers", 0)?).filter(|&ms| ms > 0).map(Duration::from_millis),
         baseline: flag(args, "--baseline").map(std::path::PathBuf::from),
     })
 }
@@ -636,7 +647,8 @@ fn run_one(name: &str, o: &Options) -> std::process::ExitCode {
             eprintln!("kvindex-dynamo-compare: RadixTree is single-threaded; no concurrent phase");
             return std::process::ExitCode::from(2);
         }
-        let (wrate, rp50, rp99, qps) = concurrent(name, indexer.as_ref(), &trace, o.writers, o.readers, o.read_rate);
+        let (wrate, rp50, rp99, qps) =
+            concurrent(name, indexer.as_ref(), &trace, o.writers, o.readers, o.read_rate, o.idle_writers);
         println!(
             "{{\"indexer\":\"{name}\",\"writers\":{},\"readers\":{},\"write_ops_per_s\":{wrate:.0},\"read_p50_us\":{rp50:.2},\"read_p99_us\":{rp99:.2},\"reads_per_s\":{qps:.0}}}",
             o.writers, o.readers
