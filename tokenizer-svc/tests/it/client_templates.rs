@@ -301,6 +301,11 @@ async fn metric(server: &Server, name: &str, label: &str) -> f64 {
     kvindex_testkit::prometheus::sum(&text, name, &[label])
 }
 
+/// How many client templates `server` refused for `reason`.
+async fn rejected(server: &Server, reason: &str) -> f64 {
+    metric(server, "kvindex_tokenizer_client_template_rejected_total", &format!("reason=\"{reason}\"")).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_refuses_client_templates_unless_allowed_and_survives_the_bombs_when_allowed() {
     let default = start_server("client-grpc-default", &[]);
@@ -309,7 +314,7 @@ async fn a_server_refuses_client_templates_unless_allowed_and_survives_the_bombs
     assert!(status.message().contains("--allow-client-chat-template"), "{}", status.message());
     let own = client(&default).await.render_chat_completion(chat_request("")).await.unwrap().into_inner();
     assert!(own.success, "the model's own template still serves: {}", own.error_message);
-    assert_eq!(metric(&default, "kvindex_tokenizer_client_template_rejected_total", "reason=\"disabled\"").await, 1.0);
+    assert_eq!(rejected(&default, "disabled").await, 1.0);
 
     // Two servers, so that which limit ends a bomb never depends on the machine's speed: the
     // size bombs run under a clock far longer than they need on a loaded CI box (the sandboxed
@@ -341,16 +346,10 @@ async fn a_server_refuses_client_templates_unless_allowed_and_survives_the_bombs
         let peak = common::peak_rss_bytes(server.child.id());
         assert!(peak < 160 << 20, "the server's peak memory is {} MiB", peak >> 20);
     }
-    let rejected = |server: &'static str, reason: &'static str| {
-        let server = if server == "sizes" { &sizes } else { &clocked };
-        async move {
-            metric(server, "kvindex_tokenizer_client_template_rejected_total", &format!("reason=\"{reason}\"")).await
-        }
-    };
-    assert_eq!(rejected("sizes", "output_limit").await, 1.0);
-    assert_eq!(rejected("sizes", "memory_limit").await, 2.0);
-    assert_eq!(rejected("sizes", "time_limit").await, 0.0);
-    assert_eq!(rejected("clocked", "time_limit").await, 2.0);
+    assert_eq!(rejected(&sizes, "output_limit").await, 1.0);
+    assert_eq!(rejected(&sizes, "memory_limit").await, 2.0);
+    assert_eq!(rejected(&sizes, "time_limit").await, 0.0);
+    assert_eq!(rejected(&clocked, "time_limit").await, 2.0);
     let mut c = client(&sizes).await;
     let fine = c.render_chat_completion(chat_request(trained::CHATML)).await.unwrap().into_inner();
     assert!(fine.success, "still serving after the bombs: {}", fine.error_message);
