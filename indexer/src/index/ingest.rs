@@ -338,21 +338,27 @@ impl PodIngest {
 
 /// Applying a batch: each event stored, re-announced or removed.
 impl PodIngest {
-    /// Applies a batch's events in order.
-    pub fn apply_batch(&mut self, ctx: &IngestContext<'_>, tree: &Tree, batch: &EventBatch<'_>) -> ApplyReport {
-        let mut report = ApplyReport::default();
+    /// Applies a batch's events in order, adding what it did to `report` (filled in place by the caller: a
+    /// report returned by value is copied right after the stores wrote it, which stalls until
+    /// those writes drain).
+    pub fn apply_batch(
+        &mut self,
+        ctx: &IngestContext<'_>,
+        tree: &Tree,
+        batch: &EventBatch<'_>,
+        report: &mut ApplyReport,
+    ) {
         let guard = tree.pin();
         for (i, event) in batch.events.iter().enumerate() {
             match event {
                 Event::BlockStored(s) if is_sparse(s) => {
                     report.stored_events += 1;
                     let dense = dense_sibling(&batch.events, i, s);
-                    self.apply_stored(ctx, tree, &guard, s, dense, &mut report);
+                    self.apply_stored(ctx, tree, &guard, s, dense, report);
                 }
-                _ => self.apply_event(ctx, tree, &guard, event, &mut report),
+                _ => self.apply_event(ctx, tree, &guard, event, report),
             }
         }
-        report
     }
 
     /// Applies one event on its own. A sparse store (see [`dense_sibling`]) needs its batch,
@@ -599,7 +605,10 @@ impl PodIngest {
             ends,
             index: self.indexed,
         };
-        let stored = tree.store(chain, guard);
+        // Filled in place: a store's result is large, and a move of it copies what the tree
+        // has just written (a stall while the writes drain).
+        let mut stored = Stored::default();
+        tree.store_into(chain, guard, &mut stored);
         self.note_stats(&stored.stats);
         for &seg in &stored.segments {
             self.segments.insert(seg);

@@ -123,9 +123,12 @@ impl KvIndex {
     /// Applies one decoded batch of an engine whose block ids are not vLLM's recipe (SGLang,
     /// TensorRT-LLM): as [`apply`](Self::apply), without vLLM's hash check, which would count
     /// every one of its ids as a mismatch.
+    #[inline]
     pub fn apply_not_vllm(&self, pod: &str, model: &str, batch: &EventBatch<'_>) -> ApplyReport {
         let ctx = IngestContext { hash_check: None, ..self.context() };
-        self.apply_in(&ctx, pod, model, batch)
+        let mut report = ApplyReport::default();
+        self.apply_in(&ctx, pod, model, batch, &mut report);
+        report
     }
 
     /// The ingest state of `pod` serving `model`. A pod that switches models is cleared first:
@@ -158,14 +161,25 @@ impl KvIndex {
     }
 
     /// Applies one decoded batch from `pod` (already resolved for DP rank) serving `model`.
+    ///
+    /// Inlined, so that the report is built where the caller keeps it: the stores write it
+    /// last, and a copy of it right after (a return by value) stalls until those writes drain.
+    #[inline]
     pub fn apply(&self, pod: &str, model: &str, batch: &EventBatch<'_>) -> ApplyReport {
-        self.apply_in(&self.context(), pod, model, batch)
+        let mut report = ApplyReport::default();
+        self.apply_in(&self.context(), pod, model, batch, &mut report);
+        report
     }
 
-    fn apply_in(&self, ctx: &IngestContext<'_>, pod: &str, model: &str, batch: &EventBatch<'_>) -> ApplyReport {
-        let Some(state) = self.state(pod, model) else {
-            return ApplyReport::default();
-        };
+    fn apply_in(
+        &self,
+        ctx: &IngestContext<'_>,
+        pod: &str,
+        model: &str,
+        batch: &EventBatch<'_>,
+        report: &mut ApplyReport,
+    ) {
+        let Some(state) = self.state(pod, model) else { return };
         let mut state = state.lock();
         self.stamp(&mut state);
         // A hybrid engine's groups must be known before any of its blocks can be scored, so
@@ -179,11 +193,10 @@ impl KvIndex {
         if let Some(cut) = state.cut_for_batch(self.config.block_size, batch) {
             self.publish_cut(&mut state, cut);
         }
-        let report = state.apply_batch(ctx, &self.tree, batch);
+        state.apply_batch(ctx, &self.tree, batch, report);
         if let Some(cut) = state.take_cut_change() {
             self.publish_cut(&mut state, cut);
         }
-        report
     }
 
     /// Records (or with `None`, forgets) a pod's KV-cache groups for scoring.

@@ -105,6 +105,13 @@ pub fn lcm(a: u32, b: u32) -> u32 {
     if a == 0 || b == 0 {
         return a.max(b);
     }
+    // Every store asks, and nearly always of equal units or of 1: no division then.
+    if a == b || b == 1 {
+        return a;
+    }
+    if a == 1 {
+        return b;
+    }
     (a / gcd(a, b)).saturating_mul(b)
 }
 
@@ -126,6 +133,8 @@ impl EngineUnits {
     pub fn note(&mut self, group: u32, tier: u8, blocks: u32) -> bool {
         let blocks = blocks.max(1);
         let changed = match self.slots.iter_mut().find(|s| s.0 == group && s.1 == tier) {
+            // The usual store: the size its slot has already (nothing to learn).
+            Some(slot) if slot.2 == blocks => return false,
             Some(slot) => {
                 let differs = slot.2 != blocks;
                 slot.2 = lcm(slot.2, blocks);
@@ -219,6 +228,7 @@ mod tests {
         u.note(0, 0, 2);
         assert_eq!((u.plain(), u.all()), (2, 2), "a restart with a new block size");
         assert_eq!(lcm(u32::MAX, 2), u32::MAX);
+        assert_eq!((lcm(1, 6), lcm(6, 1), lcm(6, 6), lcm(4, 6), lcm(0, 3), lcm(3, 0)), (6, 6, 6, 12, 3, 3));
     }
 
     #[test]

@@ -109,6 +109,17 @@ pub struct Stored {
     pub segments: SmallVec<[u32; 4]>,
 }
 
+impl Stored {
+    fn clear(&mut self) {
+        self.applied = 0;
+        self.ends.clear();
+        self.last = None;
+        self.held_before.clear();
+        self.stats = EditStats::default();
+        self.segments.clear();
+    }
+}
+
 #[derive(Default)]
 struct SegMeta {
     /// Grown in place no more (it lost its tail once).
@@ -465,11 +476,19 @@ impl Tree {
 
     /// Records that a pod holds a chain ([`HeldChain`] says which, from where, and what of it).
     pub fn store(&self, chain: HeldChain<'_>, guard: &Guard) -> Stored {
-        let HeldChain { pod, tier_bit, parent, hashes, hold_from, .. } = chain;
         let mut out = Stored::default();
+        self.store_into(chain, guard, &mut out);
+        out
+    }
+
+    /// [`store`](Self::store), into `out` (reset first): a store's result is large, and the
+    /// ingest path reuses one instead of moving a fresh one through every return.
+    pub fn store_into(&self, chain: HeldChain<'_>, guard: &Guard, out: &mut Stored) {
+        let HeldChain { pod, tier_bit, parent, hashes, hold_from, .. } = chain;
+        out.clear();
         let n = hashes.len();
         if n == 0 {
-            return out;
+            return;
         }
         let shard_idx = match parent {
             ParentKey::Root(r) => self.root_shard(r, hashes[0]),
@@ -583,9 +602,7 @@ impl Tree {
                         let st = seg.storage(guard);
                         if len + k > st.cap() {
                             let cap = (len + k).max(st.cap() + st.cap() / 2).min(MAX_OFFSET as usize);
-                            let grown = st.copied(len, cap);
-                            write_hashes(&grown, len, new);
-                            seg.set_storage(grown, &mut w.retired, guard);
+                            seg.set_storage(st.copied(len, cap, new), &mut w.retired, guard);
                         } else {
                             write_hashes(st, len, new);
                         }
@@ -631,7 +648,7 @@ impl Tree {
             out.stats.tier_gained[tier_bit.trailing_zeros() as usize] += held as u64;
             out.applied = existing_end + done;
         }
-        self.finish_store(shard_idx, &mut w, out, &ranges, &chain, guard)
+        self.finish_store(shard_idx, &mut w, out, &ranges, &chain, guard);
     }
 
     /// Resolves the engine block ends of a store to positions and records their engine hashes.
@@ -639,27 +656,45 @@ impl Tree {
         &self,
         shard_idx: usize,
         w: &mut ShardWriter,
-        mut out: Stored,
+        out: &mut Stored,
         ranges: &[(u32, u32, u32, usize)],
         chain: &HeldChain<'_>,
         guard: &Guard,
-    ) -> Stored {
+    ) {
         let HeldChain { ends, index, .. } = *chain;
-        let position = |idx: usize| {
-            let &(local, s, _, first) =
-                ranges.iter().rev().find(|r| r.3 <= idx).expect("applied blocks lie in a range");
-            Pos { seg: global(shard_idx, local), off: s + (idx - first) as u32 }
-        };
+        let shard = &self.shards[shard_idx];
+        // Ranges and ends both follow the chain (ranges by their first index, strictly
+        // increasing): one cursor finds each end's range, and each range's storage is loaded
+        // once, not once per end.
+        let mut r = 0;
+        let mut storage: Option<(usize, &Storage)> = None;
         for &(idx, engine) in ends {
             if idx >= out.applied {
                 break;
             }
-            let pos = position(idx);
-            let recorded = self.record_engine(w, pos, engine, index, guard);
+            while r + 1 < ranges.len() && ranges[r + 1].3 <= idx {
+                r += 1;
+            }
+            let (local, s, _, first) = ranges[r];
+            debug_assert!(first <= idx, "applied blocks lie in a range");
+            let pos = Pos { seg: global(shard_idx, local), off: s + (idx - first) as u32 };
+            let recorded = if index || engine == 0 {
+                self.record_engine(w, pos, engine, index, guard)
+            } else {
+                let st = match storage {
+                    Some((at, st)) if at == r => Some(st),
+                    _ => shard.dir.get(local, guard).map(|seg| seg.storage(guard)),
+                };
+                storage = st.map(|st| (r, st));
+                st.is_some_and(|st| record_in(st, pos.off as usize, engine))
+            };
             out.ends.push((pos, recorded));
         }
-        out.last = out.applied.checked_sub(1).map(position);
-        out
+        out.last = out.applied.checked_sub(1).map(|idx| {
+            let &(local, s, _, first) =
+                ranges.iter().rev().find(|r| r.3 <= idx).expect("applied blocks lie in a range");
+            Pos { seg: global(shard_idx, local), off: s + (idx - first) as u32 }
+        });
     }
 
     /// Records `engine` as the block's engine hash unless it has another one (false: the caller
@@ -671,13 +706,12 @@ impl Tree {
         }
         let Some(seg) = self.segment(pos.seg, guard) else { return false };
         let st = seg.storage(guard);
+        if !index {
+            return record_in(st, pos.off as usize, engine);
+        }
         let recorded = st.engine(pos.off as usize);
         if recorded != 0 && recorded != engine {
             return false;
-        }
-        if !index {
-            st.set_engine(pos.off as usize, engine);
-            return true;
         }
         w.meta[pos.local() as usize].indexed = true;
         self.engines.insert(
@@ -756,8 +790,7 @@ impl Tree {
             w.meta.resize_with(local as usize + 1, SegMeta::default);
         }
         w.meta[local as usize] = SegMeta::default();
-        let st = Storage::with_capacity(hashes.len());
-        write_hashes(&st, 0, hashes);
+        let st = Storage::of(hashes);
         let (raw, from_root) = match parent {
             ParentKey::Root(r) => (r, true),
             ParentKey::Block(p) => (p, false),
@@ -984,7 +1017,7 @@ impl Tree {
                 seg.set_runs(runs.truncated(keep), &mut w.retired, guard);
                 let st = seg.storage(guard);
                 if st.cap() > 2 * keep as usize + 16 {
-                    seg.set_storage(st.copied(keep as usize, keep as usize), &mut w.retired, guard);
+                    seg.set_storage(st.copied(keep as usize, keep as usize, &[]), &mut w.retired, guard);
                 }
                 return;
             }
@@ -1080,6 +1113,17 @@ fn add_sums(into: &mut [u64; MAX_TIERS], sums: &[u64; MAX_TIERS]) {
     for (sum, d) in into.iter_mut().zip(sums) {
         *sum = sum.wrapping_add(*d);
     }
+}
+
+/// Records `engine` on the block at `off` unless it has another one recorded (false).
+#[inline]
+fn record_in(st: &Storage, off: usize, engine: u64) -> bool {
+    let recorded = st.engine(off);
+    if recorded != 0 && recorded != engine {
+        return false;
+    }
+    st.set_engine(off, engine);
+    true
 }
 
 fn write_hashes(st: &Storage, at: usize, hashes: &[u64]) {

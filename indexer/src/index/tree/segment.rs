@@ -56,19 +56,51 @@ pub struct Storage {
     words: Box<[AtomicU64]>,
 }
 
+// `Storage::from_words` reinterprets `u64`s as `AtomicU64`s.
+const _: () = assert!(
+    std::mem::size_of::<AtomicU64>() == std::mem::size_of::<u64>()
+        && std::mem::align_of::<AtomicU64>() == std::mem::align_of::<u64>()
+);
+
 impl Storage {
-    pub fn with_capacity(cap: usize) -> Self {
-        Storage { words: (0..cap * 2).map(|_| AtomicU64::new(0)).collect() }
+    /// A storage of exactly `hashes`, no engine hash recorded yet (a new segment's).
+    pub fn of(hashes: &[u64]) -> Self {
+        let mut words = Vec::with_capacity(hashes.len() * 2);
+        words.extend_from_slice(hashes);
+        words.resize(hashes.len() * 2, 0);
+        Self::from_words(words)
     }
 
-    /// A copy of the first `len` positions in a storage of `cap` positions.
-    pub fn copied(&self, len: usize, cap: usize) -> Self {
-        let new = Storage::with_capacity(cap);
-        for i in 0..len.min(self.cap()) {
-            new.words[i].store(self.hash(i), Ordering::Relaxed);
-            new.words[cap + i].store(self.engine(i), Ordering::Relaxed);
-        }
-        new
+    /// A copy of the first `len` positions in a storage of `cap` positions, followed by
+    /// `more` (at most `cap - len` hashes, no engine hash recorded yet).
+    ///
+    /// Only the writer that holds the segment's shard lock calls it: it is the only one that
+    /// writes a storage's words, so copying them without atomic loads races with nothing (a
+    /// reader only loads them too).
+    pub fn copied(&self, len: usize, cap: usize, more: &[u64]) -> Self {
+        let len = len.min(self.cap()).min(cap);
+        let more = &more[..more.len().min(cap - len)];
+        let old = self.cap();
+        // SAFETY: `AtomicU64` has `u64`'s layout (asserted above); no one writes these words
+        // while the caller holds the lock (see above), so plain reads race with nothing.
+        let (hashes, engines) = unsafe {
+            let base = self.words.as_ptr().cast::<u64>();
+            (std::slice::from_raw_parts(base, len), std::slice::from_raw_parts(base.add(old), len))
+        };
+        let mut words = Vec::with_capacity(cap * 2);
+        words.extend_from_slice(hashes);
+        words.extend_from_slice(more);
+        words.resize(cap, 0);
+        words.extend_from_slice(engines);
+        words.resize(cap * 2, 0);
+        Self::from_words(words)
+    }
+
+    fn from_words(words: Vec<u64>) -> Self {
+        let raw = Box::into_raw(words.into_boxed_slice());
+        // SAFETY: `AtomicU64` has the size, alignment and bit validity of `u64` (asserted
+        // above), and the box is unique.
+        Storage { words: unsafe { Box::from_raw(raw as *mut [AtomicU64]) } }
     }
 
     #[inline]
@@ -222,5 +254,29 @@ impl Drop for SegmentDir {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_keeps_hashes_and_recorded_engine_hashes_and_appends_new_blocks_unrecorded() {
+        let st = Storage::of(&[1, 2, 3]);
+        assert_eq!(st.cap(), 3);
+        assert_eq!((0..3).map(|i| (st.hash(i), st.engine(i))).collect::<Vec<_>>(), [(1, 0), (2, 0), (3, 0)]);
+        st.set_engine(1, 22);
+        st.set_engine(2, 33);
+        let grown = st.copied(3, 6, &[4, 5]);
+        assert_eq!(grown.cap(), 6);
+        let grown_words: Vec<_> = (0..6).map(|i| (grown.hash(i), grown.engine(i))).collect();
+        assert_eq!(grown_words, [(1, 0), (2, 22), (3, 33), (4, 0), (5, 0), (0, 0)]);
+        // A shrinking copy keeps the first `len` positions; blocks past the capacity are dropped.
+        let cut = grown.copied(2, 2, &[]);
+        assert_eq!((0..2).map(|i| (cut.hash(i), cut.engine(i))).collect::<Vec<_>>(), [(1, 0), (2, 22)]);
+        let full = cut.copied(2, 3, &[7, 8]);
+        assert_eq!((0..3).map(|i| (full.hash(i), full.engine(i))).collect::<Vec<_>>(), [(1, 0), (2, 22), (7, 0)]);
+        assert_eq!(full.bytes(), 3 * 16 + 16);
     }
 }
