@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use roaring::RoaringBitmap;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -17,6 +16,7 @@ use crossbeam_epoch::Guard;
 
 use super::config::HashCheck;
 use super::groups::{is_plain, GroupKind, GroupSpec, MAX_GROUPS};
+use super::pod_segments::PodSegments;
 use super::pods::PodId;
 use super::report::{ApplyReport, SkipReason};
 use super::tiers::{TierId, TierRefusal, Tiers, MAX_TIERS};
@@ -45,7 +45,7 @@ pub struct PodIngest {
     pod: PodId,
     model: Arc<str>,
     /// Every segment this pod holds a block in (a superset: the reverse index for clears).
-    segments: RoaringBitmap,
+    segments: PodSegments,
     /// Scoped engine hashes whose block recorded another engine hash (a pod hashing
     /// differently from the first holder, or a LoRA path the key does not see), with the
     /// block's segment's first key as a guard against a reused segment number.
@@ -110,7 +110,7 @@ impl PodIngest {
         PodIngest {
             pod,
             model,
-            segments: RoaringBitmap::new(),
+            segments: PodSegments::default(),
             exceptions: FxHashMap::default(),
             exception_at: FxHashMap::default(),
             spans: FxHashMap::default(),
@@ -322,17 +322,18 @@ impl PodIngest {
     /// The scoped engine hash of `engine` in KV-cache group `group_idx`; `None` when the group
     /// is out of range.
     fn scoped(&mut self, group_idx: Option<i64>, engine: u64) -> Option<u64> {
+        self.scope(group_idx).map(|scope| scoped_in(scope, engine))
+    }
+
+    /// The scope of KV-cache group `group_idx` (see [`scoped_in`]); `None` when the group is
+    /// out of range.
+    fn scope(&mut self, group_idx: Option<i64>) -> Option<u64> {
         let g = usize::try_from(group_idx.unwrap_or(0)).ok().filter(|g| *g < MAX_GROUPS)?;
         while self.scopes.len() <= g {
             let group = self.scopes.len() as u32;
             self.scopes.push(namespace_root(&self.model, group) ^ SCOPE_SALT);
         }
-        // A bijective mix of the hash and the scope: uniform bits for the engine table. Never
-        // 0: the index reserves it for "no engine hash".
-        let mut x = engine ^ self.scopes[g];
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Some((x ^ (x >> 31)).max(1))
+        Some(self.scopes[g])
     }
 }
 
@@ -469,7 +470,8 @@ impl PodIngest {
         // (a sliding-window group's, which names only the blocks it kept) the ones its hashes
         // name in the dense store of another group that covers the same tokens.
         let mut held: SmallVec<[usize; 16]> = SmallVec::new();
-        let layout = if Some(tokens.len()) == ev.block_hashes.len().checked_mul(engine_bs) {
+        let all_held = Some(tokens.len()) == ev.block_hashes.len().checked_mul(engine_bs);
+        let layout = if all_held {
             held.extend(0..ev.block_hashes.len());
             self.maybe_check_hashes(ctx, ev, tokens, engine_bs, report);
             ev
@@ -553,14 +555,15 @@ impl PodIngest {
         let mut run_start = 0;
         // One tree store per run of consecutive held blocks; the blocks between runs are path
         // this group does not hold.
+        let scope = self.scope(ev.group_idx).expect("group checked above");
         while run_start < held.len() {
-            let mut run_end = run_start + 1;
+            let mut run_end = if all_held { held.len() } else { run_start + 1 };
             while run_end < held.len() && held[run_end] == held[run_end - 1] + 1 {
                 run_end += 1;
             }
             ends.clear();
             for (k, &i) in held.iter().enumerate().take(run_end).skip(run_start) {
-                let scoped = self.scoped(ev.group_idx, ev.block_hashes[k].key()).expect("group checked above");
+                let scoped = scoped_in(scope, ev.block_hashes[k].key());
                 if self.indexed {
                     // Its engine-table slot is a cache miss when the store records it: start it now.
                     tree.prefetch_engine(scoped);
@@ -1225,6 +1228,16 @@ impl Cover {
 /// The `n` blocks of the chain before `last`, nearest first (fewer where the chain starts).
 /// Found before anything is released: releasing a branch's last held block frees its segment,
 /// and `previous` could not step out of it then.
+/// The scoped engine hash of `engine` in a group of scope `scope`: a bijective mix of the two,
+/// uniform bits for the engine table. Never 0: the index reserves it for "no engine hash".
+#[inline]
+fn scoped_in(scope: u64, engine: u64) -> u64 {
+    let mut x = engine ^ scope;
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (x ^ (x >> 31)).max(1)
+}
+
 fn blocks_before(tree: &Tree, guard: &Guard, last: Pos, n: u32) -> SmallVec<[Pos; 8]> {
     let mut out = SmallVec::new();
     let mut pos = last;

@@ -18,6 +18,7 @@ pub mod hybrid;
 pub mod ingest;
 mod kv_index;
 mod pod_digest;
+mod pod_segments;
 pub mod pods;
 mod published;
 pub mod report;
