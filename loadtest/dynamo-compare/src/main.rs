@@ -29,8 +29,12 @@
 //! writer rate, reader p50/p99 under ingest. `--only NAME --writers 1 --idle-writers MS` runs
 //! that phase with writers that sleep MS instead of writing: the paced reader alone.
 //!
+//! `--cold-evict-kb K` also times quiet queries that each start cold (K KiB of cache lines
+//! written before each, untimed).
+//!
 //! `kvindex-dynamo-compare [--entries N] [--workers P] [--queries Q] [--extra E] [--readers R]
-//! [--read-rate QPS] [--concurrency 1,2,4] [--reps 5] [--quiet-reps 1] [--baseline BIN]` runs
+//! [--read-rate QPS] [--concurrency 1,2,4] [--reps 5] [--quiet-reps 1] [--cold-evict-kb K]
+//! [--baseline BIN]` runs
 //! every process and prints medians over the rounds with their spread, and the ratios. One tail
 //! figure means little on a shared machine, so the concurrent phase runs `--reps` rounds (each
 //! a fresh process per indexer and writer count, the indexers interleaved and their order
@@ -446,6 +450,38 @@ fn quiet_queries(indexer: &dyn Indexer, trace: &Trace, queries: usize) -> (f64, 
     (percentile(&latencies, 50.0) * 1e6, percentile(&latencies, 99.0) * 1e6, matched)
 }
 
+/// Queries that each start cold: before each one (untimed) the thread writes every cache line
+/// of a buffer of `evict_kb` KiB, so what the query touches comes from farther away, as for a
+/// paced reader whose caches other work used meanwhile (2 MiB: its core's L1 and L2; 64 MiB:
+/// the L3 too). Each query twice: with its prompt as cold as the rest, and with the prompt
+/// read again after the eviction (a server's request has just been decoded: only the index is
+/// cold). Returns p50/p99 in microseconds of each.
+fn cold_queries(indexer: &dyn Indexer, trace: &Trace, queries: usize, evict_kb: usize) -> [(f64, f64); 2] {
+    let planted = trace.conversations.last().map(Vec::as_slice).unwrap_or(&[]);
+    let prompts: Vec<Vec<u32>> = (0..64).map(|q| query_tokens(planted, q)).collect();
+    let mut buffer = vec![0u64; evict_kb * 1024 / 8];
+    let mut latencies = [Vec::with_capacity(queries), Vec::with_capacity(queries)];
+    for query in 0..queries {
+        for (warm_prompt, lat) in latencies.iter_mut().enumerate() {
+            for line in buffer.chunks_mut(8) {
+                line[0] = line[0].wrapping_add(1);
+            }
+            std::hint::black_box(&mut buffer);
+            let prompt = &prompts[query % prompts.len()];
+            if warm_prompt == 1 {
+                std::hint::black_box(prompt.iter().fold(0u32, |a, &t| a.wrapping_add(t)));
+            }
+            let started = Instant::now();
+            std::hint::black_box(indexer.score(prompt));
+            lat.push(started.elapsed().as_secs_f64());
+        }
+    }
+    latencies.map(|mut lat| {
+        lat.sort_by(f64::total_cmp);
+        (percentile(&lat, 50.0) * 1e6, percentile(&lat, 99.0) * 1e6)
+    })
+}
+
 /// The extra stores applied by `writers` threads (disjoint workers, each worker's stores in
 /// order) while `readers` threads query; returns writer block ops/s, reader p50/p99 and
 /// queries/s.
@@ -599,6 +635,9 @@ struct Options {
     quiet_reps: usize,
     /// `--idle-writers MS`: the writer threads sleep this long instead of writing (0 = write).
     idle_writers: Option<Duration>,
+    /// `--cold-evict-kb K`: also time queries that start cold, K KiB of cache lines written
+    /// before each (0 = not run).
+    cold_evict_kb: usize,
     /// Another build of this harness whose kvindex runs beside ours in every round
     /// (`kvindex-baseline`): before and after a change in one invocation, interleaved.
     baseline: Option<std::path::PathBuf>,
@@ -623,6 +662,7 @@ fn options(args: &[String]) -> Result<Options, String> {
         reps: number(args, "--reps", 5)?.max(1) as usize,
         quiet_reps: number(args, "--quiet-reps", 1)?.max(1) as usize,
         idle_writers: Some(number(args, "--idle-writers", 0)?).filter(|&ms| ms > 0).map(Duration::from_millis),
+        cold_evict_kb: number(args, "--cold-evict-kb", 0)? as usize,
         baseline: flag(args, "--baseline").map(std::path::PathBuf::from),
     })
 }
@@ -633,8 +673,14 @@ fn run_one(name: &str, o: &Options) -> std::process::ExitCode {
     let indexer = make(name, o.workers, o.writers.max(1));
     let Filled { rate, cpu_rate, rss_delta: memory, ops } = fill(indexer.as_ref(), &trace);
     let (p50, p99, matched) = quiet_queries(indexer.as_ref(), &trace, o.queries);
+    let cold = if o.cold_evict_kb > 0 {
+        let [(c50, c99), (w50, w99)] = cold_queries(indexer.as_ref(), &trace, o.queries.min(2_000), o.cold_evict_kb);
+        format!(",\"cold_query_p50_us\":{c50:.2},\"cold_query_p99_us\":{c99:.2},\"cold_index_p50_us\":{w50:.2},\"cold_index_p99_us\":{w99:.2}")
+    } else {
+        String::new()
+    };
     println!(
-        "{{\"indexer\":\"{name}\",\"residencies\":{},\"block_ops\":{ops},\"apply_ops_per_s\":{rate:.0},\"apply_ops_per_cpu_s\":{cpu_rate:.0},\"query_p50_us\":{p50:.2},\"query_p99_us\":{p99:.2},\"rss_delta_bytes\":{memory},\"bytes_per_residency\":{:.1},\"min_matched_blocks\":{matched}}}",
+        "{{\"indexer\":\"{name}\",\"residencies\":{},\"block_ops\":{ops},\"apply_ops_per_s\":{rate:.0},\"apply_ops_per_cpu_s\":{cpu_rate:.0},\"query_p50_us\":{p50:.2},\"query_p99_us\":{p99:.2},\"rss_delta_bytes\":{memory},\"bytes_per_residency\":{:.1},\"min_matched_blocks\":{matched}{cold}}}",
         trace.residencies,
         memory as f64 / ops.max(1) as f64,
     );
@@ -677,6 +723,7 @@ fn child(c: &Contender, o: &Options, writers: usize, round: usize) -> Result<Vec
         .args(["--readers", &o.readers.to_string()])
         .args(["--read-rate", &o.read_rate.to_string()])
         .args(["--writers", &writers.to_string()])
+        .args(["--cold-evict-kb", &o.cold_evict_kb.to_string()])
         .output()
         .map_err(|e| format!("cannot run {}: {e}", c.label))?;
     if !output.status.success() {
@@ -821,6 +868,16 @@ fn main() -> std::process::ExitCode {
             show(over_rounds(&lines, label, None, "query_p99_us"), 2),
             show(over_rounds(&lines, label, None, "bytes_per_residency"), 1),
         );
+        if o.cold_evict_kb > 0 {
+            println!(
+                "{label}: cold query ({} KiB written before each) p50 {} us, p99 {} us; prompt read again after the eviction: p50 {} us, p99 {} us",
+                o.cold_evict_kb,
+                show(over_rounds(&lines, label, None, "cold_query_p50_us"), 2),
+                show(over_rounds(&lines, label, None, "cold_query_p99_us"), 2),
+                show(over_rounds(&lines, label, None, "cold_index_p50_us"), 2),
+                show(over_rounds(&lines, label, None, "cold_index_p99_us"), 2),
+            );
+        }
     }
     let mut pairs: Vec<(&str, &str)> = Vec::new();
     for &ours in &labels {
@@ -845,6 +902,15 @@ fn main() -> std::process::ExitCode {
             over_rounds(&lines, ours, None, "min_matched_blocks").1,
             over_rounds(&lines, theirs, None, "min_matched_blocks").1,
         );
+        if o.cold_evict_kb > 0 {
+            println!(
+                "ratios {ours}/{theirs}, cold queries: p50 {}x, p99 {}x; prompt read again: p50 {}x, p99 {}x",
+                ratio("cold_query_p50_us"),
+                ratio("cold_query_p99_us"),
+                ratio("cold_index_p50_us"),
+                ratio("cold_index_p99_us"),
+            );
+        }
     }
     for &w in &o.concurrency {
         for label in labels.iter().chain(&["dynamo-crtc"]) {
