@@ -518,7 +518,12 @@ impl PodIngest {
         // extras keyed again.
         block_keys(&tokens[..engine_blocks * engine_bs], ctx.block_size, &mut keys);
         let mut extras = std::mem::take(&mut self.extras);
-        for i in 0..engine_blocks {
+        // Most events carry none of what follows: their blocks are keyed plain already.
+        let any_extras = layout.extra_keys.is_some()
+            || layout.cache_salt.is_some()
+            || layout.mm_keys.is_some()
+            || layout.lookahead_token_ids.is_some();
+        for i in (0..engine_blocks).filter(|_| any_extras) {
             extras.clear();
             if let Some(entry) = layout.extra_keys.as_ref().and_then(|e| e.get(i)) {
                 encode_block_extras(entry, layout.lora_name, layout.lora_id, &mut extras);
@@ -648,7 +653,12 @@ impl PodIngest {
             self.note_covers(tree, guard, &stored, engine_blocks);
         }
         for (j, &(pos, recorded)) in stored.ends.iter().enumerate().take(whole) {
-            self.claim(tree, guard, ends[j].1, pos, per_block as u32, recorded);
+            // A block recorded under its own engine hash, by a pod with no exceptions or
+            // multi-block engine blocks, has nothing to settle (`claim` would look nothing up).
+            let plain = recorded && per_block == 1 && self.exceptions.is_empty() && self.spans.is_empty();
+            if !plain {
+                self.claim(tree, guard, ends[j].1, pos, per_block as u32, recorded);
+            }
         }
         if let Some(j) = whole.checked_sub(1) {
             self.note_end(tree, guard, ends[j].1, stored.ends[j].0);
