@@ -339,9 +339,9 @@ impl PodIngest {
 
 /// Applying a batch: each event stored, re-announced or removed.
 impl PodIngest {
-    /// Applies a batch's events in order, adding what it did to `report` (filled in place by the caller: a
-    /// report returned by value is copied right after the stores wrote it, which stalls until
-    /// those writes drain).
+    /// Applies a batch's events in order, adding what it did to `report` (filled in place by
+    /// the caller: a report returned by value is copied right after the stores wrote it, which
+    /// stalls until those writes drain).
     pub fn apply_batch(
         &mut self,
         ctx: &IngestContext<'_>,
@@ -1235,9 +1235,6 @@ impl Cover {
     }
 }
 
-/// The `n` blocks of the chain before `last`, nearest first (fewer where the chain starts).
-/// Found before anything is released: releasing a branch's last held block frees its segment,
-/// and `previous` could not step out of it then.
 /// The scoped engine hash of `engine` in a group of scope `scope`: a bijective mix of the two,
 /// uniform bits for the engine table. Never 0: the index reserves it for "no engine hash".
 #[inline]
@@ -1248,6 +1245,9 @@ fn scoped_in(scope: u64, engine: u64) -> u64 {
     (x ^ (x >> 31)).max(1)
 }
 
+/// The `n` blocks of the chain before `last`, nearest first (fewer where the chain starts).
+/// Found before anything is released: releasing a branch's last held block frees its segment,
+/// and `previous` could not step out of it then.
 fn blocks_before(tree: &Tree, guard: &Guard, last: Pos, n: u32) -> SmallVec<[Pos; 8]> {
     let mut out = SmallVec::new();
     let mut pos = last;

@@ -77,8 +77,8 @@ mod tests {
         s.remove(3);
         s.insert(3);
         assert_eq!(s.iter().collect::<Vec<_>>(), [3, 11, 19], "re-inserted after its removal");
-        // 11 and 19 share a slot: the one displaced is still in the set, and inserting it
-        // again is a plain insert.
+        // 3, 11 and 19 share a slot: one displaced from it is still in the set, and removing
+        // a number the slot does not hold leaves the slot's own.
         s.remove(19);
         s.insert(11);
         assert_eq!(s.iter().collect::<Vec<_>>(), [3, 11]);
