@@ -1004,6 +1004,22 @@ impl PodIngest {
     pub(super) fn engine_blocks(&self, tree: &Tree, guard: &Guard) -> Vec<(u64, u32, HeldBlock)> {
         // At most one per canonical block held: sized once, not grown by copying.
         let mut out = Vec::with_capacity(self.blocks as usize);
+        self.each_engine_block(tree, guard, |engine, count, block| {
+            out.push((engine, count, block));
+            true
+        });
+        out
+    }
+
+    /// The engine blocks `engine_blocks` lists, handed to `f` one by one in the same order
+    /// instead of collected (an export builds its columns as they come); `f` returning false
+    /// stops the pass. Returns whether the pass went to the end.
+    pub(super) fn each_engine_block(
+        &self,
+        tree: &Tree,
+        guard: &Guard,
+        mut f: impl FnMut(u64, u32, HeldBlock) -> bool,
+    ) -> bool {
         // (position, scoped engine hash, the segment's first key when it was recorded).
         let mut exceptions: Vec<(Pos, u64, u64)> =
             self.exceptions.iter().map(|(&scoped, &(pos, first))| (pos, scoped, first)).collect();
@@ -1025,7 +1041,9 @@ impl PodIngest {
                         named = true;
                         let named_block = HeldBlock { engine: scoped, ..block };
                         debug_assert_eq!(named_block.pos, pos);
-                        out.push((scoped, self.spans.get(&scoped).copied().unwrap_or(1), named_block));
+                        if !f(scoped, self.spans.get(&scoped).copied().unwrap_or(1), named_block) {
+                            return false;
+                        }
                     }
                     e += 1;
                 }
@@ -1038,12 +1056,17 @@ impl PodIngest {
                     && ours
                     && !named
                     && (self.exceptions.is_empty() || !self.exceptions.contains_key(&engine))
+                    && !f(
+                        engine,
+                        if self.spans.is_empty() { 1 } else { self.spans.get(&engine).copied().unwrap_or(1) },
+                        block,
+                    )
                 {
-                    out.push((engine, self.spans.get(&engine).copied().unwrap_or(1), block));
+                    return false;
                 }
             }
         }
-        out
+        true
     }
 
     /// The engine blocks as `engine_blocks` listed them before it took exceptions in order:
