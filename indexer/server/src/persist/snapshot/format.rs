@@ -414,6 +414,30 @@ mod tests {
         StreamRecord::new("p", 0, 7, export)
     }
 
+    /// A record's columns copied out as little-endian bytes (how records were encoded before
+    /// they were written in place).
+    struct CopiedColumns([Vec<u8>; 8]);
+
+    impl CopiedColumns {
+        fn of(c: &Columns) -> Self {
+            CopiedColumns([
+                le64(&c.engines),
+                le32(&c.parents),
+                le64(&c.roots),
+                le32(&c.counts),
+                le64(&c.keys),
+                le32(&c.path_blocks),
+                le32(&c.path_lens),
+                le64(&c.path_keys),
+            ])
+        }
+
+        fn wire<'a>(&'a self, tiers: &'a [u8]) -> WireColumns<'a> {
+            let [engines, parents, roots, counts, keys, path_blocks, path_lens, path_keys] = &self.0;
+            WireColumns { engines, parents, roots, counts, keys, tiers, path_blocks, path_lens, path_keys }
+        }
+    }
+
     /// The record written in place is byte for byte the one framed from a serialized copy
     /// with every column copied out as little-endian bytes (what records were written as
     /// before): the format did not change, so every stored snapshot still loads.
@@ -422,8 +446,7 @@ mod tests {
         let r = record();
         let e = &r.export;
         let c = e.blocks.columns();
-        let (engines, parents, roots, counts) = (le64(&c.engines), le32(&c.parents), le64(&c.roots), le32(&c.counts));
-        let (keys, pb, pl, pk) = (le64(&c.keys), le32(&c.path_blocks), le32(&c.path_lens), le64(&c.path_keys));
+        let copied_columns = CopiedColumns::of(c);
         let copied = WireRecord {
             base: r.base.clone(),
             rank: r.rank,
@@ -432,21 +455,11 @@ mod tests {
             cursor: r.cursor,
             tiers: e.tiers.clone(),
             groups: e.groups.iter().map(|g| g.as_ref().map(|g| (g.kind.clone(), g.window, g.block_tokens))).collect(),
-            blocks: WireColumns {
-                engines: &engines,
-                parents: &parents,
-                roots: &roots,
-                counts: &counts,
-                keys: &keys,
-                tiers: &c.tiers,
-                path_blocks: &pb,
-                path_lens: &pl,
-                path_keys: &pk,
-            },
+            blocks: copied_columns.wire(&c.tiers),
             units: e.units.iter().map(|u| (u.group, u.tier.clone(), u.blocks)).collect(),
         };
         assert_eq!(encode_record(&r), encode(&copied));
-        assert!(!pk.is_empty() && !roots.is_empty(), "every kind of column is in the record");
+        assert!(!c.path_keys.is_empty() && !c.roots.is_empty(), "every kind of column is in the record");
     }
 
     /// A record as version 4 wrote it (no units) still loads: its pod's units come from its
@@ -466,8 +479,7 @@ mod tests {
         }
         let r = record();
         let c = r.export.blocks.columns();
-        let (engines, parents, roots, counts) = (le64(&c.engines), le32(&c.parents), le64(&c.roots), le32(&c.counts));
-        let (keys, pb, pl, pk) = (le64(&c.keys), le32(&c.path_blocks), le32(&c.path_lens), le64(&c.path_keys));
+        let copied_columns = CopiedColumns::of(c);
         let v4 = V4 {
             base: "p".into(),
             rank: 0,
@@ -476,17 +488,7 @@ mod tests {
             cursor: 7,
             tiers: r.export.tiers.clone(),
             groups: vec![None, Some(("sliding_window".into(), 64, 32))],
-            blocks: WireColumns {
-                engines: &engines,
-                parents: &parents,
-                roots: &roots,
-                counts: &counts,
-                keys: &keys,
-                tiers: &c.tiers,
-                path_blocks: &pb,
-                path_lens: &pl,
-                path_keys: &pk,
-            },
+            blocks: copied_columns.wire(&c.tiers),
         };
         let mut bytes = frame(&rmp_serde::to_vec(&v4).unwrap());
         bytes[3] = 4;
