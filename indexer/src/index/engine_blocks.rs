@@ -209,6 +209,27 @@ impl EngineBlocks {
         Ok(())
     }
 
+    /// Appends the usual engine block of an export in chain order: one canonical block, held
+    /// in `tier`, continuing the block appended just before it (what [`EngineBlocks::push`]
+    /// appends for `ChainParent::Block(len - 1)` and no path, without its general checks).
+    /// Refused (nothing appended) when there is no block before it.
+    pub fn push_continuing(&mut self, engine: u64, key: BlockKey, tier: u8) -> Result<(), ColumnError> {
+        let c = &mut self.0;
+        let i = c.engines.len();
+        if i == 0 {
+            return Err(ColumnError::Parent(i));
+        }
+        if i >= u32::MAX as usize || c.keys.len() >= u32::MAX as usize {
+            return Err(ColumnError::TooMany(i));
+        }
+        c.engines.push(engine);
+        c.parents.push(1);
+        c.counts.push(1);
+        c.keys.push(key);
+        c.tiers.push(tier);
+        Ok(())
+    }
+
     /// The engine blocks in order.
     pub fn iter(&self) -> Blocks<'_> {
         Blocks { c: &self.0, i: 0, key: 0, root: 0, path: 0, path_key: 0 }

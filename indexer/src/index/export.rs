@@ -28,11 +28,14 @@
 pub use super::engine_blocks::ChainParent;
 use super::engine_blocks::EngineBlocks;
 use super::groups::{GroupKind, GroupSpec, MAX_GROUPS};
+use super::ingest::PodIngest;
 use super::kv_index::KvIndex;
+use super::pods::PodId;
 use super::tiers::{TierId, MAX_TIERS};
 use super::tree::{ParentKey, Pos};
 use super::units::lcm;
 use crate::keys::BlockKey;
+use crossbeam_epoch::Guard;
 
 /// One pod's residencies, as events established them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -138,12 +141,103 @@ impl KvIndex {
         let id = self.pods.get(pod)?;
         let state = self.states.read().get(&id).cloned()?;
         let state = state.lock();
+        let guard = self.tree.pin();
+        let blocks =
+            self.blocks_in_one_pass(&state, id, &guard).unwrap_or_else(|| self.blocks_by_plan(&state, id, &guard));
+        let tiers = (0..self.tiers.count() as u8).map(|t| self.tiers.name(TierId(t))).collect();
+        let groups = state.groups().iter().map(|g| g.as_ref().map(GroupExport::of)).collect();
+        let units = state
+            .units()
+            .slots()
+            .iter()
+            .map(|&(group, tier, blocks)| UnitExport { group, tier: self.tiers.name(TierId(tier)), blocks })
+            .collect();
+        Some(PodExport { pod: pod.to_string(), model: state.model().to_string(), tiers, blocks, groups, units })
+    }
+
+    /// The pod's engine blocks, built as the pass over its segments meets them (see
+    /// `PodIngest::each_engine_block`): in position order a chain's engine blocks come one
+    /// after another, so nearly every block's parent is the block just pushed, and any other
+    /// earlier one is found by position with a binary search. Nothing is held per block but
+    /// the columns themselves and each block's position.
+    ///
+    /// `None` when a block's chain continues a position after its own (a segment number
+    /// reused for a chain that continues a later one: its parent is not listed yet), or the
+    /// tree does not have what the pod's maps name (never the case under the pod's lock):
+    /// then `blocks_by_plan` exports the pod, in any order.
+    fn blocks_in_one_pass(&self, state: &PodIngest, id: PodId, guard: &Guard) -> Option<EngineBlocks> {
         let tree = &self.tree;
-        let guard = tree.pin();
-        // In position order: a chain's engine blocks one after another, so an engine block's
-        // parent is nearly always the one listed just before it, and any other is found by
-        // position with a binary search (no map of every block).
-        let ends = state.engine_blocks(tree, &guard);
+        let capacity = state.blocks() as usize;
+        let mut blocks = EngineBlocks::with_capacity(capacity, capacity);
+        // The packed position of every pushed engine block's last block, increasing.
+        let mut ends: Vec<u64> = Vec::with_capacity(capacity);
+        let (mut keys, mut tiers, mut path) = (Vec::new(), Vec::new(), Vec::new());
+        let complete = state.each_engine_block(tree, guard, |engine, count, last| {
+            let end = last.pos.pack();
+            debug_assert!(ends.last().is_none_or(|&e| e <= end), "engine blocks come in position order");
+            // The usual engine block: one canonical block right after the one pushed before it
+            // in the same segment (the offset before it packs to `end - 1`).
+            if count == 1 && last.pos.off > 0 && ends.last() == Some(&(end - 1)) {
+                if blocks.push_continuing(engine, last.key, last.tiers).is_err() {
+                    return false;
+                }
+                ends.push(end);
+                return true;
+            }
+            keys.clear();
+            tiers.clear();
+            keys.push(last.key);
+            tiers.push(last.tiers);
+            let mut first = last.pos;
+            for _ in 1..count {
+                let Some(at) = tree.previous(first, guard) else { return false };
+                let Some(key) = tree.key_at(at, guard) else { return false };
+                keys.push(key);
+                tiers.push(tree.tiers_at(at, id, guard));
+                first = at;
+            }
+            keys.reverse();
+            tiers.reverse();
+            path.clear();
+            let parent = loop {
+                let Some(p) = tree.previous(first, guard) else {
+                    match tree.root_of(first.seg, guard) {
+                        Some(root) => break ChainParent::Root(root),
+                        None => return false,
+                    }
+                };
+                let at = p.pack();
+                if at >= end {
+                    // Possibly an engine block not listed yet.
+                    return false;
+                }
+                if ends.last() == Some(&at) {
+                    break ChainParent::Block(ends.len() as u32 - 1);
+                }
+                if let Ok(j) = ends.binary_search(&at) {
+                    break ChainParent::Block(j as u32);
+                }
+                // Every engine block before this one is listed: `p` is on the path.
+                let Some(key) = tree.key_at(p, guard) else { return false };
+                path.push(key);
+                first = p;
+            };
+            path.reverse();
+            if blocks.push(engine, parent, &path, &keys, &tiers).is_err() {
+                return false;
+            }
+            ends.push(end);
+            true
+        });
+        complete.then_some(blocks)
+    }
+
+    /// The pod's engine blocks in any position order: every engine block's keys, tiers and
+    /// path first, its parent found among all of them by position, then emitted depth first
+    /// from every end when a parent comes after its child.
+    fn blocks_by_plan(&self, state: &PodIngest, id: PodId, guard: &Guard) -> EngineBlocks {
+        let tree = &self.tree;
+        let ends = state.engine_blocks(tree, guard);
         debug_assert!(ends.windows(2).all(|w| w[0].2.pos <= w[1].2.pos));
         let end_at = |i: usize, p: Pos| -> Option<u32> {
             if i > 0 && ends[i - 1].2.pos == p {
@@ -163,9 +257,9 @@ impl KvIndex {
             let mut at = last.pos;
             if count > 1 {
                 for _ in 1..count {
-                    at = tree.previous(at, &guard)?;
-                    buf.keys.push(tree.key_at(at, &guard)?);
-                    buf.tiers.push(tree.tiers_at(at, id, &guard));
+                    at = tree.previous(at, guard)?;
+                    buf.keys.push(tree.key_at(at, guard)?);
+                    buf.tiers.push(tree.tiers_at(at, id, guard));
                 }
                 buf.keys[from..].reverse();
                 buf.tiers[from..].reverse();
@@ -173,12 +267,12 @@ impl KvIndex {
             let path_from = buf.paths.len();
             let mut first = at;
             let parent = loop {
-                match tree.previous(first, &guard) {
-                    None => break Ok(tree.root_of(first.seg, &guard)?),
+                match tree.previous(first, guard) {
+                    None => break Ok(tree.root_of(first.seg, guard)?),
                     Some(p) => match end_at(i, p) {
                         Some(j) => break Err(j),
                         None => {
-                            buf.paths.push(tree.key_at(p, &guard)?);
+                            buf.paths.push(tree.key_at(p, guard)?);
                             first = p;
                         }
                     },
@@ -203,15 +297,6 @@ impl KvIndex {
             .collect();
         let mut blocks = EngineBlocks::with_capacity(ends.len(), spanned);
         let r = |(a, b): (u32, u32)| a as usize..b as usize;
-        // Usually every parent is listed before its child (position order: a chain's segments
-        // share a shard and are mostly numbered in the order they were made): the blocks go
-        // out as listed. Otherwise (a segment
-        // number reused for a chain that continues a later one), depth first from every end,
-        // parents first.
-        let in_order = plans.iter().enumerate().all(|(i, p)| match p {
-            Some(Planned { parent: Err(j), .. }) => (*j as usize) < i,
-            _ => true,
-        });
         let mut index: Vec<Option<u32>> = vec![None; ends.len()];
         let emit = |blocks: &mut EngineBlocks, index: &mut [Option<u32>], i: usize| {
             let Some(p) = plans[i] else { return };
@@ -228,37 +313,23 @@ impl KvIndex {
                 index[i] = Some(blocks.len() as u32 - 1);
             }
         };
-        if in_order {
-            for i in 0..ends.len() {
+        let mut visited = vec![false; ends.len()];
+        let mut stack = Vec::new();
+        for start in 0..ends.len() {
+            let mut i = start;
+            while !visited[i] {
+                visited[i] = true;
+                stack.push(i);
+                match plans[i] {
+                    Some(Planned { parent: Err(j), .. }) => i = j as usize,
+                    _ => break,
+                }
+            }
+            while let Some(i) = stack.pop() {
                 emit(&mut blocks, &mut index, i);
             }
-        } else {
-            let mut visited = vec![false; ends.len()];
-            let mut stack = Vec::new();
-            for start in 0..ends.len() {
-                let mut i = start;
-                while !visited[i] {
-                    visited[i] = true;
-                    stack.push(i);
-                    match plans[i] {
-                        Some(Planned { parent: Err(j), .. }) => i = j as usize,
-                        _ => break,
-                    }
-                }
-                while let Some(i) = stack.pop() {
-                    emit(&mut blocks, &mut index, i);
-                }
-            }
         }
-        let tiers = (0..self.tiers.count() as u8).map(|t| self.tiers.name(TierId(t))).collect();
-        let groups = state.groups().iter().map(|g| g.as_ref().map(GroupExport::of)).collect();
-        let units = state
-            .units()
-            .slots()
-            .iter()
-            .map(|&(group, tier, blocks)| UnitExport { group, tier: self.tiers.name(TierId(tier)), blocks })
-            .collect();
-        Some(PodExport { pod: pod.to_string(), model: state.model().to_string(), tiers, blocks, groups, units })
+        blocks
     }
 
     /// Every exported pod's residencies (see `export_pod`), by pod name.
@@ -780,10 +851,10 @@ mod tests {
     /// Each engine block of an export as what it means, whatever the order or parent links
     /// that say it: its engine hash, its namespace root, every block key from that root to its
     /// last block, and the pod's tiers of its own blocks. Sorted.
-    fn resolved(export: &PodExport) -> Vec<(u64, u64, Vec<u64>, Vec<u8>)> {
+    fn resolved(blocks: &EngineBlocks) -> Vec<(u64, u64, Vec<u64>, Vec<u8>)> {
         let mut chains: Vec<(u64, Vec<u64>)> = Vec::new();
         let mut out = Vec::new();
-        for b in export.blocks.iter() {
+        for b in blocks.iter() {
             let (root, mut keys) = match b.parent {
                 ChainParent::Root(root) => (root, Vec::new()),
                 ChainParent::Block(j) => chains[j as usize].clone(),
@@ -827,6 +898,43 @@ mod tests {
         out
     }
 
+    /// A pod's engine blocks built in one pass (None: it needs the plan) and by plan.
+    fn both_ways(index: &KvIndex, pod: &str) -> (Option<EngineBlocks>, EngineBlocks) {
+        let id = index.pods.get(pod).expect("a pod");
+        let state = index.states.read().get(&id).cloned().expect("a pod with state");
+        let state = state.lock();
+        let guard = index.tree.pin();
+        (index.blocks_in_one_pass(&state, id, &guard), index.blocks_by_plan(&state, id, &guard))
+    }
+
+    /// The one-pass export leaves a pod to the plan only when a chain continues a later
+    /// position; random histories with segment numbers reused have such pods, and there both
+    /// ways still name exactly what the tree holds (`exports_match_the_tree`).
+    #[test]
+    fn chains_continuing_a_later_segment_are_exported_by_plan() {
+        let (mut one_pass, mut by_plan_only) = (0, 0);
+        for seed in 1..400u64 {
+            let index = KvIndex::new(KvIndexConfig { block_size: 2, shards: 4, ..Default::default() });
+            random_history_hashed(&index, seed, 150, seed % 2 == 0);
+            for pod in index.pod_names() {
+                let expected = resolved_from_tree(&index, &pod);
+                let (one, plan) = both_ways(&index, &pod);
+                assert_eq!(resolved(&plan), expected, "seed {seed}, pod {pod}: by plan");
+                match one {
+                    Some(one) => {
+                        assert_eq!(resolved(&one), expected, "seed {seed}, pod {pod}: in one pass");
+                        one_pass += 1;
+                    }
+                    None => by_plan_only += 1,
+                }
+            }
+        }
+        assert!(
+            one_pass > 0 && by_plan_only > 0,
+            "both ways exercised: {one_pass} in one pass, {by_plan_only} by plan"
+        );
+    }
+
     /// Exports name exactly the engine blocks, chains and tiers the index holds for each pod:
     /// none lost, none invented, none twice (against the reference read block by block from
     /// the tree), over random histories with shared hashes and with a hash seed per pod.
@@ -841,7 +949,13 @@ mod tests {
             let export = index.export_pod(&pod).expect("a pod with state");
             let blocks = index.pod_stats(&pod).expect("a pod").blocks;
             let expected = resolved_from_tree(&index, &pod);
-            proptest::prop_assert_eq!(resolved(&export), expected, "pod {}", pod);
+            proptest::prop_assert_eq!(resolved(&export.blocks), expected.clone(), "pod {}", pod);
+            // Both ways of building the columns, whichever the export took.
+            let (one_pass, by_plan) = both_ways(&index, &pod);
+            if let Some(one_pass) = one_pass {
+                proptest::prop_assert_eq!(resolved(&one_pass), expected.clone(), "pod {} in one pass", pod);
+            }
+            proptest::prop_assert_eq!(resolved(&by_plan), expected, "pod {} by plan", pod);
             let keys: std::collections::HashSet<u64> = export.blocks.iter().flat_map(|b| b.keys.to_vec()).collect();
             proptest::prop_assert!(keys.len() as u64 <= blocks, "pod {}: more blocks exported than held", pod);
         }
