@@ -15,7 +15,6 @@ use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, De
 use prost::{DecodeError, Message};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::codegen::GrpcMethod;
-use tonic::transport::Channel;
 
 use crate::kvindex::v1::{ScoreTokensRequest, ScoreTokensResponse};
 
@@ -109,13 +108,20 @@ impl Message for ScoreQuery {
     }
 }
 
-/// `kvindex.v1.Indexer/ScoreTokens` with a [`ScoreQuery`], as the generated client calls it.
-pub async fn score_tokens(
-    channel: Channel,
+/// `kvindex.v1.Indexer/ScoreTokens` with a [`ScoreQuery`], as the generated client calls it, over
+/// any gRPC transport (tonic's `Channel`, or one HTTP/2 connection driven directly).
+pub async fn score_tokens<T>(
+    transport: T,
     request: tonic::Request<ScoreQuery>,
-) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let mut grpc = tonic::client::Grpc::new(transport);
+    grpc.ready().await.map_err(|e| tonic::Status::unknown(format!("Service was not ready: {}", e.into())))?;
     let codec = tonic_prost::ProstCodec::<ScoreQuery, ScoreTokensResponse>::default();
     let path = PathAndQuery::from_static("/kvindex.v1.Indexer/ScoreTokens");
     let mut request = request;

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use kvindex_proto::indexer::v1::indexer_service_server::IndexerServiceServer;
 use kvindex_proto::kvindex::v1::indexer_server::IndexerServer;
+use kvindex_proto::score_route::IndexerRoutes;
 use kvindex_proto::kvindex::v1::replica_server::ReplicaServer;
 
 use self::admission::Admission;
@@ -84,7 +85,8 @@ pub async fn serve(
     let in_flight = Arc::new(InFlightLoad::new(bounds.reservations, index.clone(), pods.clone(), bounds.max_tokens));
     let service =
         IndexerService { index, pods, control, scorer: scorer.clone(), admission: admission.clone(), in_flight };
-    let indexer = IndexerServer::new(service).max_decoding_message_size(max);
+    // ScoreTokens' packed ids decoded in one pass (the rest as the generated server does).
+    let indexer = IndexerRoutes::new(service).max_decoding_message_size(max);
     let replica = ReplicaServer::new(replica).max_decoding_message_size(max);
     let llmd = LlmdScores::new(scorer, tokenizer, admission).into_server().max_decoding_message_size(max);
     health.set_serving::<IndexerServer<IndexerService>>().await;
