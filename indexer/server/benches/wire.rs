@@ -22,8 +22,9 @@
 //!   one (`echo-ct`), or with a maximum frame size that takes the whole request in one DATA frame
 //!   (`…-frame`), or decoding ScoreTokens as `kvindex serve` does (`…-fast`: the packed ids in
 //!   one pass, `kvindex_proto::score_route`); `kvindex` (with `WIRE_KVINDEX=<binary>`): a real `kvindex serve`, empty index;
-//! - clients: `tonic` (the router's: one `Channel`, TCP_NODELAY, a `ScoreQuery`; tonic's buffer
-//!   task between the call and the connection), `h2` (one hyper HTTP/2 connection driven
+//! - clients: `tonic` (the router's until 2026-12-07: one `Channel`, TCP_NODELAY, a `ScoreQuery`;
+//!   tonic's buffer task between the call and the connection), `tonic-whole` (the router's now:
+//!   the same, each request's body handed over whole, `score_query::WholeRequests`), `h2` (one hyper HTTP/2 connection driven
 //!   directly, no buffer task), each on a multi-thread runtime (`-mt`, the router's) or a
 //!   current-thread one (`-ct`); `tiny` rows send 16 ids instead.
 //!
@@ -55,7 +56,7 @@ use kvindex_proto::kvindex::v1::{
     ReleaseRouteRequest, ReleaseRouteResponse, ScoreTokensRequest, ScoreTokensResponse, SourceState,
     UnregisterPodRequest, UnregisterPodResponse,
 };
-use kvindex_proto::score_query::{self, ScoreQuery};
+use kvindex_proto::score_query::{self, ScoreQuery, WholeRequests};
 use kvindex_proto::score_route::IndexerRoutes;
 use kvindex_testkit::serve::Serve;
 
@@ -155,7 +156,8 @@ fn serve(kind: &str) {
     } else {
         tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
     };
-    let frame = kind.contains("-frame").then_some((1 << 24) - 1);
+    // `kvindex serve`'s frame size.
+    let frame = kind.contains("-frame").then_some(kvindex_server::read::grpc::MAX_FRAME_BYTES);
     let echo = Echo { reply: echo_reply((env_usize("WIRE_IDS", 8_800) / BLOCK) as u32) };
     runtime.block_on(async move {
         listener.set_nonblocking(true).unwrap();
@@ -265,6 +267,7 @@ impl Service<http::Request<tonic::body::Body>> for Direct {
 #[derive(Clone)]
 enum Transport {
     Tonic(tonic::transport::Channel),
+    Whole(WholeRequests<tonic::transport::Channel>),
     Direct(Direct),
 }
 
@@ -280,7 +283,12 @@ impl Transport {
         } else {
             // The router's settings (router/src/place/indexer.rs).
             let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
-            Transport::Tonic(endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect().await.unwrap())
+            let channel = endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect().await.unwrap();
+            if client.starts_with("tonic-whole") {
+                Transport::Whole(WholeRequests(channel))
+            } else {
+                Transport::Tonic(channel)
+            }
         }
     }
 
@@ -288,6 +296,7 @@ impl Transport {
         let request = tonic::Request::new(query.clone());
         let answer = match self {
             Transport::Tonic(channel) => score_query::score_tokens(channel.clone(), request).await,
+            Transport::Whole(whole) => score_query::score_tokens(whole.clone(), request).await,
             Transport::Direct(direct) => score_query::score_tokens(direct.clone(), request).await,
         };
         answer.expect("ScoreTokens").into_inner().scores.len()
@@ -419,6 +428,9 @@ fn rows(ids: usize) -> Vec<Row> {
         row("tonic-mt/echo-frame", "echo-frame", "tonic-mt", ids),
         row("tonic-mt/echo-fast", "echo-fast", "tonic-mt", ids),
         row("tonic-mt/echo-fast-frame", "echo-fast-frame", "tonic-mt", ids),
+        row("tonic-whole-mt/echo-fast-frame", "echo-fast-frame", "tonic-whole-mt", ids),
+        row("tonic-whole-mt/echo-fast-frame tiny", "echo-fast-frame", "tonic-whole-mt", 16),
+        row("tonic-whole-ct/echo-fast-frame", "echo-fast-frame", "tonic-whole-ct", ids),
         row("h2-mt/echo", "echo", "h2-mt", ids),
         row("tonic-ct/echo", "echo", "tonic-ct", ids),
         row("h2-ct/echo", "echo", "h2-ct", ids),
@@ -429,9 +441,9 @@ fn rows(ids: usize) -> Vec<Row> {
     ];
     if std::env::var_os("WIRE_KVINDEX").is_some() {
         rows.push(row("tonic-mt/kvindex", "kvindex", "tonic-mt", ids));
-        rows.push(row("h2-ct/kvindex", "kvindex", "h2-ct", ids));
+        rows.push(row("tonic-whole-mt/kvindex", "kvindex", "tonic-whole-mt", ids));
     }
-    if let Ok(only) = std::env::var("WIRE_ROWS") {
+    if let Some(only) = std::env::var("WIRE_ROWS").ok().filter(|rows| !rows.is_empty()) {
         let only: Vec<&str> = only.split(',').map(str::trim).collect();
         rows.retain(|r| only.contains(&r.name));
     }

@@ -68,6 +68,12 @@ impl Bounds {
     }
 }
 
+/// The largest HTTP/2 frame a client may send (HTTP/2's default is 16 KiB): a router's prompt
+/// of up to ~20k token ids (~64 kB of varints) then travels as one DATA frame, written at once
+/// and read at one wake, instead of as 16 KiB frames the server wakes for one by one. A peer
+/// can make a connection buffer one frame: 64 KiB, far below the largest message decoded.
+pub const MAX_FRAME_BYTES: u32 = 1 << 16;
+
 /// Serves gRPC on `listener` (over TLS with `tls`) until `shutdown`, then lets requests in
 /// flight finish.
 pub async fn serve(
@@ -98,6 +104,7 @@ pub async fn serve(
         .build_v1()
         .map_err(|e| ServerError::Grpc(e.to_string()))?;
     let router = tonic::transport::Server::builder()
+        .max_frame_size(MAX_FRAME_BYTES)
         .layer(limits::layer())
         .add_service(health_service)
         .add_service(reflection)
