@@ -244,7 +244,8 @@ mod tests {
 
     #[test]
     fn decodes_what_prost_decodes() {
-        let widths = [0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 268_435_455, 268_435_456, u64::from(u32::MAX)];
+        let widths =
+            [0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 268_435_455, 268_435_456, u64::from(u32::MAX)];
         let ids: Vec<u64> = (0..8_800).map(|i| widths[i % widths.len()] ^ (i as u64 & 1)).collect();
         let request = ScoreTokensRequest {
             model: "m".into(),

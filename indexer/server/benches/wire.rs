@@ -50,15 +50,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
 use tonic::codegen::{http, Service};
 
-use kvindex_proto::kvindex::v1::indexer_server::{Indexer, IndexerServer};
-use kvindex_proto::kvindex::v1::{
-    InFlight, PodScore, RecordRouteRequest, RecordRouteResponse, RegisterPodRequest, RegisterPodResponse,
-    ReleaseRouteRequest, ReleaseRouteResponse, ScoreTokensRequest, ScoreTokensResponse, SourceState,
-    UnregisterPodRequest, UnregisterPodResponse,
-};
+use kvindex_proto::kvindex::v1::indexer_server::IndexerServer;
+use kvindex_proto::kvindex::v1::ScoreTokensRequest;
 use kvindex_proto::score_query::{self, ScoreQuery, WholeRequests};
 use kvindex_proto::score_route::IndexerRoutes;
 use kvindex_testkit::serve::Serve;
+
+#[path = "support/echo.rs"]
+mod echo;
 
 const SERVE_ENV: &str = "WIRE_SERVE";
 const BLOCK: usize = 16;
@@ -68,59 +67,6 @@ const TCP_REPLY: usize = 200;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// The real reply's shape: 4 pods holding every block, an empty in-flight table.
-fn echo_reply(blocks: u32) -> ScoreTokensResponse {
-    let scores = (0..4)
-        .map(|p| PodScore {
-            pod: format!("holder-{p}:8000"),
-            matched_blocks: blocks,
-            weighted_score: blocks as f64,
-            state: SourceState::Exact as i32,
-            ..Default::default()
-        })
-        .collect();
-    ScoreTokensResponse { scores, total_blocks: blocks, block_size: BLOCK as u32, in_flight: Some(InFlight::default()) }
-}
-
-struct Echo {
-    reply: ScoreTokensResponse,
-}
-
-#[tonic::async_trait]
-impl Indexer for Echo {
-    async fn score_tokens(
-        &self,
-        request: tonic::Request<ScoreTokensRequest>,
-    ) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status> {
-        std::hint::black_box(request.get_ref().token_ids.len());
-        Ok(tonic::Response::new(self.reply.clone()))
-    }
-    async fn register_pod(
-        &self,
-        _: tonic::Request<RegisterPodRequest>,
-    ) -> Result<tonic::Response<RegisterPodResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
-    }
-    async fn unregister_pod(
-        &self,
-        _: tonic::Request<UnregisterPodRequest>,
-    ) -> Result<tonic::Response<UnregisterPodResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
-    }
-    async fn record_route(
-        &self,
-        _: tonic::Request<RecordRouteRequest>,
-    ) -> Result<tonic::Response<RecordRouteResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
-    }
-    async fn release_route(
-        &self,
-        _: tonic::Request<ReleaseRouteRequest>,
-    ) -> Result<tonic::Response<ReleaseRouteResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
-    }
 }
 
 /// The child process's life: serves `kind` on a loopback port (printed `WIRE_LISTENING <addr>`)
@@ -158,7 +104,7 @@ fn serve(kind: &str) {
     };
     // `kvindex serve`'s frame size.
     let frame = kind.contains("-frame").then_some(kvindex_server::read::grpc::MAX_FRAME_BYTES);
-    let echo = Echo { reply: echo_reply((env_usize("WIRE_IDS", 8_800) / BLOCK) as u32) };
+    let echo = echo::Echo { reply: echo::reply((env_usize("WIRE_IDS", 8_800) / BLOCK) as u32, BLOCK as u32) };
     runtime.block_on(async move {
         listener.set_nonblocking(true).unwrap();
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
@@ -231,7 +177,9 @@ fn switches_and_cpu(pid: u32) -> (u64, f64) {
         let path = task.path();
         let status = std::fs::read_to_string(path.join("status")).unwrap_or_default();
         for line in status.lines() {
-            if let Some(n) = line.strip_prefix("voluntary_ctxt_switches:").or(line.strip_prefix("nonvoluntary_ctxt_switches:")) {
+            if let Some(n) =
+                line.strip_prefix("voluntary_ctxt_switches:").or(line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
                 switches += n.trim().parse::<u64>().unwrap_or(0);
             }
         }
@@ -276,14 +224,17 @@ impl Transport {
         if client.starts_with("h2") {
             let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
             stream.set_nodelay(true).unwrap();
-            let (sender, connection) =
-                hyper::client::conn::http2::Builder::new(TokioExecutor::new()).handshake(TokioIo::new(stream)).await.unwrap();
+            let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+                .handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
             tokio::spawn(connection);
             Transport::Direct(Direct(sender))
         } else {
             // The router's settings (router/src/place/indexer.rs).
             let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
-            let channel = endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect().await.unwrap();
+            let channel =
+                endpoint.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect().await.unwrap();
             if client.starts_with("tonic-whole") {
                 Transport::Whole(WholeRequests(channel))
             } else {
@@ -468,7 +419,12 @@ fn run(row: &Row, paced: usize, closed: usize, pace: Duration) -> [f64; 6] {
 }
 
 fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn main() {

@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use kvindex_proto::indexer::v1::indexer_service_server::IndexerServiceServer;
 use kvindex_proto::kvindex::v1::indexer_server::IndexerServer;
-use kvindex_proto::score_route::IndexerRoutes;
 use kvindex_proto::kvindex::v1::replica_server::ReplicaServer;
+use kvindex_proto::score_route::IndexerRoutes;
 
 use self::admission::Admission;
 use self::in_flight::InFlightLoad;
