@@ -8,7 +8,7 @@
 #   bash loadtest/router-turn.sh BASE_DIR NEW_DIR  # both, alternating, medians and ratios
 #   bash loadtest/router-turn.sh                   # stage this checkout to a temp dir and run it
 #
-# A staged DIR holds `overhead` and `e2e_ingest` (the bench executables), `kvindex` and
+# A staged DIR holds `overhead`, `e2e_ingest` and `wire` (the bench executables), `kvindex` and
 # `kvindex-sim`. What it prints:
 # 1. `router/benches/overhead` (tokenize + ScoreTokens + pick of ~8.8k-token chats through the
 #    library router, real DeepSeek tokenizer, real `kvindex serve`), REPS runs per build,
@@ -19,10 +19,15 @@
 #    each build's `kvindex serve` in turn and beside the trivial tonic echo (the same request,
 #    decoded, a reply of the real one's shape): how much of the turn's ScoreTokens is the gRPC
 #    round trip on this machine. The echo and the client are the newest build's in every row.
+# 2b. The round trip layer by layer (`indexer/server/benches/wire.rs` of the newest build): plain
+#    TCP with the same bytes (the machine's floor), the tonic echo by runtime, frame size, decoder
+#    and client, and each build's `kvindex serve` from the old and the new client, paced and
+#    closed loop, with context switches and CPU per request (WIRE_ROUNDS, default 3; empty
+#    WIRE_ROUNDS skips it; a base DIR without `wire` uses the newest build's).
 # 3. `e2e_ingest`'s ScoreTokens phase of the newest build (every client, kvindex and the echo,
 #    ingesting 500k block ops/s throughout), which holds its own before/after (the clients).
 #
-# Env: REPS (default 5), CHATS / TURNS (overhead sample, default 24 / 4), QUIET_RPS (default
+# Env: REPS (default 5), WIRE_ROUNDS (part 2b, default 3), WIRE_ROWS (its rows, default all), CHATS / TURNS (overhead sample, default 24 / 4), QUIET_RPS (default
 # 200; empty skips part 2), QUIET_TOKENS (default 8800), E2E_SCORE_RPS (default 1000,5000;
 # empty skips part 3), E2E_SECS (default 4), E2E_SCORE_ROUNDS (default 3).
 # Needs scripts/setup.sh's fixtures (the DeepSeek tokenizer) and `source scripts/env.sh`.
@@ -38,7 +43,7 @@ stage() {
     cargo build --release -p kvindex-server --bin kvindex -p kvindex-loadtest --bin kvindex-sim
     cp "$CARGO_TARGET_DIR/release/kvindex" "$CARGO_TARGET_DIR/release/kvindex-sim" "$dir/"
     local bench
-    for bench in "kvindex-router overhead" "kvindex-server e2e_ingest"; do
+    for bench in "kvindex-router overhead" "kvindex-server e2e_ingest" "kvindex-server wire"; do
         set -- $bench
         local exe
         exe=$(cargo bench -p "$1" --bench "$2" --no-run --message-format=json 2>/dev/null |
@@ -116,6 +121,16 @@ if [ -n "${QUIET_RPS-200}" ]; then
             "$new/e2e_ingest" --bench | sed -n '/^ScoreTokens/,$p' | grep -E '^(ScoreTokens|\||errors)'
     done
     echo "load after part 2: $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
+if [ -n "${WIRE_ROUNDS-3}" ] && [ -x "$new/wire" ]; then
+    for dir in "${dirs[@]}"; do
+        echo
+        echo "== 2b. the round trip layer by layer ($(basename "$new")'s wire bench), $(label "$dir")'s kvindex in the last rows"
+        rows=
+        [ "$dir" = "$new" ] || rows="tcp,tonic-mt/kvindex,tonic-whole-mt/kvindex"
+        WIRE_KVINDEX="$dir/kvindex" WIRE_ROUNDS="${WIRE_ROUNDS-3}" WIRE_ROWS="${WIRE_ROWS:-$rows}" "$new/wire" 2>/dev/null
+    done
+    echo "load after part 2b: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi
 if [ -n "${E2E_SCORE_RPS-1000,5000}" ]; then
     echo

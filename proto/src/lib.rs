@@ -2,6 +2,7 @@
 //! Each module mirrors one protobuf package; the `.proto` files are the contract.
 
 pub mod score_query;
+pub mod score_route;
 
 /// Encoded `FileDescriptorSet` of every service here, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptor.bin"));

@@ -8,14 +8,16 @@
 //! the ids go last, as a packed field of their own, which protobuf concatenates with any ids
 //! in the generated message (none, as the router builds it).
 
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use prost::bytes::{Buf, BufMut};
+use prost::bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, DecodeContext, WireType};
 use prost::{DecodeError, Message};
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::codegen::GrpcMethod;
-use tonic::transport::Channel;
+use tonic::codegen::{http, Body, BoxFuture, GrpcMethod, Service, StdError};
 
 use crate::kvindex::v1::{ScoreTokensRequest, ScoreTokensResponse};
 
@@ -109,18 +111,103 @@ impl Message for ScoreQuery {
     }
 }
 
-/// `kvindex.v1.Indexer/ScoreTokens` with a [`ScoreQuery`], as the generated client calls it.
-pub async fn score_tokens(
-    channel: Channel,
+/// `kvindex.v1.Indexer/ScoreTokens` with a [`ScoreQuery`], as the generated client calls it, over
+/// any gRPC transport (tonic's `Channel`, or one HTTP/2 connection driven directly).
+pub async fn score_tokens<T>(
+    transport: T,
     request: tonic::Request<ScoreQuery>,
-) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.map_err(|e| tonic::Status::unknown(format!("Service was not ready: {e}")))?;
+) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    let mut grpc = tonic::client::Grpc::new(transport);
+    grpc.ready().await.map_err(|e| tonic::Status::unknown(format!("Service was not ready: {}", e.into())))?;
     let codec = tonic_prost::ProstCodec::<ScoreQuery, ScoreTokensResponse>::default();
     let path = PathAndQuery::from_static("/kvindex.v1.Indexer/ScoreTokens");
     let mut request = request;
     request.extensions_mut().insert(GrpcMethod::new("kvindex.v1.Indexer", "ScoreTokens"));
     grpc.unary(request, path, codec).await
+}
+
+/// A gRPC transport (tonic's `Channel`) whose requests are handed over with their body gathered
+/// whole, as one body that says it ends with its data. tonic's body for a unary call learns it
+/// has ended only when polled again after the message, so HTTP/2 sends the message and then an
+/// empty DATA frame to end the stream, each its own write, and the server wakes for each; and
+/// hyper hands a body it cannot send at once to a task of its own. A unary request's body is
+/// ready at once (the message is encoded as it is polled), so gathering it costs no wait.
+#[derive(Debug, Clone)]
+pub struct WholeRequests<T>(pub T);
+
+/// A body of one chunk, known to end after it.
+struct Whole(Option<Bytes>);
+
+impl Body for Whole {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.take().map(|data| Ok(http_body::Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.0.as_ref().map_or(0, |data| data.len() as u64))
+    }
+}
+
+/// Every data frame of `body`, concatenated (the request's trailers, which gRPC clients do not
+/// send, are dropped).
+async fn gather(mut body: tonic::body::Body) -> Result<Bytes, tonic::Status> {
+    let mut first: Option<Bytes> = None;
+    let mut more = BytesMut::new();
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let Ok(data) = frame?.into_data() else { continue };
+        match &first {
+            None => first = Some(data),
+            Some(head) => {
+                if more.is_empty() {
+                    more.extend_from_slice(head);
+                }
+                more.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(if more.is_empty() { first.unwrap_or_default() } else { more.freeze() })
+}
+
+impl<T> Service<http::Request<tonic::body::Body>> for WholeRequests<T>
+where
+    T: Service<http::Request<tonic::body::Body>> + Clone + Send + 'static,
+    T::Future: Send,
+    T::Error: Into<StdError>,
+{
+    type Response = T::Response;
+    type Error = StdError;
+    type Future = BoxFuture<T::Response, StdError>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), StdError>> {
+        self.0.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        // The service polled ready makes the call (tower's contract); a clone takes its place.
+        let clone = self.0.clone();
+        let mut ready = std::mem::replace(&mut self.0, clone);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let whole = tonic::body::Body::new(Whole(Some(gather(body).await?)));
+            ready.call(http::Request::from_parts(parts, whole)).await.map_err(Into::into)
+        })
+    }
 }
 
 #[cfg(test)]

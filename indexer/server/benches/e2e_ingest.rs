@@ -68,6 +68,8 @@ use kvindex_testkit::serve::Serve;
 
 #[path = "e2e_ingest/bootstrap.rs"]
 mod bootstrap;
+#[path = "support/echo.rs"]
+mod echo;
 #[path = "e2e_ingest/hwm_pub.rs"]
 mod hwm_pub;
 #[path = "e2e_ingest/overload.rs"]

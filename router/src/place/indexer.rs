@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use kvindex_proto::kvindex::v1 as pb;
-use kvindex_proto::score_query::{self, ScoreQuery};
+use kvindex_proto::score_query::{self, ScoreQuery, WholeRequests};
 use parking_lot::Mutex;
 use pb::indexer_client::IndexerClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -239,7 +239,9 @@ impl IndexerPool {
         }
         let mut attempts = FuturesUnordered::new();
         let launch = |attempts: &mut FuturesUnordered<_>, index: usize| {
-            let channel = self.endpoints[index].channel.clone();
+            // The request's body handed over whole: the message and the end of the stream in
+            // one DATA frame (see `WholeRequests`).
+            let channel = WholeRequests(self.endpoints[index].channel.clone());
             let mut call = tonic::Request::new(query.clone());
             call.set_timeout(self.deadline);
             attempts

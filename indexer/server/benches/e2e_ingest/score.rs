@@ -1,8 +1,9 @@
 //! Phase 2: ScoreTokens over gRPC for an 8k-token prompt (512 blocks, held by 4 pods; another
 //! length with `E2E_SCORE_TOKENS`) at a target request rate, open loop, while 64 publishers
 //! ingest (none with `E2E_SCORE_INGEST=0`), and the floor beside it in the same
-//! invocation: a trivial gRPC echo (tonic, served as `kvindex serve` serves, in a process of its
-//! own) that decodes the same request and answers a fixed reply of the real one's shape, looking
+//! invocation: a trivial gRPC echo (tonic, served as `kvindex serve` serves: its frame size, its
+//! decoder of the ids; in a process of its own) that decodes the same request and answers a
+//! fixed reply of the real one's shape, looking
 //! nothing up. What the echo costs is the transport and the scheduling on this machine, which no
 //! change to the index can remove.
 //!
@@ -12,7 +13,7 @@
 //! - `before`: the generated client on 8 HTTP/2 connections in turn, each call a copy of the
 //!   request (this bench's client until 2026-12);
 //! - `router`: as `kvindex-router` calls: one connection (tonic's default settings, TCP_NODELAY),
-//!   a [`ScoreQuery`] sharing the token ids;
+//!   a [`ScoreQuery`] sharing the token ids, its body handed over whole ([`WholeRequests`]);
 //! - `router×4`: the same over 4 connections in turn (whether a pool of connections helps).
 //!
 //! The last column is the CPU the serving process used during the cell (the kvindex server's
@@ -23,13 +24,8 @@
 //! bursts each millisecond), each as a task of its own, as a router's requests are; latency runs
 //! from the spawn to the answer. The publishers run on a runtime of their own.
 
-use kvindex_proto::kvindex::v1::indexer_server::{Indexer, IndexerServer};
-use kvindex_proto::kvindex::v1::{
-    InFlight, PodScore, RecordRouteRequest, RecordRouteResponse, RegisterPodRequest, RegisterPodResponse,
-    ReleaseRouteRequest, ReleaseRouteResponse, ScoreTokensResponse, SourceState, UnregisterPodRequest,
-    UnregisterPodResponse,
-};
-use kvindex_proto::score_query::{self, ScoreQuery};
+use kvindex_proto::score_query::{self, ScoreQuery, WholeRequests};
+use kvindex_proto::score_route::IndexerRoutes;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
@@ -40,65 +36,6 @@ use super::*;
 
 /// Set in the environment of the child process that serves the echo.
 pub const ECHO_ENV: &str = "E2E_ECHO_SERVER";
-
-/// The real reply's shape for a prompt of `blocks` blocks: 4 pods, every block matched, and no
-/// request reserved (reservations are on by default, so the real reply carries an empty
-/// `in_flight`).
-fn echo_reply(blocks: u32) -> ScoreTokensResponse {
-    let scores = (0..4)
-        .map(|p| PodScore {
-            pod: format!("holder-{p}:8000"),
-            matched_blocks: blocks,
-            weighted_score: blocks as f64,
-            state: SourceState::Exact as i32,
-            ..Default::default()
-        })
-        .collect();
-    ScoreTokensResponse { scores, total_blocks: blocks, block_size: BLOCK as u32, in_flight: Some(InFlight::default()) }
-}
-
-struct Echo {
-    reply: ScoreTokensResponse,
-}
-
-#[tonic::async_trait]
-impl Indexer for Echo {
-    async fn score_tokens(
-        &self,
-        request: tonic::Request<ScoreTokensRequest>,
-    ) -> Result<tonic::Response<ScoreTokensResponse>, tonic::Status> {
-        std::hint::black_box(request.get_ref().token_ids.len());
-        Ok(tonic::Response::new(self.reply.clone()))
-    }
-
-    async fn register_pod(
-        &self,
-        _: tonic::Request<RegisterPodRequest>,
-    ) -> Result<tonic::Response<RegisterPodResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
-    }
-
-    async fn unregister_pod(
-        &self,
-        _: tonic::Request<UnregisterPodRequest>,
-    ) -> Result<tonic::Response<UnregisterPodResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
-    }
-
-    async fn record_route(
-        &self,
-        _: tonic::Request<RecordRouteRequest>,
-    ) -> Result<tonic::Response<RecordRouteResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
-    }
-
-    async fn release_route(
-        &self,
-        _: tonic::Request<ReleaseRouteRequest>,
-    ) -> Result<tonic::Response<ReleaseRouteResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("echo"))
-    }
-}
 
 /// How many token ids the prompt has: `E2E_SCORE_TOKENS`, default 8192 (512 blocks); a multiple
 /// of the block size (rounded down).
@@ -115,8 +52,12 @@ pub fn serve_echo() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         println!("ECHO_LISTENING {}", listener.local_addr().unwrap());
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        // As `kvindex serve` serves ScoreTokens: its frame size and its decoder of the ids.
         tonic::transport::Server::builder()
-            .add_service(IndexerServer::new(Echo { reply: echo_reply((prompt_tokens() / BLOCK) as u32) }))
+            .max_frame_size(kvindex_server::read::grpc::MAX_FRAME_BYTES)
+            .add_service(IndexerRoutes::new(echo::Echo {
+                reply: echo::reply((prompt_tokens() / BLOCK) as u32, BLOCK as u32),
+            }))
             .serve_with_incoming(incoming)
             .await
             .unwrap();
@@ -189,7 +130,8 @@ async fn ask(client: Client, channel: Channel, prompt: &Arc<Vec<u32>>) -> Result
         }
         Client::Router | Client::RouterPool => {
             let rest = ScoreTokensRequest { model: MODEL.into(), ..Default::default() };
-            score_query::score_tokens(channel, tonic::Request::new(ScoreQuery::new(rest, prompt.clone()))).await
+            let query = tonic::Request::new(ScoreQuery::new(rest, prompt.clone()));
+            score_query::score_tokens(WholeRequests(channel), query).await
         }
     };
     match answer {

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use kvindex_proto::indexer::v1::indexer_service_server::IndexerServiceServer;
 use kvindex_proto::kvindex::v1::indexer_server::IndexerServer;
 use kvindex_proto::kvindex::v1::replica_server::ReplicaServer;
+use kvindex_proto::score_route::IndexerRoutes;
 
 use self::admission::Admission;
 use self::in_flight::InFlightLoad;
@@ -67,6 +68,12 @@ impl Bounds {
     }
 }
 
+/// The largest HTTP/2 frame a client may send (HTTP/2's default is 16 KiB): a router's prompt
+/// of up to ~20k token ids (~64 kB of varints) then travels as one DATA frame, written at once
+/// and read at one wake, instead of as 16 KiB frames the server wakes for one by one. A peer
+/// can make a connection buffer one frame: 64 KiB, far below the largest message decoded.
+pub const MAX_FRAME_BYTES: u32 = 1 << 16;
+
 /// Serves gRPC on `listener` (over TLS with `tls`) until `shutdown`, then lets requests in
 /// flight finish.
 pub async fn serve(
@@ -84,7 +91,8 @@ pub async fn serve(
     let in_flight = Arc::new(InFlightLoad::new(bounds.reservations, index.clone(), pods.clone(), bounds.max_tokens));
     let service =
         IndexerService { index, pods, control, scorer: scorer.clone(), admission: admission.clone(), in_flight };
-    let indexer = IndexerServer::new(service).max_decoding_message_size(max);
+    // ScoreTokens' packed ids decoded in one pass (the rest as the generated server does).
+    let indexer = IndexerRoutes::new(service).max_decoding_message_size(max);
     let replica = ReplicaServer::new(replica).max_decoding_message_size(max);
     let llmd = LlmdScores::new(scorer, tokenizer, admission).into_server().max_decoding_message_size(max);
     health.set_serving::<IndexerServer<IndexerService>>().await;
@@ -96,6 +104,7 @@ pub async fn serve(
         .build_v1()
         .map_err(|e| ServerError::Grpc(e.to_string()))?;
     let router = tonic::transport::Server::builder()
+        .max_frame_size(MAX_FRAME_BYTES)
         .layer(limits::layer())
         .add_service(health_service)
         .add_service(reflection)
