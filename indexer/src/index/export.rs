@@ -32,7 +32,7 @@ use super::ingest::PodIngest;
 use super::kv_index::KvIndex;
 use super::pods::PodId;
 use super::tiers::{TierId, MAX_TIERS};
-use super::tree::{ParentKey, Pos};
+use super::tree::{HeldBlock, ParentKey, Pos};
 use super::units::lcm;
 use crate::keys::BlockKey;
 use crossbeam_epoch::Guard;
@@ -186,18 +186,9 @@ impl KvIndex {
             }
             keys.clear();
             tiers.clear();
-            keys.push(last.key);
-            tiers.push(last.tiers);
-            let mut first = last.pos;
-            for _ in 1..count {
-                let Some(at) = tree.previous(first, guard) else { return false };
-                let Some(key) = tree.key_at(at, guard) else { return false };
-                keys.push(key);
-                tiers.push(tree.tiers_at(at, id, guard));
-                first = at;
-            }
-            keys.reverse();
-            tiers.reverse();
+            let Some(mut first) = self.engine_block_keys(id, &last, count, guard, &mut keys, &mut tiers) else {
+                return false;
+            };
             path.clear();
             let parent = loop {
                 let Some(p) = tree.previous(first, guard) else {
@@ -232,6 +223,32 @@ impl KvIndex {
         complete.then_some(blocks)
     }
 
+    /// Appends the keys of the engine block ending at `last` (`count` canonical blocks) and the
+    /// pod's tiers of them, in chain order; returns the position of its first block. `None`
+    /// when a block is gone (never the case under the pod's lock).
+    fn engine_block_keys(
+        &self,
+        id: PodId,
+        last: &HeldBlock,
+        count: u32,
+        guard: &Guard,
+        keys: &mut Vec<BlockKey>,
+        tiers: &mut Vec<u8>,
+    ) -> Option<Pos> {
+        let from = keys.len();
+        keys.push(last.key);
+        tiers.push(last.tiers);
+        let mut at = last.pos;
+        for _ in 1..count {
+            at = self.tree.previous(at, guard)?;
+            keys.push(self.tree.key_at(at, guard)?);
+            tiers.push(self.tree.tiers_at(at, id, guard));
+        }
+        keys[from..].reverse();
+        tiers[from..].reverse();
+        Some(at)
+    }
+
     /// The pod's engine blocks in any position order: every engine block's keys, tiers and
     /// path first, its parent found among all of them by position, then emitted depth first
     /// from every end when a parent comes after its child.
@@ -252,20 +269,8 @@ impl KvIndex {
         let plan = |buf: &mut Buffers, i: usize| -> Option<Planned> {
             let (_, count, last) = ends[i];
             let from = buf.keys.len();
-            buf.keys.push(last.key);
-            buf.tiers.push(last.tiers);
-            let mut at = last.pos;
-            if count > 1 {
-                for _ in 1..count {
-                    at = tree.previous(at, guard)?;
-                    buf.keys.push(tree.key_at(at, guard)?);
-                    buf.tiers.push(tree.tiers_at(at, id, guard));
-                }
-                buf.keys[from..].reverse();
-                buf.tiers[from..].reverse();
-            }
+            let mut first = self.engine_block_keys(id, &last, count, guard, &mut buf.keys, &mut buf.tiers)?;
             let path_from = buf.paths.len();
-            let mut first = at;
             let parent = loop {
                 match tree.previous(first, guard) {
                     None => break Ok(tree.root_of(first.seg, guard)?),

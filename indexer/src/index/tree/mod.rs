@@ -675,9 +675,9 @@ impl Tree {
             while r + 1 < ranges.len() && ranges[r + 1].3 <= idx {
                 r += 1;
             }
-            let (local, s, _, first) = ranges[r];
-            debug_assert!(first <= idx, "applied blocks lie in a range");
-            let pos = Pos { seg: global(shard_idx, local), off: s + (idx - first) as u32 };
+            debug_assert!(ranges[r].3 <= idx, "applied blocks lie in a range");
+            let pos = position_in(shard_idx, ranges[r], idx);
+            let local = ranges[r].0;
             let recorded = if index || engine == 0 {
                 self.record_engine(w, pos, engine, index, guard)
             } else {
@@ -691,9 +691,8 @@ impl Tree {
             out.ends.push((pos, recorded));
         }
         out.last = out.applied.checked_sub(1).map(|idx| {
-            let &(local, s, _, first) =
-                ranges.iter().rev().find(|r| r.3 <= idx).expect("applied blocks lie in a range");
-            Pos { seg: global(shard_idx, local), off: s + (idx - first) as u32 }
+            let range = ranges.iter().rev().find(|r| r.3 <= idx).expect("applied blocks lie in a range");
+            position_in(shard_idx, *range, idx)
         });
     }
 
@@ -1113,6 +1112,13 @@ fn add_sums(into: &mut [u64; MAX_TIERS], sums: &[u64; MAX_TIERS]) {
     for (sum, d) in into.iter_mut().zip(sums) {
         *sum = sum.wrapping_add(*d);
     }
+}
+
+/// The position of a store's block `idx` in the range of the store that holds it: (segment
+/// number in the shard, first offset, _, the range's first index in the store).
+#[inline]
+fn position_in(shard_idx: usize, (local, off, _, first): (u32, u32, u32, usize), idx: usize) -> Pos {
+    Pos { seg: global(shard_idx, local), off: off + (idx - first) as u32 }
 }
 
 /// Records `engine` on the block at `off` unless it has another one recorded (false).
